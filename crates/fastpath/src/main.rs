@@ -1,0 +1,127 @@
+//! The `fastpath` command: argument parsing and wiring only. Each subcommand
+//! hands its work to a library crate.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "fastpath",
+    version,
+    about = "Fast I/O paths, built from four papers and measured",
+    long_about = "fastpath builds fast I/O paths from four systems papers and measures them \
+against a peer in the same run.\n\nWorking today: `fastpath lb hash-eval` (Maglev hashing and \
+the paper's section 5.3). The forwarder, switch, MAIO and disk tools arrive with their issues."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The Maglev load balancer (paper: Maglev, NSDI'16).
+    #[command(subcommand)]
+    Lb(LbCommand),
+}
+
+#[derive(Subcommand)]
+enum LbCommand {
+    /// Reproduce the paper's consistent-hashing evaluation (section 5.3).
+    ///
+    /// Figure 11: the largest and smallest share of the lookup table held by
+    /// one backend, for Maglev, Karger (ring with virtual nodes) and
+    /// rendezvous hashing. Figure 12: the share of table entries that change
+    /// when a percentage of backends fail at once. Also the time to generate
+    /// each table (beside Pseudocode 1 written literally and the paper's
+    /// times) and the cost of a lookup.
+    ///
+    /// Examples:
+    ///   fastpath lb hash-eval --quick
+    ///   fastpath lb hash-eval --plot-dir out/plots
+    ///   fastpath lb hash-eval --quick --format json | jq '.results.maglev'
+    #[command(verbatim_doc_comment)]
+    HashEval(HashEvalArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    /// Tables for people, with the paper's figures beside ours.
+    Table,
+    /// One JSON document: config, results[method][M], lookup.
+    Json,
+}
+
+#[derive(Args)]
+struct HashEvalArgs {
+    /// Reduced run (3 failure levels x 10 repetitions); a few seconds.
+    #[arg(long)]
+    quick: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+    /// Write figure11.svg and figure12.svg into this directory.
+    #[arg(long, value_name = "DIR")]
+    plot_dir: Option<PathBuf>,
+    /// Number of backends N.
+    #[arg(long, default_value_t = 1000)]
+    backends: usize,
+    /// Table sizes M, comma separated; each must be prime.
+    #[arg(long, value_delimiter = ',', default_values_t = [65_537u64, 655_373])]
+    sizes: Vec<u64>,
+    /// Random repetitions per failure level (default: 200, or 10 with --quick).
+    #[arg(long)]
+    repetitions: Option<usize>,
+    /// Virtual nodes per backend on the Karger ring.
+    #[arg(long, default_value_t = 1000)]
+    karger_views: u32,
+    /// Seed for choosing which backends fail.
+    #[arg(long, default_value_t = 0x5eed)]
+    seed: u64,
+}
+
+fn hash_eval(a: HashEvalArgs) -> anyhow::Result<()> {
+    let mut cfg = if a.quick {
+        lb::hash_eval::Config::quick()
+    } else {
+        lb::hash_eval::Config::paper()
+    };
+    cfg.backends = a.backends;
+    cfg.sizes = a.sizes;
+    cfg.karger_views = a.karger_views;
+    cfg.seed = a.seed;
+    if let Some(r) = a.repetitions {
+        cfg.repetitions = r;
+    }
+    let report = lb::hash_eval::run(&cfg)?;
+    match a.format {
+        Format::Table => println!("{}", report.to_text()),
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("serializing the report")?
+        ),
+    }
+    if let Some(dir) = a.plot_dir {
+        for f in report.plot(&dir)? {
+            eprintln!("wrote {}", f.display());
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Lb(LbCommand::HashEval(a)) => hash_eval(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fastpath: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

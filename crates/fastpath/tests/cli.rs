@@ -1,0 +1,97 @@
+//! The `fastpath` binary as a user runs it.
+
+use std::process::Command;
+
+fn fastpath() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fastpath"))
+}
+
+#[test]
+fn hash_eval_json_document() {
+    let out = fastpath()
+        .args([
+            "lb",
+            "hash-eval",
+            "--quick",
+            "--format",
+            "json",
+            "--backends",
+            "100",
+        ])
+        .args(["--sizes", "6553,65537", "--repetitions", "3"])
+        .output()
+        .unwrap();
+    // 6553 and 65537 are both prime.
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for method in ["maglev", "karger", "rendezvous"] {
+        for m in ["6553", "65537"] {
+            let r = &v["results"][method][m];
+            assert!(r["max_share_pct"].as_f64().unwrap() >= r["min_share_pct"].as_f64().unwrap());
+            assert!(r["gen_ms"].as_f64().unwrap() > 0.0);
+        }
+    }
+    // Maglev is within one entry of M/N at both sizes.
+    for (m, r) in v["results"]["maglev"].as_object().unwrap() {
+        let m: f64 = m.parse().unwrap();
+        let fair = m / 100.0;
+        let max = r["max_entries"].as_f64().unwrap();
+        let min = r["min_entries"].as_f64().unwrap();
+        assert!(
+            max - fair < 1.0 && fair - min < 1.0,
+            "M={m}: {min}..{max} vs {fair}"
+        );
+        let d = r["disruption"].as_array().unwrap();
+        assert_eq!(d.len(), 3);
+        assert!(d.iter().all(|p| p["changed_pct"].as_f64().unwrap() > 0.0));
+    }
+}
+
+#[test]
+fn non_prime_size_is_a_clear_error() {
+    let out = fastpath()
+        .args(["lb", "hash-eval", "--quick", "--sizes", "65536"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("65536") && err.contains("not prime") && err.contains("65537"),
+        "{err}"
+    );
+}
+
+#[test]
+fn plots_land_in_the_plot_dir() {
+    let dir = std::env::temp_dir().join(format!("fastpath-cli-plots-{}", std::process::id()));
+    let out = fastpath()
+        .args([
+            "lb",
+            "hash-eval",
+            "--quick",
+            "--backends",
+            "50",
+            "--sizes",
+            "5003",
+        ])
+        .arg("--plot-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Figure 11") && text.contains("Figure 12"));
+    for f in ["figure11.svg", "figure12.svg"] {
+        let s = std::fs::read_to_string(dir.join(f)).unwrap();
+        assert!(s.contains("<svg"));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,12 @@
+//! Shared measurement plumbing: timing with medians, plain-text result
+//! tables, and SVG plots. Pure apart from writing the plot files it is asked
+//! to write.
+
+#![deny(missing_docs)]
+
+pub mod plot;
+pub mod stats;
+pub mod table;
+
+pub use stats::{median, time_median};
+pub use table::Table;

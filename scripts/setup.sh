@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Idempotent set-up for building and testing fastpath on Debian as root.
+# Prints nothing when everything is already present.
+set -euo pipefail
+
+# Debian packages the build and the tests need (one per line, with why).
+APT_PACKAGES=(
+  pkg-config   # crates that probe system libraries
+)
+
+need_cmd() { command -v "$1" >/dev/null 2>&1; }
+
+if ! need_cmd cargo; then
+  echo "setup: cargo not found; install Rust (https://rustup.rs) and re-run" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing Debian packages: ${missing[*]} (run as root, or install them)" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
