@@ -29,3 +29,14 @@ if ((${#missing[@]})); then
   apt-get update -qq >/dev/null
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# Hugepages for the MAIO pool and the forwarder's packet pool (2 MiB each).
+HUGEPAGES_WANTED=128
+if [ -w /proc/sys/vm/nr_hugepages ]; then
+  have=$(cat /proc/sys/vm/nr_hugepages)
+  if [ "$have" -lt "$HUGEPAGES_WANTED" ]; then
+    echo "$HUGEPAGES_WANTED" > /proc/sys/vm/nr_hugepages 2>/dev/null || true
+    got=$(cat /proc/sys/vm/nr_hugepages)
+    [ "$got" -ge "$HUGEPAGES_WANTED" ] || echo "setup: only $got of $HUGEPAGES_WANTED hugepages could be reserved; pools fall back to normal pages" >&2
+  fi
+fi
