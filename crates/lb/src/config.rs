@@ -1,0 +1,683 @@
+//! The load balancer's configuration, in TOML.
+//!
+//! ```toml
+//! [forwarder]
+//! threads = 2              # packet threads (0: process in the I/O thread)
+//! batch = 32               # packets per batch
+//! batch_timeout_us = 50    # a partial batch is handed over after this long
+//! queue_size = 1024        # per-thread receive and transmit queues
+//! pool_buffers = 8192      # packet pool size (2 KiB buffers)
+//!
+//! [conntrack]
+//! size = 65536             # entries per packet thread
+//! tcp_timeout_s = 300
+//! udp_timeout_s = 30
+//!
+//! [encap]
+//! source = "10.0.0.1"      # outer source address for IPv4 backends
+//! source6 = "fd00::1"      # outer source address for IPv6 backends
+//! mac = "02:00:00:00:00:01"
+//! gateway_mac = "02:00:00:00:00:fe"
+//! ttl = 64
+//!
+//! [[pools]]
+//! name = "web"
+//! table_size = 65537
+//! backends = [{ address = "10.1.0.1" }, { address = "10.1.0.2", weight = 2 }]
+//! include = ["web-extra"]  # pools may contain pools
+//!
+//! [[vips]]
+//! name = "http"
+//! address = "192.0.2.80"
+//! port = 80                # omit for an any-port VIP
+//! protocol = "tcp"
+//! pool = "web"
+//!
+//! [[prefix_groups]]        # paper section 4.2
+//! name = "class-a"
+//! prefixes = ["74.125.0.0/16", "173.194.0.0/16"]
+//! cluster_prefix_len = 24  # a cluster's prefix length in this class
+//!
+//! [[vips]]
+//! name = "svc1"
+//! prefix_group = "class-a"
+//! suffix = "0.0.0.1"       # host part under the cluster prefix
+//! port = 443
+//! protocol = "tcp"
+//! pool = "web"
+//! ```
+//!
+//! [`Config::load`] rejects a file whole if anything is wrong, naming the
+//! file, the key and what was expected.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// A configuration error: the file, the key and the problem.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {key}: {problem}")]
+pub struct ConfigError {
+    /// The file (or "<string>").
+    pub file: String,
+    /// The key, as a TOML path (`vips[1].pool`).
+    pub key: String,
+    /// What is wrong and what was expected.
+    pub problem: String,
+}
+
+/// `[forwarder]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Forwarder {
+    /// Packet threads; 0 processes packets in the I/O thread.
+    pub threads: usize,
+    /// Packets per batch.
+    pub batch: usize,
+    /// Microseconds after which a partial batch is handed over.
+    pub batch_timeout_us: u64,
+    /// Per-thread queue size (a power of two).
+    pub queue_size: usize,
+    /// Packet pool buffers.
+    pub pool_buffers: u32,
+    /// Fragment table entries per packet thread.
+    pub frag_table_size: usize,
+    /// Milliseconds a fragment waits for its datagram's first fragment.
+    pub frag_timeout_ms: u64,
+}
+
+impl Default for Forwarder {
+    fn default() -> Self {
+        Forwarder {
+            threads: 2,
+            batch: 32,
+            batch_timeout_us: 50,
+            queue_size: 1024,
+            pool_buffers: 8192,
+            frag_table_size: 1024,
+            frag_timeout_ms: 1000,
+        }
+    }
+}
+
+/// `[conntrack]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Conntrack {
+    /// Entries per packet thread (a power of two, at least 4).
+    pub size: usize,
+    /// Idle timeout of TCP entries, seconds.
+    pub tcp_timeout_s: f64,
+    /// Idle timeout of other entries, seconds.
+    pub udp_timeout_s: f64,
+}
+
+impl Default for Conntrack {
+    fn default() -> Self {
+        Conntrack {
+            size: 65_536,
+            tcp_timeout_s: 300.0,
+            udp_timeout_s: 30.0,
+        }
+    }
+}
+
+/// `[encap]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Encap {
+    /// Outer source for IPv4 backends.
+    pub source: Option<IpAddr>,
+    /// Outer source for IPv6 backends.
+    pub source6: Option<IpAddr>,
+    /// Our MAC.
+    pub mac: String,
+    /// The next hop's MAC.
+    pub gateway_mac: String,
+    /// Outer TTL / hop limit.
+    pub ttl: u8,
+}
+
+impl Default for Encap {
+    fn default() -> Self {
+        Encap {
+            source: None,
+            source6: None,
+            mac: "02:00:00:00:00:01".into(),
+            gateway_mac: "02:00:00:00:00:fe".into(),
+            ttl: 64,
+        }
+    }
+}
+
+/// One backend of a pool.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConf {
+    /// Its address (the outer destination of encapsulated packets).
+    pub address: IpAddr,
+    /// Unique name; defaults to the address. Seeds its Maglev permutation.
+    pub name: Option<String>,
+    /// Relative weight; 0 drains it.
+    #[serde(default = "one")]
+    pub weight: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `[[pools]]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConf {
+    /// Unique name.
+    pub name: String,
+    /// Backends.
+    #[serde(default)]
+    pub backends: Vec<BackendConf>,
+    /// Other pools whose backends belong to this one.
+    #[serde(default)]
+    pub include: Vec<String>,
+    /// Maglev table size for VIPs served by this pool (prime).
+    #[serde(default = "default_table_size")]
+    pub table_size: u64,
+}
+
+fn default_table_size() -> u64 {
+    u64::from(maglev::DEFAULT_TABLE_SIZE)
+}
+
+/// Transport protocol of a VIP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl Protocol {
+    /// The IP protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => packet::proto::TCP,
+            Protocol::Udp => packet::proto::UDP,
+        }
+    }
+}
+
+/// `[[vips]]`: an address or a prefix-group suffix, a port (or any), a
+/// protocol and a pool.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VipConf {
+    /// Unique name.
+    pub name: String,
+    /// The VIP's address (or use `prefix_group` and `suffix`).
+    pub address: Option<IpAddr>,
+    /// Prefix group for prefix/suffix matching.
+    pub prefix_group: Option<String>,
+    /// Host part under the group's cluster prefix.
+    pub suffix: Option<IpAddr>,
+    /// Port; omitted means any port.
+    pub port: Option<u16>,
+    /// Protocol.
+    pub protocol: Protocol,
+    /// Backend pool.
+    pub pool: String,
+}
+
+/// `[[prefix_groups]]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixGroupConf {
+    /// Unique name.
+    pub name: String,
+    /// Prefixes in CIDR form.
+    pub prefixes: Vec<String>,
+    /// Prefix length of one cluster of this class.
+    pub cluster_prefix_len: u8,
+}
+
+/// The whole file.
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[forwarder]`.
+    #[serde(default)]
+    pub forwarder: Forwarder,
+    /// `[conntrack]`.
+    #[serde(default)]
+    pub conntrack: Conntrack,
+    /// `[encap]`.
+    #[serde(default)]
+    pub encap: Encap,
+    /// `[[pools]]`.
+    #[serde(default)]
+    pub pools: Vec<PoolConf>,
+    /// `[[vips]]`.
+    #[serde(default)]
+    pub vips: Vec<VipConf>,
+    /// `[[prefix_groups]]`.
+    #[serde(default)]
+    pub prefix_groups: Vec<PrefixGroupConf>,
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut m = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut m {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(m)
+}
+
+/// Parses `addr/len`.
+pub fn parse_prefix(s: &str) -> Option<(IpAddr, u8)> {
+    let (a, l) = s.split_once('/')?;
+    let a: IpAddr = a.trim().parse().ok()?;
+    let l: u8 = l.trim().parse().ok()?;
+    let max = if a.is_ipv4() { 32 } else { 128 };
+    (l <= max).then_some((a, l))
+}
+
+impl Config {
+    /// Reads and validates a file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            key: "(file)".into(),
+            problem: format!("cannot read: {e}"),
+        })?;
+        Config::parse(&text, &file)
+    }
+
+    /// Parses and validates TOML text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            let key = e
+                .span()
+                .map(|s| {
+                    let line = text[..s.start.min(text.len())].lines().count().max(1);
+                    format!("line {line}")
+                })
+                .unwrap_or_else(|| "(syntax)".into());
+            ConfigError {
+                file: file.into(),
+                key,
+                problem: e.message().to_string(),
+            }
+        })?;
+        cfg.validate(file)?;
+        Ok(cfg)
+    }
+
+    /// Checks everything serde cannot: references, uniqueness, ranges.
+    pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let bad = |key: String, problem: String| {
+            Err(ConfigError {
+                file: file.into(),
+                key,
+                problem,
+            })
+        };
+        let f = &self.forwarder;
+        if f.threads > 64 {
+            return bad(
+                "forwarder.threads".into(),
+                format!("{} is too many; expected 0 to 64", f.threads),
+            );
+        }
+        if f.batch == 0 || f.batch > 1024 {
+            return bad(
+                "forwarder.batch".into(),
+                format!("{} is out of range; expected 1 to 1024", f.batch),
+            );
+        }
+        if !f.queue_size.is_power_of_two() || f.queue_size < f.batch {
+            return bad(
+                "forwarder.queue_size".into(),
+                format!(
+                    "{} must be a power of two of at least forwarder.batch ({})",
+                    f.queue_size, f.batch
+                ),
+            );
+        }
+        let min_buffers = (f.queue_size * (2 * f.threads.max(1) + 2)) as u64;
+        if u64::from(f.pool_buffers) < min_buffers {
+            return bad(
+                "forwarder.pool_buffers".into(),
+                format!(
+                    "{} cannot fill the queues; expected at least {min_buffers}",
+                    f.pool_buffers
+                ),
+            );
+        }
+        if f.frag_table_size == 0 {
+            return bad(
+                "forwarder.frag_table_size".into(),
+                "must be at least 1".into(),
+            );
+        }
+        let c = &self.conntrack;
+        if !c.size.is_power_of_two() || c.size < 4 {
+            return bad(
+                "conntrack.size".into(),
+                format!("{} must be a power of two of at least 4", c.size),
+            );
+        }
+        for (k, v) in [
+            ("conntrack.tcp_timeout_s", c.tcp_timeout_s),
+            ("conntrack.udp_timeout_s", c.udp_timeout_s),
+        ] {
+            if !(v > 0.0 && v < 1e7) {
+                return bad(
+                    k.into(),
+                    format!("{v} must be a positive number of seconds"),
+                );
+            }
+        }
+        let e = &self.encap;
+        if parse_mac(&e.mac).is_none() {
+            return bad(
+                "encap.mac".into(),
+                format!("{:?} is not a MAC address like 02:00:00:00:00:01", e.mac),
+            );
+        }
+        if parse_mac(&e.gateway_mac).is_none() {
+            return bad(
+                "encap.gateway_mac".into(),
+                format!("{:?} is not a MAC address", e.gateway_mac),
+            );
+        }
+        if e.source.is_some_and(|a| !a.is_ipv4()) {
+            return bad(
+                "encap.source".into(),
+                "must be an IPv4 address (use source6 for IPv6)".into(),
+            );
+        }
+        if e.source6.is_some_and(|a| !a.is_ipv6()) {
+            return bad("encap.source6".into(), "must be an IPv6 address".into());
+        }
+        if e.ttl == 0 {
+            return bad("encap.ttl".into(), "must be at least 1".into());
+        }
+        // Pools: unique names, valid table sizes, known includes, unique
+        // backend names within a pool, outer sources for their families.
+        let mut pools = HashMap::new();
+        for (i, p) in self.pools.iter().enumerate() {
+            if pools.insert(p.name.as_str(), i).is_some() {
+                return bad(
+                    format!("pools[{i}].name"),
+                    format!("{:?} is defined twice", p.name),
+                );
+            }
+            if let Err(err) = maglev::check_table_size(p.table_size) {
+                return bad(format!("pools[{i}].table_size"), err.to_string());
+            }
+            let mut names = HashSet::new();
+            for (j, b) in p.backends.iter().enumerate() {
+                let name = b.name.clone().unwrap_or_else(|| b.address.to_string());
+                if !names.insert(name.clone()) {
+                    return bad(
+                        format!("pools[{i}].backends[{j}]"),
+                        format!("backend {name:?} appears twice"),
+                    );
+                }
+                if b.address.is_ipv4() && e.source.is_none() {
+                    return bad(
+                        "encap.source".into(),
+                        format!(
+                            "pool {:?} has IPv4 backends, so an IPv4 outer source is needed",
+                            p.name
+                        ),
+                    );
+                }
+                if b.address.is_ipv6() && e.source6.is_none() {
+                    return bad(
+                        "encap.source6".into(),
+                        format!(
+                            "pool {:?} has IPv6 backends, so an IPv6 outer source is needed",
+                            p.name
+                        ),
+                    );
+                }
+            }
+        }
+        for (i, p) in self.pools.iter().enumerate() {
+            for (j, inc) in p.include.iter().enumerate() {
+                if !pools.contains_key(inc.as_str()) {
+                    return bad(
+                        format!("pools[{i}].include[{j}]"),
+                        format!("no pool named {inc:?}"),
+                    );
+                }
+            }
+            if let Err(cycle) = self.flatten(&p.name) {
+                return bad(
+                    format!("pools[{i}].include"),
+                    format!("pools include each other in a cycle: {cycle}"),
+                );
+            }
+        }
+        let mut groups = HashMap::new();
+        for (i, g) in self.prefix_groups.iter().enumerate() {
+            if groups.insert(g.name.as_str(), i).is_some() {
+                return bad(
+                    format!("prefix_groups[{i}].name"),
+                    format!("{:?} is defined twice", g.name),
+                );
+            }
+            for (j, p) in g.prefixes.iter().enumerate() {
+                match parse_prefix(p) {
+                    None => return bad(format!("prefix_groups[{i}].prefixes[{j}]"), format!("{p:?} is not a prefix like 74.125.0.0/16")),
+                    Some((a, l)) if l > g.cluster_prefix_len || (a.is_ipv4() && g.cluster_prefix_len > 32) || g.cluster_prefix_len > 128 => {
+                        return bad(
+                            format!("prefix_groups[{i}].cluster_prefix_len"),
+                            format!("{} must be at least every prefix's length ({l}) and fit the address family", g.cluster_prefix_len),
+                        )
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        let mut vip_names = HashSet::new();
+        let mut vip_keys = HashSet::new();
+        for (i, v) in self.vips.iter().enumerate() {
+            if !vip_names.insert(v.name.as_str()) {
+                return bad(
+                    format!("vips[{i}].name"),
+                    format!("{:?} is defined twice", v.name),
+                );
+            }
+            if !pools.contains_key(v.pool.as_str()) {
+                return bad(
+                    format!("vips[{i}].pool"),
+                    format!("no pool named {:?}", v.pool),
+                );
+            }
+            let key = match (&v.address, &v.prefix_group, &v.suffix) {
+                (Some(a), None, None) => format!("{a}"),
+                (None, Some(g), Some(s)) => {
+                    if !groups.contains_key(g.as_str()) {
+                        return bad(
+                            format!("vips[{i}].prefix_group"),
+                            format!("no prefix group named {g:?}"),
+                        );
+                    }
+                    format!("{g}/{s}")
+                }
+                _ => {
+                    return bad(
+                        format!("vips[{i}]"),
+                        "give either `address`, or both `prefix_group` and `suffix`".into(),
+                    )
+                }
+            };
+            if let (Ok(members), Some(p)) = (
+                self.flatten(&v.pool),
+                self.pools.iter().find(|p| p.name == v.pool),
+            ) {
+                if members.len() as u64 > p.table_size {
+                    return bad(
+                        format!("vips[{i}].pool"),
+                        format!(
+                            "pool {:?} has {} backends, more than its table_size {}",
+                            v.pool,
+                            members.len(),
+                            p.table_size
+                        ),
+                    );
+                }
+            }
+            if !vip_keys.insert((key.clone(), v.port, v.protocol)) {
+                return bad(
+                    format!("vips[{i}]"),
+                    format!(
+                        "another VIP already serves {key} port {:?} {:?}",
+                        v.port, v.protocol
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The backends of a pool with its included pools, each backend once
+    /// (first occurrence wins), or the cycle that prevents it.
+    pub fn flatten(&self, pool: &str) -> Result<Vec<BackendConf>, String> {
+        fn walk<'a>(
+            cfg: &'a Config,
+            name: &'a str,
+            path: &mut Vec<&'a str>,
+            seen: &mut HashSet<String>,
+            out: &mut Vec<BackendConf>,
+        ) -> Result<(), String> {
+            if path.contains(&name) {
+                path.push(name);
+                return Err(path.join(" -> "));
+            }
+            let Some(p) = cfg.pools.iter().find(|p| p.name == name) else {
+                return Ok(()); // reported by validate
+            };
+            path.push(name);
+            for b in &p.backends {
+                let key = b.name.clone().unwrap_or_else(|| b.address.to_string());
+                if seen.insert(key) {
+                    out.push(b.clone());
+                }
+            }
+            for inc in &p.include {
+                walk(cfg, inc, path, seen, out)?;
+            }
+            path.pop();
+            Ok(())
+        }
+        let mut out = Vec::new();
+        walk(self, pool, &mut Vec::new(), &mut HashSet::new(), &mut out)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[encap]
+source = "10.0.0.1"
+[[pools]]
+name = "web"
+backends = [{ address = "10.1.0.1" }, { address = "10.1.0.2", weight = 2 }]
+include = ["extra"]
+[[pools]]
+name = "extra"
+backends = [{ address = "10.1.0.3", name = "third" }, { address = "10.1.0.1" }]
+[[vips]]
+name = "http"
+address = "192.0.2.80"
+port = 80
+protocol = "tcp"
+pool = "web"
+"#;
+
+    #[test]
+    fn good_config_flattens_pools() {
+        let c = Config::parse(GOOD, "t.toml").unwrap();
+        let b = c.flatten("web").unwrap();
+        let names: Vec<String> = b
+            .iter()
+            .map(|b| b.name.clone().unwrap_or(b.address.to_string()))
+            .collect();
+        assert_eq!(names, ["10.1.0.1", "10.1.0.2", "third"]);
+        assert_eq!(c.forwarder.batch_timeout_us, 50);
+    }
+
+    fn err(text: &str) -> ConfigError {
+        Config::parse(text, "t.toml").unwrap_err()
+    }
+
+    #[test]
+    fn errors_name_file_key_and_problem() {
+        let e = err(&GOOD.replace("pool = \"web\"", "pool = \"nope\""));
+        assert_eq!(
+            (e.file.as_str(), e.key.as_str()),
+            ("t.toml", "vips[0].pool")
+        );
+        assert!(e.problem.contains("nope"));
+        let e = err(&format!("{GOOD}\n[[pools]]\nname = \"loop\"\ninclude = [\"loop2\"]\n[[pools]]\nname = \"loop2\"\ninclude = [\"loop\"]\n"));
+        assert!(
+            e.problem.contains("cycle") && e.problem.contains("loop -> loop2 -> loop"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("[encap]", "[encap]\nttl = 0"));
+        assert_eq!(e.key, "encap.ttl");
+        let e = err(&GOOD.replace("name = \"web\"\n", "name = \"web\"\ntable_size = 65536\n"));
+        assert!(
+            e.key == "pools[0].table_size" && e.problem.contains("not prime"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("port = 80", "port = 80\ncolour = \"blue\""));
+        assert!(
+            e.problem.contains("colour") && e.key.starts_with("line"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("source = \"10.0.0.1\"", ""));
+        assert_eq!(e.key, "encap.source");
+        let e = err(&GOOD.replace("port = 80", "port = 99999"));
+        assert!(e.key.starts_with("line"), "{e}");
+        let e = err("[conntrack]\nsize = 1000\n");
+        assert_eq!(e.key, "conntrack.size");
+        assert!(Config::load(Path::new("/nonexistent.toml"))
+            .unwrap_err()
+            .to_string()
+            .contains("/nonexistent.toml"));
+    }
+
+    #[test]
+    fn prefix_groups_validate() {
+        let g = format!(
+            "{GOOD}\n[[prefix_groups]]\nname = \"a\"\nprefixes = [\"74.125.0.0/16\"]\ncluster_prefix_len = 24\n[[vips]]\nname = \"s\"\nprefix_group = \"a\"\nsuffix = \"0.0.0.1\"\nprotocol = \"udp\"\npool = \"web\"\n"
+        );
+        Config::parse(&g, "t").unwrap();
+        assert_eq!(
+            err(&g.replace("cluster_prefix_len = 24", "cluster_prefix_len = 8")).key,
+            "prefix_groups[0].cluster_prefix_len"
+        );
+        assert_eq!(
+            err(&g.replace("74.125.0.0/16", "74.125.0.0")).key,
+            "prefix_groups[0].prefixes[0]"
+        );
+        assert_eq!(
+            err(&g.replace("prefix_group = \"a\"", "prefix_group = \"b\"")).key,
+            "vips[1].prefix_group"
+        );
+        assert_eq!(err(&g.replace("suffix = \"0.0.0.1\"\n", "")).key, "vips[1]");
+    }
+}

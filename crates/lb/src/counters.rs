@@ -1,0 +1,222 @@
+//! Packet-thread counters: plain integers owned by one thread, merged when
+//! read.
+
+use serde::Serialize;
+
+use crate::conntrack;
+
+/// Why the forwarder dropped a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// The packet is malformed.
+    Malformed(packet::Reason),
+    /// Not for any VIP.
+    NoVip,
+    /// The VIP has no healthy backend.
+    NoHealthyBackend,
+    /// No room for the outer headers, or the result too big.
+    EncapFailed,
+    /// A fragment arrived before its first fragment and the fragment table
+    /// had no room for it.
+    FragTableFull,
+    /// A fragment waited too long for its first fragment.
+    FragExpired,
+}
+
+const OWN: [(&str, DropReason); 5] = [
+    ("no_vip", DropReason::NoVip),
+    ("no_healthy_backend", DropReason::NoHealthyBackend),
+    ("encap_failed", DropReason::EncapFailed),
+    ("frag_table_full", DropReason::FragTableFull),
+    ("frag_expired", DropReason::FragExpired),
+];
+
+/// Number of drop reasons.
+pub const DROP_REASONS: usize = packet::Reason::ALL.len() + OWN.len();
+
+impl DropReason {
+    /// Position in the drop counters.
+    pub fn index(self) -> usize {
+        match self {
+            DropReason::Malformed(r) => r.index(),
+            other => {
+                packet::Reason::ALL.len() + OWN.iter().position(|(_, d)| *d == other).unwrap_or(0)
+            }
+        }
+    }
+
+    /// Stable snake_case name.
+    pub fn name_of(index: usize) -> &'static str {
+        match packet::Reason::ALL.get(index) {
+            Some(r) => r.name(),
+            None => OWN
+                .get(index - packet::Reason::ALL.len())
+                .map_or("unknown", |(n, _)| n),
+        }
+    }
+}
+
+/// Packets and bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Traffic {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes (of the received frame).
+    pub bytes: u64,
+}
+
+impl Traffic {
+    #[inline]
+    pub(crate) fn add(&mut self, bytes: usize) {
+        self.packets += 1;
+        self.bytes += bytes as u64;
+    }
+}
+
+/// One packet thread's counters (or the sum of several).
+#[derive(Debug, Clone, Default)]
+pub struct Counters {
+    /// Packets handed to the thread.
+    pub rx: u64,
+    /// Packets forwarded.
+    pub tx: u64,
+    /// Drops by reason ([`DropReason::index`]).
+    pub drops: Vec<u64>,
+    /// Per VIP index.
+    pub per_vip: Vec<Traffic>,
+    /// Per backend id.
+    pub per_backend: Vec<Traffic>,
+    /// Connection tracking.
+    pub conntrack: conntrack::Stats,
+    /// Fragments held for their first fragment.
+    pub frag_held: u64,
+    /// Held fragments released after their first fragment arrived.
+    pub frag_released: u64,
+    /// ICMP errors sent to the backend of the flow they quote.
+    pub icmp_to_backend: u64,
+    /// Times a thread waited for room in its transmit queue.
+    pub tx_stalls: u64,
+}
+
+impl Counters {
+    /// Zeroed counters.
+    pub fn new() -> Self {
+        Counters {
+            drops: vec![0; DROP_REASONS],
+            ..Counters::default()
+        }
+    }
+
+    /// Counts a drop.
+    #[inline]
+    pub fn drop(&mut self, r: DropReason) {
+        self.drops[r.index()] += 1;
+    }
+
+    /// Drops for one reason.
+    pub fn drops_for(&self, r: DropReason) -> u64 {
+        self.drops.get(r.index()).copied().unwrap_or(0)
+    }
+
+    /// All drops.
+    pub fn dropped(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+
+    #[inline]
+    pub(crate) fn vip(&mut self, vip: u32, bytes: usize) {
+        let i = vip as usize;
+        if i >= self.per_vip.len() {
+            self.per_vip.resize(i + 1, Traffic::default());
+        }
+        self.per_vip[i].add(bytes);
+    }
+
+    #[inline]
+    pub(crate) fn backend(&mut self, id: u32, bytes: usize) {
+        let i = id as usize;
+        if i >= self.per_backend.len() {
+            self.per_backend.resize(i + 1, Traffic::default());
+        }
+        self.per_backend[i].add(bytes);
+    }
+
+    /// Adds another thread's counters to these.
+    pub fn merge(&mut self, o: &Counters) {
+        self.rx += o.rx;
+        self.tx += o.tx;
+        if self.drops.len() < o.drops.len() {
+            self.drops.resize(o.drops.len(), 0);
+        }
+        for (a, b) in self.drops.iter_mut().zip(&o.drops) {
+            *a += b;
+        }
+        for (mine, theirs) in [
+            (&mut self.per_vip, &o.per_vip),
+            (&mut self.per_backend, &o.per_backend),
+        ] {
+            if mine.len() < theirs.len() {
+                mine.resize(theirs.len(), Traffic::default());
+            }
+            for (a, b) in mine.iter_mut().zip(theirs) {
+                a.packets += b.packets;
+                a.bytes += b.bytes;
+            }
+        }
+        let (c, d) = (&mut self.conntrack, &o.conntrack);
+        c.hits += d.hits;
+        c.misses += d.misses;
+        c.inserts += d.inserts;
+        c.insert_failures += d.insert_failures;
+        c.expiries += d.expiries;
+        c.entries += d.entries;
+        self.frag_held += o.frag_held;
+        self.frag_released += o.frag_released;
+        self.icmp_to_backend += o.icmp_to_backend;
+        self.tx_stalls += o.tx_stalls;
+    }
+
+    /// Non-zero drop counters by name.
+    pub fn drop_table(&self) -> Vec<(&'static str, u64)> {
+        self.drops
+            .iter()
+            .enumerate()
+            .filter(|(_, &n)| n > 0)
+            .map(|(i, &n)| (DropReason::name_of(i), n))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_have_distinct_slots_and_names() {
+        let mut seen = std::collections::HashSet::new();
+        for r in packet::Reason::ALL
+            .map(DropReason::Malformed)
+            .into_iter()
+            .chain(OWN.map(|(_, d)| d))
+        {
+            assert!(seen.insert(r.index()));
+            assert!(r.index() < DROP_REASONS);
+        }
+        assert_eq!(DropReason::name_of(DropReason::NoVip.index()), "no_vip");
+        let mut c = Counters::new();
+        c.drop(DropReason::FragExpired);
+        c.vip(3, 100);
+        let mut d = Counters::new();
+        d.merge(&c);
+        d.merge(&c);
+        assert_eq!(d.drops_for(DropReason::FragExpired), 2);
+        assert_eq!(
+            d.per_vip[3],
+            Traffic {
+                packets: 2,
+                bytes: 200
+            }
+        );
+        assert_eq!(d.drop_table(), vec![("frag_expired", 2)]);
+    }
+}

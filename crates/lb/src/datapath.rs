@@ -1,0 +1,641 @@
+//! The forwarder's datapath (paper section 3.1, Figure 5).
+//!
+//! ```text
+//!        NIC rx ring (slots of pool buffers)            NIC tx ring
+//!   processed <= received <= reserved        recycled <= sent <= ready
+//!        |  steering: 5-tuple hash              ^  muxing: gathers
+//!        v  (round robin when a queue is full)  |
+//!   [rx queue 0] -> packet thread 0 -> [tx queue 0]
+//!   [rx queue 1] -> packet thread 1 -> [tx queue 1]
+//! ```
+//!
+//! Receive side: the NIC fills the reserved buffers at `received` and
+//! advances it; steering hands received packets to the packet threads and
+//! advances `processed`; it then reserves fresh buffers from the pool into
+//! the emptied slots and advances `reserved`. Transmit side: muxing places
+//! packets rewritten by the packet threads at `ready`; the NIC sends from
+//! `sent`; muxing returns sent buffers to the pool and advances `recycled`.
+//! The pointers chase each other around the rings; a packet is never copied
+//! between receive and transmit: only its descriptor moves.
+//!
+//! Steering, muxing and the NIC share one I/O thread. With `threads = 0`
+//! the I/O thread also does the packet threads' work (inline mode).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use maio::Pool;
+use netio::{Nic, Packet, PortStats, Slot};
+use packet::parse_frame;
+
+use crate::config::Config;
+use crate::conntrack::Conntrack;
+use crate::counters::Counters;
+use crate::frag::FragTable;
+use crate::queue::{queue, Consumer, Producer};
+use crate::tables::Tables;
+use crate::worker::{Mode, Worker, STEER_SEED};
+
+/// Errors that stop the datapath.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The packet pool could not be created.
+    #[error("packet pool: {0}")]
+    Pool(#[from] maio::Error),
+    /// The port failed.
+    #[error("port: {0}")]
+    Port(#[from] netio::Error),
+}
+
+/// Steering and ring counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoStats {
+    /// Packets steered to packet threads.
+    pub steered: u64,
+    /// Packets steered round robin because their thread's queue was full.
+    pub fallback: u64,
+    /// Times every queue was full (packets waited in the NIC ring).
+    pub all_full: u64,
+    /// Times the pool had no buffer to reserve.
+    pub pool_empty: u64,
+    /// Batches handed to packet threads when full.
+    pub batches_full: u64,
+    /// Batches handed over by the timer.
+    pub batches_timer: u64,
+}
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct RunStats {
+    /// Packet-thread counters, summed.
+    pub counters: Counters,
+    /// Each packet thread's counters.
+    pub per_thread: Vec<Counters>,
+    /// The port's counters.
+    pub port: PortStats,
+    /// Steering and rings.
+    pub io: IoStats,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Pool counters at the end.
+    pub pool: maio::Stats,
+}
+
+/// Datapath parameters (from `[forwarder]` and `[conntrack]`).
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// Packet threads (0: inline).
+    pub threads: usize,
+    /// Packets per batch.
+    pub batch: usize,
+    /// Partial batches are handed over after this long.
+    pub batch_timeout: Duration,
+    /// Queue and ring size.
+    pub queue_size: usize,
+    /// Pool buffers.
+    pub pool_buffers: u32,
+    /// Conntrack entries per thread.
+    pub conntrack_size: usize,
+    /// TCP idle timeout.
+    pub tcp_timeout_ms: u64,
+    /// Other idle timeout.
+    pub udp_timeout_ms: u64,
+    /// Fragment table size per thread.
+    pub frag_table_size: usize,
+    /// Fragment wait.
+    pub frag_timeout_ms: u64,
+    /// Hugepage policy for the pool.
+    pub hugepages: maio::Hugepages,
+    /// What packet threads do.
+    pub mode: Mode,
+}
+
+impl Params {
+    /// From a configuration.
+    pub fn from_config(c: &Config) -> Self {
+        Params {
+            threads: c.forwarder.threads,
+            batch: c.forwarder.batch,
+            batch_timeout: Duration::from_micros(c.forwarder.batch_timeout_us),
+            queue_size: c.forwarder.queue_size,
+            pool_buffers: c.forwarder.pool_buffers,
+            conntrack_size: c.conntrack.size,
+            tcp_timeout_ms: (c.conntrack.tcp_timeout_s * 1e3) as u64,
+            udp_timeout_ms: (c.conntrack.udp_timeout_s * 1e3) as u64,
+            frag_table_size: c.forwarder.frag_table_size,
+            frag_timeout_ms: c.forwarder.frag_timeout_ms,
+            hugepages: maio::Hugepages::Auto,
+            mode: Mode::Maglev,
+        }
+    }
+
+    fn worker(&self, pool: &Pool) -> Worker {
+        Worker::new(
+            pool,
+            self.mode,
+            Conntrack::new(
+                self.conntrack_size,
+                self.tcp_timeout_ms,
+                self.udp_timeout_ms,
+            ),
+            FragTable::new(self.frag_table_size, self.frag_timeout_ms),
+        )
+    }
+}
+
+/// A ring of descriptor slots with three pointers chasing each other
+/// (Figure 5). For the receive ring: `a` = processed, `b` = received,
+/// `c` = reserved. For the transmit ring: `a` = recycled, `b` = sent,
+/// `c` = ready. Invariant: `a <= b <= c <= a + size`.
+struct Ring {
+    slots: Vec<Slot>,
+    mask: u64,
+    a: u64,
+    b: u64,
+    c: u64,
+}
+
+impl Ring {
+    fn new(size: usize) -> Self {
+        let size = size.next_power_of_two();
+        Ring {
+            slots: (0..size).map(|_| Slot::default()).collect(),
+            mask: size as u64 - 1,
+            a: 0,
+            b: 0,
+            c: 0,
+        }
+    }
+
+    fn size(&self) -> u64 {
+        self.mask + 1
+    }
+
+    fn check(&self) {
+        debug_assert!(self.a <= self.b && self.b <= self.c && self.c <= self.a + self.size());
+    }
+
+    /// The slots from `from` to `to` as at most two contiguous runs: the
+    /// first run's length.
+    fn run(&self, from: u64, to: u64) -> (usize, usize) {
+        let start = (from & self.mask) as usize;
+        let len = (to - from) as usize;
+        (start, len.min(self.slots.len() - start))
+    }
+
+    fn slot(&mut self, i: u64) -> &mut Slot {
+        &mut self.slots[(i & self.mask) as usize]
+    }
+}
+
+struct ThreadEnd {
+    rx: Producer,
+    tx: Consumer,
+    since: Option<Instant>,
+    finished: Arc<AtomicU64>,
+}
+
+/// The forwarder's datapath over one port.
+pub struct Datapath {
+    params: Params,
+    tables: Arc<ArcSwap<Tables>>,
+    pool: Pool,
+    /// Live counters, refreshed by packet threads every few batches.
+    pub live: Arc<Mutex<Vec<Counters>>>,
+}
+
+fn steer_hash(frame: &[u8]) -> u64 {
+    match parse_frame(frame) {
+        // Fragments by 3-tuple so a datagram's fragments meet on one thread.
+        Ok(p) if p.fragment.is_some() => p.flow.three_tuple().hash(STEER_SEED),
+        Ok(p) => p.icmp_quote.unwrap_or(p.flow).hash(STEER_SEED),
+        Err(_) => 0, // malformed: any thread will count it
+    }
+}
+
+impl Datapath {
+    /// Creates the packet pool (hugepages when available).
+    pub fn new(params: Params, tables: Arc<ArcSwap<Tables>>) -> Result<Self, Error> {
+        let pool = Pool::new(maio::Config {
+            buffers: params.pool_buffers,
+            buf_size: 2048,
+            hugepages: params.hugepages,
+            magazine_depth: maio::MAGAZINE_DEPTH,
+        })?;
+        Ok(Datapath {
+            live: Arc::new(Mutex::new(vec![Counters::new(); params.threads.max(1)])),
+            params,
+            tables,
+            pool,
+        })
+    }
+
+    /// The packet pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Runs until the port is exhausted and every packet is accounted for,
+    /// or until `stop` is set.
+    pub fn run(&self, nic: &mut dyn Nic, stop: &AtomicBool) -> Result<RunStats, Error> {
+        let start = Instant::now();
+        let p = &self.params;
+        let mut handle = self.pool.handle();
+        let mut rx = Ring::new(p.queue_size * 2);
+        let mut tx = Ring::new(p.queue_size * 2 * p.threads.max(1));
+        let mut io = IoStats::default();
+        let draining = Arc::new(AtomicBool::new(false));
+        let quit = Arc::new(AtomicBool::new(false));
+
+        // Packet threads, or one inline worker.
+        let mut ends = Vec::new();
+        let mut joins = Vec::new();
+        let mut inline = (p.threads == 0).then(|| p.worker(&self.pool));
+        for i in 0..p.threads {
+            let (rx_p, rx_c) = queue(p.queue_size);
+            let (tx_p, tx_c) = queue(p.queue_size);
+            let finished = Arc::new(AtomicU64::new(0));
+            ends.push(ThreadEnd {
+                rx: rx_p,
+                tx: tx_c,
+                since: None,
+                finished: Arc::clone(&finished),
+            });
+            let mut w = p.worker(&self.pool);
+            let (tables, pool, batch) = (Arc::clone(&self.tables), self.pool.clone(), p.batch);
+            let (draining, quit, live) = (
+                Arc::clone(&draining),
+                Arc::clone(&quit),
+                Arc::clone(&self.live),
+            );
+            joins.push(
+                std::thread::Builder::new()
+                    .name(format!("packet-{i}"))
+                    .spawn(move || {
+                        packet_thread(
+                            i, &mut w, rx_c, tx_p, &tables, &pool, batch, start, &finished,
+                            &draining, &quit, &live,
+                        )
+                    })
+                    .expect("spawning a packet thread"),
+            );
+        }
+
+        let mut batch_buf = Vec::with_capacity(p.batch);
+        let mut out = Vec::new();
+        let mut pending_tx: std::collections::VecDeque<Packet> = std::collections::VecDeque::new();
+        let mut rr = 0usize;
+        let result: Result<(), Error> = loop {
+            let now = Instant::now();
+            // 1. Reserve fresh buffers into emptied receive slots.
+            while rx.c < rx.a + rx.size() {
+                match handle.alloc() {
+                    Ok(b) => {
+                        let s = rx.slot(rx.c);
+                        s.buf = Some(b);
+                        s.len = 0;
+                        rx.c += 1;
+                    }
+                    Err(_) => {
+                        io.pool_empty += 1;
+                        break;
+                    }
+                }
+            }
+            // 2. The NIC fills reserved buffers at `received`.
+            let mut idle = true;
+            let mut failed = None;
+            while rx.b < rx.c {
+                let (s, n) = rx.run(rx.b, rx.c);
+                match nic.receive(&self.pool, &mut rx.slots[s..s + n]) {
+                    Ok(got) => {
+                        rx.b += got as u64;
+                        if got < n {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                break Err(e.into());
+            }
+            rx.check();
+            // 3. Steering: received packets to packet threads.
+            while rx.a < rx.b {
+                idle = false;
+                let i = rx.a;
+                let slot = rx.slot(i);
+                let Some(buf) = slot.buf.take() else { break };
+                let pkt = Packet {
+                    buf,
+                    off: slot.off,
+                    len: slot.len,
+                };
+                if inline.is_some() {
+                    batch_buf.push(pkt);
+                    rx.a += 1;
+                    if batch_buf.len() == p.batch {
+                        break;
+                    }
+                    continue;
+                }
+                let h = steer_hash(pkt.frame(&self.pool));
+                let n = ends.len();
+                let home = ((u128::from(h) * n as u128) >> 64) as usize;
+                let word = pkt.pack();
+                let mut placed = ends[home].rx.push(word);
+                let mut q = home;
+                if !placed {
+                    for k in 1..n {
+                        q = (rr + k) % n;
+                        if ends[q].rx.push(word) {
+                            placed = true;
+                            io.fallback += 1;
+                            break;
+                        }
+                    }
+                    rr = (rr + 1) % n;
+                }
+                if !placed {
+                    // Every queue is full: leave it in the ring.
+                    // SAFETY: `word` was packed just above and pushed nowhere.
+                    let back = unsafe { Packet::unpack(&self.pool, word) }.expect("just packed");
+                    let s = rx.slot(i);
+                    s.buf = Some(back.buf);
+                    io.all_full += 1;
+                    break;
+                }
+                io.steered += 1;
+                let e = &mut ends[q];
+                e.since.get_or_insert(now);
+                if e.rx.unpublished() >= p.batch {
+                    e.rx.publish();
+                    e.since = None;
+                    io.batches_full += 1;
+                }
+                rx.a += 1;
+            }
+            // Inline mode: process the batch here.
+            if let Some(w) = inline.as_mut() {
+                if !batch_buf.is_empty() {
+                    let t = self.tables.load();
+                    w.process(
+                        &t,
+                        &mut batch_buf,
+                        &mut out,
+                        start.elapsed().as_millis() as u64,
+                    );
+                    pending_tx.extend(out.drain(..));
+                }
+            }
+            // Timer: hand over partial batches that waited long enough, or
+            // everything once the input has ended.
+            let ended = nic.exhausted() && rx.a == rx.b;
+            for e in ends.iter_mut() {
+                if let Some(t0) = e.since {
+                    if ended || now.duration_since(t0) >= p.batch_timeout {
+                        e.rx.publish();
+                        e.since = None;
+                        io.batches_timer += 1;
+                    }
+                }
+            }
+            // 4. Muxing: gather transmit queues into the tx ring at `ready`.
+            while tx.c < tx.a + tx.size() {
+                if let Some(pk) = pending_tx.pop_front() {
+                    let s = tx.slot(tx.c);
+                    *s = Slot {
+                        buf: Some(pk.buf),
+                        off: pk.off,
+                        len: pk.len,
+                    };
+                    tx.c += 1;
+                    continue;
+                }
+                let mut got = false;
+                for e in ends.iter_mut() {
+                    if let Some(word) = e.tx.pop() {
+                        // SAFETY: the packet thread packed this descriptor and
+                        // pushed it once; this single consumer pops it once.
+                        match unsafe { Packet::unpack(&self.pool, word) } {
+                            Ok(pk) => {
+                                let s = tx.slot(tx.c);
+                                *s = Slot {
+                                    buf: Some(pk.buf),
+                                    off: pk.off,
+                                    len: pk.len,
+                                };
+                                tx.c += 1;
+                                got = true;
+                            }
+                            Err(err) => tracing::error!(
+                                "muxing: bad descriptor from a packet thread: {err}"
+                            ),
+                        }
+                        if tx.c == tx.a + tx.size() {
+                            break;
+                        }
+                    }
+                }
+                if !got {
+                    break;
+                }
+            }
+            for e in ends.iter_mut() {
+                e.tx.release();
+            }
+            // 5. The NIC sends from `sent`.
+            while tx.b < tx.c {
+                idle = false;
+                let (s, n) = tx.run(tx.b, tx.c);
+                match nic.transmit(&self.pool, &tx.slots[s..s + n]) {
+                    Ok(sent) => {
+                        tx.b += sent as u64;
+                        if sent < n {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                break Err(e.into());
+            }
+            // 6. Recycle sent buffers to the pool.
+            while tx.a < tx.b {
+                if let Some(b) = tx.slot(tx.a).buf.take() {
+                    let _ = handle.free(b);
+                }
+                tx.a += 1;
+            }
+            tx.check();
+
+            // Done? Input over, every steered packet finished, rings empty.
+            let finished: u64 = ends
+                .iter()
+                .map(|e| e.finished.load(Ordering::Acquire))
+                .sum();
+            let all_in = ended && (inline.is_some() || finished == io.steered);
+            if all_in && !draining.load(Ordering::Relaxed) {
+                draining.store(true, Ordering::Release);
+                if let Some(w) = inline.as_mut() {
+                    w.drain();
+                }
+            }
+            // A finished packet may still sit in its thread's transmit queue:
+            // the thread publishes it before counting it finished, so once
+            // the counts match, an empty queue here means none is left.
+            let quiet = ends
+                .iter_mut()
+                .all(|e| e.rx.is_drained() && e.tx.is_empty())
+                && pending_tx.is_empty()
+                && tx.a == tx.c;
+            if (all_in && quiet && draining.load(Ordering::Relaxed)) || stop.load(Ordering::Relaxed)
+            {
+                // Held fragments are dropped by `drain`; wait until every
+                // thread has reported them.
+                let finished: u64 = ends
+                    .iter()
+                    .map(|e| e.finished.load(Ordering::Acquire))
+                    .sum();
+                if stop.load(Ordering::Relaxed) || finished == io.steered {
+                    break Ok(());
+                }
+            }
+            if idle {
+                std::hint::spin_loop();
+                if nic.exhausted() {
+                    std::thread::yield_now();
+                }
+            }
+        };
+        quit.store(true, Ordering::Release);
+        let mut per_thread = Vec::new();
+        for j in joins {
+            per_thread.push(j.join().unwrap_or_else(|_| Counters::new()));
+        }
+        // Leftovers (stopped mid-flight): give buffers back.
+        for i in rx.a..rx.c {
+            if let Some(b) = rx.slot(i).buf.take() {
+                let _ = handle.free(b);
+            }
+        }
+        for i in tx.a..tx.c {
+            if let Some(b) = tx.slot(i).buf.take() {
+                let _ = handle.free(b);
+            }
+        }
+        if let Some(w) = inline {
+            per_thread.push(w.counters.clone());
+        }
+        result?;
+        let mut counters = Counters::new();
+        for c in &per_thread {
+            counters.merge(c);
+        }
+        Ok(RunStats {
+            counters,
+            per_thread,
+            port: nic.stats(),
+            io,
+            elapsed: start.elapsed(),
+            pool: self.pool.stats(),
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn packet_thread(
+    id: usize,
+    w: &mut Worker,
+    mut rx: Consumer,
+    mut tx: Producer,
+    tables: &ArcSwap<Tables>,
+    pool: &Pool,
+    batch: usize,
+    start: Instant,
+    finished: &AtomicU64,
+    draining: &AtomicBool,
+    quit: &AtomicBool,
+    live: &Mutex<Vec<Counters>>,
+) -> Counters {
+    let mut in_batch = Vec::with_capacity(batch);
+    let mut out = Vec::with_capacity(batch * 2);
+    let mut batches = 0u64;
+    let mut drained = false;
+    loop {
+        while in_batch.len() < batch {
+            match rx.pop() {
+                // SAFETY: steering packed this descriptor and pushed it once;
+                // this thread is the queue's only consumer.
+                Some(word) => match unsafe { Packet::unpack(pool, word) } {
+                    Ok(p) => in_batch.push(p),
+                    Err(e) => tracing::error!("packet thread {id}: bad descriptor: {e}"),
+                },
+                None => break,
+            }
+        }
+        if in_batch.is_empty() {
+            if quit.load(Ordering::Acquire) {
+                break;
+            }
+            if draining.load(Ordering::Acquire) && !drained {
+                w.drain();
+                drained = true;
+                finished.store(w.finished(), Ordering::Release);
+            }
+            std::thread::yield_now();
+            continue;
+        }
+        rx.release();
+        let t = tables.load();
+        w.process(
+            &t,
+            &mut in_batch,
+            &mut out,
+            start.elapsed().as_millis() as u64,
+        );
+        for pkt in out.drain(..) {
+            let word = pkt.pack();
+            let mut pushed = tx.push(word);
+            while !pushed && !quit.load(Ordering::Acquire) {
+                tx.publish();
+                w.counters.tx_stalls += 1;
+                std::thread::yield_now();
+                pushed = tx.push(word);
+            }
+            if !pushed {
+                // Shutting down with the I/O thread gone: give it back.
+                // SAFETY: `word` was packed here and never pushed.
+                if let Ok(p) = unsafe { Packet::unpack(pool, word) } {
+                    w.free(p);
+                }
+            }
+        }
+        tx.publish();
+        finished.store(w.finished(), Ordering::Release);
+        batches += 1;
+        if batches.is_multiple_of(256) {
+            if let Ok(mut l) = live.lock() {
+                if let Some(slot) = l.get_mut(id) {
+                    *slot = w.counters.clone();
+                }
+            }
+        }
+    }
+    if let Ok(mut l) = live.lock() {
+        if let Some(slot) = l.get_mut(id) {
+            *slot = w.counters.clone();
+        }
+    }
+    w.counters.clone()
+}

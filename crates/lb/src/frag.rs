@@ -1,0 +1,187 @@
+//! The fragment table of the paper's section 4.3, for one packet thread.
+//!
+//! All fragments of a datagram share (source, destination, protocol,
+//! identification). The first fragment carries the ports, so its backend is
+//! chosen like any packet's; the table remembers that choice for the
+//! datagram, and later fragments follow it. A fragment that arrives before
+//! the first is held (its buffer, not a copy) until the first arrives or the
+//! entry expires. Fixed size, bounded holding, nothing allocated per packet.
+//!
+//! Steering sends every fragment of a datagram to the same thread by hashing
+//! the 3-tuple. (The paper's second hop, redirecting fragments to a peer
+//! Maglev chosen by 3-tuple, applies to a cluster of load balancers and is
+//! not done here.)
+
+use netio::Packet;
+
+/// Fragments held per datagram at most.
+pub const MAX_HELD: usize = 8;
+
+/// What identifies a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FragKey {
+    /// Source address.
+    pub src: [u8; 16],
+    /// Destination address.
+    pub dst: [u8; 16],
+    /// Protocol.
+    pub proto: u8,
+    /// Identification.
+    pub ident: u32,
+}
+
+impl FragKey {
+    fn hash(&self) -> u64 {
+        packet::FlowKey {
+            src: self.src,
+            dst: self.dst,
+            src_port: (self.ident >> 16) as u16,
+            dst_port: self.ident as u16,
+            proto: self.proto,
+        }
+        .hash(0xf7a9)
+    }
+}
+
+/// A datagram's forwarding decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// VIP index.
+    pub vip: u32,
+    /// Backend id.
+    pub backend: u32,
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    used: bool,
+    key: FragKey,
+    decision: Option<Decision>,
+    expires: u64,
+    held: Vec<Packet>,
+}
+
+/// The table.
+#[derive(Debug)]
+pub struct FragTable {
+    entries: Vec<Entry>,
+    timeout_ms: u64,
+    sweep: usize,
+}
+
+/// Slots probed per key.
+const PROBE: usize = 4;
+
+impl FragTable {
+    /// A table of `size` entries.
+    pub fn new(size: usize, timeout_ms: u64) -> Self {
+        FragTable {
+            entries: (0..size.max(PROBE)).map(|_| Entry::default()).collect(),
+            timeout_ms,
+            sweep: 0,
+        }
+    }
+
+    fn find(&self, key: &FragKey) -> Option<usize> {
+        let n = self.entries.len();
+        let h = key.hash() as usize;
+        (0..PROBE)
+            .map(|i| (h + i) % n)
+            .find(|&i| self.entries[i].used && self.entries[i].key == *key)
+    }
+
+    /// A slot for `key`: its own, a free one, or an expired one (whose held
+    /// fragments are moved to `expired`).
+    fn slot(&mut self, key: &FragKey, now: u64, expired: &mut Vec<Packet>) -> Option<usize> {
+        if let Some(i) = self.find(key) {
+            return Some(i);
+        }
+        let n = self.entries.len();
+        let h = key.hash() as usize;
+        let i = (0..PROBE)
+            .map(|i| (h + i) % n)
+            .find(|&i| !self.entries[i].used || self.entries[i].expires <= now)?;
+        let e = &mut self.entries[i];
+        expired.append(&mut e.held);
+        *e = Entry {
+            used: true,
+            key: *key,
+            decision: None,
+            expires: now + self.timeout_ms,
+            held: std::mem::take(&mut e.held),
+        };
+        Some(i)
+    }
+
+    /// Records the first fragment's decision; returns the fragments that
+    /// were waiting for it in `released`. Returns false if the table had no
+    /// room (the first fragment is still forwarded; later ones may not be).
+    pub fn record(
+        &mut self,
+        key: &FragKey,
+        d: Decision,
+        now: u64,
+        released: &mut Vec<Packet>,
+        expired: &mut Vec<Packet>,
+    ) -> bool {
+        let Some(i) = self.slot(key, now, expired) else {
+            return false;
+        };
+        let e = &mut self.entries[i];
+        e.decision = Some(d);
+        e.expires = now + self.timeout_ms;
+        released.append(&mut e.held);
+        true
+    }
+
+    /// The decision for a datagram, if its first fragment was seen.
+    pub fn lookup(&self, key: &FragKey, now: u64) -> Option<Decision> {
+        let e = &self.entries[self.find(key)?];
+        if e.expires <= now {
+            return None;
+        }
+        e.decision
+    }
+
+    /// Holds a fragment until its first fragment arrives; gives it back if
+    /// there is no room.
+    pub fn hold(
+        &mut self,
+        key: &FragKey,
+        p: Packet,
+        now: u64,
+        expired: &mut Vec<Packet>,
+    ) -> Result<(), Packet> {
+        let Some(i) = self.slot(key, now, expired) else {
+            return Err(p);
+        };
+        let e = &mut self.entries[i];
+        if e.held.len() >= MAX_HELD {
+            return Err(p);
+        }
+        e.held.push(p);
+        Ok(())
+    }
+
+    /// Checks `n` entries (round robin) and moves the fragments of expired
+    /// ones to `expired`.
+    pub fn sweep(&mut self, n: usize, now: u64, expired: &mut Vec<Packet>) {
+        for _ in 0..n.min(self.entries.len()) {
+            self.sweep = (self.sweep + 1) % self.entries.len();
+            let e = &mut self.entries[self.sweep];
+            if e.used && e.expires <= now {
+                expired.append(&mut e.held);
+                e.used = false;
+                e.decision = None;
+            }
+        }
+    }
+
+    /// Moves every held fragment to `out` (shutting down).
+    pub fn drain(&mut self, out: &mut Vec<Packet>) {
+        for e in &mut self.entries {
+            out.append(&mut e.held);
+            e.used = false;
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! VIP matching: exact <address, port, protocol>, then any-port VIPs, then
+//! the prefix/suffix matching of the paper's section 4.2.
+//!
+//! Prefix/suffix: a prefix group holds the (large) prefixes a class of
+//! clusters is allocated from, and the prefix length of one cluster in that
+//! class. A destination first goes through longest-prefix matching over all
+//! groups, which picks the class; its host part under the class's cluster
+//! prefix length is the suffix, matched exactly against the VIPs configured
+//! for that group. (The paper's "longest suffix matching" reduces to this
+//! because one class has one cluster prefix length.) So a load balancer
+//! serves `74.125.137.1` and `74.125.200.1` with one VIP `<class-a, .1>`,
+//! including clusters it has never heard of.
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::config::{parse_prefix, Config};
+
+/// Marker for "any port" in keys.
+const ANY_PORT: u32 = 1 << 16;
+
+/// Bits of a 128-bit (IPv4-mapped) address under a prefix of `len` bits.
+fn mask(len: u8) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(len))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Group {
+    /// (network, length in 128-bit space)
+    prefixes: Vec<(u128, u8)>,
+    cluster_len: u8,
+}
+
+/// The compiled matcher. Built once per configuration, read by every packet
+/// thread.
+#[derive(Debug, Clone, Default)]
+pub struct VipMatcher {
+    exact: FxHashMap<(u128, u32, u8), u32>,
+    addrs: FxHashSet<u128>,
+    groups: Vec<Group>,
+    suffix: FxHashMap<(u16, u128, u32, u8), u32>,
+}
+
+fn key_addr(a: std::net::IpAddr) -> u128 {
+    u128::from_be_bytes(packet::flow::from_ip(a))
+}
+
+impl VipMatcher {
+    /// Compiles the VIPs of a validated configuration; VIP `i` of the config
+    /// matches as index `i`.
+    pub fn new(cfg: &Config) -> Self {
+        let mut m = VipMatcher::default();
+        for g in &cfg.prefix_groups {
+            let mut prefixes = Vec::new();
+            let mut v4 = true;
+            for p in &g.prefixes {
+                if let Some((a, l)) = parse_prefix(p) {
+                    v4 = a.is_ipv4();
+                    let l128 = if v4 { 96 + l } else { l };
+                    prefixes.push((key_addr(a) & mask(l128), l128));
+                }
+            }
+            let cluster_len = if v4 {
+                96 + g.cluster_prefix_len
+            } else {
+                g.cluster_prefix_len
+            };
+            m.groups.push(Group {
+                prefixes,
+                cluster_len,
+            });
+        }
+        for (i, v) in cfg.vips.iter().enumerate() {
+            let port = v.port.map_or(ANY_PORT, u32::from);
+            let proto = v.protocol.number();
+            if let Some(a) = v.address {
+                m.exact.insert((key_addr(a), port, proto), i as u32);
+                m.addrs.insert(key_addr(a));
+            } else if let (Some(g), Some(s)) = (&v.prefix_group, v.suffix) {
+                if let Some(gi) = cfg.prefix_groups.iter().position(|x| &x.name == g) {
+                    let host = !mask(m.groups[gi].cluster_len);
+                    m.suffix
+                        .insert((gi as u16, key_addr(s) & host, port, proto), i as u32);
+                }
+            }
+        }
+        m
+    }
+
+    /// The VIP a packet to `dst:port` over `proto` is for, if any.
+    #[inline]
+    pub fn lookup(&self, dst: &[u8; 16], port: u16, proto: u8) -> Option<u32> {
+        let a = u128::from_be_bytes(*dst);
+        if let Some(&v) = self.exact.get(&(a, u32::from(port), proto)) {
+            return Some(v);
+        }
+        if let Some(&v) = self.exact.get(&(a, ANY_PORT, proto)) {
+            return Some(v);
+        }
+        if self.groups.is_empty() {
+            return None;
+        }
+        let gi = self.longest_prefix(a)?;
+        let suffix = a & !mask(self.groups[gi].cluster_len);
+        let g = gi as u16;
+        self.suffix
+            .get(&(g, suffix, u32::from(port), proto))
+            .or_else(|| self.suffix.get(&(g, suffix, ANY_PORT, proto)))
+            .copied()
+    }
+
+    fn longest_prefix(&self, a: u128) -> Option<usize> {
+        let mut best: Option<(usize, u8)> = None;
+        for (gi, g) in self.groups.iter().enumerate() {
+            for &(net, len) in &g.prefixes {
+                if a & mask(len) == net && best.is_none_or(|(_, l)| len > l) {
+                    best = Some((gi, len));
+                }
+            }
+        }
+        best.map(|(gi, _)| gi)
+    }
+
+    /// Whether `dst` could be a VIP address (for non-first fragments, which
+    /// carry no port): a configured address, or inside a prefix group.
+    pub fn is_vip_address(&self, dst: &[u8; 16]) -> bool {
+        let a = u128::from_be_bytes(*dst);
+        self.addrs.contains(&a) || self.longest_prefix(a).is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use packet::flow::from_ip;
+
+    fn cfg() -> Config {
+        Config::parse(
+            r#"
+[encap]
+source = "10.0.0.1"
+[[pools]]
+name = "p"
+backends = [{ address = "10.1.0.1" }]
+[[prefix_groups]]
+name = "class-a"
+prefixes = ["74.125.0.0/16", "173.194.0.0/16"]
+cluster_prefix_len = 24
+[[prefix_groups]]
+name = "narrow"
+prefixes = ["74.125.200.0/22"]
+cluster_prefix_len = 28
+[[vips]]
+name = "web"
+address = "192.0.2.80"
+port = 80
+protocol = "tcp"
+pool = "p"
+[[vips]]
+name = "dns-any"
+address = "192.0.2.53"
+protocol = "udp"
+pool = "p"
+[[vips]]
+name = "svc1"
+prefix_group = "class-a"
+suffix = "0.0.0.1"
+port = 443
+protocol = "tcp"
+pool = "p"
+[[vips]]
+name = "narrow-svc"
+prefix_group = "narrow"
+suffix = "0.0.0.5"
+protocol = "tcp"
+pool = "p"
+"#,
+            "t",
+        )
+        .unwrap()
+    }
+
+    fn at(s: &str) -> [u8; 16] {
+        from_ip(s.parse().unwrap())
+    }
+
+    #[test]
+    fn matching_order() {
+        let m = VipMatcher::new(&cfg());
+        assert_eq!(m.lookup(&at("192.0.2.80"), 80, 6), Some(0));
+        assert_eq!(m.lookup(&at("192.0.2.80"), 81, 6), None);
+        assert_eq!(m.lookup(&at("192.0.2.80"), 80, 17), None);
+        assert_eq!(m.lookup(&at("192.0.2.53"), 5353, 17), Some(1));
+        // Prefix/suffix: any cluster of class A, even one never configured.
+        assert_eq!(m.lookup(&at("74.125.137.1"), 443, 6), Some(2));
+        assert_eq!(m.lookup(&at("173.194.71.1"), 443, 6), Some(2));
+        assert_eq!(m.lookup(&at("74.125.9.1"), 443, 6), Some(2));
+        assert_eq!(m.lookup(&at("74.125.137.2"), 443, 6), None);
+        assert_eq!(m.lookup(&at("74.125.137.1"), 80, 6), None);
+        // The longer prefix wins: 74.125.200.0/22 is the "narrow" class,
+        // whose clusters are /28s.
+        assert_eq!(m.lookup(&at("74.125.201.5"), 22, 6), Some(3));
+        assert_eq!(m.lookup(&at("74.125.201.21"), 22, 6), Some(3));
+        assert_eq!(m.lookup(&at("74.125.201.1"), 443, 6), None);
+        assert!(m.is_vip_address(&at("192.0.2.80")) && m.is_vip_address(&at("74.125.1.1")));
+        assert!(!m.is_vip_address(&at("8.8.8.8")));
+    }
+}

@@ -1,0 +1,309 @@
+//! A packet thread's work on a batch (paper section 3.1): match the VIP,
+//! find the backend in the connection table or by Maglev hashing, and
+//! encapsulate in GRE in place. Nothing here is shared with other packet
+//! threads; the tables snapshot is read-only.
+
+use maio::{Handle, Pool};
+use netio::Packet;
+use packet::gre::encapsulate;
+use packet::parse::Parsed;
+use packet::{parse_frame, FlowKey};
+
+use crate::conntrack::{Conntrack, Entry};
+use crate::counters::{Counters, DropReason};
+use crate::frag::{Decision, FragKey, FragTable};
+use crate::tables::Tables;
+
+/// Seed of the 5-tuple hash used by connection tracking and Maglev.
+pub const FLOW_SEED: u64 = 0x6d61_676c_6576;
+/// Seed of the steering hash (independent of the flow hash, as the paper
+/// recomputes it in the packet thread rather than sharing it).
+pub const STEER_SEED: u64 = 0x0073_7465_6572;
+
+/// The hash Maglev tables are looked up with for a flow.
+#[inline]
+pub fn flow_hash(k: &FlowKey) -> u64 {
+    k.hash(FLOW_SEED)
+}
+
+/// What a packet thread does with packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The load balancer.
+    Maglev,
+    /// Parse, swap addresses, send back: the pipeline's own limit, for
+    /// benchmarks.
+    Null,
+}
+
+/// Where a packet goes.
+enum Action {
+    Forward { vip: u32, backend: u32, hash: u64 },
+    Hold(FragKey),
+}
+
+/// One packet thread's state.
+pub struct Worker {
+    pool: Pool,
+    handle: Handle,
+    ct: Conntrack,
+    frags: FragTable,
+    /// Counters.
+    pub counters: Counters,
+    mode: Mode,
+    released: Vec<Packet>,
+    expired: Vec<Packet>,
+}
+
+impl Worker {
+    /// A worker over `pool` with its own connection and fragment tables.
+    pub fn new(pool: &Pool, mode: Mode, ct: Conntrack, frags: FragTable) -> Self {
+        Worker {
+            pool: pool.clone(),
+            handle: pool.handle(),
+            ct,
+            frags,
+            counters: Counters::new(),
+            mode,
+            released: Vec::new(),
+            expired: Vec::new(),
+        }
+    }
+
+    /// Packets finished so far: forwarded or dropped (held fragments are
+    /// finished when released or expired).
+    pub fn finished(&self) -> u64 {
+        self.counters.tx + self.counters.dropped()
+    }
+
+    /// Processes `batch` (emptied), appending packets to send to `out`.
+    pub fn process(
+        &mut self,
+        t: &Tables,
+        batch: &mut Vec<Packet>,
+        out: &mut Vec<Packet>,
+        now_ms: u64,
+    ) {
+        for pkt in batch.drain(..) {
+            self.counters.rx += 1;
+            match self.mode {
+                Mode::Maglev => self.one(t, pkt, out, now_ms),
+                Mode::Null => self.null(pkt, out),
+            }
+        }
+        self.frags.sweep(8, now_ms, &mut self.expired);
+        self.drop_expired();
+        self.counters.conntrack = self.ct.stats();
+    }
+
+    /// Drops every held fragment (shutting down).
+    pub fn drain(&mut self) {
+        self.frags.drain(&mut self.expired);
+        self.drop_expired();
+    }
+
+    /// Returns a packet's buffer to the pool without counting it.
+    pub fn free(&mut self, p: Packet) {
+        let _ = self.handle.free(p.buf);
+    }
+
+    fn drop_expired(&mut self) {
+        for p in self.expired.drain(..) {
+            self.counters.drop(DropReason::FragExpired);
+            let _ = self.handle.free(p.buf);
+        }
+    }
+
+    fn discard(&mut self, p: Packet, why: DropReason) {
+        self.counters.drop(why);
+        // The buffer came through a queue as owned; freeing cannot fail
+        // unless the pool is misused, which the pool reports and we count.
+        let _ = self.handle.free(p.buf);
+    }
+
+    fn null(&mut self, mut pkt: Packet, out: &mut Vec<Packet>) {
+        let data = self.pool.data_mut(&mut pkt.buf);
+        let (s, e) = (
+            usize::from(pkt.off),
+            usize::from(pkt.off) + usize::from(pkt.len),
+        );
+        match parse_frame(&data[s..e]) {
+            Err(err) => self.discard(pkt, DropReason::Malformed(err.0)),
+            Ok(p) => {
+                let f = &mut data[s..e];
+                for i in 0..6 {
+                    f.swap(i, i + 6);
+                }
+                let ip = p.l3_offset;
+                let (a, n) = if p.l3 == packet::parse::L3::V4 {
+                    (ip + 12, 4)
+                } else {
+                    (ip + 8, 16)
+                };
+                for i in 0..n {
+                    f.swap(a + i, a + n + i);
+                }
+                self.counters.tx += 1;
+                out.push(pkt);
+            }
+        }
+    }
+
+    fn one(&mut self, t: &Tables, pkt: Packet, out: &mut Vec<Packet>, now: u64) {
+        let bytes = usize::from(pkt.len);
+        let start = usize::from(pkt.off);
+        let parsed = parse_frame(&self.pool.data(&pkt.buf)[start..start + bytes]);
+        let p = match parsed {
+            Ok(p) => p,
+            Err(e) => return self.discard(pkt, DropReason::Malformed(e.0)),
+        };
+        match self.decide(t, &p, now) {
+            Err(why) => self.discard(pkt, why),
+            Ok(Action::Hold(key)) => match self.frags.hold(&key, pkt, now, &mut self.expired) {
+                Ok(()) => self.counters.frag_held += 1,
+                Err(pkt) => self.discard(pkt, DropReason::FragTableFull),
+            },
+            Ok(Action::Forward { vip, backend, hash }) => {
+                self.send(t, pkt, &p, vip, backend, hash, out);
+                if p.fragment.is_some_and(|f| f.is_first()) && !self.released.is_empty() {
+                    self.release(t, vip, backend, out);
+                }
+            }
+        }
+        self.drop_expired();
+    }
+
+    /// Encapsulates toward `backend` and queues for sending.
+    #[allow(clippy::too_many_arguments)]
+    fn send(
+        &mut self,
+        t: &Tables,
+        mut pkt: Packet,
+        p: &Parsed,
+        vip: u32,
+        backend: u32,
+        hash: u64,
+        out: &mut Vec<Packet>,
+    ) {
+        let b = &t.backends[backend as usize];
+        let bytes = usize::from(pkt.len);
+        let start = usize::from(pkt.off);
+        let data = self.pool.data_mut(&mut pkt.buf);
+        match encapsulate(data, start, p, &b.outer, hash) {
+            Ok(r) => {
+                pkt.off = r.start as u16;
+                pkt.len = r.len() as u16;
+                self.counters.vip(vip, bytes);
+                self.counters.backend(backend, bytes);
+                self.counters.tx += 1;
+                out.push(pkt);
+            }
+            Err(_) => self.discard(pkt, DropReason::EncapFailed),
+        }
+    }
+
+    /// Sends the fragments that waited for the first one.
+    fn release(&mut self, t: &Tables, vip: u32, backend: u32, out: &mut Vec<Packet>) {
+        let mut held = std::mem::take(&mut self.released);
+        for pkt in held.drain(..) {
+            self.counters.frag_released += 1;
+            let s = usize::from(pkt.off);
+            match parse_frame(&self.pool.data(&pkt.buf)[s..s + usize::from(pkt.len)]) {
+                Ok(p) => {
+                    let hash = flow_hash(&p.flow.three_tuple());
+                    self.send(t, pkt, &p, vip, backend, hash, out);
+                }
+                Err(e) => self.discard(pkt, DropReason::Malformed(e.0)),
+            }
+        }
+        self.released = held;
+    }
+
+    /// The connection table's backend for a flow if it is still healthy,
+    /// else Maglev's choice, remembered.
+    fn select(
+        &mut self,
+        t: &Tables,
+        flow: &FlowKey,
+        vip: u32,
+        now: u64,
+        insert: bool,
+    ) -> Result<(u32, u64), DropReason> {
+        let hash = flow_hash(flow);
+        if let Some(e) = self.ct.lookup(flow, hash, now) {
+            if e.vip == vip
+                && t.backends
+                    .get(e.backend as usize)
+                    .is_some_and(|b| b.healthy)
+            {
+                return Ok((e.backend, hash));
+            }
+        }
+        let backend = t.vips[vip as usize]
+            .pick(hash)
+            .ok_or(DropReason::NoHealthyBackend)?;
+        if insert {
+            self.ct.insert(flow, hash, Entry { vip, backend }, now);
+        }
+        Ok((backend, hash))
+    }
+
+    fn decide(&mut self, t: &Tables, p: &Parsed, now: u64) -> Result<Action, DropReason> {
+        // ICMP "fragmentation needed" / "packet too big" about a VIP flow:
+        // to the backend of the quoted flow, without creating an entry.
+        if let Some(q) = p.icmp_quote {
+            let vip = t
+                .matcher
+                .lookup(&q.dst, q.dst_port, q.proto)
+                .ok_or(DropReason::NoVip)?;
+            let (backend, hash) = self.select(t, &q, vip, now, false)?;
+            self.counters.icmp_to_backend += 1;
+            return Ok(Action::Forward { vip, backend, hash });
+        }
+        if let Some(f) = p.fragment {
+            let key = FragKey {
+                src: p.flow.src,
+                dst: p.flow.dst,
+                proto: p.flow.proto,
+                ident: f.ident,
+            };
+            if !f.is_first() {
+                return match self.frags.lookup(&key, now) {
+                    Some(d)
+                        if t.backends
+                            .get(d.backend as usize)
+                            .is_some_and(|b| b.healthy) =>
+                    {
+                        Ok(Action::Forward {
+                            vip: d.vip,
+                            backend: d.backend,
+                            hash: flow_hash(&p.flow.three_tuple()),
+                        })
+                    }
+                    Some(_) => Err(DropReason::NoHealthyBackend),
+                    None if t.matcher.is_vip_address(&p.flow.dst) => Ok(Action::Hold(key)),
+                    None => Err(DropReason::NoVip),
+                };
+            }
+            let vip = t
+                .matcher
+                .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)
+                .ok_or(DropReason::NoVip)?;
+            let (backend, hash) = self.select(t, &p.flow, vip, now, true)?;
+            self.frags.record(
+                &key,
+                Decision { vip, backend },
+                now,
+                &mut self.released,
+                &mut self.expired,
+            );
+            return Ok(Action::Forward { vip, backend, hash });
+        }
+        let vip = t
+            .matcher
+            .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)
+            .ok_or(DropReason::NoVip)?;
+        let (backend, hash) = self.select(t, &p.flow, vip, now, true)?;
+        Ok(Action::Forward { vip, backend, hash })
+    }
+}

@@ -1,0 +1,127 @@
+//! Packet ports. A port is a [`Nic`]: it fills buffers the caller reserved
+//! from a [`maio::Pool`] with received frames, and transmits frames that sit
+//! in pool buffers. Frames are placed [`HEADROOM`] bytes into their buffer so
+//! that a forwarder can prepend headers without moving the packet.
+
+#![deny(missing_docs)]
+
+pub mod mem;
+pub mod pcap;
+
+use maio::{Buf, Pool};
+
+/// Bytes left free in front of every received frame.
+pub const HEADROOM: usize = 128;
+
+/// A frame in a pool buffer: where it starts and how long it is.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Packet {
+    /// The buffer (owned).
+    pub buf: Buf,
+    /// Offset of the frame in the buffer.
+    pub off: u16,
+    /// Length of the frame.
+    pub len: u16,
+}
+
+impl Packet {
+    /// Packs the descriptor into 64 bits (buffer index, offset, length) to
+    /// move it through a ring of integers; [`Packet::unpack`] reverses it.
+    pub fn pack(self) -> u64 {
+        (u64::from(self.buf.into_raw()) << 32) | (u64::from(self.off) << 16) | u64::from(self.len)
+    }
+
+    /// Takes back a packed descriptor.
+    ///
+    /// # Safety
+    /// `word` must come from [`Packet::pack`] of a packet of `pool`, and be
+    /// unpacked at most once (see [`maio::Pool::from_raw`]).
+    pub unsafe fn unpack(pool: &Pool, word: u64) -> Result<Packet, maio::Error> {
+        // SAFETY: forwarded to the caller's contract.
+        let buf = unsafe { pool.from_raw((word >> 32) as u32) }?;
+        Ok(Packet {
+            buf,
+            off: (word >> 16) as u16,
+            len: word as u16,
+        })
+    }
+
+    /// The frame's bytes.
+    pub fn frame<'a>(&'a self, pool: &'a Pool) -> &'a [u8] {
+        &pool.data(&self.buf)[usize::from(self.off)..usize::from(self.off) + usize::from(self.len)]
+    }
+}
+
+/// Why a port failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A pcap file could not be read or written.
+    #[error("pcap {path}: {reason}")]
+    Pcap {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Port counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Frames received.
+    pub rx: u64,
+    /// Frames transmitted.
+    pub tx: u64,
+    /// Received frames dropped because they do not fit a buffer after the
+    /// headroom.
+    pub rx_too_big: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Bytes transmitted.
+    pub tx_bytes: u64,
+}
+
+/// A ring slot: a buffer reserved for receiving, or holding a frame.
+#[derive(Debug, Default)]
+pub struct Slot {
+    /// The buffer, if the slot holds one.
+    pub buf: Option<Buf>,
+    /// Offset of the frame in the buffer.
+    pub off: u16,
+    /// Length of the frame (0 for a reserved, empty buffer).
+    pub len: u16,
+}
+
+impl Slot {
+    /// The frame's bytes (empty without a buffer).
+    pub fn frame<'a>(&'a self, pool: &'a Pool) -> &'a [u8] {
+        match &self.buf {
+            Some(b) => {
+                &pool.data(b)[usize::from(self.off)..usize::from(self.off) + usize::from(self.len)]
+            }
+            None => &[],
+        }
+    }
+}
+
+/// A network interface as the forwarder sees it: descriptor slots, as a NIC
+/// has.
+pub trait Nic {
+    /// Fills slots in order, each holding a reserved buffer, with received
+    /// frames placed at [`HEADROOM`]; sets `off` and `len` and returns how
+    /// many slots were filled (a prefix of `slots`).
+    fn receive(&mut self, pool: &Pool, slots: &mut [Slot]) -> Result<usize, Error>;
+
+    /// Transmits frames in order and returns how many were sent (a prefix;
+    /// the rest may be retried). The buffers stay with the caller, who
+    /// recycles them.
+    fn transmit(&mut self, pool: &Pool, slots: &[Slot]) -> Result<usize, Error>;
+
+    /// Whether no more frames will ever be received (end of a file).
+    fn exhausted(&self) -> bool {
+        false
+    }
+
+    /// Counters.
+    fn stats(&self) -> PortStats;
+}
