@@ -6,6 +6,7 @@ set -euo pipefail
 # Debian packages the build and the tests need (one per line, with why).
 APT_PACKAGES=(
   pkg-config   # crates that probe system libraries
+  tshark       # decodes the forwarder's output in the golden pcap tests (a decoder we did not write)
 )
 
 need_cmd() { command -v "$1" >/dev/null 2>&1; }
@@ -26,6 +27,8 @@ if ((${#missing[@]})); then
   fi
   echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  # tshark asks whether non-root users may capture; the answer does not matter here.
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true
   apt-get update -qq >/dev/null
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi

@@ -59,6 +59,21 @@ enum LbCommand {
     /// examples/lb.toml.
     #[command(verbatim_doc_comment)]
     Run(RunArgs),
+    /// Write mixed sample traffic for examples/lb.toml to a pcap file.
+    ///
+    /// TCP and UDP over IPv4, an any-port UDP VIP, IPv6, ICMP errors about VIP
+    /// flows, fragments in and out of order, traffic for no VIP and garbage:
+    /// everything `fastpath lb run` has to handle.
+    ///
+    /// Example:
+    ///   fastpath lb sample-pcap --out in.pcap
+    ///   fastpath lb run --config examples/lb.toml --pcap-in in.pcap --pcap-out out.pcap
+    #[command(verbatim_doc_comment)]
+    SamplePcap {
+        /// The pcap file to write.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -157,11 +172,22 @@ fn hash_eval(a: HashEvalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn sample_pcap(out: &std::path::Path) -> anyhow::Result<()> {
+    let frames: Vec<Vec<u8>> = lb::sample::mixed_traffic()
+        .into_iter()
+        .map(|s| s.frame)
+        .collect();
+    netio::pcap::write_frames(out, &frames)?;
+    eprintln!("wrote {} frames to {}", frames.len(), out.display());
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Lb(LbCommand::HashEval(a)) => hash_eval(a),
         Command::Lb(LbCommand::Run(a)) => lb_run(a),
+        Command::Lb(LbCommand::SamplePcap { out }) => sample_pcap(&out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,6 +14,7 @@ pub mod frag;
 pub mod hash_eval;
 pub mod pcap_run;
 pub mod queue;
+pub mod sample;
 pub mod tables;
 pub mod vip;
 pub mod worker;

@@ -107,7 +107,7 @@ pub fn report(s: &RunStats, t: &Tables) -> String {
     }
     out.push_str(&format!("{b}\n"));
     out.push_str(&format!(
-        "{} packet thread(s), {:.1} ms, steering fallbacks {}, pool {:?}\n",
+        "{} packet thread(s), {:.1} ms, steering fallbacks {}, packet pool {} buffers\n",
         s.per_thread.len(),
         s.elapsed.as_secs_f64() * 1e3,
         s.io.fallback,

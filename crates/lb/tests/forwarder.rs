@@ -13,100 +13,18 @@ use lb::counters::DropReason;
 use lb::datapath::{Datapath, Params};
 use lb::frag::FragTable;
 use lb::worker::{Mode, Worker};
-use lb::{flow_hash, Control};
+use lb::Control;
 use maio::{Hugepages, Pool};
 use netio::mem::{MemPort, Vary};
 use netio::{Packet, HEADROOM};
-use packet::build::{Frame, L4};
+use packet::build::Frame;
 use packet::gre::decapsulate;
-use packet::{flow, parse_frame, proto, FlowKey, Reason};
+use packet::{flow, parse_frame, FlowKey};
 
-pub const CONFIG: &str = r#"
-[forwarder]
-threads = 2
-batch = 16
-queue_size = 256
-pool_buffers = 4096
-
-[conntrack]
-size = 4096
-
-[encap]
-source = "10.0.0.1"
-source6 = "fd00::1"
-
-[[pools]]
-name = "web"
-backends = [{ address = "10.1.0.1" }, { address = "10.1.0.2" }, { address = "10.1.0.3", weight = 2 }]
-include = ["web-extra"]
-
-[[pools]]
-name = "web-extra"
-backends = [{ address = "10.1.0.4", name = "extra-4" }]
-
-[[pools]]
-name = "dns"
-table_size = 1009
-backends = [{ address = "10.2.0.1" }, { address = "10.2.0.2" }]
-
-[[pools]]
-name = "web6"
-backends = [{ address = "fd00:1::1" }, { address = "fd00:1::2" }, { address = "fd00:1::3" }]
-
-[[vips]]
-name = "http"
-address = "192.0.2.80"
-port = 80
-protocol = "tcp"
-pool = "web"
-
-[[vips]]
-name = "dns-any-port"
-address = "192.0.2.53"
-protocol = "udp"
-pool = "dns"
-
-[[vips]]
-name = "http6"
-address = "2001:db8::80"
-port = 80
-protocol = "tcp"
-pool = "web6"
-"#;
+use lb::sample::{expected_backend, mixed_traffic, Expect, CONFIG};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
-}
-
-/// The backend address Maglev names for `flow` on the VIP's pool, computed
-/// from the configuration with the maglev crate alone.
-fn expected_backend(cfg: &Config, pool: &str, flow: &FlowKey) -> IpAddr {
-    let members = cfg.flatten(pool).unwrap();
-    let size = cfg
-        .pools
-        .iter()
-        .find(|p| p.name == pool)
-        .unwrap()
-        .table_size;
-    let backends: Vec<maglev::Backend> = members
-        .iter()
-        .map(|m| {
-            maglev::Backend::weighted(
-                m.name.clone().unwrap_or_else(|| m.address.to_string()),
-                m.weight,
-            )
-        })
-        .collect();
-    let mut t = maglev::Maglev::new(size).unwrap();
-    t.populate(&backends).unwrap();
-    members[t.lookup(flow_hash(flow)).unwrap() as usize].address
-}
-
-/// One input frame and what must happen to it.
-struct Case {
-    frame: Vec<u8>,
-    /// (pool, flow that picks the backend), or None if it must be dropped.
-    expect: Option<(&'static str, FlowKey)>,
 }
 
 fn tcp(src: &str, sport: u16, dst: &str, dport: u16, flags: u8) -> Vec<u8> {
@@ -125,189 +43,14 @@ fn flow_of(frame: &[u8]) -> FlowKey {
     parse_frame(frame).unwrap().flow
 }
 
-/// Mixed traffic: TCP and UDP over IPv4, any-port UDP, IPv6, ICMP errors
-/// about VIP flows, fragments (in and out of order), traffic for no VIP,
-/// and garbage.
-fn traffic() -> (Vec<Case>, HashMap<Reason, u64>, u64) {
-    let mut cases = Vec::new();
-    for i in 0..60u16 {
-        let src = format!("203.0.113.{}", i % 50 + 1);
-        for flags in [0x02, 0x10, 0x18] {
-            let f = tcp(&src, 1000 + i, "192.0.2.80", 80, flags);
-            let fl = flow_of(&f);
-            cases.push(Case {
-                frame: f,
-                expect: Some(("web", fl)),
-            });
-        }
-        let u = Frame::udp(ip(&src), ip("192.0.2.53"), 2000 + i, 53 + (i % 3), b"query").to_bytes();
-        let fl = flow_of(&u);
-        cases.push(Case {
-            frame: u,
-            expect: Some(("dns", fl)),
-        });
-        let v6 = Frame::tcp(
-            ip(&format!("2001:db8:1::{:x}", i + 1)),
-            ip("2001:db8::80"),
-            3000 + i,
-            80,
-            0x02,
-            b"x",
-        )
-        .to_bytes();
-        let fl = flow_of(&v6);
-        cases.push(Case {
-            frame: v6,
-            expect: Some(("web6", fl)),
-        });
-    }
-    // ICMP frag-needed from a router about packets VIP -> client: goes to the
-    // backend of the client -> VIP flow.
-    for i in 0..5u16 {
-        let quoted = tcp(
-            "192.0.2.80",
-            80,
-            &format!("203.0.113.{}", i + 1),
-            1000 + i,
-            0x10,
-        );
-        let f = Frame::icmp(
-            ip("198.51.100.1"),
-            ip("192.0.2.80"),
-            3,
-            4,
-            1400,
-            &quoted[14..14 + 28],
-        )
-        .to_bytes();
-        let client_flow = FlowKey::v4(
-            [203, 0, 113, (i + 1) as u8],
-            [192, 0, 2, 80],
-            1000 + i,
-            80,
-            proto::TCP,
-        );
-        cases.push(Case {
-            frame: f,
-            expect: Some(("web", client_flow)),
-        });
-    }
-    let quoted6 = Frame::tcp(
-        ip("2001:db8::80"),
-        ip("2001:db8:1::1"),
-        80,
-        3000,
-        0x10,
-        &[0; 8],
-    )
-    .to_bytes();
-    let f = Frame::icmp(
-        ip("2001:db8:ffff::1"),
-        ip("2001:db8::80"),
-        2,
-        0,
-        1280,
-        &quoted6[14..14 + 48],
-    )
-    .to_bytes();
-    let fl6 = FlowKey {
-        src: flow::from_ip(ip("2001:db8:1::1")),
-        dst: flow::from_ip(ip("2001:db8::80")),
-        src_port: 3000,
-        dst_port: 80,
-        proto: proto::TCP,
-    };
-    cases.push(Case {
-        frame: f,
-        expect: Some(("web6", fl6)),
-    });
-    // Fragments of UDP datagrams to the DNS VIP: all follow the first
-    // fragment's 5-tuple. Datagram 1 in order; datagram 2's last fragment
-    // arrives before its first.
-    for (ident, order) in [(0x1111u32, [0usize, 1, 2]), (0x2222, [2, 1, 0])] {
-        let first = {
-            let mut f = Frame::udp(ip("203.0.113.77"), ip("192.0.2.53"), 4444, 53, &[7; 16])
-                .fragment(ident, 0, true);
-            if let L4::Udp(u) = &mut f.l4 {
-                u.payload = vec![7; 16];
-            }
-            f.to_bytes()
-        };
-        let key = flow_of(&first);
-        let middle = Frame::new(
-            ip("203.0.113.77"),
-            ip("192.0.2.53"),
-            L4::Raw(proto::UDP, vec![8; 24]),
-        )
-        .fragment(ident, 24, true)
-        .to_bytes();
-        let last = Frame::new(
-            ip("203.0.113.77"),
-            ip("192.0.2.53"),
-            L4::Raw(proto::UDP, vec![9; 8]),
-        )
-        .fragment(ident, 48, false)
-        .to_bytes();
-        let parts = [first, middle, last];
-        for k in order {
-            cases.push(Case {
-                frame: parts[k].clone(),
-                expect: Some(("dns", key)),
-            });
-        }
-    }
-    // Not for a VIP: wrong port, wrong address, wrong protocol.
-    let mut no_vip = 0;
-    for f in [
-        tcp("203.0.113.1", 5, "192.0.2.80", 443, 2),
-        tcp("203.0.113.1", 5, "192.0.2.99", 80, 2),
-        Frame::udp(ip("203.0.113.1"), ip("192.0.2.80"), 5, 80, b"").to_bytes(),
-    ] {
-        cases.push(Case {
-            frame: f,
-            expect: None,
-        });
-        no_vip += 1;
-    }
-    // Garbage, each with the reason it must be counted under.
-    let good = tcp("203.0.113.1", 9, "192.0.2.80", 80, 2);
-    let mut bad_sum = good.clone();
-    bad_sum[22] ^= 0x40; // TTL
-    let mut bad_ver = good.clone();
-    bad_ver[14] = 0x55;
-    let mut arp = good.clone();
-    arp[12..14].copy_from_slice(&[0x08, 0x06]);
-    let mut bad_udp = Frame::udp(ip("203.0.113.1"), ip("192.0.2.53"), 1, 53, b"abcd").to_bytes();
-    bad_udp[14 + 20 + 5] = 250;
-    let garbage = [
-        (good[..9].to_vec(), Reason::EthernetTruncated),
-        (good[..30].to_vec(), Reason::Ipv4Truncated),
-        (good[..50].to_vec(), Reason::Ipv4BadTotalLength),
-        (bad_sum, Reason::Ipv4BadChecksum),
-        (bad_ver, Reason::Ipv4BadVersion),
-        (arp, Reason::NotIp),
-        (bad_udp, Reason::UdpBadLength),
-        (
-            Frame::tcp(ip("2001:db8::1"), ip("2001:db8::80"), 1, 80, 2, b"").to_bytes()[..60]
-                .to_vec(),
-            Reason::Ipv6BadPayloadLength,
-        ),
-    ];
-    let mut reasons = HashMap::new();
-    for (f, r) in garbage {
-        *reasons.entry(r).or_insert(0) += 1;
-        cases.push(Case {
-            frame: f,
-            expect: None,
-        });
-    }
-    (cases, reasons, no_vip)
+fn backend(cfg: &Config, pool: &str, flow: &FlowKey) -> IpAddr {
+    expected_backend(cfg, pool, flow).unwrap()
 }
 
 fn run_mixed(threads: usize) {
     let mut cfg = Config::parse(CONFIG, "test").unwrap();
     cfg.forwarder.threads = threads;
-    let (cases, reasons, no_vip) = traffic();
+    let cases = mixed_traffic();
     let control = Control::new(cfg.clone()).unwrap();
     let mut params = Params::from_config(&cfg);
     params.hugepages = Hugepages::Auto;
@@ -316,17 +59,21 @@ fn run_mixed(threads: usize) {
     let mut port = MemPort::new(frames, Vary::None, Some(cases.len() as u64)).capture();
     let stats = dp.run(&mut port, &AtomicBool::new(false)).unwrap();
 
-    // Expected: inner IP packet bytes -> expected backend address.
+    // Expected: inner IP packet bytes -> expected backend address; drops by reason.
     let mut want: HashMap<Vec<u8>, IpAddr> = HashMap::new();
+    let mut drops: HashMap<usize, u64> = HashMap::new();
     let mut forwarded = 0;
     for c in &cases {
-        if let Some((pool, fl)) = c.expect {
-            let p = parse_frame(&c.frame).unwrap();
-            want.insert(
-                c.frame[p.l3_offset..p.l3_offset + p.l3_len].to_vec(),
-                expected_backend(&cfg, pool, &fl),
-            );
-            forwarded += 1;
+        match c.expect {
+            Expect::Forward { pool, flow } => {
+                let p = parse_frame(&c.frame).unwrap();
+                want.insert(
+                    c.frame[p.l3_offset..p.l3_offset + p.l3_len].to_vec(),
+                    backend(&cfg, pool, &flow),
+                );
+                forwarded += 1;
+            }
+            Expect::Drop(r) => *drops.entry(r.index()).or_insert(0) += 1,
         }
     }
     let out = port.captured.take().unwrap();
@@ -357,9 +104,13 @@ fn run_mixed(threads: usize) {
         assert_eq!(flow::to_ip(&d.outer_src), ip(src));
     }
     let c = &stats.counters;
-    assert_eq!(c.drops_for(DropReason::NoVip), no_vip);
-    for (r, n) in reasons {
-        assert_eq!(c.drops_for(DropReason::Malformed(r)), n, "{r}");
+    for (i, n) in c.drops.iter().enumerate() {
+        assert_eq!(
+            *n,
+            drops.get(&i).copied().unwrap_or(0),
+            "drops for {}",
+            lb::counters::DropReason::name_of(i)
+        );
     }
     assert_eq!(c.rx, cases.len() as u64);
     assert_eq!(c.tx as usize, forwarded);
@@ -485,7 +236,7 @@ fn connections_persist_when_backends_are_added_and_removed() {
     for (i, (b, a)) in before.iter().zip(&after).enumerate() {
         if *b == Some(ip("10.1.0.2")) {
             // Its backend is gone: the flow moves to Maglev's new choice.
-            assert_eq!(*a, Some(expected_backend(&next, "web", &flow_of(&acks[i]))));
+            assert_eq!(*a, Some(backend(&next, "web", &flow_of(&acks[i]))));
             moved += 1;
         } else {
             assert_eq!(
@@ -523,7 +274,7 @@ fn conntrack_full_still_forwards_by_maglev() {
         .collect();
     let got = through(&mut w, &pool, &control, &frames, 0);
     for (f, g) in frames.iter().zip(&got) {
-        assert_eq!(*g, Some(expected_backend(&cfg, "web", &flow_of(f))));
+        assert_eq!(*g, Some(backend(&cfg, "web", &flow_of(f))));
     }
     let ct = w.counters.conntrack;
     assert_eq!((ct.inserts, ct.insert_failures), (4, 96));
@@ -579,9 +330,6 @@ fn syn_flood_from_random_sources() {
             parse_frame(&[&frame[..12], &[0x08, 0x00], &frame[d.inner.clone()]].concat())
                 .unwrap()
                 .flow;
-        assert_eq!(
-            flow::to_ip(&d.outer_dst),
-            expected_backend(&cfg, "web", &inner_flow)
-        );
+        assert_eq!(flow::to_ip(&d.outer_dst), backend(&cfg, "web", &inner_flow));
     }
 }

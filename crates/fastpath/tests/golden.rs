@@ -1,0 +1,202 @@
+//! Golden pcap test through the binary a user runs: mixed sample traffic
+//! goes through `fastpath lb run`; every output frame is checked field by
+//! field with etherparse and decoded by tshark, a decoder we did not write,
+//! as GRE carrying the original packet to the backend the Maglev table names.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use lb::sample::{expected_backend, mixed_traffic, Expect, CONFIG};
+use packet::{flow, parse_frame};
+
+fn fastpath() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fastpath"))
+}
+
+fn workdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fastpath-golden-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn example_config() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/lb.toml")
+}
+
+#[test]
+fn lb_run_forwards_the_sample_capture_as_gre_to_maglev_backends() {
+    let dir = workdir("run");
+    let (inp, out) = (dir.join("in.pcap"), dir.join("out.pcap"));
+    let st = fastpath()
+        .args(["lb", "sample-pcap", "--out"])
+        .arg(&inp)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let res = fastpath()
+        .args(["lb", "run", "--format", "json", "--config"])
+        .arg(example_config())
+        .arg("--pcap-in")
+        .arg(&inp)
+        .arg("--pcap-out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+
+    let cfg = lb::Config::parse(CONFIG, "examples/lb.toml").unwrap();
+    let sample = mixed_traffic();
+    // Inner IP packet -> (expected backend, original frame's TOS byte).
+    let mut want: HashMap<Vec<u8>, (IpAddr, u8)> = HashMap::new();
+    for s in &sample {
+        if let Expect::Forward { pool, flow } = s.expect {
+            let p = parse_frame(&s.frame).unwrap();
+            want.insert(
+                s.frame[p.l3_offset..p.l3_offset + p.l3_len].to_vec(),
+                (expected_backend(&cfg, pool, &flow).unwrap(), p.tos),
+            );
+        }
+    }
+    assert_eq!(report["forwarded"].as_u64().unwrap() as usize, want.len());
+    assert_eq!(report["drops"]["no_vip"], 3);
+    assert_eq!(report["drops"]["ipv4_bad_checksum"], 1);
+
+    // Field by field with etherparse.
+    let frames = netio::pcap::read_frames(&out).unwrap();
+    assert_eq!(frames.len(), want.len());
+    let mut expected_dst = Vec::new();
+    for (i, f) in frames.iter().enumerate() {
+        let h = etherparse::PacketHeaders::from_ethernet_slice(f).unwrap();
+        let eth = h.link.clone().unwrap().ethernet2().unwrap();
+        assert_eq!(eth.source, [2, 0, 0, 0, 0, 1], "frame {i}: our MAC");
+        assert_eq!(
+            eth.destination,
+            [2, 0, 0, 0, 0, 0xfe],
+            "frame {i}: the gateway's MAC"
+        );
+        let d = packet::gre::decapsulate(f).unwrap();
+        let inner = &f[d.inner.clone()];
+        let (backend, tos) = *want
+            .get(inner)
+            .unwrap_or_else(|| panic!("frame {i} carries a packet that was never sent"));
+        match h.net.unwrap() {
+            etherparse::NetHeaders::Ipv4(ip, _) => {
+                assert_eq!(ip.protocol, etherparse::IpNumber::GRE);
+                assert_eq!(ip.time_to_live, 64);
+                assert_eq!(
+                    (ip.dscp.value() << 2) | ip.ecn.value(),
+                    tos,
+                    "frame {i}: DSCP/ECN copied"
+                );
+                assert_eq!(usize::from(ip.total_len), 20 + 4 + inner.len());
+                assert_eq!(ip.header_checksum, ip.calc_header_checksum());
+                assert_eq!(IpAddr::from(ip.destination), backend, "frame {i}: backend");
+                assert_eq!(
+                    IpAddr::from(ip.source),
+                    "10.0.0.1".parse::<IpAddr>().unwrap()
+                );
+                assert_eq!(d.ethertype, 0x0800);
+            }
+            etherparse::NetHeaders::Ipv6(ip, _) => {
+                assert_eq!(ip.next_header, etherparse::IpNumber::GRE);
+                assert_eq!(ip.hop_limit, 64);
+                assert_eq!(ip.traffic_class, tos);
+                assert_eq!(usize::from(ip.payload_length), 4 + inner.len());
+                assert_eq!(IpAddr::from(ip.destination), backend, "frame {i}: backend");
+                assert_eq!(d.ethertype, 0x86dd);
+            }
+        }
+        // GRE: no checksum, key or sequence; version 0.
+        let gre = &f[d.inner.start - 4..d.inner.start];
+        assert_eq!(&gre[..2], &[0, 0]);
+        assert_eq!(flow::to_ip(&d.outer_dst), backend);
+        expected_dst.push(backend);
+    }
+
+    // tshark: every frame is GRE, nothing is malformed, and the outer
+    // destination is the expected backend.
+    let ts = Command::new("tshark")
+        .arg("-r")
+        .arg(&out)
+        .args([
+            "-T",
+            "fields",
+            "-E",
+            "separator=|",
+            "-e",
+            "frame.number",
+            "-e",
+            "gre.proto",
+            "-e",
+            "ip.dst",
+            "-e",
+            "ipv6.dst",
+            "-e",
+            "_ws.malformed",
+        ])
+        .output()
+        .expect("tshark must be installed: run scripts/setup.sh");
+    assert!(
+        ts.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ts.stderr)
+    );
+    let text = String::from_utf8(ts.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), frames.len(), "tshark sees every frame");
+    for (i, line) in lines.iter().enumerate() {
+        let cols: Vec<&str> = line.split('|').collect();
+        assert_eq!(cols[0], (i + 1).to_string());
+        assert!(
+            cols[1] == "0x0800" || cols[1] == "0x86dd",
+            "frame {}: tshark does not decode GRE: {line}",
+            i + 1
+        );
+        assert!(
+            cols[4].is_empty(),
+            "frame {}: tshark finds it malformed: {line}",
+            i + 1
+        );
+        let outer = if cols[2].is_empty() { cols[3] } else { cols[2] };
+        let outer: IpAddr = outer.split(',').next().unwrap().parse().unwrap();
+        assert_eq!(
+            outer,
+            expected_dst[i],
+            "frame {}: tshark's outer destination",
+            i + 1
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn lb_run_rejects_a_bad_config_naming_the_key() {
+    let dir = workdir("badcfg");
+    let cfg = dir.join("bad.toml");
+    std::fs::write(&cfg, CONFIG.replace("pool = \"web\"", "pool = \"missing\"")).unwrap();
+    let inp = dir.join("in.pcap");
+    netio::pcap::write_frames(&inp, &[]).unwrap();
+    let res = fastpath()
+        .args(["lb", "run", "--config"])
+        .arg(&cfg)
+        .arg("--pcap-in")
+        .arg(&inp)
+        .arg("--pcap-out")
+        .arg(dir.join("out.pcap"))
+        .output()
+        .unwrap();
+    assert!(!res.status.success());
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert!(
+        err.contains("bad.toml") && err.contains("vips[0].pool") && err.contains("missing"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
