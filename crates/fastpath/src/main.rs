@@ -59,6 +59,20 @@ enum LbCommand {
     /// examples/lb.toml.
     #[command(verbatim_doc_comment)]
     Run(RunArgs),
+    /// Measure the forwarder's packet rate (paper section 5.2.2).
+    ///
+    /// Drives the forwarder from the in-memory generator with 64-byte TCP
+    /// frames of three kinds: SYN (a new flow per packet), non-SYN (ACKs over
+    /// established flows) and a constant 5-tuple, with 1 and 2 packet
+    /// threads; in the same run a null forwarder (parse, swap addresses,
+    /// send) over the same pipeline gives this machine's limit, and every
+    /// rate is printed as a ratio to it.
+    ///
+    /// Examples:
+    ///   fastpath lb bench --quick
+    ///   fastpath lb bench --format json
+    #[command(verbatim_doc_comment)]
+    Bench(BenchArgs),
     /// Write mixed sample traffic for examples/lb.toml to a pcap file.
     ///
     /// TCP and UDP over IPv4, an any-port UDP VIP, IPv6, ICMP errors about VIP
@@ -74,6 +88,55 @@ enum LbCommand {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// A run of a few seconds (fewer packets, one repetition).
+    #[arg(long)]
+    quick: bool,
+    /// Packets per run.
+    #[arg(long)]
+    packets: Option<u64>,
+    /// Packet-thread counts, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    threads: Option<Vec<usize>>,
+    /// Runs per measurement (the median is reported).
+    #[arg(long)]
+    repeats: Option<usize>,
+    /// Traffic types, comma separated: syn, non_syn, constant (the null
+    /// forwarder always runs as the peer).
+    #[arg(long, value_delimiter = ',', value_parser = ["syn", "non_syn", "constant"])]
+    traffic: Option<Vec<String>>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
+    let mut b = if a.quick {
+        lb::bench::BenchConfig::quick()
+    } else {
+        lb::bench::BenchConfig::full()
+    };
+    if let Some(p) = a.packets {
+        b.packets = p;
+    }
+    if let Some(t) = a.threads {
+        b.threads = t;
+    }
+    if let Some(r) = a.repeats {
+        b.repeats = r;
+    }
+    if let Some(t) = a.traffic {
+        b.traffic = t;
+    }
+    let report = lb::bench::run(&b, &mut |what| eprintln!("measuring {what}"))?;
+    match a.format {
+        Format::Table => print!("{}", report.to_text()),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -187,6 +250,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Lb(LbCommand::HashEval(a)) => hash_eval(a),
         Command::Lb(LbCommand::Run(a)) => lb_run(a),
+        Command::Lb(LbCommand::Bench(a)) => lb_bench(a),
         Command::Lb(LbCommand::SamplePcap { out }) => sample_pcap(&out),
     };
     match result {

@@ -37,52 +37,60 @@ pub struct Stats {
     pub entries: u64,
 }
 
-#[derive(Debug, Clone)]
-struct Bucket {
+/// The hot part of a bucket: one cache line with the four ways' tags,
+/// expiry times, backends and VIPs. The keys live in a parallel array and
+/// are read only when a tag matches, so a lookup touches one line, or two
+/// on a hit.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C, align(64))]
+struct Head {
     /// 0: empty; otherwise the high half of the flow hash with the low bit set.
     tags: [u32; WAYS],
-    expires: [u64; WAYS],
-    entries: [Entry; WAYS],
-    keys: [FlowKey; WAYS],
+    /// Expiry, in milliseconds modulo 2^32 (compared with wrapping
+    /// arithmetic, so timeouts must stay below 2^31 ms, about 24 days).
+    expires: [u32; WAYS],
+    backend: [u32; WAYS],
+    vip: [u32; WAYS],
 }
 
-impl Default for Bucket {
-    fn default() -> Self {
-        Bucket {
-            tags: [0; WAYS],
-            expires: [0; WAYS],
-            entries: [Entry { vip: 0, backend: 0 }; WAYS],
-            keys: [FlowKey::default(); WAYS],
-        }
-    }
+/// Whether `expires` is still in the future at `now` (both modulo 2^32).
+#[inline]
+fn alive(expires: u32, now: u32) -> bool {
+    (expires.wrapping_sub(now) as i32) > 0
 }
+
+/// Longest idle timeout the table can represent.
+pub const MAX_TIMEOUT_MS: u64 = (1 << 31) - 1;
 
 /// The table.
 #[derive(Debug, Clone)]
 pub struct Conntrack {
-    buckets: Vec<Bucket>,
+    heads: Vec<Head>,
+    keys: Vec<[FlowKey; WAYS]>,
     mask: usize,
-    tcp_timeout_ms: u64,
-    udp_timeout_ms: u64,
+    tcp_timeout_ms: u32,
+    udp_timeout_ms: u32,
     stats: Stats,
 }
 
 impl Conntrack {
     /// A table of `size` entries (rounded up to a power of two, at least 4).
+    /// Timeouts are capped at [`MAX_TIMEOUT_MS`].
     pub fn new(size: usize, tcp_timeout_ms: u64, udp_timeout_ms: u64) -> Self {
         let buckets = (size.max(WAYS).next_power_of_two() / WAYS).max(1);
         Conntrack {
-            buckets: vec![Bucket::default(); buckets],
+            heads: vec![Head::default(); buckets],
+            keys: vec![[FlowKey::default(); WAYS]; buckets],
             mask: buckets - 1,
-            tcp_timeout_ms,
-            udp_timeout_ms,
+            tcp_timeout_ms: tcp_timeout_ms.min(MAX_TIMEOUT_MS) as u32,
+            udp_timeout_ms: udp_timeout_ms.min(MAX_TIMEOUT_MS) as u32,
             stats: Stats::default(),
         }
     }
 
     /// Capacity in entries.
     pub fn capacity(&self) -> usize {
-        self.buckets.len() * WAYS
+        self.heads.len() * WAYS
     }
 
     /// Counters.
@@ -90,7 +98,14 @@ impl Conntrack {
         self.stats
     }
 
-    fn timeout(&self, key: &FlowKey) -> u64 {
+    /// Starts fetching the bucket a flow hash falls in (batched callers do
+    /// this for a whole batch before looking anything up).
+    #[inline]
+    pub fn prefetch(&self, hash: u64) {
+        maio::prefetch(&self.heads[hash as usize & self.mask]);
+    }
+
+    fn timeout(&self, key: &FlowKey) -> u32 {
         if key.proto == proto::TCP {
             self.tcp_timeout_ms
         } else {
@@ -107,20 +122,25 @@ impl Conntrack {
     /// refreshing its expiry; an expired entry is removed and counted.
     #[inline]
     pub fn lookup(&mut self, key: &FlowKey, hash: u64, now_ms: u64) -> Option<Entry> {
+        let now = now_ms as u32;
         let timeout = self.timeout(key);
         let tag = Self::tag(hash);
-        let b = &mut self.buckets[hash as usize & self.mask];
+        let i = hash as usize & self.mask;
+        let h = &mut self.heads[i];
         for w in 0..WAYS {
-            if b.tags[w] == tag && b.keys[w] == *key {
-                if b.expires[w] <= now_ms {
-                    b.tags[w] = 0;
+            if h.tags[w] == tag && self.keys[i][w] == *key {
+                if !alive(h.expires[w], now) {
+                    h.tags[w] = 0;
                     self.stats.expiries += 1;
                     self.stats.entries -= 1;
                     break;
                 }
-                b.expires[w] = now_ms + timeout;
+                h.expires[w] = now.wrapping_add(timeout);
                 self.stats.hits += 1;
-                return Some(b.entries[w]);
+                return Some(Entry {
+                    vip: h.vip[w],
+                    backend: h.backend[w],
+                });
             }
         }
         self.stats.misses += 1;
@@ -132,21 +152,24 @@ impl Conntrack {
     /// all four ways hold live flows.
     #[inline]
     pub fn insert(&mut self, key: &FlowKey, hash: u64, entry: Entry, now_ms: u64) -> bool {
-        let timeout = self.timeout(key);
+        let now = now_ms as u32;
+        let expires = now.wrapping_add(self.timeout(key));
         let tag = Self::tag(hash);
-        let b = &mut self.buckets[hash as usize & self.mask];
+        let i = hash as usize & self.mask;
+        let h = &mut self.heads[i];
         let mut free = None;
         for w in 0..WAYS {
-            if b.tags[w] == tag && b.keys[w] == *key {
-                b.entries[w] = entry;
-                b.expires[w] = now_ms + timeout;
+            if h.tags[w] == tag && self.keys[i][w] == *key {
+                h.backend[w] = entry.backend;
+                h.vip[w] = entry.vip;
+                h.expires[w] = expires;
                 return true;
             }
             if free.is_none() {
-                if b.tags[w] == 0 {
+                if h.tags[w] == 0 {
                     free = Some(w);
-                } else if b.expires[w] <= now_ms {
-                    b.tags[w] = 0;
+                } else if !alive(h.expires[w], now) {
+                    h.tags[w] = 0;
                     self.stats.expiries += 1;
                     self.stats.entries -= 1;
                     free = Some(w);
@@ -155,10 +178,11 @@ impl Conntrack {
         }
         match free {
             Some(w) => {
-                b.tags[w] = tag;
-                b.keys[w] = *key;
-                b.entries[w] = entry;
-                b.expires[w] = now_ms + timeout;
+                h.tags[w] = tag;
+                h.backend[w] = entry.backend;
+                h.vip[w] = entry.vip;
+                h.expires[w] = expires;
+                self.keys[i][w] = *key;
                 self.stats.inserts += 1;
                 self.stats.entries += 1;
                 true
@@ -198,6 +222,22 @@ mod tests {
         let u = key(1, proto::UDP);
         ct.insert(&u, 99, Entry { vip: 0, backend: 1 }, 0);
         assert_eq!(ct.lookup(&u, 99, 150), None);
+    }
+
+    #[test]
+    fn expiry_survives_the_32_bit_clock_wrapping() {
+        let mut ct = Conntrack::new(16, 10_000, 10_000);
+        let (k, h) = (key(3, proto::TCP), 77u64);
+        let t0 = (1u64 << 32) - 5_000; // 5 s before the wrap
+        ct.insert(&k, h, Entry { vip: 0, backend: 2 }, t0);
+        assert!(
+            ct.lookup(&k, h, t0 + 9_000).is_some(),
+            "alive across the wrap"
+        );
+        assert!(
+            ct.lookup(&k, h, t0 + 9_000 + 10_001).is_none(),
+            "expired after the wrap"
+        );
     }
 
     #[test]

@@ -207,6 +207,9 @@ pub struct Datapath {
 }
 
 fn steer_hash(frame: &[u8]) -> u64 {
+    if let Some(f) = packet::parse::steer_flow(frame) {
+        return f.hash(STEER_SEED);
+    }
     match parse_frame(frame) {
         // Fragments by 3-tuple so a datagram's fragments meet on one thread.
         Ok(p) if p.fragment.is_some() => p.flow.three_tuple().hash(STEER_SEED),
@@ -288,7 +291,6 @@ impl Datapath {
         let mut pending_tx: std::collections::VecDeque<Packet> = std::collections::VecDeque::new();
         let mut rr = 0usize;
         let result: Result<(), Error> = loop {
-            let now = Instant::now();
             // 1. Reserve fresh buffers into emptied receive slots.
             while rx.c < rx.a + rx.size() {
                 match handle.alloc() {
@@ -373,7 +375,9 @@ impl Datapath {
                 }
                 io.steered += 1;
                 let e = &mut ends[q];
-                e.since.get_or_insert(now);
+                // The clock is read once per batch, when a queue's first
+                // unpublished packet arrives, not once per loop.
+                e.since.get_or_insert_with(Instant::now);
                 if e.rx.unpublished() >= p.batch {
                     e.rx.publish();
                     e.since = None;
@@ -397,8 +401,9 @@ impl Datapath {
             // Timer: hand over partial batches that waited long enough, or
             // everything once the input has ended.
             let ended = nic.exhausted() && rx.a == rx.b;
+            let now = ends.iter().any(|e| e.since.is_some()).then(Instant::now);
             for e in ends.iter_mut() {
-                if let Some(t0) = e.since {
+                if let (Some(t0), Some(now)) = (e.since, now) {
                     if ended || now.duration_since(t0) >= p.batch_timeout {
                         e.rx.publish();
                         e.since = None;

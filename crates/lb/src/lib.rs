@@ -6,6 +6,7 @@
 
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod config;
 pub mod conntrack;
 pub mod counters;

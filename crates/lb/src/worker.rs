@@ -53,6 +53,8 @@ pub struct Worker {
     mode: Mode,
     released: Vec<Packet>,
     expired: Vec<Packet>,
+    /// Per-batch parse results and flow hashes (0: no plain flow).
+    staged: Vec<(packet::Result<Parsed>, u64)>,
 }
 
 impl Worker {
@@ -67,6 +69,7 @@ impl Worker {
             mode,
             released: Vec::new(),
             expired: Vec::new(),
+            staged: Vec::new(),
         }
     }
 
@@ -77,6 +80,11 @@ impl Worker {
     }
 
     /// Processes `batch` (emptied), appending packets to send to `out`.
+    ///
+    /// In stages, so that cache misses overlap instead of queueing: first
+    /// every packet's first bytes are prefetched (another core wrote them),
+    /// then every packet is parsed and its flow's connection-table bucket
+    /// prefetched, then each packet is decided and encapsulated.
     pub fn process(
         &mut self,
         t: &Tables,
@@ -84,13 +92,34 @@ impl Worker {
         out: &mut Vec<Packet>,
         now_ms: u64,
     ) {
-        for pkt in batch.drain(..) {
-            self.counters.rx += 1;
-            match self.mode {
-                Mode::Maglev => self.one(t, pkt, out, now_ms),
-                Mode::Null => self.null(pkt, out),
+        self.counters.rx += batch.len() as u64;
+        if self.mode == Mode::Null {
+            for pkt in batch.drain(..) {
+                self.null(pkt, out);
             }
+            return;
         }
+        for p in batch.iter() {
+            self.pool.prefetch(&p.buf, usize::from(p.off));
+        }
+        let mut staged = std::mem::take(&mut self.staged);
+        for p in batch.iter() {
+            let s = usize::from(p.off);
+            let r = parse_frame(&self.pool.data(&p.buf)[s..s + usize::from(p.len)]);
+            let h = match &r {
+                Ok(pp) if pp.fragment.is_none() && pp.icmp_quote.is_none() => {
+                    let h = flow_hash(&pp.flow);
+                    self.ct.prefetch(h);
+                    h
+                }
+                _ => 0,
+            };
+            staged.push((r, h));
+        }
+        for (pkt, (r, h)) in batch.drain(..).zip(staged.drain(..)) {
+            self.one(t, pkt, r, h, out, now_ms);
+        }
+        self.staged = staged;
         self.frags.sweep(8, now_ms, &mut self.expired);
         self.drop_expired();
         self.counters.conntrack = self.ct.stats();
@@ -122,6 +151,7 @@ impl Worker {
     }
 
     fn null(&mut self, mut pkt: Packet, out: &mut Vec<Packet>) {
+        // (rx is counted by `process`.)
         let data = self.pool.data_mut(&mut pkt.buf);
         let (s, e) = (
             usize::from(pkt.off),
@@ -149,15 +179,20 @@ impl Worker {
         }
     }
 
-    fn one(&mut self, t: &Tables, pkt: Packet, out: &mut Vec<Packet>, now: u64) {
-        let bytes = usize::from(pkt.len);
-        let start = usize::from(pkt.off);
-        let parsed = parse_frame(&self.pool.data(&pkt.buf)[start..start + bytes]);
+    fn one(
+        &mut self,
+        t: &Tables,
+        pkt: Packet,
+        parsed: packet::Result<Parsed>,
+        hash: u64,
+        out: &mut Vec<Packet>,
+        now: u64,
+    ) {
         let p = match parsed {
             Ok(p) => p,
             Err(e) => return self.discard(pkt, DropReason::Malformed(e.0)),
         };
-        match self.decide(t, &p, now) {
+        match self.decide(t, &p, hash, now) {
             Err(why) => self.discard(pkt, why),
             Ok(Action::Hold(key)) => match self.frags.hold(&key, pkt, now, &mut self.expired) {
                 Ok(()) => self.counters.frag_held += 1,
@@ -221,15 +256,18 @@ impl Worker {
 
     /// The connection table's backend for a flow if it is still healthy,
     /// else Maglev's choice, remembered.
+    /// `hash` is the flow's hash if already computed, else 0.
+    #[allow(clippy::too_many_arguments)]
     fn select(
         &mut self,
         t: &Tables,
         flow: &FlowKey,
+        hash: u64,
         vip: u32,
         now: u64,
         insert: bool,
     ) -> Result<(u32, u64), DropReason> {
-        let hash = flow_hash(flow);
+        let hash = if hash != 0 { hash } else { flow_hash(flow) };
         if let Some(e) = self.ct.lookup(flow, hash, now) {
             if e.vip == vip
                 && t.backends
@@ -248,7 +286,13 @@ impl Worker {
         Ok((backend, hash))
     }
 
-    fn decide(&mut self, t: &Tables, p: &Parsed, now: u64) -> Result<Action, DropReason> {
+    fn decide(
+        &mut self,
+        t: &Tables,
+        p: &Parsed,
+        hash: u64,
+        now: u64,
+    ) -> Result<Action, DropReason> {
         // ICMP "fragmentation needed" / "packet too big" about a VIP flow:
         // to the backend of the quoted flow, without creating an entry.
         if let Some(q) = p.icmp_quote {
@@ -256,7 +300,7 @@ impl Worker {
                 .matcher
                 .lookup(&q.dst, q.dst_port, q.proto)
                 .ok_or(DropReason::NoVip)?;
-            let (backend, hash) = self.select(t, &q, vip, now, false)?;
+            let (backend, hash) = self.select(t, &q, 0, vip, now, false)?;
             self.counters.icmp_to_backend += 1;
             return Ok(Action::Forward { vip, backend, hash });
         }
@@ -289,7 +333,7 @@ impl Worker {
                 .matcher
                 .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)
                 .ok_or(DropReason::NoVip)?;
-            let (backend, hash) = self.select(t, &p.flow, vip, now, true)?;
+            let (backend, hash) = self.select(t, &p.flow, 0, vip, now, true)?;
             self.frags.record(
                 &key,
                 Decision { vip, backend },
@@ -303,7 +347,7 @@ impl Worker {
             .matcher
             .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)
             .ok_or(DropReason::NoVip)?;
-        let (backend, hash) = self.select(t, &p.flow, vip, now, true)?;
+        let (backend, hash) = self.select(t, &p.flow, hash, vip, now, true)?;
         Ok(Action::Forward { vip, backend, hash })
     }
 }

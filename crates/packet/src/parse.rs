@@ -186,6 +186,64 @@ fn transport(p: &mut Parsed, l4: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The 5-tuple of the common case, read with bounds checks only: an
+/// (optionally tagged) IPv4 or IPv6 TCP or UDP packet that is not a fragment
+/// and has no IPv6 extension headers. Anything else gives `None`, and the
+/// caller falls back to [`parse_frame`]. Nothing is validated beyond what
+/// reading the fields needs: this is for steering, whose only job is to
+/// send a flow's packets to one thread; the packet thread validates.
+#[inline]
+pub fn steer_flow(frame: &[u8]) -> Option<FlowKey> {
+    let mut l3 = 14;
+    let mut et = be16(frame.get(..14)?, 12);
+    if et == ethertype::VLAN {
+        et = be16(frame.get(..18)?, 16);
+        l3 = 18;
+    }
+    match et {
+        ethertype::IPV4 => {
+            let ip = frame.get(l3..l3 + 20)?;
+            let hl = usize::from(ip[0] & 0x0f) * 4;
+            // Not a fragment (MF clear, offset zero).
+            if ip[0] >> 4 != 4 || be16(ip, 6) & 0x3fff != 0 || hl < 20 {
+                return None;
+            }
+            let proto = ip[9];
+            if proto != proto::TCP && proto != proto::UDP {
+                return None;
+            }
+            let l4 = frame.get(l3 + hl..l3 + hl + 4)?;
+            Some(FlowKey::v4(
+                [ip[12], ip[13], ip[14], ip[15]],
+                [ip[16], ip[17], ip[18], ip[19]],
+                be16(l4, 0),
+                be16(l4, 2),
+                proto,
+            ))
+        }
+        ethertype::IPV6 => {
+            let ip = frame.get(l3..l3 + 40)?;
+            let proto = ip[6];
+            if ip[0] >> 4 != 6 || (proto != proto::TCP && proto != proto::UDP) {
+                return None;
+            }
+            let l4 = frame.get(l3 + 40..l3 + 44)?;
+            let mut src = [0u8; 16];
+            let mut dst = [0u8; 16];
+            src.copy_from_slice(&ip[8..24]);
+            dst.copy_from_slice(&ip[24..40]);
+            Some(FlowKey {
+                src,
+                dst,
+                src_port: be16(l4, 0),
+                dst_port: be16(l4, 2),
+                proto,
+            })
+        }
+        _ => None,
+    }
+}
+
 /// The flow of a quoted IPv4 packet: its header and at least the 4 bytes of
 /// ports. The quote is usually cut short, so its total length is not checked
 /// against what is present.

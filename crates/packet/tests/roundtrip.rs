@@ -161,6 +161,7 @@ proptest! {
             _ => {}
         }
         let _ = parse_frame(&bytes);
+        let _ = packet::parse::steer_flow(&bytes);
         let _ = decapsulate(&bytes);
     }
 
@@ -185,7 +186,15 @@ proptest! {
         if let Ok(p) = parse_frame(&b) {
             prop_assert!(p.l3_offset + p.l3_len <= b.len());
             prop_assert!(p.l4_offset <= p.l3_offset + p.l3_len);
+            // Where the steering shortcut answers for a valid packet, it
+            // names the same flow as the full parse.
+            if let Some(f) = packet::parse::steer_flow(&b) {
+                if p.fragment.is_none() && p.icmp_quote.is_none() {
+                    prop_assert_eq!(f, p.flow);
+                }
+            }
         }
+        let _ = packet::parse::steer_flow(&b);
     }
 
     /// etherparse reads our frames the way we do.
@@ -208,6 +217,7 @@ proptest! {
             other => panic!("{other:?}"),
         };
         prop_assert_eq!((ours.flow.src_port, ours.flow.dst_port), (tsp, tdp));
+        prop_assert_eq!(packet::parse::steer_flow(&b), Some(ours.flow));
         match theirs.net.unwrap() {
             etherparse::NetSlice::Ipv4(ip) => {
                 prop_assert_eq!(flow::to_ip(&ours.flow.src), IpAddr::V4(ip.header().source_addr()));

@@ -1,0 +1,262 @@
+//! `fastpath lb bench`: forwarding rate from the in-memory generator for the
+//! three traffic types of the paper's section 5.2.2, with 1 and 2 packet
+//! threads, beside a null forwarder (parse, swap addresses, send back)
+//! through the same pipeline in the same run: the limit of this machine.
+//!
+//! - SYN: every packet a new flow (backend selection and a connection-table
+//!   insert per packet, as in a SYN flood).
+//! - non-SYN: ACKs over 4096 established flows (connection-table hits).
+//! - constant 5-tuple: one flow; steering falls back to round robin when its
+//!   thread's queue is full.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::sync::atomic::AtomicBool;
+
+use measure::{median, Table};
+use netio::mem::{MemPort, Vary};
+use packet::build::Frame;
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::datapath::{Datapath, Params};
+use crate::tables::Control;
+use crate::worker::Mode;
+
+/// Benchmark parameters.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchConfig {
+    /// Packets per run.
+    pub packets: u64,
+    /// Packet-thread counts to measure.
+    pub threads: Vec<usize>,
+    /// Runs per cell (median reported).
+    pub repeats: usize,
+    /// Traffic types to measure (the null forwarder always runs as the peer).
+    pub traffic: Vec<String>,
+}
+
+/// The traffic types, in report order.
+pub const TRAFFIC: [&str; 3] = ["syn", "non_syn", "constant"];
+
+impl BenchConfig {
+    /// The default: 4 million packets, 0 (inline), 1 and 2 packet threads,
+    /// 3 runs.
+    pub fn full() -> Self {
+        BenchConfig {
+            packets: 4_000_000,
+            threads: vec![0, 1, 2],
+            repeats: 3,
+            traffic: TRAFFIC.map(String::from).to_vec(),
+        }
+    }
+
+    /// A few seconds.
+    pub fn quick() -> Self {
+        BenchConfig {
+            packets: 500_000,
+            threads: vec![0, 1, 2],
+            repeats: 1,
+            traffic: TRAFFIC.map(String::from).to_vec(),
+        }
+    }
+}
+
+/// One measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    /// Million packets per second through the whole pipeline.
+    pub mpps: f64,
+    /// Wall nanoseconds per packet (1000 / mpps).
+    pub ns_per_packet: f64,
+    /// Rate per packet thread.
+    pub mpps_per_thread: f64,
+    /// This rate over the null forwarder's with the same threads (absent
+    /// for the null forwarder itself).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_to_null: Option<f64>,
+    /// Packets forwarded in the median run (must equal the packets sent).
+    pub forwarded: u64,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Parameters.
+    pub config: BenchConfig,
+    /// traffic type -> thread count -> cell. Traffic types: `syn`,
+    /// `non_syn`, `constant`, and `null` (the null forwarder).
+    pub results: BTreeMap<String, BTreeMap<String, Cell>>,
+}
+
+const CONFIG: &str = r#"
+[forwarder]
+batch = 32
+queue_size = 1024
+pool_buffers = 16384
+[conntrack]
+size = 65536
+[encap]
+source = "10.0.0.1"
+[[pools]]
+name = "web"
+backends = [
+  { address = "10.1.0.1" }, { address = "10.1.0.2" }, { address = "10.1.0.3" }, { address = "10.1.0.4" },
+  { address = "10.1.0.5" }, { address = "10.1.0.6" }, { address = "10.1.0.7" }, { address = "10.1.0.8" },
+]
+[[vips]]
+name = "bench"
+address = "192.0.2.80"
+port = 80
+protocol = "tcp"
+pool = "web"
+"#;
+
+fn ip(a: [u8; 4]) -> IpAddr {
+    IpAddr::from(a)
+}
+
+/// Minimum-size (64-byte frame) TCP templates and how to vary them.
+fn traffic(kind: &str) -> (Vec<Vec<u8>>, Vary) {
+    let vip = ip([192, 0, 2, 80]);
+    let tcp = |src: [u8; 4], sport: u16, flags: u8| {
+        let mut f = Frame::tcp(ip(src), vip, sport, 80, flags, &[0; 6]).to_bytes();
+        f.resize(60, 0); // 60 bytes + 4 of FCS on the wire = 64
+        f
+    };
+    match kind {
+        // The source port is rewritten per packet: 65536 x 1024 flows.
+        "syn" => (
+            (0..1024u32)
+                .map(|i| tcp([198, 18, (i >> 8) as u8, i as u8], 1, 0x02))
+                .collect(),
+            Vary::SourcePort { at: 14 + 20 },
+        ),
+        "constant" => (vec![tcp([198, 18, 0, 1], 5555, 0x10)], Vary::None),
+        _ => (
+            (0..4096u32)
+                .map(|i| {
+                    tcp(
+                        [198, 18, (i >> 8) as u8, i as u8],
+                        1024 + (i % 7) as u16,
+                        0x10,
+                    )
+                })
+                .collect(),
+            Vary::None,
+        ),
+    }
+}
+
+fn measure(
+    cfg: &Config,
+    kind: &str,
+    threads: usize,
+    packets: u64,
+) -> Result<(f64, u64), crate::datapath::Error> {
+    let mut cfg = cfg.clone();
+    cfg.forwarder.threads = threads;
+    let control = Control::new(cfg.clone()).expect("the bench config is valid");
+    let mut params = Params::from_config(&cfg);
+    if kind == "null" {
+        params.mode = Mode::Null;
+    }
+    let dp = Datapath::new(params, control.tables())?;
+    let (templates, vary) = traffic(if kind == "null" { "non_syn" } else { kind });
+    let mut port = MemPort::new(templates, vary, Some(packets));
+    let stats = dp.run(&mut port, &AtomicBool::new(false))?;
+    Ok((
+        packets as f64 / stats.elapsed.as_secs_f64() / 1e6,
+        stats.counters.tx,
+    ))
+}
+
+/// Runs every cell; `progress` is told what runs next.
+pub fn run(
+    b: &BenchConfig,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Report, crate::datapath::Error> {
+    let cfg = Config::parse(CONFIG, "(bench)").expect("the bench config is valid");
+    let mut results: BTreeMap<String, BTreeMap<String, Cell>> = BTreeMap::new();
+    for &threads in &b.threads {
+        let mut null_mpps = None;
+        for kind in std::iter::once("null").chain(
+            TRAFFIC
+                .into_iter()
+                .filter(|k| b.traffic.iter().any(|t| t == k)),
+        ) {
+            progress(&format!("{kind}, {threads} packet thread(s)"));
+            let mut rates = Vec::new();
+            let mut forwarded = Vec::new();
+            for _ in 0..b.repeats.max(1) {
+                let (mpps, fwd) = measure(&cfg, kind, threads, b.packets)?;
+                rates.push(mpps);
+                forwarded.push(fwd);
+            }
+            let mpps = median(&mut rates);
+            if kind == "null" {
+                null_mpps = Some(mpps);
+            }
+            results.entry(kind.to_string()).or_default().insert(
+                threads.to_string(),
+                Cell {
+                    mpps,
+                    ns_per_packet: 1e3 / mpps,
+                    mpps_per_thread: mpps / threads.max(1) as f64,
+                    ratio_to_null: if kind == "null" {
+                        None
+                    } else {
+                        null_mpps.map(|n| mpps / n)
+                    },
+                    forwarded: forwarded.into_iter().min().unwrap_or(0),
+                },
+            );
+        }
+    }
+    Ok(Report {
+        config: b.clone(),
+        results,
+    })
+}
+
+impl Report {
+    /// Tables for people, with the paper's figures and the goals.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "Forwarder throughput from the in-memory generator, 64-byte TCP frames, {} packets per run, median of {}\n",
+            self.config.packets, self.config.repeats
+        );
+        let mut t = Table::new([
+            "traffic",
+            "threads",
+            "Mpps",
+            "ns/packet",
+            "Mpps/thread",
+            "x null",
+        ]);
+        for kind in ["null", "syn", "non_syn", "constant"] {
+            for (threads, c) in self.results.get(kind).into_iter().flatten() {
+                t.row([
+                    kind.to_string(),
+                    threads.clone(),
+                    format!("{:.2}", c.mpps),
+                    format!("{:.1}", c.ns_per_packet),
+                    format!("{:.2}", c.mpps_per_thread),
+                    c.ratio_to_null.map_or("-".into(), |r| format!("{r:.2}")),
+                ]);
+            }
+        }
+        let _ = writeln!(out, "{t}");
+        let _ = writeln!(
+            out,
+            "null = the same pipeline with packet threads that only parse and swap addresses (this machine's limit).\n\
+             Paper (section 3.1, 5.2): about 350 ns per packet per thread, i.e. about 2.9 Mpps per packet thread.\n\
+             threads 0 = run to completion: generator, steering, packet work and muxing on one core.\n\
+             Goals: non-SYN at least 10 Mpps per packet thread and at least 0.5 of null."
+        );
+        out
+    }
+}
