@@ -99,16 +99,34 @@ fn plots_land_in_the_plot_dir() {
 #[test]
 fn lb_bench_json_document() {
     let out = fastpath()
-        .args(["lb", "bench", "--packets", "20000", "--repeats", "1", "--threads", "0,1", "--format", "json"])
+        .args([
+            "lb",
+            "bench",
+            "--packets",
+            "20000",
+            "--repeats",
+            "1",
+            "--threads",
+            "0,1",
+            "--format",
+            "json",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for kind in ["syn", "non_syn", "constant", "null"] {
         for t in ["0", "1"] {
             let c = &v["results"][kind][t];
             assert!(c["mpps"].as_f64().unwrap() > 0.0, "{kind}/{t}");
-            assert!((c["ns_per_packet"].as_f64().unwrap() * c["mpps"].as_f64().unwrap() - 1000.0).abs() < 1e-6);
+            assert!(
+                (c["ns_per_packet"].as_f64().unwrap() * c["mpps"].as_f64().unwrap() - 1000.0).abs()
+                    < 1e-6
+            );
             // Every generated packet was forwarded: the rate is of real work.
             assert_eq!(c["forwarded"], 20000, "{kind}/{t}");
             if kind == "null" {
