@@ -73,6 +73,17 @@ impl Traffic {
     }
 }
 
+/// Counts a packet of `bytes` for entry `i`, growing the table (VIPs and
+/// backends can be added by a reload).
+#[inline]
+fn bump(table: &mut Vec<Traffic>, i: u32, bytes: usize) {
+    let i = i as usize;
+    if i >= table.len() {
+        table.resize(i + 1, Traffic::default());
+    }
+    table[i].add(bytes);
+}
+
 /// One packet thread's counters (or the sum of several).
 #[derive(Debug, Clone, Default)]
 pub struct Counters {
@@ -125,20 +136,12 @@ impl Counters {
 
     #[inline]
     pub(crate) fn vip(&mut self, vip: u32, bytes: usize) {
-        let i = vip as usize;
-        if i >= self.per_vip.len() {
-            self.per_vip.resize(i + 1, Traffic::default());
-        }
-        self.per_vip[i].add(bytes);
+        bump(&mut self.per_vip, vip, bytes);
     }
 
     #[inline]
     pub(crate) fn backend(&mut self, id: u32, bytes: usize) {
-        let i = id as usize;
-        if i >= self.per_backend.len() {
-            self.per_backend.resize(i + 1, Traffic::default());
-        }
-        self.per_backend[i].add(bytes);
+        bump(&mut self.per_backend, id, bytes);
     }
 
     /// Adds another thread's counters to these.

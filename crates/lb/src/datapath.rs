@@ -185,6 +185,26 @@ impl Ring {
         (start, len.min(self.slots.len() - start))
     }
 
+    /// Lets the NIC work on the slots between the middle pointer and the
+    /// leading one (`b..c`: reserved buffers to fill, or frames to send), in
+    /// at most two contiguous runs, and advances `b` by what it took.
+    /// Returns how many slots it took.
+    fn advance_middle<E>(
+        &mut self,
+        mut nic: impl FnMut(&mut [Slot]) -> Result<usize, E>,
+    ) -> Result<u64, E> {
+        let before = self.b;
+        while self.b < self.c {
+            let (s, n) = self.run(self.b, self.c);
+            let took = nic(&mut self.slots[s..s + n])?.min(n);
+            self.b += took as u64;
+            if took < n {
+                break;
+            }
+        }
+        Ok(self.b - before)
+    }
+
     fn slot(&mut self, i: u64) -> &mut Slot {
         &mut self.slots[(i & self.mask) as usize]
     }
@@ -308,23 +328,7 @@ impl Datapath {
             }
             // 2. The NIC fills reserved buffers at `received`.
             let mut idle = true;
-            let mut failed = None;
-            while rx.b < rx.c {
-                let (s, n) = rx.run(rx.b, rx.c);
-                match nic.receive(&self.pool, &mut rx.slots[s..s + n]) {
-                    Ok(got) => {
-                        rx.b += got as u64;
-                        if got < n {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-            if let Some(e) = failed {
+            if let Err(e) = rx.advance_middle(|slots| nic.receive(&self.pool, slots)) {
                 break Err(e.into());
             }
             rx.check();
@@ -456,24 +460,10 @@ impl Datapath {
                 e.tx.release();
             }
             // 5. The NIC sends from `sent`.
-            while tx.b < tx.c {
-                idle = false;
-                let (s, n) = tx.run(tx.b, tx.c);
-                match nic.transmit(&self.pool, &tx.slots[s..s + n]) {
-                    Ok(sent) => {
-                        tx.b += sent as u64;
-                        if sent < n {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-            if let Some(e) = failed {
-                break Err(e.into());
+            match tx.advance_middle(|slots| nic.transmit(&self.pool, slots)) {
+                Ok(0) => {}
+                Ok(_) => idle = false,
+                Err(e) => break Err(e.into()),
             }
             // 6. Recycle sent buffers to the pool.
             while tx.a < tx.b {

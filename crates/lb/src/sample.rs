@@ -46,11 +46,13 @@ const DNS_QUERY: &[u8] = &[
     b'c', b'o', b'm', 0, 0, 1, 0, 1,
 ];
 
-fn ip(s: &str) -> IpAddr {
+/// An address from text (panics on a typo: for samples and tests).
+pub fn ip(s: &str) -> IpAddr {
     s.parse().expect("sample addresses are valid")
 }
 
-fn tcp(src: &str, sport: u16, dst: &str, dport: u16, flags: u8) -> Vec<u8> {
+/// A TCP frame carrying a small HTTP request.
+pub fn tcp(src: &str, sport: u16, dst: &str, dport: u16, flags: u8) -> Vec<u8> {
     Frame::tcp(
         ip(src),
         ip(dst),
@@ -62,7 +64,8 @@ fn tcp(src: &str, sport: u16, dst: &str, dport: u16, flags: u8) -> Vec<u8> {
     .to_bytes()
 }
 
-fn flow_of(frame: &[u8]) -> FlowKey {
+/// The 5-tuple of a frame that parses.
+pub fn flow_of(frame: &[u8]) -> FlowKey {
     parse_frame(frame).expect("sample frames parse").flow
 }
 

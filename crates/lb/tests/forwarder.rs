@@ -21,27 +21,7 @@ use packet::build::Frame;
 use packet::gre::decapsulate;
 use packet::{flow, parse_frame, FlowKey};
 
-use lb::sample::{expected_backend, mixed_traffic, Expect, CONFIG};
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
-
-fn tcp(src: &str, sport: u16, dst: &str, dport: u16, flags: u8) -> Vec<u8> {
-    Frame::tcp(
-        ip(src),
-        ip(dst),
-        sport,
-        dport,
-        flags,
-        b"GET / HTTP/1.1\r\n\r\n",
-    )
-    .to_bytes()
-}
-
-fn flow_of(frame: &[u8]) -> FlowKey {
-    parse_frame(frame).unwrap().flow
-}
+use lb::sample::{expected_backend, flow_of, ip, mixed_traffic, tcp, Expect, CONFIG};
 
 fn backend(cfg: &Config, pool: &str, flow: &FlowKey) -> IpAddr {
     expected_backend(cfg, pool, flow).unwrap()

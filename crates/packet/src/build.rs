@@ -158,9 +158,9 @@ impl Frame {
 
     fn l4_len(&self) -> usize {
         match &self.l4 {
-            L4::Tcp(t) => t.len(),
-            L4::Udp(u) => u.len(),
-            L4::Icmp(i) => i.len(),
+            L4::Tcp(t) => t.buffer_len(),
+            L4::Udp(u) => u.buffer_len(),
+            L4::Icmp(i) => i.buffer_len(),
             L4::Raw(_, b) => b.len(),
         }
     }

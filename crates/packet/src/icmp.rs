@@ -87,19 +87,14 @@ impl IcmpRepr {
     }
 
     /// Bytes [`IcmpRepr::emit`] writes.
-    pub fn len(&self) -> usize {
+    pub fn buffer_len(&self) -> usize {
         HEADER_LEN + self.payload.len()
-    }
-
-    /// Whether the message is empty (never: a header is always written).
-    pub fn is_empty(&self) -> bool {
-        false
     }
 
     /// Writes the message with its checksum; `pseudo` is 0 for ICMPv4 and
     /// the pseudo-header sum for ICMPv6.
     pub fn emit(&self, buf: &mut [u8], pseudo: u32) {
-        let len = self.len();
+        let len = self.buffer_len();
         buf[0] = self.kind;
         buf[1] = self.code;
         put16(buf, 2, 0);

@@ -139,13 +139,8 @@ impl TcpRepr {
     }
 
     /// Bytes [`TcpRepr::emit`] writes.
-    pub fn len(&self) -> usize {
+    pub fn buffer_len(&self) -> usize {
         MIN_HEADER_LEN + self.options.len() + self.payload.len()
-    }
-
-    /// Whether the segment is empty (never: a header is always written).
-    pub fn is_empty(&self) -> bool {
-        false
     }
 
     /// Writes the segment with its checksum over `pseudo` (from
@@ -163,7 +158,7 @@ impl TcpRepr {
         put16(buf, 18, self.urgent);
         buf[20..hl].copy_from_slice(&self.options);
         buf[hl..hl + self.payload.len()].copy_from_slice(&self.payload);
-        let c = checksum::finish(checksum::sum(pseudo, &buf[..self.len()]));
+        let c = checksum::finish(checksum::sum(pseudo, &buf[..self.buffer_len()]));
         put16(buf, 16, c);
     }
 }

@@ -81,18 +81,13 @@ impl UdpRepr {
     }
 
     /// Bytes [`UdpRepr::emit`] writes.
-    pub fn len(&self) -> usize {
+    pub fn buffer_len(&self) -> usize {
         HEADER_LEN + self.payload.len()
-    }
-
-    /// Whether the datagram is empty (never: a header is always written).
-    pub fn is_empty(&self) -> bool {
-        false
     }
 
     /// Writes the datagram with its checksum over `pseudo`.
     pub fn emit(&self, buf: &mut [u8], pseudo: u32) {
-        let len = self.len();
+        let len = self.buffer_len();
         put16(buf, 0, self.src_port);
         put16(buf, 2, self.dst_port);
         put16(buf, 4, len as u16);

@@ -133,19 +133,19 @@ proptest! {
         let pseudo = packet::checksum::pseudo_v4([10, 0, 0, 1], [10, 0, 0, 2], 6, 0);
         let t = TcpRepr { src_port: sport, dst_port: dport, seq, ack: !seq, flags, window: 7, urgent: 9,
             options: vec![1; opt_words * 4], payload: payload.clone() };
-        let mut b = vec![0u8; t.len()];
+        let mut b = vec![0u8; t.buffer_len()];
         t.emit(&mut b, pseudo);
         let p = TcpPacket::new_checked(&b[..]).unwrap();
         prop_assert!(p.checksum_ok(pseudo));
         prop_assert_eq!(TcpRepr::parse(&p), t);
 
         let u = UdpRepr { src_port: sport, dst_port: dport, payload: payload.clone() };
-        let mut b = vec![0u8; u.len()];
+        let mut b = vec![0u8; u.buffer_len()];
         u.emit(&mut b, pseudo);
         prop_assert_eq!(UdpRepr::parse(&UdpPacket::new_checked(&b[..]).unwrap()), u);
 
         let i = IcmpRepr { kind, code: flags, rest, payload };
-        let mut b = vec![0u8; i.len()];
+        let mut b = vec![0u8; i.buffer_len()];
         i.emit(&mut b, 0);
         prop_assert_eq!(packet::checksum::checksum(&b), 0);
         prop_assert_eq!(IcmpRepr::parse(&IcmpPacket::new_checked(&b[..]).unwrap()), i);
