@@ -5,7 +5,9 @@
 
 #![deny(missing_docs)]
 
+pub mod afpacket;
 pub mod mem;
+pub mod netns;
 pub mod pcap;
 
 use maio::{Buf, Pool};
@@ -55,6 +57,14 @@ impl Packet {
 /// Why a port failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A system call on a port failed.
+    #[error("{what}: {reason}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The system's answer, and what to do about it.
+        reason: String,
+    },
     /// A pcap file could not be read or written.
     #[error("pcap {path}: {reason}")]
     Pcap {
@@ -116,6 +126,13 @@ pub trait Nic {
     /// the rest may be retried). The buffers stay with the caller, who
     /// recycles them.
     fn transmit(&mut self, pool: &Pool, slots: &[Slot]) -> Result<usize, Error>;
+
+    /// Blocks up to `timeout_ms` until frames may be ready (a datapath with
+    /// nothing to do calls this instead of spinning). The default returns
+    /// at once.
+    fn wait(&mut self, timeout_ms: i32) {
+        let _ = timeout_ms;
+    }
 
     /// Whether no more frames will ever be received (end of a file).
     fn exhausted(&self) -> bool {

@@ -1,0 +1,153 @@
+//! Throwaway network namespaces for tests and demos, built with iproute2.
+//! Each [`Netns`] deletes itself (and so its interfaces) when dropped, also
+//! when a test panics.
+
+use std::os::fd::AsRawFd;
+use std::process::{Command, Output};
+
+/// A network namespace that is deleted on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+/// Runs a command and fails with its stderr if it fails.
+pub fn sh(args: &[&str]) -> Result<Output, String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{}: {e}", args[0]))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`{}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(out)
+}
+
+impl Netns {
+    /// Creates `name` (deleting a stale one of that name first) with its
+    /// loopback up.
+    pub fn new(name: &str) -> Result<Self, String> {
+        let _ = Command::new("ip").args(["netns", "del", name]).output();
+        sh(&["ip", "netns", "add", name])?;
+        let ns = Netns {
+            name: name.to_string(),
+        };
+        ns.ip(&["link", "set", "dev", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// A handle on an existing namespace (not created here; dropping it
+    /// deletes the namespace unless wrapped in `ManuallyDrop`).
+    pub fn new_handle(name: &str) -> Self {
+        Netns {
+            name: name.to_string(),
+        }
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip ARGS` inside the namespace.
+    pub fn ip(&self, args: &[&str]) -> Result<Output, String> {
+        let mut v = vec!["ip", "-n", &self.name];
+        v.extend_from_slice(args);
+        sh(&v)
+    }
+
+    /// A command run inside the namespace (`ip netns exec`).
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+
+    /// Runs a command inside and fails with its stderr if it fails.
+    pub fn exec(&self, args: &[&str]) -> Result<Output, String> {
+        let mut v = vec!["ip", "netns", "exec", &self.name];
+        v.extend_from_slice(args);
+        sh(&v)
+    }
+
+    /// Sets a sysctl inside.
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<(), String> {
+        self.exec(&["sysctl", "-qw", &format!("{key}={value}")])
+            .map(|_| ())
+    }
+
+    /// Moves the calling thread into this namespace (sockets it opens
+    /// afterwards belong to it). Other threads are unaffected.
+    pub fn enter(&self) -> Result<(), String> {
+        let f = std::fs::File::open(format!("/var/run/netns/{}", self.name))
+            .map_err(|e| format!("open netns {}: {e}", self.name))?;
+        // SAFETY: setns(2) on a namespace file we hold open; it changes only
+        // the calling thread's network namespace.
+        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+        if r != 0 {
+            return Err(format!(
+                "setns {}: {}",
+                self.name,
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// Connects two namespaces with a veth pair: `a_if` in `a` and `b_if` in
+/// `b` (the same namespace is allowed), with the given MACs, both up.
+pub fn veth(
+    a: &Netns,
+    a_if: &str,
+    a_mac: &str,
+    b: &Netns,
+    b_if: &str,
+    b_mac: &str,
+) -> Result<(), String> {
+    sh(&[
+        "ip",
+        "link",
+        "add",
+        "name",
+        a_if,
+        "address",
+        a_mac,
+        "netns",
+        a.name(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b_if,
+        "address",
+        b_mac,
+        "netns",
+        b.name(),
+    ])?;
+    a.ip(&["link", "set", "dev", a_if, "up"])?;
+    b.ip(&["link", "set", "dev", b_if, "up"])?;
+    Ok(())
+}
+
+/// Whether this process may create namespaces (root with iproute2).
+pub fn available() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && Command::new("ip")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
