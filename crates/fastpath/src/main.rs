@@ -73,6 +73,24 @@ enum LbCommand {
     ///   fastpath lb bench --format json
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
+    /// Decapsulate GRE for a backend (run it on each backend).
+    ///
+    /// This kernel has no GRE module, so backends cannot add a GRE tunnel.
+    /// This helper receives GRE (IPv4 and IPv6) on raw sockets, removes the
+    /// outer headers and writes the inner packet into a TUN device; with the
+    /// VIP on the backend's loopback, the kernel serves it and replies go
+    /// directly to the client. Runs until SIGINT or SIGTERM, then prints its
+    /// counters.
+    ///
+    /// Example (on a backend):
+    ///   ip addr add 192.0.2.80/32 dev lo
+    ///   fastpath lb decap --tun fpdecap0
+    #[command(verbatim_doc_comment)]
+    Decap {
+        /// Name of the TUN device to create and deliver into.
+        #[arg(long, default_value = "fpdecap0")]
+        tun: String,
+    },
     /// Write mixed sample traffic for examples/lb.toml to a pcap file.
     ///
     /// TCP and UDP over IPv4, an any-port UDP VIP, IPv6, ICMP errors about VIP
@@ -139,17 +157,31 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum DriverArg {
+    /// AF_PACKET with a TPACKET_V3 ring.
+    AfPacket,
+}
+
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["pcap_in", "interface"])))]
 struct RunArgs {
     /// Configuration file (TOML).
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
-    /// Capture to forward (Ethernet link type).
-    #[arg(long, value_name = "FILE")]
-    pcap_in: PathBuf,
+    /// Capture to forward (Ethernet link type); needs --pcap-out.
+    #[arg(long, value_name = "FILE", requires = "pcap_out")]
+    pcap_in: Option<PathBuf>,
     /// Where forwarded (GRE-encapsulated) frames are written.
     #[arg(long, value_name = "FILE")]
-    pcap_out: PathBuf,
+    pcap_out: Option<PathBuf>,
+    /// Forward on this interface until SIGINT or SIGTERM (frames are
+    /// received and sent back out on it).
+    #[arg(long, value_name = "IFACE", conflicts_with = "pcap_in")]
+    interface: Option<String>,
+    /// Packet I/O driver for --interface.
+    #[arg(long, value_enum, default_value = "af-packet")]
+    driver: DriverArg,
     /// Packet threads, overriding forwarder.threads (0: inline).
     #[arg(long)]
     threads: Option<usize>,
@@ -158,8 +190,28 @@ struct RunArgs {
     format: Format,
 }
 
+fn stop_flag() -> anyhow::Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, std::sync::Arc::clone(&stop))
+            .context("installing a signal handler")?;
+    }
+    Ok(stop)
+}
+
 fn lb_run(a: RunArgs) -> anyhow::Result<()> {
-    let (stats, tables) = lb::pcap_run::run(&a.config, &a.pcap_in, &a.pcap_out, a.threads)?;
+    let (stats, tables) = match (&a.interface, &a.pcap_in, &a.pcap_out) {
+        (Some(iface), _, _) => {
+            let stop = stop_flag()?;
+            let driver = match a.driver {
+                DriverArg::AfPacket => lb::live::Driver::AfPacket,
+            };
+            eprintln!("forwarding on {iface} with AF_PACKET; stop with Ctrl-C (SIGINT) or SIGTERM");
+            lb::live::run(&a.config, iface, driver, a.threads, &stop)?
+        }
+        (None, Some(inp), Some(out)) => lb::pcap_run::run(&a.config, inp, out, a.threads)?,
+        _ => anyhow::bail!("give --interface, or --pcap-in with --pcap-out"),
+    };
     match a.format {
         Format::Table => print!("{}", lb::pcap_run::report(&stats, &tables)),
         Format::Json => println!(
@@ -235,6 +287,17 @@ fn hash_eval(a: HashEvalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn decap(tun: &str) -> anyhow::Result<()> {
+    let stop = stop_flag()?;
+    eprintln!("decapsulating GRE into {tun}; stop with Ctrl-C (SIGINT) or SIGTERM");
+    let s = lb::decap::run(tun, &stop)?;
+    println!(
+        "GRE received {}, delivered {} (IPv4 {}, IPv6 {}), malformed {}, not IP {}, TUN errors {}",
+        s.received, s.delivered, s.inner_v4, s.inner_v6, s.malformed, s.not_ip, s.tun_errors
+    );
+    Ok(())
+}
+
 fn sample_pcap(out: &std::path::Path) -> anyhow::Result<()> {
     let frames: Vec<Vec<u8>> = lb::sample::mixed_traffic()
         .into_iter()
@@ -252,6 +315,7 @@ fn main() -> ExitCode {
         Command::Lb(LbCommand::Run(a)) => lb_run(a),
         Command::Lb(LbCommand::Bench(a)) => lb_bench(a),
         Command::Lb(LbCommand::SamplePcap { out }) => sample_pcap(&out),
+        Command::Lb(LbCommand::Decap { tun }) => decap(&tun),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -132,8 +132,9 @@ pub struct Encap {
     pub source: Option<IpAddr>,
     /// Outer source for IPv6 backends.
     pub source6: Option<IpAddr>,
-    /// Our MAC.
-    pub mac: String,
+    /// Our MAC (default: the interface's own, or 02:00:00:00:00:01 for
+    /// pcap files).
+    pub mac: Option<String>,
     /// The next hop's MAC.
     pub gateway_mac: String,
     /// Outer TTL / hop limit.
@@ -145,7 +146,7 @@ impl Default for Encap {
         Encap {
             source: None,
             source6: None,
-            mac: "02:00:00:00:00:01".into(),
+            mac: None,
             gateway_mac: "02:00:00:00:00:fe".into(),
             ttl: 64,
         }
@@ -384,10 +385,10 @@ impl Config {
             }
         }
         let e = &self.encap;
-        if parse_mac(&e.mac).is_none() {
+        if let Some(m) = e.mac.as_deref().filter(|m| parse_mac(m).is_none()) {
             return bad(
                 "encap.mac".into(),
-                format!("{:?} is not a MAC address like 02:00:00:00:00:01", e.mac),
+                format!("{m:?} is not a MAC address like 02:00:00:00:00:01"),
             );
         }
         if parse_mac(&e.gateway_mac).is_none() {

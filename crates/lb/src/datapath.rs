@@ -310,6 +310,7 @@ impl Datapath {
         let mut out = Vec::new();
         let mut pending_tx: std::collections::VecDeque<Packet> = std::collections::VecDeque::new();
         let mut rr = 0usize;
+        let mut idle_spins = 0u32;
         let result: Result<(), Error> = loop {
             // 1. Reserve fresh buffers into emptied receive slots.
             while rx.c < rx.a + rx.size() {
@@ -507,10 +508,19 @@ impl Datapath {
                 }
             }
             if idle {
-                std::hint::spin_loop();
+                idle_spins += 1;
+                if idle_spins > 1024 {
+                    // Nothing for a while: sleep in the port until frames
+                    // may be ready rather than burn the core.
+                    nic.wait(1);
+                } else {
+                    std::hint::spin_loop();
+                }
                 if nic.exhausted() {
                     std::thread::yield_now();
                 }
+            } else {
+                idle_spins = 0;
             }
         };
         quit.store(true, Ordering::Release);

@@ -142,7 +142,12 @@ impl Control {
             key,
             problem,
         };
-        let eth_src = parse_mac(&cfg.encap.mac).unwrap_or_default();
+        let eth_src = cfg
+            .encap
+            .mac
+            .as_deref()
+            .and_then(parse_mac)
+            .unwrap_or([2, 0, 0, 0, 0, 1]);
         let eth_dst = parse_mac(&cfg.encap.gateway_mac).unwrap_or_default();
         let src4 = cfg.encap.source.map(packet::flow::from_ip);
         let src6 = cfg.encap.source6.map(packet::flow::from_ip);

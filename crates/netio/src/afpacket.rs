@@ -112,6 +112,9 @@ pub struct AfPacketPort {
     stats: PortStats,
     /// Frames the kernel reported dropped (ring full) at the last check.
     pub kernel_drops: u64,
+    /// Frames whose transport checksum we completed (the sender left it to
+    /// offload).
+    pub csum_completed: u64,
     iov: Vec<libc::iovec>,
     msgs: Vec<libc::mmsghdr>,
 }
@@ -202,6 +205,7 @@ impl AfPacketPort {
             next_off: 0,
             stats: PortStats::default(),
             kernel_drops: 0,
+            csum_completed: 0,
             iov: Vec::new(),
             msgs: Vec::new(),
         })
@@ -276,6 +280,7 @@ impl Nic for AfPacketPort {
             // tpacket3_hdr: next_offset, sec, nsec, snaplen, len, status, mac (u16), net (u16).
             let next = self.u32_at(h) as usize;
             let snap = self.u32_at(h + 12) as usize;
+            let status = self.u32_at(h + 20);
             let mac = usize::from(self.u16_at(h + 24));
             self.taken += 1;
             self.next_off = if next == 0 { bs } else { off + next };
@@ -290,7 +295,14 @@ impl Nic for AfPacketPort {
             let slot = &mut slots[n];
             let Some(buf) = slot.buf.as_mut() else { break };
             let frame = &self.ring[h + mac..h + mac + snap];
-            pool.data_mut(buf)[HEADROOM..HEADROOM + snap].copy_from_slice(frame);
+            let dst = &mut pool.data_mut(buf)[HEADROOM..HEADROOM + snap];
+            dst.copy_from_slice(frame);
+            if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
+                // A local sender (a veth peer) left the transport checksum
+                // to offload; what leaves us must carry a complete one.
+                packet::checksum::complete_transport(dst);
+                self.csum_completed += 1;
+            }
             slot.off = HEADROOM as u16;
             slot.len = snap as u16;
             self.stats.rx_bytes += snap as u64;

@@ -51,9 +51,74 @@ pub fn pseudo_v6(src: [u8; 16], dst: [u8; 16], next_header: u8, len: u32) -> u32
     sum(s, &len.to_be_bytes()) + u32::from(next_header)
 }
 
+/// Fills in the TCP or UDP checksum of a frame whose sender left it for
+/// offload hardware to complete (Linux marks such frames on the kernel path,
+/// e.g. `TP_STATUS_CSUMNOTREADY` on AF_PACKET from a veth). Recomputes it
+/// from scratch over the pseudo-header and the whole segment. Returns false
+/// (and changes nothing) for anything but an unfragmented TCP or UDP packet.
+pub fn complete_transport(frame: &mut [u8]) -> bool {
+    let Ok(p) = crate::parse_frame(frame) else {
+        return false;
+    };
+    if p.fragment.is_some()
+        || !(p.flow.proto == crate::proto::TCP || p.flow.proto == crate::proto::UDP)
+    {
+        return false;
+    }
+    let (l4s, l4e) = (p.l4_offset, p.l3_offset + p.l3_len);
+    let len = l4e - l4s;
+    let pseudo = match crate::flow::unmapped(&p.flow.src).zip(crate::flow::unmapped(&p.flow.dst)) {
+        Some((s, d)) if p.l3 == crate::parse::L3::V4 => pseudo_v4(s, d, p.flow.proto, len as u16),
+        _ => pseudo_v6(p.flow.src, p.flow.dst, p.flow.proto, len as u32),
+    };
+    let at = l4s
+        + if p.flow.proto == crate::proto::TCP {
+            16
+        } else {
+            6
+        };
+    frame[at] = 0;
+    frame[at + 1] = 0;
+    let mut c = finish(sum(pseudo, &frame[l4s..l4e]));
+    if c == 0 && p.flow.proto == crate::proto::UDP {
+        c = 0xffff; // zero means "no checksum" in UDP
+    }
+    frame[at..at + 2].copy_from_slice(&c.to_be_bytes());
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn completes_partial_checksums() {
+        use crate::build::Frame;
+        for (s, d) in [("10.0.0.1", "10.0.0.2"), ("2001:db8::1", "2001:db8::2")] {
+            let (s, d) = (s.parse().unwrap(), d.parse().unwrap());
+            for good in [
+                Frame::tcp(s, d, 1, 80, 0x18, b"hello").to_bytes(),
+                Frame::udp(s, d, 1, 53, b"abc").to_bytes(),
+            ] {
+                let p = crate::parse_frame(&good).unwrap();
+                let at = p.l4_offset
+                    + if p.flow.proto == crate::proto::TCP {
+                        16
+                    } else {
+                        6
+                    };
+                let mut partial = good.clone();
+                partial[at] ^= 0x5a; // what offload leaves: not the final sum
+                assert!(complete_transport(&mut partial));
+                assert_eq!(partial, good);
+            }
+            // Not TCP/UDP: untouched.
+            let mut icmp = Frame::icmp(s, d, 8, 0, 0, b"x").to_bytes();
+            let before = icmp.clone();
+            assert!(!complete_transport(&mut icmp));
+            assert_eq!(icmp, before);
+        }
+    }
 
     #[test]
     fn rfc1071_example() {

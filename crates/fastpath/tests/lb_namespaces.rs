@@ -1,0 +1,280 @@
+//! The load balancer on real interfaces, end to end, in namespaces this test
+//! creates and removes: a client makes real HTTP requests to the VIP; the
+//! router sends them to the load balancer, which forwards them with
+//! AF_PACKET as GRE to two backends; each backend decapsulates with
+//! `fastpath lb decap` into a TUN device, serves the request from its own
+//! TCP stack (the VIP is on its loopback), and answers the client directly
+//! (direct server return).
+//!
+//! ```text
+//! client 10.10.1.2 -- 10.10.1.1 router 10.10.2.1 -- 10.10.2.2 lb (AF_PACKET)
+//!                               router 10.10.3.1 -- 10.10.3.2 backend 1 (VIP on lo, decap)
+//!                               router 10.10.4.1 -- 10.10.4.2 backend 2 (VIP on lo, decap)
+//! ```
+
+use std::collections::HashMap;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use netio::netns::{self, Netns};
+
+const VIP: &str = "192.0.2.80";
+
+/// Children stopped with SIGTERM (and reaped) when the test ends, also on
+/// panic; their output is kept for the assertions.
+struct Procs(Vec<(String, Child)>);
+
+impl Procs {
+    fn stop(&mut self, name: &str) -> String {
+        let Some(i) = self.0.iter().position(|(n, _)| n == name) else {
+            return String::new();
+        };
+        let (_, mut c) = self.0.remove(i);
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        let out = c.wait_with_output().expect("reaping a child");
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        let names: Vec<String> = self.0.iter().map(|(n, _)| n.clone()).collect();
+        for n in names {
+            self.stop(&n);
+        }
+    }
+}
+
+fn spawn(ns: &Netns, args: &[&str]) -> Child {
+    let mut c = ns.command(args[0]);
+    c.args(&args[1..])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c.spawn()
+        .unwrap_or_else(|e| panic!("spawning {args:?} in {}: {e}", ns.name()))
+}
+
+#[test]
+fn http_through_the_vip_with_direct_server_return() {
+    assert!(
+        netns::available(),
+        "this test needs root and iproute2 (run scripts/setup.sh as root)"
+    );
+    let id = std::process::id() % 100_000;
+    let n = |s: &str| Netns::new(&format!("fp{s}{id}")).unwrap();
+    let (cli, rtr, lb, be1, be2) = (n("c"), n("r"), n("l"), n("b1-"), n("b2-"));
+    for ns in [&cli, &rtr, &lb, &be1, &be2] {
+        for k in ["all", "default"] {
+            ns.sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")
+                .unwrap();
+        }
+    }
+    netns::veth(
+        &cli,
+        "c0",
+        "02:00:00:00:01:02",
+        &rtr,
+        "r1",
+        "02:00:00:00:01:01",
+    )
+    .unwrap();
+    netns::veth(
+        &lb,
+        "l0",
+        "02:00:00:00:02:02",
+        &rtr,
+        "r2",
+        "02:00:00:00:02:01",
+    )
+    .unwrap();
+    netns::veth(
+        &be1,
+        "b0",
+        "02:00:00:00:03:02",
+        &rtr,
+        "r3",
+        "02:00:00:00:03:01",
+    )
+    .unwrap();
+    netns::veth(
+        &be2,
+        "b0",
+        "02:00:00:00:04:02",
+        &rtr,
+        "r4",
+        "02:00:00:00:04:01",
+    )
+    .unwrap();
+    for (ns, dev, addr) in [
+        (&cli, "c0", "10.10.1.2/24"),
+        (&rtr, "r1", "10.10.1.1/24"),
+        (&lb, "l0", "10.10.2.2/24"),
+        (&rtr, "r2", "10.10.2.1/24"),
+        (&be1, "b0", "10.10.3.2/24"),
+        (&rtr, "r3", "10.10.3.1/24"),
+        (&be2, "b0", "10.10.4.2/24"),
+        (&rtr, "r4", "10.10.4.1/24"),
+    ] {
+        ns.ip(&["addr", "add", addr, "dev", dev]).unwrap();
+    }
+    // The client's veth leaves transport checksums to offload; the load
+    // balancer's AF_PACKET port completes them (TP_STATUS_CSUMNOTREADY), so
+    // no ethtool tweak is needed here.
+    rtr.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    rtr.ip(&["route", "add", &format!("{VIP}/32"), "via", "10.10.2.2"])
+        .unwrap();
+    cli.ip(&["route", "add", "default", "via", "10.10.1.1"])
+        .unwrap();
+    lb.ip(&["route", "add", "default", "via", "10.10.2.1"])
+        .unwrap();
+
+    let dir = std::env::temp_dir().join(format!("fp-ns-test-{id}"));
+    let mut procs = Procs(Vec::new());
+    for (i, (be, gw)) in [(&be1, "10.10.3.1"), (&be2, "10.10.4.1")]
+        .into_iter()
+        .enumerate()
+    {
+        be.ip(&["route", "add", "default", "via", gw]).unwrap();
+        be.ip(&["addr", "add", &format!("{VIP}/32"), "dev", "lo"])
+            .unwrap();
+        let docroot = dir.join(format!("be{}", i + 1));
+        std::fs::create_dir_all(&docroot).unwrap();
+        std::fs::write(docroot.join("index.html"), format!("backend-{}\n", i + 1)).unwrap();
+        procs.0.push((
+            format!("decap{}", i + 1),
+            spawn(
+                be,
+                &[
+                    env!("CARGO_BIN_EXE_fastpath"),
+                    "lb",
+                    "decap",
+                    "--tun",
+                    "fpdecap0",
+                ],
+            ),
+        ));
+        procs.0.push((
+            format!("http{}", i + 1),
+            spawn(
+                be,
+                &[
+                    "python3",
+                    "-m",
+                    "http.server",
+                    "80",
+                    "--bind",
+                    "0.0.0.0",
+                    "--directory",
+                    docroot.to_str().unwrap(),
+                ],
+            ),
+        ));
+    }
+    let cfg = dir.join("lb.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+[forwarder]
+threads = 0
+queue_size = 256
+pool_buffers = 4096
+[encap]
+source = "10.10.2.2"
+gateway_mac = "02:00:00:00:02:01"
+[[pools]]
+name = "web"
+backends = [{{ address = "10.10.3.2" }}, {{ address = "10.10.4.2" }}]
+[[vips]]
+name = "http"
+address = "{VIP}"
+port = 80
+protocol = "tcp"
+pool = "web"
+"#
+        ),
+    )
+    .unwrap();
+    procs.0.push((
+        "lb".into(),
+        spawn(
+            &lb,
+            &[
+                env!("CARGO_BIN_EXE_fastpath"),
+                "lb",
+                "run",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--interface",
+                "l0",
+            ],
+        ),
+    ));
+
+    // Real HTTP requests from the client, from different source ports.
+    let curl = |timeout: &str| {
+        cli.command("curl")
+            .args(["-s", "-m", timeout, &format!("http://{VIP}/")])
+            .output()
+            .expect("curl must be installed")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !curl("1").status.success() {
+        if Instant::now() > deadline {
+            let names: Vec<String> = procs.0.iter().map(|(n, _)| n.clone()).collect();
+            let logs: Vec<String> = names
+                .iter()
+                .map(|n| format!("--- {n}:\n{}", procs.stop(n)))
+                .collect();
+            panic!("no answer through the VIP within 10 s\n{}", logs.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut answers: HashMap<String, u32> = HashMap::new();
+    for _ in 0..30 {
+        let out = curl("3");
+        assert!(out.status.success(), "a request through the VIP failed");
+        *answers
+            .entry(String::from_utf8_lossy(&out.stdout).trim().to_string())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(answers.values().sum::<u32>(), 30);
+    assert!(
+        answers.keys().all(|k| k == "backend-1" || k == "backend-2") && answers.len() == 2,
+        "both backends answer, nobody else: {answers:?}"
+    );
+
+    let lb_out = procs.stop("lb");
+    let d1 = procs.stop("decap1");
+    let d2 = procs.stop("decap2");
+    // The load balancer saw and forwarded the requests; the backends
+    // decapsulated them.
+    assert!(lb_out.contains("forwarded (GRE)"), "{lb_out}");
+    let forwarded: u64 = lb_out
+        .lines()
+        .find(|l| l.starts_with("forwarded (GRE)"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        forwarded >= 31 * 3,
+        "at least a SYN, a request and an ACK per connection: {lb_out}"
+    );
+    for d in [&d1, &d2] {
+        assert!(
+            d.contains("delivered") && !d.contains("delivered 0 "),
+            "{d}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
