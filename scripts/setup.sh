@@ -7,6 +7,9 @@ set -euo pipefail
 APT_PACKAGES=(
   pkg-config   # crates that probe system libraries
   tshark       # decodes the forwarder's output in the golden pcap tests (a decoder we did not write)
+  iproute2     # network namespaces and veth for the interface tests
+  curl         # the HTTP client in the namespace tests
+  python3      # the HTTP server on the test backends (python3 -m http.server)
 )
 
 need_cmd() { command -v "$1" >/dev/null 2>&1; }
