@@ -73,6 +73,22 @@ enum LbCommand {
     ///   fastpath lb bench --format json
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
+    /// Show a running load balancer's VIPs, backends, health and counters.
+    ///
+    /// Reads /status from the HTTP API of `fastpath lb run --interface`
+    /// (enabled by `[api] listen = "127.0.0.1:9180"` in its configuration).
+    ///
+    /// Example:
+    ///   fastpath lb status --api 127.0.0.1:9180
+    #[command(verbatim_doc_comment)]
+    Status {
+        /// The API address.
+        #[arg(long, default_value = "127.0.0.1:9180")]
+        api: std::net::SocketAddr,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
     /// Decapsulate GRE for a backend (run it on each backend).
     ///
     /// This kernel has no GRE module, so backends cannot add a GRE tunnel.
@@ -204,10 +220,10 @@ fn lb_run(a: RunArgs) -> anyhow::Result<()> {
         (Some(iface), _, _) => {
             let stop = stop_flag()?;
             let driver = match a.driver {
-                DriverArg::AfPacket => lb::live::Driver::AfPacket,
+                DriverArg::AfPacket => lb::daemon::Driver::AfPacket,
             };
-            eprintln!("forwarding on {iface} with AF_PACKET; stop with Ctrl-C (SIGINT) or SIGTERM");
-            lb::live::run(&a.config, iface, driver, a.threads, &stop)?
+            eprintln!("forwarding on {iface} with AF_PACKET; stop with Ctrl-C (SIGINT) or SIGTERM, reload with SIGHUP");
+            lb::daemon::run(&a.config, iface, driver, a.threads, stop)?
         }
         (None, Some(inp), Some(out)) => lb::pcap_run::run(&a.config, inp, out, a.threads)?,
         _ => anyhow::bail!("give --interface, or --pcap-in with --pcap-out"),
@@ -310,12 +326,29 @@ fn sample_pcap(out: &std::path::Path) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Logs to stderr; RUST_LOG=debug (or warn...) changes the level.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     let result = match cli.command {
         Command::Lb(LbCommand::HashEval(a)) => hash_eval(a),
         Command::Lb(LbCommand::Run(a)) => lb_run(a),
         Command::Lb(LbCommand::Bench(a)) => lb_bench(a),
         Command::Lb(LbCommand::SamplePcap { out }) => sample_pcap(&out),
         Command::Lb(LbCommand::Decap { tun }) => decap(&tun),
+        Command::Lb(LbCommand::Status { api, format }) => lb::daemon::fetch_status(api)
+            .map_err(anyhow::Error::msg)
+            .and_then(|s| {
+                match format {
+                    Format::Table => print!("{}", s.to_text()),
+                    Format::Json => println!("{}", serde_json::to_string_pretty(&s)?),
+                }
+                Ok(())
+            }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

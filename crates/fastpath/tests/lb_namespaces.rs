@@ -189,12 +189,15 @@ fn http_through_the_vip_with_direct_server_return() {
 threads = 0
 queue_size = 256
 pool_buffers = 4096
+[api]
+listen = "127.0.0.1:9180"
 [encap]
 source = "10.10.2.2"
 gateway_mac = "02:00:00:00:02:01"
 [[pools]]
 name = "web"
 backends = [{{ address = "10.10.3.2" }}, {{ address = "10.10.4.2" }}]
+health = {{ kind = "http", port = 80, interval_ms = 200, timeout_ms = 300, rise = 2, fall = 2 }}
 [[vips]]
 name = "http"
 address = "{VIP}"
@@ -253,6 +256,100 @@ pool = "web"
         answers.keys().all(|k| k == "backend-1" || k == "backend-2") && answers.len() == 2,
         "both backends answer, nobody else: {answers:?}"
     );
+
+    // The API: metrics and status from inside the load balancer's namespace.
+    let api = |path: &str, method: &str| {
+        let out = lb
+            .command("curl")
+            .args([
+                "-s",
+                "-m",
+                "3",
+                "-X",
+                method,
+                &format!("http://127.0.0.1:9180{path}"),
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for("per-VIP metrics", &|| {
+        api("/metrics", "GET")
+            .lines()
+            .find(|l| l.starts_with("fastpath_lb_vip_packets_total{vip=\"http\"}"))
+            .and_then(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+            .is_some_and(|v| v >= 90)
+    });
+    let status = lb
+        .command(env!("CARGO_BIN_EXE_fastpath"))
+        .args(["lb", "status", "--api", "127.0.0.1:9180"])
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout).to_string();
+    assert!(
+        status.contains("10.10.3.2")
+            && status.contains("10.10.4.2")
+            && status.contains("(2 healthy)"),
+        "{status}"
+    );
+
+    // Failover: backend 1's server stops; its health check fails, it leaves
+    // the Maglev table, and every request goes to backend 2.
+    procs.stop("http1");
+    wait_for("backend 1 marked down", &|| {
+        api("/metrics", "GET")
+            .contains("fastpath_lb_backend_healthy{backend=\"10.10.3.2\",address=\"10.10.3.2\"} 0")
+    });
+    for _ in 0..10 {
+        let out = curl("3");
+        assert!(
+            out.status.success(),
+            "requests keep working after the failover"
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "backend-2");
+    }
+
+    // A broken configuration is rejected whole, with the reason, and
+    // traffic keeps flowing on the running one.
+    let good = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        good.replace("pool = \"web\"", "pool = \"nonexistent\""),
+    )
+    .unwrap();
+    let answer = api("/reload", "POST");
+    assert!(
+        answer.contains("error")
+            && answer.contains("vips[0].pool")
+            && answer.contains("nonexistent"),
+        "{answer}"
+    );
+    assert!(
+        curl("3").status.success(),
+        "traffic flows after a rejected reload"
+    );
+    assert!(api("/metrics", "GET").contains("fastpath_lb_reload_failures_total 1"));
+    // A good configuration applies, here on SIGHUP.
+    std::fs::write(&cfg, &good).unwrap();
+    let lb_pid = procs
+        .0
+        .iter()
+        .find(|(n, _)| n == "lb")
+        .map(|(_, c)| c.id())
+        .unwrap();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(lb_pid as i32, libc::SIGHUP) };
+    wait_for("the SIGHUP reload", &|| {
+        api("/metrics", "GET").contains("fastpath_lb_reloads_total 1")
+    });
+    assert!(curl("3").status.success());
 
     let lb_out = procs.stop("lb");
     let d1 = procs.stop("decap1");

@@ -153,6 +153,69 @@ impl Default for Encap {
     }
 }
 
+/// `[api]`: the HTTP control API.
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Api {
+    /// Where to serve `/metrics`, `/status` and `POST /reload` (off when
+    /// absent). Keep it on a loopback or management address.
+    pub listen: Option<std::net::SocketAddr>,
+}
+
+/// How a pool's backends are health-checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckKind {
+    /// A TCP connection to the port succeeds.
+    Tcp,
+    /// An HTTP GET of `path` answers `expect_status`.
+    Http,
+}
+
+/// A pool's health check (`health = { ... }` in `[[pools]]`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthConf {
+    /// TCP connect or HTTP GET.
+    pub kind: CheckKind,
+    /// Port on the backend's address.
+    pub port: u16,
+    /// HTTP path.
+    #[serde(default = "slash")]
+    pub path: String,
+    /// Expected HTTP status.
+    #[serde(default = "ok200")]
+    pub expect_status: u16,
+    /// Milliseconds between checks.
+    #[serde(default = "interval")]
+    pub interval_ms: u64,
+    /// Milliseconds a check may take.
+    #[serde(default = "timeout")]
+    pub timeout_ms: u64,
+    /// Consecutive successes that make a down backend healthy.
+    #[serde(default = "two")]
+    pub rise: u32,
+    /// Consecutive failures that take a healthy backend down.
+    #[serde(default = "two")]
+    pub fall: u32,
+}
+
+fn slash() -> String {
+    "/".into()
+}
+fn ok200() -> u16 {
+    200
+}
+fn interval() -> u64 {
+    1000
+}
+fn timeout() -> u64 {
+    500
+}
+fn two() -> u32 {
+    2
+}
+
 /// One backend of a pool.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -185,6 +248,8 @@ pub struct PoolConf {
     /// Maglev table size for VIPs served by this pool (prime).
     #[serde(default = "default_table_size")]
     pub table_size: u64,
+    /// Health check for the pool's own backends (none: always healthy).
+    pub health: Option<HealthConf>,
 }
 
 fn default_table_size() -> u64 {
@@ -257,6 +322,9 @@ pub struct Config {
     /// `[encap]`.
     #[serde(default)]
     pub encap: Encap,
+    /// `[api]`.
+    #[serde(default)]
+    pub api: Api,
     /// `[[pools]]`.
     #[serde(default)]
     pub pools: Vec<PoolConf>,
@@ -465,6 +533,31 @@ impl Config {
                     format!("pools[{i}].include"),
                     format!("pools include each other in a cycle: {cycle}"),
                 );
+            }
+        }
+        for (i, p) in self.pools.iter().enumerate() {
+            if let Some(h) = &p.health {
+                if h.interval_ms == 0 || h.timeout_ms == 0 || h.timeout_ms > h.interval_ms * 10 {
+                    return bad(
+                        format!("pools[{i}].health"),
+                        "interval_ms and timeout_ms must be positive, timeout_ms at most 10x interval_ms".into(),
+                    );
+                }
+                if h.rise == 0 || h.fall == 0 {
+                    return bad(
+                        format!("pools[{i}].health"),
+                        "rise and fall must be at least 1".into(),
+                    );
+                }
+                if !h.path.starts_with('/') || h.path.contains(['\r', '\n', ' ']) {
+                    return bad(
+                        format!("pools[{i}].health.path"),
+                        format!(
+                            "{:?} must start with / and hold no spaces or line breaks",
+                            h.path
+                        ),
+                    );
+                }
             }
         }
         let mut groups = HashMap::new();

@@ -311,6 +311,7 @@ impl Datapath {
         let mut pending_tx: std::collections::VecDeque<Packet> = std::collections::VecDeque::new();
         let mut rr = 0usize;
         let mut idle_spins = 0u32;
+        let mut inline_pub = LivePublisher::default();
         let result: Result<(), Error> = loop {
             // 1. Reserve fresh buffers into emptied receive slots.
             while rx.c < rx.a + rx.size() {
@@ -401,7 +402,9 @@ impl Datapath {
                         start.elapsed().as_millis() as u64,
                     );
                     pending_tx.extend(out.drain(..));
+                    inline_pub.dirty = true;
                 }
+                inline_pub.maybe(&self.live, 0, &w.counters, start);
             }
             // Timer: hand over partial batches that waited long enough, or
             // everything once the input has ended.
@@ -558,6 +561,37 @@ impl Datapath {
     }
 }
 
+/// Copies a thread's counters to the shared live view every
+/// [`LIVE_INTERVAL_MS`] when they changed, so the control plane can read
+/// them without touching the packet thread's own.
+#[derive(Default)]
+struct LivePublisher {
+    last_ms: u64,
+    dirty: bool,
+}
+
+/// How often live counters are refreshed.
+pub const LIVE_INTERVAL_MS: u64 = 100;
+
+impl LivePublisher {
+    fn maybe(&mut self, live: &Mutex<Vec<Counters>>, id: usize, c: &Counters, start: Instant) {
+        let now = start.elapsed().as_millis() as u64;
+        if self.dirty && now >= self.last_ms + LIVE_INTERVAL_MS {
+            self.publish(live, id, c, start);
+        }
+    }
+
+    fn publish(&mut self, live: &Mutex<Vec<Counters>>, id: usize, c: &Counters, start: Instant) {
+        if let Ok(mut l) = live.lock() {
+            if let Some(slot) = l.get_mut(id) {
+                *slot = c.clone();
+            }
+        }
+        self.last_ms = start.elapsed().as_millis() as u64;
+        self.dirty = false;
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn packet_thread(
     id: usize,
@@ -575,7 +609,8 @@ fn packet_thread(
 ) -> Counters {
     let mut in_batch = Vec::with_capacity(batch);
     let mut out = Vec::with_capacity(batch * 2);
-    let mut batches = 0u64;
+    let mut live_pub = LivePublisher::default();
+    let mut idle = 0u32;
     let mut drained = false;
     loop {
         while in_batch.len() < batch {
@@ -598,9 +633,18 @@ fn packet_thread(
                 drained = true;
                 finished.store(w.finished(), Ordering::Release);
             }
-            std::thread::yield_now();
+            idle += 1;
+            if idle > 4096 {
+                // Idle for a while (a quiet interface): sleep briefly rather
+                // than keep a core busy; adds at most this much latency.
+                std::thread::sleep(Duration::from_micros(200));
+                live_pub.maybe(live, id, &w.counters, start);
+            } else {
+                std::thread::yield_now();
+            }
             continue;
         }
+        idle = 0;
         rx.release();
         let t = tables.load();
         w.process(
@@ -628,19 +672,10 @@ fn packet_thread(
         }
         tx.publish();
         finished.store(w.finished(), Ordering::Release);
-        batches += 1;
-        if batches.is_multiple_of(256) {
-            if let Ok(mut l) = live.lock() {
-                if let Some(slot) = l.get_mut(id) {
-                    *slot = w.counters.clone();
-                }
-            }
-        }
+        live_pub.dirty = true;
+        live_pub.maybe(live, id, &w.counters, start);
     }
-    if let Ok(mut l) = live.lock() {
-        if let Some(slot) = l.get_mut(id) {
-            *slot = w.counters.clone();
-        }
-    }
+    live_pub.dirty = true;
+    live_pub.publish(live, id, &w.counters, start);
     w.counters.clone()
 }

@@ -1,0 +1,572 @@
+//! The load balancer daemon: the datapath on a real interface, and beside
+//! it a control plane (tokio) that serves the HTTP API, reloads the
+//! configuration on SIGHUP or `POST /reload`, and runs the health checks.
+//!
+//! A reload reads and validates the whole file, builds the new tables aside
+//! and swaps them in one step; a bad file is rejected whole, the running
+//! configuration keeps serving, and the reason is logged and returned.
+//! Settings of `[forwarder]` and `[conntrack]` (threads, queue and table
+//! sizes) take effect at the next start; a reload that changes them says so.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use netio::afpacket::{self, AfPacketPort};
+use serde::Serialize;
+
+use crate::counters::{Counters, DropReason, DROP_REASONS};
+use crate::datapath::{Datapath, Params, RunStats};
+use crate::health::{self, CheckKey, Tracker};
+use crate::pcap_run::Error;
+use crate::tables::Control;
+use crate::Config;
+
+/// Packet I/O drivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// AF_PACKET with a TPACKET_V3 receive ring.
+    AfPacket,
+}
+
+/// What the control plane shares with its tasks.
+pub struct Shared {
+    control: Mutex<Control>,
+    config_path: PathBuf,
+    live: Arc<Mutex<Vec<Counters>>>,
+    health: Mutex<HashMap<CheckKey, Tracker>>,
+    /// Backend names each check decides for (refreshed on reload).
+    check_names: Mutex<HashMap<CheckKey, Vec<String>>>,
+    reloads: AtomicU64,
+    reload_failures: AtomicU64,
+    last_reload_error: Mutex<Option<String>>,
+    started: Instant,
+}
+
+impl Shared {
+    /// Re-reads the configuration file and swaps it in, or explains why not.
+    pub fn reload(&self) -> Result<u64, String> {
+        let result = Config::load(&self.config_path)
+            .map_err(|e| e.to_string())
+            .and_then(|cfg| {
+                let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
+                let old = c.config().clone();
+                c.apply(cfg.clone()).map_err(|e| e.to_string())?;
+                if cfg.forwarder != old.forwarder || cfg.conntrack != old.conntrack {
+                    tracing::warn!(
+                        "[forwarder] and [conntrack] changes take effect at the next start"
+                    );
+                }
+                *self.check_names.lock().unwrap_or_else(|p| p.into_inner()) = health::checks(&cfg);
+                Ok(c.tables().load().generation)
+            });
+        match &result {
+            Ok(g) => {
+                self.reloads.fetch_add(1, Ordering::Relaxed);
+                *self
+                    .last_reload_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = None;
+                tracing::info!(generation = g, "configuration reloaded");
+            }
+            Err(e) => {
+                self.reload_failures.fetch_add(1, Ordering::Relaxed);
+                *self
+                    .last_reload_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
+                tracing::error!("reload rejected, the running configuration stays: {e}");
+            }
+        }
+        result
+    }
+
+    fn counters(&self) -> Counters {
+        let mut sum = Counters::new();
+        for c in self.live.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            sum.merge(c);
+        }
+        sum
+    }
+
+    /// The `/status` document.
+    pub fn status(&self) -> Status {
+        let c = self.counters();
+        let tables = self
+            .control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tables()
+            .load_full();
+        let backend = |id: u32| {
+            let b = &tables.backends[id as usize];
+            let t = c.per_backend.get(id as usize).copied().unwrap_or_default();
+            BackendStatus {
+                name: b.name.clone(),
+                address: packet::flow::to_ip(&b.addr).to_string(),
+                healthy: b.healthy,
+                packets: t.packets,
+                bytes: t.bytes,
+            }
+        };
+        Status {
+            generation: tables.generation,
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            reloads: self.reloads.load(Ordering::Relaxed),
+            reload_failures: self.reload_failures.load(Ordering::Relaxed),
+            last_reload_error: self
+                .last_reload_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            forwarded: c.tx,
+            dropped: c.dropped(),
+            drops: c
+                .drop_table()
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v))
+                .collect(),
+            conntrack_entries: c.conntrack.entries,
+            vips: tables
+                .vips
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let t = c.per_vip.get(i).copied().unwrap_or_default();
+                    VipStatus {
+                        name: v.name.clone(),
+                        packets: t.packets,
+                        bytes: t.bytes,
+                        healthy_backends: v.slots.len(),
+                        backends: v.backends.iter().map(|&id| backend(id)).collect(),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Prometheus text exposition.
+    pub fn metrics(&self) -> String {
+        let s = self.status();
+        let c = self.counters();
+        let mut o = String::new();
+        let mut family = |name: &str, kind: &str, help: &str| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        };
+        family(
+            "fastpath_lb_config_generation",
+            "gauge",
+            "Generation of the running configuration.",
+        );
+        family(
+            "fastpath_lb_reloads_total",
+            "counter",
+            "Configuration reloads applied.",
+        );
+        family(
+            "fastpath_lb_reload_failures_total",
+            "counter",
+            "Configuration reloads rejected.",
+        );
+        family(
+            "fastpath_lb_vip_packets_total",
+            "counter",
+            "Packets forwarded per VIP.",
+        );
+        family(
+            "fastpath_lb_vip_bytes_total",
+            "counter",
+            "Bytes forwarded per VIP (received frame sizes).",
+        );
+        family(
+            "fastpath_lb_backend_packets_total",
+            "counter",
+            "Packets forwarded per backend.",
+        );
+        family(
+            "fastpath_lb_backend_bytes_total",
+            "counter",
+            "Bytes forwarded per backend.",
+        );
+        family(
+            "fastpath_lb_backend_healthy",
+            "gauge",
+            "1 if the backend is healthy.",
+        );
+        family(
+            "fastpath_lb_drops_total",
+            "counter",
+            "Packets dropped, by reason.",
+        );
+        family(
+            "fastpath_lb_conntrack_entries",
+            "gauge",
+            "Live connection-table entries.",
+        );
+        family(
+            "fastpath_lb_conntrack_events_total",
+            "counter",
+            "Connection-table hits, misses, inserts, insert failures, expiries.",
+        );
+        let _ = writeln!(o, "fastpath_lb_config_generation {}", s.generation);
+        let _ = writeln!(o, "fastpath_lb_reloads_total {}", s.reloads);
+        let _ = writeln!(o, "fastpath_lb_reload_failures_total {}", s.reload_failures);
+        let mut seen = std::collections::HashSet::new();
+        for v in &s.vips {
+            let _ = writeln!(
+                o,
+                "fastpath_lb_vip_packets_total{{vip=\"{}\"}} {}",
+                v.name, v.packets
+            );
+            let _ = writeln!(
+                o,
+                "fastpath_lb_vip_bytes_total{{vip=\"{}\"}} {}",
+                v.name, v.bytes
+            );
+            for b in &v.backends {
+                if seen.insert(b.name.clone()) {
+                    let l = format!("backend=\"{}\",address=\"{}\"", b.name, b.address);
+                    let _ = writeln!(o, "fastpath_lb_backend_packets_total{{{l}}} {}", b.packets);
+                    let _ = writeln!(o, "fastpath_lb_backend_bytes_total{{{l}}} {}", b.bytes);
+                    let _ = writeln!(
+                        o,
+                        "fastpath_lb_backend_healthy{{{l}}} {}",
+                        u8::from(b.healthy)
+                    );
+                }
+            }
+        }
+        for i in 0..DROP_REASONS {
+            let _ = writeln!(
+                o,
+                "fastpath_lb_drops_total{{reason=\"{}\"}} {}",
+                DropReason::name_of(i),
+                c.drops.get(i).copied().unwrap_or(0)
+            );
+        }
+        let ct = &c.conntrack;
+        let _ = writeln!(o, "fastpath_lb_conntrack_entries {}", ct.entries);
+        for (k, v) in [
+            ("hit", ct.hits),
+            ("miss", ct.misses),
+            ("insert", ct.inserts),
+            ("insert_failure", ct.insert_failures),
+            ("expiry", ct.expiries),
+        ] {
+            let _ = writeln!(o, "fastpath_lb_conntrack_events_total{{event=\"{k}\"}} {v}");
+        }
+        o
+    }
+}
+
+/// A backend in `/status`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct BackendStatus {
+    /// Name.
+    pub name: String,
+    /// Address.
+    pub address: String,
+    /// Health.
+    pub healthy: bool,
+    /// Packets forwarded to it.
+    pub packets: u64,
+    /// Bytes forwarded to it.
+    pub bytes: u64,
+}
+
+/// A VIP in `/status`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct VipStatus {
+    /// Name.
+    pub name: String,
+    /// Packets forwarded for it.
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// Backends in its Maglev table now.
+    pub healthy_backends: usize,
+    /// All its backends.
+    pub backends: Vec<BackendStatus>,
+}
+
+/// The `/status` document.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Status {
+    /// Configuration generation.
+    pub generation: u64,
+    /// Seconds since start.
+    pub uptime_s: f64,
+    /// Reloads applied.
+    pub reloads: u64,
+    /// Reloads rejected.
+    pub reload_failures: u64,
+    /// Why the last reload was rejected, if it was.
+    pub last_reload_error: Option<String>,
+    /// Packets forwarded.
+    pub forwarded: u64,
+    /// Packets dropped.
+    pub dropped: u64,
+    /// Drops by reason.
+    pub drops: std::collections::BTreeMap<String, u64>,
+    /// Live connection-table entries.
+    pub conntrack_entries: u64,
+    /// VIPs.
+    pub vips: Vec<VipStatus>,
+}
+
+impl Status {
+    /// As tables for people (`fastpath lb status`).
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "generation {}, up {:.0} s, reloads {} (rejected {}), forwarded {}, dropped {}, connections {}\n",
+            self.generation, self.uptime_s, self.reloads, self.reload_failures, self.forwarded, self.dropped, self.conntrack_entries
+        );
+        if let Some(e) = &self.last_reload_error {
+            out.push_str(&format!("last reload rejected: {e}\n"));
+        }
+        let mut t =
+            measure::Table::new(["vip", "backend", "address", "healthy", "packets", "bytes"]);
+        for v in &self.vips {
+            t.row([
+                v.name.clone(),
+                format!("({} healthy)", v.healthy_backends),
+                String::new(),
+                String::new(),
+                v.packets.to_string(),
+                v.bytes.to_string(),
+            ]);
+            for b in &v.backends {
+                t.row([
+                    String::new(),
+                    b.name.clone(),
+                    b.address.clone(),
+                    if b.healthy { "yes" } else { "NO" }.to_string(),
+                    b.packets.to_string(),
+                    b.bytes.to_string(),
+                ]);
+            }
+        }
+        out.push_str(&t.to_string());
+        if !self.drops.is_empty() {
+            let mut d = measure::Table::new(["drop reason", "packets"]);
+            for (k, v) in &self.drops {
+                d.row([k.clone(), v.to_string()]);
+            }
+            out.push_str(&format!("\n{d}"));
+        }
+        out
+    }
+}
+
+async fn health_task(shared: Arc<Shared>, key: CheckKey) {
+    let mut tick = tokio::time::interval(Duration::from_millis(key.conf.interval_ms));
+    loop {
+        tick.tick().await;
+        let ok = health::probe(&key).await;
+        let change = {
+            let mut h = shared.health.lock().unwrap_or_else(|p| p.into_inner());
+            h.entry(key.clone())
+                .or_default()
+                .record(ok, key.conf.rise, key.conf.fall)
+        };
+        if let Some(healthy) = change {
+            let names = shared
+                .check_names
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&key)
+                .cloned()
+                .unwrap_or_default();
+            let mut c = shared.control.lock().unwrap_or_else(|p| p.into_inner());
+            for n in &names {
+                c.set_health(n, healthy);
+            }
+            tracing::warn!(check = %key, healthy, backends = ?names, "backend health changed; tables rebuilt");
+        }
+    }
+}
+
+/// Keeps one task per distinct check, starting new ones and stopping
+/// removed ones after a reload.
+async fn health_manager(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
+    let mut tasks: HashMap<CheckKey, tokio::task::JoinHandle<()>> = HashMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        let wanted: Vec<CheckKey> = shared
+            .check_names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        tasks.retain(|k, t| {
+            let keep = wanted.contains(k);
+            if !keep {
+                t.abort();
+            }
+            keep
+        });
+        for k in wanted {
+            tasks
+                .entry(k.clone())
+                .or_insert_with(|| tokio::spawn(health_task(Arc::clone(&shared), k)));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for t in tasks.values() {
+        t.abort();
+    }
+}
+
+async fn control_plane(
+    shared: Arc<Shared>,
+    listen: Option<std::net::SocketAddr>,
+    stop: Arc<AtomicBool>,
+) {
+    tokio::spawn(health_manager(Arc::clone(&shared), Arc::clone(&stop)));
+    if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        let s = Arc::clone(&shared);
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                let _ = s.reload();
+            }
+        });
+    }
+    if let Some(addr) = listen {
+        let app = Router::new()
+            .route(
+                "/metrics",
+                get(|State(s): State<Arc<Shared>>| async move { s.metrics() }),
+            )
+            .route(
+                "/status",
+                get(|State(s): State<Arc<Shared>>| async move { Json(s.status()) }),
+            )
+            .route(
+                "/reload",
+                post(|State(s): State<Arc<Shared>>| async move {
+                    match tokio::task::spawn_blocking(move || s.reload()).await {
+                        Ok(Ok(g)) => (StatusCode::OK, Json(serde_json::json!({ "generation": g })))
+                            .into_response(),
+                        Ok(Err(e)) => (
+                            StatusCode::BAD_REQUEST,
+                            Json(serde_json::json!({ "error": e })),
+                        )
+                            .into_response(),
+                        Err(e) => {
+                            (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+                        }
+                    }
+                }),
+            )
+            .with_state(Arc::clone(&shared));
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                tracing::info!(%addr, "HTTP API: /metrics, /status, POST /reload");
+                let st = Arc::clone(&stop);
+                tokio::spawn(async move {
+                    let _ = axum::serve(l, app)
+                        .with_graceful_shutdown(async move {
+                            while !st.load(Ordering::Relaxed) {
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        })
+                        .await;
+                });
+            }
+            Err(e) => tracing::error!(%addr, "cannot serve the HTTP API: {e}"),
+        }
+    }
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs the daemon on `interface` until `stop`.
+pub fn run(
+    config: &Path,
+    interface: &str,
+    driver: Driver,
+    threads: Option<usize>,
+    stop: Arc<AtomicBool>,
+) -> Result<(RunStats, Arc<crate::tables::Tables>), Error> {
+    let mut cfg = Config::load(config)?;
+    if let Some(t) = threads {
+        cfg.forwarder.threads = t;
+    }
+    if cfg.encap.mac.is_none() {
+        cfg.encap.mac = afpacket::mac_address(interface).map(|m| {
+            m.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":")
+        });
+    }
+    let control = Control::new(cfg.clone())?;
+    let tables = control.tables();
+    let dp = Datapath::new(Params::from_config(&cfg), Arc::clone(&tables))?;
+    let mut port = match driver {
+        Driver::AfPacket => AfPacketPort::open(afpacket::Config::new(interface))?,
+    };
+    let shared = Arc::new(Shared {
+        control: Mutex::new(control),
+        config_path: config.to_path_buf(),
+        live: Arc::clone(&dp.live),
+        health: Mutex::new(HashMap::new()),
+        check_names: Mutex::new(health::checks(&cfg)),
+        reloads: AtomicU64::new(0),
+        reload_failures: AtomicU64::new(0),
+        last_reload_error: Mutex::new(None),
+        started: Instant::now(),
+    });
+    let cp = {
+        let (shared, stop, listen) = (Arc::clone(&shared), Arc::clone(&stop), cfg.api.listen);
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt.block_on(control_plane(shared, listen, stop)),
+                    Err(e) => tracing::error!("control plane: {e}"),
+                }
+            })
+            .expect("spawning the control-plane thread")
+    };
+    tracing::info!(
+        interface,
+        ?driver,
+        "forwarding; stop with SIGINT or SIGTERM, reload with SIGHUP"
+    );
+    let res = dp.run(&mut port, &stop);
+    stop.store(true, Ordering::Release);
+    let _ = cp.join();
+    let stats = res?;
+    let t = tables.load_full();
+    Ok((stats, t))
+}
+
+/// Fetches `/status` from a running daemon's API (`fastpath lb status`).
+pub fn fetch_status(api: std::net::SocketAddr) -> Result<Status, String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&api, Duration::from_secs(2)).map_err(|e| format!("cannot reach {api}: {e} (is `lb run --interface` running with [api] listen = \"{api}\"?)"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("GET /status HTTP/1.0\r\nHost: {api}\r\n\r\n").as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).map_err(|e| e.to_string())?;
+    let json = body
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .ok_or("malformed HTTP response")?;
+    serde_json::from_str(json).map_err(|e| format!("unexpected /status document: {e}"))
+}

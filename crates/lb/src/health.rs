@@ -1,0 +1,227 @@
+//! Health checks (paper section 3.2's health checker): TCP connect or HTTP
+//! GET, with interval, timeout, rise and fall. Checks are deduplicated by
+//! backend address and check: a backend in several pools, or several VIPs
+//! over one pool, is probed once.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::config::{CheckKind, Config, HealthConf};
+
+/// One distinct check: an address and how to probe it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CheckKey {
+    /// The backend's address.
+    pub addr: IpAddr,
+    /// The check.
+    pub conf: HealthConf,
+}
+
+impl std::fmt::Display for CheckKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.conf.kind {
+            CheckKind::Tcp => write!(f, "tcp {}", SocketAddr::new(self.addr, self.conf.port)),
+            CheckKind::Http => write!(
+                f,
+                "http {}{}",
+                SocketAddr::new(self.addr, self.conf.port),
+                self.conf.path
+            ),
+        }
+    }
+}
+
+/// Every distinct check in a configuration, with the backend names it
+/// decides for.
+pub fn checks(cfg: &Config) -> HashMap<CheckKey, Vec<String>> {
+    let mut out: HashMap<CheckKey, Vec<String>> = HashMap::new();
+    for p in &cfg.pools {
+        let Some(h) = &p.health else { continue };
+        for b in &p.backends {
+            let name = b.name.clone().unwrap_or_else(|| b.address.to_string());
+            let names = out
+                .entry(CheckKey {
+                    addr: b.address,
+                    conf: h.clone(),
+                })
+                .or_default();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    out
+}
+
+/// One probe; true if the backend answered as expected within the timeout.
+pub async fn probe(key: &CheckKey) -> bool {
+    let c = &key.conf;
+    let fut = async {
+        let mut s = TcpStream::connect(SocketAddr::new(key.addr, c.port))
+            .await
+            .ok()?;
+        if c.kind == CheckKind::Tcp {
+            return Some(true);
+        }
+        let host = match key.addr {
+            IpAddr::V4(a) => a.to_string(),
+            IpAddr::V6(a) => format!("[{a}]"),
+        };
+        let req = format!("GET {} HTTP/1.0\r\nHost: {host}\r\nUser-Agent: fastpath-health\r\nConnection: close\r\n\r\n", c.path);
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = [0u8; 64];
+        let mut n = 0;
+        // The status line is all we need: "HTTP/1.x NNN".
+        while n < 12 {
+            let r = s.read(&mut buf[n..]).await.ok()?;
+            if r == 0 {
+                break;
+            }
+            n += r;
+        }
+        let line = std::str::from_utf8(&buf[..n]).ok()?;
+        let code: u16 = line.get(9..12)?.parse().ok()?;
+        Some(line.starts_with("HTTP/1.") && code == c.expect_status)
+    };
+    tokio::time::timeout(Duration::from_millis(c.timeout_ms), fut)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
+/// Rise/fall hysteresis for one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tracker {
+    /// Current verdict.
+    pub healthy: bool,
+    streak: u32,
+}
+
+impl Default for Tracker {
+    /// Starts healthy, so a new backend takes traffic at once; `fall`
+    /// failures take it out.
+    fn default() -> Self {
+        Tracker {
+            healthy: true,
+            streak: 0,
+        }
+    }
+}
+
+impl Tracker {
+    /// Records a probe; returns the new verdict if it changed.
+    pub fn record(&mut self, ok: bool, rise: u32, fall: u32) -> Option<bool> {
+        if ok == self.healthy {
+            self.streak = 0;
+            return None;
+        }
+        self.streak += 1;
+        if self.streak >= if ok { rise } else { fall } {
+            self.healthy = ok;
+            self.streak = 0;
+            return Some(ok);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rise_and_fall() {
+        let mut t = Tracker::default();
+        assert_eq!(t.record(false, 2, 3), None);
+        assert_eq!(
+            t.record(true, 2, 3),
+            None,
+            "a success resets the failure streak"
+        );
+        assert_eq!(t.record(false, 2, 3), None);
+        assert_eq!(t.record(false, 2, 3), None);
+        assert_eq!(t.record(false, 2, 3), Some(false));
+        assert_eq!(t.record(true, 2, 3), None);
+        assert_eq!(t.record(true, 2, 3), Some(true));
+    }
+
+    #[test]
+    fn checks_are_deduplicated_by_address_and_check() {
+        let cfg = Config::parse(
+            r#"
+[encap]
+source = "10.0.0.1"
+[[pools]]
+name = "a"
+backends = [{ address = "10.1.0.1" }, { address = "10.1.0.2" }]
+health = { kind = "http", port = 80 }
+[[pools]]
+name = "b"
+backends = [{ address = "10.1.0.1" }]
+health = { kind = "http", port = 80 }
+[[pools]]
+name = "c"
+backends = [{ address = "10.1.0.1", name = "same-host-other-check" }]
+health = { kind = "tcp", port = 443 }
+"#,
+            "t",
+        )
+        .unwrap();
+        let c = checks(&cfg);
+        assert_eq!(
+            c.len(),
+            3,
+            "10.1.0.1:80 http is probed once for pools a and b"
+        );
+        let http1 = c
+            .keys()
+            .find(|k| k.addr.to_string() == "10.1.0.1" && k.conf.kind == CheckKind::Http)
+            .unwrap();
+        assert_eq!(c[http1], vec!["10.1.0.1".to_string()]);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn probes_a_real_server() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            for status in ["200 OK", "503 Service Unavailable"] {
+                let (mut s, _) = l.accept().await.unwrap();
+                let mut b = [0u8; 256];
+                let _ = s.read(&mut b).await;
+                let _ = s
+                    .write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                    .await;
+            }
+        });
+        let conf = |kind| HealthConf {
+            kind,
+            port,
+            path: "/".into(),
+            expect_status: 200,
+            interval_ms: 100,
+            timeout_ms: 500,
+            rise: 1,
+            fall: 1,
+        };
+        let key = CheckKey {
+            addr: "127.0.0.1".parse().unwrap(),
+            conf: conf(CheckKind::Http),
+        };
+        assert!(probe(&key).await, "200 is healthy");
+        assert!(!probe(&key).await, "503 is not");
+        let closed = CheckKey {
+            addr: "127.0.0.1".parse().unwrap(),
+            conf: HealthConf {
+                port: 1,
+                ..conf(CheckKind::Tcp)
+            },
+        };
+        assert!(!probe(&closed).await, "a refused connection is not");
+    }
+}
