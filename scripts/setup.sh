@@ -10,6 +10,7 @@ APT_PACKAGES=(
   iproute2     # network namespaces and veth for the interface tests
   curl         # the HTTP client in the namespace tests
   python3      # the HTTP server on the test backends (python3 -m http.server)
+  bird2        # the BGP daemon the load balancer announces VIPs through (and the test's router)
 )
 
 need_cmd() { command -v "$1" >/dev/null 2>&1; }

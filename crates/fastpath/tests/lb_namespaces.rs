@@ -13,7 +13,7 @@
 //! ```
 
 use std::collections::HashMap;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use netio::netns::{self, Netns};
@@ -131,15 +131,63 @@ fn http_through_the_vip_with_direct_server_return() {
     // balancer's AF_PACKET port completes them (TP_STATUS_CSUMNOTREADY), so
     // no ethtool tweak is needed here.
     rtr.sysctl("net.ipv4.ip_forward", "1").unwrap();
-    rtr.ip(&["route", "add", &format!("{VIP}/32"), "via", "10.10.2.2"])
-        .unwrap();
+    // No static route to the VIP: the router learns it from the load
+    // balancer over BGP.
     cli.ip(&["route", "add", "default", "via", "10.10.1.1"])
         .unwrap();
     lb.ip(&["route", "add", "default", "via", "10.10.2.1"])
         .unwrap();
 
     let dir = std::env::temp_dir().join(format!("fp-ns-test-{id}"));
+    std::fs::create_dir_all(&dir).unwrap();
     let mut procs = Procs(Vec::new());
+    // BIRD on the router (installs what it learns into its kernel) and on
+    // the load balancer (a static protocol, disabled until fastpath enables
+    // it, holding the VIP routes fastpath writes).
+    let vips_file = dir.join("vips.conf");
+    std::fs::write(&vips_file, "# filled in by fastpath\n").unwrap();
+    let timers = "connect delay time 1; connect retry time 1; hold time 9; keepalive time 3;";
+    let bird_conf = [
+        (
+            &rtr,
+            "rtr",
+            format!(
+                "router id 10.10.2.1;\nprotocol device {{}}\nprotocol kernel {{ ipv4 {{ import none; export all; }}; }}\n\
+                 protocol bgp lb1 {{ local 10.10.2.1 as 65000; neighbor 10.10.2.2 as 65001; {timers} ipv4 {{ import all; export none; }}; }}\n"
+            ),
+        ),
+        (
+            &lb,
+            "lb",
+            format!(
+                "router id 10.10.2.2;\nprotocol device {{}}\nprotocol static fastpath_vips {{\n  disabled;\n  ipv4;\ninclude \"{}\";\n}}\n\
+                 protocol bgp uplink {{ local 10.10.2.2 as 65001; neighbor 10.10.2.1 as 65000; {timers} ipv4 {{ import none; export where proto = \"fastpath_vips\"; }}; }}\n",
+                vips_file.display()
+            ),
+        ),
+    ];
+    for (ns, name, conf) in bird_conf {
+        let path = dir.join(format!("bird-{name}.conf"));
+        std::fs::write(&path, conf).unwrap();
+        let sock = dir.join(format!("bird-{name}.ctl"));
+        procs.0.push((
+            format!("bird-{name}"),
+            spawn(
+                ns,
+                &[
+                    "bird",
+                    "-f",
+                    "-c",
+                    path.to_str().unwrap(),
+                    "-s",
+                    sock.to_str().unwrap(),
+                    "-P",
+                    dir.join(format!("bird-{name}.pid")).to_str().unwrap(),
+                ],
+            ),
+        ));
+    }
+    let lb_birdc = dir.join("bird-lb.ctl");
     for (i, (be, gw)) in [(&be1, "10.10.3.1"), (&be2, "10.10.4.1")]
         .into_iter()
         .enumerate()
@@ -191,6 +239,10 @@ queue_size = 256
 pool_buffers = 4096
 [api]
 listen = "127.0.0.1:9180"
+[bgp]
+vips_file = "{vips}"
+birdc = ["birdc", "-s", "{birdc}"]
+poll_ms = 200
 [encap]
 source = "10.10.2.2"
 gateway_mac = "02:00:00:00:02:01"
@@ -204,7 +256,9 @@ address = "{VIP}"
 port = 80
 protocol = "tcp"
 pool = "web"
-"#
+"#,
+            vips = vips_file.display(),
+            birdc = lb_birdc.display(),
         ),
     )
     .unwrap();
@@ -231,7 +285,7 @@ pool = "web"
             .output()
             .expect("curl must be installed")
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(20);
     while !curl("1").status.success() {
         if Instant::now() > deadline {
             let names: Vec<String> = procs.0.iter().map(|(n, _)| n.clone()).collect();
@@ -239,7 +293,7 @@ pool = "web"
                 .iter()
                 .map(|n| format!("--- {n}:\n{}", procs.stop(n)))
                 .collect();
-            panic!("no answer through the VIP within 10 s\n{}", logs.join("\n"));
+            panic!("no answer through the VIP within 20 s\n{}", logs.join("\n"));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -276,10 +330,20 @@ pool = "web"
     let wait_for = |what: &str, f: &dyn Fn() -> bool| {
         let deadline = Instant::now() + Duration::from_secs(8);
         while !f() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; metrics:\n{}",
+                api("/metrics", "GET")
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     };
+    if api("/metrics", "GET").is_empty() {
+        panic!(
+            "the API does not answer; load balancer's log:\n{}",
+            procs.stop("lb")
+        );
+    }
     wait_for("per-VIP metrics", &|| {
         api("/metrics", "GET")
             .lines()
@@ -351,7 +415,49 @@ pool = "web"
     });
     assert!(curl("3").status.success());
 
+    // The router learned the VIP from the load balancer over BGP.
+    let route = || {
+        String::from_utf8_lossy(
+            &rtr.ip(&["route", "show", &format!("{VIP}/32")])
+                .unwrap()
+                .stdout,
+        )
+        .to_string()
+    };
+    assert!(
+        route().contains("via 10.10.2.2"),
+        "router's route: {}",
+        route()
+    );
+    let learned = Command::new("birdc")
+        .args([
+            "-s",
+            dir.join("bird-rtr.ctl").to_str().unwrap(),
+            "show",
+            "route",
+            "for",
+            VIP,
+            "all",
+        ])
+        .output()
+        .unwrap();
+    let learned = String::from_utf8_lossy(&learned.stdout).to_string();
+    assert!(
+        learned.contains("lb1") && learned.contains("BGP") && learned.contains("65001"),
+        "the router's BIRD: {learned}"
+    );
+    assert!(api("/status", "GET").contains("\"bgp_announced\":true"));
+
+    // Stopping the load balancer withdraws the VIP: the router loses the route.
     let lb_out = procs.stop("lb");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while route().contains("10.10.2.2") {
+        assert!(
+            Instant::now() < deadline,
+            "the router still routes the VIP to a stopped load balancer"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let d1 = procs.stop("decap1");
     let d2 = procs.stop("decap2");
     // The load balancer saw and forwarded the requests; the backends

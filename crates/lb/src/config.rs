@@ -162,6 +162,37 @@ pub struct Api {
     pub listen: Option<std::net::SocketAddr>,
 }
 
+/// `[bgp]`: announcing VIPs through BIRD. fastpath writes the VIPs as
+/// static routes into `vips_file`, which the BIRD configuration includes in
+/// a static protocol named `protocol` (configured `disabled`); fastpath
+/// enables that protocol while the forwarder is healthy and disables it
+/// (withdrawing every VIP) when the forwarder stops or stalls.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bgp {
+    /// The file of static routes fastpath writes for BIRD to include.
+    pub vips_file: std::path::PathBuf,
+    /// BIRD's static protocol holding the VIP routes.
+    #[serde(default = "default_bird_protocol")]
+    pub protocol: String,
+    /// The command that talks to BIRD (e.g. ["birdc", "-s", "/run/bird/bird.ctl"]).
+    #[serde(default = "default_birdc")]
+    pub birdc: Vec<String>,
+    /// How often the controller checks the forwarder, milliseconds.
+    #[serde(default = "default_bgp_poll")]
+    pub poll_ms: u64,
+}
+
+fn default_bird_protocol() -> String {
+    "fastpath_vips".into()
+}
+fn default_birdc() -> Vec<String> {
+    vec!["birdc".into()]
+}
+fn default_bgp_poll() -> u64 {
+    500
+}
+
 /// How a pool's backends are health-checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -325,6 +356,9 @@ pub struct Config {
     /// `[api]`.
     #[serde(default)]
     pub api: Api,
+    /// `[bgp]` (no announcements when absent).
+    #[serde(default)]
+    pub bgp: Option<Bgp>,
     /// `[[pools]]`.
     #[serde(default)]
     pub pools: Vec<PoolConf>,
@@ -533,6 +567,28 @@ impl Config {
                     format!("pools[{i}].include"),
                     format!("pools include each other in a cycle: {cycle}"),
                 );
+            }
+        }
+        if let Some(b) = &self.bgp {
+            if b.birdc.is_empty() {
+                return bad(
+                    "bgp.birdc".into(),
+                    "needs a command, e.g. [\"birdc\"]".into(),
+                );
+            }
+            if b.protocol.is_empty()
+                || !b
+                    .protocol
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
+                return bad(
+                    "bgp.protocol".into(),
+                    format!("{:?} is not a BIRD protocol name", b.protocol),
+                );
+            }
+            if b.poll_ms == 0 {
+                return bad("bgp.poll_ms".into(), "must be at least 1".into());
             }
         }
         for (i, p) in self.pools.iter().enumerate() {

@@ -48,6 +48,8 @@ pub struct Shared {
     reloads: AtomicU64,
     reload_failures: AtomicU64,
     last_reload_error: Mutex<Option<String>>,
+    /// BGP: whether the VIPs are announced, and the last error talking to BIRD.
+    bgp: Mutex<Option<(bool, Option<String>)>>,
     started: Instant,
 }
 
@@ -106,6 +108,9 @@ impl Shared {
             .unwrap_or_else(|p| p.into_inner())
             .tables()
             .load_full();
+        // One lock, released here: taking it twice in one expression would
+        // deadlock (a guard lives to the end of its statement).
+        let bgp = self.bgp.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let backend = |id: u32| {
             let b = &tables.backends[id as usize];
             let t = c.per_backend.get(id as usize).copied().unwrap_or_default();
@@ -135,6 +140,9 @@ impl Shared {
                 .map(|(n, v)| (n.to_string(), v))
                 .collect(),
             conntrack_entries: c.conntrack.entries,
+            bgp_announced: bgp.as_ref().map(|b| b.0),
+            bgp_error: bgp.and_then(|b| b.1),
+
             vips: tables
                 .vips
                 .iter()
@@ -253,6 +261,9 @@ impl Shared {
             );
         }
         let ct = &c.conntrack;
+        if let Some(a) = s.bgp_announced {
+            let _ = writeln!(o, "fastpath_lb_bgp_announced {}", u8::from(a));
+        }
         let _ = writeln!(o, "fastpath_lb_conntrack_entries {}", ct.entries);
         for (k, v) in [
             ("hit", ct.hits),
@@ -318,6 +329,10 @@ pub struct Status {
     pub drops: std::collections::BTreeMap<String, u64>,
     /// Live connection-table entries.
     pub conntrack_entries: u64,
+    /// BGP: whether the VIPs are announced (absent without `[bgp]`).
+    pub bgp_announced: Option<bool>,
+    /// BGP: the last error talking to BIRD.
+    pub bgp_error: Option<String>,
     /// VIPs.
     pub vips: Vec<VipStatus>,
 }
@@ -331,6 +346,14 @@ impl Status {
         );
         if let Some(e) = &self.last_reload_error {
             out.push_str(&format!("last reload rejected: {e}\n"));
+        }
+        match (self.bgp_announced, &self.bgp_error) {
+            (Some(a), None) => out.push_str(&format!(
+                "BGP: VIPs {}\n",
+                if a { "announced" } else { "withdrawn" }
+            )),
+            (Some(_), Some(e)) => out.push_str(&format!("BGP: error: {e}\n")),
+            _ => {}
         }
         let mut t =
             measure::Table::new(["vip", "backend", "address", "healthy", "packets", "bytes"]);
@@ -489,6 +512,45 @@ async fn control_plane(
     }
 }
 
+/// Announces the VIPs while the datapath's heartbeat advances; withdraws
+/// them when it stalls, when `[bgp]` goes away, and on the way out.
+fn bgp_controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
+    let mut ann = crate::bgp::Announcer::default();
+    let mut last_beat = 0u64;
+    let mut last_conf = None;
+    while !stop.load(Ordering::Relaxed) {
+        let cfg = shared
+            .control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .config()
+            .clone();
+        let Some(b) = cfg.bgp.clone() else {
+            if let Some(old) = last_conf.take() {
+                ann.withdraw(&old);
+            }
+            *shared.bgp.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        };
+        let beat = heartbeat.load(Ordering::Relaxed);
+        let alive = beat != last_beat;
+        last_beat = beat;
+        ann.step(&b, &cfg, alive);
+        *shared.bgp.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((ann.announced(), ann.last_error.clone()));
+        last_conf = Some(b.clone());
+        // Sleep in small steps so a stop is acted on quickly.
+        let until = Instant::now() + Duration::from_millis(b.poll_ms);
+        while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    if let Some(b) = last_conf {
+        ann.withdraw(&b);
+    }
+}
+
 /// Runs the daemon on `interface` until `stop`.
 pub fn run(
     config: &Path,
@@ -524,6 +586,7 @@ pub fn run(
         reloads: AtomicU64::new(0),
         reload_failures: AtomicU64::new(0),
         last_reload_error: Mutex::new(None),
+        bgp: Mutex::new(None),
         started: Instant::now(),
     });
     let cp = {
@@ -541,6 +604,17 @@ pub fn run(
             })
             .expect("spawning the control-plane thread")
     };
+    let bgp = {
+        let (shared, stop, heartbeat) = (
+            Arc::clone(&shared),
+            Arc::clone(&stop),
+            Arc::clone(&dp.heartbeat),
+        );
+        std::thread::Builder::new()
+            .name("bgp".into())
+            .spawn(move || bgp_controller(&shared, &heartbeat, &stop))
+            .expect("spawning the BGP controller")
+    };
     tracing::info!(
         interface,
         ?driver,
@@ -548,6 +622,7 @@ pub fn run(
     );
     let res = dp.run(&mut port, &stop);
     stop.store(true, Ordering::Release);
+    let _ = bgp.join();
     let _ = cp.join();
     let stats = res?;
     let t = tables.load_full();

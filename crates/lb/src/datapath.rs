@@ -224,6 +224,9 @@ pub struct Datapath {
     pool: Pool,
     /// Live counters, refreshed by packet threads every few batches.
     pub live: Arc<Mutex<Vec<Counters>>>,
+    /// Advances while the I/O loop runs (a liveness signal for the BGP
+    /// controller; no clock is read to keep it).
+    pub heartbeat: Arc<AtomicU64>,
 }
 
 fn steer_hash(frame: &[u8]) -> u64 {
@@ -249,6 +252,7 @@ impl Datapath {
         })?;
         Ok(Datapath {
             live: Arc::new(Mutex::new(vec![Counters::new(); params.threads.max(1)])),
+            heartbeat: Arc::new(AtomicU64::new(0)),
             params,
             tables,
             pool,
@@ -312,7 +316,12 @@ impl Datapath {
         let mut rr = 0usize;
         let mut idle_spins = 0u32;
         let mut inline_pub = LivePublisher::default();
+        let mut iterations = 0u64;
         let result: Result<(), Error> = loop {
+            iterations += 1;
+            if iterations & 255 == 0 {
+                self.heartbeat.store(iterations, Ordering::Relaxed);
+            }
             // 1. Reserve fresh buffers into emptied receive slots.
             while rx.c < rx.a + rx.size() {
                 match handle.alloc() {

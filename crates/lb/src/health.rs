@@ -73,17 +73,24 @@ pub async fn probe(key: &CheckKey) -> bool {
         };
         let req = format!("GET {} HTTP/1.0\r\nHost: {host}\r\nUser-Agent: fastpath-health\r\nConnection: close\r\n\r\n", c.path);
         s.write_all(req.as_bytes()).await.ok()?;
-        let mut buf = [0u8; 64];
-        let mut n = 0;
-        // The status line is all we need: "HTTP/1.x NNN".
-        while n < 12 {
-            let r = s.read(&mut buf[n..]).await.ok()?;
+        // The status line ("HTTP/1.x NNN") decides; the rest of the answer is
+        // read too (up to 64 KiB) so the server is not cut off mid-reply.
+        let mut head = Vec::with_capacity(64);
+        let mut chunk = [0u8; 4096];
+        let mut total = 0usize;
+        loop {
+            let r = s.read(&mut chunk).await.ok()?;
             if r == 0 {
                 break;
             }
-            n += r;
+            let take = (64 - head.len()).min(r);
+            head.extend_from_slice(&chunk[..take]);
+            total += r;
+            if total > 65_536 {
+                break;
+            }
         }
-        let line = std::str::from_utf8(&buf[..n]).ok()?;
+        let line = std::str::from_utf8(&head).ok()?;
         let code: u16 = line.get(9..12)?.parse().ok()?;
         Some(line.starts_with("HTTP/1.") && code == c.expect_status)
     };

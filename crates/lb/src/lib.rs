@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod bench;
+pub mod bgp;
 pub mod config;
 pub mod conntrack;
 pub mod counters;

@@ -1,0 +1,154 @@
+//! The controller of the paper's section 3.2: it watches the forwarder and
+//! announces or withdraws every VIP through a real BGP daemon (BIRD). No BGP
+//! is spoken here: BIRD holds the sessions; fastpath writes the VIP routes
+//! into a file BIRD includes and enables or disables the static protocol
+//! that holds them.
+
+use std::fmt::Write as _;
+use std::process::Command;
+
+use crate::config::{Bgp, Config};
+
+/// Runs a birdc command; its output, or why it failed.
+pub fn birdc(b: &Bgp, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(&b.birdc[0])
+        .args(&b.birdc[1..])
+        .args(args)
+        .output()
+        .map_err(|e| format!("running {}: {e} (is bird2 installed?)", b.birdc[0]))?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    // birdc reports errors on stdout with codes 8xxx/9xxx and exits 0.
+    if !out.status.success()
+        || text
+            .lines()
+            .any(|l| l.starts_with('8') || l.starts_with('9'))
+    {
+        return Err(format!(
+            "birdc {}: {}{}",
+            args.join(" "),
+            text.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(text)
+}
+
+/// The BIRD static routes for the configuration's address VIPs (one per
+/// address, whatever its ports), IPv4 and IPv6 in separate files' worth of
+/// lines: BIRD's static protocol is per address family, so only the
+/// family of `ipv6` is written.
+pub fn routes(cfg: &Config, ipv6: bool) -> String {
+    let mut addrs: Vec<std::net::IpAddr> = cfg
+        .vips
+        .iter()
+        .filter_map(|v| v.address)
+        .filter(|a| a.is_ipv6() == ipv6)
+        .collect();
+    addrs.sort();
+    addrs.dedup();
+    let mut s = String::from("# Written by fastpath: the VIPs it announces. Do not edit.\n");
+    for a in addrs {
+        let len = if a.is_ipv4() { 32 } else { 128 };
+        let _ = writeln!(s, "route {a}/{len} blackhole;");
+    }
+    s
+}
+
+/// Announcement state, driven by [`Announcer::step`].
+#[derive(Debug, Default)]
+pub struct Announcer {
+    written: Option<String>,
+    announced: Option<bool>,
+    /// The last error talking to BIRD, if the last step failed.
+    pub last_error: Option<String>,
+}
+
+impl Announcer {
+    /// Makes BIRD's view match: the VIP routes of `cfg`, announced if
+    /// `healthy`, withdrawn otherwise.
+    pub fn step(&mut self, b: &Bgp, cfg: &Config, healthy: bool) {
+        let res = (|| {
+            let want = routes(cfg, false);
+            if self.written.as_ref() != Some(&want) {
+                std::fs::write(&b.vips_file, &want)
+                    .map_err(|e| format!("writing {}: {e}", b.vips_file.display()))?;
+                birdc(b, &["configure"])?;
+                self.written = Some(want);
+                self.announced = None; // a reconfiguration may reset the protocol's state
+            }
+            if self.announced != Some(healthy) {
+                birdc(
+                    b,
+                    &[if healthy { "enable" } else { "disable" }, &b.protocol],
+                )?;
+                tracing::warn!(
+                    announced = healthy,
+                    "BGP: VIPs {}",
+                    if healthy { "announced" } else { "withdrawn" }
+                );
+                self.announced = Some(healthy);
+            }
+            Ok::<(), String>(())
+        })();
+        self.last_error = res.err();
+        if let Some(e) = &self.last_error {
+            tracing::error!("BGP controller: {e}");
+        }
+    }
+
+    /// Withdraws every VIP (on shutdown).
+    pub fn withdraw(&mut self, b: &Bgp) {
+        match birdc(b, &["disable", &b.protocol]) {
+            Ok(_) => tracing::warn!("BGP: VIPs withdrawn"),
+            Err(e) => tracing::error!("BGP controller: could not withdraw: {e}"),
+        }
+        self.announced = Some(false);
+    }
+
+    /// Whether the VIPs are announced as far as we know.
+    pub fn announced(&self) -> bool {
+        self.announced == Some(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_per_family_deduplicated() {
+        let cfg = Config::parse(
+            r#"
+[encap]
+source = "10.0.0.1"
+source6 = "fd00::1"
+[[pools]]
+name = "p"
+backends = [{ address = "10.1.0.1" }]
+[[vips]]
+name = "a"
+address = "192.0.2.80"
+port = 80
+protocol = "tcp"
+pool = "p"
+[[vips]]
+name = "b"
+address = "192.0.2.80"
+port = 443
+protocol = "tcp"
+pool = "p"
+[[vips]]
+name = "c"
+address = "2001:db8::80"
+protocol = "udp"
+pool = "p"
+"#,
+            "t",
+        )
+        .unwrap();
+        let v4 = routes(&cfg, false);
+        assert_eq!(v4.matches("route").count(), 1);
+        assert!(v4.contains("route 192.0.2.80/32 blackhole;"));
+        assert!(routes(&cfg, true).contains("route 2001:db8::80/128 blackhole;"));
+    }
+}
