@@ -8,16 +8,20 @@ OUT ?= out
 setup:
 	@scripts/setup.sh
 
-## The main job. Until the load balancer runs on interfaces: the Maglev
-## hashing evaluation of the paper's section 5.3 (plots in out/plots), then a
-## sample capture forwarded through the load balancer and decoded by tshark.
+## The main job: the load balancer in a throwaway network of namespaces
+## (client, BIRD router, load balancer on AF_PACKET, three nginx backends):
+## real HTTP through the VIP, the spread per backend, a failover, BGP
+## withdrawal, then everything removed. Then the forwarder on a sample
+## capture, decoded by tshark, and the Maglev hashing evaluation (section
+## 5.3, plots in out/plots). Needs root.
 demo: setup
 	$(CARGO) build --release --locked -p fastpath
-	./target/release/fastpath lb hash-eval --plot-dir $(OUT)/plots
+	./target/release/fastpath lb demo
 	./target/release/fastpath lb sample-pcap --out $(OUT)/in.pcap
 	./target/release/fastpath lb run --config examples/lb.toml --pcap-in $(OUT)/in.pcap --pcap-out $(OUT)/out.pcap
 	@echo "First forwarded packets as tshark decodes them: outer (LB -> backend) and inner (client -> VIP) addresses, GRE protocol type"
 	@tshark -r $(OUT)/out.pcap -c 6 -T fields -E header=y -e frame.number -e ip.src -e ip.dst -e ipv6.src -e ipv6.dst -e gre.proto -e _ws.col.Protocol 2>/dev/null
+	./target/release/fastpath lb hash-eval --quick --plot-dir $(OUT)/plots
 
 ## Every test.
 test: setup

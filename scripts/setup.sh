@@ -11,6 +11,7 @@ APT_PACKAGES=(
   curl         # the HTTP client in the namespace tests
   python3      # the HTTP server on the test backends (python3 -m http.server)
   bird2        # the BGP daemon the load balancer announces VIPs through (and the test's router)
+  nginx-light  # the demo's HTTP backends
 )
 
 need_cmd() { command -v "$1" >/dev/null 2>&1; }
@@ -35,6 +36,12 @@ if ((${#missing[@]})); then
   echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true
   apt-get update -qq >/dev/null
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Packages may start their own daemons in the host namespace; the tests and
+  # the demo run their own copies inside namespaces instead.
+  for svc in nginx bird; do
+    if command -v systemctl >/dev/null 2>&1; then systemctl disable --now "$svc" >/dev/null 2>&1 || true; fi
+    pkill -x "$svc" 2>/dev/null || true
+  done
 fi
 
 # Hugepages for the MAIO pool and the forwarder's packet pool (2 MiB each).

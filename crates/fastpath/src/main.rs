@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod demo;
+
 #[derive(Parser)]
 #[command(
     name = "fastpath",
@@ -88,6 +90,26 @@ enum LbCommand {
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
+    },
+    /// The load balancer in a throwaway network, end to end (needs root).
+    ///
+    /// Builds network namespaces (client, router with BIRD, load balancer,
+    /// nginx backends), starts `lb run --interface` (AF_PACKET), sends real
+    /// HTTP requests through the VIP and shows how they spread, stops one
+    /// nginx and shows its share move to the others while long-lived
+    /// connections to the rest stay put, withdraws the VIP from BGP, and
+    /// removes everything it created, also when interrupted.
+    ///
+    /// Example:
+    ///   fastpath lb demo
+    #[command(verbatim_doc_comment)]
+    Demo {
+        /// Number of nginx backends.
+        #[arg(long, default_value_t = 3)]
+        backends: usize,
+        /// Requests per round.
+        #[arg(long, default_value_t = 300)]
+        requests: usize,
     },
     /// Decapsulate GRE for a backend (run it on each backend).
     ///
@@ -340,6 +362,9 @@ fn main() -> ExitCode {
         Command::Lb(LbCommand::Bench(a)) => lb_bench(a),
         Command::Lb(LbCommand::SamplePcap { out }) => sample_pcap(&out),
         Command::Lb(LbCommand::Decap { tun }) => decap(&tun),
+        Command::Lb(LbCommand::Demo { backends, requests }) => {
+            stop_flag().and_then(|s| demo::run(backends, requests, s))
+        }
         Command::Lb(LbCommand::Status { api, format }) => lb::daemon::fetch_status(api)
             .map_err(anyhow::Error::msg)
             .and_then(|s| {

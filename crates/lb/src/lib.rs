@@ -21,6 +21,7 @@ pub mod pcap_run;
 pub mod queue;
 pub mod sample;
 pub mod tables;
+pub mod topology;
 pub mod vip;
 pub mod worker;
 

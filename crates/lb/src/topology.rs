@@ -1,0 +1,542 @@
+//! The throwaway network the demo and the integration tests run in, built
+//! from network namespaces (root and iproute2 needed) and removed on drop:
+//!
+//! ```text
+//! client 10.10.1.2 -- 10.10.1.1 router 10.10.2.1 -- 10.10.2.2 load balancer (fastpath, BIRD)
+//!                        (BIRD) router 10.10.3.1 -- 10.10.3.2 backend 1 (nginx, VIP on lo, fastpath lb decap)
+//!                               router 10.10.4.1 -- 10.10.4.2 backend 2 ...
+//! ```
+//!
+//! The router learns the VIP from the load balancer over BGP; the load
+//! balancer forwards with AF_PACKET as GRE; each backend decapsulates into a
+//! TUN device and answers the client directly.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use netio::netns::{self, Netns};
+
+/// The VIP.
+pub const VIP: &str = "192.0.2.80";
+/// Where the load balancer's API listens (inside its namespace).
+pub const API: &str = "127.0.0.1:9180";
+
+/// Child processes, stopped with SIGTERM (then SIGKILL) and reaped when
+/// dropped; their output is kept.
+#[derive(Default)]
+pub struct Procs(Vec<(String, Child)>);
+
+impl Procs {
+    /// Adds a child under a name.
+    pub fn push(&mut self, name: &str, c: Child) {
+        self.0.push((name.to_string(), c));
+    }
+
+    /// The pid of a named child.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, c)| c.id())
+    }
+
+    /// Stops a named child and returns what it printed.
+    pub fn stop(&mut self, name: &str) -> String {
+        let Some(i) = self.0.iter().position(|(n, _)| n == name) else {
+            return String::new();
+        };
+        let (_, mut c) = self.0.remove(i);
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = c.kill();
+        match c.wait_with_output() {
+            Ok(out) => format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => format!("(could not reap {name}: {e})"),
+        }
+    }
+
+    /// Stops everything, returning each child's output.
+    pub fn stop_all(&mut self) -> Vec<(String, String)> {
+        let names: Vec<String> = self.0.iter().map(|(n, _)| n.clone()).collect();
+        names
+            .into_iter()
+            .map(|n| {
+                let out = self.stop(&n);
+                (n, out)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// The network, its processes and its files.
+pub struct Topology {
+    /// Client namespace.
+    pub client: Netns,
+    /// Router namespace.
+    pub router: Netns,
+    /// Load balancer namespace.
+    pub lb: Netns,
+    /// Backend namespaces.
+    pub backends: Vec<Netns>,
+    /// Running processes (dropped before the namespaces).
+    pub procs: Procs,
+    /// Scratch directory (configs, sockets, logs).
+    pub dir: PathBuf,
+    /// The load balancer's configuration file.
+    pub config: PathBuf,
+    fastpath: PathBuf,
+}
+
+fn spawn(ns: &Netns, args: &[&str]) -> Result<Child, String> {
+    let mut c = ns.command(args[0]);
+    c.args(&args[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c.spawn()
+        .map_err(|e| format!("spawning {args:?} in {}: {e}", ns.name()))
+}
+
+impl Topology {
+    /// Builds the network with `backends` nginx backends (1 to 8) and BIRD,
+    /// but does not start the load balancer. `fastpath` is the binary to run
+    /// (`lb run`, `lb decap`); `tag` makes names unique.
+    pub fn build(fastpath: &Path, backends: usize, tag: &str) -> Result<Topology, String> {
+        if !netns::available() {
+            return Err(
+                "needs root and iproute2 (network namespaces): run as root after scripts/setup.sh"
+                    .into(),
+            );
+        }
+        let backends = backends.clamp(1, 8);
+        let n = |s: &str| Netns::new(&format!("fp{s}-{tag}"));
+        let (client, router, lb) = (n("c")?, n("r")?, n("l")?);
+        let mut bes = Vec::new();
+        for i in 1..=backends {
+            bes.push(n(&format!("b{i}"))?);
+        }
+        let dir = std::env::temp_dir().join(format!("fastpath-topology-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut t = Topology {
+            client,
+            router,
+            lb,
+            backends: bes,
+            procs: Procs::default(),
+            config: dir.join("lb.toml"),
+            dir,
+            fastpath: fastpath.to_path_buf(),
+        };
+        t.wire()?;
+        t.start_bird()?;
+        t.start_backends()?;
+        t.write_config()?;
+        Ok(t)
+    }
+
+    fn wire(&self) -> Result<(), String> {
+        for ns in self.all() {
+            for k in ["all", "default"] {
+                ns.sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")?;
+            }
+            ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
+            ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")?;
+        }
+        netns::veth(
+            &self.client,
+            "c0",
+            "02:00:00:00:01:02",
+            &self.router,
+            "r1",
+            "02:00:00:00:01:01",
+        )?;
+        netns::veth(
+            &self.lb,
+            "l0",
+            "02:00:00:00:02:02",
+            &self.router,
+            "r2",
+            "02:00:00:00:02:01",
+        )?;
+        self.client
+            .ip(&["addr", "add", "10.10.1.2/24", "dev", "c0"])?;
+        self.router
+            .ip(&["addr", "add", "10.10.1.1/24", "dev", "r1"])?;
+        self.lb.ip(&["addr", "add", "10.10.2.2/24", "dev", "l0"])?;
+        self.router
+            .ip(&["addr", "add", "10.10.2.1/24", "dev", "r2"])?;
+        for (i, be) in self.backends.iter().enumerate() {
+            let net = 3 + i;
+            netns::veth(
+                be,
+                "b0",
+                &format!("02:00:00:00:{net:02x}:02"),
+                &self.router,
+                &format!("r{net}"),
+                &format!("02:00:00:00:{net:02x}:01"),
+            )?;
+            be.ip(&["addr", "add", &format!("10.10.{net}.2/24"), "dev", "b0"])?;
+            self.router.ip(&[
+                "addr",
+                "add",
+                &format!("10.10.{net}.1/24"),
+                "dev",
+                &format!("r{net}"),
+            ])?;
+            be.ip(&["route", "add", "default", "via", &format!("10.10.{net}.1")])?;
+            be.ip(&["addr", "add", &format!("{VIP}/32"), "dev", "lo"])?;
+        }
+        // No static route to the VIP: the router learns it over BGP.
+        self.router.sysctl("net.ipv4.ip_forward", "1")?;
+        self.client
+            .ip(&["route", "add", "default", "via", "10.10.1.1"])?;
+        self.lb
+            .ip(&["route", "add", "default", "via", "10.10.2.1"])?;
+        Ok(())
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Netns> {
+        [&self.client, &self.router, &self.lb]
+            .into_iter()
+            .chain(self.backends.iter())
+    }
+
+    /// Path of a BIRD control socket (`rtr` or `lb`).
+    pub fn bird_socket(&self, which: &str) -> PathBuf {
+        self.dir.join(format!("bird-{which}.ctl"))
+    }
+
+    fn start_bird(&mut self) -> Result<(), String> {
+        let vips_file = self.dir.join("vips.conf");
+        std::fs::write(&vips_file, "# filled in by fastpath\n").map_err(|e| e.to_string())?;
+        let timers = "connect delay time 1; connect retry time 1; hold time 9; keepalive time 3;";
+        let confs = [
+            (
+                "rtr",
+                format!(
+                    "router id 10.10.2.1;\nprotocol device {{}}\nprotocol kernel {{ ipv4 {{ import none; export all; }}; }}\n\
+                     protocol bgp lb1 {{ local 10.10.2.1 as 65000; neighbor 10.10.2.2 as 65001; {timers} ipv4 {{ import all; export none; }}; }}\n"
+                ),
+            ),
+            (
+                "lb",
+                // BIRD reads `include` only at the start of a line.
+                format!(
+                    "router id 10.10.2.2;\nprotocol device {{}}\nprotocol static fastpath_vips {{\n  disabled;\n  ipv4;\ninclude \"{}\";\n}}\n\
+                     protocol bgp uplink {{ local 10.10.2.2 as 65001; neighbor 10.10.2.1 as 65000; {timers} ipv4 {{ import none; export where proto = \"fastpath_vips\"; }}; }}\n",
+                    vips_file.display()
+                ),
+            ),
+        ];
+        for (which, conf) in confs {
+            let path = self.dir.join(format!("bird-{which}.conf"));
+            std::fs::write(&path, conf).map_err(|e| e.to_string())?;
+            let ns = if which == "rtr" {
+                &self.router
+            } else {
+                &self.lb
+            };
+            let sock = self.bird_socket(which);
+            let pid = self.dir.join(format!("bird-{which}.pid"));
+            let c = spawn(
+                ns,
+                &[
+                    "bird",
+                    "-f",
+                    "-c",
+                    &path.to_string_lossy(),
+                    "-s",
+                    &sock.to_string_lossy(),
+                    "-P",
+                    &pid.to_string_lossy(),
+                ],
+            )?;
+            self.procs.push(&format!("bird-{which}"), c);
+        }
+        Ok(())
+    }
+
+    fn start_backends(&mut self) -> Result<(), String> {
+        for i in 1..=self.backends.len() {
+            let d = self.dir.join(format!("be{i}"));
+            std::fs::create_dir_all(d.join("tmp")).map_err(|e| e.to_string())?;
+            let conf = d.join("nginx.conf");
+            let p = d.display();
+            std::fs::write(
+                &conf,
+                format!(
+                    "daemon off;\nworker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log;\nevents {{ worker_connections 256; }}\n\
+                     http {{\n  access_log off;\n  keepalive_timeout 120s;\n  keepalive_requests 100000;\n  client_body_temp_path {p}/tmp;\n\
+                     server {{ listen 80; location / {{ default_type text/plain; return 200 \"backend-{i}\\n\"; }} }}\n}}\n"
+                ),
+            )
+            .map_err(|e| e.to_string())?;
+            let fp = self.fastpath.to_string_lossy().to_string();
+            let be = &self.backends[i - 1];
+            let decap = spawn(be, &[&fp, "lb", "decap", "--tun", "fpdecap0"])?;
+            let nginx = spawn(
+                be,
+                &[
+                    "nginx",
+                    "-e",
+                    &format!("{p}/error.log"),
+                    "-p",
+                    &p.to_string(),
+                    "-c",
+                    &conf.to_string_lossy(),
+                ],
+            )?;
+            self.procs.push(&format!("decap{i}"), decap);
+            self.procs.push(&format!("nginx{i}"), nginx);
+        }
+        Ok(())
+    }
+
+    fn write_config(&self) -> Result<(), String> {
+        let backends: Vec<String> = (0..self.backends.len())
+            .map(|i| format!("{{ address = \"10.10.{}.2\" }}", 3 + i))
+            .collect();
+        let conf = format!(
+            r#"# The demo's load balancer (see crates/lb/src/config.rs for every key).
+[forwarder]
+threads = 0
+queue_size = 256
+pool_buffers = 4096
+[api]
+listen = "{API}"
+[bgp]
+vips_file = "{vips}"
+birdc = ["birdc", "-s", "{sock}"]
+poll_ms = 200
+[encap]
+source = "10.10.2.2"
+gateway_mac = "02:00:00:00:02:01"
+[[pools]]
+name = "web"
+backends = [{backends}]
+health = {{ kind = "http", port = 80, interval_ms = 200, timeout_ms = 300, rise = 2, fall = 2 }}
+[[vips]]
+name = "http"
+address = "{VIP}"
+port = 80
+protocol = "tcp"
+pool = "web"
+"#,
+            vips = self.dir.join("vips.conf").display(),
+            sock = self.bird_socket("lb").display(),
+            backends = backends.join(", "),
+        );
+        std::fs::write(&self.config, conf).map_err(|e| e.to_string())
+    }
+
+    /// Starts `fastpath lb run --interface l0` in the load balancer's
+    /// namespace.
+    pub fn start_lb(&mut self) -> Result<(), String> {
+        let fp = self.fastpath.to_string_lossy().to_string();
+        let c = spawn(
+            &self.lb,
+            &[
+                &fp,
+                "lb",
+                "run",
+                "--config",
+                &self.config.to_string_lossy(),
+                "--interface",
+                "l0",
+            ],
+        )?;
+        self.procs.push("lb", c);
+        Ok(())
+    }
+
+    /// Waits until a request through the VIP is answered; on timeout, says
+    /// what every process printed.
+    pub fn wait_for_vip(&mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.request().is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = self
+                    .procs
+                    .stop_all()
+                    .into_iter()
+                    .map(|(n, o)| format!("--- {n}:\n{o}"))
+                    .collect();
+                return Err(format!(
+                    "no answer through the VIP within {timeout:?}\n{}",
+                    logs.join("\n")
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Runs `f` on a thread inside namespace `ns` (sockets it opens live
+    /// there).
+    pub fn inside<T: Send + 'static>(
+        ns: &Netns,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let name = ns.name().to_string();
+        std::thread::spawn(move || {
+            let ns = std::mem::ManuallyDrop::new(Netns::new_handle(&name));
+            ns.enter()?;
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| "a thread inside the namespace panicked".to_string())?
+    }
+
+    /// One HTTP request from the client through the VIP on a new connection;
+    /// the answer's body.
+    pub fn request(&self) -> Result<String, String> {
+        Self::inside(&self.client, || {
+            let mut c = HttpConn::connect()?;
+            c.get()
+        })?
+    }
+
+    /// `count` requests from the client, each on its own connection (so
+    /// each is a new flow); the answer counts by body, failures under "".
+    pub fn requests(
+        &self,
+        count: usize,
+    ) -> Result<std::collections::BTreeMap<String, usize>, String> {
+        Self::inside(&self.client, move || {
+            let mut by = std::collections::BTreeMap::new();
+            for _ in 0..count {
+                let body = HttpConn::connect()
+                    .and_then(|mut c| c.get())
+                    .unwrap_or_default();
+                *by.entry(body).or_insert(0) += 1;
+            }
+            by
+        })
+    }
+
+    /// The API's answer to `method path`, from inside the load balancer's
+    /// namespace.
+    pub fn api(&self, method: &str, path: &str) -> Result<String, String> {
+        let req = format!("{method} {path} HTTP/1.0\r\nHost: {API}\r\nContent-Length: 0\r\n\r\n");
+        Self::inside(&self.lb, move || -> Result<String, String> {
+            let addr: SocketAddr = API.parse().map_err(|e| format!("{e}"))?;
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+                .map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))
+                .map_err(|e| e.to_string())?;
+            s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+            Ok(out
+                .split_once("\r\n\r\n")
+                .map(|(_, b)| b.to_string())
+                .unwrap_or(out))
+        })?
+    }
+
+    /// The router's kernel route to the VIP (empty when withdrawn).
+    pub fn router_route(&self) -> String {
+        self.router
+            .ip(&["route", "show", &format!("{VIP}/32")])
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default()
+    }
+
+    /// What the router's BIRD says about the VIP.
+    pub fn router_bird_route(&self) -> String {
+        Command::new("birdc")
+            .args([
+                "-s",
+                &self.bird_socket("rtr").to_string_lossy(),
+                "show",
+                "route",
+                "for",
+                VIP,
+                "all",
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        self.procs.stop_all();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        // The namespaces delete themselves as their fields drop.
+    }
+}
+
+/// A minimal HTTP/1.1 keep-alive client for the demo and tests: enough to
+/// send GET / and read a Content-Length body, on one connection (one flow)
+/// for as long as it lives.
+pub struct HttpConn {
+    s: TcpStream,
+}
+
+impl HttpConn {
+    /// Connects to the VIP (from inside the client's namespace).
+    pub fn connect() -> Result<Self, String> {
+        let addr: SocketAddr = format!("{VIP}:80").parse().map_err(|e| format!("{e}"))?;
+        let s =
+            TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))
+            .map_err(|e| e.to_string())?;
+        Ok(HttpConn { s })
+    }
+
+    /// GET / on this connection; the body.
+    pub fn get(&mut self) -> Result<String, String> {
+        self.s
+            .write_all(
+                format!("GET / HTTP/1.1\r\nHost: {VIP}\r\nUser-Agent: fastpath-demo\r\n\r\n")
+                    .as_bytes(),
+            )
+            .map_err(|e| e.to_string())?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        loop {
+            let n = self.s.read(&mut chunk).map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("connection closed".into());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf).to_string();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse::<usize>())
+                    })
+                    .and_then(Result::ok)
+                    .unwrap_or(0);
+                if body.len() >= len {
+                    return Ok(body[..len].trim().to_string());
+                }
+            }
+            if buf.len() > 65_536 {
+                return Err("answer too long".into());
+            }
+        }
+    }
+}
