@@ -8,10 +8,14 @@ APT_PACKAGES=(
   pkg-config   # crates that probe system libraries
   tshark       # decodes the forwarder's output in the golden pcap tests (a decoder we did not write)
   iproute2     # network namespaces and veth for the interface tests
+  ethtool      # the test client's NIC computes its own checksums
   curl         # the HTTP client in the namespace tests
   python3      # the HTTP server on the test backends (python3 -m http.server)
   bird2        # the BGP daemon the load balancer announces VIPs through (and the test's router)
   nginx-light  # the demo's HTTP backends
+  clang        # compiles the XDP program behind AF_XDP (crates/netio/bpf)
+  llvm
+  libbpf-dev   # its headers
 )
 
 need_cmd() { command -v "$1" >/dev/null 2>&1; }

@@ -197,6 +197,11 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum DriverArg {
+    /// AF_XDP if it can be had (our XDP program, native or generic), else
+    /// AF_PACKET; says which and why.
+    Auto,
+    /// AF_XDP only.
+    AfXdp,
     /// AF_PACKET with a TPACKET_V3 ring.
     AfPacket,
 }
@@ -218,7 +223,7 @@ struct RunArgs {
     #[arg(long, value_name = "IFACE", conflicts_with = "pcap_in")]
     interface: Option<String>,
     /// Packet I/O driver for --interface.
-    #[arg(long, value_enum, default_value = "af-packet")]
+    #[arg(long, value_enum, default_value = "auto")]
     driver: DriverArg,
     /// Packet threads, overriding forwarder.threads (0: inline).
     #[arg(long)]
@@ -242,9 +247,13 @@ fn lb_run(a: RunArgs) -> anyhow::Result<()> {
         (Some(iface), _, _) => {
             let stop = stop_flag()?;
             let driver = match a.driver {
+                DriverArg::Auto => lb::daemon::Driver::Auto,
+                DriverArg::AfXdp => lb::daemon::Driver::AfXdp,
                 DriverArg::AfPacket => lb::daemon::Driver::AfPacket,
             };
-            eprintln!("forwarding on {iface} with AF_PACKET; stop with Ctrl-C (SIGINT) or SIGTERM, reload with SIGHUP");
+            eprintln!(
+                "forwarding on {iface}; stop with Ctrl-C (SIGINT) or SIGTERM, reload with SIGHUP"
+            );
             lb::daemon::run(&a.config, iface, driver, a.threads, stop)?
         }
         (None, Some(inp), Some(out)) => lb::pcap_run::run(&a.config, inp, out, a.threads)?,

@@ -21,6 +21,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use netio::afpacket::{self, AfPacketPort};
+use netio::afxdp::AfXdpPort;
 use serde::Serialize;
 
 use crate::counters::{Counters, DropReason, DROP_REASONS};
@@ -35,6 +36,20 @@ use crate::Config;
 pub enum Driver {
     /// AF_PACKET with a TPACKET_V3 receive ring.
     AfPacket,
+    /// AF_XDP: our XDP program steers VIP frames into pool buffers.
+    AfXdp,
+    /// AF_XDP if it can be had, else AF_PACKET (saying why).
+    Auto,
+}
+
+/// The VIP addresses the XDP program steers (prefix-group VIPs cannot be
+/// listed: their addresses are not known in advance).
+fn vip_addresses(cfg: &Config) -> Vec<[u8; 16]> {
+    cfg.vips
+        .iter()
+        .filter_map(|v| v.address)
+        .map(packet::flow::from_ip)
+        .collect()
 }
 
 /// What the control plane shares with its tasks.
@@ -50,6 +65,10 @@ pub struct Shared {
     last_reload_error: Mutex<Option<String>>,
     /// BGP: whether the VIPs are announced, and the last error talking to BIRD.
     bgp: Mutex<Option<(bool, Option<String>)>>,
+    /// With AF_XDP: the XDP program's VIP set, updated on reload.
+    xdp_vips: Option<netio::afxdp::VipFilter>,
+    /// Which packet I/O driver is in use, in words.
+    driver: String,
     started: Instant,
 }
 
@@ -68,6 +87,10 @@ impl Shared {
                     );
                 }
                 *self.check_names.lock().unwrap_or_else(|p| p.into_inner()) = health::checks(&cfg);
+                if let Some(f) = &self.xdp_vips {
+                    f.set(&vip_addresses(&cfg))
+                        .map_err(|e| format!("updating the XDP VIP set: {e}"))?;
+                }
                 Ok(c.tables().load().generation)
             });
         match &result {
@@ -123,6 +146,7 @@ impl Shared {
             }
         };
         Status {
+            driver: self.driver.clone(),
             generation: tables.generation,
             uptime_s: self.started.elapsed().as_secs_f64(),
             reloads: self.reloads.load(Ordering::Relaxed),
@@ -311,6 +335,8 @@ pub struct VipStatus {
 /// The `/status` document.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Status {
+    /// The packet I/O driver in use.
+    pub driver: String,
     /// Configuration generation.
     pub generation: u64,
     /// Seconds since start.
@@ -340,7 +366,8 @@ pub struct Status {
 impl Status {
     /// As tables for people (`fastpath lb status`).
     pub fn to_text(&self) -> String {
-        let mut out = format!(
+        let mut out = format!("driver: {}\n", self.driver);
+        out += &format!(
             "generation {}, up {:.0} s, reloads {} (rejected {}), forwarded {}, dropped {}, connections {}\n",
             self.generation, self.uptime_s, self.reloads, self.reload_failures, self.forwarded, self.dropped, self.conntrack_entries
         );
@@ -517,6 +544,7 @@ async fn control_plane(
 fn bgp_controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
     let mut ann = crate::bgp::Announcer::default();
     let mut last_beat = 0u64;
+    let mut stale = 0u32;
     let mut last_conf = None;
     while !stop.load(Ordering::Relaxed) {
         let cfg = shared
@@ -533,8 +561,11 @@ fn bgp_controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
             std::thread::sleep(Duration::from_millis(500));
             continue;
         };
+        // Withdraw only after three polls without progress: one quiet
+        // poll is a scheduling hiccup, not a dead forwarder.
         let beat = heartbeat.load(Ordering::Relaxed);
-        let alive = beat != last_beat;
+        stale = if beat == last_beat { stale + 1 } else { 0 };
+        let alive = beat != 0 && stale < 3;
         last_beat = beat;
         ann.step(&b, &cfg, alive);
         *shared.bgp.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -573,10 +604,47 @@ pub fn run(
     }
     let control = Control::new(cfg.clone())?;
     let tables = control.tables();
-    let dp = Datapath::new(Params::from_config(&cfg), Arc::clone(&tables))?;
-    let mut port = match driver {
-        Driver::AfPacket => AfPacketPort::open(afpacket::Config::new(interface))?,
+    let mut params = Params::from_config(&cfg);
+    if driver != Driver::AfPacket {
+        params.pool_buffers += netio::afxdp::BUFFERS_NEEDED;
+    }
+    let dp = Datapath::new(params, Arc::clone(&tables))?;
+    let open_packet = || {
+        AfPacketPort::open(afpacket::Config::new(interface))
+            .map(|p| Box::new(p) as Box<dyn netio::Nic>)
     };
+    let driver_desc: String;
+    let (mut port, xdp_vips): (Box<dyn netio::Nic>, _) = match driver {
+        Driver::AfPacket => {
+            driver_desc = "AF_PACKET (asked for)".into();
+            (open_packet()?, None)
+        }
+        Driver::AfXdp | Driver::Auto => {
+            let prefix_vips = cfg.vips.iter().any(|v| v.address.is_none());
+            let xdp = if prefix_vips {
+                Err(netio::Error::Io {
+                    what: "AF_XDP".into(),
+                    reason: "prefix-group VIPs cannot be listed in the XDP program's VIP set"
+                        .into(),
+                })
+            } else {
+                AfXdpPort::open(interface, dp.pool(), &vip_addresses(&cfg))
+            };
+            match (xdp, driver) {
+                (Ok(p), _) => {
+                    driver_desc = format!("AF_XDP ({:?} XDP, copy mode)", p.mode());
+                    let f = p.vip_filter();
+                    (Box::new(p) as Box<dyn netio::Nic>, Some(f))
+                }
+                (Err(e), Driver::Auto) => {
+                    driver_desc = format!("AF_PACKET, because AF_XDP is unavailable: {e}");
+                    (open_packet()?, None)
+                }
+                (Err(e), _) => return Err(e.into()),
+            }
+        }
+    };
+    tracing::info!("driver: {driver_desc}");
     let shared = Arc::new(Shared {
         control: Mutex::new(control),
         config_path: config.to_path_buf(),
@@ -587,6 +655,8 @@ pub fn run(
         reload_failures: AtomicU64::new(0),
         last_reload_error: Mutex::new(None),
         bgp: Mutex::new(None),
+        xdp_vips,
+        driver: driver_desc.clone(),
         started: Instant::now(),
     });
     let cp = {
@@ -620,7 +690,7 @@ pub fn run(
         ?driver,
         "forwarding; stop with SIGINT or SIGTERM, reload with SIGHUP"
     );
-    let res = dp.run(&mut port, &stop);
+    let res = dp.run(&mut *port, &stop);
     stop.store(true, Ordering::Release);
     let _ = bgp.join();
     let _ = cp.join();

@@ -525,6 +525,7 @@ impl Datapath {
                     // Nothing for a while: sleep in the port until frames
                     // may be ready rather than burn the core.
                     nic.wait(1);
+                    self.heartbeat.store(iterations, Ordering::Relaxed);
                 } else {
                     std::hint::spin_loop();
                 }

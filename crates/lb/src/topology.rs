@@ -175,6 +175,10 @@ impl Topology {
         )?;
         self.client
             .ip(&["addr", "add", "10.10.1.2/24", "dev", "c0"])?;
+        // A real client NIC puts complete checksums on the wire; veth leaves
+        // them to offload by default, and XDP (unlike AF_PACKET) does not
+        // say when a checksum is unfinished.
+        self.client.exec(&["ethtool", "-K", "c0", "tx", "off"])?;
         self.router
             .ip(&["addr", "add", "10.10.1.1/24", "dev", "r1"])?;
         self.lb.ip(&["addr", "add", "10.10.2.2/24", "dev", "l0"])?;

@@ -405,6 +405,19 @@ impl Pool {
         }
     }
 
+    /// The pool's memory: base address and length (every buffer lies
+    /// inside, buffer `i` at `i * buf_size`). For registering the whole pool
+    /// with the kernel (AF_XDP's UMEM, io_uring's fixed buffers); the region
+    /// stays mapped while any clone of this pool lives. Touching the bytes
+    /// through this pointer is the caller's business and needs the same
+    /// ownership discipline as [`Pool::data_mut`].
+    pub fn region(&self) -> (*mut u8, usize) {
+        (
+            self.inner.base.as_ptr(),
+            self.inner.buffers as usize * self.inner.buf_size,
+        )
+    }
+
     /// Prefetches the cache line of a buffer at byte `off`.
     #[inline]
     pub fn prefetch(&self, b: &Buf, off: usize) {

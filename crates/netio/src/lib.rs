@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod afpacket;
+pub mod afxdp;
 pub mod mem;
 pub mod netns;
 pub mod pcap;
