@@ -9,6 +9,7 @@ APT_PACKAGES=(
   tshark       # decodes the forwarder's output in the golden pcap tests (a decoder we did not write)
   iproute2     # network namespaces and veth for the interface tests
   ethtool      # the test client's NIC computes its own checksums
+  nftables     # the in-kernel peer of lb bench --topology veth (DNAT with jhash)
   curl         # the HTTP client in the namespace tests
   python3      # the HTTP server on the test backends (python3 -m http.server)
   bird2        # the BGP daemon the load balancer announces VIPs through (and the test's router)

@@ -7,25 +7,28 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=bpf/xsk.c");
+    println!("cargo:rerun-if-changed=bpf/bounce.c");
     println!("cargo::rustc-check-cfg=cfg(fastpath_xdp_obj)");
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("xsk.o");
+    let dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     // <asm/types.h> lives in the multiarch include directory.
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into());
     let multiarch = format!("-I/usr/include/{arch}-linux-gnu");
-    let ok = Command::new("clang")
-        .args([
-            "-O2",
-            "-g",
-            "-target",
-            "bpf",
-            &multiarch,
-            "-c",
-            "bpf/xsk.c",
-            "-o",
-        ])
-        .arg(&out)
-        .status()
-        .is_ok_and(|s| s.success());
+    let ok = ["xsk", "bounce"].iter().all(|name| {
+        Command::new("clang")
+            .args([
+                "-O2",
+                "-g",
+                "-target",
+                "bpf",
+                &multiarch,
+                "-c",
+                &format!("bpf/{name}.c"),
+                "-o",
+            ])
+            .arg(dir.join(format!("{name}.o")))
+            .status()
+            .is_ok_and(|s| s.success())
+    });
     if ok {
         println!("cargo:rustc-cfg=fastpath_xdp_obj");
     } else {

@@ -70,9 +70,15 @@ enum LbCommand {
     /// send) over the same pipeline gives this machine's limit, and every
     /// rate is printed as a ratio to it.
     ///
+    /// With --topology veth: packets per second through a veth pair in
+    /// namespaces, the load balancer (lb run --interface) beside nftables
+    /// doing the same job (DNAT with jhash) and an XDP program bouncing
+    /// frames (the pair's limit), with the ratios.
+    ///
     /// Examples:
     ///   fastpath lb bench --quick
     ///   fastpath lb bench --format json
+    ///   fastpath lb bench --topology veth
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
     /// Show a running load balancer's VIPs, backends, health and counters.
@@ -146,8 +152,23 @@ enum LbCommand {
     },
 }
 
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Topology {
+    /// The forwarder alone, driven from an in-memory generator.
+    Memory,
+    /// A veth pair in namespaces, beside nftables DNAT and an XDP bounce
+    /// (needs root).
+    Veth,
+}
+
 #[derive(Args)]
 struct BenchArgs {
+    /// What to drive: the forwarder in memory, or a veth pair.
+    #[arg(long, value_enum, default_value = "memory")]
+    topology: Topology,
+    /// Seconds per device under test with --topology veth.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
     /// A run of a few seconds (fewer packets, one repetition).
     #[arg(long)]
     quick: bool,
@@ -170,6 +191,21 @@ struct BenchArgs {
 }
 
 fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
+    if a.topology == Topology::Veth {
+        let exe = std::env::current_exe().context("finding our own binary")?;
+        let secs = if a.quick {
+            a.seconds.min(1.0)
+        } else {
+            a.seconds
+        };
+        let report = lb::vethbench::run(&exe, secs, &mut |what| eprintln!("measuring {what}"))
+            .map_err(anyhow::Error::msg)?;
+        match a.format {
+            Format::Table => print!("{}", report.to_text()),
+            Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        }
+        return Ok(());
+    }
     let mut b = if a.quick {
         lb::bench::BenchConfig::quick()
     } else {

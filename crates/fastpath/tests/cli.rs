@@ -137,3 +137,38 @@ fn lb_bench_json_document() {
         }
     }
 }
+
+#[test]
+fn lb_bench_veth_json_document() {
+    let out = fastpath()
+        .args([
+            "lb",
+            "bench",
+            "--topology",
+            "veth",
+            "--seconds",
+            "0.5",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for k in ["fastpath", "nftables", "veth_limit"] {
+        assert!(
+            v["results"][k]["mpps"].as_f64().unwrap() > 0.0,
+            "{k} forwarded nothing: {v}"
+        );
+    }
+    assert!(v["ratio_to_nftables"].as_f64().unwrap() > 0.0);
+    assert!(v["ratio_to_veth_limit"].as_f64().unwrap() > 0.0);
+    assert!(v["results"]["fastpath"]["note"]
+        .as_str()
+        .unwrap()
+        .contains("driver"));
+}

@@ -22,6 +22,7 @@ pub mod queue;
 pub mod sample;
 pub mod tables;
 pub mod topology;
+pub mod vethbench;
 pub mod vip;
 pub mod worker;
 

@@ -30,6 +30,66 @@ use crate::{Error, Nic, PortStats, Slot};
 static XSK_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xsk.o"));
 #[cfg(not(fastpath_xdp_obj))]
 static XSK_OBJ: &[u8] = &[];
+#[cfg(fastpath_xdp_obj)]
+static BOUNCE_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bounce.o"));
+#[cfg(not(fastpath_xdp_obj))]
+static BOUNCE_OBJ: &[u8] = &[];
+
+/// Attaches our steering program with an empty VIP set, which passes every
+/// frame to the kernel: on veth, an XDP program is what makes an interface
+/// accept frames its peer sends with XDP_TX or redirect. Detached when the
+/// returned handle drops.
+pub fn attach_pass(iface: &str) -> Result<aya::Ebpf, Error> {
+    if XSK_OBJ.is_empty() {
+        return Err(err(
+            "XDP program",
+            iface,
+            "not built: clang and libbpf-dev were missing at build time",
+        ));
+    }
+    let mut bpf = aya::Ebpf::load(XSK_OBJ).map_err(|e| err("loading the XDP program", iface, e))?;
+    let prog: &mut aya::programs::Xdp = bpf
+        .program_mut("fastpath_xsk")
+        .ok_or_else(|| err("XDP program", iface, "missing from the object"))?
+        .try_into()
+        .map_err(|e| err("XDP program", iface, e))?;
+    prog.load()
+        .map_err(|e| err("verifying the XDP program", iface, e))?;
+    prog.attach(iface, aya::programs::XdpFlags::DRV_MODE)
+        .map_err(|e| err("attaching XDP", iface, e))?;
+    Ok(bpf)
+}
+
+/// Attaches the bounce program (every frame back out, MACs swapped) to an
+/// interface of the calling thread's namespace; detached when the returned
+/// handle drops. For measuring what a veth pair can carry.
+pub fn attach_bounce(iface: &str) -> Result<(aya::Ebpf, XdpMode), Error> {
+    if BOUNCE_OBJ.is_empty() {
+        return Err(err(
+            "bounce program",
+            iface,
+            "not built: clang and libbpf-dev were missing at build time",
+        ));
+    }
+    let mut bpf =
+        aya::Ebpf::load(BOUNCE_OBJ).map_err(|e| err("loading the bounce program", iface, e))?;
+    let prog: &mut aya::programs::Xdp = bpf
+        .program_mut("fastpath_bounce")
+        .ok_or_else(|| err("bounce program", iface, "missing from the object"))?
+        .try_into()
+        .map_err(|e| err("bounce program", iface, e))?;
+    prog.load()
+        .map_err(|e| err("verifying the bounce program", iface, e))?;
+    let mode = match prog.attach(iface, aya::programs::XdpFlags::DRV_MODE) {
+        Ok(_) => XdpMode::Native,
+        Err(_) => {
+            prog.attach(iface, aya::programs::XdpFlags::SKB_MODE)
+                .map_err(|e| err("attaching the bounce program", iface, e))?;
+            XdpMode::Generic
+        }
+    };
+    Ok((bpf, mode))
+}
 
 /// The set of VIP addresses the XDP program sends to the socket (IPv4
 /// stored IPv4-mapped); frames to any other address go to the kernel.
