@@ -258,9 +258,10 @@ struct RunArgs {
     /// received and sent back out on it).
     #[arg(long, value_name = "IFACE", conflicts_with = "pcap_in")]
     interface: Option<String>,
-    /// Packet I/O driver for --interface.
-    #[arg(long, value_enum, default_value = "auto")]
-    driver: DriverArg,
+    /// Packet I/O driver for --interface (default: the configuration's
+    /// [forwarder] driver, itself "auto" by default).
+    #[arg(long, value_enum)]
+    driver: Option<DriverArg>,
     /// Packet threads, overriding forwarder.threads (0: inline).
     #[arg(long)]
     threads: Option<usize>,
@@ -282,11 +283,11 @@ fn lb_run(a: RunArgs) -> anyhow::Result<()> {
     let (stats, tables) = match (&a.interface, &a.pcap_in, &a.pcap_out) {
         (Some(iface), _, _) => {
             let stop = stop_flag()?;
-            let driver = match a.driver {
+            let driver = a.driver.map(|d| match d {
                 DriverArg::Auto => lb::daemon::Driver::Auto,
                 DriverArg::AfXdp => lb::daemon::Driver::AfXdp,
                 DriverArg::AfPacket => lb::daemon::Driver::AfPacket,
-            };
+            });
             eprintln!(
                 "forwarding on {iface}; stop with Ctrl-C (SIGINT) or SIGTERM, reload with SIGHUP"
             );

@@ -2,6 +2,7 @@
 //!
 //! ```toml
 //! [forwarder]
+//! driver = "auto"          # on an interface: "auto" (AF_XDP, else AF_PACKET), "af-xdp", "af-packet"
 //! threads = 2              # packet threads (0: process in the I/O thread)
 //! batch = 32               # packets per batch
 //! batch_timeout_us = 50    # a partial batch is handed over after this long
@@ -68,10 +69,25 @@ pub struct ConfigError {
     pub problem: String,
 }
 
+/// Packet I/O driver for `lb run --interface`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DriverConf {
+    /// AF_XDP if it can be had, else AF_PACKET (says which and why).
+    #[default]
+    Auto,
+    /// AF_XDP only.
+    AfXdp,
+    /// AF_PACKET only.
+    AfPacket,
+}
+
 /// `[forwarder]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Forwarder {
+    /// Packet I/O driver on an interface: "auto", "af-xdp" or "af-packet".
+    pub driver: DriverConf,
     /// Packet threads; 0 processes packets in the I/O thread.
     pub threads: usize,
     /// Packets per batch.
@@ -91,6 +107,7 @@ pub struct Forwarder {
 impl Default for Forwarder {
     fn default() -> Self {
         Forwarder {
+            driver: DriverConf::Auto,
             threads: 2,
             batch: 32,
             batch_timeout_us: 50,
@@ -808,6 +825,25 @@ pool = "web"
             .unwrap_err()
             .to_string()
             .contains("/nonexistent.toml"));
+    }
+
+    #[test]
+    fn driver_key() {
+        let c = Config::parse(
+            &GOOD.replace("[encap]", "[forwarder]\ndriver = \"af-packet\"\n[encap]"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.forwarder.driver, DriverConf::AfPacket);
+        assert_eq!(
+            Config::parse(GOOD, "t").unwrap().forwarder.driver,
+            DriverConf::Auto
+        );
+        let e = err(&GOOD.replace("[encap]", "[forwarder]\ndriver = \"dpdk\"\n[encap]"));
+        assert!(
+            e.problem.contains("dpdk") && e.problem.contains("af-xdp"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -582,11 +582,12 @@ fn bgp_controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
     }
 }
 
-/// Runs the daemon on `interface` until `stop`.
+/// Runs the daemon on `interface` until `stop`. `driver` overrides the
+/// configuration's `[forwarder] driver`.
 pub fn run(
     config: &Path,
     interface: &str,
-    driver: Driver,
+    driver: Option<Driver>,
     threads: Option<usize>,
     stop: Arc<AtomicBool>,
 ) -> Result<(RunStats, Arc<crate::tables::Tables>), Error> {
@@ -594,6 +595,11 @@ pub fn run(
     if let Some(t) = threads {
         cfg.forwarder.threads = t;
     }
+    let driver = driver.unwrap_or(match cfg.forwarder.driver {
+        crate::config::DriverConf::Auto => Driver::Auto,
+        crate::config::DriverConf::AfXdp => Driver::AfXdp,
+        crate::config::DriverConf::AfPacket => Driver::AfPacket,
+    });
     if cfg.encap.mac.is_none() {
         cfg.encap.mac = afpacket::mac_address(interface).map(|m| {
             m.iter()
