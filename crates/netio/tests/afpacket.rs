@@ -3,14 +3,15 @@
 //! flows between sockets without losing or duplicating any.
 
 use std::collections::HashSet;
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use maio::{Hugepages, Pool};
 use netio::afpacket::{AfPacketPort, Config};
 use netio::netns::{self, Netns};
 use netio::{Nic, Slot};
-use packet::build::Frame;
+
+mod common;
+use common::{frames as udp_frames, free_slots, send_all, slots_with};
 
 fn pool() -> Pool {
     Pool::new(maio::Config {
@@ -22,36 +23,11 @@ fn pool() -> Pool {
     .unwrap()
 }
 
-fn frames(n: u16) -> Vec<Vec<u8>> {
-    let (s, d): (IpAddr, IpAddr) = ("10.9.0.1".parse().unwrap(), "10.9.0.2".parse().unwrap());
-    (0..n)
-        .map(|i| Frame::udp(s, d, 1000 + i, 9, &i.to_be_bytes()).to_bytes())
-        .collect()
-}
-
 fn send(port: &mut AfPacketPort, pool: &Pool, frames: &[Vec<u8>]) {
     let mut h = pool.handle();
-    let mut slots: Vec<Slot> = frames
-        .iter()
-        .map(|f| {
-            let mut b = h.alloc().unwrap();
-            pool.data_mut(&mut b)[128..128 + f.len()].copy_from_slice(f);
-            Slot {
-                buf: Some(b),
-                off: 128,
-                len: f.len() as u16,
-            }
-        })
-        .collect();
-    let mut sent = 0;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while sent < slots.len() && Instant::now() < deadline {
-        sent += port.transmit(pool, &slots[sent..]).unwrap();
-    }
-    assert_eq!(sent, slots.len());
-    for s in slots.iter_mut() {
-        h.free(s.buf.take().unwrap()).unwrap();
-    }
+    let slots = slots_with(pool, &mut h, frames);
+    send_all(port, pool, &slots);
+    free_slots(&mut h, slots);
 }
 
 /// Receives on all ports until `want` frames of ours arrived or 5 s passed;
@@ -108,7 +84,7 @@ fn veth_round_trip_and_fanout() {
         let pool = pool();
         let mut a = AfPacketPort::open(Config::new("a")).unwrap();
         let mut b = AfPacketPort::open(Config::new("b")).unwrap();
-        let sent = frames(300);
+        let sent = udp_frames(300, 1000);
         let ours: HashSet<Vec<u8>> = sent.iter().cloned().collect();
         send(&mut a, &pool, &sent);
         let got = receive(std::slice::from_mut(&mut b), &pool, &ours, sent.len());

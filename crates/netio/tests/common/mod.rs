@@ -1,0 +1,86 @@
+//! Helpers shared by the port tests: frames, slots, and send/receive loops
+//! bounded in time.
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use maio::Pool;
+use netio::{Nic, Slot};
+use packet::build::Frame;
+
+/// `n` UDP frames 10.9.0.1 -> 10.9.0.2, source ports from `sport_base`.
+pub fn frames(n: u16, sport_base: u16) -> Vec<Vec<u8>> {
+    let (s, d): (IpAddr, IpAddr) = ("10.9.0.1".parse().unwrap(), "10.9.0.2".parse().unwrap());
+    (0..n)
+        .map(|i| Frame::udp(s, d, sport_base + i, 9, &i.to_be_bytes()).to_bytes())
+        .collect()
+}
+
+/// Pool buffers holding `fr`, as slots.
+pub fn slots_with(pool: &Pool, h: &mut maio::Handle, fr: &[Vec<u8>]) -> Vec<Slot> {
+    fr.iter()
+        .map(|f| {
+            let mut b = h.alloc().unwrap();
+            pool.data_mut(&mut b)[128..128 + f.len()].copy_from_slice(f);
+            Slot {
+                buf: Some(b),
+                off: 128,
+                len: f.len() as u16,
+            }
+        })
+        .collect()
+}
+
+/// Transmits every slot (5 s at most).
+pub fn send_all(port: &mut dyn Nic, pool: &Pool, slots: &[Slot]) {
+    let mut sent = 0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sent < slots.len() && Instant::now() < deadline {
+        sent += port.transmit(pool, &slots[sent..]).unwrap();
+    }
+    assert_eq!(sent, slots.len());
+}
+
+/// Receives until every frame of `ours` arrived (5 s at most).
+pub fn receive_all(
+    port: &mut dyn Nic,
+    pool: &Pool,
+    h: &mut maio::Handle,
+    ours: &HashSet<Vec<u8>>,
+) -> HashSet<Vec<u8>> {
+    let mut got = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < ours.len() && Instant::now() < deadline {
+        let mut slots: Vec<Slot> = (0..32)
+            .map(|_| Slot {
+                buf: Some(h.alloc().unwrap()),
+                off: 0,
+                len: 0,
+            })
+            .collect();
+        let n = port.receive(pool, &mut slots).unwrap();
+        for s in slots.iter_mut() {
+            let f = s.frame(pool).to_vec();
+            let filled = s.len > 0;
+            h.free(s.buf.take().unwrap()).unwrap();
+            if filled && ours.contains(&f) {
+                got.insert(f);
+            }
+        }
+        if n == 0 {
+            port.wait(10);
+        }
+    }
+    got
+}
+
+/// Returns the slots' buffers to the pool.
+pub fn free_slots(h: &mut maio::Handle, slots: Vec<Slot>) {
+    for mut s in slots {
+        if let Some(b) = s.buf.take() {
+            h.free(b).unwrap();
+        }
+    }
+}
