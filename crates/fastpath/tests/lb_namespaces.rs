@@ -129,6 +129,30 @@ fn http_through_the_vip_failover_reload_and_bgp() {
     });
     assert!(t.request().is_ok());
 
+    // No healthy backend left: the VIP is withdrawn (it would only attract
+    // traffic to drop); one back, and it is announced again.
+    t.procs.stop("nginx2");
+    t.procs.stop("nginx3");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while t.router_route().contains("10.10.2.2") {
+        assert!(
+            Instant::now() < deadline,
+            "the VIP stays announced with no healthy backend"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    t.start_nginx(2).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !t.router_route().contains("10.10.2.2") {
+        assert!(
+            Instant::now() < deadline,
+            "the VIP is not announced again when a backend recovers"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    t.wait_for_vip(Duration::from_secs(10)).unwrap();
+    assert_eq!(t.request().unwrap(), "backend-2");
+
     // Stopping the load balancer withdraws the VIP from the router.
     let lb_out = t.procs.stop("lb");
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -33,15 +33,17 @@ pub fn birdc(b: &Bgp, args: &[&str]) -> Result<String, String> {
     Ok(text)
 }
 
-/// The BIRD static routes for the configuration's address VIPs (one per
-/// address, whatever its ports), IPv4 and IPv6 in separate files' worth of
-/// lines: BIRD's static protocol is per address family, so only the
-/// family of `ipv6` is written.
-pub fn routes(cfg: &Config, ipv6: bool) -> String {
+/// The BIRD static routes for the configuration's address VIPs whose
+/// index `serving` accepts (one route per address, whatever its ports; an
+/// address is announced if any VIP on it serves). Only the family of `ipv6`
+/// is written: BIRD's static protocol is per address family.
+pub fn routes(cfg: &Config, ipv6: bool, serving: &dyn Fn(usize) -> bool) -> String {
     let mut addrs: Vec<std::net::IpAddr> = cfg
         .vips
         .iter()
-        .filter_map(|v| v.address)
+        .enumerate()
+        .filter(|(i, _)| serving(*i))
+        .filter_map(|(_, v)| v.address)
         .filter(|a| a.is_ipv6() == ipv6)
         .collect();
     addrs.sort();
@@ -64,11 +66,12 @@ pub struct Announcer {
 }
 
 impl Announcer {
-    /// Makes BIRD's view match: the VIP routes of `cfg`, announced if
-    /// `healthy`, withdrawn otherwise.
-    pub fn step(&mut self, b: &Bgp, cfg: &Config, healthy: bool) {
+    /// Makes BIRD's view match: the routes of the VIPs of `cfg` that
+    /// `serving` accepts (those with a healthy backend), announced if the
+    /// forwarder is `healthy`, all withdrawn otherwise.
+    pub fn step(&mut self, b: &Bgp, cfg: &Config, healthy: bool, serving: &dyn Fn(usize) -> bool) {
         let res = (|| {
-            let want = routes(cfg, false);
+            let want = routes(cfg, false, serving);
             if self.written.as_ref() != Some(&want) {
                 std::fs::write(&b.vips_file, &want)
                     .map_err(|e| format!("writing {}: {e}", b.vips_file.display()))?;
@@ -146,9 +149,14 @@ pool = "p"
             "t",
         )
         .unwrap();
-        let v4 = routes(&cfg, false);
+        let v4 = routes(&cfg, false, &|_| true);
         assert_eq!(v4.matches("route").count(), 1);
         assert!(v4.contains("route 192.0.2.80/32 blackhole;"));
-        assert!(routes(&cfg, true).contains("route 2001:db8::80/128 blackhole;"));
+        assert!(routes(&cfg, true, &|_| true).contains("route 2001:db8::80/128 blackhole;"));
+        // A VIP with no healthy backend is not announced; an address stays
+        // announced while any VIP on it serves.
+        assert!(!routes(&cfg, true, &|i| i != 2).contains("2001:db8::80"));
+        assert!(routes(&cfg, false, &|i| i == 1).contains("192.0.2.80"));
+        assert!(!routes(&cfg, false, &|i| i == 2).contains("192.0.2.80"));
     }
 }

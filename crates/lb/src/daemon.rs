@@ -567,7 +567,17 @@ fn bgp_controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
         stale = if beat == last_beat { stale + 1 } else { 0 };
         let alive = beat != 0 && stale < 3;
         last_beat = beat;
-        ann.step(&b, &cfg, alive);
+        // Announce only VIPs that can be served: a VIP whose backends are
+        // all down would attract traffic only to drop it.
+        let tables = shared
+            .control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tables()
+            .load_full();
+        ann.step(&b, &cfg, alive, &|i| {
+            tables.vips.get(i).is_some_and(|v| !v.slots.is_empty())
+        });
         *shared.bgp.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((ann.announced(), ann.last_error.clone()));
         last_conf = Some(b.clone());

@@ -277,37 +277,50 @@ impl Topology {
 
     fn start_backends(&mut self) -> Result<(), String> {
         for i in 1..=self.backends.len() {
-            let d = self.dir.join(format!("be{i}"));
-            std::fs::create_dir_all(d.join("tmp")).map_err(|e| e.to_string())?;
-            let conf = d.join("nginx.conf");
-            let p = d.display();
-            std::fs::write(
-                &conf,
-                format!(
-                    "daemon off;\nworker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log;\nevents {{ worker_connections 256; }}\n\
-                     http {{\n  access_log off;\n  keepalive_timeout 120s;\n  keepalive_requests 100000;\n  client_body_temp_path {p}/tmp;\n\
-                     server {{ listen 80; location / {{ default_type text/plain; return 200 \"backend-{i}\\n\"; }} }}\n}}\n"
-                ),
-            )
-            .map_err(|e| e.to_string())?;
             let fp = self.fastpath.to_string_lossy().to_string();
-            let be = &self.backends[i - 1];
-            let decap = spawn(be, &[&fp, "lb", "decap", "--tun", "fpdecap0"])?;
-            let nginx = spawn(
-                be,
-                &[
-                    "nginx",
-                    "-e",
-                    &format!("{p}/error.log"),
-                    "-p",
-                    &p.to_string(),
-                    "-c",
-                    &conf.to_string_lossy(),
-                ],
+            let decap = spawn(
+                &self.backends[i - 1],
+                &[&fp, "lb", "decap", "--tun", "fpdecap0"],
             )?;
             self.procs.push(&format!("decap{i}"), decap);
-            self.procs.push(&format!("nginx{i}"), nginx);
+            self.start_nginx(i)?;
         }
+        Ok(())
+    }
+
+    /// Starts (or restarts) nginx on backend `i` (1-based), answering
+    /// `backend-i`.
+    pub fn start_nginx(&mut self, i: usize) -> Result<(), String> {
+        let d = self.dir.join(format!("be{i}"));
+        std::fs::create_dir_all(d.join("tmp")).map_err(|e| e.to_string())?;
+        let conf = d.join("nginx.conf");
+        let p = d.display();
+        std::fs::write(
+            &conf,
+            format!(
+                "daemon off;\nworker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log;\nevents {{ worker_connections 256; }}\n\
+                 http {{\n  access_log off;\n  keepalive_timeout 120s;\n  keepalive_requests 100000;\n  client_body_temp_path {p}/tmp;\n\
+                 server {{ listen 80; location / {{ default_type text/plain; return 200 \"backend-{i}\\n\"; }} }}\n}}\n"
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let be = self
+            .backends
+            .get(i - 1)
+            .ok_or_else(|| format!("no backend {i}"))?;
+        let nginx = spawn(
+            be,
+            &[
+                "nginx",
+                "-e",
+                &format!("{p}/error.log"),
+                "-p",
+                &p.to_string(),
+                "-c",
+                &conf.to_string_lossy(),
+            ],
+        )?;
+        self.procs.push(&format!("nginx{i}"), nginx);
         Ok(())
     }
 
