@@ -621,16 +621,67 @@ pub fn run(
     let control = Control::new(cfg.clone())?;
     let tables = control.tables();
     let mut params = Params::from_config(&cfg);
+    // One AF_XDP socket per packet thread when the interface has a receive
+    // queue for each (the NIC spreads flows; each thread runs to completion).
+    let queues = rx_queues(interface);
+    let per_queue = driver != Driver::AfPacket
+        && cfg.forwarder.threads >= 2
+        && queues >= cfg.forwarder.threads as u32
+        && cfg.vips.iter().all(|v| v.address.is_some());
     if driver != Driver::AfPacket {
-        params.pool_buffers += netio::afxdp::BUFFERS_NEEDED;
+        let sockets = if per_queue {
+            cfg.forwarder.threads as u32
+        } else {
+            1
+        };
+        params.pool_buffers +=
+            sockets * (netio::afxdp::BUFFERS_NEEDED + 4 * cfg.forwarder.queue_size as u32);
     }
     let dp = Datapath::new(params, Arc::clone(&tables))?;
+    if per_queue {
+        match AfXdpPort::open_queues(
+            interface,
+            dp.pool(),
+            &vip_addresses(&cfg),
+            cfg.forwarder.threads as u32,
+        ) {
+            Ok(ports) => {
+                let filter = ports[0].vip_filter();
+                let desc = format!(
+                    "AF_XDP ({:?} XDP, copy mode), one socket per queue on {} queues",
+                    ports[0].mode(),
+                    ports.len()
+                );
+                let boxed: Vec<Box<dyn netio::Nic + Send>> = ports
+                    .into_iter()
+                    .map(|p| Box::new(p) as Box<dyn netio::Nic + Send>)
+                    .collect();
+                return serve(
+                    cfg,
+                    control,
+                    tables,
+                    dp,
+                    Ports::Queues(boxed),
+                    Some(filter),
+                    desc,
+                    config,
+                    interface,
+                    driver,
+                    stop,
+                );
+            }
+            Err(e) if driver == Driver::Auto => {
+                tracing::warn!("one AF_XDP socket per queue failed ({e}); trying one socket")
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     let open_packet = || {
         AfPacketPort::open(afpacket::Config::new(interface))
             .map(|p| Box::new(p) as Box<dyn netio::Nic>)
     };
     let driver_desc: String;
-    let (mut port, xdp_vips): (Box<dyn netio::Nic>, _) = match driver {
+    let (port, xdp_vips): (Box<dyn netio::Nic>, _) = match driver {
         Driver::AfPacket => {
             driver_desc = "AF_PACKET (asked for)".into();
             (open_packet()?, None)
@@ -660,6 +711,56 @@ pub fn run(
             }
         }
     };
+    serve(
+        cfg,
+        control,
+        tables,
+        dp,
+        Ports::One(port),
+        xdp_vips,
+        driver_desc,
+        config,
+        interface,
+        driver,
+        stop,
+    )
+}
+
+/// The ports the datapath serves.
+enum Ports {
+    /// One port; packet threads fed by software steering (or inline).
+    One(Box<dyn netio::Nic>),
+    /// One port per packet thread, each run to completion.
+    Queues(Vec<Box<dyn netio::Nic + Send>>),
+}
+
+/// The number of receive queues of an interface (from sysfs; 1 if unknown).
+fn rx_queues(interface: &str) -> u32 {
+    std::fs::read_dir(format!("/sys/class/net/{interface}/queues"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                .count() as u32
+        })
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Runs the control plane, the BGP controller and the datapath until `stop`.
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    cfg: Config,
+    control: Control,
+    tables: Arc<arc_swap::ArcSwap<crate::tables::Tables>>,
+    dp: Datapath,
+    ports: Ports,
+    xdp_vips: Option<netio::afxdp::VipFilter>,
+    driver_desc: String,
+    config: &Path,
+    interface: &str,
+    driver: Driver,
+    stop: Arc<AtomicBool>,
+) -> Result<(RunStats, Arc<crate::tables::Tables>), Error> {
     tracing::info!("driver: {driver_desc}");
     let shared = Arc::new(Shared {
         control: Mutex::new(control),
@@ -706,7 +807,10 @@ pub fn run(
         ?driver,
         "forwarding; stop with SIGINT or SIGTERM, reload with SIGHUP"
     );
-    let res = dp.run(&mut *port, &stop);
+    let res = match ports {
+        Ports::One(mut port) => dp.run(&mut *port, &stop),
+        Ports::Queues(ports) => dp.run_queues(ports, &stop),
+    };
     stop.store(true, Ordering::Release);
     let _ = bgp.join();
     let _ = cp.join();

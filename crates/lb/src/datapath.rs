@@ -267,11 +267,82 @@ impl Datapath {
     /// Runs until the port is exhausted and every packet is accounted for,
     /// or until `stop` is set.
     pub fn run(&self, nic: &mut dyn Nic, stop: &AtomicBool) -> Result<RunStats, Error> {
+        self.run_on(nic, stop, self.params.threads, 0)
+    }
+
+    /// One port per packet thread, each served run-to-completion on its own
+    /// thread (receive, process, transmit; the NIC's queues do the
+    /// steering): AF_XDP with one socket per queue. Runs until `stop` or
+    /// until every port is exhausted; counters are summed.
+    pub fn run_queues(
+        &self,
+        ports: Vec<Box<dyn Nic + Send>>,
+        stop: &AtomicBool,
+    ) -> Result<RunStats, Error> {
+        let results: Vec<Result<RunStats, Error>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ports
+                .into_iter()
+                .enumerate()
+                .map(|(slot, mut port)| {
+                    std::thread::Builder::new()
+                        .name(format!("queue-{slot}"))
+                        .spawn_scoped(scope, move || self.run_on(&mut *port, stop, 0, slot))
+                        .expect("spawning a queue thread")
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Port(netio::Error::Io {
+                            what: "queue thread".into(),
+                            reason: "panicked".into(),
+                        }))
+                    })
+                })
+                .collect()
+        });
+        let mut all: Option<RunStats> = None;
+        for r in results {
+            let r = r?;
+            all = Some(match all {
+                None => r,
+                Some(mut a) => {
+                    a.counters.merge(&r.counters);
+                    a.per_thread.extend(r.per_thread);
+                    let (p, q) = (&mut a.port, &r.port);
+                    p.rx += q.rx;
+                    p.tx += q.tx;
+                    p.rx_bytes += q.rx_bytes;
+                    p.tx_bytes += q.tx_bytes;
+                    p.rx_too_big += q.rx_too_big;
+                    a.io.steered += r.io.steered;
+                    a.elapsed = a.elapsed.max(r.elapsed);
+                    a.pool = r.pool;
+                    a
+                }
+            });
+        }
+        all.ok_or(Error::Port(netio::Error::Io {
+            what: "run_queues".into(),
+            reason: "no ports".into(),
+        }))
+    }
+
+    /// The datapath over one port with `threads` packet threads (0: inline),
+    /// publishing inline counters to live slot `slot`.
+    fn run_on(
+        &self,
+        nic: &mut dyn Nic,
+        stop: &AtomicBool,
+        threads: usize,
+        slot: usize,
+    ) -> Result<RunStats, Error> {
         let start = Instant::now();
         let p = &self.params;
         let mut handle = self.pool.handle();
         let mut rx = Ring::new(p.queue_size * 2);
-        let mut tx = Ring::new(p.queue_size * 2 * p.threads.max(1));
+        let mut tx = Ring::new(p.queue_size * 2 * threads.max(1));
         let mut io = IoStats::default();
         let draining = Arc::new(AtomicBool::new(false));
         let quit = Arc::new(AtomicBool::new(false));
@@ -279,8 +350,8 @@ impl Datapath {
         // Packet threads, or one inline worker.
         let mut ends = Vec::new();
         let mut joins = Vec::new();
-        let mut inline = (p.threads == 0).then(|| p.worker(&self.pool));
-        for i in 0..p.threads {
+        let mut inline = (threads == 0).then(|| p.worker(&self.pool));
+        for i in 0..threads {
             let (rx_p, rx_c) = queue(p.queue_size);
             let (tx_p, tx_c) = queue(p.queue_size);
             let finished = Arc::new(AtomicU64::new(0));
@@ -413,7 +484,7 @@ impl Datapath {
                     pending_tx.extend(out.drain(..));
                     inline_pub.dirty = true;
                 }
-                inline_pub.maybe(&self.live, 0, &w.counters, start);
+                inline_pub.maybe(&self.live, slot, &w.counters, start);
             }
             // Timer: hand over partial batches that waited long enough, or
             // everything once the input has ended.

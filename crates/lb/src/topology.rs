@@ -165,13 +165,15 @@ impl Topology {
             "r1",
             "02:00:00:00:01:01",
         )?;
-        netns::veth(
+        // Two queues: the load balancer runs one AF_XDP socket per queue.
+        netns::veth_multiqueue(
             &self.lb,
             "l0",
             "02:00:00:00:02:02",
             &self.router,
             "r2",
             "02:00:00:00:02:01",
+            2,
         )?;
         self.client
             .ip(&["addr", "add", "10.10.1.2/24", "dev", "c0"])?;
@@ -331,7 +333,7 @@ impl Topology {
         let conf = format!(
             r#"# The demo's load balancer (see crates/lb/src/config.rs for every key).
 [forwarder]
-threads = 0
+threads = 2
 queue_size = 256
 pool_buffers = 4096
 [api]

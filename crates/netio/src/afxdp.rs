@@ -261,8 +261,8 @@ pub struct AfXdpPort {
     /// Addresses from the kernel that did not name a buffer we gave it.
     pub bad_addresses: u64,
     vips: VipFilter,
-    /// Keeps the XDP program attached while the port lives.
-    _bpf: aya::Ebpf,
+    /// Keeps the XDP program attached while any of its ports lives.
+    _bpf: std::sync::Arc<std::sync::Mutex<aya::Ebpf>>,
 }
 
 // SAFETY: the rings' mappings and the tokens are owned by the port, which is
@@ -293,6 +293,20 @@ impl AfXdpPort {
     /// the socket with the whole pool as its UMEM, binds to queue 0, and
     /// steers frames for `vips` to it.
     pub fn open(iface: &str, pool: &Pool, vips: &[[u8; 16]]) -> Result<Self, Error> {
+        Ok(Self::open_queues(iface, pool, vips, 1)?.remove(0))
+    }
+
+    /// One port per queue `0..queues` of the interface (one per packet
+    /// thread, each served run-to-completion; the NIC spreads flows over its
+    /// queues). One XDP program serves them all; each socket registers the
+    /// pool as its own UMEM, and buffers stay unique through the pool's
+    /// tokens.
+    pub fn open_queues(
+        iface: &str,
+        pool: &Pool,
+        vips: &[[u8; 16]],
+        queues: u32,
+    ) -> Result<Vec<Self>, Error> {
         if XSK_OBJ.is_empty() {
             return Err(err("XDP program", iface, "not built: clang and libbpf-dev were missing at build time (run scripts/setup.sh and rebuild)"));
         }
@@ -328,79 +342,6 @@ impl AfXdpPort {
                 }
             }
         };
-        // SAFETY: socket(2); the result is checked.
-        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            return Err(os_err("socket", iface));
-        }
-        // SAFETY: a fresh descriptor owned here.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let s = fd.as_raw_fd();
-        let (base, len) = pool.region();
-        let chunk = pool.buf_size() as u32;
-        let reg = libc::xdp_umem_reg {
-            addr: base as u64,
-            len: len as u64,
-            chunk_size: chunk,
-            headroom: 0,
-            flags: 0,
-            tx_metadata_len: 0,
-        };
-        setsockopt(s, libc::XDP_UMEM_REG, &reg)
-            .map_err(|e| err("registering the pool as UMEM", iface, e))?;
-        for opt in [
-            libc::XDP_UMEM_FILL_RING,
-            libc::XDP_UMEM_COMPLETION_RING,
-            libc::XDP_RX_RING,
-            libc::XDP_TX_RING,
-        ] {
-            setsockopt(s, opt, &RING).map_err(|e| err("ring size", iface, e))?;
-        }
-        // SAFETY: xdp_mmap_offsets is plain old data; the kernel fills it and
-        // we pass its size.
-        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
-        let mut olen = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
-        // SAFETY: getsockopt into `off` with its size.
-        if unsafe {
-            libc::getsockopt(
-                s,
-                libc::SOL_XDP,
-                libc::XDP_MMAP_OFFSETS,
-                (&mut off as *mut libc::xdp_mmap_offsets).cast(),
-                &mut olen,
-            )
-        } < 0
-        {
-            return Err(os_err("XDP_MMAP_OFFSETS", iface));
-        }
-        let fill = XRing::map(s, &off.fr, libc::XDP_UMEM_PGOFF_FILL_RING, 8, iface)?;
-        let comp = XRing::map(s, &off.cr, libc::XDP_UMEM_PGOFF_COMPLETION_RING, 8, iface)?;
-        let rx = XRing::map(s, &off.rx, libc::XDP_PGOFF_RX_RING as u64, 16, iface)?;
-        let tx = XRing::map(s, &off.tx, libc::XDP_PGOFF_TX_RING as u64, 16, iface)?;
-        // SAFETY: sockaddr_xdp is plain old data; all-zero is valid.
-        let mut sxdp: libc::sockaddr_xdp = unsafe { std::mem::zeroed() };
-        sxdp.sxdp_family = libc::AF_XDP as u16;
-        sxdp.sxdp_flags = libc::XDP_COPY | libc::XDP_USE_NEED_WAKEUP;
-        sxdp.sxdp_ifindex = index;
-        sxdp.sxdp_queue_id = 0;
-        // SAFETY: bind with a valid sockaddr_xdp and its size.
-        if unsafe {
-            libc::bind(
-                s,
-                (&sxdp as *const libc::sockaddr_xdp).cast(),
-                std::mem::size_of::<libc::sockaddr_xdp>() as u32,
-            )
-        } < 0
-        {
-            return Err(os_err("bind", iface));
-        }
-        let mut xsks: aya::maps::XskMap<_> = aya::maps::XskMap::try_from(
-            bpf.map_mut("xsks")
-                .ok_or_else(|| err("XSK map", iface, "missing"))?,
-        )
-        .map_err(|e| err("XSK map", iface, e))?;
-        xsks.set(0, s, 0)
-            .map_err(|e| err("inserting the socket into the XSK map", iface, e))?;
         let vip_map = aya::maps::HashMap::try_from(
             bpf.take_map("vips")
                 .ok_or_else(|| err("VIP map", iface, "missing"))?,
@@ -409,43 +350,124 @@ impl AfXdpPort {
         let filter = VipFilter(std::sync::Arc::new(std::sync::Mutex::new(vip_map)));
         filter.set(vips)?;
 
-        let mut port = AfXdpPort {
-            fd: Some(fd),
-            iface: iface.to_string(),
-            pool: pool.clone(),
-            handle: pool.handle(),
-            fill,
-            comp,
-            rx,
-            tx,
-            kernel: (0..pool.buffers()).map(|_| None).collect(),
-            tx_free: Vec::new(),
-            mode,
-            stats: PortStats::default(),
-            bad_addresses: 0,
-            vips: filter,
-            _bpf: bpf,
-        };
-        // Prime the fill ring, and set aside the transmit buffers.
-        for i in 0..RING {
-            let b = port
-                .handle
-                .alloc()
-                .map_err(|e| err("priming the fill ring", iface, e))?;
-            let idx = b.index();
-            let _ = pool.transition(&b, State::User, State::InFlight);
-            port.fill.put_u64(i, u64::from(idx) * u64::from(chunk));
-            port.kernel[idx as usize] = Some(b);
-        }
-        port.fill.prod().store(RING, Ordering::Release);
-        for _ in 0..RING {
-            port.tx_free.push(
-                port.handle
+        let shared = std::sync::Arc::new(std::sync::Mutex::new(bpf));
+        let mut ports = Vec::new();
+        for queue in 0..queues.max(1) {
+            let mut bpf_guard = shared.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: socket(2); the result is checked.
+            let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+            if raw < 0 {
+                return Err(os_err("socket", iface));
+            }
+            // SAFETY: a fresh descriptor owned here.
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            let s = fd.as_raw_fd();
+            let (base, len) = pool.region();
+            let chunk = pool.buf_size() as u32;
+            let reg = libc::xdp_umem_reg {
+                addr: base as u64,
+                len: len as u64,
+                chunk_size: chunk,
+                headroom: 0,
+                flags: 0,
+                tx_metadata_len: 0,
+            };
+            setsockopt(s, libc::XDP_UMEM_REG, &reg)
+                .map_err(|e| err("registering the pool as UMEM", iface, e))?;
+            for opt in [
+                libc::XDP_UMEM_FILL_RING,
+                libc::XDP_UMEM_COMPLETION_RING,
+                libc::XDP_RX_RING,
+                libc::XDP_TX_RING,
+            ] {
+                setsockopt(s, opt, &RING).map_err(|e| err("ring size", iface, e))?;
+            }
+            // SAFETY: xdp_mmap_offsets is plain old data; the kernel fills it and
+            // we pass its size.
+            let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+            let mut olen = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
+            // SAFETY: getsockopt into `off` with its size.
+            if unsafe {
+                libc::getsockopt(
+                    s,
+                    libc::SOL_XDP,
+                    libc::XDP_MMAP_OFFSETS,
+                    (&mut off as *mut libc::xdp_mmap_offsets).cast(),
+                    &mut olen,
+                )
+            } < 0
+            {
+                return Err(os_err("XDP_MMAP_OFFSETS", iface));
+            }
+            let fill = XRing::map(s, &off.fr, libc::XDP_UMEM_PGOFF_FILL_RING, 8, iface)?;
+            let comp = XRing::map(s, &off.cr, libc::XDP_UMEM_PGOFF_COMPLETION_RING, 8, iface)?;
+            let rx = XRing::map(s, &off.rx, libc::XDP_PGOFF_RX_RING as u64, 16, iface)?;
+            let tx = XRing::map(s, &off.tx, libc::XDP_PGOFF_TX_RING as u64, 16, iface)?;
+            // SAFETY: sockaddr_xdp is plain old data; all-zero is valid.
+            let mut sxdp: libc::sockaddr_xdp = unsafe { std::mem::zeroed() };
+            sxdp.sxdp_family = libc::AF_XDP as u16;
+            sxdp.sxdp_flags = libc::XDP_COPY | libc::XDP_USE_NEED_WAKEUP;
+            sxdp.sxdp_ifindex = index;
+            sxdp.sxdp_queue_id = queue;
+            // SAFETY: bind with a valid sockaddr_xdp and its size.
+            if unsafe {
+                libc::bind(
+                    s,
+                    (&sxdp as *const libc::sockaddr_xdp).cast(),
+                    std::mem::size_of::<libc::sockaddr_xdp>() as u32,
+                )
+            } < 0
+            {
+                return Err(os_err("bind", iface));
+            }
+            let mut xsks: aya::maps::XskMap<_> = aya::maps::XskMap::try_from(
+                bpf_guard
+                    .map_mut("xsks")
+                    .ok_or_else(|| err("XSK map", iface, "missing"))?,
+            )
+            .map_err(|e| err("XSK map", iface, e))?;
+            xsks.set(queue, s, 0)
+                .map_err(|e| err("inserting the socket into the XSK map", iface, e))?;
+            drop(bpf_guard);
+            let mut port = AfXdpPort {
+                fd: Some(fd),
+                iface: iface.to_string(),
+                pool: pool.clone(),
+                handle: pool.handle(),
+                fill,
+                comp,
+                rx,
+                tx,
+                kernel: (0..pool.buffers()).map(|_| None).collect(),
+                tx_free: Vec::new(),
+                mode,
+                stats: PortStats::default(),
+                bad_addresses: 0,
+                vips: filter.clone(),
+                _bpf: std::sync::Arc::clone(&shared),
+            };
+            // Prime the fill ring, and set aside the transmit buffers.
+            for i in 0..RING {
+                let b = port
+                    .handle
                     .alloc()
-                    .map_err(|e| err("transmit buffers", iface, e))?,
-            );
+                    .map_err(|e| err("priming the fill ring", iface, e))?;
+                let idx = b.index();
+                let _ = pool.transition(&b, State::User, State::InFlight);
+                port.fill.put_u64(i, u64::from(idx) * u64::from(chunk));
+                port.kernel[idx as usize] = Some(b);
+            }
+            port.fill.prod().store(RING, Ordering::Release);
+            for _ in 0..RING {
+                port.tx_free.push(
+                    port.handle
+                        .alloc()
+                        .map_err(|e| err("transmit buffers", iface, e))?,
+                );
+            }
+            ports.push(port);
         }
-        Ok(port)
+        Ok(ports)
     }
 
     fn raw(&self) -> i32 {

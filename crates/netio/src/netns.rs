@@ -142,6 +142,54 @@ pub fn veth(
     Ok(())
 }
 
+/// Like [`veth`], with `queues` receive and transmit queues on each end
+/// (for one AF_XDP socket per queue).
+pub fn veth_multiqueue(
+    a: &Netns,
+    a_if: &str,
+    a_mac: &str,
+    b: &Netns,
+    b_if: &str,
+    b_mac: &str,
+    queues: u32,
+) -> Result<(), String> {
+    let q = queues.to_string();
+    sh(&[
+        "ip",
+        "link",
+        "add",
+        "name",
+        a_if,
+        "address",
+        a_mac,
+        "numrxqueues",
+        &q,
+        "numtxqueues",
+        &q,
+        "netns",
+        a.name(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b_if,
+        "address",
+        b_mac,
+        "numrxqueues",
+        &q,
+        "numtxqueues",
+        &q,
+        "netns",
+        b.name(),
+    ])?;
+    // veth allocates the queues but starts with one active channel.
+    a.exec(&["ethtool", "-L", a_if, "rx", &q, "tx", &q])?;
+    b.exec(&["ethtool", "-L", b_if, "rx", &q, "tx", &q])?;
+    a.ip(&["link", "set", "dev", a_if, "up"])?;
+    b.ip(&["link", "set", "dev", b_if, "up"])?;
+    Ok(())
+}
+
 /// Whether this process may create namespaces (root with iproute2).
 pub fn available() -> bool {
     // SAFETY: geteuid has no preconditions.
