@@ -117,29 +117,7 @@ pub fn veth(
     b_if: &str,
     b_mac: &str,
 ) -> Result<(), String> {
-    sh(&[
-        "ip",
-        "link",
-        "add",
-        "name",
-        a_if,
-        "address",
-        a_mac,
-        "netns",
-        a.name(),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        b_if,
-        "address",
-        b_mac,
-        "netns",
-        b.name(),
-    ])?;
-    a.ip(&["link", "set", "dev", a_if, "up"])?;
-    b.ip(&["link", "set", "dev", b_if, "up"])?;
-    Ok(())
+    veth_multiqueue(a, a_if, a_mac, b, b_if, b_mac, 1)
 }
 
 /// Like [`veth`], with `queues` receive and transmit queues on each end
@@ -153,38 +131,35 @@ pub fn veth_multiqueue(
     b_mac: &str,
     queues: u32,
 ) -> Result<(), String> {
-    let q = queues.to_string();
-    sh(&[
-        "ip",
-        "link",
-        "add",
-        "name",
-        a_if,
-        "address",
-        a_mac,
-        "numrxqueues",
-        &q,
-        "numtxqueues",
-        &q,
-        "netns",
-        a.name(),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        b_if,
-        "address",
-        b_mac,
-        "numrxqueues",
-        &q,
-        "numtxqueues",
-        &q,
-        "netns",
-        b.name(),
-    ])?;
-    // veth allocates the queues but starts with one active channel.
-    a.exec(&["ethtool", "-L", a_if, "rx", &q, "tx", &q])?;
-    b.exec(&["ethtool", "-L", b_if, "rx", &q, "tx", &q])?;
+    let q = queues.max(1).to_string();
+    let end = |name: &'static str, ifname: &str, mac: &str, ns: &Netns| -> Vec<String> {
+        let mut v: Vec<String> = [name, ifname, "address", mac]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        if queues > 1 {
+            v.extend(
+                ["numrxqueues", &q, "numtxqueues", &q]
+                    .iter()
+                    .map(|s| s.to_string()),
+            );
+        }
+        v.extend(["netns".to_string(), ns.name().to_string()]);
+        v
+    };
+    let mut args: Vec<String> = ["ip", "link", "add"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(end("name", a_if, a_mac, a));
+    args.extend(["type", "veth", "peer"].iter().map(|s| s.to_string()));
+    args.extend(end("name", b_if, b_mac, b));
+    sh(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+    if queues > 1 {
+        // veth allocates the queues but starts with one active channel.
+        a.exec(&["ethtool", "-L", a_if, "rx", &q, "tx", &q])?;
+        b.exec(&["ethtool", "-L", b_if, "rx", &q, "tx", &q])?;
+    }
     a.ip(&["link", "set", "dev", a_if, "up"])?;
     b.ip(&["link", "set", "dev", b_if, "up"])?;
     Ok(())
