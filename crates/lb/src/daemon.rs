@@ -819,19 +819,27 @@ fn serve(
     Ok((stats, t))
 }
 
-/// Fetches `/status` from a running daemon's API (`fastpath lb status`).
-pub fn fetch_status(api: std::net::SocketAddr) -> Result<Status, String> {
+/// One request to a daemon's HTTP API; the answer's body.
+pub fn api_request(api: std::net::SocketAddr, method: &str, path: &str) -> Result<String, String> {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&api, Duration::from_secs(2)).map_err(|e| format!("cannot reach {api}: {e} (is `lb run --interface` running with [api] listen = \"{api}\"?)"))?;
+    let mut s = std::net::TcpStream::connect_timeout(&api, Duration::from_secs(2))
+        .map_err(|e| format!("cannot reach {api}: {e} (is `lb run --interface` running with [api] listen = \"{api}\"?)"))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;
-    s.write_all(format!("GET /status HTTP/1.0\r\nHost: {api}\r\n\r\n").as_bytes())
-        .map_err(|e| e.to_string())?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).map_err(|e| e.to_string())?;
-    let json = body
+    s.write_all(
+        format!("{method} {path} HTTP/1.0\r\nHost: {api}\r\nContent-Length: 0\r\n\r\n").as_bytes(),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).map_err(|e| e.to_string())?;
+    answer
         .split_once("\r\n\r\n")
-        .map(|(_, b)| b)
-        .ok_or("malformed HTTP response")?;
-    serde_json::from_str(json).map_err(|e| format!("unexpected /status document: {e}"))
+        .map(|(_, b)| b.to_string())
+        .ok_or_else(|| "malformed HTTP response".to_string())
+}
+
+/// Fetches `/status` from a running daemon's API (`fastpath lb status`).
+pub fn fetch_status(api: std::net::SocketAddr) -> Result<Status, String> {
+    let json = api_request(api, "GET", "/status")?;
+    serde_json::from_str(&json).map_err(|e| format!("unexpected /status document: {e}"))
 }

@@ -310,12 +310,7 @@ impl Datapath {
                 Some(mut a) => {
                     a.counters.merge(&r.counters);
                     a.per_thread.extend(r.per_thread);
-                    let (p, q) = (&mut a.port, &r.port);
-                    p.rx += q.rx;
-                    p.tx += q.tx;
-                    p.rx_bytes += q.rx_bytes;
-                    p.tx_bytes += q.tx_bytes;
-                    p.rx_too_big += q.rx_too_big;
+                    a.port.add(&r.port);
                     a.io.steered += r.io.steered;
                     a.elapsed = a.elapsed.max(r.elapsed);
                     a.pool = r.pool;

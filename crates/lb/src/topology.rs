@@ -453,20 +453,10 @@ pool = "web"
     /// The API's answer to `method path`, from inside the load balancer's
     /// namespace.
     pub fn api(&self, method: &str, path: &str) -> Result<String, String> {
-        let req = format!("{method} {path} HTTP/1.0\r\nHost: {API}\r\nContent-Length: 0\r\n\r\n");
-        Self::inside(&self.lb, move || -> Result<String, String> {
+        let (method, path) = (method.to_string(), path.to_string());
+        Self::inside(&self.lb, move || {
             let addr: SocketAddr = API.parse().map_err(|e| format!("{e}"))?;
-            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-                .map_err(|e| e.to_string())?;
-            s.set_read_timeout(Some(Duration::from_secs(5)))
-                .map_err(|e| e.to_string())?;
-            s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-            let mut out = String::new();
-            s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-            Ok(out
-                .split_once("\r\n\r\n")
-                .map(|(_, b)| b.to_string())
-                .unwrap_or(out))
+            crate::daemon::api_request(addr, &method, &path)
         })?
     }
 

@@ -61,7 +61,8 @@ fn os_err(what: &str, iface: &str) -> Error {
     }
 }
 
-fn setsockopt<T>(fd: i32, level: i32, name: i32, v: &T) -> io::Result<()> {
+/// setsockopt(2) with a value of any plain type.
+pub(crate) fn setsockopt<T>(fd: i32, level: i32, name: i32, v: &T) -> io::Result<()> {
     // SAFETY: `v` points to a live, properly sized value of T for the call's
     // duration, and its size is passed alongside.
     let r = unsafe {

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use maio::{Buf, Handle, Pool, State};
 use memmap2::{MmapMut, MmapOptions};
 
+use crate::afpacket::setsockopt;
 use crate::{Error, Nic, PortStats, Slot};
 
 #[cfg(fastpath_xdp_obj)]
@@ -270,24 +271,6 @@ pub struct AfXdpPort {
 // synchronized through the ring words.
 unsafe impl Send for AfXdpPort {}
 
-fn setsockopt<T>(fd: i32, name: i32, v: &T) -> io::Result<()> {
-    // SAFETY: `v` points to a live value of T whose size is passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_XDP,
-            name,
-            (v as *const T).cast(),
-            std::mem::size_of::<T>() as u32,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
 impl AfXdpPort {
     /// Loads and attaches the XDP program (native, else generic), creates
     /// the socket with the whole pool as its UMEM, binds to queue 0, and
@@ -372,7 +355,7 @@ impl AfXdpPort {
                 flags: 0,
                 tx_metadata_len: 0,
             };
-            setsockopt(s, libc::XDP_UMEM_REG, &reg)
+            setsockopt(s, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg)
                 .map_err(|e| err("registering the pool as UMEM", iface, e))?;
             for opt in [
                 libc::XDP_UMEM_FILL_RING,
@@ -380,7 +363,7 @@ impl AfXdpPort {
                 libc::XDP_RX_RING,
                 libc::XDP_TX_RING,
             ] {
-                setsockopt(s, opt, &RING).map_err(|e| err("ring size", iface, e))?;
+                setsockopt(s, libc::SOL_XDP, opt, &RING).map_err(|e| err("ring size", iface, e))?;
             }
             // SAFETY: xdp_mmap_offsets is plain old data; the kernel fills it and
             // we pass its size.

@@ -92,6 +92,17 @@ pub struct PortStats {
     pub tx_bytes: u64,
 }
 
+impl PortStats {
+    /// Adds another port's counters to these.
+    pub fn add(&mut self, o: &PortStats) {
+        self.rx += o.rx;
+        self.tx += o.tx;
+        self.rx_too_big += o.rx_too_big;
+        self.rx_bytes += o.rx_bytes;
+        self.tx_bytes += o.tx_bytes;
+    }
+}
+
 /// A ring slot: a buffer reserved for receiving, or holding a frame.
 #[derive(Debug, Default)]
 pub struct Slot {
