@@ -10,6 +10,7 @@ pub mod afxdp;
 pub mod mem;
 pub mod netns;
 pub mod pcap;
+pub mod tap;
 
 use maio::{Buf, Pool};
 

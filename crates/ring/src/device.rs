@@ -48,6 +48,11 @@ pub struct FrameRef {
     pub len: u32,
 }
 
+// SAFETY: a FrameRef is only an address into a mapping its port keeps alive;
+// it is dereferenced only by the thread that owns that port, before the
+// port's rx_done.
+unsafe impl Send for FrameRef {}
+
 /// Device side of one ring pair.
 pub struct DevicePort {
     region: Region,
@@ -228,6 +233,10 @@ impl DevicePort {
     /// `src` must be readable for `len` bytes (it may be another port's
     /// shared memory, which its peer may be writing: we only copy it).
     pub unsafe fn rx_push(&mut self, src: *const u8, len: u32) -> bool {
+        if self.rx_space() == 0 && self.mode == Mode::Csb {
+            // The driver may have released slots since we last looked.
+            self.read_driver();
+        }
         if self.rx_space() == 0 {
             self.stats.rx_full.fetch_add(1, Relaxed);
             return false;
