@@ -17,6 +17,8 @@ APT_PACKAGES=(
   clang        # compiles the XDP program behind AF_XDP (crates/netio/bpf)
   llvm
   libbpf-dev   # its headers
+  dpdk-dev           # testpmd, the outside program that attaches to the switch over memif
+  librte-net-memif23 # testpmd's memif driver
 )
 
 need_cmd() { command -v "$1" >/dev/null 2>&1; }
