@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod demo;
+mod switch;
 
 #[derive(Parser)]
 #[command(
@@ -15,8 +16,10 @@ mod demo;
     version,
     about = "Fast I/O paths, built from four papers and measured",
     long_about = "fastpath builds fast I/O paths from four systems papers and measures them \
-against a peer in the same run.\n\nWorking today: `fastpath lb hash-eval` (Maglev hashing and \
-the paper's section 5.3). The forwarder, switch, MAIO and disk tools arrive with their issues."
+against a peer in the same run.\n\nWorking today: `fastpath lb` (the Maglev load balancer: hashing \
+evaluation, forwarder on pcap files and real interfaces, demo), `fastpath switch` and \
+`fastpath pktgen` (a VALE-style switch with paravirtual NIC ports, memif and TAP). MAIO and \
+the disk tools arrive with their issues."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -28,6 +31,23 @@ enum Command {
     /// The Maglev load balancer (paper: Maglev, NSDI'16).
     #[command(subcommand)]
     Lb(LbCommand),
+    /// The VALE-style switch with paravirtual NIC ports (paper: Speeding up
+    /// packet I/O in virtual machines).
+    #[command(subcommand)]
+    Switch(switch::SwitchCommand),
+    /// Packet generator on a switch port: tx, rx, ping-pong, pong.
+    ///
+    /// Attaches to `fastpath switch run` through its control socket, as a
+    /// guest's paravirtual NIC with the chosen notification mode, and
+    /// reports packets per second, Mbps, kicks and interrupts per packet (the
+    /// paper's VM exits) and, in ping-pong, round-trip percentiles.
+    ///
+    /// Examples:
+    ///   fastpath pktgen --name rx1 --mode rx --duration 10 &
+    ///   fastpath pktgen --name tx1 --mode tx --port-mode sc --itr 100
+    ///   fastpath pktgen --name pp --mode ping-pong --port-mode csb
+    #[command(verbatim_doc_comment)]
+    Pktgen(switch::PktgenArgs),
 }
 
 #[derive(Subcommand)]
@@ -307,7 +327,7 @@ fn lb_run(a: RunArgs) -> anyhow::Result<()> {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum Format {
+pub enum Format {
     /// Tables for people, with the paper's figures beside ours.
     Table,
     /// One JSON document: config, results[method][M], lookup.
@@ -403,6 +423,14 @@ fn main() -> ExitCode {
         )
         .init();
     let result = match cli.command {
+        Command::Switch(switch::SwitchCommand::Run(a)) => {
+            stop_flag().and_then(|s| switch::run(a, s))
+        }
+        Command::Switch(switch::SwitchCommand::Status { socket, format }) => {
+            switch::status(&socket, format)
+        }
+        Command::Switch(switch::SwitchCommand::Bench(a)) => switch::bench(a),
+        Command::Pktgen(a) => stop_flag().and_then(|s| switch::pktgen(a, s)),
         Command::Lb(LbCommand::HashEval(a)) => hash_eval(a),
         Command::Lb(LbCommand::Run(a)) => lb_run(a),
         Command::Lb(LbCommand::Bench(a)) => lb_bench(a),

@@ -114,6 +114,7 @@ impl Driver {
             if self.sc_deferred {
                 self.sc_deferred = false;
                 self.sc_pending = true;
+                self.region.csb().guest.tx_head.store(self.tx_head, Release);
                 self.do_kick();
             }
         }
@@ -174,10 +175,13 @@ impl Driver {
         match self.mode {
             Mode::Base => {}
             Mode::Sc => {
-                csb.guest.tx_head.store(self.tx_head, Release);
+                // Without a CSB, head is a device register: the device sees
+                // it only when it is written, and writing it is the kick. So
+                // deferred packets stay invisible until the flush.
                 if self.sc_pending {
                     self.sc_deferred = true;
                 } else {
+                    csb.guest.tx_head.store(self.tx_head, Release);
                     self.sc_pending = true;
                     self.do_kick();
                 }

@@ -12,6 +12,7 @@
 //! going to sleep and waits in epoll for kicks, control connections and
 //! moderation timers.
 
+pub mod bench;
 pub mod bridge;
 pub mod memif;
 pub mod pktgen;
@@ -29,7 +30,7 @@ use ring::device::{DevicePort, FrameRef};
 use serde_json::{json, Value};
 
 use bridge::{Mac, MacTable};
-pub use ports::{Counters, GenPort, Port, RingPort, SinkPort, TapPort};
+pub use ports::{Counters, EchoPort, GenPort, Port, RingPort, SinkPort, TapPort};
 
 /// Frames taken from one port per pass.
 pub const BATCH: u32 = 256;
@@ -48,6 +49,8 @@ pub struct Config {
     pub poll_us: u64,
     pub aging: Duration,
     pub max_macs: usize,
+    /// Log ports as they come and go.
+    pub log_ports: bool,
 }
 
 impl Default for Config {
@@ -58,6 +61,7 @@ impl Default for Config {
             poll_us: 20,
             aging: Duration::from_secs(300),
             max_macs: 65536,
+            log_ports: true,
         }
     }
 }
@@ -189,7 +193,9 @@ impl Switch {
         if let Some(fd) = port.fd() {
             self.watch(fd, TOK_PORT | idx as u64)?;
         }
-        tracing::info!(port = port.name(), kind = port.kind(), "port attached");
+        if self.cfg.log_ports {
+            tracing::info!(port = port.name(), kind = port.kind(), "port attached");
+        }
         self.ports[idx] = Some(Slot { port, conn });
         Ok(idx as u16)
     }
@@ -201,7 +207,9 @@ impl Switch {
             self.unwatch(fd);
         }
         self.macs.forget_port(idx);
-        tracing::info!(port = slot.port.name(), "port detached");
+        if self.cfg.log_ports {
+            tracing::info!(port = slot.port.name(), "port detached");
+        }
         Some(slot.port)
     }
 
@@ -346,7 +354,7 @@ impl Switch {
                 self.macs.age(now);
                 self.last_aging = now;
             }
-            let timeout_ms = if work > 0 {
+            let timeout_us: i64 = if work > 0 {
                 idle_since = None;
                 0
             } else {
@@ -367,27 +375,29 @@ impl Switch {
                         .filter_map(|p| p.port.deadline())
                         .min();
                     match next {
-                        Some(d) => {
-                            let us = d.saturating_duration_since(now).as_micros() as i32;
-                            (us + 999) / 1000
-                        }
-                        None => 100,
+                        // Moderation timers need microseconds, not epoll_wait's milliseconds.
+                        Some(d) => (d.saturating_duration_since(now).as_micros() as i64).max(1),
+                        None => 100_000,
                     }
                 } else {
                     0
                 }
             };
-            // Sub-millisecond moderation deadlines: poll instead of sleeping.
-            let timeout_ms = if timeout_ms == 0 {
-                0
-            } else {
-                timeout_ms.clamp(1, 100)
+            let ts = libc::timespec {
+                tv_sec: timeout_us / 1_000_000,
+                tv_nsec: (timeout_us % 1_000_000) * 1000,
             };
-            // SAFETY: events is a live array of 64 entries.
+            // SAFETY: events is a live array of 64 entries; ts is a live timespec.
             let n = unsafe {
-                libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), 64, timeout_ms)
+                libc::epoll_pwait2(
+                    self.epoll.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    64,
+                    &ts,
+                    std::ptr::null(),
+                )
             };
-            if timeout_ms > 0 {
+            if timeout_us > 0 {
                 for p in self.ports.iter_mut().flatten() {
                     p.port.wake();
                 }
@@ -587,4 +597,57 @@ pub fn spawn(mut sw: Switch) -> (Arc<AtomicBool>, std::thread::JoinHandle<Switch
         })
         .expect("spawn switch thread");
     (stop, h)
+}
+
+/// The switch's TOML file (every key optional; unknown keys are errors).
+///
+/// ```toml
+/// socket = "/run/fastpath/switch.sock"   # control socket (attach, status)
+/// memif_socket = "/run/fastpath/memif.sock"
+/// taps = ["fptap0"]                      # TAP ports to create
+/// poll_us = 20                           # poll this long before sleeping
+/// aging_s = 300                          # MAC aging
+/// max_macs = 65536
+/// ```
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub socket: Option<PathBuf>,
+    pub memif_socket: Option<PathBuf>,
+    #[serde(default)]
+    pub taps: Vec<String>,
+    pub poll_us: Option<u64>,
+    pub aging_s: Option<u64>,
+    pub max_macs: Option<usize>,
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> Result<FileConfig, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let c: FileConfig =
+            toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if c.poll_us.is_some_and(|p| p > 1_000_000) {
+            return Err(format!(
+                "{}: poll_us must be at most 1000000",
+                path.display()
+            ));
+        }
+        if c.aging_s == Some(0) {
+            return Err(format!("{}: aging_s must be at least 1", path.display()));
+        }
+        Ok(c)
+    }
+
+    /// Overlay onto defaults.
+    pub fn config(&self) -> Config {
+        let d = Config::default();
+        Config {
+            socket: self.socket.clone(),
+            memif_socket: self.memif_socket.clone(),
+            poll_us: self.poll_us.unwrap_or(d.poll_us),
+            aging: self.aging_s.map(Duration::from_secs).unwrap_or(d.aging),
+            max_macs: self.max_macs.unwrap_or(d.max_macs),
+            log_ports: true,
+        }
+    }
 }

@@ -1,0 +1,405 @@
+//! `fastpath switch ...` and `fastpath pktgen`: argument parsing and wiring.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand, ValueEnum};
+use measure::Table;
+use ring::control::AttachRequest;
+use ring::Mode;
+use vswitch::bench::{Backend, Options};
+use vswitch::pktgen::{Params, Role};
+
+use crate::Format;
+
+pub const DEFAULT_SOCKET: &str = "/run/fastpath/switch.sock";
+
+#[derive(Subcommand)]
+pub enum SwitchCommand {
+    /// Run the switch.
+    ///
+    /// Ports: processes attach through the control socket (`fastpath pktgen`,
+    /// or any program using the `ring` crate); DPDK, VPP and libmemif
+    /// programs attach over memif (--memif); --tap adds TAP devices (the
+    /// kernel path). Settings may also come from a TOML file (--config; the
+    /// keys are documented in crates/vswitch/src/lib.rs, FileConfig).
+    ///
+    /// Status: `fastpath switch status`, or send SIGUSR1 and the switch
+    /// prints it to stderr. SIGINT or SIGTERM stop it.
+    ///
+    /// Examples:
+    ///   fastpath switch run
+    ///   fastpath switch run --memif /run/fastpath/memif.sock --tap fptap0
+    ///   dpdk-testpmd --no-huge --no-pci -l 0-1 \
+    ///     --vdev=net_memif0,role=client,socket-abstract=no,socket=/run/fastpath/memif.sock \
+    ///     -- --forward-mode=macswap --auto-start
+    #[command(verbatim_doc_comment)]
+    Run(RunArgs),
+    /// Show a running switch's ports and counters.
+    Status {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Reproduce the structure of the paper's Figure 1 (needs root for TAP).
+    ///
+    /// Rows: BASE itr=0, itr=100, itr=100 SC, itr=0 CSB, itr=100 CSB.
+    /// Columns: guest transmit and receive Kpps with 60-byte frames, Mbps
+    /// with 1514-byte frames, notifications (kicks + interrupts) per packet
+    /// while transmitting, ping-pong transactions per second. Once with the
+    /// switch as backend and once with a TAP device (the kernel path); the
+    /// paper's own numbers beside ours. Then the switch's forwarding rate
+    /// between two ring ports.
+    ///
+    /// Examples:
+    ///   fastpath switch bench --quick
+    ///   fastpath switch bench --quick --format json | jq .backends.switch.csb_itr0
+    #[command(verbatim_doc_comment)]
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// TOML settings file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Control socket for attaching ports and status.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Also serve memif (server role) on this socket.
+    #[arg(long)]
+    memif: Option<PathBuf>,
+    /// Add a TAP port (created if absent); repeatable.
+    #[arg(long)]
+    tap: Vec<String>,
+    /// Keep polling this long (microseconds) after the last work before sleeping.
+    #[arg(long)]
+    poll_us: Option<u64>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum BackendArg {
+    Switch,
+    Tap,
+    Both,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Short runs (the whole table in well under a minute).
+    #[arg(long)]
+    quick: bool,
+    /// Seconds per measurement (default 2, or 0.3 with --quick).
+    #[arg(long)]
+    seconds: Option<f64>,
+    #[arg(long, value_enum, default_value = "both")]
+    backend: BackendArg,
+    /// Frames per transmit call.
+    #[arg(long, default_value_t = 64)]
+    burst: usize,
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+#[derive(Args)]
+pub struct PktgenArgs {
+    /// The switch's control socket.
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Port name on the switch.
+    #[arg(long, default_value = "pktgen")]
+    name: String,
+    /// tx, rx, ping-pong, or pong (answer ping-pong).
+    #[arg(long, default_value = "tx")]
+    mode: Role,
+    /// How the port notifies: base, sc (Send Combining) or csb.
+    #[arg(long, default_value = "csb")]
+    port_mode: Mode,
+    /// Interrupt moderation, in 250 ns units (100 = 25 us).
+    #[arg(long, default_value_t = 0)]
+    itr: u32,
+    /// Frame size in bytes, without FCS (60..=2048).
+    #[arg(long, default_value_t = 60)]
+    size: usize,
+    /// Frames per transmit call.
+    #[arg(long, default_value_t = 64)]
+    burst: usize,
+    /// Packets per second (default: as fast as possible).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Stop after this many packets.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Ring slots (a power of two).
+    #[arg(long, default_value_t = 1024)]
+    slots: u32,
+    /// Source MAC.
+    #[arg(long, default_value = "02:fa:00:00:00:01")]
+    src_mac: String,
+    /// Destination MAC (unknown or broadcast destinations are flooded).
+    #[arg(long, default_value = "02:fa:00:00:00:02")]
+    dst_mac: String,
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+fn parse_mac(s: &str) -> anyhow::Result<[u8; 6]> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        bail!("MAC address {s:?} must be six hex bytes separated by ':'");
+    }
+    let mut m = [0u8; 6];
+    for (d, p) in m.iter_mut().zip(parts) {
+        *d = u8::from_str_radix(p, 16).with_context(|| format!("MAC address {s:?}"))?;
+    }
+    Ok(m)
+}
+
+pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let file = match &a.config {
+        Some(p) => vswitch::FileConfig::load(p).map_err(anyhow::Error::msg)?,
+        None => vswitch::FileConfig::default(),
+    };
+    let mut cfg = file.config();
+    cfg.socket = a
+        .socket
+        .or(cfg.socket)
+        .or_else(|| Some(PathBuf::from(DEFAULT_SOCKET)));
+    cfg.memif_socket = a.memif.or(cfg.memif_socket);
+    if let Some(p) = a.poll_us {
+        cfg.poll_us = p;
+    }
+    for p in [&cfg.socket, &cfg.memif_socket].into_iter().flatten() {
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+    }
+    let mut sw = vswitch::Switch::new(cfg.clone()).context("starting the switch")?;
+    for t in file.taps.iter().chain(a.tap.iter()) {
+        let tap = netio::tap::Tap::open(t).with_context(|| format!("TAP port {t} (needs root)"))?;
+        sw.add_port(Box::new(vswitch::TapPort::new(tap)))?;
+    }
+    let usr1 = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, usr1.clone())?;
+    eprintln!(
+        "switch: control socket {}{}; SIGUSR1 prints status, Ctrl-C stops",
+        cfg.socket
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        cfg.memif_socket
+            .as_ref()
+            .map(|p| format!(", memif on {}", p.display()))
+            .unwrap_or_default()
+    );
+    sw.run(&stop, Some(&usr1));
+    for p in [&cfg.socket, &cfg.memif_socket].into_iter().flatten() {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+pub fn status(socket: &std::path::Path, format: Format) -> anyhow::Result<()> {
+    let s = ring::control::status(socket)
+        .with_context(|| format!("asking the switch on {}", socket.display()))?;
+    if matches!(format, Format::Json) {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+        return Ok(());
+    }
+    let mut t = Table::new([
+        "port",
+        "kind",
+        "from port",
+        "to port",
+        "dropped (full)",
+        "kicks",
+        "interrupts",
+        "state",
+    ])
+    .title("switch ports");
+    for p in s["ports"].as_array().into_iter().flatten() {
+        let d = &p["detail"];
+        let n = |v: &serde_json::Value| v.as_u64().map(|x| x.to_string()).unwrap_or("-".into());
+        t.row([
+            p["name"].as_str().unwrap_or("?").to_string(),
+            p["kind"].as_str().unwrap_or("?").to_string(),
+            n(&p["from_port"]),
+            n(&p["to_port"]),
+            n(&p["dropped_full"]),
+            n(&d["kicks"]),
+            n(&d["interrupts"]),
+            d["broken"]
+                .as_str()
+                .map(|b| format!("broken: {b}"))
+                .unwrap_or("ok".into()),
+        ]);
+    }
+    print!("{t}");
+    println!("switch: {}", s["switch"]);
+    println!("learned addresses: {}", s["macs"]);
+    Ok(())
+}
+
+pub fn pktgen(a: PktgenArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    if !(42..=2048).contains(&a.size) {
+        bail!("--size must be 42..=2048 bytes, got {}", a.size);
+    }
+    if a.burst == 0 || a.burst > 4096 {
+        bail!("--burst must be 1..=4096, got {}", a.burst);
+    }
+    if a.rate.is_some_and(|r| r <= 0.0 || r.is_nan()) {
+        bail!("--rate must be positive");
+    }
+    let req = AttachRequest {
+        name: a.name.clone(),
+        mode: a.port_mode,
+        itr: a.itr,
+        slots: a.slots,
+        buf_size: 2048,
+    };
+    let mut port = ring::control::attach(&a.socket, &req)
+        .with_context(|| format!("attaching to the switch on {}", a.socket.display()))?;
+    let p = Params {
+        role: a.mode,
+        size: a.size,
+        burst: a.burst,
+        rate: a.rate,
+        count: a.count,
+        duration: Duration::from_secs_f64(a.duration),
+        src_mac: parse_mac(&a.src_mac)?,
+        dst_mac: parse_mac(&a.dst_mac)?,
+    };
+    let r = vswitch::pktgen::run(&mut port.driver, &p, &|| stop.load(Ordering::Relaxed));
+    match a.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
+        Format::Table => {
+            let mut t = Table::new(["metric", "value"]).title(format!(
+                "pktgen {} on port {} ({} itr={})",
+                r.mode, a.name, a.port_mode, a.itr
+            ));
+            t.row(["packets".to_string(), r.packets.to_string()]);
+            t.row(["seconds".to_string(), format!("{:.3}", r.seconds)]);
+            t.row(["Kpps".to_string(), format!("{:.1}", r.pps / 1e3)]);
+            t.row(["Mbps".to_string(), format!("{:.1}", r.mbps)]);
+            t.row([
+                "kicks/packet".to_string(),
+                format!("{:.4}", r.kicks_per_packet),
+            ]);
+            t.row([
+                "interrupts/packet".to_string(),
+                format!("{:.4}", r.interrupts_per_packet),
+            ]);
+            if a.mode == Role::PingPong {
+                t.row([
+                    "transactions/s".to_string(),
+                    format!("{:.0}", r.transactions_per_sec),
+                ]);
+                t.row(["rtt p50 us".to_string(), format!("{:.1}", r.rtt_us_p50)]);
+                t.row(["rtt p90 us".to_string(), format!("{:.1}", r.rtt_us_p90)]);
+                t.row(["rtt p99 us".to_string(), format!("{:.1}", r.rtt_us_p99)]);
+                t.row(["rtt max us".to_string(), format!("{:.1}", r.rtt_us_max)]);
+                t.row(["lost".to_string(), r.lost.to_string()]);
+            }
+            print!("{t}");
+        }
+    }
+    Ok(())
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map(|x| format!("{x:.digits$}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    let seconds = a.seconds.unwrap_or(if a.quick { 0.3 } else { 2.0 });
+    if !(0.05..=60.0).contains(&seconds) {
+        bail!("--seconds must be 0.05..=60");
+    }
+    let backends = match a.backend {
+        BackendArg::Switch => vec![Backend::Switch],
+        BackendArg::Tap => vec![Backend::Tap],
+        BackendArg::Both => vec![Backend::Switch, Backend::Tap],
+    };
+    let json = matches!(a.format, Format::Json);
+    let o = Options {
+        seconds,
+        backends,
+        burst: a.burst,
+        progress: Some(Arc::new(move |s: &str| {
+            if !json {
+                eprintln!("  {s}");
+            }
+        })),
+    };
+    if !json {
+        eprintln!("switch bench: {seconds} s per measurement, 4 measurements per row");
+    }
+    let doc = vswitch::bench::run(&o).map_err(anyhow::Error::msg)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    for (b, rows) in doc["backends"].as_object().into_iter().flatten() {
+        let mut t = Table::new([
+            "row",
+            "TX Kpps",
+            "paper",
+            "RX Kpps",
+            "paper",
+            "Mbps 1514",
+            "paper",
+            "notif/pkt",
+            "kicks/pkt",
+            "irq/pkt",
+            "RR tps",
+            "paper",
+            "RTT p50 us",
+        ])
+        .title(format!(
+            "backend: {b} (paper: {})",
+            if b == "switch" {
+                "VALE, guest-guest"
+            } else {
+                "TAP, guest-host, 1 VCPU"
+            }
+        ));
+        for row in vswitch::bench::ROWS {
+            let r = &rows[row.key];
+            let f = |k: &str, d: usize| opt(r[k].as_f64(), d);
+            let p = |k: &str, d: usize| opt(r["paper"][k].as_f64(), d);
+            t.row([
+                row.label.to_string(),
+                f("tx_kpps", 0),
+                p("tx_kpps", 0),
+                f("rx_kpps", 0),
+                p("rx_kpps", 0),
+                f("mbps_1514", 0),
+                p("mbps_1514", 0),
+                f("notifications_per_packet", 4),
+                f("kicks_per_packet", 4),
+                f("interrupts_per_packet", 4),
+                f("rr_tps", 0),
+                opt(r["paper"]["rr_ktps"].as_f64().map(|k| k * 1e3), 0),
+                f("rtt_us_p50", 1),
+            ]);
+        }
+        println!("{t}");
+    }
+    let f = &doc["forwarding"];
+    println!(
+        "switch forwarding, ring port to ring port (CSB, 60-byte frames): {:.2} Mpps (sender {:.2} Mpps, {} lost); VALE in the paper: about 20 Mpps per core",
+        f["ring_to_ring_mpps"].as_f64().unwrap_or(0.0),
+        f["sender_mpps"].as_f64().unwrap_or(0.0),
+        f["lost"]
+    );
+    println!("ratios: {}", doc["ratios"]);
+    Ok(())
+}

@@ -1,0 +1,489 @@
+//! `fastpath switch bench`: the structure of the paper's Figure 1.
+//!
+//! A "guest" is a pktgen thread on the driver side of a ring port; the row
+//! sets its notification mode and `itr`. The host side is either the switch
+//! (VALE backend: frames go to a sink, come from a generator or an echo port
+//! inside the switch) or the kernel (TAP backend: the switch passes frames to
+//! a TAP device, a system call each, and the host end is a packet socket on
+//! that TAP). Each figure is a separate short run on a fresh switch.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ring::control::{attach, AttachRequest};
+use ring::Mode;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::pktgen::{self, udp_frame, Params, Report, Role};
+use crate::{spawn, Config, EchoPort, GenPort, SinkPort, Switch, TapPort};
+
+/// The host side of the virtual NIC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Switch,
+    Tap,
+}
+
+/// One row of Figure 1.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Row {
+    pub key: &'static str,
+    pub label: &'static str,
+    pub mode: Mode,
+    pub itr: u32,
+}
+
+pub const ROWS: [Row; 5] = [
+    Row {
+        key: "base_itr0",
+        label: "BASE itr=0",
+        mode: Mode::Base,
+        itr: 0,
+    },
+    Row {
+        key: "base_itr100",
+        label: "itr=100",
+        mode: Mode::Base,
+        itr: 100,
+    },
+    Row {
+        key: "sc_itr100",
+        label: "itr=100 SC",
+        mode: Mode::Sc,
+        itr: 100,
+    },
+    Row {
+        key: "csb_itr0",
+        label: "itr=0 CSB",
+        mode: Mode::Csb,
+        itr: 0,
+    },
+    Row {
+        key: "csb_itr100",
+        label: "itr=100 CSB",
+        mode: Mode::Csb,
+        itr: 100,
+    },
+];
+
+/// The paper's figures for a row: TX Kpps (UDP, 8-byte payload), RX Kpps,
+/// Mbps with 1460-byte payloads, TCP_RR thousands of transactions/s.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Paper {
+    pub tx_kpps: Option<f64>,
+    pub rx_kpps: Option<f64>,
+    pub mbps_1514: Option<f64>,
+    pub rr_ktps: Option<f64>,
+}
+
+/// Figure 1 of the paper. VALE: "FreeBSD on QEMU-KVM, VALE backend,
+/// Guest-Guest" (TX = RX). TAP: "TAP backend, Guest-Host, 1 VCPU".
+pub fn paper(backend: Backend, key: &str) -> Paper {
+    let p = |tx, rx, mbps, rr| Paper {
+        tx_kpps: tx,
+        rx_kpps: rx,
+        mbps_1514: mbps,
+        rr_ktps: rr,
+    };
+    match (backend, key) {
+        (Backend::Switch, "base_itr0") => p(Some(111.0), Some(111.0), Some(1077.0), None),
+        (Backend::Switch, "base_itr100") => p(Some(110.0), Some(110.0), Some(1050.0), Some(1.9)),
+        (Backend::Switch, "sc_itr100") => p(Some(540.0), Some(540.0), Some(3050.0), Some(1.9)),
+        (Backend::Switch, "csb_itr0") => p(Some(629.0), Some(629.0), Some(5620.0), Some(7.2)),
+        (Backend::Tap, "base_itr0") => p(Some(30.0), Some(260.0), Some(314.0), Some(17.0)),
+        (Backend::Tap, "base_itr100") => p(Some(82.0), Some(310.0), Some(831.0), Some(4.5)),
+        (Backend::Tap, "sc_itr100") => p(Some(317.0), None, Some(2366.0), Some(4.5)),
+        (Backend::Tap, "csb_itr0") => p(Some(711.0), None, Some(3874.0), Some(17.2)),
+        (Backend::Tap, "csb_itr100") => p(Some(717.0), None, Some(3810.0), Some(4.7)),
+        _ => p(None, None, None, None),
+    }
+}
+
+/// Our figures for a row.
+#[derive(Clone, Debug, Serialize)]
+pub struct RowResult {
+    pub label: &'static str,
+    pub mode: Mode,
+    pub itr: u32,
+    pub tx_kpps: f64,
+    pub rx_kpps: f64,
+    pub mbps_1514: f64,
+    /// (kicks + interrupts) per packet on the 60-byte transmit run.
+    pub notifications_per_packet: f64,
+    pub kicks_per_packet: f64,
+    pub interrupts_per_packet: f64,
+    pub rr_tps: f64,
+    pub rtt_us_p50: f64,
+    pub rtt_us_p99: f64,
+    pub paper: Paper,
+}
+
+/// Called after each measurement with a one-line summary.
+pub type Progress = Arc<dyn Fn(&str) + Send + Sync>;
+
+#[derive(Clone)]
+pub struct Options {
+    pub seconds: f64,
+    pub backends: Vec<Backend>,
+    pub burst: usize,
+    /// Called after each measurement with a short description.
+    pub progress: Option<Progress>,
+}
+
+const GUEST_MAC: [u8; 6] = [0x02, 0xfa, 0, 0, 0, 1];
+const HOST_MAC: [u8; 6] = [0x02, 0xfa, 0, 0, 0, 2];
+
+static RUN: AtomicU32 = AtomicU32::new(0);
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Tx(usize),
+    Rx,
+    Rr,
+}
+
+/// Kernel side of a TAP: a packet socket bound to it.
+struct PacketSock(OwnedFd);
+
+impl PacketSock {
+    fn bind(ifname: &str) -> std::io::Result<PacketSock> {
+        let proto = (libc::ETH_P_ALL as u16).to_be() as i32;
+        // SAFETY: plain syscall.
+        let fd =
+            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let name = std::ffi::CString::new(ifname).map_err(std::io::Error::other)?;
+        // SAFETY: NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        // SAFETY: sockaddr_ll is plain data.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto as u16;
+        sll.sll_ifindex = ifindex as i32;
+        let one: libc::c_int = 1;
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 10_000,
+        };
+        // SAFETY: bind/setsockopt with live, correctly sized arguments.
+        unsafe {
+            if libc::bind(
+                fd.as_raw_fd(),
+                &sll as *const _ as *const _,
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            ) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Our own transmissions must not come back to us.
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                23,
+                &one as *const _ as *const _,
+                4,
+            );
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const _ as *const _,
+                std::mem::size_of::<libc::timeval>() as u32,
+            );
+        }
+        Ok(PacketSock(fd))
+    }
+
+    fn send(&self, f: &[u8]) -> bool {
+        // SAFETY: sends f.len() bytes from f.
+        unsafe { libc::send(self.0.as_raw_fd(), f.as_ptr() as *const _, f.len(), 0) > 0 }
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> Option<usize> {
+        // SAFETY: receives at most buf.len() bytes into buf.
+        let n = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr() as *mut _, buf.len(), 0) };
+        (n > 0).then_some(n as usize)
+    }
+}
+
+/// One measurement on a fresh switch.
+fn measure(
+    backend: Backend,
+    row: &Row,
+    kind: Kind,
+    secs: f64,
+    burst: usize,
+) -> Result<Report, String> {
+    let n = RUN.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    let sock = std::env::temp_dir().join(format!("fp-bench-{pid}-{n}.sock"));
+    let mut sw = Switch::new(Config {
+        socket: Some(sock.clone()),
+        log_ports: false,
+        ..Config::default()
+    })
+    .map_err(|e| e.to_string())?;
+    let stop_host = Arc::new(AtomicBool::new(false));
+    let mut host_thread = None;
+    match backend {
+        Backend::Switch => {
+            let peer: Box<dyn crate::Port> = match kind {
+                Kind::Tx(_) => Box::new(SinkPort::new("host")),
+                Kind::Rx => Box::new(GenPort::new(
+                    "host",
+                    udp_frame(60, HOST_MAC, GUEST_MAC),
+                    None,
+                )),
+                Kind::Rr => Box::new(EchoPort::new("host")),
+            };
+            sw.add_port(peer).map_err(|e| e.to_string())?;
+        }
+        Backend::Tap => {
+            let name = format!("fpb{}", n % 100_000);
+            let tap = netio::tap::Tap::open(&name)
+                .map_err(|e| format!("TAP backend: cannot create {name} (needs root): {e}"))?;
+            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
+            sw.add_port(Box::new(TapPort::new(tap)))
+                .map_err(|e| e.to_string())?;
+            if kind != Kind::Tx(60) && kind != Kind::Tx(1514) {
+                let ps =
+                    PacketSock::bind(&name).map_err(|e| format!("packet socket on {name}: {e}"))?;
+                let stop = stop_host.clone();
+                host_thread = Some(std::thread::spawn(move || {
+                    let frame = udp_frame(60, HOST_MAC, GUEST_MAC);
+                    let mut buf = [0u8; 2048];
+                    while !stop.load(Ordering::Relaxed) {
+                        if kind == Kind::Rx {
+                            for _ in 0..64 {
+                                ps.send(&frame);
+                            }
+                        } else if let Some(len) = ps.recv(&mut buf) {
+                            if len >= 12 {
+                                let (d, s) = buf.split_at_mut(6);
+                                d.swap_with_slice(&mut s[..6]);
+                                ps.send(&buf[..len]);
+                            }
+                        }
+                    }
+                }));
+            }
+        }
+    }
+    let (stop, h) = spawn(sw);
+    let result = (|| {
+        let mut g = attach(
+            &sock,
+            &AttachRequest {
+                name: "guest".into(),
+                mode: row.mode,
+                itr: row.itr,
+                slots: 1024,
+                buf_size: 2048,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let p = Params {
+            role: match kind {
+                Kind::Tx(_) => Role::Tx,
+                Kind::Rx => Role::Rx,
+                Kind::Rr => Role::PingPong,
+            },
+            size: match kind {
+                Kind::Tx(s) => s,
+                _ => 60,
+            },
+            burst,
+            duration: Duration::from_secs_f64(secs),
+            src_mac: GUEST_MAC,
+            dst_mac: HOST_MAC,
+            ..Params::default()
+        };
+        Ok(pktgen::run(&mut g.driver, &p, &|| false))
+    })();
+    stop_host.store(true, Ordering::Relaxed);
+    if let Some(t) = host_thread {
+        let _ = t.join();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = h.join();
+    let _ = std::fs::remove_file(&sock);
+    result
+}
+
+/// Two guests in CSB mode, one transmitting to the other through the switch:
+/// the switch's forwarding rate between ring ports.
+pub fn forwarding(secs: f64, size: usize, burst: usize) -> Result<(Report, Report), String> {
+    let n = RUN.fetch_add(1, Ordering::Relaxed);
+    let sock: PathBuf =
+        std::env::temp_dir().join(format!("fp-bench-{}-{n}.sock", std::process::id()));
+    let sw = Switch::new(Config {
+        socket: Some(sock.clone()),
+        log_ports: false,
+        ..Config::default()
+    })
+    .map_err(|e| e.to_string())?;
+    let (stop, h) = spawn(sw);
+    let req = |name: &str| AttachRequest {
+        name: name.into(),
+        mode: Mode::Csb,
+        itr: 0,
+        slots: 1024,
+        buf_size: 2048,
+    };
+    let mut tx = attach(&sock, &req("a")).map_err(|e| e.to_string())?;
+    let mut rx = attach(&sock, &req("b")).map_err(|e| e.to_string())?;
+    // Let the switch learn b's address so a's frames are unicast.
+    let hello = udp_frame(60, HOST_MAC, [0xff; 6]);
+    rx.driver.send(1, |_, b| {
+        b[..60].copy_from_slice(&hello);
+        60
+    });
+    rx.driver.flush(Duration::from_secs(1));
+    std::thread::sleep(Duration::from_millis(20));
+    tx.driver.recv(16, |_| ());
+    let done = Arc::new(AtomicBool::new(false));
+    let d2 = done.clone();
+    let receiver = std::thread::spawn(move || {
+        let p = Params {
+            role: Role::Rx,
+            burst: 256,
+            duration: Duration::from_secs_f64(secs + 5.0),
+            ..Params::default()
+        };
+        pktgen::run(&mut rx.driver, &p, &|| d2.load(Ordering::Relaxed))
+    });
+    let p = Params {
+        role: Role::Tx,
+        size,
+        burst,
+        duration: Duration::from_secs_f64(secs),
+        src_mac: GUEST_MAC,
+        dst_mac: HOST_MAC,
+        ..Params::default()
+    };
+    let t = pktgen::run(&mut tx.driver, &p, &|| false);
+    std::thread::sleep(Duration::from_millis(20));
+    done.store(true, Ordering::Relaxed);
+    let mut r = receiver
+        .join()
+        .map_err(|_| "receiver panicked".to_string())?;
+    // The receiver's rate over the sender's interval.
+    r.seconds = t.seconds;
+    r.pps = r.packets as f64 / t.seconds;
+    stop.store(true, Ordering::Relaxed);
+    let _ = h.join();
+    let _ = std::fs::remove_file(&sock);
+    Ok((t, r))
+}
+
+/// Run the whole table; returns the JSON document.
+pub fn run(o: &Options) -> Result<Value, String> {
+    let mut backends = serde_json::Map::new();
+    let mut results: Vec<(Backend, Vec<RowResult>)> = Vec::new();
+    for &b in &o.backends {
+        let mut rows = Vec::new();
+        let mut doc = serde_json::Map::new();
+        for row in &ROWS {
+            let tx = measure(b, row, Kind::Tx(60), o.seconds, o.burst)?;
+            let rx = measure(b, row, Kind::Rx, o.seconds, o.burst)?;
+            let big = measure(b, row, Kind::Tx(1514), o.seconds, o.burst)?;
+            let rr = measure(b, row, Kind::Rr, o.seconds, o.burst)?;
+            let r = RowResult {
+                label: row.label,
+                mode: row.mode,
+                itr: row.itr,
+                tx_kpps: tx.pps / 1e3,
+                rx_kpps: rx.pps / 1e3,
+                mbps_1514: big.mbps,
+                notifications_per_packet: tx.notifications_per_packet,
+                kicks_per_packet: tx.kicks_per_packet,
+                interrupts_per_packet: tx.interrupts_per_packet,
+                rr_tps: rr.transactions_per_sec,
+                rtt_us_p50: rr.rtt_us_p50,
+                rtt_us_p99: rr.rtt_us_p99,
+                paper: paper(b, row.key),
+            };
+            if let Some(p) = &o.progress {
+                p(&format!(
+                    "{:?} {}: tx {:.0} Kpps, rx {:.0} Kpps, {:.0} Mbps, {:.3} notif/pkt, {:.0} tps",
+                    b,
+                    row.label,
+                    r.tx_kpps,
+                    r.rx_kpps,
+                    r.mbps_1514,
+                    r.notifications_per_packet,
+                    r.rr_tps
+                ));
+            }
+            doc.insert(
+                row.key.into(),
+                serde_json::to_value(&r).map_err(|e| e.to_string())?,
+            );
+            rows.push(r);
+        }
+        backends.insert(format!("{b:?}").to_lowercase(), Value::Object(doc));
+        results.push((b, rows));
+    }
+    let (ftx, frx) = forwarding(o.seconds.max(0.5), 60, 256)?;
+    if let Some(p) = &o.progress {
+        p(&format!("ring to ring: {:.2} Mpps", frx.pps / 1e6));
+    }
+    let get = |b: Backend, key: &str| -> Option<&RowResult> {
+        let i = ROWS.iter().position(|r| r.key == key)?;
+        results
+            .iter()
+            .find(|(x, _)| *x == b)
+            .map(|(_, rows)| &rows[i])
+    };
+    let mut ratios = serde_json::Map::new();
+    for b in &o.backends {
+        if let (Some(base), Some(sc), Some(csb)) = (
+            get(*b, "base_itr0"),
+            get(*b, "sc_itr100"),
+            get(*b, "csb_itr100"),
+        ) {
+            ratios.insert(
+                format!("{b:?}").to_lowercase(),
+                json!({
+                    "sc_over_base_tx": sc.tx_kpps / base.tx_kpps,
+                    "csb_over_base_tx": csb.tx_kpps / base.tx_kpps,
+                }),
+            );
+        }
+    }
+    if let (Some(s), Some(t)) = (
+        get(Backend::Switch, "csb_itr0"),
+        get(Backend::Tap, "csb_itr0"),
+    ) {
+        ratios.insert(
+            "switch_over_tap".into(),
+            json!({
+                "tx": s.tx_kpps / t.tx_kpps,
+                "rx": s.rx_kpps / t.rx_kpps,
+            }),
+        );
+    }
+    Ok(json!({
+        "seconds_per_run": o.seconds,
+        "frame_bytes": 60,
+        "backends": backends,
+        "forwarding": {
+            "ring_to_ring_mpps": frx.pps / 1e6,
+            "sender_mpps": ftx.pps / 1e6,
+            "lost": ftx.packets.saturating_sub(frx.packets),
+            "sender_notifications_per_packet": ftx.notifications_per_packet,
+            "receiver_notifications_per_packet": frx.notifications_per_packet,
+            "paper_vale_mpps": 20.0,
+        },
+        "ratios": ratios,
+    }))
+}
