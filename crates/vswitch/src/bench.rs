@@ -248,7 +248,7 @@ fn measure(
             sw.add_port(peer).map_err(|e| e.to_string())?;
         }
         Backend::Tap => {
-            let name = format!("fpb{}", n % 100_000);
+            let name = format!("fp{}t{}", pid % 100_000, n % 1000);
             let tap = netio::tap::Tap::open(&name)
                 .map_err(|e| format!("TAP backend: cannot create {name} (needs root): {e}"))?;
             let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");

@@ -1,0 +1,289 @@
+//! `fastpath switch` and `fastpath pktgen` as separate processes, as a user
+//! runs them.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fastpath() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fastpath"))
+}
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn status(sock: &str) -> serde_json::Value {
+    let out = fastpath()
+        .args(["switch", "status", "--socket", sock, "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn port_names(s: &serde_json::Value) -> Vec<String> {
+    s["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn switch_and_pktgen_processes() {
+    let sock = std::env::temp_dir().join(format!("fp-cli-sw-{}.sock", std::process::id()));
+    let sock_s = sock.to_str().unwrap().to_string();
+    let sw = fastpath()
+        .args(["switch", "run", "--socket", &sock_s])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sw = Proc(sw);
+    wait_for("the control socket", || sock.exists());
+
+    // A receiver, then a sender: every frame is flooded to the receiver.
+    let rx = fastpath()
+        .args([
+            "pktgen", "--socket", &sock_s, "--name", "rx", "--mode", "rx",
+        ])
+        .args(["--duration", "4", "--format", "json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("rx to attach", || {
+        port_names(&status(&sock_s)).contains(&"rx".into())
+    });
+    let tx = fastpath()
+        .args([
+            "pktgen", "--socket", &sock_s, "--name", "tx", "--mode", "tx",
+        ])
+        .args([
+            "--count",
+            "20000",
+            "--rate",
+            "200000",
+            "--port-mode",
+            "sc",
+            "--itr",
+            "100",
+        ])
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        tx.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tx.stderr)
+    );
+    let txr: serde_json::Value = serde_json::from_slice(&tx.stdout).unwrap();
+    assert_eq!(txr["packets"], 20000);
+    assert!(
+        txr["kicks_per_packet"].as_f64().unwrap() < 0.5,
+        "SC kicked too often: {txr}"
+    );
+    let rxo = rx.wait_with_output().unwrap();
+    let rxr: serde_json::Value = serde_json::from_slice(&rxo.stdout).unwrap();
+    assert_eq!(rxr["packets"], 20000, "{rxr}");
+
+    // A pktgen killed with SIGKILL loses its port; the switch carries on.
+    let mut victim = Proc(
+        fastpath()
+            .args([
+                "pktgen", "--socket", &sock_s, "--name", "victim", "--mode", "tx",
+            ])
+            .args(["--duration", "30", "--rate", "10000"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("victim to attach", || {
+        port_names(&status(&sock_s)).contains(&"victim".into())
+    });
+    victim.0.kill().unwrap();
+    let _ = victim.0.wait();
+    wait_for("victim's port to go", || {
+        !port_names(&status(&sock_s)).contains(&"victim".into())
+    });
+
+    // Attaching a second port under an existing name is refused with a reason.
+    let _keep = Proc(
+        fastpath()
+            .args([
+                "pktgen",
+                "--socket",
+                &sock_s,
+                "--name",
+                "dup",
+                "--mode",
+                "rx",
+                "--duration",
+                "30",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("dup to attach", || {
+        port_names(&status(&sock_s)).contains(&"dup".into())
+    });
+    let again = fastpath()
+        .args([
+            "pktgen",
+            "--socket",
+            &sock_s,
+            "--name",
+            "dup",
+            "--duration",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("exists"));
+
+    // SIGUSR1 prints the status; SIGTERM stops the switch and removes the socket.
+    let pid = sw.0.id() as i32;
+    unsafe { libc::kill(pid, libc::SIGUSR1) };
+    std::thread::sleep(Duration::from_millis(300));
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let end = Instant::now() + Duration::from_secs(5);
+    let code = loop {
+        if let Some(c) = sw.0.try_wait().unwrap() {
+            break c;
+        }
+        assert!(Instant::now() < end, "switch did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(code.success());
+    let mut err = String::new();
+    use std::io::Read;
+    sw.0.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(err.contains("\"ports\""), "no status on SIGUSR1: {err}");
+    assert!(!sock.exists(), "socket left behind");
+}
+
+#[test]
+fn switch_rejects_a_bad_config_and_pktgen_bad_arguments() {
+    let dir = std::env::temp_dir().join(format!("fp-cli-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "socket = \"/tmp/x.sock\"\npoll_usec = 5\n").unwrap();
+    let out = fastpath()
+        .args(["switch", "run", "--config", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("poll_usec") && err.contains("bad.toml"),
+        "{err}"
+    );
+
+    let out = fastpath()
+        .args(["pktgen", "--size", "9000"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--size"));
+    let out = fastpath()
+        .args(["pktgen", "--socket", "/nonexistent/sw.sock"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/sw.sock"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn switch_bench_quick_json_document() {
+    let t0 = Instant::now();
+    let out = fastpath()
+        .args(["switch", "bench", "--quick", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for backend in ["switch", "tap"] {
+        for row in [
+            "base_itr0",
+            "base_itr100",
+            "sc_itr100",
+            "csb_itr0",
+            "csb_itr100",
+        ] {
+            let r = &v["backends"][backend][row];
+            for k in [
+                "tx_kpps",
+                "rx_kpps",
+                "mbps_1514",
+                "notifications_per_packet",
+                "rr_tps",
+            ] {
+                let x = r[k]
+                    .as_f64()
+                    .unwrap_or_else(|| panic!("{backend}.{row}.{k} missing"));
+                assert!(x.is_finite() && x >= 0.0, "{backend}.{row}.{k} = {x}");
+            }
+            assert!(
+                r["tx_kpps"].as_f64().unwrap() > 0.0,
+                "{backend}.{row}: nothing sent"
+            );
+            assert!(
+                r["rr_tps"].as_f64().unwrap() > 0.0,
+                "{backend}.{row}: no round trips"
+            );
+        }
+        // The modes do what they say: BASE kicks for every packet; SC and
+        // CSB kick a small fraction of the time.
+        let n = |row: &str| {
+            v["backends"][backend][row]["notifications_per_packet"]
+                .as_f64()
+                .unwrap()
+        };
+        let k = |row: &str| {
+            v["backends"][backend][row]["kicks_per_packet"]
+                .as_f64()
+                .unwrap()
+        };
+        assert!(
+            k("base_itr0") >= 1.0,
+            "{backend}: BASE kicked less than once a packet"
+        );
+        assert!(
+            k("sc_itr100") < 0.5,
+            "{backend}: SC kicks/packet {}",
+            k("sc_itr100")
+        );
+        assert!(
+            n("csb_itr0") < 0.5 * n("base_itr0"),
+            "{backend}: CSB notified as often as BASE"
+        );
+    }
+    assert!(v["forwarding"]["ring_to_ring_mpps"].as_f64().unwrap() > 0.0);
+    eprintln!("switch bench --quick took {:?}", t0.elapsed());
+}
