@@ -33,6 +33,7 @@ bench: setup
 	$(CARGO) build --release --locked -p fastpath
 	./target/release/fastpath lb hash-eval --quick
 	./target/release/fastpath lb bench
+	./target/release/fastpath switch bench
 
 ## Fuzz the packet parser for two minutes (needs a nightly toolchain and cargo-fuzz).
 FUZZ_SECONDS ?= 120

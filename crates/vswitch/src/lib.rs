@@ -240,6 +240,10 @@ impl Switch {
         let n = self.frames.len();
         // Lookup pass.
         let mut flood = false;
+        // Bulk traffic repeats its addresses: remember the last pair so a
+        // batch of one flow costs one learn and one lookup, not one per frame.
+        let mut last_src: Option<Mac> = None;
+        let mut last_dst: Option<(Mac, u16)> = None;
         for f in &self.frames {
             if f.len < 14 {
                 self.stats.runts += 1;
@@ -252,11 +256,21 @@ impl Switch {
             unsafe { std::ptr::copy_nonoverlapping(f.ptr, hdr.as_mut_ptr(), 12) };
             let dmac: Mac = hdr[..6].try_into().expect("6 bytes");
             let smac: Mac = hdr[6..].try_into().expect("6 bytes");
-            self.macs.learn(smac, s as u16, now);
-            let d = if dmac[0] & 1 != 0 {
-                FLOOD
-            } else {
-                self.macs.lookup(&dmac, now).unwrap_or(FLOOD)
+            if last_src != Some(smac) {
+                self.macs.learn(smac, s as u16, now);
+                last_src = Some(smac);
+            }
+            let d = match last_dst {
+                Some((m, d)) if m == dmac => d,
+                _ => {
+                    let d = if dmac[0] & 1 != 0 {
+                        FLOOD
+                    } else {
+                        self.macs.lookup(&dmac, now).unwrap_or(FLOOD)
+                    };
+                    last_dst = Some((dmac, d));
+                    d
+                }
             };
             let d = if d == s as u16 {
                 self.stats.same_port += 1;
