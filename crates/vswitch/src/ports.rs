@@ -26,9 +26,11 @@ pub trait Port: Send {
     fn name(&self) -> &str;
     fn kind(&self) -> &'static str;
     /// The descriptor whose readability means "look at me", if any.
-    fn fd(&self) -> Option<RawFd>;
+    fn fd(&self) -> Option<RawFd> {
+        None
+    }
     /// The descriptor became readable.
-    fn on_event(&mut self);
+    fn on_event(&mut self) {}
     /// Frames waiting to enter the switch (a hint; may poll shared memory).
     fn pending(&mut self) -> bool;
     /// Append up to `max` frames to `out`; returns a token for `rx_done`.
@@ -41,7 +43,7 @@ pub trait Port: Send {
     /// `f` must be readable for `f.len` bytes.
     unsafe fn tx(&mut self, f: FrameRef) -> bool;
     /// End of a batch of `tx`: publish and notify.
-    fn tx_flush(&mut self, now: Instant);
+    fn tx_flush(&mut self, _now: Instant) {}
     fn deadline(&self) -> Option<Instant> {
         None
     }
@@ -56,7 +58,10 @@ pub trait Port: Send {
         None
     }
     fn counters(&mut self) -> &mut Counters;
-    fn status(&self) -> Value;
+    /// Port-specific details for the status document.
+    fn status(&self) -> Value {
+        json!({})
+    }
 }
 
 /// The device side of a paravirtual NIC attached through the control socket.
@@ -204,7 +209,6 @@ impl Port for TapPort {
             false
         }
     }
-    fn tx_flush(&mut self, _now: Instant) {}
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }
@@ -240,10 +244,6 @@ impl Port for GenPort {
     fn kind(&self) -> &'static str {
         "gen"
     }
-    fn fd(&self) -> Option<RawFd> {
-        None
-    }
-    fn on_event(&mut self) {}
     fn pending(&mut self) -> bool {
         self.limit.is_none_or(|l| self.c.from_port < l)
     }
@@ -264,7 +264,6 @@ impl Port for GenPort {
         self.c.dropped_full += 1;
         false
     }
-    fn tx_flush(&mut self, _now: Instant) {}
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }
@@ -296,10 +295,6 @@ impl Port for SinkPort {
     fn kind(&self) -> &'static str {
         "sink"
     }
-    fn fd(&self) -> Option<RawFd> {
-        None
-    }
-    fn on_event(&mut self) {}
     fn pending(&mut self) -> bool {
         false
     }
@@ -312,12 +307,8 @@ impl Port for SinkPort {
         self.c.to_port_bytes += f.len as u64;
         true
     }
-    fn tx_flush(&mut self, _now: Instant) {}
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
-    }
-    fn status(&self) -> Value {
-        json!({})
     }
 }
 
@@ -348,10 +339,6 @@ impl Port for EchoPort {
     fn kind(&self) -> &'static str {
         "echo"
     }
-    fn fd(&self) -> Option<RawFd> {
-        None
-    }
-    fn on_event(&mut self) {}
     fn pending(&mut self) -> bool {
         !self.queue.is_empty()
     }
@@ -388,7 +375,6 @@ impl Port for EchoPort {
         self.c.to_port_bytes += f.len as u64;
         true
     }
-    fn tx_flush(&mut self, _now: Instant) {}
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }
