@@ -1,0 +1,208 @@
+//! A memif client that lies: unsealed memory, rings outside their region,
+//! impossible counters, descriptors pointing anywhere. The switch refuses or
+//! counts, and keeps serving.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use ring::control::{recv_msg, send_msg, status, Conn};
+use vswitch::{spawn, Config, Switch};
+
+const RING_BYTES: usize = 128 + 16 * 256; // header + 256 descriptors
+
+fn memfd(size: usize, seal: bool) -> OwnedFd {
+    let fd = unsafe {
+        libc::memfd_create(
+            c"evil".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    assert!(fd >= 0);
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) }, 0);
+    if seal {
+        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
+    }
+    fd
+}
+
+fn eventfd() -> OwnedFd {
+    unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) }
+}
+
+fn msg(ty: u16, fill: impl FnOnce(&mut [u8; 128])) -> [u8; 128] {
+    let mut m = [0u8; 128];
+    m[..2].copy_from_slice(&ty.to_le_bytes());
+    fill(&mut m);
+    m
+}
+
+/// Run the client side of the handshake; returns the last reply type.
+fn handshake(
+    path: &std::path::Path,
+    region: OwnedFd,
+    size: u64,
+    ring_off: [u32; 2],
+) -> (Conn, u16) {
+    let c = Conn::connect(path).unwrap();
+    let (hello, _) = recv_msg(c.fd()).unwrap().unwrap();
+    assert_eq!(u16::from_le_bytes([hello[0], hello[1]]), 2, "HELLO first");
+    let reply = |c: &Conn| -> u16 {
+        match recv_msg(c.fd()) {
+            Ok(Some((m, _))) if m.len() >= 2 => u16::from_le_bytes([m[0], m[1]]),
+            _ => 0,
+        }
+    };
+    send_msg(
+        c.fd(),
+        &msg(3, |m| m[2..4].copy_from_slice(&0x0200u16.to_le_bytes())),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(reply(&c), 1, "INIT acked");
+    send_msg(
+        c.fd(),
+        &msg(4, |m| m[4..12].copy_from_slice(&size.to_le_bytes())),
+        &[region.as_raw_fd()],
+    )
+    .unwrap();
+    let r = reply(&c);
+    if r != 1 {
+        return (c, r);
+    }
+    for (dir, off) in [(1u16, ring_off[0]), (0u16, ring_off[1])] {
+        let e = eventfd();
+        send_msg(
+            c.fd(),
+            &msg(5, |m| {
+                m[2..4].copy_from_slice(&dir.to_le_bytes());
+                m[8..12].copy_from_slice(&off.to_le_bytes());
+                m[12] = 8; // 256 descriptors
+            }),
+            &[e.as_raw_fd()],
+        )
+        .unwrap();
+        let r = reply(&c);
+        if r != 1 {
+            return (c, r);
+        }
+    }
+    send_msg(c.fd(), &msg(6, |_| ()), &[]).unwrap();
+    let r = reply(&c);
+    (c, r)
+}
+
+#[test]
+fn lying_memif_clients_are_refused_or_contained() {
+    let pid = std::process::id();
+    let ctl = std::env::temp_dir().join(format!("fp-mh-ctl-{pid}.sock"));
+    let msock = std::env::temp_dir().join(format!("fp-mh-{pid}.sock"));
+    let (stop, h) = spawn(
+        Switch::new(Config {
+            socket: Some(ctl.clone()),
+            memif_socket: Some(msock.clone()),
+            ..Config::default()
+        })
+        .unwrap(),
+    );
+    let size = 2 * RING_BYTES + 65536;
+
+    // Unsealed memory: refused with DISCONNECT (8).
+    let (_c, r) = handshake(&msock, memfd(size, false), size as u64, [0, 4352]);
+    assert_eq!(r, 8);
+    // A region claiming more bytes than its file has: refused.
+    let (_c, r) = handshake(&msock, memfd(4096, true), 1 << 20, [0, 4352]);
+    assert_eq!(r, 8);
+    // A ring outside its region: refused.
+    let (_c, r) = handshake(&msock, memfd(size, true), size as u64, [0, size as u32]);
+    assert_eq!(r, 8);
+    // Rings without the cookie: refused at connect.
+    let (_c, r) = handshake(&msock, memfd(size, true), size as u64, [0, 4352]);
+    assert_eq!(r, 8);
+
+    // A well-formed client that then writes garbage.
+    let region = memfd(size, true);
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            region.as_raw_fd(),
+            0,
+        )
+    } as *mut u8;
+    assert!(!map.is_null());
+    for off in [0usize, 4352] {
+        unsafe { (map.add(off) as *mut u32).write_volatile(0x3E31F20) };
+    }
+    let (conn, r) = handshake(&msock, region, size as u64, [0, 4352]);
+    assert_eq!(r, 7, "CONNECTED");
+    // C2S descriptors: region 3 (absent), an offset past the end, a length
+    // past the end, and one good frame.
+    let desc = |i: usize, region: u16, len: u32, off: u32| unsafe {
+        let d = map.add(128 + i * 16);
+        (d.add(2) as *mut u16).write_volatile(region);
+        (d.add(4) as *mut u32).write_volatile(len);
+        (d.add(8) as *mut u32).write_volatile(off);
+    };
+    let buf_off = 2 * RING_BYTES as u32;
+    desc(0, 3, 60, buf_off);
+    desc(1, 0, 60, u32::MAX - 10);
+    desc(2, 0, 1 << 20, buf_off);
+    desc(3, 0, 60, buf_off);
+    unsafe { (map.add(6) as *mut u16).write_volatile(4) }; // c2s head
+    let end = Instant::now() + Duration::from_secs(5);
+    let memif = loop {
+        let s = status(&ctl).unwrap();
+        let m = s["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["kind"] == "memif")
+            .cloned();
+        if let Some(m) = m.filter(|m| m["detail"]["bad_descriptors"].as_u64() == Some(3)) {
+            break m;
+        }
+        assert!(Instant::now() < end, "bad descriptors not counted: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(memif["from_port"].as_u64(), Some(1), "{memif}");
+    // Slots were returned: tail moved to head.
+    assert_eq!(unsafe { (map.add(64) as *const u16).read_volatile() }, 4);
+    // An impossible head breaks the port; the switch keeps answering.
+    unsafe { (map.add(6) as *mut u16).write_volatile(4 + 5000) };
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = status(&ctl).unwrap();
+        let m = s["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["kind"] == "memif")
+            .cloned()
+            .unwrap();
+        if m["detail"]["broken"].is_string() {
+            break;
+        }
+        assert!(Instant::now() < end, "impossible head not caught: {m}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(conn);
+    let end = Instant::now() + Duration::from_secs(5);
+    while status(&ctl).unwrap()["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["kind"] == "memif")
+    {
+        assert!(Instant::now() < end, "memif port not removed on disconnect");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    unsafe { libc::munmap(map as *mut _, size) };
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+    let _ = std::fs::remove_file(&ctl);
+    let _ = std::fs::remove_file(&msock);
+}
