@@ -24,6 +24,8 @@
 
 #![deny(missing_docs)]
 
+pub mod uring;
+
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,801 @@
+//! MAIO's socket I/O over io_uring: what the paper built into the kernel,
+//! made of what Linux 6.x ships.
+//!
+//! | paper                                  | here                                           |
+//! |----------------------------------------|------------------------------------------------|
+//! | kernel thread polling a shared ring    | `IORING_SETUP_SQPOLL`                          |
+//! | I/O pages pre-mapped for the kernel    | the whole pool registered as fixed buffers     |
+//! | zero-copy send of an I/O page          | `IORING_OP_SEND_ZC` from a fixed buffer         |
+//! | receive into I/O pages, sg list out    | a provided-buffer ring of pool buffers, multishot (bundled) receive |
+//! | standard (copy) mode for small sends   | copy into a pool buffer, `IORING_OP_SEND`       |
+//!
+//! One [`Ring`] per thread. Sockets are registered as fixed files and named
+//! by a [`SockId`]. Buffers keep their pool state the whole way: a buffer
+//! handed to a send is `InFlight` until the kernel's notification says it is
+//! done with it, then `User` again (and the caller learns whether the kernel
+//! copied it); a received buffer is `Received` until the caller gives it
+//! back.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use memmap2::MmapMut;
+
+use crate::{Buf, Handle, Pool, State};
+
+/// Errors of the socket layer; each says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum UringError {
+    /// io_uring is switched off by the administrator.
+    #[error("io_uring is disabled on this system (kernel.io_uring_disabled = {0}); enable it with `sysctl -w kernel.io_uring_disabled=0` as root")]
+    Disabled(String),
+    /// Locked memory limit too low for registering the pool.
+    #[error("cannot register {bytes} bytes of buffers with io_uring: RLIMIT_MEMLOCK is {limit}; raise it (`ulimit -l unlimited`, or LimitMEMLOCK= in a systemd unit) or run with CAP_IPC_LOCK")]
+    Memlock {
+        /// Bytes to register.
+        bytes: usize,
+        /// The current limit, as text.
+        limit: String,
+    },
+    /// The kernel lacks an operation.
+    #[error("this kernel does not support {what} (needs Linux {needs} or later): {source}")]
+    TooOld {
+        /// The operation.
+        what: &'static str,
+        /// Minimum kernel.
+        needs: &'static str,
+        /// The kernel's answer.
+        source: std::io::Error,
+    },
+    /// Any other system error.
+    #[error("{what}: {source}")]
+    Sys {
+        /// What failed.
+        what: &'static str,
+        /// The kernel's answer.
+        source: std::io::Error,
+    },
+    /// A pool error (exhaustion, ownership).
+    #[error(transparent)]
+    Pool(#[from] crate::Error),
+    /// An unknown or closed socket id.
+    #[error("socket {0} is not open on this ring")]
+    BadSocket(u32),
+    /// The submission queue stayed full.
+    #[error("submission queue full")]
+    Busy,
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, UringError>;
+
+fn sys(what: &'static str) -> impl FnOnce(std::io::Error) -> UringError {
+    move |source| UringError::Sys { what, source }
+}
+
+/// A socket registered on a ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SockId(pub u32);
+
+/// Ring settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    /// Submission queue entries.
+    pub entries: u32,
+    /// Use a kernel polling thread for submissions (no system call per send).
+    pub sqpoll: bool,
+    /// How long the polling thread spins before it sleeps, in milliseconds.
+    pub sqpoll_idle_ms: u32,
+    /// Pool buffers lent to the kernel for receiving (a power of two).
+    pub rx_buffers: u16,
+    /// Most sockets on one ring.
+    pub max_sockets: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            entries: 256,
+            sqpoll: true,
+            sqpoll_idle_ms: 50,
+            rx_buffers: 256,
+            max_sockets: 64,
+        }
+    }
+}
+
+/// A send that the kernel has finished with.
+#[derive(Debug)]
+pub struct Sent {
+    /// The socket.
+    pub sock: SockId,
+    /// The buffer, back in the caller's hands (state `User`); `None` for
+    /// copy-mode sends, whose buffer went back to the pool.
+    pub buf: Option<Buf>,
+    /// Bytes sent, or a negative errno.
+    pub result: i32,
+    /// The kernel copied the data after all (a zero-copy send to a local
+    /// socket, for example).
+    pub copied: bool,
+}
+
+/// A received buffer: `len` bytes at the start of `buf` (state `Received`).
+#[derive(Debug)]
+pub struct RxBuf {
+    /// The buffer.
+    pub buf: Buf,
+    /// Bytes in it.
+    pub len: usize,
+}
+
+const OP_SEND_ZC: u64 = 1;
+const OP_SEND: u64 = 2;
+const OP_RECV: u64 = 3;
+const BGID: u16 = 7;
+/// `IORING_SEND_ZC_REPORT_USAGE` (linux/io_uring.h): report in the
+/// notification whether the kernel copied after all.
+const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+/// `IORING_NOTIF_USAGE_ZC_COPIED`.
+const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
+
+fn ud(op: u64, sock: u32, idx: u32) -> u64 {
+    (op << 56) | ((sock as u64 & 0xff_ffff) << 32) | idx as u64
+}
+
+#[derive(Debug, Default)]
+struct Sock {
+    fd: Option<OwnedFd>,
+    /// Sends waiting for the chain in flight to finish.
+    queued: VecDeque<squeue::Entry>,
+    /// Sends of the chain in flight whose first completion has not come.
+    chain: u32,
+    recv_armed: bool,
+    rx: VecDeque<(u32, usize)>,
+    eof: bool,
+    error: Option<i32>,
+}
+
+/// The provided-buffer ring: entries of {addr, len, bid}; the tail is the
+/// last 16 bits of entry 0.
+struct BufRing {
+    mem: MmapMut,
+    mask: u16,
+    tail: u16,
+    head: u16,
+    /// bid -> pool index
+    bids: Vec<u32>,
+}
+
+impl BufRing {
+    fn push(&mut self, bid: u16, addr: u64, len: u32) {
+        let at = (self.tail & self.mask) as usize * 16;
+        let e = &mut self.mem[at..at + 16];
+        e[0..8].copy_from_slice(&addr.to_ne_bytes());
+        e[8..12].copy_from_slice(&len.to_ne_bytes());
+        e[12..14].copy_from_slice(&bid.to_ne_bytes());
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    fn publish(&mut self) {
+        // SAFETY: offset 14 of entry 0 is the ring tail the kernel reads; it
+        // is 2-byte aligned inside our page-aligned mapping.
+        let t = unsafe { &*(self.mem.as_ptr().add(14) as *const AtomicU16) };
+        t.store(self.tail, Ordering::Release);
+    }
+
+    fn bid_at(&self, pos: u16) -> u16 {
+        let at = (pos & self.mask) as usize * 16;
+        u16::from_ne_bytes([self.mem[at + 12], self.mem[at + 13]])
+    }
+}
+
+/// One thread's io_uring with the pool registered, its sockets and its
+/// receive buffers.
+pub struct Ring {
+    ring: IoUring,
+    pool: Pool,
+    handle: Handle,
+    socks: Vec<Sock>,
+    bufring: BufRing,
+    done: VecDeque<Sent>,
+    zc_results: std::collections::HashMap<u32, i32>,
+    region: (usize, usize),
+    in_flight: u32,
+    sqpoll: bool,
+    bundles: bool,
+    /// Submissions that needed a system call (SQPOLL asleep, or no SQPOLL).
+    pub enters: u64,
+    /// System calls made to wait for completions.
+    pub waits: u64,
+}
+
+fn check_disabled() -> Option<UringError> {
+    let v = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").ok()?;
+    let v = v.trim().to_string();
+    (v != "0").then_some(UringError::Disabled(v))
+}
+
+fn memlock() -> String {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into a live struct.
+    unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) };
+    if r.rlim_cur == libc::RLIM_INFINITY {
+        "unlimited".into()
+    } else {
+        format!("{} KiB", r.rlim_cur / 1024)
+    }
+}
+
+impl Ring {
+    /// Set up a ring over `pool`: SQPOLL if asked, the pool registered as
+    /// fixed buffers, a sparse fixed-file table, and `rx_buffers` pool
+    /// buffers lent to the kernel for receiving.
+    pub fn new(pool: &Pool, cfg: Config) -> Result<Ring> {
+        let mut b = IoUring::builder();
+        if cfg.sqpoll {
+            b.setup_sqpoll(cfg.sqpoll_idle_ms);
+        }
+        let ring = b.build(cfg.entries).map_err(|e| {
+            if let Some(d) = check_disabled() {
+                return d;
+            }
+            match e.raw_os_error() {
+                Some(libc::ENOMEM) => UringError::Memlock {
+                    bytes: 0,
+                    limit: memlock(),
+                },
+                Some(libc::ENOSYS) => UringError::TooOld {
+                    what: "io_uring",
+                    needs: "5.1",
+                    source: e,
+                },
+                _ => UringError::Sys {
+                    what: "io_uring_setup",
+                    source: e,
+                },
+            }
+        })?;
+        let (base, len) = pool.region();
+        // One iovec per GiB: the kernel's limit per registered buffer.
+        let iovs: Vec<libc::iovec> = (0..len.div_ceil(1 << 30))
+            .map(|i| libc::iovec {
+                // SAFETY: stays inside the region (i * 1 GiB < len).
+                iov_base: unsafe { base.add(i << 30) } as *mut _,
+                iov_len: (len - (i << 30)).min(1 << 30),
+            })
+            .collect();
+        // SAFETY: the region outlives the ring: we hold a clone of the pool,
+        // and the ring is dropped (unregistering) before it.
+        unsafe { ring.submitter().register_buffers(&iovs) }.map_err(|e| {
+            match e.raw_os_error() {
+                Some(libc::ENOMEM) | Some(libc::EPERM) => UringError::Memlock {
+                    bytes: len,
+                    limit: memlock(),
+                },
+                _ => UringError::Sys {
+                    what: "register the pool as fixed buffers",
+                    source: e,
+                },
+            }
+        })?;
+        ring.submitter()
+            .register_files_sparse(cfg.max_sockets)
+            .map_err(|e| UringError::TooOld {
+                what: "sparse fixed files",
+                needs: "5.19",
+                source: e,
+            })?;
+        let n = cfg.rx_buffers.max(2).next_power_of_two();
+        let mem = MmapMut::map_anon((n as usize * 16).max(4096)).map_err(sys("map buffer ring"))?;
+        // SAFETY: the mapping lives in `bufring`, owned by the returned Ring,
+        // which unregisters the group when the io_uring is dropped with it.
+        unsafe {
+            ring.submitter()
+                .register_buf_ring_with_flags(mem.as_ptr() as u64, n, BGID, 0)
+        }
+        .map_err(|e| UringError::TooOld {
+            what: "provided buffer rings",
+            needs: "5.19",
+            source: e,
+        })?;
+        let mut r = Ring {
+            ring,
+            pool: pool.clone(),
+            handle: pool.handle(),
+            socks: (0..cfg.max_sockets).map(|_| Sock::default()).collect(),
+            bufring: BufRing {
+                mem,
+                mask: n - 1,
+                tail: 0,
+                head: 0,
+                bids: Vec::with_capacity(n as usize),
+            },
+            done: VecDeque::new(),
+            zc_results: Default::default(),
+            region: (base as usize, len),
+            in_flight: 0,
+            sqpoll: cfg.sqpoll,
+            bundles: true,
+            enters: 0,
+            waits: 0,
+        };
+        for bid in 0..n {
+            let b = r.handle.alloc()?;
+            r.pool.transition(&b, State::User, State::InFlight)?;
+            let idx = b.into_raw();
+            r.bufring.bids.push(idx);
+            let addr = r.addr_of(idx);
+            r.bufring.push(bid, addr, r.pool.buf_size() as u32);
+        }
+        r.bufring.publish();
+        Ok(r)
+    }
+
+    /// The pool this ring sends from and receives into.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// This ring's allocation handle (its magazines).
+    pub fn handle(&mut self) -> &mut Handle {
+        &mut self.handle
+    }
+
+    /// Whether submissions go through a kernel polling thread.
+    pub fn sqpoll(&self) -> bool {
+        self.sqpoll
+    }
+
+    fn addr_of(&self, idx: u32) -> u64 {
+        (self.region.0 + idx as usize * self.pool.buf_size()) as u64
+    }
+
+    /// Register a connected socket; the ring owns it from now on.
+    pub fn add_socket(&mut self, fd: OwnedFd) -> Result<SockId> {
+        let slot = self
+            .socks
+            .iter()
+            .position(|s| s.fd.is_none())
+            .ok_or(UringError::Sys {
+                what: "register socket",
+                source: std::io::Error::other("fixed file table full"),
+            })?;
+        self.ring
+            .submitter()
+            .register_files_update(slot as u32, &[fd.as_raw_fd()])
+            .map_err(sys("register socket as a fixed file"))?;
+        self.socks[slot] = Sock {
+            fd: Some(fd),
+            ..Sock::default()
+        };
+        Ok(SockId(slot as u32))
+    }
+
+    /// Connect a TCP socket (blocking) and register it.
+    pub fn connect_tcp(&mut self, addr: std::net::SocketAddr) -> Result<SockId> {
+        let s = std::net::TcpStream::connect(addr).map_err(sys("connect"))?;
+        let _ = s.set_nodelay(true);
+        self.add_socket(OwnedFd::from(s))
+    }
+
+    /// Unregister and close a socket.
+    pub fn close(&mut self, s: SockId) -> Result<()> {
+        let sock = self.sock(s)?;
+        sock.fd = None;
+        let _ = self.ring.submitter().register_files_update(s.0, &[-1]);
+        Ok(())
+    }
+
+    fn sock(&mut self, s: SockId) -> Result<&mut Sock> {
+        match self.socks.get_mut(s.0 as usize) {
+            Some(x) if x.fd.is_some() => Ok(x),
+            _ => Err(UringError::BadSocket(s.0)),
+        }
+    }
+
+    fn push(&mut self, e: squeue::Entry) -> Result<()> {
+        // SAFETY: every entry we build points at pool memory (registered and
+        // alive while the ring lives) or at nothing; buffers in flight are
+        // marked InFlight so safe code cannot touch or free them.
+        if unsafe { self.ring.submission().push(&e) }.is_err() {
+            self.submit()?;
+            self.reap();
+            // SAFETY: as above.
+            unsafe { self.ring.submission().push(&e) }.map_err(|_| UringError::Busy)?;
+        }
+        Ok(())
+    }
+
+    /// Hand queued submissions to the kernel. With SQPOLL this is a memory
+    /// write unless the polling thread went to sleep.
+    pub fn submit(&mut self) -> Result<()> {
+        if self.sqpoll {
+            self.ring.submission().sync();
+            if !self.ring.submission().need_wakeup() {
+                return Ok(());
+            }
+        }
+        self.enters += 1;
+        self.ring.submit().map_err(sys("io_uring_enter"))?;
+        Ok(())
+    }
+
+    /// Zero-copy send of `len` bytes of `buf` (a fixed buffer). The buffer
+    /// is `InFlight` until [`Ring::completions`] hands it back.
+    pub fn send_zc(&mut self, s: SockId, buf: Buf, len: usize) -> Result<()> {
+        self.sock(s)?;
+        let len = len.min(self.pool.buf_size());
+        self.pool.transition(&buf, State::User, State::InFlight)?;
+        let idx = buf.into_raw();
+        let e = opcode::SendZc::new(
+            types::Fixed(s.0),
+            self.addr_of(idx) as *const u8,
+            len as u32,
+        )
+        .buf_index(Some(0))
+        .flags(libc::MSG_WAITALL)
+        .zc_flags(SEND_ZC_REPORT_USAGE)
+        .build()
+        .user_data(ud(OP_SEND_ZC, s.0, idx));
+        self.in_flight += 1;
+        self.sock(s)?.queued.push_back(e);
+        self.flush_sends(s)?;
+        self.submit()
+    }
+
+    /// Sends on one stream socket must reach it in order, but io_uring
+    /// lets a later send pass an earlier one that had to wait for socket
+    /// space. So a socket's sends go out as one linked chain at a time
+    /// (IOSQE_IO_LINK: each starts when the previous finished), and the next
+    /// chain when the last of this one has completed.
+    fn flush_sends(&mut self, s: SockId) -> Result<()> {
+        let sock = self.sock(s)?;
+        if sock.chain > 0 || sock.queued.is_empty() {
+            return Ok(());
+        }
+        let n = sock.queued.len().min(32);
+        let chain: Vec<squeue::Entry> = sock.queued.drain(..n).collect();
+        sock.chain = n as u32;
+        let last = chain.len() - 1;
+        let chain: Vec<squeue::Entry> = chain
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                if i < last {
+                    e.flags(squeue::Flags::IO_LINK)
+                } else {
+                    e
+                }
+            })
+            .collect();
+        // The chain must be published in one step: with SQPOLL the kernel
+        // thread could otherwise take its first half alone and break the link.
+        let free = {
+            let sq = self.ring.submission();
+            sq.capacity() - sq.len()
+        };
+        if free < chain.len() {
+            self.submit()?;
+            while {
+                let sq = self.ring.submission();
+                sq.capacity() - sq.len() < chain.len()
+            } {
+                self.wait(Duration::from_micros(100));
+                self.ring.submission().sync();
+            }
+        }
+        // SAFETY: as in `push`: the entries point at registered pool memory
+        // whose buffers are marked InFlight.
+        unsafe { self.ring.submission().push_multiple(&chain) }.map_err(|_| UringError::Busy)?;
+        Ok(())
+    }
+
+    fn send_done(&mut self, sock: u32) {
+        if let Some(s) = self.socks.get_mut(sock as usize) {
+            s.chain = s.chain.saturating_sub(1);
+        }
+    }
+
+    /// Copy-mode send (the paper's standard mode, for small messages): the
+    /// bytes are copied into pool buffers and sent; those buffers go back to
+    /// the pool on completion.
+    pub fn send_copy(&mut self, s: SockId, data: &[u8]) -> Result<()> {
+        self.sock(s)?;
+        for chunk in data.chunks(self.pool.buf_size()) {
+            let mut b = self.handle.alloc()?;
+            self.pool.data_mut(&mut b)[..chunk.len()].copy_from_slice(chunk);
+            self.pool.transition(&b, State::User, State::InFlight)?;
+            let idx = b.into_raw();
+            let e = opcode::Send::new(
+                types::Fixed(s.0),
+                self.addr_of(idx) as *const u8,
+                chunk.len() as u32,
+            )
+            .flags(libc::MSG_WAITALL)
+            .build()
+            .user_data(ud(OP_SEND, s.0, idx));
+            self.in_flight += 1;
+            self.sock(s)?.queued.push_back(e);
+        }
+        self.flush_sends(s)?;
+        self.submit()
+    }
+
+    fn arm_recv(&mut self, s: SockId) -> Result<()> {
+        let sock = self.sock(s)?;
+        if sock.recv_armed || sock.eof || sock.error.is_some() {
+            return Ok(());
+        }
+        sock.recv_armed = true;
+        let e = if self.bundles {
+            opcode::RecvMultiBundle::new(types::Fixed(s.0), BGID).build()
+        } else {
+            opcode::RecvMulti::new(types::Fixed(s.0), BGID).build()
+        };
+        self.push(e.user_data(ud(OP_RECV, s.0, 0)))?;
+        self.submit()
+    }
+
+    /// Process every completion waiting in the completion queue (no system
+    /// call). Returns how many.
+    pub fn reap(&mut self) -> usize {
+        let mut n = 0;
+        let cqes: Vec<(u64, i32, u32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result(), c.flags()))
+            .collect();
+        for (u, res, flags) in cqes {
+            n += 1;
+            let op = u >> 56;
+            let sock = ((u >> 32) & 0xff_ffff) as u32;
+            let idx = u as u32;
+            match op {
+                OP_SEND_ZC => {
+                    if cqueue::notif(flags) {
+                        let copied = res as u32 & NOTIF_USAGE_ZC_COPIED != 0;
+                        let result = self.zc_results.remove(&idx).unwrap_or(0);
+                        self.finish_send(sock, idx, result, copied);
+                    } else if cqueue::more(flags) {
+                        // Bytes sent; the buffer comes back with the notification.
+                        self.zc_results.insert(idx, res);
+                        self.send_done(sock);
+                    } else {
+                        // No notification follows (the send failed early).
+                        self.send_done(sock);
+                        self.finish_send(sock, idx, res, false);
+                    }
+                }
+                OP_SEND => {
+                    self.send_done(sock);
+                    // SAFETY: idx came from into_raw of a buffer we sent.
+                    if let Ok(b) = unsafe { self.pool.from_raw(idx) } {
+                        let _ = self.pool.transition(&b, State::InFlight, State::User);
+                        let _ = self.handle.free(b);
+                    }
+                    self.in_flight -= 1;
+                    self.done.push_back(Sent {
+                        sock: SockId(sock),
+                        buf: None,
+                        result: res,
+                        copied: true,
+                    });
+                }
+                OP_RECV => self.on_recv(sock, res, flags),
+                _ => {}
+            }
+        }
+        if n > 0 {
+            let mut more = false;
+            for i in 0..self.socks.len() {
+                let s = &self.socks[i];
+                if s.fd.is_some() && s.chain == 0 && !s.queued.is_empty() {
+                    let _ = self.flush_sends(SockId(i as u32));
+                    more = true;
+                }
+            }
+            if more {
+                let _ = self.submit();
+            }
+        }
+        n
+    }
+
+    fn finish_send(&mut self, sock: u32, idx: u32, result: i32, copied: bool) {
+        self.in_flight -= 1;
+        // SAFETY: idx came from into_raw of the buffer handed to this send,
+        // taken back exactly once (here, on its final completion).
+        let buf = unsafe { self.pool.from_raw(idx) }.ok();
+        if let Some(b) = &buf {
+            let _ = self.pool.transition(b, State::InFlight, State::User);
+        }
+        self.done.push_back(Sent {
+            sock: SockId(sock),
+            buf,
+            result,
+            copied,
+        });
+    }
+
+    fn on_recv(&mut self, sock: u32, res: i32, flags: u32) {
+        let more = cqueue::more(flags);
+        let bs = self.pool.buf_size();
+        if res > 0 {
+            let Some(bid) = cqueue::buffer_select(flags) else {
+                return;
+            };
+            // The kernel consumes ring entries in order: this CQE's buffers
+            // start at our head (a bundle spans several).
+            debug_assert_eq!(self.bufring.bid_at(self.bufring.head), bid);
+            let mut left = res as usize;
+            while left > 0 {
+                let b = self.bufring.bid_at(self.bufring.head);
+                self.bufring.head = self.bufring.head.wrapping_add(1);
+                let idx = self.bufring.bids[b as usize];
+                let len = left.min(bs);
+                left -= len;
+                if let Ok(buf) = unsafe { self.pool.from_raw(idx) } {
+                    let _ = self.pool.transition(&buf, State::InFlight, State::Received);
+                    let _ = buf.into_raw();
+                }
+                if let Some(s) = self.socks.get_mut(sock as usize) {
+                    s.rx.push_back((idx, len));
+                }
+            }
+        }
+        let Some(s) = self.socks.get_mut(sock as usize) else {
+            return;
+        };
+        if res == 0 {
+            s.eof = true;
+        } else if res < 0 && res != -libc::ENOBUFS {
+            if res == -libc::EINVAL && self.bundles {
+                // No bundles on this kernel: plain multishot instead.
+                self.bundles = false;
+            } else {
+                s.error = Some(-res);
+            }
+        }
+        if !more {
+            s.recv_armed = false;
+        }
+    }
+
+    /// Sends the kernel has finished with, in the order it finished.
+    pub fn completions(&mut self) -> Vec<Sent> {
+        self.reap();
+        self.done.drain(..).collect()
+    }
+
+    /// Buffers still owned by the kernel (sends not yet notified).
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// Collect up to `max` received buffers of socket `s` (a scatter-gather
+    /// list). Returns 0 with nothing waiting; see [`Ring::eof`].
+    pub fn recv_sg(&mut self, s: SockId, max: usize, out: &mut Vec<RxBuf>) -> Result<usize> {
+        self.arm_recv(s)?;
+        self.reap();
+        if let Some(e) = self.sock(s)?.error {
+            return Err(UringError::Sys {
+                what: "receive",
+                source: std::io::Error::from_raw_os_error(e),
+            });
+        }
+        let mut n = 0;
+        while n < max {
+            let Some((idx, len)) = self.sock(s)?.rx.pop_front() else {
+                break;
+            };
+            // SAFETY: idx was recorded once, when the kernel filled it.
+            let buf = unsafe { self.pool.from_raw(idx) }?;
+            out.push(RxBuf { buf, len });
+            n += 1;
+        }
+        if n == 0 && !self.sock(s)?.recv_armed {
+            self.arm_recv(s)?;
+        }
+        Ok(n)
+    }
+
+    /// Like [`Ring::recv_sg`], waiting up to `timeout` for data.
+    pub fn recv_sg_wait(
+        &mut self,
+        s: SockId,
+        max: usize,
+        out: &mut Vec<RxBuf>,
+        timeout: Duration,
+    ) -> Result<usize> {
+        let end = Instant::now() + timeout;
+        loop {
+            let n = self.recv_sg(s, max, out)?;
+            if n > 0 || self.eof(s) || Instant::now() >= end {
+                return Ok(n);
+            }
+            self.wait(Duration::from_millis(1));
+        }
+    }
+
+    /// The peer closed the connection and everything before it was taken.
+    pub fn eof(&self, s: SockId) -> bool {
+        self.socks
+            .get(s.0 as usize)
+            .is_some_and(|x| x.eof && x.rx.is_empty())
+    }
+
+    /// Give a received buffer back: it returns to the kernel's receive ring.
+    pub fn recycle(&mut self, b: RxBuf) -> Result<()> {
+        self.pool
+            .transition(&b.buf, State::Received, State::InFlight)?;
+        let idx = b.buf.into_raw();
+        let bid = self
+            .bufring
+            .bids
+            .iter()
+            .position(|&x| x == idx)
+            .ok_or_else(|| crate::Error::Foreign(format!("index {idx} (not a receive buffer)")))?;
+        let addr = self.addr_of(idx);
+        self.bufring
+            .push(bid as u16, addr, self.pool.buf_size() as u32);
+        self.bufring.publish();
+        Ok(())
+    }
+
+    /// Wait for at least one completion (a system call), up to `timeout`.
+    pub fn wait(&mut self, timeout: Duration) {
+        if !self.ring.completion().is_empty() {
+            return;
+        }
+        let ts = types::Timespec::new()
+            .sec(timeout.as_secs())
+            .nsec(timeout.subsec_nanos());
+        let args = types::SubmitArgs::new().timespec(&ts);
+        self.waits += 1;
+        let _ = self.ring.submitter().submit_with_args(1, &args);
+    }
+
+    /// Wait until every send has been notified (bounded).
+    pub fn drain(&mut self, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        while self.in_flight > 0 {
+            if Instant::now() >= end {
+                return false;
+            }
+            self.reap();
+            if self.in_flight > 0 {
+                self.wait(Duration::from_millis(1));
+            }
+        }
+        self.reap();
+        true
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // Let the kernel finish with our buffers before the pool can reuse
+        // them; then the receive buffers go back to the pool.
+        self.drain(Duration::from_secs(2));
+        let _ = self.ring.submitter().unregister_buf_ring(BGID);
+        for &idx in &self.bufring.bids {
+            // SAFETY: each receive buffer's index was given up once, at setup.
+            if let Ok(b) = unsafe { self.pool.from_raw(idx) } {
+                let st = self.pool.state(idx);
+                if st == Some(State::InFlight) {
+                    let _ = self.pool.transition(&b, State::InFlight, State::User);
+                    let _ = self.handle.free(b);
+                } else {
+                    // Still held by the caller as a received buffer.
+                    let _ = b.into_raw();
+                }
+            }
+        }
+    }
+}
