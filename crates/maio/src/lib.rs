@@ -24,6 +24,7 @@
 
 #![deny(missing_docs)]
 
+pub mod bench;
 pub mod uring;
 
 use std::ptr::NonNull;

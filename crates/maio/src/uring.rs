@@ -134,6 +134,7 @@ pub struct RxBuf {
 const OP_SEND_ZC: u64 = 1;
 const OP_SEND: u64 = 2;
 const OP_RECV: u64 = 3;
+const OP_SENDMSG_ZC: u64 = 4;
 const BGID: u16 = 7;
 /// `IORING_SEND_ZC_REPORT_USAGE` (linux/io_uring.h): report in the
 /// notification whether the kernel copied after all.
@@ -148,6 +149,8 @@ fn ud(op: u64, sock: u32, idx: u32) -> u64 {
 #[derive(Debug, Default)]
 struct Sock {
     fd: Option<OwnedFd>,
+    /// A byte stream (TCP): its sends must stay in order.
+    stream: bool,
     /// Sends waiting for the chain in flight to finish.
     queued: VecDeque<squeue::Entry>,
     /// Sends of the chain in flight whose first completion has not come.
@@ -157,6 +160,18 @@ struct Sock {
     eof: bool,
     error: Option<i32>,
 }
+
+/// A scatter-gather message whose memory must stay put while the kernel
+/// reads it.
+struct SgMsg {
+    hdr: libc::msghdr,
+    iov: Vec<libc::iovec>,
+}
+
+// SAFETY: the raw pointers in an SgMsg point into its own `iov` and into the
+// pool's region; it moves between threads only together with the Ring that
+// owns both, and is never read by us after it is built.
+unsafe impl Send for SgMsg {}
 
 /// The provided-buffer ring: entries of {addr, len, bid}; the tail is the
 /// last 16 bits of entry 0.
@@ -202,6 +217,10 @@ pub struct Ring {
     bufring: BufRing,
     done: VecDeque<Sent>,
     zc_results: std::collections::HashMap<u32, i32>,
+    /// Scatter-gather sends in flight: their msghdr and iovecs (which the
+    /// kernel reads until the send completes) and the buffers they carry.
+    msgs: std::collections::HashMap<u32, (Box<SgMsg>, Vec<u32>, i32)>,
+    next_msg: u32,
     region: (usize, usize),
     in_flight: u32,
     sqpoll: bool,
@@ -318,6 +337,8 @@ impl Ring {
             },
             done: VecDeque::new(),
             zc_results: Default::default(),
+            msgs: Default::default(),
+            next_msg: 0,
             region: (base as usize, len),
             in_flight: 0,
             sqpoll: cfg.sqpoll,
@@ -370,8 +391,21 @@ impl Ring {
             .submitter()
             .register_files_update(slot as u32, &[fd.as_raw_fd()])
             .map_err(sys("register socket as a fixed file"))?;
+        let mut ty: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes an int into a live int.
+        unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_TYPE,
+                &mut ty as *mut _ as *mut _,
+                &mut len,
+            )
+        };
         self.socks[slot] = Sock {
             fd: Some(fd),
+            stream: ty == libc::SOCK_STREAM,
             ..Sock::default()
         };
         Ok(SockId(slot as u32))
@@ -456,6 +490,14 @@ impl Ring {
     /// chain when the last of this one has completed.
     fn flush_sends(&mut self, s: SockId) -> Result<()> {
         let sock = self.sock(s)?;
+        if !sock.stream {
+            // Datagrams carry their own boundaries: no ordering to keep.
+            let all: Vec<squeue::Entry> = sock.queued.drain(..).collect();
+            for e in all {
+                self.push(e)?;
+            }
+            return Ok(());
+        }
         if sock.chain > 0 || sock.queued.is_empty() {
             return Ok(());
         }
@@ -498,7 +540,9 @@ impl Ring {
 
     fn send_done(&mut self, sock: u32) {
         if let Some(s) = self.socks.get_mut(sock as usize) {
-            s.chain = s.chain.saturating_sub(1);
+            if s.stream {
+                s.chain = s.chain.saturating_sub(1);
+            }
         }
     }
 
@@ -588,6 +632,21 @@ impl Ring {
                     });
                 }
                 OP_RECV => self.on_recv(sock, res, flags),
+                OP_SENDMSG_ZC => {
+                    if cqueue::notif(flags) {
+                        let copied = res as u32 & NOTIF_USAGE_ZC_COPIED != 0;
+                        self.finish_sg(sock, idx, None, copied);
+                    } else {
+                        self.send_done(sock);
+                        if cqueue::more(flags) {
+                            if let Some(m) = self.msgs.get_mut(&idx) {
+                                m.2 = res;
+                            }
+                        } else {
+                            self.finish_sg(sock, idx, Some(res), false);
+                        }
+                    }
+                }
                 _ => {}
             }
         }
@@ -746,6 +805,102 @@ impl Ring {
             .push(bid as u16, addr, self.pool.buf_size() as u32);
         self.bufring.publish();
         Ok(())
+    }
+
+    /// Send a received buffer onward without copying it (a proxy's
+    /// forwarding step): it becomes the caller's and goes out zero-copy;
+    /// when [`Ring::completions`] returns it, hand it back with
+    /// [`Ring::give_back`].
+    pub fn forward(&mut self, rx: RxBuf, to: SockId) -> Result<()> {
+        self.pool
+            .transition(&rx.buf, State::Received, State::User)?;
+        self.send_zc(to, rx.buf, rx.len)
+    }
+
+    /// Send a whole scatter-gather list of received buffers onward as one
+    /// zero-copy message (IORING_OP_SENDMSG_ZC): one request, one
+    /// completion and one notification for the lot, in order with the
+    /// socket's other sends. The buffers go straight back to the receive
+    /// ring when the kernel is done with them.
+    pub fn forward_sg(&mut self, bufs: &mut Vec<RxBuf>, to: SockId) -> Result<usize> {
+        self.sock(to)?;
+        if bufs.is_empty() {
+            return Ok(0);
+        }
+        let mut iov = Vec::with_capacity(bufs.len());
+        let mut idxs = Vec::with_capacity(bufs.len());
+        let mut total = 0;
+        for rb in bufs.drain(..) {
+            self.pool
+                .transition(&rb.buf, State::Received, State::InFlight)?;
+            let idx = rb.buf.into_raw();
+            iov.push(libc::iovec {
+                iov_base: self.addr_of(idx) as *mut _,
+                iov_len: rb.len,
+            });
+            idxs.push(idx);
+            total += rb.len;
+        }
+        // SAFETY: msghdr is plain data.
+        let mut m = Box::new(SgMsg {
+            hdr: unsafe { std::mem::zeroed() },
+            iov,
+        });
+        m.hdr.msg_iov = m.iov.as_mut_ptr();
+        m.hdr.msg_iovlen = m.iov.len();
+        let id = self.next_msg;
+        self.next_msg = self.next_msg.wrapping_add(1);
+        let e = opcode::SendMsgZc::new(types::Fixed(to.0), &m.hdr)
+            .flags(libc::MSG_WAITALL as u32)
+            .ioprio(SEND_ZC_REPORT_USAGE)
+            .build()
+            .user_data(ud(OP_SENDMSG_ZC, to.0, id));
+        self.msgs.insert(id, (m, idxs, 0));
+        self.in_flight += 1;
+        self.sock(to)?.queued.push_back(e);
+        self.flush_sends(to)?;
+        self.submit()?;
+        Ok(total)
+    }
+
+    fn finish_sg(&mut self, sock: u32, id: u32, res: Option<i32>, copied: bool) {
+        let Some((_m, idxs, first)) = self.msgs.remove(&id) else {
+            return;
+        };
+        self.in_flight -= 1;
+        for idx in idxs {
+            let addr = self.addr_of(idx);
+            if let Some(bid) = self.bufring.bids.iter().position(|&x| x == idx) {
+                // Still InFlight: straight back into the kernel's receive ring.
+                self.bufring
+                    .push(bid as u16, addr, self.pool.buf_size() as u32);
+            }
+        }
+        self.bufring.publish();
+        self.done.push_back(Sent {
+            sock: SockId(sock),
+            buf: None,
+            result: res.unwrap_or(first),
+            copied,
+        });
+    }
+
+    /// Return a buffer that came from the receive ring (and was forwarded)
+    /// to the receive ring; any other buffer goes back to the pool.
+    pub fn give_back(&mut self, buf: Buf) -> Result<()> {
+        let idx = buf.index();
+        match self.bufring.bids.iter().position(|&x| x == idx) {
+            Some(bid) => {
+                self.pool.transition(&buf, State::User, State::InFlight)?;
+                let _ = buf.into_raw();
+                let addr = self.addr_of(idx);
+                self.bufring
+                    .push(bid as u16, addr, self.pool.buf_size() as u32);
+                self.bufring.publish();
+                Ok(())
+            }
+            None => Ok(self.handle.free(buf)?),
+        }
     }
 
     /// Wait for at least one completion (a system call), up to `timeout`.

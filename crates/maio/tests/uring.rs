@@ -202,3 +202,74 @@ fn misuse_is_an_error() {
     let mut sg = Vec::new();
     assert!(ring.recv_sg(bogus, 4, &mut sg).is_err());
 }
+
+#[test]
+fn a_proxy_forwards_received_buffers_without_copying_them_in_order() {
+    let pool = Pool::new(maio::Config {
+        buffers: 1024,
+        buf_size: 16384,
+        hugepages: Hugepages::Auto,
+        ..Default::default()
+    })
+    .unwrap();
+    let data = pattern(9, 8_000_000);
+    let server = TcpListener::bind("127.0.0.1:0").unwrap();
+    let saddr = server.local_addr().unwrap();
+    let sink = std::thread::spawn(move || {
+        let (mut c, _) = server.accept().unwrap();
+        let mut all = Vec::new();
+        c.read_to_end(&mut all).unwrap();
+        all
+    });
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let faddr = front.local_addr().unwrap();
+    let d2 = data.clone();
+    let client = std::thread::spawn(move || {
+        let mut c = std::net::TcpStream::connect(faddr).unwrap();
+        for chunk in d2.chunks(100_000) {
+            c.write_all(chunk).unwrap();
+        }
+    });
+    let (inbound, _) = front.accept().unwrap();
+    let outbound = std::net::TcpStream::connect(saddr).unwrap();
+    let mut ring = Ring::new(
+        &pool,
+        Config {
+            rx_buffers: 512,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let si = ring.add_socket(OwnedFd::from(inbound)).unwrap();
+    let so = ring.add_socket(OwnedFd::from(outbound)).unwrap();
+    let before = pool.stats().in_use;
+    let mut sg = Vec::new();
+    let mut moved = 0;
+    for _ in 0..100_000 {
+        sg.clear();
+        let n = ring
+            .recv_sg_wait(si, 64, &mut sg, Duration::from_millis(100))
+            .unwrap();
+        if n > 0 {
+            moved += ring.forward_sg(&mut sg, so).unwrap();
+        }
+        for c in ring.completions() {
+            assert!(c.result > 0, "{c:?}");
+        }
+        if n == 0 && ring.eof(si) {
+            break;
+        }
+    }
+    assert!(ring.drain(Duration::from_secs(5)));
+    assert_eq!(moved, data.len());
+    ring.close(so).unwrap();
+    client.join().unwrap();
+    let got = sink.join().unwrap();
+    assert_eq!(got.len(), data.len());
+    assert!(got == data, "the proxy reordered or corrupted bytes");
+    assert_eq!(
+        pool.stats().in_use,
+        before,
+        "forwarded buffers did not all come back"
+    );
+}

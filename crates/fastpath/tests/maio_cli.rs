@@ -1,0 +1,63 @@
+//! `fastpath maio bench --quick --format json`: the document of the paper's
+//! Figures 2-4.
+
+use std::process::Command;
+
+#[test]
+fn maio_bench_quick_json_document() {
+    let out = Command::new(env!("CARGO_BIN_EXE_fastpath"))
+        .args([
+            "maio",
+            "bench",
+            "--quick",
+            "--format",
+            "json",
+            "--seconds",
+            "0.1",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for m in ["sendmsg", "sendmmsg", "io_uring", "maio"] {
+        let pps = v["figure2"][m]["pps"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("figure2.{m}"));
+        assert!(pps > 1000.0, "figure2.{m} = {pps}");
+    }
+    let cpb = |f: &str, m: &str| -> f64 {
+        let x = v[f][m]["cycles_per_byte"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{f}.{m}"));
+        assert!(x.is_finite() && x > 0.0, "{f}.{m} = {x}");
+        x
+    };
+    for m in [
+        "send",
+        "msg_zerocopy",
+        "sendfile",
+        "io_uring_send_zc",
+        "maio",
+    ] {
+        cpb("figure3", m);
+    }
+    for m in ["read_write", "splice", "io_uring", "maio"] {
+        cpb("figure4", m);
+    }
+    for m in ["send", "msg_zerocopy", "io_uring_send_zc", "maio"] {
+        cpb("figure3_udp_veth", m);
+    }
+    // The kernel copies zero-copy data delivered to a local socket, and says
+    // so; into a dropping veth it need not.
+    for m in ["msg_zerocopy", "io_uring_send_zc", "maio"] {
+        assert_eq!(v["figure3"][m]["copied"], true, "figure3.{m}");
+        assert_eq!(
+            v["figure3_udp_veth"][m]["copied"], false,
+            "figure3_udp_veth.{m}"
+        );
+    }
+}

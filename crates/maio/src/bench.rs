@@ -1,0 +1,988 @@
+//! `fastpath maio bench`: the paper's Figures 2-4, every method in one run.
+//!
+//! CPU cost is CPU time (getrusage, every thread of the process, which
+//! includes io_uring's SQPOLL thread) times the clock rate in /proc/cpuinfo,
+//! minus the CPU time of the helper threads that play the peers (measured by
+//! each on itself). `perf` counters are not available on this VM, so these
+//! are cycles estimated from time, not counted.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use io_uring::{cqueue, opcode, types, IoUring};
+use serde_json::{json, Value};
+
+use crate::uring::{Config as RingConfig, Ring, RxBuf};
+use crate::{Hugepages, Pool};
+
+/// Bench settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Seconds per measurement.
+    pub seconds: f64,
+    /// Repetitions per method (the median is reported).
+    pub reps: usize,
+}
+
+/// One measurement.
+#[derive(Debug, Clone, Copy, Default)]
+struct Run {
+    units: f64,
+    bytes: f64,
+    wall: f64,
+    cpu: f64,
+    copied: Option<bool>,
+}
+
+fn rusage(who: libc::c_int) -> f64 {
+    // SAFETY: getrusage writes into a live struct.
+    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(who, &mut r) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(r.ru_utime) + tv(r.ru_stime)
+}
+
+fn cpu_process() -> f64 {
+    rusage(libc::RUSAGE_SELF)
+}
+
+fn cpu_thread() -> f64 {
+    rusage(libc::RUSAGE_THREAD)
+}
+
+/// The clock rate, from /proc/cpuinfo (cycles = CPU seconds x this).
+pub fn hz() -> f64 {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("cpu MHz"))
+                .and_then(|l| l.split(':').nth(1))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(2000.0)
+        * 1e6
+}
+
+fn median(mut v: Vec<Run>, key: impl Fn(&Run) -> f64) -> Run {
+    v.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    v[v.len() / 2]
+}
+
+fn pool(buf_size: usize, buffers: u32) -> Pool {
+    Pool::new(crate::Config {
+        buffers,
+        buf_size,
+        hugepages: Hugepages::Auto,
+        ..Default::default()
+    })
+    .expect("benchmark pool")
+}
+
+fn dup(fd: RawFd) -> OwnedFd {
+    // SAFETY: dup of a live descriptor; the result is owned by the caller.
+    unsafe { OwnedFd::from_raw_fd(libc::dup(fd)) }
+}
+
+// ---------------------------------------------------------------- Figure 2
+
+fn udp_pair() -> (UdpSocket, UdpSocket) {
+    let sink = UdpSocket::bind("127.0.0.1:0").expect("bind sink");
+    let tx = UdpSocket::bind("127.0.0.1:0").expect("bind sender");
+    tx.connect(sink.local_addr().expect("addr"))
+        .expect("connect");
+    (tx, sink)
+}
+
+fn fig2_sendmsg(d: Duration) -> Run {
+    let (tx, _sink) = udp_pair();
+    let buf = [0x5au8; 64];
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let mut n = 0u64;
+    while t0.elapsed() < d {
+        for _ in 0..64 {
+            if tx.send(&buf).is_ok() {
+                n += 1;
+            }
+        }
+    }
+    Run {
+        units: n as f64,
+        wall: t0.elapsed().as_secs_f64(),
+        cpu: cpu_process() - c0,
+        ..Default::default()
+    }
+}
+
+fn fig2_sendmmsg(d: Duration) -> Run {
+    let (tx, _sink) = udp_pair();
+    let buf = [0x5au8; 64];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut _,
+        iov_len: 64,
+    };
+    // SAFETY: mmsghdr is plain data; each points at the one iovec above.
+    let mut msgs: Vec<libc::mmsghdr> = (0..32)
+        .map(|_| {
+            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            m.msg_hdr.msg_iov = &mut iov;
+            m.msg_hdr.msg_iovlen = 1;
+            m
+        })
+        .collect();
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let mut n = 0u64;
+    while t0.elapsed() < d {
+        // SAFETY: 32 valid mmsghdrs pointing at live memory.
+        let r = unsafe { libc::sendmmsg(tx.as_raw_fd(), msgs.as_mut_ptr(), 32, 0) };
+        if r > 0 {
+            n += r as u64;
+        }
+    }
+    Run {
+        units: n as f64,
+        wall: t0.elapsed().as_secs_f64(),
+        cpu: cpu_process() - c0,
+        ..Default::default()
+    }
+}
+
+fn fig2_uring(d: Duration) -> Run {
+    let (tx, _sink) = udp_pair();
+    let buf = [0x5au8; 64];
+    let mut ring = IoUring::new(256).expect("io_uring");
+    let fd = types::Fd(tx.as_raw_fd());
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let mut n = 0u64;
+    while t0.elapsed() < d {
+        for _ in 0..32 {
+            let e = opcode::Send::new(fd, buf.as_ptr(), 64).build();
+            // SAFETY: buf outlives the wait below, which reaps all 32.
+            let _ = unsafe { ring.submission().push(&e) };
+        }
+        let _ = ring.submit_and_wait(32);
+        n += ring.completion().filter(|c| c.result() > 0).count() as u64;
+    }
+    Run {
+        units: n as f64,
+        wall: t0.elapsed().as_secs_f64(),
+        cpu: cpu_process() - c0,
+        ..Default::default()
+    }
+}
+
+fn fig2_maio(d: Duration, pool: &Pool) -> Run {
+    let (tx, _sink) = udp_pair();
+    let mut ring = Ring::new(pool, RingConfig::default()).expect("MAIO ring");
+    let s = ring.add_socket(dup(tx.as_raw_fd())).expect("register");
+    let msg = [0x5au8; 64];
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let mut n = 0u64;
+    while t0.elapsed() < d {
+        for _ in 0..32 {
+            if ring.in_flight() >= 192 {
+                ring.wait(Duration::from_millis(1));
+                break;
+            }
+            let _ = ring.send_copy(s, &msg);
+        }
+        n += ring.completions().iter().filter(|c| c.result > 0).count() as u64;
+    }
+    ring.drain(Duration::from_secs(1));
+    n += ring.completions().iter().filter(|c| c.result > 0).count() as u64;
+    Run {
+        units: n as f64,
+        wall: t0.elapsed().as_secs_f64(),
+        cpu: cpu_process() - c0,
+        ..Default::default()
+    }
+}
+
+// ---------------------------------------------------------------- Figure 3
+
+const CHUNK: usize = 16 * 1024;
+/// linux/errqueue.h
+const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
+const SO_EE_CODE_ZEROCOPY_COPIED: u32 = 1;
+
+/// A TCP sink that discards without copying (MSG_TRUNC); returns its own
+/// CPU seconds when the sender closes.
+fn tcp_sink() -> (std::net::SocketAddr, std::thread::JoinHandle<f64>) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let h = std::thread::spawn(move || {
+        let (c, _) = l.accept().expect("accept");
+        let c0 = cpu_thread();
+        loop {
+            // SAFETY: MSG_TRUNC on TCP discards up to len bytes; no buffer is written.
+            let n = unsafe {
+                libc::recv(
+                    c.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    1 << 20,
+                    libc::MSG_TRUNC,
+                )
+            };
+            if n <= 0 {
+                break;
+            }
+        }
+        cpu_thread() - c0
+    });
+    (addr, h)
+}
+
+fn finish(
+    t0: Instant,
+    c0: f64,
+    bytes: u64,
+    sink: std::thread::JoinHandle<f64>,
+    copied: Option<bool>,
+) -> Run {
+    let wall = t0.elapsed().as_secs_f64();
+    let total = cpu_process() - c0;
+    let helper = sink.join().unwrap_or(0.0);
+    Run {
+        units: bytes as f64,
+        bytes: bytes as f64,
+        wall,
+        cpu: (total - helper).max(1e-9),
+        copied,
+    }
+}
+
+fn fig3_send(d: Duration) -> Run {
+    let (addr, sink) = tcp_sink();
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let buf = vec![0x5au8; CHUNK];
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let mut bytes = 0u64;
+    while t0.elapsed() < d {
+        s.write_all(&buf).expect("send");
+        bytes += CHUNK as u64;
+    }
+    drop(s);
+    finish(t0, c0, bytes, sink, Some(true))
+}
+
+/// Read MSG_ZEROCOPY completions from the error queue: (completed sends,
+/// whether the kernel copied).
+fn zc_errqueue(fd: RawFd, block: bool) -> (u64, bool) {
+    let mut done = 0u64;
+    let mut copied = false;
+    loop {
+        if block && done == 0 {
+            let mut p = libc::pollfd {
+                fd,
+                events: 0,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd; POLLERR is always reported.
+            unsafe { libc::poll(&mut p, 1, 100) };
+        }
+        let mut cbuf = [0u64; 16];
+        // SAFETY: msghdr is plain data pointing at our control buffer.
+        let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+        mh.msg_control = cbuf.as_mut_ptr() as *mut _;
+        mh.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+        // SAFETY: recvmsg into live buffers.
+        let r = unsafe { libc::recvmsg(fd, &mut mh, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
+        if r < 0 {
+            return (done, copied);
+        }
+        // SAFETY: walking control messages the kernel wrote within msg_controllen.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&mh);
+            while !c.is_null() {
+                let ee = libc::CMSG_DATA(c) as *const libc::sock_extended_err;
+                if (*ee).ee_origin == SO_EE_ORIGIN_ZEROCOPY {
+                    let lo = (*ee).ee_info;
+                    let hi = (*ee).ee_data;
+                    done += (hi.wrapping_sub(lo) as u64) + 1;
+                    copied |= (*ee).ee_code as u32 & SO_EE_CODE_ZEROCOPY_COPIED != 0;
+                }
+                c = libc::CMSG_NXTHDR(&mh, c);
+            }
+        }
+    }
+}
+
+fn zerocopy_loop(fd: RawFd, d: Duration, len: usize) -> (u64, bool) {
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt with a live int.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ZEROCOPY,
+            &one as *const _ as *const _,
+            4,
+        )
+    };
+    let bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0x5au8; len]).collect();
+    let t0 = Instant::now();
+    let (mut sent, mut completed, mut bytes) = (0u64, 0u64, 0u64);
+    let mut copied = false;
+    while t0.elapsed() < d {
+        if sent - completed >= 64 {
+            let (k, c) = zc_errqueue(fd, true);
+            completed += k;
+            copied |= c;
+            continue;
+        }
+        let b = &bufs[(sent % 64) as usize];
+        // SAFETY: sends from a live buffer that is not reused until its
+        // completion arrives (at most 64 outstanding, 64 buffers).
+        let r = unsafe { libc::send(fd, b.as_ptr() as *const _, len, libc::MSG_ZEROCOPY) };
+        if r > 0 {
+            sent += 1;
+            bytes += r as u64;
+        } else {
+            let (k, c) = zc_errqueue(fd, true);
+            completed += k;
+            copied |= c;
+        }
+    }
+    let end = Instant::now() + Duration::from_secs(2);
+    while completed < sent && Instant::now() < end {
+        let (k, c) = zc_errqueue(fd, true);
+        completed += k;
+        copied |= c;
+    }
+    (bytes, copied)
+}
+
+fn fig3_msg_zerocopy(d: Duration) -> Run {
+    let (addr, sink) = tcp_sink();
+    let s = TcpStream::connect(addr).expect("connect");
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let (bytes, copied) = zerocopy_loop(s.as_raw_fd(), d, CHUNK);
+    drop(s);
+    finish(t0, c0, bytes, sink, Some(copied))
+}
+
+fn fig3_sendfile(d: Duration) -> Run {
+    let (addr, sink) = tcp_sink();
+    let s = TcpStream::connect(addr).expect("connect");
+    // SAFETY: memfd_create with a static name.
+    let mfd = unsafe { libc::memfd_create(c"maio-bench".as_ptr(), libc::MFD_CLOEXEC) };
+    // SAFETY: fresh descriptor.
+    let mut file = unsafe { std::fs::File::from_raw_fd(mfd) };
+    file.write_all(&vec![0x5au8; 16 << 20]).expect("fill memfd");
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let mut bytes = 0u64;
+    let mut off: libc::off_t = 0;
+    while t0.elapsed() < d {
+        if off as usize + CHUNK > 16 << 20 {
+            off = 0;
+        }
+        // SAFETY: sendfile between live descriptors with a live offset.
+        let r = unsafe { libc::sendfile(s.as_raw_fd(), mfd, &mut off, CHUNK) };
+        if r <= 0 {
+            break;
+        }
+        bytes += r as u64;
+    }
+    drop(s);
+    finish(t0, c0, bytes, sink, None)
+}
+
+/// io_uring SEND_ZC from ordinary memory, no SQPOLL, no fixed buffers.
+fn uring_zc_loop(fd: RawFd, d: Duration, len: usize) -> (u64, bool) {
+    let mut ring = IoUring::new(256).expect("io_uring");
+    let bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0x5au8; len]).collect();
+    let mut free: Vec<usize> = (0..64).collect();
+    let t0 = Instant::now();
+    let (mut bytes, mut copied, mut outstanding) = (0u64, false, 0usize);
+    while t0.elapsed() < d || outstanding > 0 {
+        if t0.elapsed() < d {
+            while let Some(i) = free.pop() {
+                let e = opcode::SendZc::new(types::Fd(fd), bufs[i].as_ptr(), len as u32)
+                    .zc_flags(1 << 3)
+                    .build()
+                    .user_data(i as u64);
+                // SAFETY: the buffer is not reused until its notification.
+                if unsafe { ring.submission().push(&e) }.is_err() {
+                    free.push(i);
+                    break;
+                }
+                outstanding += 1;
+            }
+        }
+        let _ = ring.submit_and_wait(1);
+        for c in ring.completion() {
+            if cqueue::notif(c.flags()) {
+                copied |= c.result() as u32 & (1 << 31) != 0;
+                free.push(c.user_data() as usize);
+                outstanding -= 1;
+            } else {
+                if c.result() > 0 {
+                    bytes += c.result() as u64;
+                }
+                if !cqueue::more(c.flags()) {
+                    free.push(c.user_data() as usize);
+                    outstanding -= 1;
+                }
+            }
+        }
+        if t0.elapsed() > d + Duration::from_secs(2) {
+            break;
+        }
+    }
+    (bytes, copied)
+}
+
+fn fig3_uring_zc(d: Duration) -> Run {
+    let (addr, sink) = tcp_sink();
+    let s = TcpStream::connect(addr).expect("connect");
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let (bytes, copied) = uring_zc_loop(s.as_raw_fd(), d, CHUNK);
+    drop(s);
+    finish(t0, c0, bytes, sink, Some(copied))
+}
+
+/// MAIO: SQPOLL, the pool registered, SEND_ZC from fixed buffers.
+fn maio_zc_loop(ring: &mut Ring, s: crate::uring::SockId, d: Duration, len: usize) -> (u64, bool) {
+    let t0 = Instant::now();
+    let mut spare = Vec::new();
+    for _ in 0..64 {
+        spare.push(ring.handle().alloc().expect("pool buffer"));
+    }
+    let (mut bytes, mut copied) = (0u64, false);
+    while t0.elapsed() < d {
+        while let Some(b) = spare.pop() {
+            if ring.send_zc(s, b, len).is_err() {
+                break;
+            }
+        }
+        for c in ring.completions() {
+            if c.result > 0 {
+                bytes += c.result as u64;
+            }
+            copied |= c.copied;
+            if let Some(b) = c.buf {
+                spare.push(b);
+            }
+        }
+        if spare.is_empty() {
+            // Nothing to send until the kernel gives buffers back: sleep in
+            // the kernel rather than spin (on two cores a spinning
+            // application steals the polling thread's core).
+            ring.wait(Duration::from_millis(1));
+        }
+    }
+    ring.drain(Duration::from_secs(2));
+    for c in ring.completions() {
+        if c.result > 0 {
+            bytes += c.result as u64;
+        }
+        copied |= c.copied;
+        if let Some(b) = c.buf {
+            spare.push(b);
+        }
+    }
+    for b in spare {
+        let _ = ring.handle().free(b);
+    }
+    (bytes, copied)
+}
+
+fn fig3_maio(d: Duration, pool: &Pool) -> Run {
+    let (addr, sink) = tcp_sink();
+    let mut ring = Ring::new(pool, RingConfig::default()).expect("MAIO ring");
+    let s = ring.connect_tcp(addr).expect("connect");
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let (bytes, copied) = maio_zc_loop(&mut ring, s, d, CHUNK);
+    let _ = ring.close(s);
+    finish(t0, c0, bytes, sink, Some(copied))
+}
+
+// --------------------------------------- Figure 3, UDP into a dropping veth
+
+/// A veth pair in a namespace of its own whose far end drops everything at
+/// ingress (nftables), so nothing is delivered to a local socket.
+struct VethSink {
+    ns: String,
+}
+
+impl VethSink {
+    fn new() -> Result<VethSink, String> {
+        let ns = format!("fpmaio{}", std::process::id());
+        let sh = |args: &[&str]| -> Result<(), String> {
+            let o = std::process::Command::new(args[0])
+                .args(&args[1..])
+                .output()
+                .map_err(|e| format!("{}: {e}", args[0]))?;
+            if o.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ))
+            }
+        };
+        sh(&["ip", "netns", "add", &ns])?;
+        let v = VethSink { ns: ns.clone() };
+        sh(&[
+            "ip", "-n", &ns, "link", "add", "name", "za", "type", "veth", "peer", "name", "zb",
+        ])?;
+        sh(&["ip", "-n", &ns, "addr", "add", "10.201.0.1/30", "dev", "za"])?;
+        sh(&["ip", "-n", &ns, "link", "set", "za", "up", "mtu", "65000"])?;
+        sh(&["ip", "-n", &ns, "link", "set", "zb", "up", "mtu", "65000"])?;
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "neigh",
+            "add",
+            "10.201.0.2",
+            "lladdr",
+            "02:00:00:00:00:02",
+            "dev",
+            "za",
+        ])?;
+        let rules = std::env::temp_dir().join(format!("{ns}.nft"));
+        std::fs::write(
+            &rules,
+            "table netdev sink {\n  chain in {\n    type filter hook ingress device zb priority 0; policy drop;\n  }\n}\n",
+        )
+        .map_err(|e| e.to_string())?;
+        let r = sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &ns,
+            "nft",
+            "-f",
+            rules.to_str().unwrap_or_default(),
+        ]);
+        let _ = std::fs::remove_file(&rules);
+        r?;
+        Ok(v)
+    }
+
+    /// Run `f` on a thread inside the namespace.
+    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+        let path = format!("/run/netns/{}", self.ns);
+        std::thread::spawn(move || {
+            let ns = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+            // SAFETY: setns on this thread only, with a namespace descriptor.
+            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(format!("setns: {}", std::io::Error::last_os_error()));
+            }
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| "benchmark thread panicked".to_string())?
+    }
+}
+
+impl Drop for VethSink {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.ns])
+            .output();
+    }
+}
+
+fn udp_to_sink() -> UdpSocket {
+    let s = UdpSocket::bind("10.201.0.1:0").expect("bind in namespace");
+    s.connect("10.201.0.2:9").expect("connect");
+    s
+}
+
+fn fig3u_send(d: Duration) -> Run {
+    let s = udp_to_sink();
+    let buf = vec![0x5au8; CHUNK];
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let mut bytes = 0u64;
+    while t0.elapsed() < d {
+        if let Ok(n) = s.send(&buf) {
+            bytes += n as u64;
+        }
+    }
+    Run {
+        units: bytes as f64,
+        bytes: bytes as f64,
+        wall: t0.elapsed().as_secs_f64(),
+        cpu: cpu_process() - c0,
+        copied: Some(true),
+    }
+}
+
+fn fig3u_with(d: Duration, f: fn(RawFd, Duration, usize) -> (u64, bool)) -> Run {
+    let s = udp_to_sink();
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let (bytes, copied) = f(s.as_raw_fd(), d, CHUNK);
+    Run {
+        units: bytes as f64,
+        bytes: bytes as f64,
+        wall: t0.elapsed().as_secs_f64(),
+        cpu: cpu_process() - c0,
+        copied: Some(copied),
+    }
+}
+
+fn fig3u_maio(d: Duration, pool: Pool) -> Run {
+    let s = udp_to_sink();
+    let mut ring = Ring::new(&pool, RingConfig::default()).expect("MAIO ring");
+    let id = ring.add_socket(dup(s.as_raw_fd())).expect("register");
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let (bytes, copied) = maio_zc_loop(&mut ring, id, d, CHUNK);
+    Run {
+        units: bytes as f64,
+        bytes: bytes as f64,
+        wall: t0.elapsed().as_secs_f64(),
+        cpu: cpu_process() - c0,
+        copied: Some(copied),
+    }
+}
+
+// ---------------------------------------------------------------- Figure 4
+
+const PROXY_BUF: usize = 256 * 1024;
+
+/// Client -> proxy -> server over loopback TCP. The client writes as fast as
+/// it can, the server discards (MSG_TRUNC); `proxy` moves bytes from its
+/// first socket to its second. Returns the proxy's cost.
+fn proxied(
+    d: Duration,
+    proxy: impl FnOnce(TcpStream, TcpStream, Instant) -> (u64, Option<bool>),
+) -> Run {
+    let (saddr, sink) = tcp_sink();
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+    let paddr = l.local_addr().expect("addr");
+    let client = std::thread::spawn(move || {
+        let mut c = TcpStream::connect(paddr).expect("connect proxy");
+        let c0 = cpu_thread();
+        let buf = vec![0x5au8; PROXY_BUF];
+        let t0 = Instant::now();
+        while t0.elapsed() < d {
+            if c.write_all(&buf).is_err() {
+                break;
+            }
+        }
+        cpu_thread() - c0
+    });
+    let (inbound, _) = l.accept().expect("accept");
+    let outbound = TcpStream::connect(saddr).expect("connect server");
+    let (t0, c0) = (Instant::now(), cpu_process());
+    let (bytes, copied) = proxy(inbound, outbound, t0);
+    let wall = t0.elapsed().as_secs_f64();
+    let total = cpu_process() - c0;
+    let helpers = client.join().unwrap_or(0.0) + sink.join().unwrap_or(0.0);
+    Run {
+        units: bytes as f64,
+        bytes: bytes as f64,
+        wall,
+        cpu: (total - helpers).max(1e-9),
+        copied,
+    }
+}
+
+fn fig4_copy(d: Duration) -> Run {
+    proxied(d, |mut i, mut o, _| {
+        let mut buf = vec![0u8; PROXY_BUF];
+        let mut bytes = 0u64;
+        loop {
+            let n = match i.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if o.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            bytes += n as u64;
+        }
+        (bytes, Some(true))
+    })
+}
+
+fn fig4_splice(d: Duration) -> Run {
+    proxied(d, |i, o, _| {
+        let mut p = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 fills two descriptors.
+        unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) };
+        // SAFETY: F_SETPIPE_SZ on our pipe.
+        unsafe { libc::fcntl(p[1], libc::F_SETPIPE_SZ, PROXY_BUF as libc::c_int) };
+        let mut bytes = 0u64;
+        loop {
+            // SAFETY: splice between live descriptors, no offsets.
+            let n = unsafe {
+                libc::splice(
+                    i.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    p[1],
+                    std::ptr::null_mut(),
+                    PROXY_BUF,
+                    libc::SPLICE_F_MOVE,
+                )
+            };
+            if n <= 0 {
+                break;
+            }
+            let mut left = n;
+            while left > 0 {
+                // SAFETY: as above.
+                let m = unsafe {
+                    libc::splice(
+                        p[0],
+                        std::ptr::null_mut(),
+                        o.as_raw_fd(),
+                        std::ptr::null_mut(),
+                        left as usize,
+                        libc::SPLICE_F_MOVE,
+                    )
+                };
+                if m <= 0 {
+                    break;
+                }
+                left -= m;
+            }
+            bytes += n as u64;
+        }
+        // SAFETY: closing our pipe.
+        unsafe {
+            libc::close(p[0]);
+            libc::close(p[1]);
+        }
+        (bytes, None)
+    })
+}
+
+fn fig4_uring(d: Duration) -> Run {
+    proxied(d, |i, o, _| {
+        let mut ring = IoUring::new(8).expect("io_uring");
+        let mut buf = vec![0u8; PROXY_BUF];
+        let mut bytes = 0u64;
+        loop {
+            let e = opcode::Recv::new(types::Fd(i.as_raw_fd()), buf.as_mut_ptr(), PROXY_BUF as u32)
+                .build();
+            // SAFETY: buf outlives the wait for this one request.
+            let _ = unsafe { ring.submission().push(&e) };
+            let _ = ring.submit_and_wait(1);
+            let n = ring.completion().next().map(|c| c.result()).unwrap_or(-1);
+            if n <= 0 {
+                break;
+            }
+            let e = opcode::Send::new(types::Fd(o.as_raw_fd()), buf.as_ptr(), n as u32)
+                .flags(libc::MSG_WAITALL)
+                .build();
+            // SAFETY: as above.
+            let _ = unsafe { ring.submission().push(&e) };
+            let _ = ring.submit_and_wait(1);
+            if ring.completion().next().map(|c| c.result()).unwrap_or(-1) <= 0 {
+                break;
+            }
+            bytes += n as u64;
+        }
+        (bytes, Some(true))
+    })
+}
+
+fn fig4_maio(d: Duration, pool: Pool) -> Run {
+    proxied(d, move |i, o, _| {
+        let mut ring = Ring::new(
+            &pool,
+            RingConfig {
+                rx_buffers: 1024,
+                ..RingConfig::default()
+            },
+        )
+        .expect("MAIO ring");
+        let si = ring.add_socket(OwnedFd::from(i)).expect("register");
+        let so = ring.add_socket(OwnedFd::from(o)).expect("register");
+        let mut sg: Vec<RxBuf> = Vec::new();
+        let (mut bytes, mut copied) = (0u64, false);
+        loop {
+            sg.clear();
+            let n = ring
+                .recv_sg_wait(si, 64, &mut sg, Duration::from_millis(200))
+                .unwrap_or(0);
+            let _ = ring.forward_sg(&mut sg, so);
+            for c in ring.completions() {
+                if c.result > 0 {
+                    bytes += c.result as u64;
+                }
+                copied |= c.copied;
+                if let Some(b) = c.buf {
+                    let _ = ring.give_back(b);
+                }
+            }
+            if n == 0 && ring.eof(si) {
+                break;
+            }
+        }
+        ring.drain(Duration::from_secs(2));
+        for c in ring.completions() {
+            if c.result > 0 {
+                bytes += c.result as u64;
+            }
+            if let Some(b) = c.buf {
+                let _ = ring.give_back(b);
+            }
+        }
+        (bytes, Some(copied))
+    })
+}
+
+// ---------------------------------------------------------------- driver
+
+fn entry(name: &str, r: &Run, metric: &str, hz: f64) -> Value {
+    let mut v = json!({
+        "method": name,
+        "seconds": r.wall,
+        "cpu_seconds": r.cpu,
+    });
+    if metric == "pps" {
+        v["pps"] = json!(r.units / r.wall);
+        v["cpu_pps"] = json!(r.units / r.cpu.max(1e-9));
+    } else {
+        v["cycles_per_byte"] = json!(r.cpu * hz / r.bytes.max(1.0));
+        v["gbps"] = json!(r.bytes * 8.0 / r.wall / 1e9);
+    }
+    if let Some(c) = r.copied {
+        v["copied"] = json!(c);
+    }
+    v
+}
+
+type Method<'a> = (&'static str, Box<dyn Fn() -> Run + 'a>);
+
+fn figure(
+    methods: Vec<Method<'_>>,
+    reps: usize,
+    metric: &str,
+    hz: f64,
+    progress: &dyn Fn(&str),
+) -> Value {
+    let mut out = serde_json::Map::new();
+    for (name, f) in methods {
+        let runs: Vec<Run> = (0..reps).map(|_| f()).collect();
+        let m = if metric == "pps" {
+            median(runs, |r| r.units / r.wall)
+        } else {
+            median(runs, |r| r.cpu / r.bytes.max(1.0))
+        };
+        let e = entry(name, &m, metric, hz);
+        progress(&format!("  {name}: {}", summarize(&e)));
+        out.insert(name.to_string(), e);
+    }
+    Value::Object(out)
+}
+
+fn summarize(e: &Value) -> String {
+    if let Some(p) = e["pps"].as_f64() {
+        format!("{:.3} Mpps", p / 1e6)
+    } else {
+        format!(
+            "{:.3} cycles/byte, {:.1} Gbit/s{}",
+            e["cycles_per_byte"].as_f64().unwrap_or(0.0),
+            e["gbps"].as_f64().unwrap_or(0.0),
+            e["copied"]
+                .as_bool()
+                .map(|c| format!(", copied={c}"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// Run every figure; `progress` gets a line per method.
+pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, String> {
+    let d = Duration::from_secs_f64(o.seconds);
+    let hz = hz();
+    let small = pool(2048, 4096);
+    let big = pool(CHUNK, 1024);
+    progress("Figure 2: 64-byte UDP datagrams per second, one application thread");
+    let fig2 = figure(
+        vec![
+            ("sendmsg", Box::new(|| fig2_sendmsg(d))),
+            ("sendmmsg", Box::new(|| fig2_sendmmsg(d))),
+            ("io_uring", Box::new(|| fig2_uring(d))),
+            ("maio", Box::new(|| fig2_maio(d, &small))),
+        ],
+        o.reps,
+        "pps",
+        hz,
+        progress,
+    );
+    progress("Figure 3: CPU cycles per byte, 16 KiB TCP sends to a local receiver");
+    let fig3 = figure(
+        vec![
+            ("send", Box::new(|| fig3_send(d))),
+            ("msg_zerocopy", Box::new(|| fig3_msg_zerocopy(d))),
+            ("sendfile", Box::new(|| fig3_sendfile(d))),
+            ("io_uring_send_zc", Box::new(|| fig3_uring_zc(d))),
+            ("maio", Box::new(|| fig3_maio(d, &big))),
+        ],
+        o.reps,
+        "cycles_per_byte",
+        hz,
+        progress,
+    );
+    progress("Figure 3 (no local delivery): 16 KiB UDP datagrams into a veth that drops them");
+    let fig3u = match VethSink::new() {
+        Ok(v) => {
+            let reps = o.reps;
+            let big2 = big.clone();
+            let r = v.run(move || {
+                let quiet = |_: &str| {};
+                figure(
+                    vec![
+                        ("send", Box::new(move || fig3u_send(d))),
+                        (
+                            "msg_zerocopy",
+                            Box::new(move || fig3u_with(d, zerocopy_loop)),
+                        ),
+                        (
+                            "io_uring_send_zc",
+                            Box::new(move || fig3u_with(d, uring_zc_loop)),
+                        ),
+                        ("maio", Box::new(move || fig3u_maio(d, big2.clone()))),
+                    ],
+                    reps,
+                    "cycles_per_byte",
+                    hz,
+                    &quiet,
+                )
+            })?;
+            for (k, e) in r.as_object().into_iter().flatten() {
+                progress(&format!("  {k}: {}", summarize(e)));
+            }
+            r
+        }
+        Err(e) => {
+            progress(&format!(
+                "  skipped: {e} (needs root, iproute2 and nftables)"
+            ));
+            json!({ "skipped": e })
+        }
+    };
+    progress("Figure 4: TCP splicing proxy, CPU cycles per byte moved");
+    let fig4 = figure(
+        vec![
+            ("read_write", Box::new(|| fig4_copy(d))),
+            ("splice", Box::new(|| fig4_splice(d))),
+            ("io_uring", Box::new(|| fig4_uring(d))),
+            ("maio", Box::new(|| fig4_maio(d, pool(CHUNK, 2048)))),
+        ],
+        o.reps,
+        "cycles_per_byte",
+        hz,
+        progress,
+    );
+    Ok(json!({
+        "seconds_per_run": o.seconds,
+        "repetitions": o.reps,
+        "cpu_hz": hz,
+        "cycles": "estimated: CPU seconds (getrusage, all threads incl. SQPOLL, minus the peer threads) x clock rate",
+        "figure2": fig2,
+        "figure3": fig3,
+        "figure3_udp_veth": fig3u,
+        "figure4": fig4,
+    }))
+}
