@@ -34,6 +34,7 @@ bench: setup
 	./target/release/fastpath lb hash-eval --quick
 	./target/release/fastpath lb bench
 	./target/release/fastpath switch bench
+	./target/release/fastpath maio bench
 
 ## Fuzz the packet parser for two minutes (needs a nightly toolchain and cargo-fuzz).
 FUZZ_SECONDS ?= 120
