@@ -34,6 +34,29 @@ struct Run {
     wall: f64,
     cpu: f64,
     copied: Option<bool>,
+    /// System calls per operation (MAIO: SQPOLL wake-ups per send).
+    syscalls_per_op: Option<f64>,
+}
+
+impl Run {
+    /// `n` units since `t0`, CPU since `c0` (the whole process).
+    fn count(t0: Instant, c0: f64, n: u64) -> Run {
+        Run {
+            units: n as f64,
+            wall: t0.elapsed().as_secs_f64(),
+            cpu: cpu_process() - c0,
+            ..Default::default()
+        }
+    }
+
+    /// `bytes` moved since `t0`, CPU since `c0` (the whole process).
+    fn volume(t0: Instant, c0: f64, bytes: u64, copied: Option<bool>) -> Run {
+        Run {
+            bytes: bytes as f64,
+            copied,
+            ..Run::count(t0, c0, bytes)
+        }
+    }
 }
 
 fn rusage(who: libc::c_int) -> f64 {
@@ -108,12 +131,7 @@ fn fig2_sendmsg(d: Duration) -> Run {
             }
         }
     }
-    Run {
-        units: n as f64,
-        wall: t0.elapsed().as_secs_f64(),
-        cpu: cpu_process() - c0,
-        ..Default::default()
-    }
+    Run::count(t0, c0, n)
 }
 
 fn fig2_sendmmsg(d: Duration) -> Run {
@@ -141,12 +159,7 @@ fn fig2_sendmmsg(d: Duration) -> Run {
             n += r as u64;
         }
     }
-    Run {
-        units: n as f64,
-        wall: t0.elapsed().as_secs_f64(),
-        cpu: cpu_process() - c0,
-        ..Default::default()
-    }
+    Run::count(t0, c0, n)
 }
 
 fn fig2_uring(d: Duration) -> Run {
@@ -165,12 +178,7 @@ fn fig2_uring(d: Duration) -> Run {
         let _ = ring.submit_and_wait(32);
         n += ring.completion().filter(|c| c.result() > 0).count() as u64;
     }
-    Run {
-        units: n as f64,
-        wall: t0.elapsed().as_secs_f64(),
-        cpu: cpu_process() - c0,
-        ..Default::default()
-    }
+    Run::count(t0, c0, n)
 }
 
 fn fig2_maio(d: Duration, pool: &Pool) -> Run {
@@ -193,10 +201,8 @@ fn fig2_maio(d: Duration, pool: &Pool) -> Run {
     ring.drain(Duration::from_secs(1));
     n += ring.completions().iter().filter(|c| c.result > 0).count() as u64;
     Run {
-        units: n as f64,
-        wall: t0.elapsed().as_secs_f64(),
-        cpu: cpu_process() - c0,
-        ..Default::default()
+        syscalls_per_op: Some(ring.enters as f64 / n.max(1) as f64),
+        ..Run::count(t0, c0, n)
     }
 }
 
@@ -250,6 +256,7 @@ fn finish(
         wall,
         cpu: (total - helper).max(1e-9),
         copied,
+        syscalls_per_op: None,
     }
 }
 
@@ -605,26 +612,14 @@ fn fig3u_send(d: Duration) -> Run {
             bytes += n as u64;
         }
     }
-    Run {
-        units: bytes as f64,
-        bytes: bytes as f64,
-        wall: t0.elapsed().as_secs_f64(),
-        cpu: cpu_process() - c0,
-        copied: Some(true),
-    }
+    Run::volume(t0, c0, bytes, Some(true))
 }
 
 fn fig3u_with(d: Duration, f: fn(RawFd, Duration, usize) -> (u64, bool)) -> Run {
     let s = udp_to_sink();
     let (t0, c0) = (Instant::now(), cpu_process());
     let (bytes, copied) = f(s.as_raw_fd(), d, CHUNK);
-    Run {
-        units: bytes as f64,
-        bytes: bytes as f64,
-        wall: t0.elapsed().as_secs_f64(),
-        cpu: cpu_process() - c0,
-        copied: Some(copied),
-    }
+    Run::volume(t0, c0, bytes, Some(copied))
 }
 
 fn fig3u_maio(d: Duration, pool: Pool) -> Run {
@@ -633,13 +628,7 @@ fn fig3u_maio(d: Duration, pool: Pool) -> Run {
     let id = ring.add_socket(dup(s.as_raw_fd())).expect("register");
     let (t0, c0) = (Instant::now(), cpu_process());
     let (bytes, copied) = maio_zc_loop(&mut ring, id, d, CHUNK);
-    Run {
-        units: bytes as f64,
-        bytes: bytes as f64,
-        wall: t0.elapsed().as_secs_f64(),
-        cpu: cpu_process() - c0,
-        copied: Some(copied),
-    }
+    Run::volume(t0, c0, bytes, Some(copied))
 }
 
 // ---------------------------------------------------------------- Figure 4
@@ -681,6 +670,7 @@ fn proxied(
         wall,
         cpu: (total - helpers).max(1e-9),
         copied,
+        syscalls_per_op: None,
     }
 }
 
@@ -848,6 +838,9 @@ fn entry(name: &str, r: &Run, metric: &str, hz: f64) -> Value {
     if let Some(c) = r.copied {
         v["copied"] = json!(c);
     }
+    if let Some(x) = r.syscalls_per_op {
+        v["syscalls_per_send"] = json!(x);
+    }
     v
 }
 
@@ -877,7 +870,11 @@ fn figure(
 
 fn summarize(e: &Value) -> String {
     if let Some(p) = e["pps"].as_f64() {
-        format!("{:.3} Mpps", p / 1e6)
+        let sc = e["syscalls_per_send"]
+            .as_f64()
+            .map(|x| format!(", {x:.4} system calls per send"))
+            .unwrap_or_default();
+        format!("{:.3} Mpps{sc}", p / 1e6)
     } else {
         format!(
             "{:.3} cycles/byte, {:.1} Gbit/s{}",
