@@ -17,6 +17,7 @@ APT_PACKAGES=(
   clang        # compiles the XDP program behind AF_XDP (crates/netio/bpf)
   llvm
   libbpf-dev   # its headers
+  e2fsprogs          # mkfs.ext4 for the disk tool's test that a mounted device is refused
   gcc                # compiles the MAIO C example against maio.h in the tests
   dpdk-dev           # testpmd, the outside program that attaches to the switch over memif
   librte-net-memif23 # testpmd's memif driver

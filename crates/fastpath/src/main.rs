@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod demo;
+mod disk;
 mod switch;
 
 #[derive(Parser)]
@@ -52,6 +53,10 @@ enum Command {
     /// (paper: MAIO).
     #[command(subcommand)]
     Maio(MaioCommand),
+    /// Disk characterization: SKIPPY, ZONED, SEEKER, extraction, a simulator
+    /// (paper: microbenchmark-based extraction of disk characteristics).
+    #[command(subcommand)]
+    Disk(disk::DiskCommand),
 }
 
 #[derive(Subcommand)]
@@ -516,6 +521,7 @@ fn main() -> ExitCode {
             reps,
             format,
         }) => maio_bench(quick, seconds, reps, format),
+        Command::Disk(c) => disk::run(c),
         Command::Pktgen(a) => stop_flag().and_then(|s| switch::pktgen(a, s)),
         Command::Lb(LbCommand::HashEval(a)) => hash_eval(a),
         Command::Lb(LbCommand::Run(a)) => lb_run(a),

@@ -67,8 +67,30 @@ fn range(vals: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
     (if from_zero { lo } else { lo - pad }, hi + pad)
 }
 
+/// How a series is drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// A line with a marker at every point.
+    Line,
+    /// Markers only (measurements).
+    Points,
+    /// A thin line without markers (fits).
+    Fit,
+}
+
 /// Draws a line chart with markers to an SVG file.
 pub fn line_chart(path: &Path, labels: &Labels<'_>, series: &[Series]) -> Result<(), PlotError> {
+    let styled: Vec<(Series, Style)> = series.iter().map(|s| (s.clone(), Style::Line)).collect();
+    chart(path, labels, &styled)
+}
+
+/// Draws series, each in its own style, to an SVG file.
+pub fn chart(
+    path: &Path,
+    labels: &Labels<'_>,
+    styled: &[(Series, Style)],
+) -> Result<(), PlotError> {
+    let series: Vec<&Series> = styled.iter().map(|(s, _)| s).collect();
     let (x0, x1) = range(
         series.iter().flat_map(|s| s.points.iter().map(|p| p.0)),
         true,
@@ -92,21 +114,35 @@ pub fn line_chart(path: &Path, labels: &Labels<'_>, series: &[Series]) -> Result
         .y_desc(labels.y)
         .draw()
         .map_err(|e| err(path, e))?;
-    for (i, s) in series.iter().enumerate() {
+    for (i, (s, style)) in styled.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(
-                s.points.iter().copied(),
-                color.stroke_width(2),
-            ))
-            .map_err(|e| err(path, e))?
-            .label(s.label.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
-            .map_err(|e| err(path, e))?;
+        match style {
+            Style::Line | Style::Fit => {
+                let w = if *style == Style::Line { 2 } else { 1 };
+                chart
+                    .draw_series(LineSeries::new(
+                        s.points.iter().copied(),
+                        color.stroke_width(w),
+                    ))
+                    .map_err(|e| err(path, e))?
+                    .label(s.label.clone())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(w))
+                    });
+                if *style == Style::Line {
+                    chart
+                        .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                        .map_err(|e| err(path, e))?;
+                }
+            }
+            Style::Points => {
+                chart
+                    .draw_series(s.points.iter().map(|&p| Circle::new(p, 2, color.filled())))
+                    .map_err(|e| err(path, e))?
+                    .label(s.label.clone())
+                    .legend(move |(x, y)| Circle::new((x + 10, y), 3, color.filled()));
+            }
+        }
     }
     chart
         .configure_series_labels()

@@ -1,0 +1,66 @@
+//! Disk characterization (paper: "Microbenchmark-based extraction of local
+//! and global disk characteristics", Talagala, Arpaci-Dusseau, Patterson).
+//!
+//! - [`sim`]: a mechanical disk simulator (zones, skews, switch times, a seek
+//!   curve, command overhead, optional write cache and read-ahead, noise)
+//!   with presets for the paper's drives.
+//! - [`device`]: real block devices and files, O_DIRECT, with the safety
+//!   rules (writes need `--allow-destructive`; mounted or busy devices are
+//!   refused whatever the flag).
+//! - [`bench`]: SKIPPY (write, read, backwards read), ZONED and SEEKER over
+//!   either.
+//! - [`extract`]: parameters from the SKIPPY curve (rotation two ways, MTM,
+//!   STM, sectors per track, head and cylinder switch, surfaces) and the
+//!   zone fits; it says so when the curve has no rotational signature.
+//! - [`validate`]: every benchmark on every preset, extracted against
+//!   specified.
+//! - [`plots`]: SVG plots of the three curves with the fits.
+
+pub mod bench;
+pub mod device;
+pub mod extract;
+pub mod plots;
+pub mod sim;
+pub mod validate;
+
+/// Reading or writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    Read,
+    Write,
+}
+
+/// Something the benchmarks can time: the simulator or a real device.
+pub trait Target {
+    /// Bytes per sector (the device's logical block size).
+    fn sector_size(&self) -> u64;
+    /// Size in sectors.
+    fn sectors(&self) -> u64;
+    /// Do one access of `count` sectors at `lba`; returns its latency in ms.
+    fn access(&mut self, op: Op, lba: u64, count: u32) -> Result<f64, Error>;
+    /// Milliseconds of (simulated or real) time spent so far.
+    fn elapsed_ms(&self) -> f64;
+    /// A short description.
+    fn describe(&self) -> String;
+}
+
+/// Errors; each says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {what}: {source}")]
+    Io {
+        path: String,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("refusing to write to {0}: writing destroys its data; pass --allow-destructive if you mean it")]
+    NeedsDestructive(String),
+    #[error("refusing to write to {path}: it is {why}; unmount it / stop using it first (--allow-destructive does not override this)")]
+    InUse { path: String, why: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("unknown preset {0:?}; known: {1}")]
+    UnknownPreset(String, String),
+}

@@ -1,0 +1,442 @@
+//! `fastpath disk ...`: argument parsing and wiring.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use disk::bench::{SkippyMode, SkippyOpts};
+use disk::extract::Extraction;
+use disk::{Op, Target};
+use indicatif::{ProgressBar, ProgressStyle};
+use measure::Table;
+
+use crate::Format;
+
+#[derive(Args, Clone)]
+pub struct TargetArgs {
+    /// A block device or a file to measure (files are always writable; a
+    /// block device needs --allow-destructive to be written, and is refused
+    /// when mounted or in use).
+    #[arg(long, conflicts_with = "sim")]
+    device: Option<PathBuf>,
+    /// A simulated drive instead: a preset name (`fastpath disk presets`).
+    #[arg(long)]
+    sim: Option<String>,
+    /// Let a benchmark write to a block device (destroys its data).
+    #[arg(long)]
+    allow_destructive: bool,
+    /// Simulator: no timing noise.
+    #[arg(long)]
+    quiet_sim: bool,
+}
+
+impl TargetArgs {
+    fn open(&self, write: bool) -> anyhow::Result<Box<dyn Target>> {
+        match (&self.device, &self.sim) {
+            (Some(p), None) => Ok(Box::new(disk::device::Device::open(
+                p,
+                write,
+                self.allow_destructive,
+            )?)),
+            (None, Some(n)) => {
+                let mut s = disk::sim::preset_named(n)?;
+                if self.quiet_sim {
+                    s = s.quiet();
+                }
+                Ok(Box::new(disk::sim::Disk::new(s)))
+            }
+            _ => bail!("name what to measure: --device PATH or --sim PRESET"),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum DiskCommand {
+    /// SKIPPY: one-sector accesses with a linearly growing step; extracts
+    /// rotation time, MTM, sectors per track, head and cylinder switch
+    /// times and the number of surfaces (the paper's section 4.1).
+    ///
+    /// Examples:
+    ///   fastpath disk skippy --sim ultrastar --plot skippy.svg
+    ///   fastpath disk skippy --device /dev/sdb --allow-destructive --csv trace.csv
+    ///   fastpath disk skippy --device scratch.img --mode read
+    #[command(verbatim_doc_comment)]
+    Skippy {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// write (the paper's), read, or backward (reads walking backwards).
+        #[arg(long, default_value = "write")]
+        mode: SkippyMode,
+        /// Largest step, in sectors.
+        #[arg(long, default_value_t = 400)]
+        steps: u32,
+        /// First sector.
+        #[arg(long, default_value_t = 0)]
+        start: u64,
+        /// Stop after this many milliseconds of device time.
+        #[arg(long, default_value_t = 2000.0)]
+        budget_ms: f64,
+        /// Write the trace (step, latency) as CSV.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// Draw the sawtooth with the fitted lines (SVG).
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// ZONED: bandwidth against location, with linear and quadratic fits.
+    ///
+    /// Example:
+    ///   fastpath disk zoned --sim barracuda --plot zoned.svg
+    #[command(verbatim_doc_comment)]
+    Zoned {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// Bytes per read.
+        #[arg(long, default_value_t = 1 << 20)]
+        block: u64,
+        /// Number of regions reported.
+        #[arg(long, default_value_t = 100)]
+        regions: u32,
+        /// Read at most this many bytes (default: everything).
+        #[arg(long)]
+        limit: Option<u64>,
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// SEEKER: the shortest access time from sector 0 to places across the
+    /// disk (writes, as the paper; --read to read instead).
+    Seeker {
+        #[command(flatten)]
+        target: TargetArgs,
+        #[arg(long, default_value_t = 40)]
+        bases: u32,
+        /// Accesses per place (walk at least one rotation).
+        #[arg(long, default_value_t = 120)]
+        measurements: u32,
+        #[arg(long)]
+        read: bool,
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Extract parameters from a recorded SKIPPY trace (CSV: step,latency_ms
+    /// [,lba]; a header line is skipped).
+    Analyze {
+        trace: PathBuf,
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Run SKIPPY, ZONED and SEEKER on every simulated preset and compare
+    /// what was extracted with what was specified.
+    ///
+    /// Example:
+    ///   fastpath disk validate --plot-dir out/disk
+    ///   fastpath disk validate --format json | jq '.presets.hp97560.params'
+    #[command(verbatim_doc_comment)]
+    Validate {
+        #[arg(long)]
+        plot_dir: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// List the simulated drives and where their values come from.
+    Presets,
+}
+
+fn print_extraction(ex: &Extraction, format: Format) -> anyhow::Result<()> {
+    if matches!(format, Format::Json) {
+        println!("{}", serde_json::to_string_pretty(ex)?);
+        return Ok(());
+    }
+    match ex {
+        Extraction::NoRotation { reason } => println!("no rotational signature: {reason}"),
+        Extraction::Rotational(e) => {
+            let mut t = Table::new(["parameter", "value"]).title("SKIPPY extraction");
+            let o = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or("-".into());
+            t.row([
+                "rotation (L1 - L2), ms".to_string(),
+                format!("{:.3}", e.rotation_ms),
+            ]);
+            t.row([
+                "rotation (step 0), ms".to_string(),
+                format!("{:.3}", e.rotation_step0_ms),
+            ]);
+            t.row(["MTM, ms".to_string(), format!("{:.3}", e.mtm_ms)]);
+            t.row(["STM, sectors".to_string(), e.stm.to_string()]);
+            t.row([
+                "sectors per track".to_string(),
+                format!("{:.2}", e.sectors_per_track),
+            ]);
+            t.row(["head switch, ms".to_string(), o(e.head_switch_ms, 3)]);
+            t.row(["cylinder switch, ms".to_string(), o(e.cyl_switch_ms, 3)]);
+            t.row([
+                "surfaces".to_string(),
+                e.surfaces.map(|s| s.to_string()).unwrap_or("-".into()),
+            ]);
+            t.row([
+                "noise (robust sigma), ms".to_string(),
+                format!("{:.3}", e.noise_ms),
+            ]);
+            print!("{t}");
+            for n in &e.notes {
+                println!("note: {n}");
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn run(cmd: DiskCommand) -> anyhow::Result<()> {
+    match cmd {
+        DiskCommand::Skippy {
+            target,
+            mode,
+            steps,
+            start,
+            budget_ms,
+            csv,
+            plot,
+            format,
+        } => {
+            let mut t = target.open(mode == SkippyMode::Write)?;
+            eprintln!("SKIPPY ({mode:?}) on {}", t.describe());
+            let pts = disk::bench::skippy(
+                t.as_mut(),
+                &SkippyOpts {
+                    mode,
+                    steps,
+                    start,
+                    budget_ms,
+                },
+            )?;
+            if let Some(p) = &csv {
+                let mut s = String::from("step,latency_ms,lba\n");
+                for q in &pts {
+                    s.push_str(&format!("{},{:.6},{}\n", q.step, q.latency_ms, q.lba));
+                }
+                std::fs::write(p, s).with_context(|| format!("writing {}", p.display()))?;
+            }
+            let mut ex = if mode == SkippyMode::Backward {
+                Extraction::NoRotation {
+                    reason: "the backward variant is measured and plotted; extraction reads forward runs".into(),
+                }
+            } else {
+                disk::extract::skippy(&pts)
+            };
+            if let Extraction::Rotational(e) = &mut ex {
+                // Repeated probes around STM place MTM between steps.
+                let steps: Vec<u32> = (e.stm.saturating_sub(6)..=e.stm + 1).collect();
+                let from = pts.last().map_or(0, |p| p.lba + 2);
+                if let Ok(probes) =
+                    disk::bench::skippy_probe(t.as_mut(), mode, from, &steps, 8, 600.0)
+                {
+                    disk::extract::refine_mtm(e, &probes);
+                }
+            }
+            if let Some(p) = &plot {
+                disk::plots::skippy(p, &format!("SKIPPY, {}", t.describe()), &pts, &ex)?;
+            }
+            print_extraction(&ex, format)
+        }
+        DiskCommand::Analyze {
+            trace,
+            plot,
+            format,
+        } => {
+            let text = std::fs::read_to_string(&trace)
+                .with_context(|| format!("reading {}", trace.display()))?;
+            let mut pts = Vec::new();
+            for (n, line) in text.lines().enumerate() {
+                let f: Vec<&str> = line.split(',').map(str::trim).collect();
+                let (Some(a), Some(b)) = (f.first(), f.get(1)) else {
+                    continue;
+                };
+                match (a.parse::<u32>(), b.parse::<f64>()) {
+                    (Ok(step), Ok(l)) => {
+                        let lba = f.get(2).and_then(|x| x.parse().ok()).unwrap_or_else(|| {
+                            // Reconstruct SKIPPY's positions from the steps.
+                            let s = step as u64;
+                            s * (s + 1) / 2 + s
+                        });
+                        pts.push(disk::bench::Point {
+                            step,
+                            lba,
+                            latency_ms: l,
+                        });
+                    }
+                    _ if n == 0 => {}
+                    _ => bail!("{}:{}: expected step,latency_ms", trace.display(), n + 1),
+                }
+            }
+            let ex = disk::extract::skippy(&pts);
+            if let Some(p) = &plot {
+                disk::plots::skippy(p, &format!("SKIPPY trace {}", trace.display()), &pts, &ex)?;
+            }
+            print_extraction(&ex, format)
+        }
+        DiskCommand::Zoned {
+            target,
+            block,
+            regions,
+            limit,
+            plot,
+            format,
+        } => {
+            let mut t = target.open(false)?;
+            eprintln!("ZONED on {}", t.describe());
+            let bar = ProgressBar::new(100);
+            bar.set_style(
+                ProgressStyle::with_template("{bar:40} {percent}% {msg}").expect("template"),
+            );
+            let z = disk::bench::zoned(t.as_mut(), block, regions, limit, &mut |d, tot| {
+                bar.set_position(d * 100 / tot.max(1));
+            })?;
+            bar.finish_and_clear();
+            let f = disk::extract::zone_fits(&z);
+            if let Some(p) = &plot {
+                disk::plots::zoned(p, &format!("ZONED, {}", t.describe()), &z, f.as_ref())?;
+            }
+            if matches!(format, Format::Json) {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({"points": z, "fits": f}))?
+                );
+            } else if let Some(f) = f {
+                let mut t = Table::new(["model", "a", "b", "RMS error (MB/s)"]).title(format!(
+                    "ZONED: outer {:.2} MB/s, inner {:.2} MB/s",
+                    f.outer_mbps, f.inner_mbps
+                ));
+                for (n, x) in [
+                    ("linear a*x+b", f.linear),
+                    ("quadratic a*x^2+b", f.quadratic),
+                    ("linear, two points", f.linear_two_point),
+                    ("quadratic, two points", f.quadratic_two_point),
+                ] {
+                    t.row([
+                        n.to_string(),
+                        format!("{:.4}", x.a),
+                        format!("{:.3}", x.b),
+                        format!("{:.4}", x.rms),
+                    ]);
+                }
+                print!("{t}");
+            }
+            Ok(())
+        }
+        DiskCommand::Seeker {
+            target,
+            bases,
+            measurements,
+            read,
+            plot,
+            format,
+        } => {
+            let mut t = target.open(!read)?;
+            eprintln!("SEEKER on {}", t.describe());
+            let bar = ProgressBar::new(bases as u64);
+            let s = disk::bench::seeker(
+                t.as_mut(),
+                if read { Op::Read } else { Op::Write },
+                bases,
+                measurements,
+                &mut |d, _| bar.set_position(d),
+            )?;
+            bar.finish_and_clear();
+            if let Some(p) = &plot {
+                disk::plots::seeker(p, &format!("SEEKER, {}", t.describe()), &s)?;
+            }
+            if matches!(format, Format::Json) {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                let mut t = Table::new(["sector", "shortest access (ms)"]).title("SEEKER");
+                for p in &s {
+                    t.row([p.lba.to_string(), format!("{:.3}", p.min_ms)]);
+                }
+                print!("{t}");
+            }
+            Ok(())
+        }
+        DiskCommand::Validate { plot_dir, format } => {
+            let (results, doc) = disk::validate::all(&disk::sim::presets(), plot_dir.as_deref())?;
+            if matches!(format, Format::Json) {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+                return Ok(());
+            }
+            for r in &results {
+                let mut t = Table::new([
+                    "parameter",
+                    "specified",
+                    "extracted",
+                    "error %",
+                    "goal",
+                    "ok",
+                ])
+                .title(format!(
+                    "{} ({}); SKIPPY took {:.0} ms of disk time",
+                    r.name, r.model, r.skippy_disk_ms
+                ));
+                for p in &r.params {
+                    t.row([
+                        p.name.to_string(),
+                        format!("{:.3}", p.specified),
+                        p.extracted.map(|x| format!("{x:.3}")).unwrap_or("-".into()),
+                        p.error_pct
+                            .map(|x| format!("{x:+.2}"))
+                            .unwrap_or("-".into()),
+                        p.goal.unwrap_or("").to_string(),
+                        match p.ok {
+                            Some(true) => "yes".into(),
+                            Some(false) => "NO".into(),
+                            None => "".into(),
+                        },
+                    ]);
+                }
+                println!("{t}");
+                for n in &r.notes {
+                    println!("  note: {n}");
+                }
+            }
+            println!(
+                "all goals met: {}; wall time {:.2} s",
+                doc["all_ok"],
+                doc["wall_seconds"].as_f64().unwrap_or(0.0)
+            );
+            Ok(())
+        }
+        DiskCommand::Presets => {
+            let mut t = Table::new([
+                "preset",
+                "model",
+                "RPM",
+                "surfaces",
+                "zones",
+                "sectors/track",
+                "source",
+            ]);
+            for p in disk::sim::presets() {
+                t.row([
+                    p.name.to_string(),
+                    p.model.to_string(),
+                    format!("{:.0}", p.rpm),
+                    p.surfaces.to_string(),
+                    p.zones.len().to_string(),
+                    format!(
+                        "{}..{}",
+                        p.zones[0].spt,
+                        p.zones.last().map_or(0, |z| z.spt)
+                    ),
+                    p.source.to_string(),
+                ]);
+            }
+            print!("{t}");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! `fastpath disk` as a user runs it.
+
+use std::process::Command;
+
+fn fastpath() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fastpath"))
+}
+
+#[test]
+fn validate_json_document_meets_the_goals() {
+    let out = fastpath()
+        .args(["disk", "validate", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let presets = v["presets"].as_object().unwrap();
+    assert_eq!(presets.len(), 9);
+    for (name, p) in presets {
+        for k in [
+            "rotation_ms",
+            "mtm_ms",
+            "sectors_per_track",
+            "head_switch_ms",
+            "cyl_switch_ms",
+            "surfaces",
+        ] {
+            let q = &p["params"][k];
+            assert!(
+                q["specified"].is_number()
+                    && q["extracted"].is_number()
+                    && q["error_pct"].is_number(),
+                "{name}.{k}: {q}"
+            );
+        }
+    }
+    assert_eq!(v["all_ok"], true, "{v}");
+    assert!(v["wall_seconds"].as_f64().unwrap() < 10.0);
+}
+
+#[test]
+fn a_recorded_trace_is_analyzed_like_the_live_run() {
+    let dir = std::env::temp_dir().join(format!("fp-disk-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("trace.csv");
+    let svg = dir.join("skippy.svg");
+    let live = fastpath()
+        .args([
+            "disk",
+            "skippy",
+            "--sim",
+            "ultrastar",
+            "--format",
+            "json",
+            "--csv",
+        ])
+        .arg(&csv)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        live.status.success(),
+        "{}",
+        String::from_utf8_lossy(&live.stderr)
+    );
+    let again = fastpath()
+        .args(["disk", "analyze", "--format", "json"])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let a: serde_json::Value = serde_json::from_slice(&live.stdout).unwrap();
+    let b: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(a["kind"], "rotational");
+    let spt = |v: &serde_json::Value| v["sectors_per_track"].as_f64().unwrap();
+    assert!(
+        (spt(&a) - spt(&b)).abs() < 0.01 && (spt(&a) - 184.0).abs() < 1.0,
+        "{a} {b}"
+    );
+    assert_eq!(a["surfaces"], b["surfaces"]);
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.contains("<svg") && plot.contains("L2"),
+        "plot lacks the fitted lines"
+    );
+    // A garbage trace is an error that names the line.
+    std::fs::write(&csv, "step,latency_ms\n1,2.0\nx,y\n").unwrap();
+    let bad = fastpath()
+        .args(["disk", "analyze"])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains(":3:"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn writing_a_block_device_without_the_flag_is_refused_by_the_cli() {
+    // /dev/loop-control is a character device; pick a block device that
+    // certainly exists instead: any /dev/loopN.
+    let dev = (0..8)
+        .map(|i| format!("/dev/loop{i}"))
+        .find(|p| std::path::Path::new(p).exists());
+    let Some(dev) = dev else {
+        eprintln!("skipped: no loop device nodes");
+        return;
+    };
+    let out = fastpath()
+        .args(["disk", "skippy", "--device", &dev])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--allow-destructive") || err.contains("too small") || err.contains("in use"),
+        "{err}"
+    );
+}
