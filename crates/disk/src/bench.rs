@@ -68,7 +68,7 @@ pub fn skippy(t: &mut dyn Target, o: &SkippyOpts) -> Result<Vec<Point>, Error> {
     let span = n * (n + 1) / 2 + n + 2;
     if span + o.start > t.sectors() {
         return Err(Error::Invalid(format!(
-            "SKIPPY with {} steps needs {span} sectors from {}, the target has {}",
+            "SKIPPY with {} steps needs {span} sectors from {}, the target has {} (use fewer --steps or a larger target)",
             o.steps,
             o.start,
             t.sectors()

@@ -66,7 +66,7 @@ fn io(path: &str, what: &'static str) -> Error {
     Error::Io {
         path: path.into(),
         what,
-        source: std::io::Error::last_os_error(),
+        err: std::io::Error::last_os_error(),
     }
 }
 
@@ -114,7 +114,7 @@ impl Device {
         let meta = std::fs::metadata(path).map_err(|e| Error::Io {
             path: p.clone(),
             what: "stat",
-            source: e,
+            err: e,
         })?;
         let block_device = meta.file_type().is_block_device();
         if !block_device && !meta.is_file() {
@@ -160,7 +160,7 @@ impl Device {
             return Err(Error::Io {
                 path: p,
                 what: "open (O_DIRECT)",
-                source: e,
+                err: e,
             });
         }
         let (sector, bytes) = if block_device {

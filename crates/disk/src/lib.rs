@@ -48,12 +48,11 @@ pub trait Target {
 /// Errors; each says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {what}: {source}")]
+    #[error("{path}: {what}: {err}")]
     Io {
         path: String,
         what: &'static str,
-        #[source]
-        source: std::io::Error,
+        err: std::io::Error,
     },
     #[error("refusing to write to {0}: writing destroys its data; pass --allow-destructive if you mean it")]
     NeedsDestructive(String),

@@ -186,7 +186,7 @@ pub fn preset(spec: &Spec, plot_dir: Option<&Path>) -> Result<PresetResult, crat
         std::fs::create_dir_all(dir).map_err(|e| crate::Error::Io {
             path: dir.display().to_string(),
             what: "create plot directory",
-            source: e,
+            err: e,
         })?;
         let t = format!("SKIPPY, {}", spec.model);
         let _ = crate::plots::skippy(
