@@ -5,7 +5,7 @@
 //! |----------------------------------------|------------------------------------------------|
 //! | kernel thread polling a shared ring    | `IORING_SETUP_SQPOLL`                          |
 //! | I/O pages pre-mapped for the kernel    | the whole pool registered as fixed buffers     |
-//! | zero-copy send of an I/O page          | `IORING_OP_SEND_ZC` from a fixed buffer         |
+//! | zero-copy send of an I/O page          | `IORING_OP_SEND_ZC` from a fixed buffer (datagrams); on TCP, every buffer posted while the previous message is in flight as one `SENDMSG_ZC` |
 //! | receive into I/O pages, sg list out    | a provided-buffer ring of pool buffers, multishot (bundled) receive |
 //! | standard (copy) mode for small sends   | copy into a pool buffer, `IORING_OP_SEND`       |
 //!
@@ -152,13 +152,32 @@ struct Sock {
     /// A byte stream (TCP): its sends must stay in order.
     stream: bool,
     /// Sends waiting for the chain in flight to finish.
-    queued: VecDeque<squeue::Entry>,
+    queued: VecDeque<Pending>,
     /// Sends of the chain in flight whose first completion has not come.
     chain: u32,
     recv_armed: bool,
     rx: VecDeque<(u32, usize)>,
     eof: bool,
     error: Option<i32>,
+}
+
+/// A send waiting its turn on a stream socket.
+#[derive(Debug)]
+enum Pending {
+    /// A prepared request (copy mode, a forwarded list).
+    Entry(squeue::Entry),
+    /// A zero-copy send of the caller's buffer: consecutive ones go out
+    /// together as one SENDMSG_ZC.
+    Zc { idx: u32, len: u32 },
+}
+
+/// Whose buffers a scatter-gather message carries.
+enum MsgKind {
+    /// Received buffers forwarded: back to the receive ring when done.
+    Forward,
+    /// The caller's buffers (`send_zc`), with their lengths: back to the
+    /// caller, each with its own completion.
+    User(Vec<u32>),
 }
 
 /// A scatter-gather message whose memory must stay put while the kernel
@@ -219,7 +238,7 @@ pub struct Ring {
     zc_results: std::collections::HashMap<u32, i32>,
     /// Scatter-gather sends in flight: their msghdr and iovecs (which the
     /// kernel reads until the send completes) and the buffers they carry.
-    msgs: std::collections::HashMap<u32, (Box<SgMsg>, Vec<u32>, i32)>,
+    msgs: std::collections::HashMap<u32, (Box<SgMsg>, Vec<u32>, i32, MsgKind)>,
     next_msg: u32,
     region: (usize, usize),
     in_flight: u32,
@@ -467,6 +486,15 @@ impl Ring {
         let len = len.min(self.pool.buf_size());
         self.pool.transition(&buf, State::User, State::InFlight)?;
         let idx = buf.into_raw();
+        self.in_flight += 1;
+        if self.sock(s)?.stream {
+            self.sock(s)?.queued.push_back(Pending::Zc {
+                idx,
+                len: len as u32,
+            });
+            self.flush_sends(s)?;
+            return self.submit();
+        }
         let e = opcode::SendZc::new(
             types::Fixed(s.0),
             self.addr_of(idx) as *const u8,
@@ -477,34 +505,58 @@ impl Ring {
         .zc_flags(SEND_ZC_REPORT_USAGE)
         .build()
         .user_data(ud(OP_SEND_ZC, s.0, idx));
-        self.in_flight += 1;
-        self.sock(s)?.queued.push_back(e);
+        self.sock(s)?.queued.push_back(Pending::Entry(e));
         self.flush_sends(s)?;
         self.submit()
     }
 
     /// Sends on one stream socket must reach it in order, but io_uring
     /// lets a later send pass an earlier one that had to wait for socket
-    /// space. So a socket's sends go out as one linked chain at a time
-    /// (IOSQE_IO_LINK: each starts when the previous finished), and the next
-    /// chain when the last of this one has completed.
+    /// space. So a socket has one batch in flight at a time: the caller's
+    /// zero-copy buffers as one SENDMSG_ZC, or prepared requests as one
+    /// linked chain (IOSQE_IO_LINK: each starts when the previous finished);
+    /// the next batch goes when this one has completed.
     fn flush_sends(&mut self, s: SockId) -> Result<()> {
         let sock = self.sock(s)?;
         if !sock.stream {
             // Datagrams carry their own boundaries: no ordering to keep.
-            let all: Vec<squeue::Entry> = sock.queued.drain(..).collect();
-            for e in all {
-                self.push(e)?;
+            let all: Vec<Pending> = sock.queued.drain(..).collect();
+            for p in all {
+                if let Pending::Entry(e) = p {
+                    self.push(e)?;
+                }
             }
             return Ok(());
         }
         if sock.chain > 0 || sock.queued.is_empty() {
             return Ok(());
         }
-        let n = sock.queued.len().min(32);
-        let chain: Vec<squeue::Entry> = sock.queued.drain(..n).collect();
-        sock.chain = n as u32;
-        let last = chain.len() - 1;
+        // Zero-copy sends of the caller's buffers at the head of the queue
+        // go out together as one message, as the paper's kernel thread takes
+        // every buffer posted to the ring at once.
+        if matches!(sock.queued.front(), Some(Pending::Zc { .. })) {
+            let mut items = Vec::new();
+            while items.len() < 64 {
+                match sock.queued.front() {
+                    Some(&Pending::Zc { idx, len }) => {
+                        items.push((idx, len));
+                        sock.queued.pop_front();
+                    }
+                    _ => break,
+                }
+            }
+            sock.chain = 1;
+            let e = self.user_message(s, &items);
+            return self.push_chain(vec![e]);
+        }
+        let mut chain: Vec<squeue::Entry> = Vec::new();
+        while chain.len() < 32 && matches!(sock.queued.front(), Some(Pending::Entry(_))) {
+            if let Some(Pending::Entry(e)) = sock.queued.pop_front() {
+                chain.push(e);
+            }
+        }
+        sock.chain = chain.len() as u32;
+        let last = chain.len().saturating_sub(1);
         let chain: Vec<squeue::Entry> = chain
             .into_iter()
             .enumerate()
@@ -516,8 +568,44 @@ impl Ring {
                 }
             })
             .collect();
-        // The chain must be published in one step: with SQPOLL the kernel
-        // thread could otherwise take its first half alone and break the link.
+        self.push_chain(chain)
+    }
+
+    /// Build the SENDMSG_ZC carrying the caller's buffers `items`.
+    fn user_message(&mut self, s: SockId, items: &[(u32, u32)]) -> squeue::Entry {
+        let iov: Vec<libc::iovec> = items
+            .iter()
+            .map(|&(idx, len)| libc::iovec {
+                iov_base: self.addr_of(idx) as *mut _,
+                iov_len: len as usize,
+            })
+            .collect();
+        // SAFETY: msghdr is plain data.
+        let mut m = Box::new(SgMsg {
+            hdr: unsafe { std::mem::zeroed() },
+            iov,
+        });
+        m.hdr.msg_iov = m.iov.as_mut_ptr();
+        m.hdr.msg_iovlen = m.iov.len();
+        let id = self.next_msg;
+        self.next_msg = self.next_msg.wrapping_add(1);
+        let e = opcode::SendMsgZc::new(types::Fixed(s.0), &m.hdr)
+            .flags(libc::MSG_WAITALL as u32)
+            .ioprio(SEND_ZC_REPORT_USAGE)
+            .build()
+            .user_data(ud(OP_SENDMSG_ZC, s.0, id));
+        let idxs = items.iter().map(|x| x.0).collect();
+        let lens = items.iter().map(|x| x.1).collect();
+        self.msgs.insert(id, (m, idxs, 0, MsgKind::User(lens)));
+        e
+    }
+
+    /// Publish entries in one step: with SQPOLL the kernel thread could
+    /// otherwise take the first half of a chain alone and break the link.
+    fn push_chain(&mut self, chain: Vec<squeue::Entry>) -> Result<()> {
+        if chain.is_empty() {
+            return Ok(());
+        }
         let free = {
             let sq = self.ring.submission();
             sq.capacity() - sq.len()
@@ -533,7 +621,8 @@ impl Ring {
             }
         }
         // SAFETY: as in `push`: the entries point at registered pool memory
-        // whose buffers are marked InFlight.
+        // whose buffers are marked InFlight, and at messages kept in `msgs`
+        // until their completion.
         unsafe { self.ring.submission().push_multiple(&chain) }.map_err(|_| UringError::Busy)?;
         Ok(())
     }
@@ -565,7 +654,7 @@ impl Ring {
             .build()
             .user_data(ud(OP_SEND, s.0, idx));
             self.in_flight += 1;
-            self.sock(s)?.queued.push_back(e);
+            self.sock(s)?.queued.push_back(Pending::Entry(e));
         }
         self.flush_sends(s)?;
         self.submit()
@@ -855,34 +944,47 @@ impl Ring {
             .ioprio(SEND_ZC_REPORT_USAGE)
             .build()
             .user_data(ud(OP_SENDMSG_ZC, to.0, id));
-        self.msgs.insert(id, (m, idxs, 0));
+        self.msgs.insert(id, (m, idxs, 0, MsgKind::Forward));
         self.in_flight += 1;
-        self.sock(to)?.queued.push_back(e);
+        self.sock(to)?.queued.push_back(Pending::Entry(e));
         self.flush_sends(to)?;
         self.submit()?;
         Ok(total)
     }
 
     fn finish_sg(&mut self, sock: u32, id: u32, res: Option<i32>, copied: bool) {
-        let Some((_m, idxs, first)) = self.msgs.remove(&id) else {
+        let Some((_m, idxs, first, kind)) = self.msgs.remove(&id) else {
             return;
         };
-        self.in_flight -= 1;
-        for idx in idxs {
-            let addr = self.addr_of(idx);
-            if let Some(bid) = self.bufring.bids.iter().position(|&x| x == idx) {
-                // Still InFlight: straight back into the kernel's receive ring.
-                self.bufring
-                    .push(bid as u16, addr, self.pool.buf_size() as u32);
+        let result = res.unwrap_or(first);
+        match kind {
+            MsgKind::Forward => {
+                self.in_flight -= 1;
+                for idx in idxs {
+                    let addr = self.addr_of(idx);
+                    if let Some(bid) = self.bufring.bids.iter().position(|&x| x == idx) {
+                        // Still InFlight: straight back into the kernel's receive ring.
+                        self.bufring
+                            .push(bid as u16, addr, self.pool.buf_size() as u32);
+                    }
+                }
+                self.bufring.publish();
+                self.done.push_back(Sent {
+                    sock: SockId(sock),
+                    buf: None,
+                    result,
+                    copied,
+                });
+            }
+            MsgKind::User(lens) => {
+                // One completion per buffer, as if each had gone alone
+                // (MSG_WAITALL: all of the message went, or it failed).
+                for (idx, len) in idxs.into_iter().zip(lens) {
+                    let r = if result < 0 { result } else { len as i32 };
+                    self.finish_send(sock, idx, r, copied);
+                }
             }
         }
-        self.bufring.publish();
-        self.done.push_back(Sent {
-            sock: SockId(sock),
-            buf: None,
-            result: res.unwrap_or(first),
-            copied,
-        });
     }
 
     /// Return a buffer that came from the receive ring (and was forwarded)
