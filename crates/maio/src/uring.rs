@@ -172,12 +172,13 @@ enum Pending {
 }
 
 /// Whose buffers a scatter-gather message carries.
+#[derive(Clone, Copy)]
 enum MsgKind {
     /// Received buffers forwarded: back to the receive ring when done.
     Forward,
-    /// The caller's buffers (`send_zc`), with their lengths: back to the
-    /// caller, each with its own completion.
-    User(Vec<u32>),
+    /// The caller's buffers (`send_zc`): back to the caller, each with its
+    /// own completion.
+    User,
 }
 
 /// A scatter-gather message whose memory must stay put while the kernel
@@ -546,7 +547,7 @@ impl Ring {
                 }
             }
             sock.chain = 1;
-            let e = self.user_message(s, &items);
+            let e = self.sg_message(s, &items, MsgKind::User);
             return self.push_chain(vec![e]);
         }
         let mut chain: Vec<squeue::Entry> = Vec::new();
@@ -571,8 +572,9 @@ impl Ring {
         self.push_chain(chain)
     }
 
-    /// Build the SENDMSG_ZC carrying the caller's buffers `items`.
-    fn user_message(&mut self, s: SockId, items: &[(u32, u32)]) -> squeue::Entry {
+    /// Build the SENDMSG_ZC carrying pool buffers `items` (index, length)
+    /// to socket `s`; the message stays in `msgs` until its notification.
+    fn sg_message(&mut self, s: SockId, items: &[(u32, u32)], kind: MsgKind) -> squeue::Entry {
         let iov: Vec<libc::iovec> = items
             .iter()
             .map(|&(idx, len)| libc::iovec {
@@ -595,8 +597,7 @@ impl Ring {
             .build()
             .user_data(ud(OP_SENDMSG_ZC, s.0, id));
         let idxs = items.iter().map(|x| x.0).collect();
-        let lens = items.iter().map(|x| x.1).collect();
-        self.msgs.insert(id, (m, idxs, 0, MsgKind::User(lens)));
+        self.msgs.insert(id, (m, idxs, 0, kind));
         e
     }
 
@@ -916,35 +917,15 @@ impl Ring {
         if bufs.is_empty() {
             return Ok(0);
         }
-        let mut iov = Vec::with_capacity(bufs.len());
-        let mut idxs = Vec::with_capacity(bufs.len());
+        let mut items = Vec::with_capacity(bufs.len());
         let mut total = 0;
         for rb in bufs.drain(..) {
             self.pool
                 .transition(&rb.buf, State::Received, State::InFlight)?;
-            let idx = rb.buf.into_raw();
-            iov.push(libc::iovec {
-                iov_base: self.addr_of(idx) as *mut _,
-                iov_len: rb.len,
-            });
-            idxs.push(idx);
+            items.push((rb.buf.into_raw(), rb.len as u32));
             total += rb.len;
         }
-        // SAFETY: msghdr is plain data.
-        let mut m = Box::new(SgMsg {
-            hdr: unsafe { std::mem::zeroed() },
-            iov,
-        });
-        m.hdr.msg_iov = m.iov.as_mut_ptr();
-        m.hdr.msg_iovlen = m.iov.len();
-        let id = self.next_msg;
-        self.next_msg = self.next_msg.wrapping_add(1);
-        let e = opcode::SendMsgZc::new(types::Fixed(to.0), &m.hdr)
-            .flags(libc::MSG_WAITALL as u32)
-            .ioprio(SEND_ZC_REPORT_USAGE)
-            .build()
-            .user_data(ud(OP_SENDMSG_ZC, to.0, id));
-        self.msgs.insert(id, (m, idxs, 0, MsgKind::Forward));
+        let e = self.sg_message(to, &items, MsgKind::Forward);
         self.in_flight += 1;
         self.sock(to)?.queued.push_back(Pending::Entry(e));
         self.flush_sends(to)?;
@@ -953,7 +934,7 @@ impl Ring {
     }
 
     fn finish_sg(&mut self, sock: u32, id: u32, res: Option<i32>, copied: bool) {
-        let Some((_m, idxs, first, kind)) = self.msgs.remove(&id) else {
+        let Some((m, idxs, first, kind)) = self.msgs.remove(&id) else {
             return;
         };
         let result = res.unwrap_or(first);
@@ -976,11 +957,11 @@ impl Ring {
                     copied,
                 });
             }
-            MsgKind::User(lens) => {
+            MsgKind::User => {
                 // One completion per buffer, as if each had gone alone
                 // (MSG_WAITALL: all of the message went, or it failed).
-                for (idx, len) in idxs.into_iter().zip(lens) {
-                    let r = if result < 0 { result } else { len as i32 };
+                for (idx, v) in idxs.into_iter().zip(&m.iov) {
+                    let r = if result < 0 { result } else { v.iov_len as i32 };
                     self.finish_send(sock, idx, r, copied);
                 }
             }
