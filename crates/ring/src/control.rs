@@ -80,6 +80,11 @@ impl Conn {
         self.0.as_raw_fd()
     }
 
+    /// The connected socket itself.
+    pub fn into_fd(self) -> OwnedFd {
+        self.0
+    }
+
     pub fn send(&self, msg: &[u8], fds: &[RawFd]) -> Result<()> {
         send_msg(self.0.as_raw_fd(), msg, fds)
     }

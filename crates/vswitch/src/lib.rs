@@ -512,11 +512,16 @@ impl Switch {
         if let Some(c) = self.conns.remove(&id) {
             self.unwatch(c.fd());
         }
+        self.remove_owned(id);
+    }
+
+    /// Remove every port the connection `owner` brought.
+    fn remove_owned(&mut self, owner: u32) {
         let owned: Vec<u16> = self
             .ports
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.as_ref().is_some_and(|s| s.conn == Some(id)))
+            .filter(|(_, p)| p.as_ref().is_some_and(|s| s.conn == Some(owner)))
             .map(|(i, _)| i as u16)
             .collect();
         for i in owned {
@@ -554,17 +559,7 @@ impl Switch {
             }
             memif::Event::Closed(fd) => {
                 self.unwatch(fd);
-                let owner = Some(u32::MAX - id);
-                let owned: Vec<u16> = self
-                    .ports
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, p)| p.as_ref().is_some_and(|s| s.conn == owner))
-                    .map(|(i, _)| i as u16)
-                    .collect();
-                for i in owned {
-                    self.remove_port(i);
-                }
+                self.remove_owned(u32::MAX - id);
             }
         }
     }

@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU16, Ordering::Acquire, Ordering::Release};
 use std::time::Instant;
@@ -82,7 +82,7 @@ struct MConn {
 
 /// The memif listener and its connections.
 pub struct Server {
-    listen: OwnedFd,
+    listen: ring::control::Listener,
     path: PathBuf,
     conns: HashMap<u32, MConn>,
     next: u32,
@@ -90,16 +90,8 @@ pub struct Server {
 
 impl Server {
     pub fn bind(path: &Path) -> std::io::Result<Server> {
-        let l = ring::control::Listener::bind(path).map_err(std::io::Error::other)?;
-        // Keep the descriptor; the Listener wrapper only set it up.
-        // SAFETY: dup of a live descriptor.
-        let fd = unsafe { libc::dup(l.fd()) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         Ok(Server {
-            // SAFETY: fresh descriptor from dup.
-            listen: unsafe { OwnedFd::from_raw_fd(fd) },
+            listen: ring::control::Listener::bind(path).map_err(std::io::Error::other)?,
             path: path.to_path_buf(),
             conns: HashMap::new(),
             next: 0,
@@ -107,7 +99,7 @@ impl Server {
     }
 
     pub fn listen_fd(&self) -> RawFd {
-        self.listen.as_raw_fd()
+        self.listen.fd()
     }
 
     pub fn path(&self) -> &Path {
@@ -116,20 +108,7 @@ impl Server {
 
     /// Accept one connection and greet it; returns its id and descriptor.
     pub fn accept(&mut self) -> Option<(u32, RawFd)> {
-        // SAFETY: accept4 on our listening socket.
-        let fd = unsafe {
-            libc::accept4(
-                self.listen.as_raw_fd(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            )
-        };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: fresh descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = self.listen.accept()?.into_fd();
         let mut m = [0u8; MSG_SIZE];
         put16(&mut m, 0, MSG_HELLO);
         m[2..10].copy_from_slice(b"fastpath");
