@@ -16,6 +16,17 @@ pub enum SkippyMode {
     Backward,
 }
 
+impl SkippyMode {
+    /// The access each step makes.
+    pub fn op(self) -> Op {
+        if self == SkippyMode::Write {
+            Op::Write
+        } else {
+            Op::Read
+        }
+    }
+}
+
 impl std::str::FromStr for SkippyMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -74,11 +85,7 @@ pub fn skippy(t: &mut dyn Target, o: &SkippyOpts) -> Result<Vec<Point>, Error> {
             t.sectors()
         )));
     }
-    let op = if o.mode == SkippyMode::Write {
-        Op::Write
-    } else {
-        Op::Read
-    };
+    let op = o.mode.op();
     let t0 = t.elapsed_ms();
     let mut out = Vec::with_capacity(o.steps as usize);
     match o.mode {
@@ -213,11 +220,7 @@ pub fn skippy_probe(
     reps: u32,
     budget_ms: f64,
 ) -> Result<Vec<Point>, Error> {
-    let op = if mode == SkippyMode::Write {
-        Op::Write
-    } else {
-        Op::Read
-    };
+    let op = mode.op();
     let mut out = Vec::new();
     let mut pos = start;
     let t0 = t.elapsed_ms();
@@ -241,4 +244,21 @@ pub fn skippy_probe(
         }
     }
     Ok(out)
+}
+
+/// Probe the steps around a run's STM (eight samples each, within
+/// `budget_ms` of device time, past the run's last sector) and place MTM
+/// between steps from them ([`crate::extract::refine_mtm`]).
+pub fn refine_mtm(
+    t: &mut dyn Target,
+    mode: SkippyMode,
+    run: &[Point],
+    e: &mut crate::extract::Skippy,
+    budget_ms: f64,
+) -> Result<(), Error> {
+    let steps: Vec<u32> = (e.stm.saturating_sub(6)..=e.stm + 1).collect();
+    let start = run.last().map_or(0, |p| p.lba + 2);
+    let probes = skippy_probe(t, mode, start, &steps, 8, budget_ms)?;
+    crate::extract::refine_mtm(e, &probes);
+    Ok(())
 }

@@ -68,20 +68,16 @@ pub fn preset(spec: &Spec, plot_dir: Option<&Path>) -> Result<PresetResult, crat
     let pts = bench::skippy(&mut disk, &opts)?;
     let mut ex = extract::skippy(&pts);
     if let Extraction::Rotational(e) = &mut ex {
-        // A quarter of the 2 s budget goes to repeated probes around STM.
-        let steps: Vec<u32> = (e.stm.saturating_sub(6)..=e.stm + 1).collect();
-        let start = pts.last().map_or(0, |p| p.lba + 2);
-        // Whatever is left of 2 s of disk time (less one slow access).
+        // Repeated probes around STM get whatever is left of 2 s of disk
+        // time (less one slow access).
         let left = 1970.0 - (disk.elapsed_ms() - t0);
-        let probes = bench::skippy_probe(
+        bench::refine_mtm(
             &mut disk,
             opts.mode,
-            start,
-            &steps,
-            8,
+            &pts,
+            e,
             left - 2.0 * spec.rotation_ms(),
         )?;
-        extract::refine_mtm(e, &probes);
     }
     let skippy_ms = disk.elapsed_ms() - t0;
     let mut notes = Vec::new();

@@ -231,14 +231,9 @@ pub fn run(cmd: DiskCommand) -> anyhow::Result<()> {
                 disk::extract::skippy(&pts)
             };
             if let Extraction::Rotational(e) = &mut ex {
-                // Repeated probes around STM place MTM between steps.
-                let steps: Vec<u32> = (e.stm.saturating_sub(6)..=e.stm + 1).collect();
-                let from = pts.last().map_or(0, |p| p.lba + 2);
-                if let Ok(probes) =
-                    disk::bench::skippy_probe(t.as_mut(), mode, from, &steps, 8, 600.0)
-                {
-                    disk::extract::refine_mtm(e, &probes);
-                }
+                // Repeated probes around STM place MTM between steps; if the
+                // device cannot take them, the run's own estimate stands.
+                let _ = disk::bench::refine_mtm(t.as_mut(), mode, &pts, e, 600.0);
             }
             if let Some(p) = &plot {
                 disk::plots::skippy(p, &format!("SKIPPY, {}", t.describe()), &pts, &ex)?;
