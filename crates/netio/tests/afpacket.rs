@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use maio::{Hugepages, Pool};
 use netio::afpacket::{AfPacketPort, Config};
 use netio::netns::{self, Netns};
-use netio::{Nic, Slot};
+use netio::Nic;
 
 mod common;
-use common::{frames as udp_frames, free_slots, send_all, slots_with};
+use common::{frames as udp_frames, free_slots, receive_batch, send_all, slots_with};
 
 fn pool() -> Pool {
     Pool::new(maio::Config {
@@ -43,25 +43,7 @@ fn receive(
     let deadline = Instant::now() + Duration::from_secs(5);
     while got.iter().map(Vec::len).sum::<usize>() < want && Instant::now() < deadline {
         for (i, p) in ports.iter_mut().enumerate() {
-            let mut slots: Vec<Slot> = (0..32)
-                .map(|_| Slot {
-                    buf: Some(h.alloc().unwrap()),
-                    off: 0,
-                    len: 0,
-                })
-                .collect();
-            let n = p.receive(pool, &mut slots).unwrap();
-            for s in slots.iter_mut() {
-                let f = s.frame(pool).to_vec();
-                let filled = s.len > 0;
-                h.free(s.buf.take().unwrap()).unwrap();
-                if filled && ours.contains(&f) {
-                    got[i].push(f);
-                }
-            }
-            if n == 0 {
-                p.wait(10);
-            }
+            got[i].extend(receive_batch(p, pool, &mut h, ours));
         }
     }
     got

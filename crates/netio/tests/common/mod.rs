@@ -43,6 +43,37 @@ pub fn send_all(port: &mut dyn Nic, pool: &Pool, slots: &[Slot]) {
     assert_eq!(sent, slots.len());
 }
 
+/// One receive call into 32 fresh buffers: the frames of `ours` that came
+/// (waits briefly if the port had nothing).
+pub fn receive_batch(
+    port: &mut dyn Nic,
+    pool: &Pool,
+    h: &mut maio::Handle,
+    ours: &HashSet<Vec<u8>>,
+) -> Vec<Vec<u8>> {
+    let mut slots: Vec<Slot> = (0..32)
+        .map(|_| Slot {
+            buf: Some(h.alloc().unwrap()),
+            off: 0,
+            len: 0,
+        })
+        .collect();
+    let n = port.receive(pool, &mut slots).unwrap();
+    let mut got = Vec::new();
+    for s in slots.iter_mut() {
+        let f = s.frame(pool).to_vec();
+        let filled = s.len > 0;
+        h.free(s.buf.take().unwrap()).unwrap();
+        if filled && ours.contains(&f) {
+            got.push(f);
+        }
+    }
+    if n == 0 {
+        port.wait(10);
+    }
+    got
+}
+
 /// Receives until every frame of `ours` arrived (5 s at most).
 pub fn receive_all(
     port: &mut dyn Nic,
@@ -53,25 +84,7 @@ pub fn receive_all(
     let mut got = HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     while got.len() < ours.len() && Instant::now() < deadline {
-        let mut slots: Vec<Slot> = (0..32)
-            .map(|_| Slot {
-                buf: Some(h.alloc().unwrap()),
-                off: 0,
-                len: 0,
-            })
-            .collect();
-        let n = port.receive(pool, &mut slots).unwrap();
-        for s in slots.iter_mut() {
-            let f = s.frame(pool).to_vec();
-            let filled = s.len > 0;
-            h.free(s.buf.take().unwrap()).unwrap();
-            if filled && ours.contains(&f) {
-                got.insert(f);
-            }
-        }
-        if n == 0 {
-            port.wait(10);
-        }
+        got.extend(receive_batch(port, pool, h, ours));
     }
     got
 }
