@@ -15,6 +15,14 @@
 //! done with it, then `User` again (and the caller learns whether the kernel
 //! copied it); a received buffer is `Received` until the caller gives it
 //! back.
+//!
+//! Two things the paper's kernel did not need and a stock kernel does: where
+//! the kernel copies zero-copy data anyway (delivery to a local socket), a
+//! copied zero-copy send costs about twice an ordinary one, so once a
+//! socket's notification says "copied" its sends go as ordinary sends from
+//! the same buffers, with a zero-copy probe every [`ZC_PROBE_EVERY`]
+//! ([`Config::adaptive_zc`]); and a receive that found every pool buffer
+//! taken (the paper's starvation) is re-armed only when buffers come back.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -93,7 +101,16 @@ pub struct Config {
     pub rx_buffers: u16,
     /// Most sockets on one ring.
     pub max_sockets: u32,
+    /// Stop asking for zero copy on a socket whose zero-copy data the
+    /// kernel copies anyway (a local destination): later sends from the
+    /// same buffers go as ordinary sends, with a zero-copy probe every
+    /// [`ZC_PROBE_EVERY`] sends to notice a change of route.
+    pub adaptive_zc: bool,
 }
+
+/// On a socket whose zero-copy sends the kernel copied, one send in this
+/// many is still sent zero-copy, to find out whether it still copies.
+pub const ZC_PROBE_EVERY: u32 = 128;
 
 impl Default for Config {
     fn default() -> Self {
@@ -103,6 +120,7 @@ impl Default for Config {
             sqpoll_idle_ms: 50,
             rx_buffers: 256,
             max_sockets: 64,
+            adaptive_zc: true,
         }
     }
 }
@@ -135,6 +153,10 @@ const OP_SEND_ZC: u64 = 1;
 const OP_SEND: u64 = 2;
 const OP_RECV: u64 = 3;
 const OP_SENDMSG_ZC: u64 = 4;
+/// An ordinary send of the caller's buffer (the kernel copies on this route).
+const OP_SEND_PLAIN: u64 = 5;
+/// An ordinary SENDMSG of a scatter-gather list (same reason).
+const OP_SENDMSG: u64 = 6;
 const BGID: u16 = 7;
 /// `IORING_SEND_ZC_REPORT_USAGE` (linux/io_uring.h): report in the
 /// notification whether the kernel copied after all.
@@ -159,6 +181,13 @@ struct Sock {
     rx: VecDeque<(u32, usize)>,
     eof: bool,
     error: Option<i32>,
+    /// The kernel reported copying this socket's last zero-copy send.
+    kernel_copies: bool,
+    /// Ordinary sends since the last zero-copy probe.
+    since_probe: u32,
+    /// The last receive stopped because every receive buffer was taken
+    /// (the paper's starvation): re-arm only when buffers come back.
+    starved: bool,
 }
 
 /// A send waiting its turn on a stream socket.
@@ -245,6 +274,12 @@ pub struct Ring {
     in_flight: u32,
     sqpoll: bool,
     bundles: bool,
+    adaptive_zc: bool,
+    /// Sends (requests) that asked the kernel for zero copy.
+    pub zc_sends: u64,
+    /// Sends of pool buffers made as ordinary sends because the kernel
+    /// copies on that socket's route anyway (see [`Config::adaptive_zc`]).
+    pub plain_sends: u64,
     /// Submissions that needed a system call (SQPOLL asleep, or no SQPOLL).
     pub enters: u64,
     /// System calls made to wait for completions.
@@ -363,6 +398,9 @@ impl Ring {
             in_flight: 0,
             sqpoll: cfg.sqpoll,
             bundles: true,
+            adaptive_zc: cfg.adaptive_zc,
+            zc_sends: 0,
+            plain_sends: 0,
             enters: 0,
             waits: 0,
         };
@@ -474,6 +512,8 @@ impl Ring {
             if !self.ring.submission().need_wakeup() {
                 return Ok(());
             }
+        } else if self.ring.submission().is_empty() {
+            return Ok(());
         }
         self.enters += 1;
         self.ring.submit().map_err(sys("io_uring_enter"))?;
@@ -496,19 +536,57 @@ impl Ring {
             self.flush_sends(s)?;
             return self.submit();
         }
-        let e = opcode::SendZc::new(
-            types::Fixed(s.0),
-            self.addr_of(idx) as *const u8,
-            len as u32,
-        )
-        .buf_index(Some(0))
-        .flags(libc::MSG_WAITALL)
-        .zc_flags(SEND_ZC_REPORT_USAGE)
-        .build()
-        .user_data(ud(OP_SEND_ZC, s.0, idx));
+        let addr = self.addr_of(idx) as *const u8;
+        let e = if self.want_zc(s)? {
+            opcode::SendZc::new(types::Fixed(s.0), addr, len as u32)
+                .buf_index(Some(0))
+                .flags(libc::MSG_WAITALL)
+                .zc_flags(SEND_ZC_REPORT_USAGE)
+                .build()
+                .user_data(ud(OP_SEND_ZC, s.0, idx))
+        } else {
+            opcode::Send::new(types::Fixed(s.0), addr, len as u32)
+                .flags(libc::MSG_WAITALL)
+                .build()
+                .user_data(ud(OP_SEND_PLAIN, s.0, idx))
+        };
         self.sock(s)?.queued.push_back(Pending::Entry(e));
         self.flush_sends(s)?;
         self.submit()
+    }
+
+    /// Whether the next send of pool buffers on `s` asks for zero copy:
+    /// yes unless the kernel copied this socket's last zero-copy send, and
+    /// then still once every [`ZC_PROBE_EVERY`] sends. A zero-copy send
+    /// that the kernel ends up copying costs more than an ordinary one (it
+    /// is set up for zero copy, copied later and notified separately), so
+    /// on a route that copies anyway the ordinary send is the cheaper way
+    /// to send the same buffers. Linux's MSG_ZEROCOPY documentation gives
+    /// the same advice.
+    fn want_zc(&mut self, s: SockId) -> Result<bool> {
+        let adaptive = self.adaptive_zc;
+        let sock = self.sock(s)?;
+        let zc = if !adaptive || !sock.kernel_copies || sock.since_probe + 1 >= ZC_PROBE_EVERY {
+            sock.since_probe = 0;
+            true
+        } else {
+            sock.since_probe += 1;
+            false
+        };
+        if zc {
+            self.zc_sends += 1;
+        } else {
+            self.plain_sends += 1;
+        }
+        Ok(zc)
+    }
+
+    /// A zero-copy notification for socket `sock` said whether the kernel
+    /// copied.
+    fn note_copied(&mut self, sock: u32, copied: bool) {
+        if let Some(s) = self.socks.get_mut(sock as usize) {
+            s.kernel_copies = copied;
+        }
     }
 
     /// Sends on one stream socket must reach it in order, but io_uring
@@ -547,7 +625,7 @@ impl Ring {
                 }
             }
             sock.chain = 1;
-            let e = self.sg_message(s, &items, MsgKind::User);
+            let e = self.sg_message(s, &items, MsgKind::User)?;
             return self.push_chain(vec![e]);
         }
         let mut chain: Vec<squeue::Entry> = Vec::new();
@@ -572,9 +650,16 @@ impl Ring {
         self.push_chain(chain)
     }
 
-    /// Build the SENDMSG_ZC carrying pool buffers `items` (index, length)
-    /// to socket `s`; the message stays in `msgs` until its notification.
-    fn sg_message(&mut self, s: SockId, items: &[(u32, u32)], kind: MsgKind) -> squeue::Entry {
+    /// Build the SENDMSG_ZC (or, where the kernel copies anyway, the
+    /// SENDMSG) carrying pool buffers `items` (index, length) to socket `s`;
+    /// the message stays in `msgs` until the kernel is done with it.
+    fn sg_message(
+        &mut self,
+        s: SockId,
+        items: &[(u32, u32)],
+        kind: MsgKind,
+    ) -> Result<squeue::Entry> {
+        let zc = self.want_zc(s)?;
         let iov: Vec<libc::iovec> = items
             .iter()
             .map(|&(idx, len)| libc::iovec {
@@ -591,14 +676,21 @@ impl Ring {
         m.hdr.msg_iovlen = m.iov.len();
         let id = self.next_msg;
         self.next_msg = self.next_msg.wrapping_add(1);
-        let e = opcode::SendMsgZc::new(types::Fixed(s.0), &m.hdr)
-            .flags(libc::MSG_WAITALL as u32)
-            .ioprio(SEND_ZC_REPORT_USAGE)
-            .build()
-            .user_data(ud(OP_SENDMSG_ZC, s.0, id));
+        let e = if zc {
+            opcode::SendMsgZc::new(types::Fixed(s.0), &m.hdr)
+                .flags(libc::MSG_WAITALL as u32)
+                .ioprio(SEND_ZC_REPORT_USAGE)
+                .build()
+                .user_data(ud(OP_SENDMSG_ZC, s.0, id))
+        } else {
+            opcode::SendMsg::new(types::Fixed(s.0), &m.hdr)
+                .flags(libc::MSG_WAITALL as u32)
+                .build()
+                .user_data(ud(OP_SENDMSG, s.0, id))
+        };
         let idxs = items.iter().map(|x| x.0).collect();
         self.msgs.insert(id, (m, idxs, 0, kind));
-        e
+        Ok(e)
     }
 
     /// Publish entries in one step: with SQPOLL the kernel thread could
@@ -663,7 +755,7 @@ impl Ring {
 
     fn arm_recv(&mut self, s: SockId) -> Result<()> {
         let sock = self.sock(s)?;
-        if sock.recv_armed || sock.eof || sock.error.is_some() {
+        if sock.recv_armed || sock.starved || sock.eof || sock.error.is_some() {
             return Ok(());
         }
         sock.recv_armed = true;
@@ -694,6 +786,7 @@ impl Ring {
                 OP_SEND_ZC => {
                     if cqueue::notif(flags) {
                         let copied = res as u32 & NOTIF_USAGE_ZC_COPIED != 0;
+                        self.note_copied(sock, copied);
                         let result = self.zc_results.remove(&idx).unwrap_or(0);
                         self.finish_send(sock, idx, result, copied);
                     } else if cqueue::more(flags) {
@@ -721,10 +814,21 @@ impl Ring {
                         copied: true,
                     });
                 }
+                OP_SEND_PLAIN => {
+                    // The kernel copied the bytes during the send: the
+                    // buffer is the caller's again.
+                    self.send_done(sock);
+                    self.finish_send(sock, idx, res, true);
+                }
+                OP_SENDMSG => {
+                    self.send_done(sock);
+                    self.finish_sg(sock, idx, Some(res), true);
+                }
                 OP_RECV => self.on_recv(sock, res, flags),
                 OP_SENDMSG_ZC => {
                     if cqueue::notif(flags) {
                         let copied = res as u32 & NOTIF_USAGE_ZC_COPIED != 0;
+                        self.note_copied(sock, copied);
                         self.finish_sg(sock, idx, None, copied);
                     } else {
                         self.send_done(sock);
@@ -803,7 +907,9 @@ impl Ring {
         };
         if res == 0 {
             s.eof = true;
-        } else if res < 0 && res != -libc::ENOBUFS {
+        } else if res == -libc::ENOBUFS {
+            s.starved = true;
+        } else if res < 0 {
             if res == -libc::EINVAL && self.bundles {
                 // No bundles on this kernel: plain multishot instead.
                 self.bundles = false;
@@ -893,7 +999,7 @@ impl Ring {
         let addr = self.addr_of(idx);
         self.bufring
             .push(bid as u16, addr, self.pool.buf_size() as u32);
-        self.bufring.publish();
+        self.publish_rx();
         Ok(())
     }
 
@@ -925,7 +1031,7 @@ impl Ring {
             items.push((rb.buf.into_raw(), rb.len as u32));
             total += rb.len;
         }
-        let e = self.sg_message(to, &items, MsgKind::Forward);
+        let e = self.sg_message(to, &items, MsgKind::Forward)?;
         self.in_flight += 1;
         self.sock(to)?.queued.push_back(Pending::Entry(e));
         self.flush_sends(to)?;
@@ -949,7 +1055,7 @@ impl Ring {
                             .push(bid as u16, addr, self.pool.buf_size() as u32);
                     }
                 }
-                self.bufring.publish();
+                self.publish_rx();
                 self.done.push_back(Sent {
                     sock: SockId(sock),
                     buf: None,
@@ -968,6 +1074,15 @@ impl Ring {
         }
     }
 
+    /// Hand the buffers pushed since the last call to the kernel; sockets
+    /// whose receive starved may receive again.
+    fn publish_rx(&mut self) {
+        self.bufring.publish();
+        for s in &mut self.socks {
+            s.starved = false;
+        }
+    }
+
     /// Return a buffer that came from the receive ring (and was forwarded)
     /// to the receive ring; any other buffer goes back to the pool.
     pub fn give_back(&mut self, buf: Buf) -> Result<()> {
@@ -979,7 +1094,7 @@ impl Ring {
                 let addr = self.addr_of(idx);
                 self.bufring
                     .push(bid as u16, addr, self.pool.buf_size() as u32);
-                self.bufring.publish();
+                self.publish_rx();
                 Ok(())
             }
             None => Ok(self.handle.free(buf)?),

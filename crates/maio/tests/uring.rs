@@ -5,7 +5,7 @@ use std::net::{TcpListener, UdpSocket};
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use maio::uring::{Config, Ring, RxBuf, UringError};
+use maio::uring::{Config, Ring, RxBuf, UringError, ZC_PROBE_EVERY};
 use maio::{Hugepages, Pool, State};
 
 fn pool() -> Pool {
@@ -24,6 +24,32 @@ fn pattern(i: usize, n: usize) -> Vec<u8> {
 
 #[test]
 fn zero_copy_tcp_send_returns_every_buffer_and_reports_the_copy() {
+    let ring = tcp_sends(true);
+    // The first send asked for zero copy and was copied (local delivery):
+    // from then on the socket's sends are ordinary ones, bar the probes.
+    assert!(ring.zc_sends >= 1, "never tried zero copy");
+    assert!(
+        ring.plain_sends > 0,
+        "kept asking for zero copy on a copying route"
+    );
+    assert!(
+        ring.zc_sends <= 1 + ring.plain_sends / (ZC_PROBE_EVERY as u64 - 1),
+        "{} zero-copy sends for {} ordinary ones",
+        ring.zc_sends,
+        ring.plain_sends
+    );
+}
+
+#[test]
+fn without_adaptation_every_send_asks_for_zero_copy() {
+    let ring = tcp_sends(false);
+    assert_eq!(ring.plain_sends, 0);
+    assert!(ring.zc_sends > 0);
+}
+
+/// 200 pool buffers sent on a local TCP connection: every one comes back,
+/// reported copied, and the receiver gets every byte in order.
+fn tcp_sends(adaptive_zc: bool) -> Ring {
     let pool = pool();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
@@ -34,7 +60,14 @@ fn zero_copy_tcp_send_returns_every_buffer_and_reports_the_copy() {
         c.read_to_end(&mut all).unwrap();
         all
     });
-    let mut ring = Ring::new(&pool, Config::default()).unwrap();
+    let mut ring = Ring::new(
+        &pool,
+        Config {
+            adaptive_zc,
+            ..Config::default()
+        },
+    )
+    .unwrap();
     let s = ring.connect_tcp(addr).unwrap();
     let before = pool.stats().in_use;
     let mut want = Vec::new();
@@ -49,6 +82,11 @@ fn zero_copy_tcp_send_returns_every_buffer_and_reports_the_copy() {
         let idx = b.index();
         first.get_or_insert(idx);
         ring.send_zc(s, b, 4096).unwrap();
+        if i == N / 2 {
+            // Let the first half be notified: the ring then knows whether
+            // the kernel copies on this route.
+            assert!(ring.drain(Duration::from_secs(5)));
+        }
         if i == 0 {
             assert_eq!(
                 pool.state(idx),
@@ -94,6 +132,7 @@ fn zero_copy_tcp_send_returns_every_buffer_and_reports_the_copy() {
         "{} io_uring_enter calls for {N} sends",
         ring.enters
     );
+    ring
 }
 
 #[test]
@@ -207,6 +246,26 @@ fn misuse_is_an_error() {
 
 #[test]
 fn a_proxy_forwards_received_buffers_without_copying_them_in_order() {
+    let ring = proxy(false);
+    assert_eq!(ring.plain_sends, 0);
+}
+
+#[test]
+fn a_proxy_on_a_copying_route_forwards_with_ordinary_sends_in_order() {
+    let ring = proxy(true);
+    assert!(
+        ring.zc_sends >= 1 && ring.plain_sends > 0,
+        "zc {} plain {}",
+        ring.zc_sends,
+        ring.plain_sends
+    );
+}
+
+/// 8 MB through a MAIO proxy between two local TCP connections: the same
+/// bytes arrive in order and every buffer returns to the receive ring. The
+/// client sends the second half only when the first has been forwarded and
+/// its sends notified, so the ring knows by then whether the kernel copies.
+fn proxy(adaptive_zc: bool) -> Ring {
     let pool = Pool::new(maio::Config {
         buffers: 1024,
         buf_size: 16384,
@@ -226,9 +285,13 @@ fn a_proxy_forwards_received_buffers_without_copying_them_in_order() {
     let front = TcpListener::bind("127.0.0.1:0").unwrap();
     let faddr = front.local_addr().unwrap();
     let d2 = data.clone();
+    let half = data.len() / 2;
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
     let client = std::thread::spawn(move || {
         let mut c = std::net::TcpStream::connect(faddr).unwrap();
-        for chunk in d2.chunks(100_000) {
+        c.write_all(&d2[..half]).unwrap();
+        wait_go.recv_timeout(Duration::from_secs(10)).unwrap();
+        for chunk in d2[half..].chunks(100_000) {
             c.write_all(chunk).unwrap();
         }
     });
@@ -238,6 +301,7 @@ fn a_proxy_forwards_received_buffers_without_copying_them_in_order() {
         &pool,
         Config {
             rx_buffers: 512,
+            adaptive_zc,
             ..Config::default()
         },
     )
@@ -254,6 +318,10 @@ fn a_proxy_forwards_received_buffers_without_copying_them_in_order() {
             .unwrap();
         if n > 0 {
             moved += ring.forward_sg(&mut sg, so).unwrap();
+            if moved == half {
+                assert!(ring.drain(Duration::from_secs(5)));
+                go.send(()).unwrap();
+            }
         }
         for c in ring.completions() {
             assert!(c.result > 0, "{c:?}");
@@ -274,4 +342,5 @@ fn a_proxy_forwards_received_buffers_without_copying_them_in_order() {
         before,
         "forwarded buffers did not all come back"
     );
+    ring
 }
