@@ -76,8 +76,13 @@ enum MaioCommand {
     /// Examples:
     ///   fastpath maio bench --quick
     ///   fastpath maio bench --format json | jq .figure3
+    ///   fastpath maio bench --figure 4 --seconds 2
     #[command(verbatim_doc_comment)]
     Bench {
+        /// Run only these figures (2, 3 or 4; repeat or comma-separate).
+        /// Figure 3 includes its no-local-delivery UDP variant.
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u8).range(2..=4))]
+        figure: Vec<u8>,
         /// Short runs (0.2 s each, 3 repetitions).
         #[arg(long)]
         quick: bool,
@@ -336,6 +341,7 @@ fn maio_bench(
     quick: bool,
     seconds: Option<f64>,
     reps: Option<usize>,
+    figures: Vec<u8>,
     format: Format,
 ) -> anyhow::Result<()> {
     let seconds = seconds.unwrap_or(if quick { 0.2 } else { 1.0 });
@@ -344,11 +350,18 @@ fn maio_bench(
         anyhow::bail!("--seconds must be 0.05..=60 and --reps 1..=100");
     }
     let json = matches!(format, Format::Json);
-    let doc = maio::bench::run(maio::bench::Options { seconds, reps }, &|l: &str| {
-        if !json {
-            println!("{l}");
-        }
-    })
+    let doc = maio::bench::run(
+        maio::bench::Options {
+            seconds,
+            reps,
+            figures,
+        },
+        &|l: &str| {
+            if !json {
+                println!("{l}");
+            }
+        },
+    )
     .map_err(anyhow::Error::msg)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -519,8 +532,9 @@ fn main() -> ExitCode {
             quick,
             seconds,
             reps,
+            figure,
             format,
-        }) => maio_bench(quick, seconds, reps, format),
+        }) => maio_bench(quick, seconds, reps, figure, format),
         Command::Disk(c) => disk::run(c),
         Command::Pktgen(a) => stop_flag().and_then(|s| switch::pktgen(a, s)),
         Command::Lb(LbCommand::HashEval(a)) => hash_eval(a),

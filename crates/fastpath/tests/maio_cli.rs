@@ -45,7 +45,7 @@ fn maio_bench_quick_json_document() {
     ] {
         cpb("figure3", m);
     }
-    for m in ["read_write", "splice", "io_uring", "maio"] {
+    for m in ["read_write", "splice", "io_uring", "maio", "maio_no_sqpoll"] {
         cpb("figure4", m);
     }
     for m in ["send", "msg_zerocopy", "io_uring_send_zc", "maio"] {
@@ -60,4 +60,30 @@ fn maio_bench_quick_json_document() {
             "figure3_udp_veth.{m}"
         );
     }
+}
+
+#[test]
+fn maio_bench_runs_only_the_figures_asked_for() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_fastpath"))
+            .args(["maio", "bench", "--format", "json", "--reps", "1"])
+            .args(["--seconds", "0.05"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--figure", "2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["figure2"]["maio"]["pps"].as_f64().unwrap() > 0.0);
+    for f in ["figure3", "figure3_udp_veth", "figure4"] {
+        assert!(v.get(f).is_none(), "{f} was not asked for");
+    }
+    let bad = run(&["--figure", "5"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("5"));
 }

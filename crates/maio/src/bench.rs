@@ -18,12 +18,14 @@ use crate::uring::{Config as RingConfig, Ring, RxBuf};
 use crate::{Hugepages, Pool};
 
 /// Bench settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Seconds per measurement.
     pub seconds: f64,
     /// Repetitions per method (the median is reported).
     pub reps: usize,
+    /// The figures to run (2, 3, 4); empty means all.
+    pub figures: Vec<u8>,
 }
 
 /// One measurement.
@@ -774,12 +776,17 @@ fn fig4_uring(d: Duration) -> Run {
     })
 }
 
-fn fig4_maio(d: Duration, pool: Pool) -> Run {
+/// The MAIO proxy: receive into pool buffers (bundled multishot), send the
+/// same buffers onward as one message per batch. `sqpoll`: submissions by
+/// the kernel's polling thread (no system calls, but a thread that spins
+/// while the proxy works), or by io_uring_enter from the proxy thread.
+fn fig4_maio(d: Duration, pool: Pool, sqpoll: bool) -> Run {
     proxied(d, move |i, o, _| {
         let mut ring = Ring::new(
             &pool,
             RingConfig {
                 rx_buffers: 1024,
+                sqpoll,
                 ..RingConfig::default()
             },
         )
@@ -888,98 +895,113 @@ fn summarize(e: &Value) -> String {
     }
 }
 
-/// Run every figure; `progress` gets a line per method.
+/// Run the chosen figures (all when `o.figures` is empty); `progress`
+/// gets a line per method.
 pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, String> {
     let d = Duration::from_secs_f64(o.seconds);
     let hz = hz();
     let small = pool(2048, 4096);
     let big = pool(CHUNK, 1024);
-    progress("Figure 2: 64-byte UDP datagrams per second, one application thread");
-    let fig2 = figure(
-        vec![
-            ("sendmsg", Box::new(|| fig2_sendmsg(d))),
-            ("sendmmsg", Box::new(|| fig2_sendmmsg(d))),
-            ("io_uring", Box::new(|| fig2_uring(d))),
-            ("maio", Box::new(|| fig2_maio(d, &small))),
-        ],
-        o.reps,
-        "pps",
-        hz,
-        progress,
-    );
-    progress("Figure 3: CPU cycles per byte, 16 KiB TCP sends to a local receiver");
-    let fig3 = figure(
-        vec![
-            ("send", Box::new(|| fig3_send(d))),
-            ("msg_zerocopy", Box::new(|| fig3_msg_zerocopy(d))),
-            ("sendfile", Box::new(|| fig3_sendfile(d))),
-            ("io_uring_send_zc", Box::new(|| fig3_uring_zc(d))),
-            ("maio", Box::new(|| fig3_maio(d, &big))),
-        ],
-        o.reps,
-        "cycles_per_byte",
-        hz,
-        progress,
-    );
-    progress("Figure 3 (no local delivery): 16 KiB UDP datagrams into a veth that drops them");
-    let fig3u = match VethSink::new() {
-        Ok(v) => {
-            let reps = o.reps;
-            let big2 = big.clone();
-            let r = v.run(move || {
-                let quiet = |_: &str| {};
-                figure(
-                    vec![
-                        ("send", Box::new(move || fig3u_send(d))),
-                        (
-                            "msg_zerocopy",
-                            Box::new(move || fig3u_with(d, zerocopy_loop)),
-                        ),
-                        (
-                            "io_uring_send_zc",
-                            Box::new(move || fig3u_with(d, uring_zc_loop)),
-                        ),
-                        ("maio", Box::new(move || fig3u_maio(d, big2.clone()))),
-                    ],
-                    reps,
-                    "cycles_per_byte",
-                    hz,
-                    &quiet,
-                )
-            })?;
-            for (k, e) in r.as_object().into_iter().flatten() {
-                progress(&format!("  {k}: {}", summarize(e)));
+    let want = |f: u8| o.figures.is_empty() || o.figures.contains(&f);
+    let mut doc = serde_json::Map::new();
+    if want(2) {
+        progress("Figure 2: 64-byte UDP datagrams per second, one application thread");
+        let fig2 = figure(
+            vec![
+                ("sendmsg", Box::new(|| fig2_sendmsg(d))),
+                ("sendmmsg", Box::new(|| fig2_sendmmsg(d))),
+                ("io_uring", Box::new(|| fig2_uring(d))),
+                ("maio", Box::new(|| fig2_maio(d, &small))),
+            ],
+            o.reps,
+            "pps",
+            hz,
+            progress,
+        );
+        doc.insert("figure2".into(), fig2);
+    }
+    if want(3) {
+        progress("Figure 3: CPU cycles per byte, 16 KiB TCP sends to a local receiver");
+        let fig3 = figure(
+            vec![
+                ("send", Box::new(|| fig3_send(d))),
+                ("msg_zerocopy", Box::new(|| fig3_msg_zerocopy(d))),
+                ("sendfile", Box::new(|| fig3_sendfile(d))),
+                ("io_uring_send_zc", Box::new(|| fig3_uring_zc(d))),
+                ("maio", Box::new(|| fig3_maio(d, &big))),
+            ],
+            o.reps,
+            "cycles_per_byte",
+            hz,
+            progress,
+        );
+        progress("Figure 3 (no local delivery): 16 KiB UDP datagrams into a veth that drops them");
+        let fig3u = match VethSink::new() {
+            Ok(v) => {
+                let reps = o.reps;
+                let big2 = big.clone();
+                let r = v.run(move || {
+                    let quiet = |_: &str| {};
+                    figure(
+                        vec![
+                            ("send", Box::new(move || fig3u_send(d))),
+                            (
+                                "msg_zerocopy",
+                                Box::new(move || fig3u_with(d, zerocopy_loop)),
+                            ),
+                            (
+                                "io_uring_send_zc",
+                                Box::new(move || fig3u_with(d, uring_zc_loop)),
+                            ),
+                            ("maio", Box::new(move || fig3u_maio(d, big2.clone()))),
+                        ],
+                        reps,
+                        "cycles_per_byte",
+                        hz,
+                        &quiet,
+                    )
+                })?;
+                for (k, e) in r.as_object().into_iter().flatten() {
+                    progress(&format!("  {k}: {}", summarize(e)));
+                }
+                r
             }
-            r
-        }
-        Err(e) => {
-            progress(&format!(
-                "  skipped: {e} (needs root, iproute2 and nftables)"
-            ));
-            json!({ "skipped": e })
-        }
-    };
-    progress("Figure 4: TCP splicing proxy, CPU cycles per byte moved");
-    let fig4 = figure(
-        vec![
-            ("read_write", Box::new(|| fig4_copy(d))),
-            ("splice", Box::new(|| fig4_splice(d))),
-            ("io_uring", Box::new(|| fig4_uring(d))),
-            ("maio", Box::new(|| fig4_maio(d, pool(CHUNK, 2048)))),
-        ],
-        o.reps,
-        "cycles_per_byte",
-        hz,
-        progress,
-    );
-    Ok(json!({
+            Err(e) => {
+                progress(&format!(
+                    "  skipped: {e} (needs root, iproute2 and nftables)"
+                ));
+                json!({ "skipped": e })
+            }
+        };
+        doc.insert("figure3".into(), fig3);
+        doc.insert("figure3_udp_veth".into(), fig3u);
+    }
+    if want(4) {
+        progress("Figure 4: TCP splicing proxy, CPU cycles per byte moved");
+        let fig4 = figure(
+            vec![
+                ("read_write", Box::new(|| fig4_copy(d))),
+                ("splice", Box::new(|| fig4_splice(d))),
+                ("io_uring", Box::new(|| fig4_uring(d))),
+                ("maio", Box::new(|| fig4_maio(d, pool(CHUNK, 2048), true))),
+                (
+                    "maio_no_sqpoll",
+                    Box::new(|| fig4_maio(d, pool(CHUNK, 2048), false)),
+                ),
+            ],
+            o.reps,
+            "cycles_per_byte",
+            hz,
+            progress,
+        );
+        doc.insert("figure4".into(), fig4);
+    }
+    let mut out = json!({
         "seconds_per_run": o.seconds,
         "repetitions": o.reps,
         "cpu_hz": hz,
         "cycles": "estimated: CPU seconds (getrusage, all threads incl. SQPOLL, minus the peer threads) x clock rate",
-        "figure2": fig2,
-        "figure3": fig3,
-        "figure3_udp_veth": fig3u,
-        "figure4": fig4,
-    }))
+    });
+    out.as_object_mut().expect("object").extend(doc);
+    Ok(out)
 }
