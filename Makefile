@@ -25,7 +25,7 @@ demo: setup
 
 ## Every test.
 test: setup
-	$(CARGO) test --workspace --locked
+	$(CARGO) test --workspace --locked --no-fail-fast
 
 ## Benchmarks, each beside its peer in the same run; see BENCHMARKS.md.
 bench: setup
