@@ -208,47 +208,95 @@ pub fn seeker(
     Ok(out)
 }
 
-/// Repeat single SKIPPY steps near the transition: each probe is a priming
-/// one-sector access followed by the timed one `step` sectors on, at a fresh
-/// place each time (from `start` onward). Several samples per step let the
-/// extraction place MTM between steps (see `extract::refine_mtm`).
-pub fn skippy_probe(
+/// One probe at `pos`: a priming one-sector access, `delay_ms` of idle
+/// time, then the timed access `step` sectors on. The latency returned has
+/// the delay added back, so that it lies on L1 or L2 like a SKIPPY point.
+fn probe_once(
     t: &mut dyn Target,
-    mode: SkippyMode,
-    start: u64,
-    steps: &[u32],
-    reps: u32,
-    budget_ms: f64,
-) -> Result<Vec<Point>, Error> {
-    let op = mode.op();
-    let mut out = Vec::new();
-    let mut pos = start;
-    let t0 = t.elapsed_ms();
-    for _ in 0..reps {
-        for &s in steps {
-            if pos + s as u64 + 2 > t.sectors() || t.elapsed_ms() - t0 > budget_ms {
-                return Ok(out);
-            }
-            t.access(op, pos, 1)?;
-            let lba = pos + 1 + s as u64;
-            let l = t.access(op, lba, 1)?;
-            out.push(Point {
-                step: s,
-                lba,
-                latency_ms: l,
-            });
-            // Move on by an odd amount so that successive probes of a step
-            // fall at different places on their tracks (a probe that crosses
-            // a track boundary is not usable).
-            pos = lba + 1 + 13;
-        }
+    op: Op,
+    pos: u64,
+    step: u32,
+    delay_ms: f64,
+) -> Result<Point, Error> {
+    t.access(op, pos, 1)?;
+    if delay_ms > 0.0 {
+        t.idle(delay_ms);
     }
-    Ok(out)
+    let lba = pos + 1 + step as u64;
+    let l = t.access(op, lba, 1)?;
+    Ok(Point {
+        step,
+        lba,
+        latency_ms: l + delay_ms,
+    })
 }
 
-/// Probe the steps around a run's STM (eight samples each, within
-/// `budget_ms` of device time, past the run's last sector) and place MTM
-/// between steps from them ([`crate::extract::refine_mtm`]).
+/// Where MTM probes go: one per track, at the same place on each, so that
+/// once a probe stays inside its track (a probe that crosses a boundary
+/// gains the skew and is not usable) the following ones do too.
+struct ProbeWalk {
+    pos: u64,
+    /// Whole tracks, more than a probe plus a gap in which the next
+    /// priming access is in time.
+    stride: u64,
+    deadline_ms: f64,
+}
+
+impl ProbeWalk {
+    fn new(e: &crate::extract::Skippy, start: u64, deadline_ms: f64) -> ProbeWalk {
+        let spt = e.sectors_per_track.round().max(1.0) as u64;
+        let span = 2 * (e.stm as u64 + 2) + 40;
+        ProbeWalk {
+            pos: start,
+            stride: span.div_ceil(spt) * spt,
+            deadline_ms,
+        }
+    }
+
+    /// Probes of `step` with `delay_ms` until two agree or three are
+    /// usable (at most six tries): (in time, usable), or `None` when the
+    /// device time is spent or the disk ends.
+    fn votes(
+        &mut self,
+        t: &mut dyn Target,
+        e: &crate::extract::Skippy,
+        op: Op,
+        step: u32,
+        delay_ms: f64,
+    ) -> Result<Option<(u32, u32)>, Error> {
+        let (mut made, mut usable) = (0u32, 0u32);
+        for _ in 0..6 {
+            if usable == 3 || (usable == 2 && made != 1) {
+                break;
+            }
+            if self.pos + self.stride + step as u64 > t.sectors()
+                || t.elapsed_ms() > self.deadline_ms
+            {
+                return Ok(None);
+            }
+            let p = probe_once(t, op, self.pos, step, delay_ms)?;
+            self.pos += self.stride;
+            match crate::extract::probe_made_it(e, &p) {
+                Some(m) => {
+                    made += m as u32;
+                    usable += 1;
+                }
+                // Crossed a boundary (or met an outlier): move the walk
+                // along its tracks, past where the boundary was.
+                None => self.pos += step as u64 + 2,
+            }
+        }
+        Ok(Some((made, usable)))
+    }
+}
+
+/// Place MTM to a fraction of the request jitter, using `budget_ms` of
+/// device time past the run's last sector. The run places MTM only to a
+/// step (a sector: 0.2 ms on the oldest drives), and with jitter wider than
+/// a sector its STM can be off by several. So: find a step whose probes are
+/// all in time (STM + 1, else further up), then hold the second request
+/// back by a delay, bisected until the request starts to miss: MTM is that
+/// step's rotation less the largest delay that still makes it.
 pub fn refine_mtm(
     t: &mut dyn Target,
     mode: SkippyMode,
@@ -256,9 +304,64 @@ pub fn refine_mtm(
     e: &mut crate::extract::Skippy,
     budget_ms: f64,
 ) -> Result<(), Error> {
-    let steps: Vec<u32> = (e.stm.saturating_sub(6)..=e.stm + 1).collect();
+    let op = mode.op();
     let start = run.last().map_or(0, |p| p.lba + 2);
-    let probes = skippy_probe(t, mode, start, &steps, 8, budget_ms)?;
-    crate::extract::refine_mtm(e, &probes);
+    let mut walk = ProbeWalk::new(e, start, t.elapsed_ms() + budget_ms);
+    let sector = e.l2.slope;
+    let mut votes = |t: &mut dyn Target, e: &crate::extract::Skippy, step: u32, d: f64| {
+        walk.votes(t, e, op, step, d)
+    };
+    // A step always in time: STM + 1, then 2, 4, 8, 16 steps further.
+    let mut step = e.stm + 1;
+    let mut up = 1;
+    loop {
+        match votes(t, e, step, 0.0)? {
+            Some((m, u)) if u >= 2 && m == u => break,
+            Some(_) if up <= 16 => {
+                step += up;
+                up *= 2;
+            }
+            _ => return Ok(()),
+        }
+    }
+    // A delay that misses: at least 2.5 sectors (below STM - 1) and 0.25
+    // ms (several jitters), doubled while still in time.
+    let (mut lo, mut hi) = (0.0, (2.5 * sector).max(0.25));
+    loop {
+        let Some((made, usable)) = votes(t, e, step, hi)? else {
+            return Ok(());
+        };
+        if usable == 0 {
+            return Ok(());
+        }
+        if 2 * made <= usable {
+            break;
+        }
+        if hi > step as f64 * sector {
+            return Ok(()); // never misses: not a rotational threshold
+        }
+        lo = hi;
+        hi *= 2.0;
+    }
+    let mut rounds = 0;
+    while hi - lo > 0.01 {
+        let d = 0.5 * (lo + hi);
+        let Some((made, usable)) = votes(t, e, step, d)? else {
+            return Ok(());
+        };
+        if usable == 0 {
+            return Ok(());
+        }
+        if 2 * made > usable {
+            lo = d;
+        } else {
+            hi = d;
+        }
+        rounds += 1;
+    }
+    e.mtm_ms = step as f64 * sector - 0.5 * (lo + hi);
+    e.notes.push(format!(
+        "MTM placed within a sector by delaying the request at step {step} ({rounds} rounds)"
+    ));
     Ok(())
 }

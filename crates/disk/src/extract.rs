@@ -524,59 +524,16 @@ pub fn zone_fits(z: &[ZonePoint]) -> Option<ZoneFits> {
     })
 }
 
-/// Place MTM between steps using repeated probes near the transition
-/// ([`crate::bench::skippy_probe`]). A probe "makes it" (lands on L2) when
-/// the rotation between requests, `step * slope`, exceeds MTM plus the
-/// request's timing jitter. The lowest step that sometimes makes it puts MTM
-/// at `step * slope` (within the jitter); steps that always or never make it
-/// bound MTM, and with no mixed step the midpoint of the bound is taken.
-/// Updates `e.mtm_ms` and returns it.
-pub fn refine_mtm(e: &mut Skippy, probes: &[Point]) -> Option<f64> {
-    let mut by_step: std::collections::BTreeMap<u32, (u32, u32)> = Default::default();
+/// Whether a probe's second request was in time (it lies on L2: `true`)
+/// or missed its sector (on L1: `false`); `None` for a probe that is on
+/// neither, having crossed a track boundary (it gained the skew) or met an
+/// outlier: such a probe says nothing about MTM.
+pub fn probe_made_it(e: &Skippy, p: &Point) -> Option<bool> {
     let tol = (4.0 * e.noise_ms).max(0.1);
-    for p in probes {
-        let x = p.step as f64;
-        // A probe whose step crossed a track boundary gained the skew and
-        // says nothing about MTM: only clean L1 or L2 probes count.
-        let made = (p.latency_ms - e.l2.at(x)).abs() < tol;
-        let missed = (p.latency_ms - e.l1.at(x)).abs() < tol;
-        if made == missed {
-            continue;
-        }
-        let c = by_step.entry(p.step).or_default();
-        c.0 += made as u32;
-        c.1 += 1;
-    }
-    let mut est = Vec::new();
-    let (mut lo, mut hi) = (f64::NEG_INFINITY, f64::INFINITY);
-    for (&s, &(made, n)) in &by_step {
-        let x = s as f64 * e.l2.slope;
-        if made == 0 {
-            lo = lo.max(x);
-        } else if made == n {
-            hi = hi.min(x);
-        } else {
-            // Sometimes in time, sometimes not: MTM is within the request
-            // jitter of this step. (The jitter itself is not visible on
-            // L2, where the rotational wait absorbs it, so no correction.)
-            est.push(x);
-        }
-    }
-    // Outliers only ever delay a request, so a step well above MTM can look
-    // mixed; the lowest mixed step is the one at the threshold.
-    let m = if !est.is_empty() {
-        est.iter().copied().fold(f64::INFINITY, f64::min)
-    } else if lo.is_finite() && hi.is_finite() && lo < hi {
-        0.5 * (lo + hi)
-    } else {
-        return None;
-    };
-    e.mtm_ms = m;
-    e.notes.push(format!(
-        "MTM placed between steps from {} repeated probes",
-        probes.len()
-    ));
-    Some(m)
+    let x = p.step as f64;
+    let made = (p.latency_ms - e.l2.at(x)).abs() < tol;
+    let missed = (p.latency_ms - e.l1.at(x)).abs() < tol;
+    (made != missed).then_some(made)
 }
 
 #[cfg(test)]

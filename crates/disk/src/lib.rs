@@ -41,6 +41,15 @@ pub trait Target {
     fn access(&mut self, op: Op, lba: u64, count: u32) -> Result<f64, Error>;
     /// Milliseconds of (simulated or real) time spent so far.
     fn elapsed_ms(&self) -> f64;
+    /// Let `ms` pass before the next access (the host busy elsewhere). A
+    /// real device spins on the monotonic clock: sleeping is far coarser
+    /// than the fractions of a sector this is used for.
+    fn idle(&mut self, ms: f64) {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs_f64(ms.max(0.0) / 1e3);
+        while std::time::Instant::now() < end {
+            std::hint::spin_loop();
+        }
+    }
     /// A short description.
     fn describe(&self) -> String;
 }

@@ -540,6 +540,9 @@ impl Target for Disk {
     fn elapsed_ms(&self) -> f64 {
         self.now
     }
+    fn idle(&mut self, ms: f64) {
+        Disk::idle(self, ms);
+    }
     fn describe(&self) -> String {
         format!("simulated {} ({})", self.spec.name, self.spec.model)
     }

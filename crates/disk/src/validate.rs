@@ -257,3 +257,56 @@ pub fn all(
     });
     Ok((results, doc))
 }
+
+/// How often each goal is met over seeds `1..=seeds` of every preset (the
+/// noise, outliers and starting phase change with the seed).
+#[derive(Debug, Clone, Serialize)]
+pub struct SeedSummary {
+    pub preset: &'static str,
+    pub param: &'static str,
+    pub goal: &'static str,
+    pub met: u32,
+    pub runs: u32,
+    /// The worst absolute difference, extracted - specified, in the
+    /// parameter's unit (a run with nothing extracted is not counted here).
+    pub worst_abs_error: f64,
+}
+
+/// Validate every preset under `seeds` seeds; one summary per preset and
+/// goal, and the longest SKIPPY of all runs (ms of disk time).
+pub fn over_seeds(specs: &[Spec], seeds: u32) -> Result<(Vec<SeedSummary>, f64), crate::Error> {
+    let mut out: Vec<SeedSummary> = Vec::new();
+    let mut longest: f64 = 0.0;
+    for spec in specs {
+        let first = out.len();
+        for seed in 1..=seeds as u64 {
+            let mut s = spec.clone();
+            s.seed = seed;
+            let r = preset(&s, None)?;
+            longest = longest.max(r.skippy_disk_ms);
+            for p in r.params.iter().filter(|p| p.ok.is_some()) {
+                let i = match out[first..].iter().position(|x| x.param == p.name) {
+                    Some(i) => first + i,
+                    None => {
+                        out.push(SeedSummary {
+                            preset: spec.name,
+                            param: p.name,
+                            goal: p.goal.unwrap_or(""),
+                            met: 0,
+                            runs: 0,
+                            worst_abs_error: 0.0,
+                        });
+                        out.len() - 1
+                    }
+                };
+                let x = &mut out[i];
+                x.runs += 1;
+                x.met += (p.ok == Some(true)) as u32;
+                if let Some(e) = p.extracted {
+                    x.worst_abs_error = x.worst_abs_error.max((e - p.specified).abs());
+                }
+            }
+        }
+    }
+    Ok((out, longest))
+}

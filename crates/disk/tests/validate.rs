@@ -7,42 +7,46 @@ use disk::validate;
 
 #[test]
 fn every_preset_meets_the_accuracy_goals_across_seeds() {
-    let mut failures = Vec::new();
-    for seed in 1..=12u64 {
-        for mut spec in presets() {
-            spec.seed = seed;
-            let r = validate::preset(&spec, None).unwrap();
-            let sector_ms = spec.rotation_ms() / spec.zones[0].spt as f64;
-            for p in &r.params {
-                // MTM is located to a step of the sawtooth, refined by
-                // probes; where a sector takes longer than 0.2 ms the goal of
-                // 0.1 ms is at the method's resolution, so the test holds it
-                // to 0.6 of a sector there (BENCHMARKS.md gives how often
-                // 0.1 ms is met).
-                let mtm_within_resolution = p.name == "mtm_ms"
-                    && p.extracted
-                        .is_some_and(|x| (x - p.specified).abs() <= 0.6 * sector_ms);
-                if p.ok == Some(false) && !mtm_within_resolution {
-                    failures.push(format!(
-                        "seed {seed} {}: {} specified {:.3} extracted {:?} notes {:?}",
-                        r.name, p.name, p.specified, p.extracted, r.notes
-                    ));
-                }
-            }
-            assert!(
-                r.skippy_disk_ms <= 2000.0,
-                "{}: SKIPPY took {} ms",
-                r.name,
-                r.skippy_disk_ms
-            );
-        }
+    // Every goal of the issue, MTM within 0.1 ms included, on every preset
+    // under twelve seeds (noise, outliers and starting phase differ).
+    let (sum, longest) = validate::over_seeds(&presets(), 12).unwrap();
+    let misses: Vec<String> = sum
+        .iter()
+        .filter(|x| x.met < x.runs)
+        .map(|x| {
+            format!(
+                "{} {} ({}): {}/{} met, worst |error| {:.4}",
+                x.preset, x.param, x.goal, x.met, x.runs, x.worst_abs_error
+            )
+        })
+        .collect();
+    assert!(misses.is_empty(), "{}", misses.join("\n"));
+    // Six goals per preset, each counted over every seed.
+    assert_eq!(sum.len(), 6 * presets().len());
+    assert!(sum.iter().all(|x| x.runs == 12));
+    assert!(longest <= 2000.0, "a SKIPPY took {longest} ms of disk time");
+}
+
+#[test]
+fn mtm_is_placed_within_a_sector_on_the_slow_sector_drives() {
+    // The HP 97560's and RZ26's sectors take 0.2 ms: a step alone cannot
+    // place MTM within 0.1 ms; the delayed probes must have done it.
+    for name in ["hp97560", "rz26"] {
+        let mut spec = disk::sim::preset_named(name).unwrap();
+        spec.seed = 5;
+        let r = validate::preset(&spec, None).unwrap();
+        assert!(
+            r.notes.iter().any(|n| n.contains("by delaying the request")),
+            "{name}: {:?}",
+            r.notes
+        );
+        let m = r.params.iter().find(|p| p.name == "mtm_ms").unwrap();
+        let sector = spec.rotation_ms() / spec.zones[0].spt as f64;
+        assert!(
+            (m.extracted.unwrap() - m.specified).abs() < 0.3 * sector,
+            "{name}: {m:?}"
+        );
     }
-    assert!(
-        failures.is_empty(),
-        "{} misses:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
 }
 
 #[test]
