@@ -43,6 +43,35 @@ fn validate_json_document_meets_the_goals() {
 }
 
 #[test]
+fn validate_over_seeds_counts_every_goal_per_preset() {
+    let out = fastpath()
+        .args(["disk", "validate", "--seeds", "3", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["seeds"], 3);
+    let goals = v["goals"].as_array().unwrap();
+    assert_eq!(goals.len(), 9 * 6, "{v}");
+    for g in goals {
+        assert_eq!(g["runs"], 3, "{g}");
+        assert_eq!(g["met"], 3, "{g}");
+    }
+    assert_eq!(v["all_met"], true);
+    assert!(v["longest_skippy_disk_ms"].as_f64().unwrap() <= 2000.0);
+    // Zero seeds is not a run.
+    let bad = fastpath()
+        .args(["disk", "validate", "--seeds", "0"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+}
+
+#[test]
 fn a_recorded_trace_is_analyzed_like_the_live_run() {
     let dir = std::env::temp_dir().join(format!("fp-disk-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
