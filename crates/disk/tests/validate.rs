@@ -36,7 +36,9 @@ fn mtm_is_placed_within_a_sector_on_the_slow_sector_drives() {
         spec.seed = 5;
         let r = validate::preset(&spec, None).unwrap();
         assert!(
-            r.notes.iter().any(|n| n.contains("by delaying the request")),
+            r.notes
+                .iter()
+                .any(|n| n.contains("by delaying the request")),
             "{name}: {:?}",
             r.notes
         );

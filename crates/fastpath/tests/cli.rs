@@ -1,5 +1,7 @@
 //! The `fastpath` binary as a user runs it.
 
+mod common;
+
 use std::process::Command;
 
 fn fastpath() -> Command {
@@ -98,27 +100,18 @@ fn plots_land_in_the_plot_dir() {
 
 #[test]
 fn lb_bench_json_document() {
-    let out = fastpath()
-        .args([
-            "lb",
-            "bench",
-            "--packets",
-            "20000",
-            "--repeats",
-            "1",
-            "--threads",
-            "0,1",
-            "--format",
-            "json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::json(&[
+        "lb",
+        "bench",
+        "--packets",
+        "20000",
+        "--repeats",
+        "1",
+        "--threads",
+        "0,1",
+        "--format",
+        "json",
+    ]);
     for kind in ["syn", "non_syn", "constant", "null"] {
         for t in ["0", "1"] {
             let c = &v["results"][kind][t];
@@ -140,25 +133,16 @@ fn lb_bench_json_document() {
 
 #[test]
 fn lb_bench_veth_json_document() {
-    let out = fastpath()
-        .args([
-            "lb",
-            "bench",
-            "--topology",
-            "veth",
-            "--seconds",
-            "0.5",
-            "--format",
-            "json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::json(&[
+        "lb",
+        "bench",
+        "--topology",
+        "veth",
+        "--seconds",
+        "0.5",
+        "--format",
+        "json",
+    ]);
     for k in ["fastpath", "nftables", "veth_limit"] {
         assert!(
             v["results"][k]["mpps"].as_f64().unwrap() > 0.0,

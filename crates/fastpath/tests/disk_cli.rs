@@ -1,5 +1,7 @@
 //! `fastpath disk` as a user runs it.
 
+mod common;
+
 use std::process::Command;
 
 fn fastpath() -> Command {
@@ -8,16 +10,7 @@ fn fastpath() -> Command {
 
 #[test]
 fn validate_json_document_meets_the_goals() {
-    let out = fastpath()
-        .args(["disk", "validate", "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::json(&["disk", "validate", "--format", "json"]);
     let presets = v["presets"].as_object().unwrap();
     assert_eq!(presets.len(), 9);
     for (name, p) in presets {
@@ -44,16 +37,7 @@ fn validate_json_document_meets_the_goals() {
 
 #[test]
 fn validate_over_seeds_counts_every_goal_per_preset() {
-    let out = fastpath()
-        .args(["disk", "validate", "--seeds", "3", "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::json(&["disk", "validate", "--seeds", "3", "--format", "json"]);
     assert_eq!(v["seeds"], 3);
     let goals = v["goals"].as_array().unwrap();
     assert_eq!(goals.len(), 9 * 6, "{v}");

@@ -1,28 +1,21 @@
 //! `fastpath maio bench --quick --format json`: the document of the paper's
 //! Figures 2-4.
 
+mod common;
+
 use std::process::Command;
 
 #[test]
 fn maio_bench_quick_json_document() {
-    let out = Command::new(env!("CARGO_BIN_EXE_fastpath"))
-        .args([
-            "maio",
-            "bench",
-            "--quick",
-            "--format",
-            "json",
-            "--seconds",
-            "0.1",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::json(&[
+        "maio",
+        "bench",
+        "--quick",
+        "--format",
+        "json",
+        "--seconds",
+        "0.1",
+    ]);
     for m in ["sendmsg", "sendmmsg", "io_uring", "maio"] {
         let pps = v["figure2"][m]["pps"]
             .as_f64()

@@ -1,6 +1,8 @@
 //! `fastpath switch` and `fastpath pktgen` as separate processes, as a user
 //! runs them.
 
+mod common;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -267,16 +269,7 @@ fn switch_rejects_a_bad_config_and_pktgen_bad_arguments() {
 #[test]
 fn switch_bench_quick_json_document() {
     let t0 = Instant::now();
-    let out = fastpath()
-        .args(["switch", "bench", "--quick", "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::json(&["switch", "bench", "--quick", "--format", "json"]);
     for backend in ["switch", "tap"] {
         for row in [
             "base_itr0",
