@@ -2,34 +2,24 @@
 
 mod common;
 
-use std::process::Command;
-
-fn fastpath() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastpath"))
-}
+use common::fastpath;
 
 #[test]
 fn hash_eval_json_document() {
-    let out = fastpath()
-        .args([
-            "lb",
-            "hash-eval",
-            "--quick",
-            "--format",
-            "json",
-            "--backends",
-            "100",
-        ])
-        .args(["--sizes", "6553,65537", "--repetitions", "3"])
-        .output()
-        .unwrap();
     // 6553 and 65537 are both prime.
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::json(&[
+        "lb",
+        "hash-eval",
+        "--quick",
+        "--format",
+        "json",
+        "--backends",
+        "100",
+        "--sizes",
+        "6553,65537",
+        "--repetitions",
+        "3",
+    ]);
     for method in ["maglev", "karger", "rendezvous"] {
         for m in ["6553", "65537"] {
             let r = &v["results"][method][m];

@@ -2,11 +2,7 @@
 
 mod common;
 
-use std::process::Command;
-
-fn fastpath() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastpath"))
-}
+use common::fastpath;
 
 #[test]
 fn validate_json_document_meets_the_goals() {
@@ -61,38 +57,26 @@ fn a_recorded_trace_is_analyzed_like_the_live_run() {
     std::fs::create_dir_all(&dir).unwrap();
     let csv = dir.join("trace.csv");
     let svg = dir.join("skippy.svg");
-    let live = fastpath()
-        .args([
-            "disk",
-            "skippy",
-            "--sim",
-            "ultrastar",
-            "--format",
-            "json",
-            "--csv",
-        ])
-        .arg(&csv)
-        .arg("--plot")
-        .arg(&svg)
-        .output()
-        .unwrap();
-    assert!(
-        live.status.success(),
-        "{}",
-        String::from_utf8_lossy(&live.stderr)
+    let a = common::json_of(
+        fastpath()
+            .args([
+                "disk",
+                "skippy",
+                "--sim",
+                "ultrastar",
+                "--format",
+                "json",
+                "--csv",
+            ])
+            .arg(&csv)
+            .arg("--plot")
+            .arg(&svg),
     );
-    let again = fastpath()
-        .args(["disk", "analyze", "--format", "json"])
-        .arg(&csv)
-        .output()
-        .unwrap();
-    assert!(
-        again.status.success(),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
+    let b = common::json_of(
+        fastpath()
+            .args(["disk", "analyze", "--format", "json"])
+            .arg(&csv),
     );
-    let a: serde_json::Value = serde_json::from_slice(&live.stdout).unwrap();
-    let b: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(a["kind"], "rotational");
     let spt = |v: &serde_json::Value| v["sectors_per_track"].as_f64().unwrap();
     assert!(

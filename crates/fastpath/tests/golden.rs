@@ -3,17 +3,16 @@
 //! field with etherparse and decoded by tshark, a decoder we did not write,
 //! as GRE carrying the original packet to the backend the Maglev table names.
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::fastpath;
 use lb::sample::{expected_backend, mixed_traffic, Expect, CONFIG};
 use packet::{flow, parse_frame};
-
-fn fastpath() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastpath"))
-}
 
 fn workdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("fastpath-golden-{name}-{}", std::process::id()));
@@ -35,21 +34,15 @@ fn lb_run_forwards_the_sample_capture_as_gre_to_maglev_backends() {
         .status()
         .unwrap();
     assert!(st.success());
-    let res = fastpath()
-        .args(["lb", "run", "--format", "json", "--config"])
-        .arg(example_config())
-        .arg("--pcap-in")
-        .arg(&inp)
-        .arg("--pcap-out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
+    let report = common::json_of(
+        fastpath()
+            .args(["lb", "run", "--format", "json", "--config"])
+            .arg(example_config())
+            .arg("--pcap-in")
+            .arg(&inp)
+            .arg("--pcap-out")
+            .arg(&out),
     );
-    let report: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
 
     let cfg = lb::Config::parse(CONFIG, "examples/lb.toml").unwrap();
     let sample = mixed_traffic();

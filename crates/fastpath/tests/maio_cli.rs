@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::process::Command;
-
 #[test]
 fn maio_bench_quick_json_document() {
     let v = common::json(&[
@@ -57,26 +55,18 @@ fn maio_bench_quick_json_document() {
 
 #[test]
 fn maio_bench_runs_only_the_figures_asked_for() {
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_fastpath"))
-            .args(["maio", "bench", "--format", "json", "--reps", "1"])
-            .args(["--seconds", "0.05"])
-            .args(args)
-            .output()
-            .unwrap()
+    let bench = || {
+        let mut c = common::fastpath();
+        c.args(["maio", "bench", "--format", "json", "--reps", "1"])
+            .args(["--seconds", "0.05"]);
+        c
     };
-    let out = run(&["--figure", "2"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = common::json_of(bench().args(["--figure", "2"]));
     assert!(v["figure2"]["maio"]["pps"].as_f64().unwrap() > 0.0);
     for f in ["figure3", "figure3_udp_veth", "figure4"] {
         assert!(v.get(f).is_none(), "{f} was not asked for");
     }
-    let bad = run(&["--figure", "5"]);
+    let bad = bench().args(["--figure", "5"]).output().unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("5"));
 }

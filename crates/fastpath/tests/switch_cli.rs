@@ -3,12 +3,10 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Stdio};
 
-fn fastpath() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastpath"))
-}
+use common::fastpath;
+use std::time::{Duration, Instant};
 
 struct Proc(Child);
 impl Drop for Proc {
@@ -19,16 +17,7 @@ impl Drop for Proc {
 }
 
 fn status(sock: &str) -> serde_json::Value {
-    let out = fastpath()
-        .args(["switch", "status", "--socket", sock, "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::json(&["switch", "status", "--socket", sock, "--format", "json"])
 }
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
@@ -72,40 +61,35 @@ fn switch_and_pktgen_processes() {
     wait_for("rx to attach", || {
         port_names(&status(&sock_s)).contains(&"rx".into())
     });
-    let tx = fastpath()
-        .args([
-            "pktgen", "--socket", &sock_s, "--name", "tx", "--mode", "tx",
-        ])
-        .args([
-            "--count",
-            "20000",
-            "--rate",
-            "200000",
-            "--port-mode",
-            "sc",
-            "--itr",
-            "100",
-        ])
-        .args(["--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        tx.status.success(),
-        "{}",
-        String::from_utf8_lossy(&tx.stderr)
-    );
-    let txr: serde_json::Value = serde_json::from_slice(&tx.stdout).unwrap();
+    let txr = common::json(&[
+        "pktgen",
+        "--socket",
+        &sock_s,
+        "--name",
+        "tx",
+        "--mode",
+        "tx",
+        "--count",
+        "20000",
+        "--rate",
+        "200000",
+        "--port-mode",
+        "sc",
+        "--itr",
+        "100",
+        "--format",
+        "json",
+    ]);
     assert_eq!(txr["packets"], 20000);
     assert!(
         txr["kicks_per_packet"].as_f64().unwrap() < 0.5,
         "SC kicked too often: {txr}"
     );
-    // Every frame is accounted for at the receiver's port: put into its ring
-    // or, if the receiver was descheduled long enough for its ring to fill
-    // (a loaded 2-core machine), dropped and counted. The switch never holds
-    // the sender up, so drops are the designed outcome, not a failure.
-    // The receiver exits when it has all 20000; if it has not, its port's
-    // counters must account for every frame.
+    // The receiver exits when it has all 20000. If it has not, its port's
+    // counters must account for every frame: put into its ring or, if the
+    // receiver was descheduled long enough for its ring to fill (a loaded
+    // 2-core machine), dropped and counted. The switch never holds the
+    // sender up, so drops are the designed outcome, not a failure.
     let mut rx = Proc(rx);
     let mut accounted: Option<(u64, u64)> = None;
     wait_for(
