@@ -42,8 +42,9 @@ thread_local! {
     static LAST: RefCell<CString> = RefCell::new(CString::default());
 }
 
-fn fail<T>(code: c_int, msg: impl Into<String>, ret: T) -> T {
-    let _ = code;
+/// Record `msg` for maio_last_error and return `ret` (NULL or a negative
+/// errno, as maio.h says).
+fn fail<T>(msg: impl Into<String>, ret: T) -> T {
     let s = msg.into().replace('\0', " ");
     LAST.with(|l| *l.borrow_mut() = CString::new(s).unwrap_or_default());
     ret
@@ -53,7 +54,7 @@ fn with<T>(err: T, f: impl FnOnce(&mut Global) -> T) -> T {
     let mut g = G.lock().unwrap_or_else(|p| p.into_inner());
     match g.as_mut() {
         Some(g) => f(g),
-        None => fail(libc::EINVAL, "call init_hp_memory first", err),
+        None => fail("call init_hp_memory first", err),
     }
 }
 
@@ -83,7 +84,6 @@ pub extern "C" fn init_hp_memory(page_cnt: c_int) -> *mut c_void {
     }
     if page_cnt <= 0 || page_cnt > 4096 {
         return fail(
-            libc::EINVAL,
             format!("page_cnt {page_cnt} must be 1..=4096 (2 MiB pages)"),
             std::ptr::null_mut(),
         );
@@ -95,7 +95,7 @@ pub extern "C" fn init_hp_memory(page_cnt: c_int) -> *mut c_void {
         ..Default::default()
     }) {
         Ok(p) => p,
-        Err(e) => return fail(libc::ENOMEM, e.to_string(), std::ptr::null_mut()),
+        Err(e) => return fail(e.to_string(), std::ptr::null_mut()),
     };
     let cache = pool.region().0 as usize;
     *g = Some(Global {
@@ -108,27 +108,25 @@ pub extern "C" fn init_hp_memory(page_cnt: c_int) -> *mut c_void {
     cache as *mut c_void
 }
 
-fn check_cache(g: &Global, cache: *mut c_void) -> bool {
-    cache as usize == g.cache
+/// `Some(ret)`, with the error recorded, unless `cache` is the one
+/// init_hp_memory returned.
+fn wrong_cache<T>(g: &Global, cache: *mut c_void, ret: T) -> Option<T> {
+    (cache as usize != g.cache).then(|| fail("not the cache init_hp_memory returned", ret))
 }
 
 /// See maio.h.
 #[no_mangle]
 pub extern "C" fn alloc_page(cache: *mut c_void) -> *mut c_void {
     with(std::ptr::null_mut(), |g| {
-        if !check_cache(g, cache) {
-            return fail(
-                libc::EINVAL,
-                "not the cache init_hp_memory returned",
-                std::ptr::null_mut(),
-            );
+        if let Some(r) = wrong_cache(g, cache, std::ptr::null_mut()) {
+            return r;
         }
         match g.handle.alloc() {
             Ok(b) => {
                 let idx = b.into_raw();
                 (g.pool.region().0 as usize + idx as usize * PAGE) as *mut c_void
             }
-            Err(e) => fail(libc::ENOMEM, e.to_string(), std::ptr::null_mut()),
+            Err(e) => fail(e.to_string(), std::ptr::null_mut()),
         }
     })
 }
@@ -137,23 +135,17 @@ pub extern "C" fn alloc_page(cache: *mut c_void) -> *mut c_void {
 #[no_mangle]
 pub extern "C" fn free_page(cache: *mut c_void, page: *mut c_void) -> c_int {
     with(-libc::EINVAL, |g| {
-        if !check_cache(g, cache) {
-            return fail(
-                libc::EINVAL,
-                "not the cache init_hp_memory returned",
-                -libc::EINVAL,
-            );
+        if let Some(r) = wrong_cache(g, cache, -libc::EINVAL) {
+            return r;
         }
         collect(g);
         let idx = match g.pool.index_of(page as *const u8) {
             Ok(i) => i,
-            Err(e) => return fail(libc::EINVAL, e.to_string(), -libc::EINVAL),
+            Err(e) => return fail(e.to_string(), -libc::EINVAL),
         };
         match g.pool.state(idx) {
-            Some(State::Free) => fail(libc::EALREADY, format!("double free of page {page:p}"), -libc::EALREADY),
-            Some(State::InFlight) => fail(
-                libc::EBUSY,
-                format!("page {page:p} is in flight to the kernel; wait until get_buffer_state says MAIO_USER"),
+            Some(State::Free) => fail(format!("double free of page {page:p}"), -libc::EALREADY),
+            Some(State::InFlight) => fail(format!("page {page:p} is in flight to the kernel; wait until get_buffer_state says MAIO_USER"),
                 -libc::EBUSY,
             ),
             Some(State::User) => {
@@ -161,7 +153,7 @@ pub extern "C" fn free_page(cache: *mut c_void, page: *mut c_void) -> c_int {
                 // holds no token: this is the only one.
                 match unsafe { g.pool.from_raw(idx) }.and_then(|b| g.handle.free(b)) {
                     Ok(()) => 0,
-                    Err(e) => fail(libc::EINVAL, e.to_string(), -libc::EINVAL),
+                    Err(e) => fail(e.to_string(), -libc::EINVAL),
                 }
             }
             Some(State::Received) => {
@@ -174,10 +166,10 @@ pub extern "C" fn free_page(cache: *mut c_void, page: *mut c_void) -> c_int {
                     });
                 match r {
                     Ok(()) => 0,
-                    Err(e) => fail(libc::EINVAL, e.to_string(), -libc::EINVAL),
+                    Err(e) => fail(e.to_string(), -libc::EINVAL),
                 }
             }
-            None => fail(libc::EINVAL, "not a pool page", -libc::EINVAL),
+            None => fail("not a pool page", -libc::EINVAL),
         }
     })
 }
@@ -198,7 +190,7 @@ pub extern "C" fn create_connected_socket(dip: u32, port: u16) -> c_int {
             }
             Err(e) => {
                 let code = e.raw_os_error().unwrap_or(libc::EIO);
-                fail(code, format!("connect to {addr}: {e}"), -code)
+                fail(format!("connect to {addr}: {e}"), -code)
             }
         }
     })
@@ -208,34 +200,30 @@ pub extern "C" fn create_connected_socket(dip: u32, port: u16) -> c_int {
 #[no_mangle]
 pub extern "C" fn init_tcp_ring(idx: c_int, cache: *mut c_void) -> c_int {
     with(-libc::EINVAL, |g| {
-        if !check_cache(g, cache) {
-            return fail(
-                libc::EINVAL,
-                "not the cache init_hp_memory returned",
-                -libc::EINVAL,
-            );
+        if let Some(r) = wrong_cache(g, cache, -libc::EINVAL) {
+            return r;
         }
         if g.ring.is_none() {
             match Ring::new(&g.pool, Config::default()) {
                 Ok(r) => g.ring = Some(r),
-                Err(e) => return fail(libc::EIO, e.to_string(), -libc::EIO),
+                Err(e) => return fail(e.to_string(), -libc::EIO),
             }
         }
         let Some(slot) = usize::try_from(idx).ok().and_then(|i| g.socks.get_mut(i)) else {
-            return fail(libc::EBADF, format!("no socket {idx}"), -libc::EBADF);
+            return fail(format!("no socket {idx}"), -libc::EBADF);
         };
         if slot.id.is_some() {
             return 0;
         }
         let Some(fd) = slot.fd.take() else {
-            return fail(libc::EBADF, format!("socket {idx} is closed"), -libc::EBADF);
+            return fail(format!("socket {idx} is closed"), -libc::EBADF);
         };
         match g.ring.as_mut().expect("created above").add_socket(fd) {
             Ok(id) => {
                 slot.id = Some(id);
                 0
             }
-            Err(e) => fail(libc::EIO, e.to_string(), -libc::EIO),
+            Err(e) => fail(e.to_string(), -libc::EIO),
         }
     })
 }
@@ -254,25 +242,19 @@ pub extern "C" fn send_buffer(idx: c_int, buffer: *mut c_void, len: usize, flags
         collect(g);
         let Some(s) = sock_of(g, idx) else {
             return fail(
-                libc::EBADF,
                 format!("socket {idx} has no ring: call init_tcp_ring"),
                 -libc::EBADF,
             );
         };
         let pidx = match g.pool.index_of(buffer as *const u8) {
             Ok(i) => i,
-            Err(e) => return fail(libc::EINVAL, e.to_string(), -libc::EINVAL),
+            Err(e) => return fail(e.to_string(), -libc::EINVAL),
         };
         if len > PAGE {
-            return fail(
-                libc::EMSGSIZE,
-                format!("{len} bytes is more than a page"),
-                -libc::EMSGSIZE,
-            );
+            return fail(format!("{len} bytes is more than a page"), -libc::EMSGSIZE);
         }
         if g.pool.state(pidx) != Some(State::User) {
             return fail(
-                libc::EBUSY,
                 format!(
                     "page {buffer:p} is {:?}, not the caller's",
                     g.pool.state(pidx)
@@ -294,7 +276,7 @@ pub extern "C" fn send_buffer(idx: c_int, buffer: *mut c_void, len: usize, flags
         };
         match r {
             Ok(()) => 0,
-            Err(e) => fail(libc::EIO, e.to_string(), -libc::EIO),
+            Err(e) => fail(e.to_string(), -libc::EIO),
         }
     })
 }
@@ -306,7 +288,7 @@ pub extern "C" fn get_buffer_state(buffer: *mut c_void) -> c_int {
         collect(g);
         match g.pool.index_of(buffer as *const u8) {
             Ok(i) => g.pool.state(i).map(|s| s as c_int).unwrap_or(-libc::EINVAL),
-            Err(e) => fail(libc::EINVAL, e.to_string(), -libc::EINVAL),
+            Err(e) => fail(e.to_string(), -libc::EINVAL),
         }
     })
 }
@@ -323,23 +305,14 @@ pub unsafe extern "C" fn tcp_receive_sg(
     cache: *mut c_void,
 ) -> c_int {
     with(-libc::EINVAL, |g| {
-        if !check_cache(g, cache) {
-            return fail(
-                libc::EINVAL,
-                "not the cache init_hp_memory returned",
-                -libc::EINVAL,
-            );
+        if let Some(r) = wrong_cache(g, cache, -libc::EINVAL) {
+            return r;
         }
         if io_vec.is_null() || n <= 0 {
-            return fail(
-                libc::EINVAL,
-                "io_vec must hold at least one entry",
-                -libc::EINVAL,
-            );
+            return fail("io_vec must hold at least one entry", -libc::EINVAL);
         }
         let Some(s) = sock_of(g, idx) else {
             return fail(
-                libc::EBADF,
                 format!("socket {idx} has no ring: call init_tcp_ring"),
                 -libc::EBADF,
             );
@@ -349,7 +322,7 @@ pub unsafe extern "C" fn tcp_receive_sg(
         let mut out = Vec::new();
         match ring.recv_sg_wait(s, n as usize, &mut out, Duration::from_secs(5)) {
             Ok(0) if ring.eof(s) => 0,
-            Ok(0) => fail(libc::EAGAIN, "nothing received within 5 s", -libc::EAGAIN),
+            Ok(0) => fail("nothing received within 5 s", -libc::EAGAIN),
             Ok(k) => {
                 for (i, rb) in out.into_iter().enumerate() {
                     let len = rb.len;
@@ -364,7 +337,7 @@ pub unsafe extern "C" fn tcp_receive_sg(
                 }
                 k as c_int
             }
-            Err(e) => fail(libc::EIO, e.to_string(), -libc::EIO),
+            Err(e) => fail(e.to_string(), -libc::EIO),
         }
     })
 }
