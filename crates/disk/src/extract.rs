@@ -498,27 +498,21 @@ pub fn zone_fits(z: &[ZonePoint]) -> Option<ZoneFits> {
     let l2b = y0 - l2a * x0;
     let q2a = (y1 - y0) / (x1 * x1 - x0 * x0);
     let q2b = y0 - q2a * x0 * x0;
+    let linear = |a: f64, b: f64| Fit {
+        a,
+        b,
+        rms: rms(&p, |x| a * x + b),
+    };
+    let quadratic = |a: f64, b: f64| Fit {
+        a,
+        b,
+        rms: rms(&p, |x| a * x * x + b),
+    };
     Some(ZoneFits {
-        linear: Fit {
-            a: la,
-            b: lb,
-            rms: rms(&p, |x| la * x + lb),
-        },
-        quadratic: Fit {
-            a: qa,
-            b: qb,
-            rms: rms(&p, |x| qa * x * x + qb),
-        },
-        linear_two_point: Fit {
-            a: l2a,
-            b: l2b,
-            rms: rms(&p, |x| l2a * x + l2b),
-        },
-        quadratic_two_point: Fit {
-            a: q2a,
-            b: q2b,
-            rms: rms(&p, |x| q2a * x * x + q2b),
-        },
+        linear: linear(la, lb),
+        quadratic: quadratic(qa, qb),
+        linear_two_point: linear(l2a, l2b),
+        quadratic_two_point: quadratic(q2a, q2b),
         outer_mbps: y0,
         inner_mbps: y1,
     })
