@@ -235,6 +235,7 @@ fn probe_once(
 /// once a probe stays inside its track (a probe that crosses a boundary
 /// gains the skew and is not usable) the following ones do too.
 struct ProbeWalk {
+    op: Op,
     pos: u64,
     /// Whole tracks, more than a probe plus a gap in which the next
     /// priming access is in time.
@@ -243,10 +244,11 @@ struct ProbeWalk {
 }
 
 impl ProbeWalk {
-    fn new(e: &crate::extract::Skippy, start: u64, deadline_ms: f64) -> ProbeWalk {
+    fn new(e: &crate::extract::Skippy, op: Op, start: u64, deadline_ms: f64) -> ProbeWalk {
         let spt = e.sectors_per_track.round().max(1.0) as u64;
         let span = 2 * (e.stm as u64 + 2) + 40;
         ProbeWalk {
+            op,
             pos: start,
             stride: span.div_ceil(spt) * spt,
             deadline_ms,
@@ -260,7 +262,6 @@ impl ProbeWalk {
         &mut self,
         t: &mut dyn Target,
         e: &crate::extract::Skippy,
-        op: Op,
         step: u32,
         delay_ms: f64,
     ) -> Result<Option<(u32, u32)>, Error> {
@@ -274,7 +275,7 @@ impl ProbeWalk {
             {
                 return Ok(None);
             }
-            let p = probe_once(t, op, self.pos, step, delay_ms)?;
+            let p = probe_once(t, self.op, self.pos, step, delay_ms)?;
             self.pos += self.stride;
             match crate::extract::probe_made_it(e, &p) {
                 Some(m) => {
@@ -287,6 +288,21 @@ impl ProbeWalk {
             }
         }
         Ok(Some((made, usable)))
+    }
+
+    /// Whether most usable probes of `step` with `delay_ms` were in time;
+    /// `None` when none was usable or the device time or disk ran out.
+    fn majority(
+        &mut self,
+        t: &mut dyn Target,
+        e: &crate::extract::Skippy,
+        step: u32,
+        delay_ms: f64,
+    ) -> Result<Option<bool>, Error> {
+        Ok(match self.votes(t, e, step, delay_ms)? {
+            Some((made, usable)) if usable > 0 => Some(2 * made > usable),
+            _ => None,
+        })
     }
 }
 
@@ -304,18 +320,14 @@ pub fn refine_mtm(
     e: &mut crate::extract::Skippy,
     budget_ms: f64,
 ) -> Result<(), Error> {
-    let op = mode.op();
     let start = run.last().map_or(0, |p| p.lba + 2);
-    let mut walk = ProbeWalk::new(e, start, t.elapsed_ms() + budget_ms);
+    let mut walk = ProbeWalk::new(e, mode.op(), start, t.elapsed_ms() + budget_ms);
     let sector = e.l2.slope;
-    let mut votes = |t: &mut dyn Target, e: &crate::extract::Skippy, step: u32, d: f64| {
-        walk.votes(t, e, op, step, d)
-    };
     // A step always in time: STM + 1, then 2, 4, 8, 16 steps further.
     let mut step = e.stm + 1;
     let mut up = 1;
     loop {
-        match votes(t, e, step, 0.0)? {
+        match walk.votes(t, e, step, 0.0)? {
             Some((m, u)) if u >= 2 && m == u => break,
             Some(_) if up <= 16 => {
                 step += up;
@@ -328,14 +340,10 @@ pub fn refine_mtm(
     // ms (several jitters), doubled while still in time.
     let (mut lo, mut hi) = (0.0, (2.5 * sector).max(0.25));
     loop {
-        let Some((made, usable)) = votes(t, e, step, hi)? else {
-            return Ok(());
-        };
-        if usable == 0 {
-            return Ok(());
-        }
-        if 2 * made <= usable {
-            break;
+        match walk.majority(t, e, step, hi)? {
+            None => return Ok(()),
+            Some(false) => break,
+            Some(true) => {}
         }
         if hi > step as f64 * sector {
             return Ok(()); // never misses: not a rotational threshold
@@ -346,16 +354,10 @@ pub fn refine_mtm(
     let mut rounds = 0;
     while hi - lo > 0.01 {
         let d = 0.5 * (lo + hi);
-        let Some((made, usable)) = votes(t, e, step, d)? else {
-            return Ok(());
-        };
-        if usable == 0 {
-            return Ok(());
-        }
-        if 2 * made > usable {
-            lo = d;
-        } else {
-            hi = d;
+        match walk.majority(t, e, step, d)? {
+            None => return Ok(()),
+            Some(true) => lo = d,
+            Some(false) => hi = d,
         }
         rounds += 1;
     }
