@@ -93,6 +93,28 @@ fn handshake(
     (c, r)
 }
 
+/// The switch's memif port, as its status shows it.
+fn memif_port(ctl: &std::path::Path) -> Option<serde_json::Value> {
+    status(ctl).unwrap()["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["kind"] == "memif")
+        .cloned()
+}
+
+/// Poll `f` until it gives a value (at most 5 s).
+fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn lying_memif_clients_are_refused_or_contained() {
     let pid = std::process::id();
@@ -153,53 +175,21 @@ fn lying_memif_clients_are_refused_or_contained() {
     desc(2, 0, 1 << 20, buf_off);
     desc(3, 0, 60, buf_off);
     unsafe { (map.add(6) as *mut u16).write_volatile(4) }; // c2s head
-    let end = Instant::now() + Duration::from_secs(5);
-    let memif = loop {
-        let s = status(&ctl).unwrap();
-        let m = s["ports"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["kind"] == "memif")
-            .cloned();
-        if let Some(m) = m.filter(|m| m["detail"]["bad_descriptors"].as_u64() == Some(3)) {
-            break m;
-        }
-        assert!(Instant::now() < end, "bad descriptors not counted: {s}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let memif = until("bad descriptors counted", || {
+        memif_port(&ctl).filter(|m| m["detail"]["bad_descriptors"].as_u64() == Some(3))
+    });
     assert_eq!(memif["from_port"].as_u64(), Some(1), "{memif}");
     // Slots were returned: tail moved to head.
     assert_eq!(unsafe { (map.add(64) as *const u16).read_volatile() }, 4);
     // An impossible head breaks the port; the switch keeps answering.
     unsafe { (map.add(6) as *mut u16).write_volatile(4 + 5000) };
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        let s = status(&ctl).unwrap();
-        let m = s["ports"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["kind"] == "memif")
-            .cloned()
-            .unwrap();
-        if m["detail"]["broken"].is_string() {
-            break;
-        }
-        assert!(Instant::now() < end, "impossible head not caught: {m}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("impossible head caught", || {
+        memif_port(&ctl).filter(|m| m["detail"]["broken"].is_string())
+    });
     drop(conn);
-    let end = Instant::now() + Duration::from_secs(5);
-    while status(&ctl).unwrap()["ports"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|p| p["kind"] == "memif")
-    {
-        assert!(Instant::now() < end, "memif port not removed on disconnect");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("memif port removed on disconnect", || {
+        memif_port(&ctl).is_none().then_some(())
+    });
     unsafe { libc::munmap(map as *mut _, size) };
     stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
