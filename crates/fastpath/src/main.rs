@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-mod demo;
 mod disk;
 mod switch;
 
@@ -265,7 +264,7 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
         } else {
             a.seconds
         };
-        let report = lb::vethbench::run(&exe, secs, &mut |what| eprintln!("measuring {what}"))
+        let report = bench::veth::run(&exe, secs, &mut |what| eprintln!("measuring {what}"))
             .map_err(anyhow::Error::msg)?;
         match a.format {
             Format::Table => print!("{}", report.to_text()),
@@ -274,9 +273,9 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut b = if a.quick {
-        lb::bench::BenchConfig::quick()
+        bench::forwarder::BenchConfig::quick()
     } else {
-        lb::bench::BenchConfig::full()
+        bench::forwarder::BenchConfig::full()
     };
     if let Some(p) = a.packets {
         b.packets = p;
@@ -290,7 +289,7 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
     if let Some(t) = a.traffic {
         b.traffic = t;
     }
-    let report = lb::bench::run(&b, &mut |what| eprintln!("measuring {what}"))?;
+    let report = bench::forwarder::run(&b, &mut |what| eprintln!("measuring {what}"))?;
     match a.format {
         Format::Table => print!("{}", report.to_text()),
         Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -350,8 +349,8 @@ fn maio_bench(
         anyhow::bail!("--seconds must be 0.05..=60 and --reps 1..=100");
     }
     let json = matches!(format, Format::Json);
-    let doc = maio::bench::run(
-        maio::bench::Options {
+    let doc = bench::maio::run(
+        bench::maio::Options {
             seconds,
             reps,
             figures,
@@ -402,14 +401,14 @@ fn lb_run(a: RunArgs) -> anyhow::Result<()> {
         (Some(iface), _, _) => {
             let stop = stop_flag()?;
             let driver = a.driver.map(|d| match d {
-                DriverArg::Auto => lb::daemon::Driver::Auto,
-                DriverArg::AfXdp => lb::daemon::Driver::AfXdp,
-                DriverArg::AfPacket => lb::daemon::Driver::AfPacket,
+                DriverArg::Auto => lbd::daemon::Driver::Auto,
+                DriverArg::AfXdp => lbd::daemon::Driver::AfXdp,
+                DriverArg::AfPacket => lbd::daemon::Driver::AfPacket,
             });
             eprintln!(
                 "forwarding on {iface}; stop with Ctrl-C (SIGINT) or SIGTERM, reload with SIGHUP"
             );
-            lb::daemon::run(&a.config, iface, driver, a.threads, stop)?
+            lbd::daemon::run(&a.config, iface, driver, a.threads, stop)?
         }
         (None, Some(inp), Some(out)) => lb::pcap_run::run(&a.config, inp, out, a.threads)?,
         _ => anyhow::bail!("give --interface, or --pcap-in with --pcap-out"),
@@ -462,9 +461,9 @@ struct HashEvalArgs {
 
 fn hash_eval(a: HashEvalArgs) -> anyhow::Result<()> {
     let mut cfg = if a.quick {
-        lb::hash_eval::Config::quick()
+        bench::hash_eval::Config::quick()
     } else {
-        lb::hash_eval::Config::paper()
+        bench::hash_eval::Config::paper()
     };
     cfg.backends = a.backends;
     cfg.sizes = a.sizes;
@@ -473,7 +472,7 @@ fn hash_eval(a: HashEvalArgs) -> anyhow::Result<()> {
     if let Some(r) = a.repetitions {
         cfg.repetitions = r;
     }
-    let report = lb::hash_eval::run(&cfg)?;
+    let report = bench::hash_eval::run(&cfg)?;
     match a.format {
         Format::Table => println!("{}", report.to_text()),
         Format::Json => println!(
@@ -492,7 +491,7 @@ fn hash_eval(a: HashEvalArgs) -> anyhow::Result<()> {
 fn decap(tun: &str) -> anyhow::Result<()> {
     let stop = stop_flag()?;
     eprintln!("decapsulating GRE into {tun}; stop with Ctrl-C (SIGINT) or SIGTERM");
-    let s = lb::decap::run(tun, &stop)?;
+    let s = decap::run(tun, &stop)?;
     println!(
         "GRE received {}, delivered {} (IPv4 {}, IPv6 {}), malformed {}, not IP {}, TUN errors {}",
         s.received, s.delivered, s.inner_v4, s.inner_v6, s.malformed, s.not_ip, s.tun_errors
@@ -501,7 +500,7 @@ fn decap(tun: &str) -> anyhow::Result<()> {
 }
 
 fn sample_pcap(out: &std::path::Path) -> anyhow::Result<()> {
-    let frames: Vec<Vec<u8>> = lb::sample::mixed_traffic()
+    let frames: Vec<Vec<u8>> = lab::sample::mixed_traffic()
         .into_iter()
         .map(|s| s.frame)
         .collect();
@@ -543,9 +542,9 @@ fn main() -> ExitCode {
         Command::Lb(LbCommand::SamplePcap { out }) => sample_pcap(&out),
         Command::Lb(LbCommand::Decap { tun }) => decap(&tun),
         Command::Lb(LbCommand::Demo { backends, requests }) => {
-            stop_flag().and_then(|s| demo::run(backends, requests, s))
+            stop_flag().and_then(|s| Ok(lab::demo::run(backends, requests, s)?))
         }
-        Command::Lb(LbCommand::Status { api, format }) => lb::daemon::fetch_status(api)
+        Command::Lb(LbCommand::Status { api, format }) => lbd::daemon::fetch_status(api)
             .map_err(anyhow::Error::msg)
             .and_then(|s| {
                 match format {

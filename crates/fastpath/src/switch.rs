@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use bench::switch::{Backend, Options};
 use clap::{Args, Subcommand, ValueEnum};
 use measure::Table;
 use ring::control::AttachRequest;
 use ring::Mode;
-use vswitch::bench::{Backend, Options};
 use vswitch::pktgen::{Params, Role};
 
 use crate::Format;
@@ -342,7 +342,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     if !json {
         eprintln!("switch bench: {seconds} s per measurement, 4 measurements per row");
     }
-    let doc = vswitch::bench::run(&o).map_err(anyhow::Error::msg)?;
+    let doc = bench::switch::run(&o).map_err(anyhow::Error::msg)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
@@ -371,7 +371,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
                 "TAP, guest-host, 1 VCPU"
             }
         ));
-        for row in vswitch::bench::ROWS {
+        for row in bench::switch::ROWS {
             let r = &rows[row.key];
             let f = |k: &str, d: usize| opt(r[k].as_f64(), d);
             let p = |k: &str, d: usize| opt(r["paper"][k].as_f64(), d);

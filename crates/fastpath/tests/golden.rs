@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::fastpath;
-use lb::sample::{expected_backend, mixed_traffic, Expect, CONFIG};
+use lab::sample::{expected_backend, mixed_traffic, Expect, CONFIG};
 use packet::{flow, parse_frame};
 
 fn workdir(name: &str) -> PathBuf {

@@ -1,5 +1,5 @@
 //! The load balancer on real interfaces, end to end, in the topology of
-//! `make demo` (lb::topology): client, router (BIRD), load balancer
+//! `make demo` (lab::topology): client, router (BIRD), load balancer
 //! (AF_PACKET, BIRD), three nginx backends behind `fastpath lb decap`.
 //! Real HTTP through the VIP with direct server return; BGP announce and
 //! withdraw; the API; health-check failover with established connections to
@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use lb::topology::{HttpConn, Topology, VIP};
+use lab::topology::{HttpConn, Topology, VIP};
 
 fn wait_for(t: &Topology, what: &str, f: &dyn Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -21,7 +21,7 @@ use packet::build::Frame;
 use packet::gre::decapsulate;
 use packet::{flow, parse_frame, FlowKey};
 
-use lb::sample::{expected_backend, flow_of, ip, mixed_traffic, tcp, Expect, CONFIG};
+use lab::sample::{expected_backend, flow_of, ip, mixed_traffic, tcp, Expect, CONFIG};
 
 fn backend(cfg: &Config, pool: &str, flow: &FlowKey) -> IpAddr {
     expected_backend(cfg, pool, flow).unwrap()

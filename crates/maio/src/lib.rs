@@ -22,9 +22,6 @@
 //! Buffers are named by [`Buf`], a token that is not `Clone`: holding it is
 //! owning the buffer, which is what makes [`Pool::data_mut`] sound.
 
-#![deny(missing_docs)]
-
-pub mod bench;
 pub mod uring;
 
 use std::ptr::NonNull;

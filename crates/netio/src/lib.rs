@@ -3,12 +3,9 @@
 //! in pool buffers. Frames are placed [`HEADROOM`] bytes into their buffer so
 //! that a forwarder can prepend headers without moving the packet.
 
-#![deny(missing_docs)]
-
 pub mod afpacket;
 pub mod afxdp;
 pub mod mem;
-pub mod netns;
 pub mod pcap;
 pub mod tap;
 

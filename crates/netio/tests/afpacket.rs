@@ -5,9 +5,9 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use lab::netns::{self, Netns};
 use maio::{Hugepages, Pool};
 use netio::afpacket::{AfPacketPort, Config};
-use netio::netns::{self, Netns};
 use netio::Nic;
 
 mod common;

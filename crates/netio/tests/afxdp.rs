@@ -6,10 +6,10 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use lab::netns::{self, Netns};
 use maio::{Hugepages, Pool};
 use netio::afpacket::{self, AfPacketPort};
 use netio::afxdp::AfXdpPort;
-use netio::netns::{self, Netns};
 use netio::{Nic, Slot};
 use packet::build::Frame;
 

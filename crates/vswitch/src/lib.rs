@@ -12,7 +12,6 @@
 //! going to sleep and waits in epoll for kicks, control connections and
 //! moderation timers.
 
-pub mod bench;
 pub mod bridge;
 pub mod memif;
 pub mod pktgen;

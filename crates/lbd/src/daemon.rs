@@ -24,12 +24,12 @@ use netio::afpacket::{self, AfPacketPort};
 use netio::afxdp::AfXdpPort;
 use serde::Serialize;
 
-use crate::counters::{Counters, DropReason, DROP_REASONS};
-use crate::datapath::{Datapath, Params, RunStats};
 use crate::health::{self, CheckKey, Tracker};
-use crate::pcap_run::Error;
-use crate::tables::Control;
-use crate::Config;
+use lb::counters::{Counters, DropReason, DROP_REASONS};
+use lb::datapath::{Datapath, Params, RunStats};
+use lb::pcap_run::Error;
+use lb::tables::Control;
+use lb::Config;
 
 /// Packet I/O drivers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -600,15 +600,15 @@ pub fn run(
     driver: Option<Driver>,
     threads: Option<usize>,
     stop: Arc<AtomicBool>,
-) -> Result<(RunStats, Arc<crate::tables::Tables>), Error> {
+) -> Result<(RunStats, Arc<lb::tables::Tables>), Error> {
     let mut cfg = Config::load(config)?;
     if let Some(t) = threads {
         cfg.forwarder.threads = t;
     }
     let driver = driver.unwrap_or(match cfg.forwarder.driver {
-        crate::config::DriverConf::Auto => Driver::Auto,
-        crate::config::DriverConf::AfXdp => Driver::AfXdp,
-        crate::config::DriverConf::AfPacket => Driver::AfPacket,
+        lb::config::DriverConf::Auto => Driver::Auto,
+        lb::config::DriverConf::AfXdp => Driver::AfXdp,
+        lb::config::DriverConf::AfPacket => Driver::AfPacket,
     });
     if cfg.encap.mac.is_none() {
         cfg.encap.mac = afpacket::mac_address(interface).map(|m| {
@@ -751,7 +751,7 @@ fn rx_queues(interface: &str) -> u32 {
 fn serve(
     cfg: Config,
     control: Control,
-    tables: Arc<arc_swap::ArcSwap<crate::tables::Tables>>,
+    tables: Arc<arc_swap::ArcSwap<lb::tables::Tables>>,
     dp: Datapath,
     ports: Ports,
     xdp_vips: Option<netio::afxdp::VipFilter>,
@@ -760,7 +760,7 @@ fn serve(
     interface: &str,
     driver: Driver,
     stop: Arc<AtomicBool>,
-) -> Result<(RunStats, Arc<crate::tables::Tables>), Error> {
+) -> Result<(RunStats, Arc<lb::tables::Tables>), Error> {
     tracing::info!("driver: {driver_desc}");
     let shared = Arc::new(Shared {
         control: Mutex::new(control),

@@ -18,8 +18,8 @@ use ring::Mode;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::pktgen::{self, udp_frame, Params, Report, Role};
-use crate::{spawn, Config, EchoPort, GenPort, SinkPort, Switch, TapPort};
+use vswitch::pktgen::{self, udp_frame, Params, Report, Role};
+use vswitch::{spawn, Config, EchoPort, GenPort, SinkPort, Switch, TapPort};
 
 /// The host side of the virtual NIC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -236,7 +236,7 @@ fn measure(
     let mut host_thread = None;
     match backend {
         Backend::Switch => {
-            let peer: Box<dyn crate::Port> = match kind {
+            let peer: Box<dyn vswitch::Port> = match kind {
                 Kind::Tx(_) => Box::new(SinkPort::new("host")),
                 Kind::Rx => Box::new(GenPort::new(
                     "host",

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-use lb::topology::{HttpConn, Topology, VIP};
+use crate::topology::{HttpConn, Topology, VIP};
 use measure::Table;
+
+use crate::{Error, Result};
 
 fn share_table(title: &str, by: &BTreeMap<String, usize>, backends: usize) -> String {
     let total: usize = by.values().sum();
@@ -31,34 +32,32 @@ fn share_table(title: &str, by: &BTreeMap<String, usize>, backends: usize) -> St
     t.to_string()
 }
 
-fn check(stop: &AtomicBool) -> anyhow::Result<()> {
+fn check(stop: &AtomicBool) -> Result<()> {
     if stop.load(Ordering::Relaxed) {
-        bail!("interrupted: removing everything the demo created");
+        return Err(Error::Interrupted);
     }
     Ok(())
 }
 
 /// Runs the demo with `backends` nginx backends and `requests` requests per
 /// round.
-pub fn run(backends: usize, requests: usize, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
-    let exe = std::env::current_exe().context("finding our own binary")?;
+pub fn run(backends: usize, requests: usize, stop: Arc<AtomicBool>) -> Result<()> {
+    let exe = std::env::current_exe().map_err(Error::io("finding our own binary"))?;
     println!("Building the topology: client, router (BIRD), load balancer (fastpath + BIRD), {backends} nginx backends (fastpath lb decap)...");
     let mut t = Topology::build(
         &exe,
         backends,
         &format!("demo{}", std::process::id() % 100_000),
-    )
-    .map_err(anyhow::Error::msg)?;
+    )?;
     println!(
         "\n  client 10.10.1.2 -> router 10.10.1.1 --BGP learns {VIP}--> load balancer 10.10.2.2 (AF_PACKET, GRE)\n  \
          -> backends 10.10.3.2 .. 10.10.{}.2 (VIP on lo, GRE decapsulated into TUN) -> straight back to the client\n",
         2 + backends
     );
     check(&stop)?;
-    t.start_lb().map_err(anyhow::Error::msg)?;
+    t.start_lb()?;
     let started = Instant::now();
-    t.wait_for_vip(Duration::from_secs(30))
-        .map_err(anyhow::Error::msg)?;
+    t.wait_for_vip(Duration::from_secs(30))?;
     println!(
         "The router learned the VIP over BGP and the first request went through after {:.1} s:",
         started.elapsed().as_secs_f64()
@@ -72,10 +71,8 @@ pub fn run(backends: usize, requests: usize, stop: Arc<AtomicBool>) -> anyhow::R
         if conns.len() == backends {
             break;
         }
-        let mut c = Topology::inside(&t.client, HttpConn::connect)
-            .map_err(anyhow::Error::msg)?
-            .map_err(anyhow::Error::msg)?;
-        let who = c.get().map_err(anyhow::Error::msg)?;
+        let mut c = Topology::inside(&t.client, HttpConn::connect)??;
+        let who = c.get()?;
         if !conns.iter().any(|(w, _)| *w == who) {
             conns.push((who, c));
         }
@@ -85,7 +82,7 @@ pub fn run(backends: usize, requests: usize, stop: Arc<AtomicBool>) -> anyhow::R
         conns.len()
     );
 
-    let before = t.requests(requests).map_err(anyhow::Error::msg)?;
+    let before = t.requests(requests)?;
     println!(
         "{}",
         share_table(
@@ -103,7 +100,10 @@ pub fn run(backends: usize, requests: usize, stop: Arc<AtomicBool>) -> anyhow::R
     let down = "fastpath_lb_backend_healthy{backend=\"10.10.3.2\",address=\"10.10.3.2\"} 0";
     while !t.api("GET", "/metrics").unwrap_or_default().contains(down) {
         if Instant::now() > deadline {
-            bail!("backend-1 was not marked down within 10 s");
+            return Err(Error::Timeout {
+                what: "backend-1 was not marked down within 10 s".into(),
+                logs: String::new(),
+            });
         }
         check(&stop)?;
         std::thread::sleep(Duration::from_millis(100));
@@ -112,7 +112,7 @@ pub fn run(backends: usize, requests: usize, stop: Arc<AtomicBool>) -> anyhow::R
         "backend-1 marked down {:.1} s after its nginx stopped.\n",
         stopped.elapsed().as_secs_f64()
     );
-    let after = t.requests(requests).map_err(anyhow::Error::msg)?;
+    let after = t.requests(requests)?;
     println!(
         "{}",
         share_table(
@@ -135,7 +135,7 @@ pub fn run(backends: usize, requests: usize, stop: Arc<AtomicBool>) -> anyhow::R
     println!("{kept}");
     println!("Load balancer status (fastpath lb status):");
     if let Ok(body) = t.api("GET", "/status") {
-        if let Ok(s) = serde_json::from_str::<lb::daemon::Status>(&body) {
+        if let Ok(s) = serde_json::from_str::<lbd::daemon::Status>(&body) {
             println!("{}", s.to_text());
         }
     }

@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use netio::netns::{self, Netns};
+use crate::netns::{self, Netns};
+use crate::{Error, Result};
 
 /// The VIP.
 pub const VIP: &str = "192.0.2.80";
@@ -101,26 +102,29 @@ pub struct Topology {
     fastpath: PathBuf,
 }
 
-fn spawn(ns: &Netns, args: &[&str]) -> Result<Child, String> {
-    let mut c = ns.command(args[0]);
-    c.args(&args[1..])
+fn spawn(ns: &Netns, args: &[&str]) -> Result<Child> {
+    let (program, rest) = args.split_first().ok_or(Error::Failed {
+        command: String::new(),
+        stderr: "empty command line".into(),
+    })?;
+    let mut c = ns.command(program);
+    c.args(rest)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    c.spawn()
-        .map_err(|e| format!("spawning {args:?} in {}: {e}", ns.name()))
+    c.spawn().map_err(|source| Error::Spawn {
+        program: format!("{args:?} in {}", ns.name()),
+        source,
+    })
 }
 
 impl Topology {
     /// Builds the network with `backends` nginx backends (1 to 8) and BIRD,
     /// but does not start the load balancer. `fastpath` is the binary to run
     /// (`lb run`, `lb decap`); `tag` makes names unique.
-    pub fn build(fastpath: &Path, backends: usize, tag: &str) -> Result<Topology, String> {
+    pub fn build(fastpath: &Path, backends: usize, tag: &str) -> Result<Topology> {
         if !netns::available() {
-            return Err(
-                "needs root and iproute2 (network namespaces): run as root after scripts/setup.sh"
-                    .into(),
-            );
+            return Err(Error::Unavailable);
         }
         let backends = backends.clamp(1, 8);
         let n = |s: &str| Netns::new(&format!("fp{s}-{tag}"));
@@ -131,7 +135,7 @@ impl Topology {
         }
         let dir = std::env::temp_dir().join(format!("fastpath-topology-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(Error::io(dir.display()))?;
         let mut t = Topology {
             client,
             router,
@@ -149,7 +153,7 @@ impl Topology {
         Ok(t)
     }
 
-    fn wire(&self) -> Result<(), String> {
+    fn wire(&self) -> Result<()> {
         for ns in self.all() {
             for k in ["all", "default"] {
                 ns.sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")?;
@@ -227,9 +231,10 @@ impl Topology {
         self.dir.join(format!("bird-{which}.ctl"))
     }
 
-    fn start_bird(&mut self) -> Result<(), String> {
+    fn start_bird(&mut self) -> Result<()> {
         let vips_file = self.dir.join("vips.conf");
-        std::fs::write(&vips_file, "# filled in by fastpath\n").map_err(|e| e.to_string())?;
+        std::fs::write(&vips_file, "# filled in by fastpath\n")
+            .map_err(Error::io(vips_file.display()))?;
         let timers = "connect delay time 1; connect retry time 1; hold time 9; keepalive time 3;";
         let confs = [
             (
@@ -251,7 +256,7 @@ impl Topology {
         ];
         for (which, conf) in confs {
             let path = self.dir.join(format!("bird-{which}.conf"));
-            std::fs::write(&path, conf).map_err(|e| e.to_string())?;
+            std::fs::write(&path, conf).map_err(Error::io(path.display()))?;
             let ns = if which == "rtr" {
                 &self.router
             } else {
@@ -277,7 +282,7 @@ impl Topology {
         Ok(())
     }
 
-    fn start_backends(&mut self) -> Result<(), String> {
+    fn start_backends(&mut self) -> Result<()> {
         for i in 1..=self.backends.len() {
             let fp = self.fastpath.to_string_lossy().to_string();
             let decap = spawn(
@@ -292,9 +297,9 @@ impl Topology {
 
     /// Starts (or restarts) nginx on backend `i` (1-based), answering
     /// `backend-i`.
-    pub fn start_nginx(&mut self, i: usize) -> Result<(), String> {
+    pub fn start_nginx(&mut self, i: usize) -> Result<()> {
         let d = self.dir.join(format!("be{i}"));
-        std::fs::create_dir_all(d.join("tmp")).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(d.join("tmp")).map_err(Error::io(d.display()))?;
         let conf = d.join("nginx.conf");
         let p = d.display();
         std::fs::write(
@@ -305,11 +310,11 @@ impl Topology {
                  server {{ listen 80; location / {{ default_type text/plain; return 200 \"backend-{i}\\n\"; }} }}\n}}\n"
             ),
         )
-        .map_err(|e| e.to_string())?;
-        let be = self
-            .backends
-            .get(i - 1)
-            .ok_or_else(|| format!("no backend {i}"))?;
+        .map_err(Error::io(conf.display()))?;
+        let be = self.backends.get(i.wrapping_sub(1)).ok_or(Error::Failed {
+            command: format!("start nginx on backend {i}"),
+            stderr: format!("there are {} backends", self.backends.len()),
+        })?;
         let nginx = spawn(
             be,
             &[
@@ -326,7 +331,7 @@ impl Topology {
         Ok(())
     }
 
-    fn write_config(&self) -> Result<(), String> {
+    fn write_config(&self) -> Result<()> {
         let backends: Vec<String> = (0..self.backends.len())
             .map(|i| format!("{{ address = \"10.10.{}.2\" }}", 3 + i))
             .collect();
@@ -360,12 +365,12 @@ pool = "web"
             sock = self.bird_socket("lb").display(),
             backends = backends.join(", "),
         );
-        std::fs::write(&self.config, conf).map_err(|e| e.to_string())
+        std::fs::write(&self.config, conf).map_err(Error::io(self.config.display()))
     }
 
     /// Starts `fastpath lb run --interface l0` in the load balancer's
     /// namespace.
-    pub fn start_lb(&mut self) -> Result<(), String> {
+    pub fn start_lb(&mut self) -> Result<()> {
         let fp = self.fastpath.to_string_lossy().to_string();
         let c = spawn(
             &self.lb,
@@ -385,7 +390,7 @@ pool = "web"
 
     /// Waits until a request through the VIP is answered; on timeout, says
     /// what every process printed.
-    pub fn wait_for_vip(&mut self, timeout: Duration) -> Result<(), String> {
+    pub fn wait_for_vip(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             if self.request().is_ok() {
@@ -398,10 +403,10 @@ pool = "web"
                     .into_iter()
                     .map(|(n, o)| format!("--- {n}:\n{o}"))
                     .collect();
-                return Err(format!(
-                    "no answer through the VIP within {timeout:?}\n{}",
-                    logs.join("\n")
-                ));
+                return Err(Error::Timeout {
+                    what: format!("no answer through the VIP within {timeout:?}"),
+                    logs: logs.join("\n"),
+                });
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -412,20 +417,21 @@ pool = "web"
     pub fn inside<T: Send + 'static>(
         ns: &Netns,
         f: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T, String> {
+    ) -> Result<T> {
         let name = ns.name().to_string();
+        let panicked = Error::ThreadPanicked(name.clone());
         std::thread::spawn(move || {
             let ns = std::mem::ManuallyDrop::new(Netns::new_handle(&name));
             ns.enter()?;
             Ok(f())
         })
         .join()
-        .map_err(|_| "a thread inside the namespace panicked".to_string())?
+        .map_err(|_| panicked)?
     }
 
     /// One HTTP request from the client through the VIP on a new connection;
     /// the answer's body.
-    pub fn request(&self) -> Result<String, String> {
+    pub fn request(&self) -> Result<String> {
         Self::inside(&self.client, || {
             let mut c = HttpConn::connect()?;
             c.get()
@@ -434,10 +440,7 @@ pool = "web"
 
     /// `count` requests from the client, each on its own connection (so
     /// each is a new flow); the answer counts by body, failures under "".
-    pub fn requests(
-        &self,
-        count: usize,
-    ) -> Result<std::collections::BTreeMap<String, usize>, String> {
+    pub fn requests(&self, count: usize) -> Result<std::collections::BTreeMap<String, usize>> {
         Self::inside(&self.client, move || {
             let mut by = std::collections::BTreeMap::new();
             for _ in 0..count {
@@ -452,11 +455,13 @@ pool = "web"
 
     /// The API's answer to `method path`, from inside the load balancer's
     /// namespace.
-    pub fn api(&self, method: &str, path: &str) -> Result<String, String> {
+    pub fn api(&self, method: &str, path: &str) -> Result<String> {
         let (method, path) = (method.to_string(), path.to_string());
         Self::inside(&self.lb, move || {
-            let addr: SocketAddr = API.parse().map_err(|e| format!("{e}"))?;
-            crate::daemon::api_request(addr, &method, &path)
+            let addr: SocketAddr = API
+                .parse()
+                .map_err(|e| Error::Http(format!("{API}: {e}")))?;
+            lbd::daemon::api_request(addr, &method, &path).map_err(|e| Error::Http(e.to_string()))
         })?
     }
 
@@ -503,29 +508,34 @@ pub struct HttpConn {
 
 impl HttpConn {
     /// Connects to the VIP (from inside the client's namespace).
-    pub fn connect() -> Result<Self, String> {
-        let addr: SocketAddr = format!("{VIP}:80").parse().map_err(|e| format!("{e}"))?;
-        let s =
-            TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| e.to_string())?;
+    pub fn connect() -> Result<Self> {
+        let addr: SocketAddr = format!("{VIP}:80")
+            .parse()
+            .map_err(|e| Error::Http(format!("{VIP}: {e}")))?;
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+            .map_err(Error::io(format!("connecting to {addr}")))?;
         s.set_read_timeout(Some(Duration::from_secs(3)))
-            .map_err(|e| e.to_string())?;
+            .map_err(Error::io("setting a read timeout"))?;
         Ok(HttpConn { s })
     }
 
     /// GET / on this connection; the body.
-    pub fn get(&mut self) -> Result<String, String> {
+    pub fn get(&mut self) -> Result<String> {
         self.s
             .write_all(
                 format!("GET / HTTP/1.1\r\nHost: {VIP}\r\nUser-Agent: fastpath-demo\r\n\r\n")
                     .as_bytes(),
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(Error::io("sending GET /"))?;
         let mut buf = Vec::new();
         let mut chunk = [0u8; 1024];
         loop {
-            let n = self.s.read(&mut chunk).map_err(|e| e.to_string())?;
+            let n = self
+                .s
+                .read(&mut chunk)
+                .map_err(Error::io("reading the answer"))?;
             if n == 0 {
-                return Err("connection closed".into());
+                return Err(Error::Http("connection closed".into()));
             }
             buf.extend_from_slice(&chunk[..n]);
             let text = String::from_utf8_lossy(&buf).to_string();
@@ -544,7 +554,7 @@ impl HttpConn {
                 }
             }
             if buf.len() > 65_536 {
-                return Err("answer too long".into());
+                return Err(Error::Http("answer too long".into()));
             }
         }
     }

@@ -9,9 +9,9 @@ use std::net::IpAddr;
 use packet::build::{Frame, L4};
 use packet::{flow, parse_frame, proto, FlowKey, Reason};
 
-use crate::config::Config;
-use crate::counters::DropReason;
-use crate::worker::flow_hash;
+use lb::config::Config;
+use lb::counters::DropReason;
+use lb::worker::flow_hash;
 
 /// The sample configuration.
 pub const CONFIG: &str = include_str!("../../../examples/lb.toml");

@@ -5,6 +5,8 @@
 use std::os::fd::AsRawFd;
 use std::process::{Command, Output};
 
+use crate::{Error, Result};
+
 /// A network namespace that is deleted on drop.
 #[derive(Debug)]
 pub struct Netns {
@@ -12,17 +14,23 @@ pub struct Netns {
 }
 
 /// Runs a command and fails with its stderr if it fails.
-pub fn sh(args: &[&str]) -> Result<Output, String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
+pub fn sh(args: &[&str]) -> Result<Output> {
+    let (program, rest) = args.split_first().ok_or_else(|| Error::Failed {
+        command: String::new(),
+        stderr: "empty command line".into(),
+    })?;
+    let out = Command::new(program)
+        .args(rest)
         .output()
-        .map_err(|e| format!("{}: {e}", args[0]))?;
+        .map_err(|source| Error::Spawn {
+            program: program.to_string(),
+            source,
+        })?;
     if !out.status.success() {
-        return Err(format!(
-            "`{}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(Error::Failed {
+            command: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     Ok(out)
 }
@@ -30,7 +38,7 @@ pub fn sh(args: &[&str]) -> Result<Output, String> {
 impl Netns {
     /// Creates `name` (deleting a stale one of that name first) with its
     /// loopback up.
-    pub fn new(name: &str) -> Result<Self, String> {
+    pub fn new(name: &str) -> Result<Self> {
         let _ = Command::new("ip").args(["netns", "del", name]).output();
         sh(&["ip", "netns", "add", name])?;
         let ns = Netns {
@@ -54,7 +62,7 @@ impl Netns {
     }
 
     /// `ip ARGS` inside the namespace.
-    pub fn ip(&self, args: &[&str]) -> Result<Output, String> {
+    pub fn ip(&self, args: &[&str]) -> Result<Output> {
         let mut v = vec!["ip", "-n", &self.name];
         v.extend_from_slice(args);
         sh(&v)
@@ -68,32 +76,31 @@ impl Netns {
     }
 
     /// Runs a command inside and fails with its stderr if it fails.
-    pub fn exec(&self, args: &[&str]) -> Result<Output, String> {
+    pub fn exec(&self, args: &[&str]) -> Result<Output> {
         let mut v = vec!["ip", "netns", "exec", &self.name];
         v.extend_from_slice(args);
         sh(&v)
     }
 
     /// Sets a sysctl inside.
-    pub fn sysctl(&self, key: &str, value: &str) -> Result<(), String> {
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
         self.exec(&["sysctl", "-qw", &format!("{key}={value}")])
             .map(|_| ())
     }
 
     /// Moves the calling thread into this namespace (sockets it opens
     /// afterwards belong to it). Other threads are unaffected.
-    pub fn enter(&self) -> Result<(), String> {
-        let f = std::fs::File::open(format!("/var/run/netns/{}", self.name))
-            .map_err(|e| format!("open netns {}: {e}", self.name))?;
+    pub fn enter(&self) -> Result<()> {
+        let path = format!("/var/run/netns/{}", self.name);
+        let f = std::fs::File::open(&path).map_err(Error::io(format!("opening {path}")))?;
         // SAFETY: setns(2) on a namespace file we hold open; it changes only
         // the calling thread's network namespace.
         let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
         if r != 0 {
-            return Err(format!(
-                "setns {}: {}",
-                self.name,
-                std::io::Error::last_os_error()
-            ));
+            return Err(Error::Io {
+                what: format!("entering namespace {} (setns)", self.name),
+                source: std::io::Error::last_os_error(),
+            });
         }
         Ok(())
     }
@@ -109,14 +116,7 @@ impl Drop for Netns {
 
 /// Connects two namespaces with a veth pair: `a_if` in `a` and `b_if` in
 /// `b` (the same namespace is allowed), with the given MACs, both up.
-pub fn veth(
-    a: &Netns,
-    a_if: &str,
-    a_mac: &str,
-    b: &Netns,
-    b_if: &str,
-    b_mac: &str,
-) -> Result<(), String> {
+pub fn veth(a: &Netns, a_if: &str, a_mac: &str, b: &Netns, b_if: &str, b_mac: &str) -> Result<()> {
     veth_multiqueue(a, a_if, a_mac, b, b_if, b_mac, 1)
 }
 
@@ -130,7 +130,7 @@ pub fn veth_multiqueue(
     b_if: &str,
     b_mac: &str,
     queues: u32,
-) -> Result<(), String> {
+) -> Result<()> {
     let q = queues.max(1).to_string();
     let end = |name: &'static str, ifname: &str, mac: &str, ns: &Netns| -> Vec<String> {
         let mut v: Vec<String> = [name, ifname, "address", mac]

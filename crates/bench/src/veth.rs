@@ -23,9 +23,9 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use lab::netns::{self, Netns};
 use maio::{Hugepages, Pool};
 use netio::afpacket::{self, AfPacketPort};
-use netio::netns::{self, Netns};
 use netio::{Nic, Slot};
 use packet::build::Frame;
 use serde::Serialize;
@@ -83,8 +83,8 @@ fn generate(gen: &Netns, secs: f64) -> Result<u64, String> {
         let mut h = pool.handle();
         let mut port =
             AfPacketPort::open(afpacket::Config::new("g0")).map_err(|e| e.to_string())?;
-        let dmac = crate::config::parse_mac(DUT_MAC).unwrap_or_default();
-        let smac = crate::config::parse_mac(GEN_MAC).unwrap_or_default();
+        let dmac = lb::config::parse_mac(DUT_MAC).unwrap_or_default();
+        let smac = lb::config::parse_mac(GEN_MAC).unwrap_or_default();
         let slots: Vec<Slot> = (0..1024u32)
             .map(|i| {
                 let mut f = Frame::udp(
@@ -139,7 +139,7 @@ impl XdpHold {
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let ns = std::mem::ManuallyDrop::new(Netns::new_handle(&name));
-            match ns.enter().and_then(|_| attach()) {
+            match ns.enter().map_err(String::from).and_then(|_| attach()) {
                 Ok((handle, note)) => {
                     let _ = tx.send(Ok(note));
                     let _ = stop_rx.recv();

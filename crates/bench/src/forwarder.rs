@@ -19,10 +19,10 @@ use netio::mem::{MemPort, Vary};
 use packet::build::Frame;
 use serde::Serialize;
 
-use crate::config::Config;
-use crate::datapath::{Datapath, Params};
-use crate::tables::Control;
-use crate::worker::Mode;
+use lb::config::Config;
+use lb::datapath::{Datapath, Params};
+use lb::tables::Control;
+use lb::worker::Mode;
 
 /// Benchmark parameters.
 #[derive(Debug, Clone, Serialize)]
@@ -154,7 +154,7 @@ fn measure(
     kind: &str,
     threads: usize,
     packets: u64,
-) -> Result<(f64, u64), crate::datapath::Error> {
+) -> Result<(f64, u64), lb::datapath::Error> {
     let mut cfg = cfg.clone();
     cfg.forwarder.threads = threads;
     let control = Control::new(cfg.clone()).expect("the bench config is valid");
@@ -173,10 +173,7 @@ fn measure(
 }
 
 /// Runs every cell; `progress` is told what runs next.
-pub fn run(
-    b: &BenchConfig,
-    progress: &mut dyn FnMut(&str),
-) -> Result<Report, crate::datapath::Error> {
+pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, lb::datapath::Error> {
     let cfg = Config::parse(CONFIG, "(bench)").expect("the bench config is valid");
     let mut results: BTreeMap<String, BTreeMap<String, Cell>> = BTreeMap::new();
     for &threads in &b.threads {

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use io_uring::{cqueue, opcode, types, IoUring};
 use serde_json::{json, Value};
 
-use crate::uring::{Config as RingConfig, Ring, RxBuf};
-use crate::{Hugepages, Pool};
+use maio::uring::{Config as RingConfig, Ring, RxBuf};
+use maio::{Hugepages, Pool};
 
 /// Bench settings.
 #[derive(Debug, Clone)]
@@ -97,7 +97,7 @@ fn median(mut v: Vec<Run>, key: impl Fn(&Run) -> f64) -> Run {
 }
 
 fn pool(buf_size: usize, buffers: u32) -> Pool {
-    Pool::new(crate::Config {
+    Pool::new(maio::Config {
         buffers,
         buf_size,
         hugepages: Hugepages::Auto,
@@ -453,7 +453,7 @@ fn fig3_uring_zc(d: Duration) -> Run {
 }
 
 /// MAIO: SQPOLL, the pool registered, SEND_ZC from fixed buffers.
-fn maio_zc_loop(ring: &mut Ring, s: crate::uring::SockId, d: Duration, len: usize) -> (u64, bool) {
+fn maio_zc_loop(ring: &mut Ring, s: maio::uring::SockId, d: Duration, len: usize) -> (u64, bool) {
     let t0 = Instant::now();
     let mut spare = Vec::new();
     for _ in 0..64 {

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::process::Command;
 
-use crate::config::{Bgp, Config};
+use lb::config::{Bgp, Config};
 
 /// Runs a birdc command; its output, or why it failed.
 pub fn birdc(b: &Bgp, args: &[&str]) -> Result<String, String> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::config::{CheckKind, Config, HealthConf};
+use lb::config::{CheckKind, Config, HealthConf};
 
 /// One distinct check: an address and how to probe it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

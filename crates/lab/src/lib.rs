@@ -1,0 +1,85 @@
+//! Throwaway networks: what fastpath's tests, demos and benchmarks build
+//! around the libraries, and never part of them. Network namespaces and
+//! veth pairs ([`netns`]), the load balancer's namespace topology with BIRD
+//! and nginx ([`topology`]), the demo that shows it to a person ([`demo`]),
+//! and sample traffic for the forwarder ([`sample`]).
+//!
+//! Everything here creates what it needs and removes it again when dropped,
+//! also when a test panics. Addresses live only inside the namespaces it
+//! creates.
+
+pub mod demo;
+pub mod netns;
+pub mod sample;
+pub mod topology;
+
+use std::io;
+
+/// Why a throwaway network could not be built, used or shown.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// This machine cannot build namespaces (not root, or no iproute2).
+    #[error("needs root and iproute2 (network namespaces): run as root after scripts/setup.sh")]
+    Unavailable,
+    /// A program could not be started.
+    #[error("starting {program}: {source}")]
+    Spawn {
+        /// The program (and where it was to run).
+        program: String,
+        /// The system's answer.
+        #[source]
+        source: io::Error,
+    },
+    /// A command ran and exited with a failure.
+    #[error("`{command}` failed: {stderr}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// A file or system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The system's answer.
+        #[source]
+        source: io::Error,
+    },
+    /// A thread sent into a namespace panicked.
+    #[error("a thread inside namespace {0} panicked")]
+    ThreadPanicked(String),
+    /// An HTTP exchange through the VIP or with the API went wrong.
+    #[error("HTTP: {0}")]
+    Http(String),
+    /// The network did not do what it must within its time.
+    #[error("{what}{}", if .logs.is_empty() { String::new() } else { format!("\n{}", .logs) })]
+    Timeout {
+        /// What did not happen in time.
+        what: String,
+        /// What every process printed, for diagnosis.
+        logs: String,
+    },
+    /// The user interrupted (SIGINT or SIGTERM).
+    #[error("interrupted: removing everything the demo created")]
+    Interrupted,
+}
+
+/// What this crate's fallible functions return.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An [`Error::Io`] saying what was being done.
+    pub fn io(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> Error {
+        let what = what.to_string();
+        move |source| Error::Io { what, source }
+    }
+}
+
+// TEMPORARY while crates/bench moves off string errors.
+impl From<Error> for String {
+    fn from(e: Error) -> String {
+        e.to_string()
+    }
+}

@@ -1,0 +1,12 @@
+//! The Maglev load balancer's control plane (paper: Maglev, NSDI'16,
+//! sections 2-4): the daemon that runs the `lb` forwarder on a real
+//! interface ([`daemon`]), its HTTP API and atomic reloads, health checks
+//! ([`health`]) and VIP announcements through BIRD ([`bgp`]).
+//!
+//! This is the only crate of the load balancer that depends on tokio and
+//! axum; it drives the forwarder through atomic table swaps and never sits
+//! on the packet path.
+
+pub mod bgp;
+pub mod daemon;
+pub mod health;
