@@ -57,6 +57,22 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+/// A problem found by one of [`Config::validate`]'s checks: the key and
+/// what is wrong; `validate` adds the file.
+struct Problem {
+    key: String,
+    problem: String,
+}
+
+fn problem<T>(key: String, problem: String) -> Result<T, Problem> {
+    Err(Problem { key, problem })
+}
+
+/// Pools that include each other in a cycle, written `a -> b -> a`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pools include each other in a cycle: {0}")]
+pub struct IncludeCycle(pub String);
+
 /// A configuration error: the file, the key and the problem.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{file}: {key}: {problem}")]
@@ -438,30 +454,41 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Checks everything serde cannot: references, uniqueness, ranges.
+    /// Checks everything serde cannot: references, uniqueness, ranges. The
+    /// first problem found is reported, in the order of the file's sections.
     pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
-        let bad = |key: String, problem: String| {
-            Err(ConfigError {
+        self.check_forwarder()
+            .and_then(|()| self.check_conntrack())
+            .and_then(|()| self.check_encap())
+            .and_then(|()| self.check_pools())
+            .and_then(|()| self.check_bgp())
+            .and_then(|()| self.check_health())
+            .and_then(|()| self.check_prefix_groups())
+            .and_then(|()| self.check_vips())
+            .map_err(|p| ConfigError {
                 file: file.into(),
-                key,
-                problem,
+                key: p.key,
+                problem: p.problem,
             })
-        };
+    }
+
+    /// `[forwarder]`: thread count, batch, queue and pool sizes.
+    fn check_forwarder(&self) -> Result<(), Problem> {
         let f = &self.forwarder;
         if f.threads > 64 {
-            return bad(
+            return problem(
                 "forwarder.threads".into(),
                 format!("{} is too many; expected 0 to 64", f.threads),
             );
         }
         if f.batch == 0 || f.batch > 1024 {
-            return bad(
+            return problem(
                 "forwarder.batch".into(),
                 format!("{} is out of range; expected 1 to 1024", f.batch),
             );
         }
         if !f.queue_size.is_power_of_two() || f.queue_size < f.batch {
-            return bad(
+            return problem(
                 "forwarder.queue_size".into(),
                 format!(
                     "{} must be a power of two of at least forwarder.batch ({})",
@@ -471,7 +498,7 @@ impl Config {
         }
         let min_buffers = (f.queue_size * (2 * f.threads.max(1) + 2)) as u64;
         if u64::from(f.pool_buffers) < min_buffers {
-            return bad(
+            return problem(
                 "forwarder.pool_buffers".into(),
                 format!(
                     "{} cannot fill the queues; expected at least {min_buffers}",
@@ -480,14 +507,19 @@ impl Config {
             );
         }
         if f.frag_table_size == 0 {
-            return bad(
+            return problem(
                 "forwarder.frag_table_size".into(),
                 "must be at least 1".into(),
             );
         }
+        Ok(())
+    }
+
+    /// `[conntrack]`: table size and timeouts.
+    fn check_conntrack(&self) -> Result<(), Problem> {
         let c = &self.conntrack;
         if !c.size.is_power_of_two() || c.size < 4 {
-            return bad(
+            return problem(
                 "conntrack.size".into(),
                 format!("{} must be a power of two of at least 4", c.size),
             );
@@ -497,61 +529,72 @@ impl Config {
             ("conntrack.udp_timeout_s", c.udp_timeout_s),
         ] {
             if !(v > 0.0 && v < 1e7) {
-                return bad(
+                return problem(
                     k.into(),
                     format!("{v} must be a positive number of seconds"),
                 );
             }
         }
+        Ok(())
+    }
+
+    /// `[encap]`: addresses, MACs, TTL.
+    fn check_encap(&self) -> Result<(), Problem> {
         let e = &self.encap;
         if let Some(m) = e.mac.as_deref().filter(|m| parse_mac(m).is_none()) {
-            return bad(
+            return problem(
                 "encap.mac".into(),
                 format!("{m:?} is not a MAC address like 02:00:00:00:00:01"),
             );
         }
         if parse_mac(&e.gateway_mac).is_none() {
-            return bad(
+            return problem(
                 "encap.gateway_mac".into(),
                 format!("{:?} is not a MAC address", e.gateway_mac),
             );
         }
         if e.source.is_some_and(|a| !a.is_ipv4()) {
-            return bad(
+            return problem(
                 "encap.source".into(),
                 "must be an IPv4 address (use source6 for IPv6)".into(),
             );
         }
         if e.source6.is_some_and(|a| !a.is_ipv6()) {
-            return bad("encap.source6".into(), "must be an IPv6 address".into());
+            return problem("encap.source6".into(), "must be an IPv6 address".into());
         }
         if e.ttl == 0 {
-            return bad("encap.ttl".into(), "must be at least 1".into());
+            return problem("encap.ttl".into(), "must be at least 1".into());
         }
+        Ok(())
+    }
+
+    /// `[[pools]]`: unique names, prime table sizes, unique backends, outer sources for their families, known includes without cycles.
+    fn check_pools(&self) -> Result<(), Problem> {
+        let e = &self.encap;
         // Pools: unique names, valid table sizes, known includes, unique
         // backend names within a pool, outer sources for their families.
         let mut pools = HashMap::new();
         for (i, p) in self.pools.iter().enumerate() {
             if pools.insert(p.name.as_str(), i).is_some() {
-                return bad(
+                return problem(
                     format!("pools[{i}].name"),
                     format!("{:?} is defined twice", p.name),
                 );
             }
             if let Err(err) = maglev::check_table_size(p.table_size) {
-                return bad(format!("pools[{i}].table_size"), err.to_string());
+                return problem(format!("pools[{i}].table_size"), err.to_string());
             }
             let mut names = HashSet::new();
             for (j, b) in p.backends.iter().enumerate() {
                 let name = b.name.clone().unwrap_or_else(|| b.address.to_string());
                 if !names.insert(name.clone()) {
-                    return bad(
+                    return problem(
                         format!("pools[{i}].backends[{j}]"),
                         format!("backend {name:?} appears twice"),
                     );
                 }
                 if b.address.is_ipv4() && e.source.is_none() {
-                    return bad(
+                    return problem(
                         "encap.source".into(),
                         format!(
                             "pool {:?} has IPv4 backends, so an IPv4 outer source is needed",
@@ -560,7 +603,7 @@ impl Config {
                     );
                 }
                 if b.address.is_ipv6() && e.source6.is_none() {
-                    return bad(
+                    return problem(
                         "encap.source6".into(),
                         format!(
                             "pool {:?} has IPv6 backends, so an IPv6 outer source is needed",
@@ -573,22 +616,24 @@ impl Config {
         for (i, p) in self.pools.iter().enumerate() {
             for (j, inc) in p.include.iter().enumerate() {
                 if !pools.contains_key(inc.as_str()) {
-                    return bad(
+                    return problem(
                         format!("pools[{i}].include[{j}]"),
                         format!("no pool named {inc:?}"),
                     );
                 }
             }
             if let Err(cycle) = self.flatten(&p.name) {
-                return bad(
-                    format!("pools[{i}].include"),
-                    format!("pools include each other in a cycle: {cycle}"),
-                );
+                return problem(format!("pools[{i}].include"), cycle.to_string());
             }
         }
+        Ok(())
+    }
+
+    /// `[bgp]`: a birdc command, a BIRD protocol name, a poll interval.
+    fn check_bgp(&self) -> Result<(), Problem> {
         if let Some(b) = &self.bgp {
             if b.birdc.is_empty() {
-                return bad(
+                return problem(
                     "bgp.birdc".into(),
                     "needs a command, e.g. [\"birdc\"]".into(),
                 );
@@ -599,31 +644,36 @@ impl Config {
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '_')
             {
-                return bad(
+                return problem(
                     "bgp.protocol".into(),
                     format!("{:?} is not a BIRD protocol name", b.protocol),
                 );
             }
             if b.poll_ms == 0 {
-                return bad("bgp.poll_ms".into(), "must be at least 1".into());
+                return problem("bgp.poll_ms".into(), "must be at least 1".into());
             }
         }
+        Ok(())
+    }
+
+    /// Each pool's health check: timers, rise and fall, HTTP path.
+    fn check_health(&self) -> Result<(), Problem> {
         for (i, p) in self.pools.iter().enumerate() {
             if let Some(h) = &p.health {
                 if h.interval_ms == 0 || h.timeout_ms == 0 || h.timeout_ms > h.interval_ms * 10 {
-                    return bad(
+                    return problem(
                         format!("pools[{i}].health"),
                         "interval_ms and timeout_ms must be positive, timeout_ms at most 10x interval_ms".into(),
                     );
                 }
                 if h.rise == 0 || h.fall == 0 {
-                    return bad(
+                    return problem(
                         format!("pools[{i}].health"),
                         "rise and fall must be at least 1".into(),
                     );
                 }
                 if !h.path.starts_with('/') || h.path.contains(['\r', '\n', ' ']) {
-                    return bad(
+                    return problem(
                         format!("pools[{i}].health.path"),
                         format!(
                             "{:?} must start with / and hold no spaces or line breaks",
@@ -633,19 +683,24 @@ impl Config {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// `[[prefix_groups]]`: unique names, prefixes that fit the cluster prefix length.
+    fn check_prefix_groups(&self) -> Result<(), Problem> {
         let mut groups = HashMap::new();
         for (i, g) in self.prefix_groups.iter().enumerate() {
             if groups.insert(g.name.as_str(), i).is_some() {
-                return bad(
+                return problem(
                     format!("prefix_groups[{i}].name"),
                     format!("{:?} is defined twice", g.name),
                 );
             }
             for (j, p) in g.prefixes.iter().enumerate() {
                 match parse_prefix(p) {
-                    None => return bad(format!("prefix_groups[{i}].prefixes[{j}]"), format!("{p:?} is not a prefix like 74.125.0.0/16")),
+                    None => return problem(format!("prefix_groups[{i}].prefixes[{j}]"), format!("{p:?} is not a prefix like 74.125.0.0/16")),
                     Some((a, l)) if l > g.cluster_prefix_len || (a.is_ipv4() && g.cluster_prefix_len > 32) || g.cluster_prefix_len > 128 => {
-                        return bad(
+                        return problem(
                             format!("prefix_groups[{i}].cluster_prefix_len"),
                             format!("{} must be at least every prefix's length ({l}) and fit the address family", g.cluster_prefix_len),
                         )
@@ -654,17 +709,24 @@ impl Config {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// `[[vips]]`: unique names and keys, known pools and prefix groups, tables large enough for their pools.
+    fn check_vips(&self) -> Result<(), Problem> {
+        let pools: HashSet<&str> = self.pools.iter().map(|p| p.name.as_str()).collect();
+        let groups: HashSet<&str> = self.prefix_groups.iter().map(|g| g.name.as_str()).collect();
         let mut vip_names = HashSet::new();
         let mut vip_keys = HashSet::new();
         for (i, v) in self.vips.iter().enumerate() {
             if !vip_names.insert(v.name.as_str()) {
-                return bad(
+                return problem(
                     format!("vips[{i}].name"),
                     format!("{:?} is defined twice", v.name),
                 );
             }
-            if !pools.contains_key(v.pool.as_str()) {
-                return bad(
+            if !pools.contains(v.pool.as_str()) {
+                return problem(
                     format!("vips[{i}].pool"),
                     format!("no pool named {:?}", v.pool),
                 );
@@ -672,8 +734,8 @@ impl Config {
             let key = match (&v.address, &v.prefix_group, &v.suffix) {
                 (Some(a), None, None) => format!("{a}"),
                 (None, Some(g), Some(s)) => {
-                    if !groups.contains_key(g.as_str()) {
-                        return bad(
+                    if !groups.contains(g.as_str()) {
+                        return problem(
                             format!("vips[{i}].prefix_group"),
                             format!("no prefix group named {g:?}"),
                         );
@@ -681,7 +743,7 @@ impl Config {
                     format!("{g}/{s}")
                 }
                 _ => {
-                    return bad(
+                    return problem(
                         format!("vips[{i}]"),
                         "give either `address`, or both `prefix_group` and `suffix`".into(),
                     )
@@ -692,7 +754,7 @@ impl Config {
                 self.pools.iter().find(|p| p.name == v.pool),
             ) {
                 if members.len() as u64 > p.table_size {
-                    return bad(
+                    return problem(
                         format!("vips[{i}].pool"),
                         format!(
                             "pool {:?} has {} backends, more than its table_size {}",
@@ -704,7 +766,7 @@ impl Config {
                 }
             }
             if !vip_keys.insert((key.clone(), v.port, v.protocol)) {
-                return bad(
+                return problem(
                     format!("vips[{i}]"),
                     format!(
                         "another VIP already serves {key} port {:?} {:?}",
@@ -718,17 +780,17 @@ impl Config {
 
     /// The backends of a pool with its included pools, each backend once
     /// (first occurrence wins), or the cycle that prevents it.
-    pub fn flatten(&self, pool: &str) -> Result<Vec<BackendConf>, String> {
+    pub fn flatten(&self, pool: &str) -> Result<Vec<BackendConf>, IncludeCycle> {
         fn walk<'a>(
             cfg: &'a Config,
             name: &'a str,
             path: &mut Vec<&'a str>,
             seen: &mut HashSet<String>,
             out: &mut Vec<BackendConf>,
-        ) -> Result<(), String> {
+        ) -> Result<(), IncludeCycle> {
             if path.contains(&name) {
                 path.push(name);
-                return Err(path.join(" -> "));
+                return Err(IncludeCycle(path.join(" -> ")));
             }
             let Some(p) = cfg.pools.iter().find(|p| p.name == name) else {
                 return Ok(()); // reported by validate

@@ -47,6 +47,18 @@ pub enum Error {
     /// The port failed.
     #[error("port: {0}")]
     Port(#[from] netio::Error),
+    /// A packet or queue thread could not be started.
+    #[error("starting a datapath thread: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// A packet thread panicked (a bug: its packets are lost).
+    #[error("packet thread {0} panicked")]
+    PacketThreadPanicked(usize),
+    /// A queue thread (one per port with `run_queues`) panicked.
+    #[error("the thread serving queue {0} panicked")]
+    QueueThreadPanicked(usize),
+    /// `run_queues` was given no port.
+    #[error("no port to run on")]
+    NoPorts,
 }
 
 /// Steering and ring counters.
@@ -287,18 +299,14 @@ impl Datapath {
                     std::thread::Builder::new()
                         .name(format!("queue-{slot}"))
                         .spawn_scoped(scope, move || self.run_on(&mut *port, stop, 0, slot))
-                        .expect("spawning a queue thread")
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(Error::Port(netio::Error::Io {
-                            what: "queue thread".into(),
-                            reason: "panicked".into(),
-                        }))
-                    })
+                .enumerate()
+                .map(|(slot, h)| match h {
+                    Ok(h) => h.join().unwrap_or(Err(Error::QueueThreadPanicked(slot))),
+                    Err(e) => Err(Error::Spawn(e)),
                 })
                 .collect()
         });
@@ -318,14 +326,12 @@ impl Datapath {
                 }
             });
         }
-        all.ok_or(Error::Port(netio::Error::Io {
-            what: "run_queues".into(),
-            reason: "no ports".into(),
-        }))
+        all.ok_or(Error::NoPorts)
     }
 
     /// The datapath over one port with `threads` packet threads (0: inline),
-    /// publishing inline counters to live slot `slot`.
+    /// publishing inline counters to live slot `slot`: one [`IoLoop`] step
+    /// after another until the input is over or `stop` is set.
     fn run_on(
         &self,
         nic: &mut dyn Nic,
@@ -333,295 +339,416 @@ impl Datapath {
         threads: usize,
         slot: usize,
     ) -> Result<RunStats, Error> {
-        let start = Instant::now();
-        let p = &self.params;
-        let mut handle = self.pool.handle();
-        let mut rx = Ring::new(p.queue_size * 2);
-        let mut tx = Ring::new(p.queue_size * 2 * threads.max(1));
-        let mut io = IoStats::default();
-        let draining = Arc::new(AtomicBool::new(false));
-        let quit = Arc::new(AtomicBool::new(false));
-
-        // Packet threads, or one inline worker.
-        let mut ends = Vec::new();
-        let mut joins = Vec::new();
-        let mut inline = (threads == 0).then(|| p.worker(&self.pool));
-        for i in 0..threads {
-            let (rx_p, rx_c) = queue(p.queue_size);
-            let (tx_p, tx_c) = queue(p.queue_size);
-            let finished = Arc::new(AtomicU64::new(0));
-            ends.push(ThreadEnd {
-                rx: rx_p,
-                tx: tx_c,
-                since: None,
-                finished: Arc::clone(&finished),
-            });
-            let mut w = p.worker(&self.pool);
-            let (tables, pool, batch) = (Arc::clone(&self.tables), self.pool.clone(), p.batch);
-            let (draining, quit, live) = (
-                Arc::clone(&draining),
-                Arc::clone(&quit),
-                Arc::clone(&self.live),
-            );
-            joins.push(
-                std::thread::Builder::new()
-                    .name(format!("packet-{i}"))
-                    .spawn(move || {
-                        packet_thread(
-                            i, &mut w, rx_c, tx_p, &tables, &pool, batch, start, &finished,
-                            &draining, &quit, &live,
-                        )
-                    })
-                    .expect("spawning a packet thread"),
-            );
-        }
-
-        let mut batch_buf = Vec::with_capacity(p.batch);
-        let mut out = Vec::new();
-        let mut pending_tx: std::collections::VecDeque<Packet> = std::collections::VecDeque::new();
-        let mut rr = 0usize;
-        let mut idle_spins = 0u32;
-        let mut inline_pub = LivePublisher::default();
-        let mut iterations = 0u64;
+        let mut l = IoLoop::start(self, threads, slot)?;
         let result: Result<(), Error> = loop {
-            iterations += 1;
-            if iterations & 255 == 0 {
-                self.heartbeat.store(iterations, Ordering::Relaxed);
-            }
-            // 1. Reserve fresh buffers into emptied receive slots.
-            while rx.c < rx.a + rx.size() {
-                match handle.alloc() {
-                    Ok(b) => {
-                        let s = rx.slot(rx.c);
-                        s.buf = Some(b);
-                        s.len = 0;
-                        rx.c += 1;
-                    }
-                    Err(_) => {
-                        io.pool_empty += 1;
-                        break;
-                    }
-                }
-            }
-            // 2. The NIC fills reserved buffers at `received`.
-            let mut idle = true;
-            if let Err(e) = rx.advance_middle(|slots| nic.receive(&self.pool, slots)) {
+            l.beat();
+            l.reserve();
+            // The NIC fills reserved buffers at `received`.
+            if let Err(e) = l.rx.advance_middle(|slots| nic.receive(&self.pool, slots)) {
                 break Err(e.into());
             }
-            rx.check();
-            // 3. Steering: received packets to packet threads.
-            while rx.a < rx.b {
-                idle = false;
-                let i = rx.a;
-                let slot = rx.slot(i);
-                let Some(buf) = slot.buf.take() else { break };
-                let pkt = Packet {
-                    buf,
-                    off: slot.off,
-                    len: slot.len,
-                };
-                if inline.is_some() {
-                    batch_buf.push(pkt);
-                    rx.a += 1;
-                    if batch_buf.len() == p.batch {
-                        break;
-                    }
-                    continue;
-                }
-                let h = steer_hash(pkt.frame(&self.pool));
-                let n = ends.len();
-                let home = ((u128::from(h) * n as u128) >> 64) as usize;
-                let word = pkt.pack();
-                let mut placed = ends[home].rx.push(word);
-                let mut q = home;
-                if !placed {
-                    for k in 1..n {
-                        q = (rr + k) % n;
-                        if ends[q].rx.push(word) {
-                            placed = true;
-                            io.fallback += 1;
-                            break;
-                        }
-                    }
-                    rr = (rr + 1) % n;
-                }
-                if !placed {
-                    // Every queue is full: leave it in the ring.
-                    // SAFETY: `word` was packed just above and pushed nowhere.
-                    let back = unsafe { Packet::unpack(&self.pool, word) }.expect("just packed");
-                    let s = rx.slot(i);
-                    s.buf = Some(back.buf);
-                    io.all_full += 1;
-                    break;
-                }
-                io.steered += 1;
-                let e = &mut ends[q];
-                // The clock is read once per batch, when a queue's first
-                // unpublished packet arrives, not once per loop.
-                e.since.get_or_insert_with(Instant::now);
-                if e.rx.unpublished() >= p.batch {
-                    e.rx.publish();
-                    e.since = None;
-                    io.batches_full += 1;
-                }
-                rx.a += 1;
-            }
-            // Inline mode: process the batch here.
-            if let Some(w) = inline.as_mut() {
-                if !batch_buf.is_empty() {
-                    let t = self.tables.load();
-                    w.process(
-                        &t,
-                        &mut batch_buf,
-                        &mut out,
-                        start.elapsed().as_millis() as u64,
-                    );
-                    pending_tx.extend(out.drain(..));
-                    inline_pub.dirty = true;
-                }
-                inline_pub.maybe(&self.live, slot, &w.counters, start);
-            }
-            // Timer: hand over partial batches that waited long enough, or
-            // everything once the input has ended.
-            let ended = nic.exhausted() && rx.a == rx.b;
-            let now = ends.iter().any(|e| e.since.is_some()).then(Instant::now);
-            for e in ends.iter_mut() {
-                if let (Some(t0), Some(now)) = (e.since, now) {
-                    if ended || now.duration_since(t0) >= p.batch_timeout {
-                        e.rx.publish();
-                        e.since = None;
-                        io.batches_timer += 1;
-                    }
-                }
-            }
-            // 4. Muxing: gather transmit queues into the tx ring at `ready`.
-            while tx.c < tx.a + tx.size() {
-                if let Some(pk) = pending_tx.pop_front() {
-                    let s = tx.slot(tx.c);
-                    *s = Slot {
-                        buf: Some(pk.buf),
-                        off: pk.off,
-                        len: pk.len,
-                    };
-                    tx.c += 1;
-                    continue;
-                }
-                let mut got = false;
-                for e in ends.iter_mut() {
-                    if let Some(word) = e.tx.pop() {
-                        // SAFETY: the packet thread packed this descriptor and
-                        // pushed it once; this single consumer pops it once.
-                        match unsafe { Packet::unpack(&self.pool, word) } {
-                            Ok(pk) => {
-                                let s = tx.slot(tx.c);
-                                *s = Slot {
-                                    buf: Some(pk.buf),
-                                    off: pk.off,
-                                    len: pk.len,
-                                };
-                                tx.c += 1;
-                                got = true;
-                            }
-                            Err(err) => tracing::error!(
-                                "muxing: bad descriptor from a packet thread: {err}"
-                            ),
-                        }
-                        if tx.c == tx.a + tx.size() {
-                            break;
-                        }
-                    }
-                }
-                if !got {
-                    break;
-                }
-            }
-            for e in ends.iter_mut() {
-                e.tx.release();
-            }
-            // 5. The NIC sends from `sent`.
-            match tx.advance_middle(|slots| nic.transmit(&self.pool, slots)) {
+            l.rx.check();
+            let mut idle = !l.steer();
+            l.process_inline();
+            let ended = nic.exhausted() && l.rx.a == l.rx.b;
+            l.hand_over_timed_batches(ended);
+            l.mux();
+            // The NIC sends from `sent`.
+            match l.tx.advance_middle(|slots| nic.transmit(&self.pool, slots)) {
                 Ok(0) => {}
                 Ok(_) => idle = false,
                 Err(e) => break Err(e.into()),
             }
-            // 6. Recycle sent buffers to the pool.
-            while tx.a < tx.b {
-                if let Some(b) = tx.slot(tx.a).buf.take() {
-                    let _ = handle.free(b);
-                }
-                tx.a += 1;
+            l.recycle();
+            if l.done(ended, stop) {
+                break Ok(());
             }
-            tx.check();
-
-            // Done? Input over, every steered packet finished, rings empty.
-            let finished: u64 = ends
-                .iter()
-                .map(|e| e.finished.load(Ordering::Acquire))
-                .sum();
-            let all_in = ended && (inline.is_some() || finished == io.steered);
-            if all_in && !draining.load(Ordering::Relaxed) {
-                draining.store(true, Ordering::Release);
-                if let Some(w) = inline.as_mut() {
-                    w.drain();
-                }
-            }
-            // A finished packet may still sit in its thread's transmit queue:
-            // the thread publishes it before counting it finished, so once
-            // the counts match, an empty queue here means none is left.
-            let quiet = ends
-                .iter_mut()
-                .all(|e| e.rx.is_drained() && e.tx.is_empty())
-                && pending_tx.is_empty()
-                && tx.a == tx.c;
-            if (all_in && quiet && draining.load(Ordering::Relaxed)) || stop.load(Ordering::Relaxed)
-            {
-                // Held fragments are dropped by `drain`; wait until every
-                // thread has reported them.
-                let finished: u64 = ends
-                    .iter()
-                    .map(|e| e.finished.load(Ordering::Acquire))
-                    .sum();
-                if stop.load(Ordering::Relaxed) || finished == io.steered {
-                    break Ok(());
-                }
-            }
-            if idle {
-                idle_spins += 1;
-                if idle_spins > 1024 {
-                    // Nothing for a while: sleep in the port until frames
-                    // may be ready rather than burn the core.
-                    nic.wait(1);
-                    self.heartbeat.store(iterations, Ordering::Relaxed);
-                } else {
-                    std::hint::spin_loop();
-                }
-                if nic.exhausted() {
-                    std::thread::yield_now();
-                }
-            } else {
-                idle_spins = 0;
-            }
+            l.pace(idle, nic);
         };
-        quit.store(true, Ordering::Release);
+        l.finish(nic, result)
+    }
+}
+
+/// The I/O thread's state over one port (Figure 5): the receive and
+/// transmit rings, each packet thread's queues (or the inline worker), and
+/// the steering counters. Each method is one step of the loop in
+/// [`Datapath::run_on`].
+struct IoLoop<'d> {
+    dp: &'d Datapath,
+    start: Instant,
+    slot: usize,
+    handle: maio::Handle,
+    rx: Ring,
+    tx: Ring,
+    io: IoStats,
+    draining: Arc<AtomicBool>,
+    quit: Arc<AtomicBool>,
+    ends: Vec<ThreadEnd>,
+    joins: Vec<std::thread::JoinHandle<Counters>>,
+    /// The inline worker (`threads = 0`) and its batch.
+    inline: Option<Worker>,
+    batch_buf: Vec<Packet>,
+    out: Vec<Packet>,
+    pending_tx: std::collections::VecDeque<Packet>,
+    inline_pub: LivePublisher,
+    rr: usize,
+    idle_spins: u32,
+    iterations: u64,
+}
+
+impl<'d> IoLoop<'d> {
+    /// Sets up the rings and starts `threads` packet threads (none: one
+    /// inline worker).
+    fn start(dp: &'d Datapath, threads: usize, slot: usize) -> Result<Self, Error> {
+        let start = Instant::now();
+        let p = &dp.params;
+        let mut l = IoLoop {
+            dp,
+            start,
+            slot,
+            handle: dp.pool.handle(),
+            rx: Ring::new(p.queue_size * 2),
+            tx: Ring::new(p.queue_size * 2 * threads.max(1)),
+            io: IoStats::default(),
+            draining: Arc::new(AtomicBool::new(false)),
+            quit: Arc::new(AtomicBool::new(false)),
+            ends: Vec::new(),
+            joins: Vec::new(),
+            inline: (threads == 0).then(|| p.worker(&dp.pool)),
+            batch_buf: Vec::with_capacity(p.batch),
+            out: Vec::new(),
+            pending_tx: std::collections::VecDeque::new(),
+            inline_pub: LivePublisher::default(),
+            rr: 0,
+            idle_spins: 0,
+            iterations: 0,
+        };
+        for i in 0..threads {
+            if let Err(e) = l.spawn_packet_thread(i) {
+                // Threads already started see `quit` and end.
+                l.quit.store(true, Ordering::Release);
+                return Err(e);
+            }
+        }
+        Ok(l)
+    }
+
+    fn spawn_packet_thread(&mut self, i: usize) -> Result<(), Error> {
+        let p = &self.dp.params;
+        let (rx_p, rx_c) = queue(p.queue_size);
+        let (tx_p, tx_c) = queue(p.queue_size);
+        let finished = Arc::new(AtomicU64::new(0));
+        let mut w = p.worker(&self.dp.pool);
+        let (tables, pool, batch) = (Arc::clone(&self.dp.tables), self.dp.pool.clone(), p.batch);
+        let (draining, quit, live) = (
+            Arc::clone(&self.draining),
+            Arc::clone(&self.quit),
+            Arc::clone(&self.dp.live),
+        );
+        let (start, fin) = (self.start, Arc::clone(&finished));
+        let join = std::thread::Builder::new()
+            .name(format!("packet-{i}"))
+            .spawn(move || {
+                packet_thread(
+                    i, &mut w, rx_c, tx_p, &tables, &pool, batch, start, &fin, &draining, &quit,
+                    &live,
+                )
+            })
+            .map_err(Error::Spawn)?;
+        self.ends.push(ThreadEnd {
+            rx: rx_p,
+            tx: tx_c,
+            since: None,
+            finished,
+        });
+        self.joins.push(join);
+        Ok(())
+    }
+
+    /// A liveness signal for the control plane, without reading a clock.
+    #[inline]
+    fn beat(&mut self) {
+        self.iterations += 1;
+        if self.iterations & 255 == 0 {
+            self.dp.heartbeat.store(self.iterations, Ordering::Relaxed);
+        }
+    }
+
+    /// Step 1: reserve fresh buffers into emptied receive slots.
+    #[inline]
+    fn reserve(&mut self) {
+        while self.rx.c < self.rx.a + self.rx.size() {
+            match self.handle.alloc() {
+                Ok(b) => {
+                    let s = self.rx.slot(self.rx.c);
+                    s.buf = Some(b);
+                    s.len = 0;
+                    self.rx.c += 1;
+                }
+                Err(_) => {
+                    self.io.pool_empty += 1;
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Step 3: steering. Received packets go to their packet thread by
+    /// flow hash (round robin when its queue is full), or into the inline
+    /// batch. Returns whether there was anything to steer.
+    #[inline]
+    fn steer(&mut self) -> bool {
+        let batch = self.dp.params.batch;
+        let mut any = false;
+        while self.rx.a < self.rx.b {
+            any = true;
+            let i = self.rx.a;
+            let slot = self.rx.slot(i);
+            let Some(buf) = slot.buf.take() else { break };
+            let pkt = Packet {
+                buf,
+                off: slot.off,
+                len: slot.len,
+            };
+            if self.inline.is_some() {
+                self.batch_buf.push(pkt);
+                self.rx.a += 1;
+                if self.batch_buf.len() == batch {
+                    break;
+                }
+                continue;
+            }
+            let h = steer_hash(pkt.frame(&self.dp.pool));
+            let n = self.ends.len();
+            let home = ((u128::from(h) * n as u128) >> 64) as usize;
+            let word = pkt.pack();
+            let mut placed = self.ends[home].rx.push(word);
+            let mut q = home;
+            if !placed {
+                for k in 1..n {
+                    q = (self.rr + k) % n;
+                    if self.ends[q].rx.push(word) {
+                        placed = true;
+                        self.io.fallback += 1;
+                        break;
+                    }
+                }
+                self.rr = (self.rr + 1) % n;
+            }
+            if !placed {
+                // Every queue is full: leave it in the ring.
+                // SAFETY: `word` was packed just above and pushed nowhere.
+                match unsafe { Packet::unpack(&self.dp.pool, word) } {
+                    Ok(back) => self.rx.slot(i).buf = Some(back.buf),
+                    Err(err) => tracing::error!("steering: cannot take back a packet: {err}"),
+                }
+                self.io.all_full += 1;
+                break;
+            }
+            self.io.steered += 1;
+            let e = &mut self.ends[q];
+            // The clock is read once per batch, when a queue's first
+            // unpublished packet arrives, not once per loop.
+            e.since.get_or_insert_with(Instant::now);
+            if e.rx.unpublished() >= batch {
+                e.rx.publish();
+                e.since = None;
+                self.io.batches_full += 1;
+            }
+            self.rx.a += 1;
+        }
+        any
+    }
+
+    /// Inline mode: the I/O thread processes the batch itself.
+    #[inline]
+    fn process_inline(&mut self) {
+        let Some(w) = self.inline.as_mut() else {
+            return;
+        };
+        if !self.batch_buf.is_empty() {
+            let t = self.dp.tables.load();
+            w.process(
+                &t,
+                &mut self.batch_buf,
+                &mut self.out,
+                self.start.elapsed().as_millis() as u64,
+            );
+            self.pending_tx.extend(self.out.drain(..));
+            self.inline_pub.dirty = true;
+        }
+        self.inline_pub
+            .maybe(&self.dp.live, self.slot, &w.counters, self.start);
+    }
+
+    /// Timer: hand over partial batches that waited long enough, or
+    /// everything once the input has `ended`.
+    #[inline]
+    fn hand_over_timed_batches(&mut self, ended: bool) {
+        let timeout = self.dp.params.batch_timeout;
+        let now = self
+            .ends
+            .iter()
+            .any(|e| e.since.is_some())
+            .then(Instant::now);
+        for e in self.ends.iter_mut() {
+            if let (Some(t0), Some(now)) = (e.since, now) {
+                if ended || now.duration_since(t0) >= timeout {
+                    e.rx.publish();
+                    e.since = None;
+                    self.io.batches_timer += 1;
+                }
+            }
+        }
+    }
+
+    /// Step 4: muxing. Gathers the inline worker's output and the packet
+    /// threads' transmit queues into the tx ring at `ready`.
+    #[inline]
+    fn mux(&mut self) {
+        let tx = &mut self.tx;
+        while tx.c < tx.a + tx.size() {
+            if let Some(pk) = self.pending_tx.pop_front() {
+                *tx.slot(tx.c) = Slot {
+                    buf: Some(pk.buf),
+                    off: pk.off,
+                    len: pk.len,
+                };
+                tx.c += 1;
+                continue;
+            }
+            let mut got = false;
+            for e in self.ends.iter_mut() {
+                if let Some(word) = e.tx.pop() {
+                    // SAFETY: the packet thread packed this descriptor and
+                    // pushed it once; this single consumer pops it once.
+                    match unsafe { Packet::unpack(&self.dp.pool, word) } {
+                        Ok(pk) => {
+                            *tx.slot(tx.c) = Slot {
+                                buf: Some(pk.buf),
+                                off: pk.off,
+                                len: pk.len,
+                            };
+                            tx.c += 1;
+                            got = true;
+                        }
+                        Err(err) => {
+                            tracing::error!("muxing: bad descriptor from a packet thread: {err}")
+                        }
+                    }
+                    if tx.c == tx.a + tx.size() {
+                        break;
+                    }
+                }
+            }
+            if !got {
+                break;
+            }
+        }
+        for e in self.ends.iter_mut() {
+            e.tx.release();
+        }
+    }
+
+    /// Step 6: recycle sent buffers to the pool.
+    #[inline]
+    fn recycle(&mut self) {
+        while self.tx.a < self.tx.b {
+            if let Some(b) = self.tx.slot(self.tx.a).buf.take() {
+                let _ = self.handle.free(b);
+            }
+            self.tx.a += 1;
+        }
+        self.tx.check();
+    }
+
+    /// Packets the packet threads have finished with.
+    fn finished(&self) -> u64 {
+        self.ends
+            .iter()
+            .map(|e| e.finished.load(Ordering::Acquire))
+            .sum()
+    }
+
+    /// Done? Input over, every steered packet finished, rings empty (or
+    /// told to stop). Once the input has ended, tells the workers to drain
+    /// what they hold (fragments).
+    fn done(&mut self, ended: bool, stop: &AtomicBool) -> bool {
+        let all_in = ended && (self.inline.is_some() || self.finished() == self.io.steered);
+        if all_in && !self.draining.load(Ordering::Relaxed) {
+            self.draining.store(true, Ordering::Release);
+            if let Some(w) = self.inline.as_mut() {
+                w.drain();
+            }
+        }
+        // A finished packet may still sit in its thread's transmit queue:
+        // the thread publishes it before counting it finished, so once the
+        // counts match, an empty queue here means none is left.
+        let quiet = self
+            .ends
+            .iter_mut()
+            .all(|e| e.rx.is_drained() && e.tx.is_empty())
+            && self.pending_tx.is_empty()
+            && self.tx.a == self.tx.c;
+        if (all_in && quiet && self.draining.load(Ordering::Relaxed))
+            || stop.load(Ordering::Relaxed)
+        {
+            // Held fragments are dropped by `drain`; wait until every
+            // thread has reported them.
+            return stop.load(Ordering::Relaxed) || self.finished() == self.io.steered;
+        }
+        false
+    }
+
+    /// Spins briefly when idle, then sleeps in the port rather than burn
+    /// the core.
+    #[inline]
+    fn pace(&mut self, idle: bool, nic: &mut dyn Nic) {
+        if !idle {
+            self.idle_spins = 0;
+            return;
+        }
+        self.idle_spins += 1;
+        if self.idle_spins > 1024 {
+            nic.wait(1);
+            self.dp.heartbeat.store(self.iterations, Ordering::Relaxed);
+        } else {
+            std::hint::spin_loop();
+        }
+        if nic.exhausted() {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Stops the packet threads, gives back buffers still in the rings
+    /// (stopped mid-flight), and sums the counters.
+    fn finish(mut self, nic: &mut dyn Nic, result: Result<(), Error>) -> Result<RunStats, Error> {
+        self.quit.store(true, Ordering::Release);
         let mut per_thread = Vec::new();
-        for j in joins {
-            per_thread.push(j.join().unwrap_or_else(|_| Counters::new()));
-        }
-        // Leftovers (stopped mid-flight): give buffers back.
-        for i in rx.a..rx.c {
-            if let Some(b) = rx.slot(i).buf.take() {
-                let _ = handle.free(b);
+        let mut panicked = None;
+        for (i, j) in std::mem::take(&mut self.joins).into_iter().enumerate() {
+            match j.join() {
+                Ok(c) => per_thread.push(c),
+                Err(_) => panicked = Some(i),
             }
         }
-        for i in tx.a..tx.c {
-            if let Some(b) = tx.slot(i).buf.take() {
-                let _ = handle.free(b);
+        for i in self.rx.a..self.rx.c {
+            if let Some(b) = self.rx.slot(i).buf.take() {
+                let _ = self.handle.free(b);
             }
         }
-        if let Some(w) = inline {
+        for i in self.tx.a..self.tx.c {
+            if let Some(b) = self.tx.slot(i).buf.take() {
+                let _ = self.handle.free(b);
+            }
+        }
+        if let Some(w) = self.inline.take() {
             per_thread.push(w.counters.clone());
         }
         result?;
+        if let Some(thread) = panicked {
+            return Err(Error::PacketThreadPanicked(thread));
+        }
         let mut counters = Counters::new();
         for c in &per_thread {
             counters.merge(c);
@@ -630,9 +757,9 @@ impl Datapath {
             counters,
             per_thread,
             port: nic.stats(),
-            io,
-            elapsed: start.elapsed(),
-            pool: self.pool.stats(),
+            io: self.io,
+            elapsed: self.start.elapsed(),
+            pool: self.dp.pool.stats(),
         })
     }
 }

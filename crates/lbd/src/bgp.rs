@@ -9,13 +9,52 @@ use std::process::Command;
 
 use lb::config::{Bgp, Config};
 
+/// Why talking to BIRD failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BgpError {
+    /// `[bgp] birdc` names no command (rejected by validation; kept for
+    /// callers that build a [`Bgp`] by hand).
+    #[error("bgp.birdc is empty: it needs a command, e.g. [\"birdc\"]")]
+    NoBirdc,
+    /// birdc could not be started.
+    #[error("running {program}: {source} (is bird2 installed?)")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// birdc ran and BIRD refused (codes 8xxx/9xxx, or a failed exit).
+    #[error("birdc {command}: {output}")]
+    Refused {
+        /// The birdc arguments.
+        command: String,
+        /// What birdc printed.
+        output: String,
+    },
+    /// The file of VIP routes that BIRD includes could not be written.
+    #[error("writing {path}: {source}")]
+    RoutesFile {
+        /// The file (`[bgp] vips_file`).
+        path: std::path::PathBuf,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Runs a birdc command; its output, or why it failed.
-pub fn birdc(b: &Bgp, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(&b.birdc[0])
-        .args(&b.birdc[1..])
+pub fn birdc(b: &Bgp, args: &[&str]) -> Result<String, BgpError> {
+    let (program, rest) = b.birdc.split_first().ok_or(BgpError::NoBirdc)?;
+    let out = Command::new(program)
+        .args(rest)
         .args(args)
         .output()
-        .map_err(|e| format!("running {}: {e} (is bird2 installed?)", b.birdc[0]))?;
+        .map_err(|source| BgpError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     // birdc reports errors on stdout with codes 8xxx/9xxx and exits 0.
     if !out.status.success()
@@ -23,12 +62,14 @@ pub fn birdc(b: &Bgp, args: &[&str]) -> Result<String, String> {
             .lines()
             .any(|l| l.starts_with('8') || l.starts_with('9'))
     {
-        return Err(format!(
-            "birdc {}: {}{}",
-            args.join(" "),
-            text.trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(BgpError::Refused {
+            command: args.join(" "),
+            output: format!(
+                "{}{}",
+                text.trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
     }
     Ok(text)
 }
@@ -73,8 +114,10 @@ impl Announcer {
         let res = (|| {
             let want = routes(cfg, false, serving);
             if self.written.as_ref() != Some(&want) {
-                std::fs::write(&b.vips_file, &want)
-                    .map_err(|e| format!("writing {}: {e}", b.vips_file.display()))?;
+                std::fs::write(&b.vips_file, &want).map_err(|source| BgpError::RoutesFile {
+                    path: b.vips_file.clone(),
+                    source,
+                })?;
                 birdc(b, &["configure"])?;
                 self.written = Some(want);
                 self.announced = None; // a reconfiguration may reset the protocol's state
@@ -91,9 +134,9 @@ impl Announcer {
                 );
                 self.announced = Some(healthy);
             }
-            Ok::<(), String>(())
+            Ok::<(), BgpError>(())
         })();
-        self.last_error = res.err();
+        self.last_error = res.err().map(|e| e.to_string());
         if let Some(e) = &self.last_error {
             tracing::error!("BGP controller: {e}");
         }

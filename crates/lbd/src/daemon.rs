@@ -27,7 +27,6 @@ use serde::Serialize;
 use crate::health::{self, CheckKey, Tracker};
 use lb::counters::{Counters, DropReason, DROP_REASONS};
 use lb::datapath::{Datapath, Params, RunStats};
-use lb::pcap_run::Error;
 use lb::tables::Control;
 use lb::Config;
 
@@ -72,15 +71,91 @@ pub struct Shared {
     started: Instant,
 }
 
+/// Why the daemon stopped or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration was rejected.
+    #[error(transparent)]
+    Config(#[from] lb::config::ConfigError),
+    /// The datapath failed.
+    #[error(transparent)]
+    Datapath(#[from] lb::datapath::Error),
+    /// The interface could not be opened.
+    #[error(transparent)]
+    Port(#[from] netio::Error),
+    /// AF_XDP was asked for, but prefix-group VIPs cannot be listed in the
+    /// XDP program's VIP set.
+    #[error("AF_XDP: prefix-group VIPs cannot be listed in the XDP program's VIP set; use driver = \"af-packet\"")]
+    PrefixVipsNeedAfPacket,
+    /// A control-plane thread could not be started.
+    #[error("starting the {what} thread: {source}")]
+    Spawn {
+        /// Which thread.
+        what: &'static str,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why a reload was refused (the running configuration stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The new file is invalid.
+    #[error(transparent)]
+    Config(#[from] lb::config::ConfigError),
+    /// The XDP program's VIP set could not be updated.
+    #[error("updating the XDP VIP set: {0}")]
+    XdpVips(#[source] netio::Error),
+}
+
+/// Why a request to a daemon's API failed (`fastpath lb status`).
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Nothing answers at the address.
+    #[error("cannot reach {api}: {source} (is `lb run --interface` running with [api] listen = \"{api}\"?)")]
+    Connect {
+        /// The API address.
+        api: std::net::SocketAddr,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The exchange broke off.
+    #[error("talking to {api}: {source}")]
+    Io {
+        /// The API address.
+        api: std::net::SocketAddr,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The answer was not HTTP.
+    #[error("{api} answered something that is not HTTP")]
+    Malformed {
+        /// The API address.
+        api: std::net::SocketAddr,
+    },
+    /// The answer was not the document expected.
+    #[error("unexpected {path} document: {source}")]
+    Document {
+        /// The path asked for.
+        path: &'static str,
+        /// What did not parse.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 impl Shared {
     /// Re-reads the configuration file and swaps it in, or explains why not.
-    pub fn reload(&self) -> Result<u64, String> {
+    pub fn reload(&self) -> Result<u64, ReloadError> {
         let result = Config::load(&self.config_path)
-            .map_err(|e| e.to_string())
+            .map_err(ReloadError::from)
             .and_then(|cfg| {
                 let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
                 let old = c.config().clone();
-                c.apply(cfg.clone()).map_err(|e| e.to_string())?;
+                c.apply(cfg.clone())?;
                 if cfg.forwarder != old.forwarder || cfg.conntrack != old.conntrack {
                     tracing::warn!(
                         "[forwarder] and [conntrack] changes take effect at the next start"
@@ -88,8 +163,7 @@ impl Shared {
                 }
                 *self.check_names.lock().unwrap_or_else(|p| p.into_inner()) = health::checks(&cfg);
                 if let Some(f) = &self.xdp_vips {
-                    f.set(&vip_addresses(&cfg))
-                        .map_err(|e| format!("updating the XDP VIP set: {e}"))?;
+                    f.set(&vip_addresses(&cfg)).map_err(ReloadError::XdpVips)?;
                 }
                 Ok(c.tables().load().generation)
             });
@@ -107,7 +181,7 @@ impl Shared {
                 *self
                     .last_reload_error
                     .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
+                    .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 tracing::error!("reload rejected, the running configuration stays: {e}");
             }
         }
@@ -507,7 +581,7 @@ async fn control_plane(
                             .into_response(),
                         Ok(Err(e)) => (
                             StatusCode::BAD_REQUEST,
-                            Json(serde_json::json!({ "error": e })),
+                            Json(serde_json::json!({ "error": e.to_string() })),
                         )
                             .into_response(),
                         Err(e) => {
@@ -689,13 +763,9 @@ pub fn run(
         Driver::AfXdp | Driver::Auto => {
             let prefix_vips = cfg.vips.iter().any(|v| v.address.is_none());
             let xdp = if prefix_vips {
-                Err(netio::Error::Io {
-                    what: "AF_XDP".into(),
-                    reason: "prefix-group VIPs cannot be listed in the XDP program's VIP set"
-                        .into(),
-                })
+                Err(Error::PrefixVipsNeedAfPacket)
             } else {
-                AfXdpPort::open(interface, dp.pool(), &vip_addresses(&cfg))
+                AfXdpPort::open(interface, dp.pool(), &vip_addresses(&cfg)).map_err(Error::from)
             };
             match (xdp, driver) {
                 (Ok(p), _) => {
@@ -707,7 +777,7 @@ pub fn run(
                     driver_desc = format!("AF_PACKET, because AF_XDP is unavailable: {e}");
                     (open_packet()?, None)
                 }
-                (Err(e), _) => return Err(e.into()),
+                (Err(e), _) => return Err(e),
             }
         }
     };
@@ -789,7 +859,10 @@ fn serve(
                     Err(e) => tracing::error!("control plane: {e}"),
                 }
             })
-            .expect("spawning the control-plane thread")
+            .map_err(|source| Error::Spawn {
+                what: "control-plane",
+                source,
+            })?
     };
     let bgp = {
         let (shared, stop, heartbeat) = (
@@ -800,7 +873,10 @@ fn serve(
         std::thread::Builder::new()
             .name("bgp".into())
             .spawn(move || bgp_controller(&shared, &heartbeat, &stop))
-            .expect("spawning the BGP controller")
+            .map_err(|source| Error::Spawn {
+                what: "BGP controller",
+                source,
+            })?
     };
     tracing::info!(
         interface,
@@ -820,26 +896,34 @@ fn serve(
 }
 
 /// One request to a daemon's HTTP API; the answer's body.
-pub fn api_request(api: std::net::SocketAddr, method: &str, path: &str) -> Result<String, String> {
+pub fn api_request(
+    api: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+) -> Result<String, ApiError> {
     use std::io::{Read, Write};
+    let io = |source| ApiError::Io { api, source };
     let mut s = std::net::TcpStream::connect_timeout(&api, Duration::from_secs(2))
-        .map_err(|e| format!("cannot reach {api}: {e} (is `lb run --interface` running with [api] listen = \"{api}\"?)"))?;
+        .map_err(|source| ApiError::Connect { api, source })?;
     s.set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
+        .map_err(io)?;
     s.write_all(
         format!("{method} {path} HTTP/1.0\r\nHost: {api}\r\nContent-Length: 0\r\n\r\n").as_bytes(),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(io)?;
     let mut answer = String::new();
-    s.read_to_string(&mut answer).map_err(|e| e.to_string())?;
+    s.read_to_string(&mut answer).map_err(io)?;
     answer
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
-        .ok_or_else(|| "malformed HTTP response".to_string())
+        .ok_or(ApiError::Malformed { api })
 }
 
 /// Fetches `/status` from a running daemon's API (`fastpath lb status`).
-pub fn fetch_status(api: std::net::SocketAddr) -> Result<Status, String> {
+pub fn fetch_status(api: std::net::SocketAddr) -> Result<Status, ApiError> {
     let json = api_request(api, "GET", "/status")?;
-    serde_json::from_str(&json).map_err(|e| format!("unexpected /status document: {e}"))
+    serde_json::from_str(&json).map_err(|source| ApiError::Document {
+        path: "/status",
+        source,
+    })
 }
