@@ -16,6 +16,7 @@ setup:
 ## 5.3, plots in out/plots). Needs root.
 demo: setup
 	$(CARGO) build --release --locked -p fastpath
+	mkdir -p $(OUT)
 	./target/release/fastpath lb demo
 	./target/release/fastpath lb sample-pcap --out $(OUT)/in.pcap
 	./target/release/fastpath lb run --config examples/lb.toml --pcap-in $(OUT)/in.pcap --pcap-out $(OUT)/out.pcap
@@ -23,8 +24,10 @@ demo: setup
 	@tshark -r $(OUT)/out.pcap -c 6 -T fields -E header=y -e frame.number -e ip.src -e ip.dst -e ipv6.src -e ipv6.dst -e gre.proto -e _ws.col.Protocol 2>/dev/null
 	./target/release/fastpath lb hash-eval --quick --plot-dir $(OUT)/plots
 
-## Every test.
-test: setup
+## Every test, after the conventions: formatting, then clippy with every
+## warning an error (the workspace lints deny missing docs and unsafe blocks
+## without a SAFETY comment).
+test: setup lint
 	$(CARGO) test --workspace --locked --no-fail-fast
 
 ## Benchmarks, each beside its peer in the same run; see BENCHMARKS.md.
@@ -43,4 +46,4 @@ fuzz:
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
