@@ -146,3 +146,56 @@ fn lb_bench_veth_json_document() {
         .unwrap()
         .contains("driver"));
 }
+
+/// `fastpath ... | head -1`: the reader goes away before fastpath writes.
+/// Rust ignores SIGPIPE, so every print then fails with EPIPE; the command
+/// must end quietly (no panic message, success) rather than report a bug.
+#[test]
+fn closed_output_pipe_ends_quietly() {
+    for args in [
+        &["disk", "presets"][..],
+        &[
+            "lb",
+            "hash-eval",
+            "--quick",
+            "--backends",
+            "50",
+            "--sizes",
+            "6553",
+            "--repetitions",
+            "2",
+        ][..],
+        &["--help"][..],
+    ] {
+        let mut child = fastpath()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Close the read end at once: every write fails with EPIPE.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{args:?}: {err}"
+        );
+        assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
+    }
+}
+
+/// The top-level help names every subsystem that exists, and nothing that
+/// "arrives later".
+#[test]
+fn top_level_help_describes_what_exists() {
+    let out = fastpath().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for sub in ["lb", "switch", "pktgen", "maio", "disk"] {
+        assert!(
+            help.contains(&format!("  {sub} ")),
+            "{sub} missing:\n{help}"
+        );
+    }
+    assert!(!help.contains("arrive"), "{help}");
+}
