@@ -440,7 +440,14 @@ impl Config {
             let key = e
                 .span()
                 .map(|s| {
-                    let line = text[..s.start.min(text.len())].lines().count().max(1);
+                    // Lines before the span, plus one: `lines().count()` would
+                    // miss the line when the span starts in column 0.
+                    let start = s.start.min(text.len());
+                    let line = text.as_bytes()[..start]
+                        .iter()
+                        .filter(|&&b| b == b'\n')
+                        .count()
+                        + 1;
                     format!("line {line}")
                 })
                 .unwrap_or_else(|| "(syntax)".into());
@@ -585,12 +592,25 @@ impl Config {
                 return problem(format!("pools[{i}].table_size"), err.to_string());
             }
             let mut names = HashSet::new();
+            let mut addresses: HashMap<IpAddr, (usize, String)> = HashMap::new();
             for (j, b) in p.backends.iter().enumerate() {
                 let name = b.name.clone().unwrap_or_else(|| b.address.to_string());
                 if !names.insert(name.clone()) {
                     return problem(
                         format!("pools[{i}].backends[{j}]"),
                         format!("backend {name:?} appears twice"),
+                    );
+                }
+                // The same machine under two names would get two shares of
+                // the table: a silent double weight.
+                if let Some((k, other)) = addresses.insert(b.address, (j, name.clone())) {
+                    return problem(
+                        format!("pools[{i}].backends[{j}]"),
+                        format!(
+                            "backend {name:?} has the address {} of backend {other:?} \
+                             (pools[{i}].backends[{k}]); list a machine once and give it a weight",
+                            b.address
+                        ),
                     );
                 }
                 if b.address.is_ipv4() && e.source.is_none() {
@@ -622,8 +642,25 @@ impl Config {
                     );
                 }
             }
-            if let Err(cycle) = self.flatten(&p.name) {
-                return problem(format!("pools[{i}].include"), cycle.to_string());
+            let members = match self.flatten(&p.name) {
+                Ok(m) => m,
+                Err(cycle) => return problem(format!("pools[{i}].include"), cycle.to_string()),
+            };
+            // Included pools may share a backend (same name: counted once),
+            // but not an address under another name.
+            let mut addresses: HashMap<IpAddr, String> = HashMap::new();
+            for b in &members {
+                let name = b.name.clone().unwrap_or_else(|| b.address.to_string());
+                if let Some(other) = addresses.insert(b.address, name.clone()) {
+                    return problem(
+                        format!("pools[{i}].include"),
+                        format!(
+                            "pool {:?} reaches the address {} twice, as backends {other:?} and \
+                             {name:?} (through its includes); list a machine once and give it a weight",
+                            p.name, b.address
+                        ),
+                    );
+                }
             }
         }
         Ok(())
@@ -883,6 +920,31 @@ pool = "web"
         assert!(e.key.starts_with("line"), "{e}");
         let e = err("[conntrack]\nsize = 1000\n");
         assert_eq!(e.key, "conntrack.size");
+        // A bad key in column 0 is reported on its own line (it was one
+        // line too high).
+        let e = err("[forwarder]\nthreads = 2\nbatch = 32\nthreadz = 4\n");
+        assert_eq!(e.key, "line 4", "{e}");
+        let e = err("\n\n[forwarder]\n  threadz = 4\n");
+        assert_eq!(e.key, "line 4", "{e}");
+        // One machine under two names would silently double its weight.
+        let e = err(&GOOD.replace(
+            "{ address = \"10.1.0.2\", weight = 2 }",
+            "{ address = \"10.1.0.2\", weight = 2 }, { address = \"10.1.0.2\", name = \"again\" }",
+        ));
+        assert_eq!(e.key, "pools[0].backends[2]", "{e}");
+        assert!(
+            e.problem.contains("\"again\"") && e.problem.contains("\"10.1.0.2\""),
+            "{e}"
+        );
+        let e = err(&GOOD.replace(
+            "{ address = \"10.1.0.3\", name = \"third\" }",
+            "{ address = \"10.1.0.2\", name = \"third\" }",
+        ));
+        assert_eq!(e.key, "pools[0].include", "{e}");
+        assert!(
+            e.problem.contains("10.1.0.2") && e.problem.contains("third"),
+            "{e}"
+        );
         assert!(Config::load(Path::new("/nonexistent.toml"))
             .unwrap_err()
             .to_string()
