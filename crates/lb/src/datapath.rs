@@ -226,7 +226,23 @@ struct ThreadEnd {
     rx: Producer,
     tx: Consumer,
     since: Option<Instant>,
+    /// The thread's packets finished: forwarded or dropped.
     finished: Arc<AtomicU64>,
+    /// Finished, or held as fragments waiting for their first fragment.
+    accounted: Arc<AtomicU64>,
+}
+
+/// What a packet thread publishes of its progress.
+struct Progress<'a> {
+    finished: &'a AtomicU64,
+    accounted: &'a AtomicU64,
+}
+
+impl Progress<'_> {
+    fn publish(&self, w: &Worker) {
+        self.finished.store(w.finished(), Ordering::Release);
+        self.accounted.store(w.accounted(), Ordering::Release);
+    }
 }
 
 /// The forwarder's datapath over one port.
@@ -438,6 +454,7 @@ impl<'d> IoLoop<'d> {
         let (rx_p, rx_c) = queue(p.queue_size);
         let (tx_p, tx_c) = queue(p.queue_size);
         let finished = Arc::new(AtomicU64::new(0));
+        let accounted = Arc::new(AtomicU64::new(0));
         let mut w = p.worker(&self.dp.pool);
         let (tables, pool, batch) = (Arc::clone(&self.dp.tables), self.dp.pool.clone(), p.batch);
         let (draining, quit, live) = (
@@ -445,13 +462,17 @@ impl<'d> IoLoop<'d> {
             Arc::clone(&self.quit),
             Arc::clone(&self.dp.live),
         );
-        let (start, fin) = (self.start, Arc::clone(&finished));
+        let (start, fin, acc) = (self.start, Arc::clone(&finished), Arc::clone(&accounted));
         let join = std::thread::Builder::new()
             .name(format!("packet-{i}"))
             .spawn(move || {
+                let progress = Progress {
+                    finished: &fin,
+                    accounted: &acc,
+                };
                 packet_thread(
-                    i, &mut w, rx_c, tx_p, &tables, &pool, batch, start, &fin, &draining, &quit,
-                    &live,
+                    i, &mut w, rx_c, tx_p, &tables, &pool, batch, start, &progress, &draining,
+                    &quit, &live,
                 )
             })
             .map_err(Error::Spawn)?;
@@ -460,6 +481,7 @@ impl<'d> IoLoop<'d> {
             tx: tx_c,
             since: None,
             finished,
+            accounted,
         });
         self.joins.push(join);
         Ok(())
@@ -670,11 +692,20 @@ impl<'d> IoLoop<'d> {
             .sum()
     }
 
+    /// Packets the packet threads have finished with or hold as fragments.
+    fn accounted(&self) -> u64 {
+        self.ends
+            .iter()
+            .map(|e| e.accounted.load(Ordering::Acquire))
+            .sum()
+    }
+
     /// Done? Input over, every steered packet finished, rings empty (or
-    /// told to stop). Once the input has ended, tells the workers to drain
-    /// what they hold (fragments).
+    /// told to stop). Once the input has ended and every packet is
+    /// finished or held, tells the workers to drain what they hold
+    /// (fragments whose first fragment never came end as expired).
     fn done(&mut self, ended: bool, stop: &AtomicBool) -> bool {
-        let all_in = ended && (self.inline.is_some() || self.finished() == self.io.steered);
+        let all_in = ended && (self.inline.is_some() || self.accounted() == self.io.steered);
         if all_in && !self.draining.load(Ordering::Relaxed) {
             self.draining.store(true, Ordering::Release);
             if let Some(w) = self.inline.as_mut() {
@@ -805,7 +836,7 @@ fn packet_thread(
     pool: &Pool,
     batch: usize,
     start: Instant,
-    finished: &AtomicU64,
+    progress: &Progress<'_>,
     draining: &AtomicBool,
     quit: &AtomicBool,
     live: &Mutex<Vec<Counters>>,
@@ -828,13 +859,15 @@ fn packet_thread(
             }
         }
         if in_batch.is_empty() {
-            if quit.load(Ordering::Acquire) {
-                break;
-            }
-            if draining.load(Ordering::Acquire) && !drained {
+            // Held fragments end before the thread does, also when stopped.
+            let quitting = quit.load(Ordering::Acquire);
+            if (quitting || draining.load(Ordering::Acquire)) && !drained {
                 w.drain();
                 drained = true;
-                finished.store(w.finished(), Ordering::Release);
+                progress.publish(w);
+            }
+            if quitting {
+                break;
             }
             idle += 1;
             if idle > 4096 {
@@ -874,7 +907,7 @@ fn packet_thread(
             }
         }
         tx.publish();
-        finished.store(w.finished(), Ordering::Release);
+        progress.publish(w);
         live_pub.dirty = true;
         live_pub.maybe(live, id, &w.counters, start);
     }

@@ -79,6 +79,19 @@ impl Worker {
         self.counters.tx + self.counters.dropped()
     }
 
+    /// Fragments held now, waiting for their first fragment.
+    pub fn holding(&self) -> u64 {
+        let c = &self.counters;
+        c.frag_held - c.frag_released - c.drops_for(DropReason::FragExpired)
+    }
+
+    /// Packets accounted for: finished, or held as fragments. When every
+    /// packet handed to the worker is accounted for and no more will come,
+    /// only held fragments remain, and [`Worker::drain`] ends them.
+    pub fn accounted(&self) -> u64 {
+        self.finished() + self.holding()
+    }
+
     /// Processes `batch` (emptied), appending packets to send to `out`.
     ///
     /// In stages, so that cache misses overlap instead of queueing: first

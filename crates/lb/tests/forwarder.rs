@@ -313,3 +313,91 @@ fn syn_flood_from_random_sources() {
         assert_eq!(flow::to_ip(&d.outer_dst), backend(&cfg, "web", &inner_flow));
     }
 }
+
+// --- held fragments always end (issue 13, finding 1) ------------------------
+
+/// Later fragments whose first fragment never comes, and later fragments
+/// of a datagram whose first fragment is dropped (UDP to a TCP-only VIP):
+/// every one is held, none can ever be released. The run must still end,
+/// with every frame accounted for and every buffer back in the pool.
+fn lone_later_fragments(threads: usize) {
+    use packet::build::L4;
+    let mut cfg = Config::parse(CONFIG, "test").unwrap();
+    cfg.forwarder.threads = threads;
+    let control = Control::new(cfg.clone()).unwrap();
+    let dp = Datapath::new(Params::from_config(&cfg), control.tables()).unwrap();
+    let (src, udp_vip, tcp_vip) = (ip("203.0.113.9"), ip("192.0.2.53"), ip("192.0.2.80"));
+    let mut frames = Vec::new();
+    for ident in 0..20u32 {
+        // A lone later fragment to the UDP VIP.
+        frames.push(
+            Frame::new(src, udp_vip, L4::Raw(packet::proto::UDP, vec![1; 16]))
+                .fragment(0x500 + ident, 24, ident % 2 == 0)
+                .to_bytes(),
+        );
+    }
+    for ident in 0..5u32 {
+        // A UDP datagram to the TCP-only VIP: its first fragment is
+        // dropped (no VIP), so its later fragments wait in vain.
+        let whole = Frame::udp(src, tcp_vip, 4000, 80, &[3; 40]).to_bytes();
+        let l4 = &whole[14 + 20..];
+        for (from, to, more) in [(24, 48, false), (0, 24, true)] {
+            frames.push(
+                Frame::new(
+                    src,
+                    tcp_vip,
+                    L4::Raw(packet::proto::UDP, l4[from..to].to_vec()),
+                )
+                .fragment(0x900 + ident, from as u16, more)
+                .to_bytes(),
+            );
+        }
+    }
+    let n = frames.len() as u64;
+    let mut port = MemPort::new(frames, Vary::None, Some(n)).capture();
+    // A watchdog: the run must end on its own; if it does not, stop it so
+    // the test fails instead of hanging.
+    let stop = AtomicBool::new(false);
+    let started = std::time::Instant::now();
+    let stats = std::thread::scope(|s| {
+        let run = s.spawn(|| dp.run(&mut port, &stop));
+        while !run.is_finished() && started.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        run.join().unwrap().unwrap()
+    });
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "threads={threads}: held fragments kept the run alive for {:?}",
+        started.elapsed()
+    );
+    let c = &stats.counters;
+    assert_eq!(c.rx, n, "threads={threads}");
+    assert_eq!(c.tx, 0, "threads={threads}: nothing can be forwarded");
+    assert_eq!(
+        c.drops_for(DropReason::FragExpired),
+        25,
+        "threads={threads}: every held fragment ends as expired; drops {:?}",
+        c.drop_table()
+    );
+    assert_eq!(
+        c.rx,
+        c.tx + c.dropped(),
+        "threads={threads}: every frame accounted for"
+    );
+    assert_eq!(
+        stats.pool.in_use, 0,
+        "threads={threads}: every buffer returned"
+    );
+}
+
+#[test]
+fn lone_later_fragments_end_inline() {
+    lone_later_fragments(0);
+}
+
+#[test]
+fn lone_later_fragments_end_with_packet_threads() {
+    lone_later_fragments(2);
+}
