@@ -6,9 +6,15 @@
 //! `SCM_RIGHTS`. The attaching connection stays open for the life of the
 //! port: closing it (or dying) detaches the port.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::path::Path;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
 
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::driver::Driver;
@@ -17,16 +23,66 @@ use crate::{sys, Error, Geometry, Mode, Result};
 /// Largest control message.
 pub const MAX_MSG: usize = 64 * 1024;
 
+/// Most descriptors sent with one message.
+pub const MAX_SEND_FDS: usize = 8;
+
+/// Most descriptors taken from one received message (what a 128-byte control
+/// buffer holds); the kernel closes any beyond them.
+pub const MAX_RECV_FDS: usize = 28;
+
+/// Longest socket path, in bytes (`sun_path` less its terminating NUL).
+const MAX_PATH: usize = 107;
+
+/// Ways the peer on a control socket, or the socket's own set-up, breaks the
+/// protocol.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    /// The switch closed the connection before replying.
+    #[error("switch closed the connection")]
+    Closed,
+    /// The reply is not a JSON document.
+    #[error("reply is not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// An attach reply without exactly its three descriptors.
+    #[error("expected 3 descriptors, got {got}")]
+    Descriptors {
+        /// How many came.
+        got: usize,
+    },
+    /// Another switch answers on the socket path.
+    #[error("{} is in use by a running switch", path.display())]
+    InUse {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The socket path does not fit a `sockaddr_un`.
+    #[error("socket path {} must be 1..{} bytes", path.display(), MAX_PATH + 1)]
+    SocketPath {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// More descriptors than one message carries.
+    #[error("{got} descriptors in one message: at most {MAX_SEND_FDS}")]
+    TooManyFds {
+        /// How many were to be sent.
+        got: usize,
+    },
+}
+
+/// A request to attach a new ring port.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct AttachRequest {
     /// Port name (unique on the switch).
     pub name: String,
+    /// How driver and device notify each other.
     pub mode: Mode,
     /// Interrupt moderation interval in 250 ns units (0: none).
     #[serde(default)]
     pub itr: u32,
+    /// Slots per ring, a power of two.
     #[serde(default = "default_slots")]
     pub slots: u32,
+    /// Bytes per buffer, a multiple of 64.
     #[serde(default = "default_buf")]
     pub buf_size: u32,
 }
@@ -39,6 +95,7 @@ fn default_buf() -> u32 {
 }
 
 impl AttachRequest {
+    /// The ring geometry asked for.
     pub fn geometry(&self) -> Geometry {
         Geometry {
             slots: self.slots,
@@ -47,10 +104,13 @@ impl AttachRequest {
     }
 }
 
+/// A request on the control socket: one JSON packet.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "lowercase")]
 pub enum Request {
+    /// Create a port; the reply carries its region, kick and interrupt.
     Attach(AttachRequest),
+    /// Report the switch's status document.
     Status,
 }
 
@@ -58,24 +118,20 @@ pub enum Request {
 pub struct Conn(OwnedFd);
 
 impl Conn {
+    /// Connect to the switch listening on `path`.
     pub fn connect(path: &Path) -> Result<Conn> {
-        let fd = seqpacket()?;
-        let (addr, len) = sockaddr(path)?;
-        // SAFETY: addr is a valid sockaddr_un of length len.
-        let r = unsafe { libc::connect(fd.as_raw_fd(), &addr as *const _ as *const _, len) };
-        if r < 0 {
-            return Err(Error::Sys {
-                what: "connect to switch control socket",
-                source: std::io::Error::last_os_error(),
-            });
-        }
+        let fd = seqpacket(SocketFlags::CLOEXEC)?;
+        rustix::net::connect(&fd, &sockaddr(path)?)
+            .map_err(sys("connect to switch control socket"))?;
         Ok(Conn(fd))
     }
 
+    /// Adopt a connected `SOCK_SEQPACKET` socket.
     pub fn from_fd(fd: OwnedFd) -> Conn {
         Conn(fd)
     }
 
+    /// The descriptor number, e.g. to register with epoll.
     pub fn fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
@@ -85,22 +141,26 @@ impl Conn {
         self.0
     }
 
+    /// Send one packet carrying the descriptors `fds`.
     pub fn send(&self, msg: &[u8], fds: &[RawFd]) -> Result<()> {
-        send_msg(self.0.as_raw_fd(), msg, fds)
+        with_borrowed(fds, |fds| send_fds(self.0.as_fd(), msg, fds))
     }
 
     /// Receive one message; `Ok(None)` when the peer closed.
     pub fn recv(&self) -> Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
-        recv_msg(self.0.as_raw_fd())
+        recv_fds(self.0.as_fd())
     }
 
+    /// Send a request and wait for its reply: the reply document and the
+    /// descriptors it carries. A reply without `"ok": true` is
+    /// [`Error::Refused`].
     pub fn request(&self, req: &Request) -> Result<(serde_json::Value, Vec<OwnedFd>)> {
         self.send(&serde_json::to_vec(req).expect("requests serialize"), &[])?;
         let Some((bytes, fds)) = self.recv()? else {
-            return Err(Error::Protocol("switch closed the connection".into()));
+            return Err(ProtocolError::Closed.into());
         };
-        let v: serde_json::Value = serde_json::from_slice(&bytes)
-            .map_err(|e| Error::Protocol(format!("reply is not JSON: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(ProtocolError::NotJson)?;
         if v.get("ok").and_then(|o| o.as_bool()) != Some(true) {
             let why = v
                 .get("error")
@@ -112,10 +172,18 @@ impl Conn {
     }
 }
 
+impl AsFd for Conn {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
 /// A port attached to a switch: the driver and the connection that keeps the
 /// port alive.
 pub struct Attached {
+    /// The driver side of the port.
     pub driver: Driver,
+    /// The switch's reply (port index, name, geometry).
     pub info: serde_json::Value,
     _conn: Conn,
 }
@@ -124,9 +192,9 @@ pub struct Attached {
 pub fn attach(path: &Path, req: &AttachRequest) -> Result<Attached> {
     let conn = Conn::connect(path)?;
     let (info, fds) = conn.request(&Request::Attach(req.clone()))?;
-    let [region, kick, irq]: [OwnedFd; 3] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
-        Error::Protocol(format!("expected 3 descriptors, got {}", v.len()))
-    })?;
+    let [region, kick, irq]: [OwnedFd; 3] = fds
+        .try_into()
+        .map_err(|v: Vec<OwnedFd>| ProtocolError::Descriptors { got: v.len() })?;
     let driver = Driver::new(region, kick, irq, req.mode)?;
     Ok(Attached {
         driver,
@@ -145,165 +213,255 @@ pub fn status(path: &Path) -> Result<serde_json::Value> {
 pub struct Listener(OwnedFd);
 
 impl Listener {
+    /// Listen on `path`, replacing a stale socket file left by a dead switch
+    /// but refusing one a running switch answers on.
     pub fn bind(path: &Path) -> Result<Listener> {
         // A stale socket file from a dead switch would make bind fail.
         if path.exists() {
             if Conn::connect(path).is_ok() {
-                return Err(Error::Protocol(format!(
-                    "{} is in use by a running switch",
-                    path.display()
-                )));
+                return Err(ProtocolError::InUse {
+                    path: path.to_path_buf(),
+                }
+                .into());
             }
             let _ = std::fs::remove_file(path);
         }
-        let fd = seqpacket()?;
-        let (addr, len) = sockaddr(path)?;
-        // SAFETY: addr is a valid sockaddr_un of length len; fd is ours.
-        unsafe {
-            if libc::bind(fd.as_raw_fd(), &addr as *const _ as *const _, len) < 0 {
-                return Err(Error::Sys {
-                    what: "bind switch control socket",
-                    source: std::io::Error::last_os_error(),
-                });
-            }
-            if libc::listen(fd.as_raw_fd(), 64) < 0 {
-                return Err(sys("listen"));
-            }
-            let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
-        }
+        let fd = seqpacket(SocketFlags::CLOEXEC | SocketFlags::NONBLOCK)?;
+        rustix::net::bind(&fd, &sockaddr(path)?).map_err(sys("bind switch control socket"))?;
+        rustix::net::listen(&fd, 64).map_err(sys("listen"))?;
         Ok(Listener(fd))
     }
 
+    /// The descriptor number, e.g. to register with epoll.
     pub fn fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
 
+    /// Accept one pending connection (non-blocking, close-on-exec), if any.
     pub fn accept(&self) -> Option<Conn> {
-        // SAFETY: accept4 on our listening socket; NULL address is allowed.
-        let fd = unsafe {
-            libc::accept4(
-                self.0.as_raw_fd(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            )
-        };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: fresh descriptor from accept4.
-        Some(Conn(unsafe { OwnedFd::from_raw_fd(fd) }))
+        rustix::net::accept_with(&self.0, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK)
+            .ok()
+            .map(Conn)
     }
 }
 
-fn seqpacket() -> Result<OwnedFd> {
-    // SAFETY: plain syscall.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(sys("socket(AF_UNIX, SOCK_SEQPACKET)"));
+impl AsFd for Listener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
     }
-    // SAFETY: fresh descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// A `sockaddr_un` for a filesystem path.
-pub fn sockaddr(path: &Path) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
+fn seqpacket(flags: SocketFlags) -> Result<OwnedFd> {
+    rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, flags, None)
+        .map_err(sys("socket(AF_UNIX, SOCK_SEQPACKET)"))
+}
+
+/// The Unix socket address of a filesystem path of 1..=107 bytes.
+pub fn sockaddr(path: &Path) -> Result<SocketAddrUnix> {
     use std::os::unix::ffi::OsStrExt;
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: sockaddr_un is plain data; all-zero is valid.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() || bytes.is_empty() {
-        return Err(Error::Protocol(format!(
-            "socket path {} must be 1..{} bytes",
-            path.display(),
-            addr.sun_path.len()
-        )));
+    let len = path.as_os_str().as_bytes().len();
+    if len == 0 || len > MAX_PATH {
+        return Err(ProtocolError::SocketPath {
+            path: path.to_path_buf(),
+        }
+        .into());
     }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
-    Ok((addr, len as libc::socklen_t))
+    SocketAddrUnix::new(path).map_err(|_| {
+        // Only a NUL byte inside the path is left to refuse.
+        ProtocolError::SocketPath {
+            path: path.to_path_buf(),
+        }
+        .into()
+    })
 }
 
-/// Send one packet with optional descriptors.
-pub fn send_msg(fd: RawFd, msg: &[u8], fds: &[RawFd]) -> Result<()> {
-    let mut iov = libc::iovec {
-        iov_base: msg.as_ptr() as *mut _,
-        iov_len: msg.len(),
-    };
-    let mut cbuf = [0u64; 8]; // room for up to 8 descriptors, aligned
-                              // SAFETY: msghdr is plain data.
-    let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
-    mh.msg_iov = &mut iov;
-    mh.msg_iovlen = 1;
-    assert!(fds.len() <= 8);
-    if !fds.is_empty() {
-        let bytes = std::mem::size_of_val(fds) as u32;
-        // SAFETY: CMSG_SPACE of at most 8 ints fits the 64-byte buffer; the
-        // header pointer is the buffer's start and data are copied within it.
-        unsafe {
-            mh.msg_control = cbuf.as_mut_ptr() as *mut _;
-            mh.msg_controllen = libc::CMSG_SPACE(bytes) as _;
-            let c = libc::CMSG_FIRSTHDR(&mh);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(bytes) as _;
-            std::ptr::copy_nonoverlapping(
-                fds.as_ptr(),
-                libc::CMSG_DATA(c) as *mut RawFd,
-                fds.len(),
-            );
-        }
+/// Send one packet carrying the descriptors `fds` (at most
+/// [`MAX_SEND_FDS`]) on a connected control socket.
+pub fn send_fds(sock: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+    if fds.len() > MAX_SEND_FDS {
+        return Err(ProtocolError::TooManyFds { got: fds.len() }.into());
     }
-    // SAFETY: mh points at live iovec and control buffers.
-    let r = unsafe { libc::sendmsg(fd, &mh, libc::MSG_NOSIGNAL) };
-    if r < 0 {
-        return Err(sys("sendmsg on control socket"));
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_SEND_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    // The buffer has room for MAX_SEND_FDS descriptors: push fails only if
+    // that sum is wrong.
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(ProtocolError::TooManyFds { got: fds.len() }.into());
     }
+    rustix::net::sendmsg(
+        sock,
+        &[IoSlice::new(msg)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )
+    .map_err(sys("sendmsg on control socket"))?;
     Ok(())
 }
 
-/// Receive one packet and any descriptors; `Ok(None)` on orderly close.
-pub fn recv_msg(fd: RawFd) -> Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+/// Receive one packet and the descriptors it carries (close-on-exec, at most
+/// [`MAX_RECV_FDS`]); `Ok(None)` on orderly close.
+pub fn recv_fds(sock: BorrowedFd<'_>) -> Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
     let mut buf = vec![0u8; MAX_MSG];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr() as *mut _,
-        iov_len: buf.len(),
-    };
-    let mut cbuf = [0u64; 16];
-    // SAFETY: msghdr is plain data.
-    let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
-    mh.msg_iov = &mut iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = cbuf.as_mut_ptr() as *mut _;
-    mh.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-    // SAFETY: mh points at live buffers of the sizes given.
-    let n = unsafe { libc::recvmsg(fd, &mut mh, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(sys("recvmsg on control socket"));
-    }
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_RECV_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        sock,
+        &mut [IoSliceMut::new(&mut buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )
+    .map_err(sys("recvmsg on control socket"))?;
     let mut fds = Vec::new();
-    // SAFETY: walking the control messages the kernel wrote into cbuf, within
-    // msg_controllen; each SCM_RIGHTS payload is an array of ints we now own.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&mh);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c) as *const RawFd;
-                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
-                for i in 0..count {
-                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&mh, c);
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = m {
+            fds.extend(rights);
         }
     }
-    if n == 0 && fds.is_empty() {
+    if got.bytes == 0 && fds.is_empty() {
         return Ok(None);
     }
-    buf.truncate(n as usize);
+    buf.truncate(got.bytes);
     Ok(Some((buf, fds)))
+}
+
+/// [`send_fds`] for callers holding descriptor numbers: send one packet with
+/// optional descriptors on the socket `fd`.
+pub fn send_msg(fd: RawFd, msg: &[u8], fds: &[RawFd]) -> Result<()> {
+    with_borrowed(&[fd], |sock| {
+        with_borrowed(fds, |fds| send_fds(sock[0], msg, fds))
+    })
+}
+
+/// [`recv_fds`] for callers holding descriptor numbers: receive one packet
+/// and any descriptors on the socket `fd`; `Ok(None)` on orderly close.
+pub fn recv_msg(fd: RawFd) -> Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    with_borrowed(&[fd], |sock| recv_fds(sock[0]))
+}
+
+/// Run `f` on the descriptor numbers `raw` as borrowed descriptors, for the
+/// duration of the call only. A negative number is EBADF, as the kernel would
+/// have said.
+fn with_borrowed<T>(raw: &[RawFd], f: impl FnOnce(&[BorrowedFd<'_>]) -> Result<T>) -> Result<T> {
+    if raw.iter().any(|&fd| fd < 0) {
+        return Err(sys("control socket descriptor")(rustix::io::Errno::BADF));
+    }
+    let fds: Vec<BorrowedFd<'_>> = raw
+        .iter()
+        // SAFETY: the raw-number entry points (`send_msg`, `recv_msg`,
+        // `Conn::send`) take numbers the caller holds open across the call,
+        // as the sendmsg/recvmsg they wrap always did; the borrows live only
+        // inside `f`, within that call, and are never stored. Negative
+        // numbers were refused above.
+        .map(|&fd| unsafe { BorrowedFd::borrow_raw(fd) })
+        .collect();
+    f(&fds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EventFd;
+
+    fn temp_socket(tag: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("ring-ctl-{tag}-{}.sock", std::process::id()))
+    }
+
+    #[test]
+    fn messages_and_descriptors_cross_a_control_socket() {
+        let path = temp_socket("cross");
+        let l = Listener::bind(&path).unwrap();
+        assert!(l.accept().is_none(), "accept must not block");
+        let client = Conn::connect(&path).unwrap();
+        let server = l.accept().expect("a pending connection");
+
+        let e = EventFd::new().unwrap();
+        server.send(b"hello", &[e.raw(), e.raw()]).unwrap();
+        let (msg, fds) = client.recv().unwrap().unwrap();
+        assert_eq!(msg, b"hello");
+        assert_eq!(fds.len(), 2);
+        // The received descriptor is the same eventfd.
+        let got = EventFd::from_fd(fds.into_iter().next().unwrap());
+        got.signal();
+        assert_eq!(e.drain(), 1);
+
+        // The raw-number entry points reach the same socket.
+        send_msg(client.fd(), b"ping", &[]).unwrap();
+        let (msg, fds) = recv_msg(server.fd()).unwrap().unwrap();
+        assert_eq!((msg.as_slice(), fds.len()), (&b"ping"[..], 0));
+
+        // A running switch's socket is not taken over; closing ends the peer.
+        let e = Listener::bind(&path).err().unwrap();
+        assert!(
+            matches!(e, Error::Protocol(ProtocolError::InUse { .. })),
+            "{e}"
+        );
+        drop(client);
+        assert!(server.recv().unwrap().is_none());
+        drop(l);
+        // A stale socket file is replaced.
+        Listener::bind(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn bad_paths_and_descriptor_numbers_are_errors() {
+        for p in ["".to_string(), format!("/tmp/{}", "x".repeat(103))] {
+            let e = sockaddr(Path::new(&p)).err().unwrap();
+            assert!(e.to_string().contains("must be 1..108 bytes"), "{e}");
+        }
+        sockaddr(Path::new(&format!("/tmp/{}", "x".repeat(102)))).unwrap();
+
+        let e = send_msg(-1, b"x", &[]).err().unwrap();
+        let Error::Sys { source, .. } = &e else {
+            panic!("{e}");
+        };
+        assert_eq!(
+            source.raw_os_error(),
+            Some(rustix::io::Errno::BADF.raw_os_error())
+        );
+
+        let path = temp_socket("many");
+        let l = Listener::bind(&path).unwrap();
+        let c = Conn::connect(&path).unwrap();
+        let e = c.send(b"x", &[c.fd(); MAX_SEND_FDS + 1]).err().unwrap();
+        assert!(
+            matches!(e, Error::Protocol(ProtocolError::TooManyFds { got: 9 })),
+            "{e}"
+        );
+        drop(l);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn refusals_and_bad_replies_are_told_apart() {
+        let path = temp_socket("refuse");
+        let l = Listener::bind(&path).unwrap();
+        let c = Conn::connect(&path).unwrap();
+        let s = l.accept().unwrap();
+        // Accepted connections are non-blocking; this one plays a switch that
+        // waits for each request.
+        rustix::io::ioctl_fionbio(&s, false).unwrap();
+        let t = std::thread::spawn(move || {
+            s.recv().unwrap().unwrap();
+            s.send(br#"{"ok": false, "error": "name taken"}"#, &[])
+                .unwrap();
+            s.recv().unwrap().unwrap();
+            s.send(b"not json", &[]).unwrap();
+            s.recv().unwrap().unwrap();
+        });
+        let e = c.request(&Request::Status).err().unwrap();
+        assert!(
+            matches!(&e, Error::Refused(why) if why == "name taken"),
+            "{e}"
+        );
+        let e = c.request(&Request::Status).err().unwrap();
+        assert!(
+            matches!(e, Error::Protocol(ProtocolError::NotJson(_))),
+            "{e}"
+        );
+        let e = c.request(&Request::Status).err().unwrap();
+        assert!(matches!(e, Error::Protocol(ProtocolError::Closed)), "{e}");
+        t.join().unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
 }

@@ -18,8 +18,11 @@ use crate::notify::{EventFd, Moderator};
 use crate::shm::Region;
 use crate::{Geometry, Mode, Result};
 
-/// Bits of `GuestLine::want`: what a sleeping guest waits for.
+/// Bit of [`GuestLine::want`](crate::layout::GuestLine::want): a sleeping
+/// guest waits for TX completions.
 pub const WANT_TX: u32 = 1;
+/// Bit of [`GuestLine::want`](crate::layout::GuestLine::want): a sleeping
+/// guest waits for received frames.
 pub const WANT_RX: u32 = 2;
 
 /// Counters of one port, readable from other threads.
@@ -44,7 +47,10 @@ pub struct DeviceStats {
 /// A received frame still in the driver's buffer: valid until `tx_complete`.
 #[derive(Clone, Copy, Debug)]
 pub struct FrameRef {
+    /// First byte of the frame, inside a shared mapping: copy it, never make
+    /// a Rust reference of it (the peer may be writing).
     pub ptr: *const u8,
+    /// Frame length in bytes (checked against the buffer size).
     pub len: u32,
 }
 
@@ -69,6 +75,7 @@ pub struct DevicePort {
     rx_published: u32,
     irq_epoch: u32,
     broken: Option<String>,
+    /// What this port did, readable while it runs.
     pub stats: DeviceStats,
 }
 
@@ -99,18 +106,24 @@ impl DevicePort {
         Ok([self.region.dup_fd()?, self.kick.dup()?, self.irq.dup()?])
     }
 
+    /// The kick eventfd: wait on it (or register it with epoll) to learn
+    /// that the driver queued work.
     pub fn kick_fd(&self) -> &EventFd {
         &self.kick
     }
 
+    /// The port's notification mode.
     pub fn mode(&self) -> Mode {
         self.mode
     }
 
+    /// The port's ring and buffer dimensions.
     pub fn geometry(&self) -> Geometry {
         self.region.geometry()
     }
 
+    /// Why the port is no longer served (the driver wrote an impossible
+    /// counter), or None while it is healthy.
     pub fn broken(&self) -> Option<&str> {
         self.broken.as_deref()
     }
@@ -178,6 +191,8 @@ impl DevicePort {
         self.tx_pending()
     }
 
+    /// TX frames the driver handed over and the device has not completed (0
+    /// once the port is broken).
     #[inline]
     pub fn tx_pending(&self) -> u32 {
         if self.broken.is_some() {

@@ -26,15 +26,22 @@ use crate::{Geometry, Mode, Result};
 /// What the driver did: the paper's VM exits are `kicks + irqs`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DriverStats {
+    /// Kicks sent (driver-to-device notifications).
     pub kicks: u64,
+    /// Interrupts taken (device-to-driver notifications).
     pub irqs: u64,
+    /// Frames queued for transmission.
     pub tx: u64,
+    /// Frames received.
     pub rx: u64,
+    /// Bytes received.
     pub rx_bytes: u64,
+    /// Bytes queued for transmission.
     pub tx_bytes: u64,
 }
 
 impl DriverStats {
+    /// All notifications either way: the paper's VM exits.
     pub fn notifications(&self) -> u64 {
         self.kicks + self.irqs
     }
@@ -55,6 +62,7 @@ pub struct Driver {
     /// SC: packets were queued without a kick while one was pending.
     sc_deferred: bool,
     host_epoch_kicked: u32,
+    /// What this driver did.
     pub stats: DriverStats,
 }
 
@@ -82,14 +90,17 @@ impl Driver {
         })
     }
 
+    /// The port's ring and buffer dimensions.
     pub fn geometry(&self) -> Geometry {
         self.region.geometry()
     }
 
+    /// The port's notification mode.
     pub fn mode(&self) -> Mode {
         self.mode
     }
 
+    /// The interrupt eventfd, e.g. to wait on several ports with epoll.
     pub fn irq_fd(&self) -> &EventFd {
         &self.irq
     }

@@ -32,29 +32,51 @@ pub use layout::{Geometry, Slot};
 pub use notify::{EventFd, Mode};
 
 /// Errors of ring set-up and of the attach protocol.
+///
+/// Each module's own failure kinds are an enum of that module
+/// ([`layout::GeometryError`], [`shm::RegionError`],
+/// [`control::ProtocolError`]), composed here; a failed system call keeps its
+/// [`std::io::Error`] so that callers can match the errno.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A system call failed.
     #[error("{what}: {source}")]
     Sys {
+        /// What was being done, e.g. "memfd_create".
         what: &'static str,
+        /// The system's answer.
         #[source]
         source: std::io::Error,
     },
+    /// The requested ring geometry is not one a port can have.
     #[error("invalid ring geometry: {0}")]
-    Geometry(String),
+    Geometry(#[from] layout::GeometryError),
+    /// The port name cannot name a memfd.
+    #[error("port name {name:?} contains a NUL byte")]
+    PortName {
+        /// The name as given.
+        name: String,
+    },
+    /// A descriptor handed over as a port region does not hold a valid port.
     #[error("shared memory does not hold a valid port: {0}")]
-    BadRegion(String),
+    BadRegion(#[from] shm::RegionError),
+    /// The peer on the control socket broke the attach protocol.
     #[error("attach protocol: {0}")]
-    Protocol(String),
+    Protocol(#[from] control::ProtocolError),
+    /// The switch answered, and said no: its reason, as it gave it.
     #[error("switch refused the port: {0}")]
     Refused(String),
 }
 
+/// The result of ring operations.
 pub type Result<T> = std::result::Result<T, Error>;
 
-pub(crate) fn sys(what: &'static str) -> Error {
-    Error::Sys {
+/// `map_err` adapter for a failed system call: `.map_err(sys("what"))`.
+/// Takes rustix's `Errno` as well as `std::io::Error`; either way the errno is
+/// kept in [`Error::Sys`].
+pub(crate) fn sys<E: Into<std::io::Error>>(what: &'static str) -> impl FnOnce(E) -> Error {
+    move |e| Error::Sys {
         what,
-        source: std::io::Error::last_os_error(),
+        source: e.into(),
     }
 }

@@ -1,8 +1,11 @@
 //! Notifications: eventfd kicks and interrupts, the paper's modes, and the
 //! interrupt moderation timer.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
+
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
+use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
 
 use crate::{sys, Result};
 
@@ -21,14 +24,22 @@ pub enum Mode {
     Csb,
 }
 
+/// A string that names no [`Mode`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown mode {got:?}: expected base, sc or csb")]
+pub struct ParseModeError {
+    /// The string as given.
+    pub got: String,
+}
+
 impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Mode, String> {
+    type Err = ParseModeError;
+    fn from_str(s: &str) -> std::result::Result<Mode, ParseModeError> {
         match s.to_ascii_lowercase().as_str() {
             "base" => Ok(Mode::Base),
             "sc" => Ok(Mode::Sc),
             "csb" => Ok(Mode::Csb),
-            _ => Err(format!("unknown mode {s:?}: expected base, sc or csb")),
+            _ => Err(ParseModeError { got: s.to_string() }),
         }
     }
 }
@@ -51,23 +62,20 @@ pub const ITR_UNIT_NS: u64 = 250;
 pub struct EventFd(OwnedFd);
 
 impl EventFd {
+    /// A fresh eventfd (non-blocking, close-on-exec), counter at 0.
     pub fn new() -> Result<EventFd> {
-        // SAFETY: plain syscall; the descriptor is owned by the returned value.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(sys("eventfd"));
-        }
-        // SAFETY: fd is a fresh descriptor owned by nobody else.
-        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+        eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)
+            .map(EventFd)
+            .map_err(sys("eventfd"))
     }
 
     /// Adopt a descriptor received from a peer. It is made non-blocking; if it
     /// is not an eventfd, signal and drain simply fail and are ignored.
     pub fn from_fd(fd: OwnedFd) -> EventFd {
-        // SAFETY: fcntl on a descriptor we own.
-        unsafe {
-            let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+        // Failure is ignored on purpose: fcntl fails only on a descriptor that
+        // is no descriptor, and on one that is no eventfd the calls below fail.
+        if let Ok(fl) = fcntl_getfl(&fd) {
+            let _ = fcntl_setfl(&fd, fl | OFlags::NONBLOCK);
         }
         EventFd(fd)
     }
@@ -75,46 +83,41 @@ impl EventFd {
     /// Raise the notification (one write of 1).
     #[inline]
     pub fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64. A full counter (EAGAIN) means
-        // the peer has 2^64-2 unread notifications: nothing is lost by failing.
-        unsafe { libc::write(self.0.as_raw_fd(), &one as *const u64 as *const _, 8) };
+        // A full counter (EAGAIN) means the peer has 2^64-2 unread
+        // notifications: nothing is lost by failing.
+        let _ = rustix::io::write(&self.0, &1u64.to_ne_bytes());
     }
 
     /// Consume pending notifications; returns how many were raised (0 if none).
     #[inline]
     pub fn drain(&self) -> u64 {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64.
-        let n = unsafe { libc::read(self.0.as_raw_fd(), &mut v as *mut u64 as *mut _, 8) };
-        if n == 8 {
-            v
-        } else {
-            0
+        let mut v = [0u8; 8];
+        match rustix::io::read(&self.0, &mut v) {
+            Ok(8) => u64::from_ne_bytes(v),
+            _ => 0,
         }
     }
 
     /// Sleep until notified or `timeout` passes; returns the notifications
-    /// consumed (0 on timeout).
+    /// consumed (0 on timeout). The timeout is taken in whole milliseconds,
+    /// at least one.
     pub fn wait(&self, timeout: Duration) -> u64 {
-        let mut p = libc::pollfd {
-            fd: self.0.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i64;
+        let t = Timespec {
+            tv_sec: ms / 1000,
+            tv_nsec: (ms % 1000) * 1_000_000,
         };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut p, 1, ms.max(1)) };
+        // An interrupted or failed poll is a spurious wake-up: drain tells.
+        let _ = poll(&mut [PollFd::new(&self.0, PollFlags::IN)], Some(&t));
         self.drain()
     }
 
+    /// A second descriptor for the same eventfd, to hand to the peer.
     pub fn dup(&self) -> Result<OwnedFd> {
-        self.0.try_clone().map_err(|e| crate::Error::Sys {
-            what: "dup eventfd",
-            source: e,
-        })
+        self.0.try_clone().map_err(sys("dup eventfd"))
     }
 
+    /// The descriptor number, e.g. to register with epoll.
     pub fn raw(&self) -> RawFd {
         self.0.as_raw_fd()
     }
@@ -136,6 +139,8 @@ pub struct Moderator {
 }
 
 impl Moderator {
+    /// A moderator allowing one interrupt per `itr` units of
+    /// [`ITR_UNIT_NS`] (0: no moderation).
     pub fn new(itr: u32) -> Moderator {
         Moderator {
             interval: Duration::from_nanos(itr as u64 * ITR_UNIT_NS),
@@ -203,6 +208,19 @@ mod tests {
         e.signal();
         assert_eq!(e.drain(), 2);
         assert_eq!(e.wait(Duration::from_millis(1)), 0);
+    }
+
+    #[test]
+    fn modes_parse_and_print() {
+        for m in [Mode::Base, Mode::Sc, Mode::Csb] {
+            assert_eq!(m.to_string().parse::<Mode>(), Ok(m));
+        }
+        assert_eq!("CSB".parse::<Mode>(), Ok(Mode::Csb));
+        let e = "fast".parse::<Mode>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown mode \"fast\": expected base, sc or csb"
+        );
     }
 
     #[test]

@@ -2,13 +2,49 @@
 //! mapped by the driver from the descriptor it is handed.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use memmap2::MmapRaw;
+use rustix::fs::{fcntl_add_seals, fcntl_get_seals, memfd_create, MemfdFlags, SealFlags};
 
-use crate::layout::{Csb, Geometry, Header, Offsets, Slot, CSB_OFF, MAGIC};
+use crate::layout::{Csb, Geometry, GeometryError, Header, Offsets, Slot, CSB_OFF, MAGIC};
 use crate::{sys, Error, Result};
+
+/// Why a descriptor handed over as a port region was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionError {
+    /// Smaller than the header.
+    #[error("{size} bytes is too small")]
+    TooSmall {
+        /// The region's size.
+        size: usize,
+    },
+    /// Its seals could not be read: not a memfd.
+    #[error("region is not sealed against shrinking (cannot read its seals: {source})")]
+    Seals {
+        /// The system's answer to F_GET_SEALS.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not sealed against shrinking: the peer could turn our accesses into
+    /// SIGBUS.
+    #[error("region is not sealed against shrinking")]
+    NotSealed,
+    /// The header's magic is not [`MAGIC`] (or not yet written).
+    #[error("bad magic")]
+    BadMagic,
+    /// The header describes an impossible geometry.
+    #[error("{0}")]
+    Geometry(#[source] GeometryError),
+    /// The header's offsets are not those of its geometry, or the region is
+    /// shorter than they say.
+    #[error("header does not match its {size}-byte region")]
+    HeaderMismatch {
+        /// The region's size.
+        size: usize,
+    },
+}
 
 /// One mapped port region.
 pub struct Region {
@@ -22,6 +58,8 @@ pub struct Region {
 // process writes is accessed through atomics (slots, CSB) or copied as raw
 // bytes (buffers), so sharing the mapping between threads is sound.
 unsafe impl Send for Region {}
+// SAFETY: as for Send: no method hands out a non-atomic reference into the
+// mapping, so concurrent use from several threads is sound.
 unsafe impl Sync for Region {}
 
 impl Region {
@@ -32,30 +70,25 @@ impl Region {
     pub fn create(name: &str, geo: Geometry) -> Result<Region> {
         geo.validate()?;
         let off = geo.offsets();
-        let cname = std::ffi::CString::new(format!("fastpath-port-{name}"))
-            .map_err(|_| Error::Geometry("port name contains NUL".into()))?;
-        // SAFETY: memfd_create reads a NUL-terminated string we own.
-        let fd = unsafe {
-            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        if fd < 0 {
-            return Err(sys("memfd_create"));
-        }
-        // SAFETY: fd was just returned to us and is owned by nobody else.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(off.len as u64).map_err(|e| Error::Sys {
-            what: "ftruncate port region",
-            source: e,
+        let cname = std::ffi::CString::new(format!("fastpath-port-{name}")).map_err(|_| {
+            Error::PortName {
+                name: name.to_string(),
+            }
         })?;
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: fcntl on a descriptor we own.
-        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-            return Err(sys("seal port region"));
-        }
-        let map = MmapRaw::map_raw(&file).map_err(|e| Error::Sys {
-            what: "mmap port region",
-            source: e,
-        })?;
+        let file = File::from(
+            memfd_create(
+                cname.as_c_str(),
+                MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+            )
+            .map_err(sys("memfd_create"))?,
+        );
+        file.set_len(off.len as u64)
+            .map_err(sys("ftruncate port region"))?;
+        // Sealed before it is mapped or handed out: from here on its size is
+        // fixed for every holder of the descriptor.
+        fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(sys("seal port region"))?;
+        let map = MmapRaw::map_raw(&file).map_err(sys("mmap port region"))?;
         let r = Region {
             map,
             file,
@@ -82,38 +115,27 @@ impl Region {
     /// the header describes exactly this region and that it is sealed.
     pub fn open(fd: OwnedFd) -> Result<Region> {
         let file = File::from(fd);
-        let size = file
-            .metadata()
-            .map_err(|e| Error::Sys {
-                what: "fstat port region",
-                source: e,
-            })?
-            .len() as usize;
+        let size = file.metadata().map_err(sys("fstat port region"))?.len() as usize;
         if size < PAGE_MIN {
-            return Err(Error::BadRegion(format!("{size} bytes is too small")));
+            return Err(RegionError::TooSmall { size }.into());
         }
-        // SAFETY: fcntl on a descriptor we own.
-        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(Error::BadRegion(
-                "region is not sealed against shrinking".into(),
-            ));
+        // The seal is checked before the mapping: a region the peer may shrink
+        // would turn our accesses into SIGBUS.
+        let seals = fcntl_get_seals(&file).map_err(|e| RegionError::Seals { source: e.into() })?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(RegionError::NotSealed.into());
         }
-        let map = MmapRaw::map_raw(&file).map_err(|e| Error::Sys {
-            what: "mmap port region",
-            source: e,
-        })?;
+        let map = MmapRaw::map_raw(&file).map_err(sys("mmap port region"))?;
         // SAFETY: the mapping is at least PAGE_MIN bytes, so the header is in it.
         let h = unsafe { &*(map.as_ptr() as *const Header) };
         if h.magic.load(Acquire) != MAGIC {
-            return Err(Error::BadRegion("bad magic".into()));
+            return Err(RegionError::BadMagic.into());
         }
         let geo = Geometry {
             slots: h.slots.load(Relaxed),
             buf_size: h.buf_size.load(Relaxed),
         };
-        geo.validate()
-            .map_err(|e| Error::BadRegion(e.to_string()))?;
+        geo.validate().map_err(RegionError::Geometry)?;
         let off = geo.offsets();
         let same = h.tx_off.load(Relaxed) == off.tx as u64
             && h.rx_off.load(Relaxed) == off.rx as u64
@@ -121,9 +143,7 @@ impl Region {
             && h.bufs.load(Relaxed) == off.bufs
             && h.len.load(Relaxed) == off.len as u64;
         if !same || size < off.len {
-            return Err(Error::BadRegion(format!(
-                "header does not match its {size}-byte region"
-            )));
+            return Err(RegionError::HeaderMismatch { size }.into());
         }
         Ok(Region {
             map,
@@ -133,14 +153,17 @@ impl Region {
         })
     }
 
+    /// The region's ring and buffer dimensions.
     pub fn geometry(&self) -> Geometry {
         self.geo
     }
 
+    /// Where each part of the region lies.
     pub fn offsets(&self) -> Offsets {
         self.off
     }
 
+    /// The memfd behind the mapping.
     pub fn file(&self) -> &File {
         &self.file
     }
@@ -151,6 +174,7 @@ impl Region {
         unsafe { &*(self.map.as_ptr() as *const Header) }
     }
 
+    /// The Communication Status Block.
     pub fn csb(&self) -> &Csb {
         // SAFETY: CSB_OFF + size_of::<Csb>() <= off.tx <= off.len; all atomics.
         unsafe { &*(self.map.as_ptr().add(CSB_OFF) as *const Csb) }
@@ -185,14 +209,12 @@ impl Region {
         Some(unsafe { self.map.as_mut_ptr().add(at) })
     }
 
+    /// A second descriptor for the region, to hand to the driver.
     pub fn dup_fd(&self) -> Result<OwnedFd> {
         self.file
             .try_clone()
             .map(OwnedFd::from)
-            .map_err(|e| Error::Sys {
-                what: "dup port region",
-                source: e,
-            })
+            .map_err(sys("dup port region"))
     }
 }
 
@@ -224,20 +246,40 @@ mod tests {
 
     #[test]
     fn open_rejects_unsealed_and_garbage() {
-        let fd = unsafe { libc::memfd_create(c"x".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0);
-        let f = unsafe { File::from_raw_fd(fd) };
+        let fd = memfd_create(c"x", MemfdFlags::CLOEXEC).unwrap();
+        let f = File::from(fd);
         f.set_len(1 << 20).unwrap();
         let e = Region::open(f.into()).err().unwrap();
         assert!(e.to_string().contains("sealed"), "{e}");
 
-        let fd = unsafe {
-            libc::memfd_create(c"y".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        let f = unsafe { File::from_raw_fd(fd) };
+        let fd = memfd_create(c"y", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+        let f = File::from(fd);
         f.set_len(1 << 20).unwrap();
-        unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
+        fcntl_add_seals(&f, SealFlags::SHRINK).unwrap();
         let e = Region::open(f.into()).err().unwrap();
         assert!(e.to_string().contains("magic"), "{e}");
+    }
+
+    #[test]
+    fn open_rejects_what_is_not_a_memfd() {
+        let path = std::env::temp_dir().join(format!("ring-shm-test-{}", std::process::id()));
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f.set_len(1 << 20).unwrap();
+        let e = Region::open(f.into()).err().unwrap();
+        assert!(e.to_string().contains("sealed"), "{e}");
+        let Error::BadRegion(RegionError::Seals { source }) = e else {
+            panic!("{e}");
+        };
+        assert_eq!(
+            source.raw_os_error(),
+            Some(rustix::io::Errno::INVAL.raw_os_error())
+        );
     }
 }

@@ -33,6 +33,8 @@ fn drain_tx(dev: &mut DevicePort, seen: &mut Vec<Vec<u8>>) -> u32 {
     let mut v: Vec<FrameRef> = Vec::new();
     let n = dev.tx_peek(u32::MAX, &mut v);
     for f in &v {
+        // SAFETY: tx_peek checked the frame lies inside the region, which
+        // the device keeps mapped; nothing writes it until tx_complete.
         seen.push(unsafe { std::slice::from_raw_parts(f.ptr, f.len as usize) }.to_vec());
     }
     dev.tx_complete(n, v.len() as u64, Instant::now());
@@ -62,6 +64,7 @@ fn frames_cross_both_ways_intact() {
         for k in 0..50 {
             let mut b = vec![0u8; 2048];
             let len = frame(round * 50 + k, &mut b);
+            // SAFETY: b holds 2048 >= len readable bytes.
             assert!(unsafe { dev.rx_push(b.as_ptr(), len as u32) });
         }
         dev.rx_publish(Instant::now());
@@ -77,6 +80,7 @@ fn rx_ring_full_drops_and_counts() {
     let (mut dev, mut drv) = pair(Mode::Csb, 0, 16);
     let b = [7u8; 60];
     let ok = (0..40)
+        // SAFETY: b holds 60 readable bytes.
         .filter(|_| unsafe { dev.rx_push(b.as_ptr(), 60) })
         .count();
     assert_eq!(ok, 16);
@@ -179,6 +183,7 @@ fn csb_notifies_only_a_sleeping_peer() {
     // interrupt; the device raises exactly one when frames arrive.
     drv.wait_rx(Duration::from_millis(1));
     let b = [1u8; 60];
+    // SAFETY: b holds 60 readable bytes.
     unsafe { dev.rx_push(b.as_ptr(), 60) };
     dev.rx_publish(Instant::now());
     assert_eq!(
@@ -249,6 +254,7 @@ fn impossible_counters_break_the_port_not_the_device() {
     assert_eq!(dev.stats.bad_index.load(Relaxed), 1);
     let b = [0u8; 60];
     assert!(
+        // SAFETY: b holds 60 readable bytes.
         !unsafe { dev.rx_push(b.as_ptr(), 60) },
         "a broken port gets nothing"
     );
@@ -289,7 +295,13 @@ proptest! {
             for &(off, val) in &writes {
                 // Only the driver-writable parts: guest CSB line and both rings.
                 let off = if off < 64 { 64 + off / 4 * 4 } else { 192 + (off - 64) / 4 * 4 };
+                // SAFETY: off < 192 + 2200 lies inside the mapping, which
+                // is far longer (128 slots x 2 rings, then 256 buffers).
                 let p = unsafe { (region_start as *mut u8).add(off) } as *mut u32;
+                // SAFETY: p is inside the mapping and 4-byte aligned (off is a
+                // multiple of 4, the region page aligned); the fields there
+                // are atomics, which a volatile write races with no worse
+                // than a hostile peer process does.
                 unsafe { p.write_volatile(val) };
             }
             dev.on_kick();
@@ -304,6 +316,7 @@ proptest! {
             dev.tx_complete(n, v.len() as u64, Instant::now());
             let b = [0u8; 1500];
             for _ in 0..200 {
+                // SAFETY: b holds 1500 readable bytes.
                 unsafe { dev.rx_push(b.as_ptr(), 1500) };
             }
             dev.rx_publish(Instant::now());
