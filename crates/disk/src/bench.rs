@@ -27,16 +27,19 @@ impl SkippyMode {
     }
 }
 
+/// A SKIPPY mode name that is none of `write`, `read`, `backward`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown SKIPPY mode {0:?}: write, read or backward")]
+pub struct UnknownMode(pub String);
+
 impl std::str::FromStr for SkippyMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownMode;
+    fn from_str(s: &str) -> Result<Self, UnknownMode> {
         match s {
             "write" => Ok(SkippyMode::Write),
             "read" => Ok(SkippyMode::Read),
             "backward" | "backwards" => Ok(SkippyMode::Backward),
-            _ => Err(format!(
-                "unknown SKIPPY mode {s:?}: write, read or backward"
-            )),
+            _ => Err(UnknownMode(s.to_string())),
         }
     }
 }
@@ -44,14 +47,18 @@ impl std::str::FromStr for SkippyMode {
 /// One SKIPPY measurement.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Point {
+    /// Sectors skipped since the previous access.
     pub step: u32,
+    /// The sector accessed.
     pub lba: u64,
+    /// How long the access took (ms).
     pub latency_ms: f64,
 }
 
 /// SKIPPY settings.
 #[derive(Debug, Clone, Copy)]
 pub struct SkippyOpts {
+    /// Which variant to run.
     pub mode: SkippyMode,
     /// Largest step (in sectors).
     pub steps: u32,
@@ -176,7 +183,9 @@ pub fn zoned(
 /// start of the disk.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct SeekPoint {
+    /// The location (sector).
     pub lba: u64,
+    /// The shortest access time to it seen (ms; includes MTM).
     pub min_ms: f64,
 }
 
@@ -366,4 +375,21 @@ pub fn refine_mtm(
         "MTM placed within a sector by delaying the request at step {step} ({rounds} rounds)"
     ));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_by_name_and_others_are_refused() {
+        assert_eq!("write".parse(), Ok(SkippyMode::Write));
+        assert_eq!("read".parse(), Ok(SkippyMode::Read));
+        assert_eq!("backwards".parse(), Ok(SkippyMode::Backward));
+        let e = "sideways".parse::<SkippyMode>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown SKIPPY mode \"sideways\": write, read or backward"
+        );
+    }
 }

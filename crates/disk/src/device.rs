@@ -12,44 +12,72 @@
 //! mount table is checked too, for a clearer message). Regular files are
 //! always allowed: they are the user's own scratch space.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::time::Instant;
 
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+use rustix::ioctl::{opcode, Getter, Opcode};
+
 use crate::{Error, Op, Target};
 
-const BLKSSZGET: libc::c_ulong = 0x1268;
-const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+/// The block-device ioctl group of `<linux/fs.h>`.
+const BLK_IOCTL_GROUP: u8 = 0x12;
+/// `BLKGETSIZE64`, `_IOR(0x12, 114, size_t)`: the device's size in bytes.
+/// The opcode encodes `size_t`, but the kernel writes a `u64` whatever the
+/// word size. rustix has no wrapper for it (it has `BLKSSZGET`).
+const BLKGETSIZE64: Opcode = opcode::read::<usize>(BLK_IOCTL_GROUP, 114);
 
-/// An aligned I/O buffer.
+/// The size of a block device in bytes.
+fn block_device_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: BLKGETSIZE64 is a getter that writes exactly one u64 through
+    // the pointer it is given and reads nothing; Getter supplies a u64.
+    let size = unsafe { rustix::ioctl::ioctl(fd, Getter::<BLKGETSIZE64, u64>::new()) }?;
+    Ok(size)
+}
+
+/// An I/O buffer whose start is aligned as O_DIRECT needs: a zeroed
+/// allocation `align` bytes longer than asked for, used from its first
+/// aligned byte.
 struct AlignedBuf {
-    ptr: *mut u8,
-    layout: Layout,
+    mem: Vec<u8>,
+    start: usize,
+    len: usize,
 }
 
 impl AlignedBuf {
     fn new(len: usize, align: usize) -> AlignedBuf {
-        let layout = Layout::from_size_align(len.max(align), align).expect("valid layout");
-        // SAFETY: non-zero size (at least `align`).
-        let ptr = unsafe { alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "out of memory for an I/O buffer");
-        AlignedBuf { ptr, layout }
+        let len = len.max(align);
+        let mem = vec![0u8; len + align];
+        let addr = mem.as_ptr() as usize;
+        AlignedBuf {
+            start: addr.next_multiple_of(align) - addr,
+            mem,
+            len,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The first `n` bytes (at most [`AlignedBuf::len`]).
+    fn head(&self, n: usize) -> &[u8] {
+        &self.mem[self.start..self.start + n]
+    }
+
+    /// The first `n` bytes, to read into.
+    fn head_mut(&mut self, n: usize) -> &mut [u8] {
+        &mut self.mem[self.start..self.start + n]
     }
 }
 
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated with this layout in `new`.
-        unsafe { dealloc(self.ptr, self.layout) };
-    }
-}
-
-/// An opened device or file.
+/// An opened device or file, with an I/O buffer aligned for it.
 pub struct Device {
-    fd: libc::c_int,
+    fd: OwnedFd,
     path: String,
     sector: u64,
     sectors: u64,
@@ -59,14 +87,11 @@ pub struct Device {
     block_device: bool,
 }
 
-// SAFETY: the buffer is owned and used only through &mut self.
-unsafe impl Send for Device {}
-
-fn io(path: &str, what: &'static str) -> Error {
+fn io(path: &str, what: &'static str, err: impl Into<io::Error>) -> Error {
     Error::Io {
         path: path.into(),
         what,
-        err: std::io::Error::last_os_error(),
+        err: err.into(),
     }
 }
 
@@ -106,83 +131,88 @@ pub fn in_use(path: &Path) -> Option<String> {
     None
 }
 
+/// What `open` found out about a path before opening it.
+struct Kind {
+    block_device: bool,
+    /// The length of a regular file.
+    file_len: u64,
+}
+
+/// Stat `path` and apply the safety rules for writing it.
+fn check(path: &Path, p: &str, write: bool, allow_destructive: bool) -> Result<Kind, Error> {
+    let meta = std::fs::metadata(path).map_err(|e| io(p, "stat", e))?;
+    let block_device = meta.file_type().is_block_device();
+    if !block_device && !meta.is_file() {
+        return Err(Error::Invalid(format!(
+            "{p} is neither a block device nor a regular file"
+        )));
+    }
+    if write && block_device {
+        if let Some(why) = in_use(path) {
+            return Err(Error::InUse {
+                path: p.into(),
+                why,
+            });
+        }
+        if !allow_destructive {
+            return Err(Error::NeedsDestructive(p.into()));
+        }
+    }
+    Ok(Kind {
+        block_device,
+        file_len: meta.len(),
+    })
+}
+
+/// Open with O_DIRECT (and O_DSYNC to write); a block device opened for
+/// writing is opened exclusively, which the kernel refuses (EBUSY) while
+/// it is mounted or claimed.
+fn open_direct(path: &Path, p: &str, write: bool, block_device: bool) -> Result<OwnedFd, Error> {
+    let mut flags = OFlags::DIRECT | OFlags::CLOEXEC;
+    if write {
+        // rustix's OFlags::DSYNC is O_SYNC on Linux (data and metadata);
+        // the benchmarks want O_DSYNC (the data only), so take libc's bit.
+        flags |= OFlags::RDWR | OFlags::from_bits_retain(libc::O_DSYNC as u32);
+    } else {
+        flags |= OFlags::RDONLY;
+    }
+    if block_device && write {
+        // The kernel refuses an exclusive open of a mounted or claimed device.
+        flags |= OFlags::EXCL;
+    }
+    rustix::fs::open(path, flags, Mode::empty()).map_err(|e| match e {
+        Errno::BUSY => Error::InUse {
+            path: p.into(),
+            why: "in use (the kernel refused exclusive access)".into(),
+        },
+        Errno::INVAL => Error::Invalid(format!(
+            "{p}: the file system does not support O_DIRECT (the benchmarks must bypass the page cache)"
+        )),
+        e => io(p, "open (O_DIRECT)", e),
+    })
+}
+
+/// The logical sector size (at least 512) and the size in bytes of an
+/// open block device.
+fn block_geometry(fd: BorrowedFd<'_>, p: &str) -> Result<(u64, u64), Error> {
+    let sector = rustix::fs::ioctl_blksszget(fd).map_err(|e| io(p, "block device size", e))?;
+    let bytes = block_device_bytes(fd).map_err(|e| io(p, "block device size", e))?;
+    Ok((u64::from(sector).max(512), bytes))
+}
+
 impl Device {
     /// Open `path` for the benchmarks. Writing needs `allow_destructive`
     /// for block devices and is refused for devices in use.
     pub fn open(path: &Path, write: bool, allow_destructive: bool) -> Result<Device, Error> {
         let p = path.display().to_string();
-        let meta = std::fs::metadata(path).map_err(|e| Error::Io {
-            path: p.clone(),
-            what: "stat",
-            err: e,
-        })?;
-        let block_device = meta.file_type().is_block_device();
-        if !block_device && !meta.is_file() {
-            return Err(Error::Invalid(format!(
-                "{p} is neither a block device nor a regular file"
-            )));
-        }
-        if write && block_device {
-            if let Some(why) = in_use(path) {
-                return Err(Error::InUse { path: p, why });
-            }
-            if !allow_destructive {
-                return Err(Error::NeedsDestructive(p));
-            }
-        }
-        let mut flags = libc::O_DIRECT | libc::O_CLOEXEC;
-        flags |= if write {
-            libc::O_RDWR | libc::O_DSYNC
+        let kind = check(path, &p, write, allow_destructive)?;
+        let fd = open_direct(path, &p, write, kind.block_device)?;
+        let (sector, bytes) = if kind.block_device {
+            block_geometry(fd.as_fd(), &p)?
         } else {
-            libc::O_RDONLY
-        };
-        if block_device && write {
-            // The kernel refuses an exclusive open of a mounted or claimed device.
-            flags |= libc::O_EXCL;
-        }
-        let c = CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| Error::Invalid("path has a NUL".into()))?;
-        // SAFETY: open(2) with a NUL-terminated path.
-        let fd = unsafe { libc::open(c.as_ptr(), flags) };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EBUSY) {
-                return Err(Error::InUse {
-                    path: p,
-                    why: "in use (the kernel refused exclusive access)".into(),
-                });
-            }
-            if e.raw_os_error() == Some(libc::EINVAL) {
-                return Err(Error::Invalid(format!(
-                    "{p}: the file system does not support O_DIRECT (the benchmarks must bypass the page cache)"
-                )));
-            }
-            return Err(Error::Io {
-                path: p,
-                what: "open (O_DIRECT)",
-                err: e,
-            });
-        }
-        let (sector, bytes) = if block_device {
-            let mut ss: libc::c_int = 0;
-            let mut size: u64 = 0;
-            // SAFETY: the two ioctls write an int and a u64 we own.
-            unsafe {
-                if libc::ioctl(fd, BLKSSZGET, &mut ss) < 0
-                    || libc::ioctl(fd, BLKGETSIZE64, &mut size) < 0
-                {
-                    let e = io(&p, "block device size");
-                    libc::close(fd);
-                    return Err(e);
-                }
-            }
-            ((ss as u64).max(512), size)
-        } else {
-            (4096, meta.len())
+            (4096, kind.file_len)
         };
         if bytes < sector * 64 {
-            // SAFETY: closing our descriptor.
-            unsafe { libc::close(fd) };
             return Err(Error::Invalid(format!(
                 "{p} is too small ({bytes} bytes) to measure"
             )));
@@ -195,19 +225,13 @@ impl Device {
             writable: write,
             buf: AlignedBuf::new(16 << 20, sector.max(4096) as usize),
             t0: Instant::now(),
-            block_device,
+            block_device: kind.block_device,
         })
     }
 
+    /// Whether this is a block device (rather than a regular file).
     pub fn is_block_device(&self) -> bool {
         self.block_device
-    }
-}
-
-impl Drop for Device {
-    fn drop(&mut self) {
-        // SAFETY: closing our descriptor once.
-        unsafe { libc::close(self.fd) };
     }
 }
 
@@ -220,7 +244,7 @@ impl Target for Device {
     }
     fn access(&mut self, op: Op, lba: u64, count: u32) -> Result<f64, Error> {
         let len = count as u64 * self.sector;
-        if len as usize > self.buf.layout.size() {
+        if len as usize > self.buf.len() {
             return Err(Error::Invalid(format!(
                 "{len} bytes is more than one access may move"
             )));
@@ -237,21 +261,28 @@ impl Target for Device {
                 self.path
             )));
         }
-        let off = (lba * self.sector) as libc::off_t;
+        let off = lba * self.sector;
+        let len = len as usize;
         let t = Instant::now();
-        // SAFETY: the buffer holds at least len bytes and is aligned for O_DIRECT.
-        let n = unsafe {
-            match op {
-                Op::Read => libc::pread(self.fd, self.buf.ptr as *mut _, len as usize, off),
-                Op::Write => libc::pwrite(self.fd, self.buf.ptr as *const _, len as usize, off),
-            }
+        let n = match op {
+            Op::Read => rustix::io::pread(&self.fd, self.buf.head_mut(len), off),
+            Op::Write => rustix::io::pwrite(&self.fd, self.buf.head(len), off),
         };
         let ms = t.elapsed().as_secs_f64() * 1e3;
-        if n != len as isize {
-            return Err(io(
-                &self.path,
-                if op == Op::Read { "read" } else { "write" },
-            ));
+        let what = if op == Op::Read { "read" } else { "write" };
+        match n {
+            Ok(n) if n == len => {}
+            Ok(n) => {
+                return Err(io(
+                    &self.path,
+                    what,
+                    io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("moved {n} of {len} bytes"),
+                    ),
+                ))
+            }
+            Err(e) => return Err(io(&self.path, what, e)),
         }
         Ok(ms)
     }
@@ -270,5 +301,43 @@ impl Target for Device {
             self.sector,
             (self.sectors * self.sector) >> 20
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn blkgetsize64_is_the_kernels_opcode() {
+        // _IOR(0x12, 114, size_t) with an 8-byte size_t.
+        assert_eq!(BLKGETSIZE64 as u64, 0x8008_1272);
+    }
+
+    #[test]
+    fn buffers_are_aligned_for_o_direct() {
+        for align in [512, 4096, 65536] {
+            let mut b = AlignedBuf::new(16 << 10, align);
+            assert!(b.len() >= 16 << 10);
+            assert_eq!(b.head(1).as_ptr() as usize % align, 0);
+            assert_eq!(b.head_mut(b.len()).len(), b.len());
+        }
+    }
+
+    #[test]
+    fn writes_are_data_synchronous_not_fully_synchronous() {
+        let f = std::env::temp_dir().join(format!("fp-disk-dsync-{}", std::process::id()));
+        std::fs::write(&f, vec![0u8; 1 << 20]).unwrap();
+        let d = Device::open(&f, true, false).unwrap();
+        let flags = rustix::fs::fcntl_getfl(&d.fd).unwrap().bits();
+        let sync = libc::O_SYNC as u32;
+        assert_eq!(flags & sync, libc::O_DSYNC as u32, "O_DSYNC without O_SYNC");
+        assert_ne!(flags & libc::O_DIRECT as u32, 0);
+        drop(d);
+        let r = Device::open(&f, false, false).unwrap();
+        assert_eq!(rustix::fs::fcntl_getfl(&r.fd).unwrap().bits() & sync, 0);
+        drop(r);
+        std::fs::remove_file(&f).unwrap();
     }
 }

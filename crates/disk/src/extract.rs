@@ -32,11 +32,14 @@ use crate::bench::{Point, ZonePoint};
 /// A line `y = slope * x + intercept`.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Line {
+    /// Rise per unit of x (for SKIPPY: ms per step).
     pub slope: f64,
+    /// The value at x = 0.
     pub intercept: f64,
 }
 
 impl Line {
+    /// The value at `x`.
     pub fn at(&self, x: f64) -> f64 {
         self.slope * x + self.intercept
     }
@@ -49,24 +52,43 @@ pub struct Skippy {
     pub rotation_ms: f64,
     /// The paper's other estimate: the latency at step 0.
     pub rotation_step0_ms: f64,
+    /// MTM: the shortest time from one access to the next that lets the
+    /// next catch its sector without waiting a rotation (host, bus and
+    /// controller overhead), ms.
     pub mtm_ms: f64,
+    /// STM: the first step (sectors) whose access is in time, where the
+    /// curve drops from L1 to L2.
     pub stm: u32,
+    /// Rotation over the slope: how many sectors pass under the head per
+    /// rotation (in the zone measured).
     pub sectors_per_track: f64,
     /// L3 - L2.
     pub head_switch_ms: Option<f64>,
     /// L4 - L2.
     pub cyl_switch_ms: Option<f64>,
+    /// Surfaces (tracks per cylinder): the number of track boundaries
+    /// between two cylinder switches, when both switches were seen.
     pub surfaces: Option<u32>,
+    /// L1: accesses that missed their sector and waited an extra rotation
+    /// (steps before STM).
     pub l1: Line,
+    /// L2: accesses in time (from STM on), parallel to L1.
     pub l2: Line,
+    /// L3: accesses that crossed a track boundary (L2 plus the head switch).
     pub l3: Option<Line>,
+    /// L4: accesses that crossed a cylinder boundary (L2 plus the
+    /// cylinder switch).
     pub l4: Option<Line>,
-    /// Steps of the paper's points (1), (2), (3).
+    /// The paper's point (1): the first step of the run.
     pub point1: u32,
+    /// The paper's point (2): the last step before the drop to L2.
     pub point2: u32,
+    /// The paper's point (3): the first step on L2 (STM).
     pub point3: u32,
     /// Robust noise estimate around L2 (ms).
     pub noise_ms: f64,
+    /// What the extraction could not separate or did in another way, for
+    /// the reader of the results.
     pub notes: Vec<String>,
 }
 
@@ -74,9 +96,11 @@ pub struct Skippy {
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Extraction {
+    /// The curve is a rotational sawtooth: what it says.
     Rotational(Box<Skippy>),
     /// No sawtooth: the device is not a rotating disk, or a cache answers.
     NoRotation {
+        /// What in the curve showed it, for the user.
         reason: String,
     },
 }
@@ -444,6 +468,7 @@ fn switches(
 pub struct Fit {
     /// y = a * x^2 + b, or y = a * x + b.
     pub a: f64,
+    /// The constant term.
     pub b: f64,
     /// Root mean square error against the data (MB/s).
     pub rms: f64,
@@ -452,12 +477,17 @@ pub struct Fit {
 /// The paper's four zone models.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct ZoneFits {
+    /// Least squares y = a * x + b.
     pub linear: Fit,
+    /// Least squares y = a * x^2 + b.
     pub quadratic: Fit,
-    /// Through the first and last points only.
+    /// The line through the first and last points only.
     pub linear_two_point: Fit,
+    /// The parabola y = a * x^2 + b through the first and last points only.
     pub quadratic_two_point: Fit,
+    /// Bandwidth of the first (outermost) region, MB/s.
     pub outer_mbps: f64,
+    /// Bandwidth of the last (innermost) region, MB/s.
     pub inner_mbps: f64,
 }
 

@@ -14,6 +14,8 @@
 //!   zone fits; it says so when the curve has no rotational signature.
 //! - [`validate`]: every benchmark on every preset, extracted against
 //!   specified.
+//! - [`trace`]: the SKIPPY trace format (CSV written by a run, read back
+//!   for a later analysis) and the reconstruction of a trace's positions.
 //! - [`plots`]: SVG plots of the three curves with the fits.
 
 pub mod bench;
@@ -21,13 +23,16 @@ pub mod device;
 pub mod extract;
 pub mod plots;
 pub mod sim;
+pub mod trace;
 pub mod validate;
 
 /// Reading or writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Op {
+    /// A read of the sectors.
     Read,
+    /// A write of the sectors (destroys what they held).
     Write,
 }
 
@@ -54,21 +59,39 @@ pub trait Target {
     fn describe(&self) -> String;
 }
 
-/// Errors; each says what to do.
+/// Why a benchmark could not open, measure or validate its target; each
+/// says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {what}: {err}")]
+    /// A system call on a device, file or directory failed.
+    #[error("{path}: {what}")]
     Io {
+        /// The device, file or directory.
         path: String,
+        /// What was being done (`open (O_DIRECT)`, `read`, ...).
         what: &'static str,
+        /// The system's answer.
+        #[source]
         err: std::io::Error,
     },
+    /// Writing a block device without `--allow-destructive`.
     #[error("refusing to write to {0}: writing destroys its data; pass --allow-destructive if you mean it")]
     NeedsDestructive(String),
+    /// Writing a block device that is mounted, holds a mounted partition
+    /// or is claimed by another driver; no flag overrides this.
     #[error("refusing to write to {path}: it is {why}; unmount it / stop using it first (--allow-destructive does not override this)")]
-    InUse { path: String, why: String },
+    InUse {
+        /// The block device.
+        path: String,
+        /// Where it is mounted, or what holds it.
+        why: String,
+    },
+    /// Settings or a target the benchmarks cannot use (the text says which
+    /// and what to change).
     #[error("{0}")]
     Invalid(String),
+    /// A simulator preset that does not exist: the name asked for, and the
+    /// known names.
     #[error("unknown preset {0:?}; known: {1}")]
     UnknownPreset(String, String),
 }

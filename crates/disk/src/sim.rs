@@ -32,7 +32,9 @@ pub const SECTOR: u64 = 512;
 /// every track.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Zone {
+    /// How many cylinders the zone has.
     pub cylinders: u32,
+    /// Sectors on each of its tracks.
     pub spt: u32,
 }
 
@@ -40,7 +42,10 @@ pub struct Zone {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Layout {
+    /// Every cylinder walks its surfaces from the first head to the last.
     HeadFirst,
+    /// Odd cylinders walk the surfaces from the last head back to the
+    /// first, so that crossing to the next cylinder keeps the head.
     Serpentine,
 }
 
@@ -49,10 +54,15 @@ pub enum Layout {
 /// classic HP 97560 model). A one-cylinder move is the cylinder switch.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct SeekCurve {
+    /// Constant of the short-seek part (ms).
     pub short_a: f64,
+    /// Square-root coefficient of the short-seek part (ms).
     pub short_b: f64,
+    /// Distance (cylinders) from which the linear part applies.
     pub boundary: u32,
+    /// Constant of the long-seek part (ms).
     pub long_c: f64,
+    /// Per-cylinder coefficient of the long-seek part (ms).
     pub long_e: f64,
 }
 
@@ -90,11 +100,15 @@ impl SeekCurve {
 /// Everything that defines a simulated drive.
 #[derive(Debug, Clone, Serialize)]
 pub struct Spec {
+    /// The preset's short name (`--sim NAME`).
     pub name: &'static str,
+    /// The drive's make and model.
     pub model: &'static str,
     /// Where the values come from.
     pub source: &'static str,
+    /// Rotations per minute.
     pub rpm: f64,
+    /// Recording surfaces (heads), so tracks per cylinder.
     pub surfaces: u32,
     /// Outermost first.
     pub zones: Vec<Zone>,
@@ -102,30 +116,41 @@ pub struct Spec {
     pub head_switch_ms: f64,
     /// Mechanical cylinder switch (one-cylinder seek); the cylinder skew covers it.
     pub cyl_switch_ms: f64,
-    /// Fixed skews in sectors, where the drive's documentation gives them
-    /// (else derived from the switch times).
+    /// Fixed track skew in sectors, where the drive's documentation gives
+    /// it (else derived from the head switch time).
     pub track_skew: Option<u32>,
+    /// Fixed cylinder skew in sectors, where the drive's documentation
+    /// gives it (else derived from the cylinder switch time).
     pub cyl_skew: Option<u32>,
+    /// Seek time against distance.
     pub seek: SeekCurve,
     /// Host + bus + controller time before the mechanism starts.
     pub overhead_ms: f64,
+    /// A write-back cache: writes complete after the overhead (hides the
+    /// mechanism from write SKIPPY).
     pub write_cache: bool,
+    /// A read leaves the rest of its track in the cache.
     pub read_ahead: bool,
+    /// Order of tracks within and across cylinders.
     pub layout: Layout,
     /// Gaussian jitter (standard deviation) on the overhead.
     pub noise_ms: f64,
     /// Probability of an outlier (0.5-4 ms late) per request.
     pub outlier_rate: f64,
+    /// Seed of the noise and outliers: a seed repeats a run exactly.
     pub seed: u64,
 }
 
 impl Spec {
+    /// Time of one rotation (ms).
     pub fn rotation_ms(&self) -> f64 {
         60_000.0 / self.rpm
     }
+    /// Cylinders over all zones.
     pub fn cylinders(&self) -> u32 {
         self.zones.iter().map(|z| z.cylinders).sum()
     }
+    /// Capacity in sectors of [`SECTOR`] bytes.
     pub fn sectors(&self) -> u64 {
         self.zones
             .iter()
@@ -366,6 +391,7 @@ pub struct Disk {
 }
 
 impl Disk {
+    /// A drive built to `spec`, its head over cylinder 0 at time zero.
     pub fn new(spec: Spec) -> Disk {
         let mut zones = Vec::new();
         let (mut lba, mut cyl) = (0u64, 0u32);
@@ -393,6 +419,7 @@ impl Disk {
         }
     }
 
+    /// What the drive was built to.
     pub fn spec(&self) -> &Spec {
         &self.spec
     }

@@ -15,12 +15,18 @@ use crate::{Op, Target};
 /// One compared parameter.
 #[derive(Debug, Clone, Serialize)]
 pub struct Param {
+    /// The parameter (`rotation_ms`, `surfaces`, ...), also its JSON key.
     pub name: &'static str,
+    /// The value the simulated drive was built with.
     pub specified: f64,
+    /// What the benchmarks found, if they found it.
     pub extracted: Option<f64>,
+    /// (extracted - specified) / specified, in per cent.
     pub error_pct: Option<f64>,
     /// The accuracy goal, as text, if the parameter has one.
     pub goal: Option<&'static str>,
+    /// Whether the goal was met (`None` without a goal; `Some(false)` when
+    /// nothing was extracted).
     pub ok: Option<bool>,
 }
 
@@ -42,16 +48,22 @@ fn param(name: &'static str, spec: f64, got: Option<f64>, goal: Option<Goal<'_>>
 /// The result for one preset.
 #[derive(Debug, Clone, Serialize)]
 pub struct PresetResult {
+    /// The preset's short name.
     pub name: &'static str,
+    /// The drive's make and model.
     pub model: &'static str,
+    /// Where the preset's values come from.
     pub source: &'static str,
+    /// Every compared parameter.
     pub params: Vec<Param>,
     /// Simulated disk time of the SKIPPY run (ms).
     pub skippy_disk_ms: f64,
+    /// The extraction's notes (and why it found nothing, if it did not).
     pub notes: Vec<String>,
 }
 
 impl PresetResult {
+    /// Whether no goal was missed.
     pub fn ok(&self) -> bool {
         self.params.iter().all(|p| p.ok != Some(false))
     }
@@ -262,10 +274,15 @@ pub fn all(
 /// noise, outliers and starting phase change with the seed).
 #[derive(Debug, Clone, Serialize)]
 pub struct SeedSummary {
+    /// The preset's short name.
     pub preset: &'static str,
+    /// The parameter.
     pub param: &'static str,
+    /// Its accuracy goal, as text.
     pub goal: &'static str,
+    /// Runs that met the goal.
     pub met: u32,
+    /// Runs (one per seed).
     pub runs: u32,
     /// The worst absolute difference, extracted - specified, in the
     /// parameter's unit (a run with nothing extracted is not counted here).

@@ -2,6 +2,7 @@
 //! mounted one is refused whatever the flag. Files are always allowed.
 //! (Uses a loop device over a scratch file; needs root, skips otherwise.)
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -59,8 +60,7 @@ fn files_are_writable_without_the_flag() {
 
 #[test]
 fn block_devices_need_the_flag_and_mounted_ones_are_refused() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         eprintln!("skipped: needs root for loop devices");
         return;
     }
@@ -93,6 +93,25 @@ fn block_devices_need_the_flag_and_mounted_ones_are_refused() {
     let mut w = Device::open(p, true, true).expect("allowed with the flag");
     assert!(w.access(Op::Write, 100, 1).is_ok());
     drop(w);
+    // Claimed exclusively by someone else (not mounted, no holder): the
+    // kernel's answer to our exclusive open refuses it, flag or not.
+    let claim = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(p)
+        .expect("exclusive open of the loop device");
+    for flag in [false, true] {
+        match Device::open(p, true, flag) {
+            Err(Error::InUse { why, .. }) if flag => assert!(why.contains("in use"), "{why}"),
+            Err(Error::NeedsDestructive(_)) if !flag => {}
+            other => panic!(
+                "claimed device opened for writing (flag {flag}): {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+    assert!(Device::open(p, false, false).is_ok(), "reading stays fine");
+    drop(claim);
     // Mounted: refused, flag or not.
     sh(&["mkfs.ext4", "-q", "-F", &dev]).expect("mkfs.ext4 (e2fsprogs)");
     sh(&["mount", &dev, mnt.to_str().unwrap()]).expect("mount");

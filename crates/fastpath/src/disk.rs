@@ -1,11 +1,13 @@
-//! `fastpath disk ...`: argument parsing and wiring.
+//! `fastpath disk ...`: argument parsing, and one small function per
+//! subcommand that calls the `disk` crate and prints what it returns.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Args, Subcommand};
 use disk::bench::{SkippyMode, SkippyOpts};
-use disk::extract::Extraction;
+use disk::extract::{Extraction, ZoneFits};
+use disk::validate::PresetResult;
 use disk::{Op, Target};
 use indicatif::{ProgressBar, ProgressStyle};
 use measure::Table;
@@ -199,6 +201,7 @@ fn print_extraction(ex: &Extraction, format: Format) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Run one `fastpath disk` subcommand.
 pub fn run(cmd: DiskCommand) -> anyhow::Result<()> {
     match cmd {
         DiskCommand::Skippy {
@@ -211,77 +214,19 @@ pub fn run(cmd: DiskCommand) -> anyhow::Result<()> {
             plot,
             format,
         } => {
-            let mut t = target.open(mode == SkippyMode::Write)?;
-            eprintln!("SKIPPY ({mode:?}) on {}", t.describe());
-            let pts = disk::bench::skippy(
-                t.as_mut(),
-                &SkippyOpts {
-                    mode,
-                    steps,
-                    start,
-                    budget_ms,
-                },
-            )?;
-            if let Some(p) = &csv {
-                let mut s = String::from("step,latency_ms,lba\n");
-                for q in &pts {
-                    s.push_str(&format!("{},{:.6},{}\n", q.step, q.latency_ms, q.lba));
-                }
-                std::fs::write(p, s).with_context(|| format!("writing {}", p.display()))?;
-            }
-            let mut ex = if mode == SkippyMode::Backward {
-                Extraction::NoRotation {
-                    reason: "the backward variant is measured and plotted; extraction reads forward runs".into(),
-                }
-            } else {
-                disk::extract::skippy(&pts)
+            let opts = SkippyOpts {
+                mode,
+                steps,
+                start,
+                budget_ms,
             };
-            if let Extraction::Rotational(e) = &mut ex {
-                // Repeated probes around STM place MTM between steps; if the
-                // device cannot take them, the run's own estimate stands.
-                let _ = disk::bench::refine_mtm(t.as_mut(), mode, &pts, e, 600.0);
-            }
-            if let Some(p) = &plot {
-                disk::plots::skippy(p, &format!("SKIPPY, {}", t.describe()), &pts, &ex)?;
-            }
-            print_extraction(&ex, format)
+            skippy(&target, &opts, csv.as_deref(), plot.as_deref(), format)
         }
         DiskCommand::Analyze {
             trace,
             plot,
             format,
-        } => {
-            let text = std::fs::read_to_string(&trace)
-                .with_context(|| format!("reading {}", trace.display()))?;
-            let mut pts = Vec::new();
-            for (n, line) in text.lines().enumerate() {
-                let f: Vec<&str> = line.split(',').map(str::trim).collect();
-                let (Some(a), Some(b)) = (f.first(), f.get(1)) else {
-                    continue;
-                };
-                match (a.parse::<u32>(), b.parse::<f64>()) {
-                    (Ok(step), Ok(l)) => {
-                        let lba = f.get(2).and_then(|x| x.parse().ok()).unwrap_or_else(|| {
-                            // Reconstruct SKIPPY's positions from the steps.
-                            let s = step as u64;
-                            s * (s + 1) / 2 + s
-                        });
-                        pts.push(disk::bench::Point {
-                            step,
-                            lba,
-                            latency_ms: l,
-                        });
-                    }
-                    _ if n == 0 => {}
-                    _ => bail!("{}:{}: expected step,latency_ms", trace.display(), n + 1),
-                }
-            }
-            let ex = disk::extract::skippy(&pts);
-            if let Some(p) = &plot {
-                disk::plots::skippy(p, &format!("SKIPPY trace {}", trace.display()), &pts, &ex)?;
-            }
-            print_extraction(&ex, format)
-        }
+        } => analyze(&trace, plot.as_deref(), format),
         DiskCommand::Zoned {
             target,
             block,
@@ -289,48 +234,7 @@ pub fn run(cmd: DiskCommand) -> anyhow::Result<()> {
             limit,
             plot,
             format,
-        } => {
-            let mut t = target.open(false)?;
-            eprintln!("ZONED on {}", t.describe());
-            let bar = ProgressBar::new(100);
-            bar.set_style(
-                ProgressStyle::with_template("{bar:40} {percent}% {msg}").expect("template"),
-            );
-            let z = disk::bench::zoned(t.as_mut(), block, regions, limit, &mut |d, tot| {
-                bar.set_position(d * 100 / tot.max(1));
-            })?;
-            bar.finish_and_clear();
-            let f = disk::extract::zone_fits(&z);
-            if let Some(p) = &plot {
-                disk::plots::zoned(p, &format!("ZONED, {}", t.describe()), &z, f.as_ref())?;
-            }
-            if matches!(format, Format::Json) {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({"points": z, "fits": f}))?
-                );
-            } else if let Some(f) = f {
-                let mut t = Table::new(["model", "a", "b", "RMS error (MB/s)"]).title(format!(
-                    "ZONED: outer {:.2} MB/s, inner {:.2} MB/s",
-                    f.outer_mbps, f.inner_mbps
-                ));
-                for (n, x) in [
-                    ("linear a*x+b", f.linear),
-                    ("quadratic a*x^2+b", f.quadratic),
-                    ("linear, two points", f.linear_two_point),
-                    ("quadratic, two points", f.quadratic_two_point),
-                ] {
-                    t.row([
-                        n.to_string(),
-                        format!("{:.4}", x.a),
-                        format!("{:.3}", x.b),
-                        format!("{:.4}", x.rms),
-                    ]);
-                }
-                print!("{t}");
-            }
-            Ok(())
-        }
+        } => zoned(&target, block, regions, limit, plot.as_deref(), format),
         DiskCommand::Seeker {
             target,
             bases,
@@ -339,144 +243,265 @@ pub fn run(cmd: DiskCommand) -> anyhow::Result<()> {
             plot,
             format,
         } => {
-            let mut t = target.open(!read)?;
-            eprintln!("SEEKER on {}", t.describe());
-            let bar = ProgressBar::new(bases as u64);
-            let s = disk::bench::seeker(
-                t.as_mut(),
-                if read { Op::Read } else { Op::Write },
-                bases,
-                measurements,
-                &mut |d, _| bar.set_position(d),
-            )?;
-            bar.finish_and_clear();
-            if let Some(p) = &plot {
-                disk::plots::seeker(p, &format!("SEEKER, {}", t.describe()), &s)?;
-            }
-            if matches!(format, Format::Json) {
-                println!("{}", serde_json::to_string_pretty(&s)?);
-            } else {
-                let mut t = Table::new(["sector", "shortest access (ms)"]).title("SEEKER");
-                for p in &s {
-                    t.row([p.lba.to_string(), format!("{:.3}", p.min_ms)]);
-                }
-                print!("{t}");
-            }
-            Ok(())
+            let op = if read { Op::Read } else { Op::Write };
+            seeker(&target, op, bases, measurements, plot.as_deref(), format)
         }
         DiskCommand::Validate {
             seeds: Some(n),
             format,
             ..
-        } => {
-            let t0 = std::time::Instant::now();
-            let (sum, longest) = disk::validate::over_seeds(&disk::sim::presets(), n)?;
-            let all_met = sum.iter().all(|x| x.met == x.runs) && longest <= 2000.0;
-            if matches!(format, Format::Json) {
-                let doc = serde_json::json!({
-                    "seeds": n,
-                    "goals": sum,
-                    "longest_skippy_disk_ms": longest,
-                    "all_met": all_met,
-                    "wall_seconds": t0.elapsed().as_secs_f64(),
-                });
-                println!("{}", serde_json::to_string_pretty(&doc)?);
-                return Ok(());
-            }
-            let mut t = Table::new(["preset", "parameter", "goal", "met", "worst |error|"])
-                .title(format!("every preset under seeds 1..={n}"));
-            for x in &sum {
-                t.row([
-                    x.preset.to_string(),
-                    x.param.to_string(),
-                    x.goal.to_string(),
-                    format!("{}/{}", x.met, x.runs),
-                    format!("{:.4}", x.worst_abs_error),
-                ]);
-            }
-            println!("{t}");
-            println!(
-                "every goal met in every run: {all_met}; longest SKIPPY {longest:.0} ms of disk time; wall time {:.1} s",
-                t0.elapsed().as_secs_f64()
-            );
-            Ok(())
-        }
+        } => validate_over_seeds(n, format),
         DiskCommand::Validate {
             plot_dir, format, ..
-        } => {
-            let (results, doc) = disk::validate::all(&disk::sim::presets(), plot_dir.as_deref())?;
-            if matches!(format, Format::Json) {
-                println!("{}", serde_json::to_string_pretty(&doc)?);
-                return Ok(());
-            }
-            for r in &results {
-                let mut t = Table::new([
-                    "parameter",
-                    "specified",
-                    "extracted",
-                    "error %",
-                    "goal",
-                    "ok",
-                ])
-                .title(format!(
-                    "{} ({}); SKIPPY took {:.0} ms of disk time",
-                    r.name, r.model, r.skippy_disk_ms
-                ));
-                for p in &r.params {
-                    t.row([
-                        p.name.to_string(),
-                        format!("{:.3}", p.specified),
-                        p.extracted.map(|x| format!("{x:.3}")).unwrap_or("-".into()),
-                        p.error_pct
-                            .map(|x| format!("{x:+.2}"))
-                            .unwrap_or("-".into()),
-                        p.goal.unwrap_or("").to_string(),
-                        match p.ok {
-                            Some(true) => "yes".into(),
-                            Some(false) => "NO".into(),
-                            None => "".into(),
-                        },
-                    ]);
-                }
-                println!("{t}");
-                for n in &r.notes {
-                    println!("  note: {n}");
-                }
-            }
-            println!(
-                "all goals met: {}; wall time {:.2} s",
-                doc["all_ok"],
-                doc["wall_seconds"].as_f64().unwrap_or(0.0)
-            );
-            Ok(())
-        }
+        } => validate(plot_dir.as_deref(), format),
         DiskCommand::Presets => {
-            let mut t = Table::new([
-                "preset",
-                "model",
-                "RPM",
-                "surfaces",
-                "zones",
-                "sectors/track",
-                "source",
-            ]);
-            for p in disk::sim::presets() {
-                t.row([
-                    p.name.to_string(),
-                    p.model.to_string(),
-                    format!("{:.0}", p.rpm),
-                    p.surfaces.to_string(),
-                    p.zones.len().to_string(),
-                    format!(
-                        "{}..{}",
-                        p.zones[0].spt,
-                        p.zones.last().map_or(0, |z| z.spt)
-                    ),
-                    p.source.to_string(),
-                ]);
-            }
-            print!("{t}");
+            presets();
             Ok(())
         }
     }
+}
+
+/// `disk skippy`: run it, keep the trace, extract, refine MTM, plot, print.
+fn skippy(
+    target: &TargetArgs,
+    opts: &SkippyOpts,
+    csv: Option<&Path>,
+    plot: Option<&Path>,
+    format: Format,
+) -> anyhow::Result<()> {
+    let mode = opts.mode;
+    let mut t = target.open(mode == SkippyMode::Write)?;
+    eprintln!("SKIPPY ({mode:?}) on {}", t.describe());
+    let pts = disk::bench::skippy(t.as_mut(), opts)?;
+    if let Some(p) = csv {
+        disk::trace::write(p, &pts)?;
+    }
+    let mut ex = if mode == SkippyMode::Backward {
+        Extraction::NoRotation {
+            reason: "the backward variant is measured and plotted; extraction reads forward runs"
+                .into(),
+        }
+    } else {
+        disk::extract::skippy(&pts)
+    };
+    if let Extraction::Rotational(e) = &mut ex {
+        // Repeated probes around STM place MTM between steps; if the
+        // device cannot take them, the run's own estimate stands.
+        let _ = disk::bench::refine_mtm(t.as_mut(), mode, &pts, e, 600.0);
+    }
+    if let Some(p) = plot {
+        disk::plots::skippy(p, &format!("SKIPPY, {}", t.describe()), &pts, &ex)?;
+    }
+    print_extraction(&ex, format)
+}
+
+/// `disk analyze`: a recorded SKIPPY trace, extracted and plotted like a run.
+fn analyze(trace: &Path, plot: Option<&Path>, format: Format) -> anyhow::Result<()> {
+    let pts = disk::trace::read(trace)?;
+    let ex = disk::extract::skippy(&pts);
+    if let Some(p) = plot {
+        disk::plots::skippy(p, &format!("SKIPPY trace {}", trace.display()), &pts, &ex)?;
+    }
+    print_extraction(&ex, format)
+}
+
+/// `disk zoned`: bandwidth per region with a progress bar, the fits.
+fn zoned(
+    target: &TargetArgs,
+    block: u64,
+    regions: u32,
+    limit: Option<u64>,
+    plot: Option<&Path>,
+    format: Format,
+) -> anyhow::Result<()> {
+    let mut t = target.open(false)?;
+    eprintln!("ZONED on {}", t.describe());
+    let bar = ProgressBar::new(100);
+    bar.set_style(ProgressStyle::with_template("{bar:40} {percent}% {msg}").expect("template"));
+    let z = disk::bench::zoned(t.as_mut(), block, regions, limit, &mut |d, tot| {
+        bar.set_position(d * 100 / tot.max(1));
+    })?;
+    bar.finish_and_clear();
+    let f = disk::extract::zone_fits(&z);
+    if let Some(p) = plot {
+        disk::plots::zoned(p, &format!("ZONED, {}", t.describe()), &z, f.as_ref())?;
+    }
+    if matches!(format, Format::Json) {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"points": z, "fits": f}))?
+        );
+    } else if let Some(f) = f {
+        print!("{}", zone_fits_table(&f));
+    }
+    Ok(())
+}
+
+fn zone_fits_table(f: &ZoneFits) -> Table {
+    let mut t = Table::new(["model", "a", "b", "RMS error (MB/s)"]).title(format!(
+        "ZONED: outer {:.2} MB/s, inner {:.2} MB/s",
+        f.outer_mbps, f.inner_mbps
+    ));
+    for (n, x) in [
+        ("linear a*x+b", f.linear),
+        ("quadratic a*x^2+b", f.quadratic),
+        ("linear, two points", f.linear_two_point),
+        ("quadratic, two points", f.quadratic_two_point),
+    ] {
+        t.row([
+            n.to_string(),
+            format!("{:.4}", x.a),
+            format!("{:.3}", x.b),
+            format!("{:.4}", x.rms),
+        ]);
+    }
+    t
+}
+
+/// `disk seeker`: the shortest access to places across the disk.
+fn seeker(
+    target: &TargetArgs,
+    op: Op,
+    bases: u32,
+    measurements: u32,
+    plot: Option<&Path>,
+    format: Format,
+) -> anyhow::Result<()> {
+    let mut t = target.open(op == Op::Write)?;
+    eprintln!("SEEKER on {}", t.describe());
+    let bar = ProgressBar::new(bases as u64);
+    let s = disk::bench::seeker(t.as_mut(), op, bases, measurements, &mut |d, _| {
+        bar.set_position(d)
+    })?;
+    bar.finish_and_clear();
+    if let Some(p) = plot {
+        disk::plots::seeker(p, &format!("SEEKER, {}", t.describe()), &s)?;
+    }
+    if matches!(format, Format::Json) {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        let mut t = Table::new(["sector", "shortest access (ms)"]).title("SEEKER");
+        for p in &s {
+            t.row([p.lba.to_string(), format!("{:.3}", p.min_ms)]);
+        }
+        print!("{t}");
+    }
+    Ok(())
+}
+
+/// `disk validate --seeds N`: how often each goal is met over the seeds.
+fn validate_over_seeds(n: u32, format: Format) -> anyhow::Result<()> {
+    let t0 = std::time::Instant::now();
+    let (sum, longest) = disk::validate::over_seeds(&disk::sim::presets(), n)?;
+    let all_met = sum.iter().all(|x| x.met == x.runs) && longest <= 2000.0;
+    if matches!(format, Format::Json) {
+        let doc = serde_json::json!({
+            "seeds": n,
+            "goals": sum,
+            "longest_skippy_disk_ms": longest,
+            "all_met": all_met,
+            "wall_seconds": t0.elapsed().as_secs_f64(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    let mut t = Table::new(["preset", "parameter", "goal", "met", "worst |error|"])
+        .title(format!("every preset under seeds 1..={n}"));
+    for x in &sum {
+        t.row([
+            x.preset.to_string(),
+            x.param.to_string(),
+            x.goal.to_string(),
+            format!("{}/{}", x.met, x.runs),
+            format!("{:.4}", x.worst_abs_error),
+        ]);
+    }
+    println!("{t}");
+    println!(
+        "every goal met in every run: {all_met}; longest SKIPPY {longest:.0} ms of disk time; wall time {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `disk validate`: every preset, extracted against specified.
+fn validate(plot_dir: Option<&Path>, format: Format) -> anyhow::Result<()> {
+    let (results, doc) = disk::validate::all(&disk::sim::presets(), plot_dir)?;
+    if matches!(format, Format::Json) {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    for r in &results {
+        println!("{}", preset_result_table(r));
+        for n in &r.notes {
+            println!("  note: {n}");
+        }
+    }
+    println!(
+        "all goals met: {}; wall time {:.2} s",
+        doc["all_ok"],
+        doc["wall_seconds"].as_f64().unwrap_or(0.0)
+    );
+    Ok(())
+}
+
+fn preset_result_table(r: &PresetResult) -> Table {
+    let mut t = Table::new([
+        "parameter",
+        "specified",
+        "extracted",
+        "error %",
+        "goal",
+        "ok",
+    ])
+    .title(format!(
+        "{} ({}); SKIPPY took {:.0} ms of disk time",
+        r.name, r.model, r.skippy_disk_ms
+    ));
+    for p in &r.params {
+        t.row([
+            p.name.to_string(),
+            format!("{:.3}", p.specified),
+            p.extracted.map(|x| format!("{x:.3}")).unwrap_or("-".into()),
+            p.error_pct
+                .map(|x| format!("{x:+.2}"))
+                .unwrap_or("-".into()),
+            p.goal.unwrap_or("").to_string(),
+            match p.ok {
+                Some(true) => "yes".into(),
+                Some(false) => "NO".into(),
+                None => "".into(),
+            },
+        ]);
+    }
+    t
+}
+
+/// `disk presets`: the simulated drives and their sources.
+fn presets() {
+    let mut t = Table::new([
+        "preset",
+        "model",
+        "RPM",
+        "surfaces",
+        "zones",
+        "sectors/track",
+        "source",
+    ]);
+    for p in disk::sim::presets() {
+        t.row([
+            p.name.to_string(),
+            p.model.to_string(),
+            format!("{:.0}", p.rpm),
+            p.surfaces.to_string(),
+            p.zones.len().to_string(),
+            format!(
+                "{}..{}",
+                p.zones[0].spt,
+                p.zones.last().map_or(0, |z| z.spt)
+            ),
+            p.source.to_string(),
+        ]);
+    }
+    print!("{t}");
 }

@@ -123,3 +123,31 @@ fn writing_a_block_device_without_the_flag_is_refused_by_the_cli() {
         "{err}"
     );
 }
+
+#[test]
+fn trace_and_mode_errors_say_what_is_wrong() {
+    // A missing trace names the file and keeps the system's answer.
+    let missing = std::env::temp_dir().join(format!("fp-disk-none-{}.csv", std::process::id()));
+    let out = fastpath()
+        .args(["disk", "analyze"])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("reading {}: ", missing.display())) && err.contains("os error"),
+        "{err}"
+    );
+    // An unknown SKIPPY mode lists the known ones.
+    let out = fastpath()
+        .args(["disk", "skippy", "--sim", "ultrastar", "--mode", "sideways"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown SKIPPY mode \"sideways\": write, read or backward"),
+        "{err}"
+    );
+}
