@@ -121,6 +121,21 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("")
 }
 
+/// An error and its causes on one line, each cause once: libraries differ
+/// in whether a message repeats its source's text, and the reader should see
+/// it once either way.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Logs to stderr; RUST_LOG=debug (or warn...) changes the level.
@@ -145,7 +160,7 @@ fn main() -> ExitCode {
     match std::panic::catch_unwind(|| dispatch(cli)) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         Ok(Err(e)) => {
-            eprintln!("fastpath: error: {e:#}");
+            eprintln!("fastpath: error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
         Err(payload) if is_closed_stdout(panic_message(&*payload)) => ExitCode::SUCCESS,
