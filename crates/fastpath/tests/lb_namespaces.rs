@@ -128,6 +128,16 @@ fn http_through_the_vip_failover_reload_and_bgp() {
         metric(&t, "fastpath_lb_reloads_total") == Some(1)
     });
     assert!(t.request().is_ok());
+    // A key that cannot change while running is reported, not silently
+    // ignored; the rest of the file applies (issue 13, finding 6).
+    std::fs::write(&t.config, good.replace("threads = 2", "threads = 1")).unwrap();
+    let answer = t.api("POST", "/reload").unwrap();
+    assert!(
+        answer.contains("\"not_applied\":[\"forwarder.threads\"]"),
+        "{answer}"
+    );
+    assert_eq!(metric(&t, "fastpath_lb_reloads_total"), Some(2));
+    std::fs::write(&t.config, &good).unwrap();
 
     // No healthy backend left: the VIP is withdrawn (it would only attract
     // traffic to drop); one back, and it is announced again.

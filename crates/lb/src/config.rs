@@ -55,7 +55,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// A problem found by one of [`Config::validate`]'s checks: the key and
 /// what is wrong; `validate` adds the file.
@@ -86,7 +86,7 @@ pub struct ConfigError {
 }
 
 /// Packet I/O driver for `lb run --interface`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum DriverConf {
     /// AF_XDP if it can be had, else AF_PACKET (says which and why).
@@ -99,7 +99,7 @@ pub enum DriverConf {
 }
 
 /// `[forwarder]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Forwarder {
     /// Packet I/O driver on an interface: "auto", "af-xdp" or "af-packet".
@@ -136,7 +136,7 @@ impl Default for Forwarder {
 }
 
 /// `[conntrack]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Conntrack {
     /// Entries per packet thread (a power of two, at least 4).
@@ -158,7 +158,7 @@ impl Default for Conntrack {
 }
 
 /// `[encap]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Encap {
     /// Outer source for IPv4 backends.
@@ -187,7 +187,7 @@ impl Default for Encap {
 }
 
 /// `[api]`: the HTTP control API.
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Api {
     /// Where to serve `/metrics`, `/status` and `POST /reload` (off when
@@ -200,7 +200,7 @@ pub struct Api {
 /// a static protocol named `protocol` (configured `disabled`); fastpath
 /// enables that protocol while the forwarder is healthy and disables it
 /// (withdrawing every VIP) when the forwarder stops or stalls.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bgp {
     /// The file of static routes fastpath writes for BIRD to include.
@@ -227,7 +227,7 @@ fn default_bgp_poll() -> u64 {
 }
 
 /// How a pool's backends are health-checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CheckKind {
     /// A TCP connection to the port succeeds.
@@ -237,7 +237,7 @@ pub enum CheckKind {
 }
 
 /// A pool's health check (`health = { ... }` in `[[pools]]`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthConf {
     /// TCP connect or HTTP GET.
@@ -281,7 +281,7 @@ fn two() -> u32 {
 }
 
 /// One backend of a pool.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConf {
     /// Its address (the outer destination of encapsulated packets).
@@ -298,7 +298,7 @@ fn one() -> u32 {
 }
 
 /// `[[pools]]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConf {
     /// Unique name.
@@ -321,7 +321,7 @@ fn default_table_size() -> u64 {
 }
 
 /// Transport protocol of a VIP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     /// TCP.
@@ -342,7 +342,7 @@ impl Protocol {
 
 /// `[[vips]]`: an address or a prefix-group suffix, a port (or any), a
 /// protocol and a pool.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct VipConf {
     /// Unique name.
@@ -362,7 +362,7 @@ pub struct VipConf {
 }
 
 /// `[[prefix_groups]]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PrefixGroupConf {
     /// Unique name.
@@ -374,7 +374,7 @@ pub struct PrefixGroupConf {
 }
 
 /// The whole file.
-#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `[forwarder]`.
@@ -815,6 +815,34 @@ impl Config {
         Ok(())
     }
 
+    /// The keys whose change from `self` to `new` a running load balancer
+    /// cannot apply (`[forwarder]`, `[conntrack]` and `[api]`: threads,
+    /// queues, pool and table sizes, the API address), as `section.key`.
+    /// Everything else (pools, backends, VIPs, health checks, BGP,
+    /// encapsulation) is applied by a reload.
+    pub fn restart_keys(&self, new: &Config) -> Vec<String> {
+        let (old, new) = (
+            serde_json::to_value(self).unwrap_or_default(),
+            serde_json::to_value(new).unwrap_or_default(),
+        );
+        let mut keys = Vec::new();
+        for section in ["forwarder", "conntrack", "api"] {
+            let (a, b) = (&old[section], &new[section]);
+            let names: std::collections::BTreeSet<&String> = a
+                .as_object()
+                .into_iter()
+                .chain(b.as_object())
+                .flat_map(|m| m.keys())
+                .collect();
+            for k in names {
+                if a.get(k) != b.get(k) {
+                    keys.push(format!("{section}.{k}"));
+                }
+            }
+        }
+        keys
+    }
+
     /// The backends of a pool with its included pools, each backend once
     /// (first occurrence wins), or the cycle that prevents it.
     pub fn flatten(&self, pool: &str) -> Result<Vec<BackendConf>, IncludeCycle> {
@@ -949,6 +977,27 @@ pool = "web"
             .unwrap_err()
             .to_string()
             .contains("/nonexistent.toml"));
+    }
+
+    #[test]
+    fn restart_keys_name_what_a_reload_cannot_apply() {
+        let old = Config::parse(GOOD, "t").unwrap();
+        assert!(old.restart_keys(&old).is_empty());
+        let new = Config::parse(
+            &GOOD
+                .replace(
+                    "[encap]",
+                    "[forwarder]\nthreads = 3\n[api]\nlisten = \"127.0.0.1:9999\"\n[encap]",
+                )
+                .replace(
+                    "{ address = \"10.1.0.2\", weight = 2 }",
+                    "{ address = \"10.1.0.2\", weight = 3 }",
+                ),
+            "t",
+        )
+        .unwrap();
+        // The weight is applied live; threads and the API address are not.
+        assert_eq!(old.restart_keys(&new), ["forwarder.threads", "api.listen"]);
     }
 
     #[test]

@@ -53,6 +53,9 @@ fn vip_addresses(cfg: &Config) -> Vec<[u8; 16]> {
 
 /// What the control plane shares with its tasks.
 pub struct Shared {
+    /// The configuration the daemon started with: `[forwarder]`,
+    /// `[conntrack]` and `[api]` keep its values until the next start.
+    boot: Config,
     control: Mutex<Control>,
     config_path: PathBuf,
     live: Arc<Mutex<Vec<Counters>>>,
@@ -147,34 +150,49 @@ pub enum ApiError {
     },
 }
 
+/// What a reload applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Reloaded {
+    /// The tables' generation after it.
+    pub generation: u64,
+    /// Keys that changed but take effect only at the next start (the
+    /// running load balancer keeps the values it started with), as
+    /// `section.key`; empty when everything was applied.
+    pub not_applied: Vec<String>,
+}
+
 impl Shared {
     /// Re-reads the configuration file and swaps it in, or explains why not.
-    pub fn reload(&self) -> Result<u64, ReloadError> {
+    /// Keys that cannot change while running are reported, not applied.
+    pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let result = Config::load(&self.config_path)
             .map_err(ReloadError::from)
             .and_then(|cfg| {
                 let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
-                let old = c.config().clone();
                 c.apply(cfg.clone())?;
-                if cfg.forwarder != old.forwarder || cfg.conntrack != old.conntrack {
-                    tracing::warn!(
-                        "[forwarder] and [conntrack] changes take effect at the next start"
-                    );
-                }
                 *self.check_names.lock().unwrap_or_else(|p| p.into_inner()) = health::checks(&cfg);
                 if let Some(f) = &self.xdp_vips {
                     f.set(&vip_addresses(&cfg)).map_err(ReloadError::XdpVips)?;
                 }
-                Ok(c.tables().load().generation)
+                Ok(Reloaded {
+                    generation: c.tables().load().generation,
+                    not_applied: self.boot.restart_keys(&cfg),
+                })
             });
         match &result {
-            Ok(g) => {
+            Ok(r) => {
                 self.reloads.fetch_add(1, Ordering::Relaxed);
                 *self
                     .last_reload_error
                     .lock()
                     .unwrap_or_else(|p| p.into_inner()) = None;
-                tracing::info!(generation = g, "configuration reloaded");
+                tracing::info!(generation = r.generation, "configuration reloaded");
+                if !r.not_applied.is_empty() {
+                    tracing::warn!(
+                        "not applied until the next start: {} (the running values stay)",
+                        r.not_applied.join(", ")
+                    );
+                }
             }
             Err(e) => {
                 self.reload_failures.fetch_add(1, Ordering::Relaxed);
@@ -577,8 +595,7 @@ async fn control_plane(
                 "/reload",
                 post(|State(s): State<Arc<Shared>>| async move {
                     match tokio::task::spawn_blocking(move || s.reload()).await {
-                        Ok(Ok(g)) => (StatusCode::OK, Json(serde_json::json!({ "generation": g })))
-                            .into_response(),
+                        Ok(Ok(r)) => (StatusCode::OK, Json(r)).into_response(),
                         Ok(Err(e)) => (
                             StatusCode::BAD_REQUEST,
                             Json(serde_json::json!({ "error": e.to_string() })),
@@ -833,6 +850,7 @@ fn serve(
 ) -> Result<(RunStats, Arc<lb::tables::Tables>), Error> {
     tracing::info!("driver: {driver_desc}");
     let shared = Arc::new(Shared {
+        boot: cfg.clone(),
         control: Mutex::new(control),
         config_path: config.to_path_buf(),
         live: Arc::clone(&dp.live),
