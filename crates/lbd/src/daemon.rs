@@ -90,6 +90,9 @@ pub enum Error {
     /// XDP program's VIP set.
     #[error("AF_XDP: prefix-group VIPs cannot be listed in the XDP program's VIP set; use driver = \"af-packet\"")]
     PrefixVipsNeedAfPacket,
+    /// Another load balancer serves the interface.
+    #[error(transparent)]
+    Lock(#[from] crate::lock::LockError),
     /// A control-plane thread could not be started.
     #[error("starting the {what} thread: {source}")]
     Spawn {
@@ -696,6 +699,8 @@ pub fn run(
     if let Some(t) = threads {
         cfg.forwarder.threads = t;
     }
+    // Held until this function returns: the process serves the interface.
+    let _claim = crate::lock::InterfaceLock::claim(interface)?;
     let driver = driver.unwrap_or(match cfg.forwarder.driver {
         lb::config::DriverConf::Auto => Driver::Auto,
         lb::config::DriverConf::AfXdp => Driver::AfXdp,

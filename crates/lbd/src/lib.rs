@@ -10,3 +10,4 @@
 pub mod bgp;
 pub mod daemon;
 pub mod health;
+pub mod lock;
