@@ -71,19 +71,19 @@ pub fn complete_transport(frame: &mut [u8]) -> bool {
         Some((s, d)) if p.l3 == crate::parse::L3::V4 => pseudo_v4(s, d, p.flow.proto, len as u16),
         _ => pseudo_v6(p.flow.src, p.flow.dst, p.flow.proto, len as u32),
     };
-    let at = l4s
-        + if p.flow.proto == crate::proto::TCP {
-            16
-        } else {
-            6
+    // parse_frame checked this very header, so the views below are sure.
+    let segment = &mut frame[l4s..l4e];
+    if p.flow.proto == crate::proto::TCP {
+        let Ok(mut t) = crate::tcp::TcpPacket::new_checked(segment) else {
+            return false;
         };
-    frame[at] = 0;
-    frame[at + 1] = 0;
-    let mut c = finish(sum(pseudo, &frame[l4s..l4e]));
-    if c == 0 && p.flow.proto == crate::proto::UDP {
-        c = 0xffff; // zero means "no checksum" in UDP
+        t.fill_checksum(pseudo);
+    } else {
+        let Ok(mut u) = crate::udp::UdpPacket::new_checked(segment) else {
+            return false;
+        };
+        u.fill_checksum(pseudo);
     }
-    frame[at..at + 2].copy_from_slice(&c.to_be_bytes());
     true
 }
 
@@ -103,9 +103,9 @@ mod tests {
                 let p = crate::parse_frame(&good).unwrap();
                 let at = p.l4_offset
                     + if p.flow.proto == crate::proto::TCP {
-                        16
+                        crate::tcp::field::CHECKSUM.start
                     } else {
-                        6
+                        crate::udp::field::CHECKSUM.start
                     };
                 let mut partial = good.clone();
                 partial[at] ^= 0x5a; // what offload leaves: not the final sum

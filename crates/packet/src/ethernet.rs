@@ -1,11 +1,28 @@
 //! Ethernet II frames with an optional 802.1Q tag.
 
-use crate::{be16, ethertype, fail, put16, Reason, Result};
+use crate::{ethertype, fail, read16, read_array, write16, Field, Reason, Result};
+
+/// Where each field of an Ethernet II header (and its 802.1Q tag) lies.
+pub mod field {
+    use crate::Field;
+
+    /// Destination MAC.
+    pub const DESTINATION: Field = 0..6;
+    /// Source MAC.
+    pub const SOURCE: Field = 6..12;
+    /// Ethertype of the payload, or [`crate::ethertype::VLAN`] (the tag
+    /// protocol identifier) when an 802.1Q tag follows.
+    pub const ETHERTYPE: Field = 12..14;
+    /// Tag control information (priority, DEI, VLAN id) of a tagged frame.
+    pub const VLAN_TCI: Field = 14..16;
+    /// Ethertype of the payload of a tagged frame.
+    pub const VLAN_ETHERTYPE: Field = 16..18;
+}
 
 /// Length of an untagged Ethernet header.
-pub const HEADER_LEN: usize = 14;
+pub const HEADER_LEN: usize = field::ETHERTYPE.end;
 /// Length of an 802.1Q tag.
-pub const VLAN_TAG_LEN: usize = 4;
+pub const VLAN_TAG_LEN: usize = field::VLAN_ETHERTYPE.end - HEADER_LEN;
 
 /// A 6-byte MAC address.
 pub type Mac = [u8; 6];
@@ -24,7 +41,7 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
         if b.len() < HEADER_LEN {
             return fail(Reason::EthernetTruncated);
         }
-        let header_len = if be16(b, 12) == ethertype::VLAN {
+        let header_len = if read16(b, field::ETHERTYPE) == ethertype::VLAN {
             if b.len() < HEADER_LEN + VLAN_TAG_LEN {
                 return fail(Reason::VlanTruncated);
             }
@@ -35,28 +52,44 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
         Ok(EthernetFrame { buf, header_len })
     }
 
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+
     /// Destination MAC.
     pub fn dst(&self) -> Mac {
-        let mut m = [0; 6];
-        m.copy_from_slice(&self.buf.as_ref()[0..6]);
-        m
+        read_array(self.buf.as_ref(), field::DESTINATION)
     }
 
     /// Source MAC.
     pub fn src(&self) -> Mac {
-        let mut m = [0; 6];
-        m.copy_from_slice(&self.buf.as_ref()[6..12]);
-        m
+        read_array(self.buf.as_ref(), field::SOURCE)
+    }
+
+    /// Whether the frame carries an 802.1Q tag.
+    pub fn is_tagged(&self) -> bool {
+        self.header_len > HEADER_LEN
     }
 
     /// The 802.1Q tag control information, if tagged.
     pub fn vlan_tci(&self) -> Option<u16> {
-        (self.header_len > HEADER_LEN).then(|| be16(self.buf.as_ref(), 14))
+        self.is_tagged()
+            .then(|| read16(self.buf.as_ref(), field::VLAN_TCI))
+    }
+
+    /// Where the payload's ethertype lies: after the tag, if any.
+    fn ethertype_field(&self) -> Field {
+        if self.is_tagged() {
+            field::VLAN_ETHERTYPE
+        } else {
+            field::ETHERTYPE
+        }
     }
 
     /// The ethertype of the payload (after any tag).
     pub fn ethertype(&self) -> u16 {
-        be16(self.buf.as_ref(), self.header_len - 2)
+        read16(self.buf.as_ref(), self.ethertype_field())
     }
 
     /// Header length including any tag.
@@ -67,6 +100,55 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
     /// The payload after the header.
     pub fn payload(&self) -> &[u8] {
         &self.buf.as_ref()[self.header_len..]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> EthernetFrame<T> {
+    /// A view for writing a header into `buf`, which must hold
+    /// [`HEADER_LEN`] bytes, plus [`VLAN_TAG_LEN`] if `tagged`; for a tagged
+    /// frame the tag protocol identifier is written here, since it decides
+    /// where the other fields lie.
+    fn new_for_emit(mut buf: T, tagged: bool) -> Self {
+        let header_len = if tagged {
+            write16(buf.as_mut(), field::ETHERTYPE, ethertype::VLAN);
+            HEADER_LEN + VLAN_TAG_LEN
+        } else {
+            HEADER_LEN
+        };
+        EthernetFrame { buf, header_len }
+    }
+
+    /// Sets the destination MAC.
+    pub fn set_dst(&mut self, mac: Mac) {
+        self.buf.as_mut()[field::DESTINATION].copy_from_slice(&mac);
+    }
+
+    /// Sets the source MAC.
+    pub fn set_src(&mut self, mac: Mac) {
+        self.buf.as_mut()[field::SOURCE].copy_from_slice(&mac);
+    }
+
+    /// Sets the tag control information of a tagged frame. Returns false,
+    /// and writes nothing, if the frame is untagged (adding a tag moves the
+    /// payload, which a view in place cannot do).
+    pub fn set_vlan_tci(&mut self, tci: u16) -> bool {
+        if !self.is_tagged() {
+            return false;
+        }
+        write16(self.buf.as_mut(), field::VLAN_TCI, tci);
+        true
+    }
+
+    /// Sets the ethertype of the payload (after any tag).
+    pub fn set_ethertype(&mut self, value: u16) {
+        let f = self.ethertype_field();
+        write16(self.buf.as_mut(), f, value);
+    }
+
+    /// The payload after the header, writable.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let hl = self.header_len;
+        &mut self.buf.as_mut()[hl..]
     }
 }
 
@@ -102,16 +184,13 @@ impl EthernetRepr {
     /// Writes the header at the start of `buf`, which must hold
     /// [`EthernetRepr::header_len`] bytes.
     pub fn emit(&self, buf: &mut [u8]) {
-        buf[0..6].copy_from_slice(&self.dst);
-        buf[6..12].copy_from_slice(&self.src);
-        match self.vlan {
-            Some(tci) => {
-                put16(buf, 12, ethertype::VLAN);
-                put16(buf, 14, tci);
-                put16(buf, 16, self.ethertype);
-            }
-            None => put16(buf, 12, self.ethertype),
+        let mut f = EthernetFrame::new_for_emit(buf, self.vlan.is_some());
+        f.set_dst(self.dst);
+        f.set_src(self.src);
+        if let Some(tci) = self.vlan {
+            f.set_vlan_tci(tci);
         }
+        f.set_ethertype(self.ethertype);
     }
 }
 

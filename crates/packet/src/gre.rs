@@ -7,10 +7,115 @@ use crate::flow::unmapped;
 use crate::ipv4::{Ipv4Packet, Ipv4Repr};
 use crate::ipv6::{Ipv6Packet, Ipv6Repr};
 use crate::parse::{Parsed, L3};
-use crate::{be16, ethertype, fail, proto, put16, Reason, Result};
+use crate::{ethertype, fail, proto, read16, write16, Reason, Result};
+
+/// Where each field of a GRE header lies.
+pub mod field {
+    use crate::Field;
+
+    /// Flags (see [`super::flags`]) and version (low 3 bits).
+    pub const FLAGS_VERSION: Field = 0..2;
+    /// Ethertype of the encapsulated packet.
+    pub const PROTOCOL: Field = 2..4;
+}
+
+/// The bits of the [`field::FLAGS_VERSION`] word.
+pub mod flags {
+    /// A checksum (and 2 reserved bytes) follows the fixed header.
+    pub const CHECKSUM: u16 = 0x8000;
+    /// RFC 1701 source routing; not handled.
+    pub const ROUTING: u16 = 0x4000;
+    /// A 4-byte key follows.
+    pub const KEY: u16 = 0x2000;
+    /// A 4-byte sequence number follows.
+    pub const SEQUENCE: u16 = 0x1000;
+    /// The version; only 0 is handled.
+    pub const VERSION: u16 = 0x0007;
+}
 
 /// Length of a GRE header without optional fields.
-pub const HEADER_LEN: usize = 4;
+pub const HEADER_LEN: usize = field::PROTOCOL.end;
+/// Length of each optional field (checksum, key, sequence).
+const OPTIONAL_LEN: usize = 4;
+
+/// A checked view of a GRE packet: version 0, no routing, and the optional
+/// fields its flags announce are present.
+#[derive(Debug, Clone)]
+pub struct GrePacket<T: AsRef<[u8]>> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> GrePacket<T> {
+    /// Validates the flags and that the header with its optional fields
+    /// fits.
+    pub fn new_checked(buf: T) -> Result<Self> {
+        if buf.as_ref().len() < HEADER_LEN {
+            return fail(Reason::GreMalformed);
+        }
+        let p = GrePacket { buf };
+        if p.flags() & (flags::ROUTING | flags::VERSION) != 0 {
+            return fail(Reason::GreMalformed); // routing present, or version != 0
+        }
+        if p.b().len() < p.header_len() {
+            return fail(Reason::GreMalformed);
+        }
+        Ok(p)
+    }
+
+    /// A view over a buffer of at least [`HEADER_LEN`] bytes, for writing a
+    /// header: nothing is validated.
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        GrePacket { buf }
+    }
+
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+
+    fn b(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+
+    /// The flags and version word.
+    pub fn flags(&self) -> u16 {
+        read16(self.b(), field::FLAGS_VERSION)
+    }
+
+    /// Ethertype of the encapsulated packet.
+    pub fn protocol(&self) -> u16 {
+        read16(self.b(), field::PROTOCOL)
+    }
+
+    /// Header length, optional fields (checksum, key, sequence) included.
+    pub fn header_len(&self) -> usize {
+        let f = self.flags();
+        let present = [flags::CHECKSUM, flags::KEY, flags::SEQUENCE]
+            .iter()
+            .filter(|&&bit| f & bit != 0)
+            .count();
+        HEADER_LEN + OPTIONAL_LEN * present
+    }
+
+    /// The encapsulated packet.
+    pub fn payload(&self) -> &[u8] {
+        &self.b()[self.header_len()..]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> GrePacket<T> {
+    /// Sets the flags and version word. Announcing optional fields changes
+    /// the header length: re-check with [`GrePacket::new_checked`] (on
+    /// [`GrePacket::into_inner`]) before reading the payload.
+    pub fn set_flags(&mut self, value: u16) {
+        write16(self.buf.as_mut(), field::FLAGS_VERSION, value);
+    }
+
+    /// Sets the ethertype of the encapsulated packet.
+    pub fn set_protocol(&mut self, ethertype: u16) {
+        write16(self.buf.as_mut(), field::PROTOCOL, ethertype);
+    }
+}
 
 /// Where encapsulated packets go: the outer Ethernet and IP headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +153,13 @@ pub enum EncapError {
 
 /// Bytes of outer headers (Ethernet, IP, GRE) for an outer family.
 pub fn overhead(outer_v4: bool) -> usize {
-    crate::ethernet::HEADER_LEN + if outer_v4 { 20 } else { 40 } + HEADER_LEN
+    crate::ethernet::HEADER_LEN
+        + if outer_v4 {
+            crate::ipv4::MIN_HEADER_LEN
+        } else {
+            crate::ipv6::HEADER_LEN
+        }
+        + HEADER_LEN
 }
 
 /// Encapsulates in place. `buf[start..]` holds a frame parsed as `p`; the
@@ -88,7 +199,11 @@ pub fn encapsulate(
     }
     let begin = inner_at - need;
     // IPv6 is never fragmented by routers; for IPv4 follow the inner DF.
-    let dont_frag = p.l3 == L3::V6 || buf.get(inner_at + 6).is_some_and(|b| b & 0x40 != 0);
+    let dont_frag = p.l3 == L3::V6
+        || buf
+            .get(inner_at..inner_at + inner_len)
+            .and_then(|ip| Ipv4Packet::new_checked(ip).ok())
+            .is_some_and(|ip| ip.dont_frag());
     let hdr = &mut buf[begin..inner_at];
     EthernetRepr {
         dst: outer.eth_dst,
@@ -130,17 +245,13 @@ pub fn encapsulate(
         }
         .emit(ip);
     }
-    let gre = &mut hdr[need - HEADER_LEN..];
-    put16(gre, 0, 0); // no checksum, key or sequence; version 0
-    put16(
-        gre,
-        2,
-        if p.l3 == L3::V4 {
-            ethertype::IPV4
-        } else {
-            ethertype::IPV6
-        },
-    );
+    let mut gre = GrePacket::new_unchecked(&mut hdr[need - HEADER_LEN..]);
+    gre.set_flags(0); // no checksum, key or sequence; version 0
+    gre.set_protocol(if p.l3 == L3::V4 {
+        ethertype::IPV4
+    } else {
+        ethertype::IPV6
+    });
     Ok(begin..inner_at + inner_len)
 }
 
@@ -191,24 +302,10 @@ pub fn decapsulate(frame: &[u8]) -> Result<Decapsulated> {
         }
         _ => return fail(Reason::NotIp),
     };
-    let g = &frame[gre_at..end];
-    if g.len() < HEADER_LEN {
-        return fail(Reason::GreMalformed);
-    }
-    let flags = be16(g, 0);
-    if flags & 0x4007 != 0 {
-        return fail(Reason::GreMalformed); // routing present, or version != 0
-    }
-    let optional = 4
-        * (usize::from(flags & 0x8000 != 0)
-            + usize::from(flags & 0x2000 != 0)
-            + usize::from(flags & 0x1000 != 0));
-    if g.len() < HEADER_LEN + optional {
-        return fail(Reason::GreMalformed);
-    }
+    let g = GrePacket::new_checked(&frame[gre_at..end])?;
     Ok(Decapsulated {
-        inner: gre_at + HEADER_LEN + optional..end,
-        ethertype: be16(g, 2),
+        inner: gre_at + g.header_len()..end,
+        ethertype: g.protocol(),
         outer_src,
         outer_dst,
     })

@@ -1,13 +1,59 @@
 //! IPv4 headers, with options and fragments.
 
-use crate::{be16, checksum, fail, put16, Reason, Result};
+use crate::{checksum, fail, read16, read_array, write16, Reason, Result};
+
+/// Where each field of an IPv4 header lies.
+pub mod field {
+    use crate::Field;
+
+    /// Version (high nibble) and header length in 32-bit words (low nibble).
+    pub const VER_IHL: usize = 0;
+    /// Type of service: DSCP (high 6 bits) and ECN (low 2 bits).
+    pub const DSCP_ECN: usize = 1;
+    /// Total length, header and payload.
+    pub const LENGTH: Field = 2..4;
+    /// Identification.
+    pub const IDENT: Field = 4..6;
+    /// Flags (high 3 bits, see [`super::flags`]) and fragment offset in
+    /// 8-byte units (low 13 bits).
+    pub const FLG_OFF: Field = 6..8;
+    /// Time to live.
+    pub const TTL: usize = 8;
+    /// Payload protocol.
+    pub const PROTOCOL: usize = 9;
+    /// Header checksum.
+    pub const CHECKSUM: Field = 10..12;
+    /// Source address.
+    pub const SRC_ADDR: Field = 12..16;
+    /// Destination address.
+    pub const DST_ADDR: Field = 16..20;
+}
+
+/// The bits of the [`field::FLG_OFF`] word.
+pub mod flags {
+    /// Reserved; must be zero.
+    pub const RESERVED: u16 = 0x8000;
+    /// Don't fragment.
+    pub const DONT_FRAG: u16 = 0x4000;
+    /// More fragments.
+    pub const MORE_FRAGS: u16 = 0x2000;
+    /// The fragment offset, in 8-byte units.
+    pub const OFFSET: u16 = 0x1fff;
+}
 
 /// Length of an IPv4 header without options.
-pub const MIN_HEADER_LEN: usize = 20;
+pub const MIN_HEADER_LEN: usize = field::DST_ADDR.end;
+/// Length of an IPv4 header with the most options (IHL 15).
+pub const MAX_HEADER_LEN: usize = 60;
 
 /// A checked view of an IPv4 packet: version, header length and total length
 /// are consistent with the buffer (which may carry trailing padding, as
 /// short Ethernet frames do).
+///
+/// Setters write fields as given. After [`Ipv4Packet::set_header_len`] or
+/// [`Ipv4Packet::set_total_len`] the lengths may no longer fit the buffer:
+/// re-check with [`Ipv4Packet::new_checked`] (on
+/// [`Ipv4Packet::into_inner`]) before reading options, payload or checksum.
 #[derive(Debug, Clone)]
 pub struct Ipv4Packet<T: AsRef<[u8]>> {
     buf: T,
@@ -21,61 +67,81 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         if b.len() < MIN_HEADER_LEN {
             return fail(Reason::Ipv4Truncated);
         }
-        if b[0] >> 4 != 4 {
+        let p = Ipv4Packet { buf };
+        if p.version() != 4 {
             return fail(Reason::Ipv4BadVersion);
         }
-        let hl = usize::from(b[0] & 0x0f) * 4;
-        if hl < MIN_HEADER_LEN || hl > b.len() {
+        let hl = p.header_len();
+        if hl < MIN_HEADER_LEN || hl > p.b().len() {
             return fail(Reason::Ipv4BadHeaderLength);
         }
-        let total = usize::from(be16(b, 2));
-        if total < hl || total > b.len() {
+        let total = p.total_len();
+        if total < hl || total > p.b().len() {
             return fail(Reason::Ipv4BadTotalLength);
         }
-        let p = Ipv4Packet { buf };
         if p.frag_offset() as usize + (total - hl) > 65_535 {
             return fail(Reason::BadFragment);
         }
         Ok(p)
     }
 
+    /// A view over a buffer of at least [`MIN_HEADER_LEN`] bytes, for
+    /// writing a header: nothing is validated.
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        Ipv4Packet { buf }
+    }
+
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+
     fn b(&self) -> &[u8] {
         self.buf.as_ref()
     }
 
+    /// IP version (4 for a checked packet).
+    pub fn version(&self) -> u8 {
+        self.b()[field::VER_IHL] >> 4
+    }
+
     /// Header length in bytes.
     pub fn header_len(&self) -> usize {
-        usize::from(self.b()[0] & 0x0f) * 4
+        usize::from(self.b()[field::VER_IHL] & 0x0f) * 4
     }
 
     /// The type-of-service byte (DSCP << 2 | ECN).
     pub fn tos(&self) -> u8 {
-        self.b()[1]
+        self.b()[field::DSCP_ECN]
     }
 
     /// Total length (header and payload).
     pub fn total_len(&self) -> usize {
-        usize::from(be16(self.b(), 2))
+        usize::from(read16(self.b(), field::LENGTH))
     }
 
     /// Identification.
     pub fn ident(&self) -> u16 {
-        be16(self.b(), 4)
+        read16(self.b(), field::IDENT)
+    }
+
+    fn flg_off(&self) -> u16 {
+        read16(self.b(), field::FLG_OFF)
     }
 
     /// Don't-fragment flag.
     pub fn dont_frag(&self) -> bool {
-        self.b()[6] & 0x40 != 0
+        self.flg_off() & flags::DONT_FRAG != 0
     }
 
     /// More-fragments flag.
     pub fn more_frags(&self) -> bool {
-        self.b()[6] & 0x20 != 0
+        self.flg_off() & flags::MORE_FRAGS != 0
     }
 
     /// Fragment offset in bytes.
     pub fn frag_offset(&self) -> u16 {
-        (be16(self.b(), 6) & 0x1fff) << 3
+        (self.flg_off() & flags::OFFSET) << 3
     }
 
     /// Whether this is a fragment (first or not).
@@ -85,24 +151,27 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
 
     /// Time to live.
     pub fn ttl(&self) -> u8 {
-        self.b()[8]
+        self.b()[field::TTL]
     }
 
     /// Payload protocol.
     pub fn protocol(&self) -> u8 {
-        self.b()[9]
+        self.b()[field::PROTOCOL]
+    }
+
+    /// The header checksum field.
+    pub fn checksum(&self) -> u16 {
+        read16(self.b(), field::CHECKSUM)
     }
 
     /// Source address.
     pub fn src(&self) -> [u8; 4] {
-        let b = self.b();
-        [b[12], b[13], b[14], b[15]]
+        read_array(self.b(), field::SRC_ADDR)
     }
 
     /// Destination address.
     pub fn dst(&self) -> [u8; 4] {
-        let b = self.b();
-        [b[16], b[17], b[18], b[19]]
+        read_array(self.b(), field::DST_ADDR)
     }
 
     /// Whether the header checksum verifies.
@@ -118,6 +187,116 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     /// Payload (up to the total length, excluding trailing padding).
     pub fn payload(&self) -> &[u8] {
         &self.b()[self.header_len()..self.total_len()]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
+    fn b_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+
+    fn set_flg_off(&mut self, value: u16) {
+        write16(self.b_mut(), field::FLG_OFF, value);
+    }
+
+    /// Sets the version (the high nibble of the first byte).
+    pub fn set_version(&mut self, version: u8) {
+        let b = &mut self.b_mut()[field::VER_IHL];
+        *b = (*b & 0x0f) | (version << 4);
+    }
+
+    /// Sets the header length in bytes (a multiple of 4, at most
+    /// [`MAX_HEADER_LEN`]).
+    pub fn set_header_len(&mut self, len: usize) {
+        debug_assert!(len.is_multiple_of(4) && len <= MAX_HEADER_LEN);
+        let b = &mut self.b_mut()[field::VER_IHL];
+        *b = (*b & 0xf0) | ((len / 4) as u8 & 0x0f);
+    }
+
+    /// Sets the type-of-service byte (DSCP << 2 | ECN).
+    pub fn set_tos(&mut self, tos: u8) {
+        self.b_mut()[field::DSCP_ECN] = tos;
+    }
+
+    /// Sets the total length (header and payload).
+    pub fn set_total_len(&mut self, len: u16) {
+        write16(self.b_mut(), field::LENGTH, len);
+    }
+
+    /// Sets the identification.
+    pub fn set_ident(&mut self, ident: u16) {
+        write16(self.b_mut(), field::IDENT, ident);
+    }
+
+    /// Clears the three flag bits (reserved, DF, MF), keeping the offset.
+    pub fn clear_flags(&mut self) {
+        let v = self.flg_off() & flags::OFFSET;
+        self.set_flg_off(v);
+    }
+
+    /// Sets or clears the don't-fragment flag.
+    pub fn set_dont_frag(&mut self, on: bool) {
+        let v = self.flg_off() & !flags::DONT_FRAG;
+        self.set_flg_off(if on { v | flags::DONT_FRAG } else { v });
+    }
+
+    /// Sets or clears the more-fragments flag.
+    pub fn set_more_frags(&mut self, on: bool) {
+        let v = self.flg_off() & !flags::MORE_FRAGS;
+        self.set_flg_off(if on { v | flags::MORE_FRAGS } else { v });
+    }
+
+    /// Sets the fragment offset in bytes (a multiple of 8; the low 3 bits
+    /// are dropped).
+    pub fn set_frag_offset(&mut self, offset: u16) {
+        let v = self.flg_off() & !flags::OFFSET;
+        self.set_flg_off(v | (offset >> 3));
+    }
+
+    /// Sets the time to live.
+    pub fn set_ttl(&mut self, ttl: u8) {
+        self.b_mut()[field::TTL] = ttl;
+    }
+
+    /// Sets the payload protocol.
+    pub fn set_protocol(&mut self, protocol: u8) {
+        self.b_mut()[field::PROTOCOL] = protocol;
+    }
+
+    /// Sets the header checksum field (see [`Ipv4Packet::fill_checksum`]).
+    pub fn set_checksum(&mut self, value: u16) {
+        write16(self.b_mut(), field::CHECKSUM, value);
+    }
+
+    /// Sets the source address.
+    pub fn set_src(&mut self, addr: [u8; 4]) {
+        self.b_mut()[field::SRC_ADDR].copy_from_slice(&addr);
+    }
+
+    /// Sets the destination address.
+    pub fn set_dst(&mut self, addr: [u8; 4]) {
+        self.b_mut()[field::DST_ADDR].copy_from_slice(&addr);
+    }
+
+    /// Computes the header checksum over the header as it now stands and
+    /// writes it.
+    pub fn fill_checksum(&mut self) {
+        self.set_checksum(0);
+        let hl = self.header_len();
+        let c = checksum::checksum(&self.b()[..hl]);
+        self.set_checksum(c);
+    }
+
+    /// Options bytes, writable.
+    pub fn options_mut(&mut self) -> &mut [u8] {
+        let hl = self.header_len();
+        &mut self.b_mut()[MIN_HEADER_LEN..hl]
+    }
+
+    /// Payload, writable.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let (hl, total) = (self.header_len(), self.total_len());
+        &mut self.b_mut()[hl..total]
     }
 }
 
@@ -176,21 +355,23 @@ impl Ipv4Repr {
     /// multiple of 4 bytes and at most 40.
     pub fn emit(&self, buf: &mut [u8]) {
         let hl = self.header_len();
-        debug_assert!(self.options.len().is_multiple_of(4) && self.options.len() <= 40);
-        buf[0] = 0x40 | (hl / 4) as u8;
-        buf[1] = self.tos;
-        put16(buf, 2, (hl + self.payload_len) as u16);
-        put16(buf, 4, self.ident);
-        let flags = (u16::from(self.dont_frag) << 14) | (u16::from(self.more_frags) << 13);
-        put16(buf, 6, flags | (self.frag_offset >> 3));
-        buf[8] = self.ttl;
-        buf[9] = self.protocol;
-        put16(buf, 10, 0);
-        buf[12..16].copy_from_slice(&self.src);
-        buf[16..20].copy_from_slice(&self.dst);
-        buf[20..hl].copy_from_slice(&self.options);
-        let c = checksum::checksum(&buf[..hl]);
-        put16(buf, 10, c);
+        debug_assert!(self.options.len().is_multiple_of(4) && hl <= MAX_HEADER_LEN);
+        let mut p = Ipv4Packet::new_unchecked(buf);
+        p.set_version(4);
+        p.set_header_len(hl);
+        p.set_tos(self.tos);
+        p.set_total_len((hl + self.payload_len) as u16);
+        p.set_ident(self.ident);
+        p.clear_flags();
+        p.set_dont_frag(self.dont_frag);
+        p.set_more_frags(self.more_frags);
+        p.set_frag_offset(self.frag_offset);
+        p.set_ttl(self.ttl);
+        p.set_protocol(self.protocol);
+        p.set_src(self.src);
+        p.set_dst(self.dst);
+        p.options_mut().copy_from_slice(&self.options);
+        p.fill_checksum();
     }
 }
 

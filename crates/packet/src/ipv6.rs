@@ -1,15 +1,83 @@
 //! IPv6 headers and the extension-header chain, including the fragment header.
 
-use crate::{be16, be32, fail, proto, put16, put32, Reason, Result};
+use crate::{fail, proto, read16, read32, read_array, write16, write32, Reason, Result};
+
+/// Where each field of the fixed IPv6 header lies.
+pub mod field {
+    use crate::Field;
+
+    /// Version (4 bits), traffic class (8 bits) and flow label (20 bits).
+    pub const VER_TC_FLOW: Field = 0..4;
+    /// Payload length (extension headers included).
+    pub const LENGTH: Field = 4..6;
+    /// The first next-header value.
+    pub const NXT_HDR: usize = 6;
+    /// Hop limit.
+    pub const HOP_LIMIT: usize = 7;
+    /// Source address.
+    pub const SRC_ADDR: Field = 8..24;
+    /// Destination address.
+    pub const DST_ADDR: Field = 24..40;
+}
+
+/// Where each field lies in the extension headers that share the generic
+/// layout: hop-by-hop, routing, destination options and authentication.
+pub mod ext_field {
+    /// The next header after this one.
+    pub const NXT_HDR: usize = 0;
+    /// Length, in 8-byte units not counting the first (in 4-byte units not
+    /// counting the first two, for the authentication header).
+    pub const LENGTH: usize = 1;
+    /// Where the header's own data starts.
+    pub const DATA: usize = 2;
+}
+
+/// Where each field of the fragment extension header lies.
+pub mod frag_field {
+    use crate::Field;
+
+    /// The next header after this one.
+    pub const NXT_HDR: usize = 0;
+    /// Reserved; zero.
+    pub const RESERVED: usize = 1;
+    /// Fragment offset (high 13 bits, in 8-byte units, so the mask
+    /// [`super::FRAG_OFFSET_MASK`] gives bytes) and the more-fragments flag
+    /// (low bit).
+    pub const OFF_M: Field = 2..4;
+    /// Identification.
+    pub const IDENT: Field = 4..8;
+}
+
+// Every extension header, the fragment header included, starts with its
+// next header: the chain walk reads it the same way for all of them.
+const _: () = assert!(ext_field::NXT_HDR == frag_field::NXT_HDR);
 
 /// Length of the fixed IPv6 header.
-pub const HEADER_LEN: usize = 40;
+pub const HEADER_LEN: usize = field::DST_ADDR.end;
+/// Length of a fragment extension header.
+pub const FRAGMENT_LEN: usize = frag_field::IDENT.end;
+/// The offset bits of [`frag_field::OFF_M`], read as bytes.
+pub const FRAG_OFFSET_MASK: u16 = 0xfff8;
+/// The more-fragments bit of [`frag_field::OFF_M`].
+pub const FRAG_MORE: u16 = 0x0001;
 /// Most extension headers walked before giving up (RFC 8200 allows any
 /// number; a forwarder must bound its work per packet).
 pub const MAX_EXTENSIONS: usize = 8;
 
+/// The version field's place in [`field::VER_TC_FLOW`].
+const VERSION_SHIFT: u32 = 28;
+/// The traffic class's place in [`field::VER_TC_FLOW`].
+const TC_SHIFT: u32 = 20;
+/// The flow label's bits in [`field::VER_TC_FLOW`].
+const FLOW_MASK: u32 = 0x000f_ffff;
+
 /// A checked view of an IPv6 packet: version and payload length are
 /// consistent with the buffer.
+///
+/// Setters write fields as given. After [`Ipv6Packet::set_payload_len`] the
+/// length may no longer fit the buffer: re-check with
+/// [`Ipv6Packet::new_checked`] (on [`Ipv6Packet::into_inner`]) before reading
+/// the payload.
 #[derive(Debug, Clone)]
 pub struct Ipv6Packet<T: AsRef<[u8]>> {
     buf: T,
@@ -18,61 +86,76 @@ pub struct Ipv6Packet<T: AsRef<[u8]>> {
 impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     /// Validates the fixed header.
     pub fn new_checked(buf: T) -> Result<Self> {
-        let b = buf.as_ref();
-        if b.len() < HEADER_LEN {
+        if buf.as_ref().len() < HEADER_LEN {
             return fail(Reason::Ipv6Truncated);
         }
-        if b[0] >> 4 != 6 {
+        let p = Ipv6Packet { buf };
+        if p.version() != 6 {
             return fail(Reason::Ipv6BadVersion);
         }
-        if HEADER_LEN + usize::from(be16(b, 4)) > b.len() {
+        if HEADER_LEN + p.payload_len() > p.b().len() {
             return fail(Reason::Ipv6BadPayloadLength);
         }
-        Ok(Ipv6Packet { buf })
+        Ok(p)
+    }
+
+    /// A view over a buffer of at least [`HEADER_LEN`] bytes, for writing a
+    /// header: nothing is validated.
+    pub(crate) fn new_unchecked(buf: T) -> Self {
+        Ipv6Packet { buf }
+    }
+
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
     }
 
     fn b(&self) -> &[u8] {
         self.buf.as_ref()
     }
 
+    fn ver_tc_flow(&self) -> u32 {
+        read32(self.b(), field::VER_TC_FLOW)
+    }
+
+    /// IP version (6 for a checked packet).
+    pub fn version(&self) -> u8 {
+        (self.ver_tc_flow() >> VERSION_SHIFT) as u8
+    }
+
     /// Traffic class (DSCP << 2 | ECN).
     pub fn traffic_class(&self) -> u8 {
-        let b = self.b();
-        (b[0] << 4) | (b[1] >> 4)
+        (self.ver_tc_flow() >> TC_SHIFT) as u8
     }
 
     /// Flow label (20 bits).
     pub fn flow_label(&self) -> u32 {
-        be32(self.b(), 0) & 0x000f_ffff
+        self.ver_tc_flow() & FLOW_MASK
     }
 
     /// Payload length (extension headers included).
     pub fn payload_len(&self) -> usize {
-        usize::from(be16(self.b(), 4))
+        usize::from(read16(self.b(), field::LENGTH))
     }
 
     /// The first next-header value.
     pub fn next_header(&self) -> u8 {
-        self.b()[6]
+        self.b()[field::NXT_HDR]
     }
 
     /// Hop limit.
     pub fn hop_limit(&self) -> u8 {
-        self.b()[7]
+        self.b()[field::HOP_LIMIT]
     }
 
     /// Source address.
     pub fn src(&self) -> [u8; 16] {
-        let mut a = [0; 16];
-        a.copy_from_slice(&self.b()[8..24]);
-        a
+        read_array(self.b(), field::SRC_ADDR)
     }
 
     /// Destination address.
     pub fn dst(&self) -> [u8; 16] {
-        let mut a = [0; 16];
-        a.copy_from_slice(&self.b()[24..40]);
-        a
+        read_array(self.b(), field::DST_ADDR)
     }
 
     /// The payload (extension headers and upper layer), without padding.
@@ -86,6 +169,86 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     }
 }
 
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv6Packet<T> {
+    fn b_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+
+    fn set_ver_tc_flow(&mut self, keep: u32, value: u32) {
+        let v = (self.ver_tc_flow() & keep) | value;
+        write32(self.b_mut(), field::VER_TC_FLOW, v);
+    }
+
+    /// Sets the version (the high 4 bits).
+    pub fn set_version(&mut self, version: u8) {
+        self.set_ver_tc_flow(
+            !(0xf << VERSION_SHIFT),
+            u32::from(version & 0xf) << VERSION_SHIFT,
+        );
+    }
+
+    /// Sets the traffic class (DSCP << 2 | ECN).
+    pub fn set_traffic_class(&mut self, tc: u8) {
+        self.set_ver_tc_flow(!(0xff << TC_SHIFT), u32::from(tc) << TC_SHIFT);
+    }
+
+    /// Sets the flow label (its low 20 bits).
+    pub fn set_flow_label(&mut self, label: u32) {
+        self.set_ver_tc_flow(!FLOW_MASK, label & FLOW_MASK);
+    }
+
+    /// Sets the payload length (extension headers included).
+    pub fn set_payload_len(&mut self, len: u16) {
+        write16(self.b_mut(), field::LENGTH, len);
+    }
+
+    /// Sets the first next-header value.
+    pub fn set_next_header(&mut self, next: u8) {
+        self.b_mut()[field::NXT_HDR] = next;
+    }
+
+    /// Sets the hop limit.
+    pub fn set_hop_limit(&mut self, hop_limit: u8) {
+        self.b_mut()[field::HOP_LIMIT] = hop_limit;
+    }
+
+    /// Sets the source address.
+    pub fn set_src(&mut self, addr: [u8; 16]) {
+        self.b_mut()[field::SRC_ADDR].copy_from_slice(&addr);
+    }
+
+    /// Sets the destination address.
+    pub fn set_dst(&mut self, addr: [u8; 16]) {
+        self.b_mut()[field::DST_ADDR].copy_from_slice(&addr);
+    }
+
+    /// The payload (extension headers and upper layer), writable.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let end = HEADER_LEN + self.payload_len();
+        &mut self.b_mut()[HEADER_LEN..end]
+    }
+}
+
+/// Bytes of an extension header of type `code` (one that [`walk`] walks)
+/// whose [`ext_field::LENGTH`] byte is `len`.
+fn ext_len(code: u8, len: u8) -> usize {
+    match code {
+        proto::FRAGMENT => FRAGMENT_LEN,
+        proto::AH => (usize::from(len) + 2) * 4,
+        _ => (usize::from(len) + 1) * 8,
+    }
+}
+
+/// The [`ext_field::LENGTH`] byte of an extension header of type `code`
+/// and `total` bytes: the inverse of [`ext_len`].
+fn ext_len_byte(code: u8, total: usize) -> u8 {
+    match code {
+        proto::FRAGMENT => 0,
+        proto::AH => (total / 4 - 2) as u8,
+        _ => (total / 8 - 1) as u8,
+    }
+}
+
 /// What a fragment header says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fragment {
@@ -95,6 +258,30 @@ pub struct Fragment {
     pub more: bool,
     /// Identification.
     pub ident: u32,
+}
+
+impl Fragment {
+    /// Reads a fragment header (`h` holds at least [`FRAGMENT_LEN`] bytes).
+    fn read(h: &[u8]) -> Self {
+        let off_m = read16(h, frag_field::OFF_M);
+        Fragment {
+            offset: off_m & FRAG_OFFSET_MASK,
+            more: off_m & FRAG_MORE != 0,
+            ident: read32(h, frag_field::IDENT),
+        }
+    }
+
+    /// Writes a fragment header after its next-header byte (`h` holds at
+    /// least [`FRAGMENT_LEN`] bytes).
+    fn write(&self, h: &mut [u8]) {
+        h[frag_field::RESERVED] = 0;
+        write16(
+            h,
+            frag_field::OFF_M,
+            (self.offset & FRAG_OFFSET_MASK) | if self.more { FRAG_MORE } else { 0 },
+        );
+        write32(h, frag_field::IDENT, self.ident);
+    }
 }
 
 /// The result of walking an extension-header chain.
@@ -115,19 +302,13 @@ pub fn walk(mut next: u8, payload: &[u8]) -> Result<Chain> {
     let mut fragment = None;
     for _ in 0..=MAX_EXTENSIONS {
         let len = match next {
-            proto::HOPOPT | proto::ROUTING | proto::DSTOPTS => {
-                if payload.len() < off + 2 {
-                    return fail(Reason::Ipv6ExtensionTruncated);
+            proto::HOPOPT | proto::ROUTING | proto::DSTOPTS | proto::AH => {
+                match payload.get(off + ext_field::LENGTH) {
+                    Some(&len) => ext_len(next, len),
+                    None => return fail(Reason::Ipv6ExtensionTruncated),
                 }
-                (usize::from(payload[off + 1]) + 1) * 8
             }
-            proto::AH => {
-                if payload.len() < off + 2 {
-                    return fail(Reason::Ipv6ExtensionTruncated);
-                }
-                (usize::from(payload[off + 1]) + 2) * 4
-            }
-            proto::FRAGMENT => 8,
+            proto::FRAGMENT => FRAGMENT_LEN,
             _ => {
                 return Ok(Chain {
                     protocol: next,
@@ -141,22 +322,18 @@ pub fn walk(mut next: u8, payload: &[u8]) -> Result<Chain> {
         }
         let h = &payload[off..off + len];
         if next == proto::FRAGMENT {
-            let f = Fragment {
-                offset: be16(h, 2) & 0xfff8,
-                more: h[3] & 1 != 0,
-                ident: be32(h, 4),
-            };
+            let f = Fragment::read(h);
             fragment = Some(f);
             if f.offset != 0 {
                 // A non-first fragment: what follows is data, not headers.
                 return Ok(Chain {
-                    protocol: h[0],
+                    protocol: h[frag_field::NXT_HDR],
                     offset: off + len,
                     fragment,
                 });
             }
         }
-        next = h[0];
+        next = h[ext_field::NXT_HDR];
         off += len;
     }
     fail(Reason::Ipv6TooManyExtensions)
@@ -195,8 +372,8 @@ impl Extension {
             Extension::HopByHop(d)
             | Extension::DestinationOptions(d)
             | Extension::Routing(d)
-            | Extension::Authentication(d) => 2 + d.len(),
-            Extension::Fragment(_) => 8,
+            | Extension::Authentication(d) => ext_field::DATA + d.len(),
+            Extension::Fragment(_) => FRAGMENT_LEN,
         }
     }
 }
@@ -232,35 +409,18 @@ impl Ipv6Repr {
         let (mut next, mut off) = (p.next_header(), 0usize);
         while off < chain.offset {
             // The walk above validated every length on this path.
-            let (ext, len) = match next {
-                proto::FRAGMENT => {
-                    let f = Fragment {
-                        offset: be16(pl, off + 2) & 0xfff8,
-                        more: pl[off + 3] & 1 != 0,
-                        ident: be32(pl, off + 4),
-                    };
-                    (Extension::Fragment(f), 8)
-                }
-                proto::AH => {
-                    let len = (usize::from(pl[off + 1]) + 2) * 4;
-                    (
-                        Extension::Authentication(pl[off + 2..off + len].to_vec()),
-                        len,
-                    )
-                }
-                code => {
-                    let len = (usize::from(pl[off + 1]) + 1) * 8;
-                    let data = pl[off + 2..off + len].to_vec();
-                    let e = match code {
-                        proto::HOPOPT => Extension::HopByHop(data),
-                        proto::DSTOPTS => Extension::DestinationOptions(data),
-                        // walk() stops at anything that is not an extension.
-                        _ => Extension::Routing(data),
-                    };
-                    (e, len)
-                }
+            let h = &pl[off..];
+            let len = ext_len(next, h[ext_field::LENGTH]);
+            let data = || h[ext_field::DATA..len].to_vec();
+            let ext = match next {
+                proto::FRAGMENT => Extension::Fragment(Fragment::read(h)),
+                proto::AH => Extension::Authentication(data()),
+                proto::HOPOPT => Extension::HopByHop(data()),
+                proto::DSTOPTS => Extension::DestinationOptions(data()),
+                // walk() stops at anything that is not an extension.
+                _ => Extension::Routing(data()),
             };
-            next = pl[off];
+            next = h[ext_field::NXT_HDR];
             extensions.push(ext);
             off += len;
         }
@@ -285,41 +445,35 @@ impl Ipv6Repr {
     /// Generic extension data must be 6 + 8k bytes long.
     pub fn emit(&self, buf: &mut [u8]) {
         let ext_len = self.header_len() - HEADER_LEN;
-        put32(
-            buf,
-            0,
-            (6 << 28) | (u32::from(self.traffic_class) << 20) | (self.flow_label & 0x000f_ffff),
+        let mut p = Ipv6Packet::new_unchecked(&mut *buf);
+        p.set_version(6);
+        p.set_traffic_class(self.traffic_class);
+        p.set_flow_label(self.flow_label);
+        p.set_payload_len((ext_len + self.upper_len) as u16);
+        p.set_next_header(
+            self.extensions
+                .first()
+                .map_or(self.protocol, Extension::code),
         );
-        put16(buf, 4, (ext_len + self.upper_len) as u16);
-        buf[6] = self
-            .extensions
-            .first()
-            .map_or(self.protocol, Extension::code);
-        buf[7] = self.hop_limit;
-        buf[8..24].copy_from_slice(&self.src);
-        buf[24..40].copy_from_slice(&self.dst);
+        p.set_hop_limit(self.hop_limit);
+        p.set_src(self.src);
+        p.set_dst(self.dst);
         let mut off = HEADER_LEN;
         for (i, e) in self.extensions.iter().enumerate() {
             let next = self
                 .extensions
                 .get(i + 1)
                 .map_or(self.protocol, Extension::code);
-            buf[off] = next;
+            let h = &mut buf[off..off + e.len()];
+            h[ext_field::NXT_HDR] = next;
             match e {
-                Extension::Fragment(f) => {
-                    buf[off + 1] = 0;
-                    put16(buf, off + 2, (f.offset & 0xfff8) | u16::from(f.more));
-                    put32(buf, off + 4, f.ident);
-                }
-                Extension::Authentication(d) => {
-                    buf[off + 1] = ((2 + d.len()) / 4 - 2) as u8;
-                    buf[off + 2..off + 2 + d.len()].copy_from_slice(d);
-                }
-                Extension::HopByHop(d)
+                Extension::Fragment(f) => f.write(h),
+                Extension::Authentication(d)
+                | Extension::HopByHop(d)
                 | Extension::DestinationOptions(d)
                 | Extension::Routing(d) => {
-                    buf[off + 1] = ((2 + d.len()) / 8 - 1) as u8;
-                    buf[off + 2..off + 2 + d.len()].copy_from_slice(d);
+                    h[ext_field::LENGTH] = ext_len_byte(e.code(), e.len());
+                    h[ext_field::DATA..].copy_from_slice(d);
                 }
             }
             off += e.len();

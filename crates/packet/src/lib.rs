@@ -1,7 +1,10 @@
 //! Wire formats, in the style of smoltcp's `wire` module: for each header a
 //! zero-copy view over a byte buffer (`XxxPacket<T: AsRef<[u8]>>`) whose
 //! checked constructor validates every length before any field is read, and
-//! a plain `XxxRepr` struct to parse into and emit from.
+//! a plain `XxxRepr` struct to parse into and emit from. Each module names
+//! its header's byte ranges once, in a `field` module ([`Field`]); the
+//! getters, the setters (on views over writable buffers) and `emit` all use
+//! those names, so each layout fact is written in one place.
 //!
 //! [`parse::parse_frame`] is the forwarder's one-pass parser: it reads the
 //! Ethernet, IP and transport headers of a frame in place and returns offsets
@@ -188,24 +191,43 @@ pub mod ethertype {
     pub const ARP: u16 = 0x0806;
 }
 
+/// A header field: the byte range it occupies, counted from the start of
+/// its header. Each wire module names its fields once, in its `field`
+/// module, and its getters, setters and `emit` all use those names.
+pub type Field = core::ops::Range<usize>;
+
+/// Reads the big-endian `u16` in field `f` (which must be 2 bytes) of `b`.
 #[inline]
-pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
+pub(crate) fn read16(b: &[u8], f: Field) -> u16 {
+    let s = &b[f];
+    u16::from_be_bytes([s[0], s[1]])
 }
 
+/// Reads the big-endian `u32` in field `f` (which must be 4 bytes) of `b`.
 #[inline]
-pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+pub(crate) fn read32(b: &[u8], f: Field) -> u32 {
+    let s = &b[f];
+    u32::from_be_bytes([s[0], s[1], s[2], s[3]])
 }
 
+/// Copies field `f` of `b` (which must be `N` bytes, e.g. an address) out.
 #[inline]
-pub(crate) fn put16(b: &mut [u8], at: usize, v: u16) {
-    b[at..at + 2].copy_from_slice(&v.to_be_bytes());
+pub(crate) fn read_array<const N: usize>(b: &[u8], f: Field) -> [u8; N] {
+    let mut a = [0; N];
+    a.copy_from_slice(&b[f]);
+    a
 }
 
+/// Writes `v` big-endian into field `f` (which must be 2 bytes) of `b`.
 #[inline]
-pub(crate) fn put32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+pub(crate) fn write16(b: &mut [u8], f: Field, v: u16) {
+    b[f].copy_from_slice(&v.to_be_bytes());
+}
+
+/// Writes `v` big-endian into field `f` (which must be 4 bytes) of `b`.
+#[inline]
+pub(crate) fn write32(b: &mut [u8], f: Field, v: u32) {
+    b[f].copy_from_slice(&v.to_be_bytes());
 }
 
 #[cfg(test)]

@@ -2,14 +2,25 @@
 //! IPv6 with extension headers and fragments, then TCP, UDP or ICMP, read in
 //! place. Every length is checked before it is used.
 
-use crate::ethernet::EthernetFrame;
+use crate::ethernet::{self, EthernetFrame};
 use crate::flow::{mapped, FlowKey};
 use crate::icmp::{self, IcmpPacket};
-use crate::ipv4::Ipv4Packet;
+use crate::ipv4::{self, Ipv4Packet};
 use crate::ipv6::{self, Ipv6Packet};
-use crate::tcp::TcpPacket;
-use crate::udp::UdpPacket;
-use crate::{be16, ethertype, fail, proto, Reason, Result};
+use crate::tcp::{self, TcpPacket};
+use crate::udp::{self, UdpPacket};
+use crate::{ethertype, fail, proto, read16, Reason, Result};
+
+// TCP and UDP put their ports at the same offsets, so the quick paths read
+// them once for both.
+const _: () = assert!(
+    tcp::field::SRC_PORT.start == udp::field::SRC_PORT.start
+        && tcp::field::SRC_PORT.end == udp::field::SRC_PORT.end
+        && tcp::field::DST_PORT.start == udp::field::DST_PORT.start
+        && tcp::field::DST_PORT.end == udp::field::DST_PORT.end
+);
+/// The bytes holding both ports of a TCP or UDP header.
+const PORTS_LEN: usize = tcp::field::DST_PORT.end;
 
 /// Network-layer family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,49 +205,42 @@ fn transport(p: &mut Parsed, l4: &[u8]) -> Result<()> {
 /// send a flow's packets to one thread; the packet thread validates.
 #[inline]
 pub fn steer_flow(frame: &[u8]) -> Option<FlowKey> {
-    let mut l3 = 14;
-    let mut et = be16(frame.get(..14)?, 12);
+    use ethernet::field as eth;
+    let mut l3 = ethernet::HEADER_LEN;
+    let mut et = read16(frame.get(..l3)?, eth::ETHERTYPE);
     if et == ethertype::VLAN {
-        et = be16(frame.get(..18)?, 16);
-        l3 = 18;
+        l3 = ethernet::HEADER_LEN + ethernet::VLAN_TAG_LEN;
+        et = read16(frame.get(..l3)?, eth::VLAN_ETHERTYPE);
     }
     match et {
         ethertype::IPV4 => {
-            let ip = frame.get(l3..l3 + 20)?;
-            let hl = usize::from(ip[0] & 0x0f) * 4;
-            // Not a fragment (MF clear, offset zero).
-            if ip[0] >> 4 != 4 || be16(ip, 6) & 0x3fff != 0 || hl < 20 {
+            // The slice holds a whole fixed header, all these getters read.
+            let ip = Ipv4Packet::new_unchecked(frame.get(l3..l3 + ipv4::MIN_HEADER_LEN)?);
+            let hl = ip.header_len();
+            if ip.version() != 4 || ip.is_fragment() || hl < ipv4::MIN_HEADER_LEN {
                 return None;
             }
-            let proto = ip[9];
+            let proto = ip.protocol();
             if proto != proto::TCP && proto != proto::UDP {
                 return None;
             }
-            let l4 = frame.get(l3 + hl..l3 + hl + 4)?;
-            Some(FlowKey::v4(
-                [ip[12], ip[13], ip[14], ip[15]],
-                [ip[16], ip[17], ip[18], ip[19]],
-                be16(l4, 0),
-                be16(l4, 2),
-                proto,
-            ))
+            let (src_port, dst_port) = ports(proto, frame.get(l3 + hl..l3 + hl + PORTS_LEN)?);
+            Some(FlowKey::v4(ip.src(), ip.dst(), src_port, dst_port, proto))
         }
         ethertype::IPV6 => {
-            let ip = frame.get(l3..l3 + 40)?;
-            let proto = ip[6];
-            if ip[0] >> 4 != 6 || (proto != proto::TCP && proto != proto::UDP) {
+            // The slice holds a whole fixed header, all these getters read.
+            let ip = Ipv6Packet::new_unchecked(frame.get(l3..l3 + ipv6::HEADER_LEN)?);
+            let proto = ip.next_header();
+            if ip.version() != 6 || (proto != proto::TCP && proto != proto::UDP) {
                 return None;
             }
-            let l4 = frame.get(l3 + 40..l3 + 44)?;
-            let mut src = [0u8; 16];
-            let mut dst = [0u8; 16];
-            src.copy_from_slice(&ip[8..24]);
-            dst.copy_from_slice(&ip[24..40]);
+            let l4 = l3 + ipv6::HEADER_LEN;
+            let (src_port, dst_port) = ports(proto, frame.get(l4..l4 + PORTS_LEN)?);
             Some(FlowKey {
-                src,
-                dst,
-                src_port: be16(l4, 0),
-                dst_port: be16(l4, 2),
+                src: ip.src(),
+                dst: ip.dst(),
+                src_port,
+                dst_port,
                 proto,
             })
         }
@@ -248,52 +252,53 @@ pub fn steer_flow(frame: &[u8]) -> Option<FlowKey> {
 /// ports. The quote is usually cut short, so its total length is not checked
 /// against what is present.
 fn quote_v4(q: &[u8]) -> Result<FlowKey> {
-    if q.len() < 20 || q[0] >> 4 != 4 {
+    if q.len() < ipv4::MIN_HEADER_LEN {
         return fail(Reason::IcmpBadQuote);
     }
-    let hl = usize::from(q[0] & 0x0f) * 4;
-    if hl < 20 || q.len() < hl + 4 {
+    // Holds the fixed header, all these getters read.
+    let ip = Ipv4Packet::new_unchecked(q);
+    let hl = ip.header_len();
+    if ip.version() != 4 || hl < ipv4::MIN_HEADER_LEN || q.len() < hl + PORTS_LEN {
         return fail(Reason::IcmpBadQuote);
     }
-    let proto = q[9];
+    let proto = ip.protocol();
     let (sp, dp) = ports(proto, &q[hl..]);
-    Ok(FlowKey::v4(
-        [q[12], q[13], q[14], q[15]],
-        [q[16], q[17], q[18], q[19]],
-        sp,
-        dp,
-        proto,
-    ))
+    Ok(FlowKey::v4(ip.src(), ip.dst(), sp, dp, proto))
 }
 
 fn quote_v6(q: &[u8]) -> Result<FlowKey> {
-    if q.len() < ipv6::HEADER_LEN || q[0] >> 4 != 6 {
+    if q.len() < ipv6::HEADER_LEN {
         return fail(Reason::IcmpBadQuote);
     }
-    let chain =
-        ipv6::walk(q[6], &q[ipv6::HEADER_LEN..]).map_err(|_| crate::Error(Reason::IcmpBadQuote))?;
+    // Holds the fixed header, all these getters read.
+    let ip = Ipv6Packet::new_unchecked(q);
+    if ip.version() != 6 {
+        return fail(Reason::IcmpBadQuote);
+    }
+    let chain = ipv6::walk(ip.next_header(), &q[ipv6::HEADER_LEN..])
+        .map_err(|_| crate::Error(Reason::IcmpBadQuote))?;
     let l4 = ipv6::HEADER_LEN + chain.offset;
-    if q.len() < l4 + 4 {
+    if q.len() < l4 + PORTS_LEN {
         return fail(Reason::IcmpBadQuote);
     }
     let (sp, dp) = ports(chain.protocol, &q[l4..]);
-    let mut src = [0u8; 16];
-    let mut dst = [0u8; 16];
-    src.copy_from_slice(&q[8..24]);
-    dst.copy_from_slice(&q[24..40]);
     Ok(FlowKey {
-        src,
-        dst,
+        src: ip.src(),
+        dst: ip.dst(),
         src_port: sp,
         dst_port: dp,
         proto: chain.protocol,
     })
 }
 
-/// Ports of a protocol that has them (`l4` holds at least 4 bytes).
+/// Ports of a protocol that has them (`l4` holds at least [`PORTS_LEN`]
+/// bytes).
 fn ports(proto: u8, l4: &[u8]) -> (u16, u16) {
     match proto {
-        proto::TCP | proto::UDP => (be16(l4, 0), be16(l4, 2)),
+        proto::TCP | proto::UDP => (
+            read16(l4, tcp::field::SRC_PORT),
+            read16(l4, tcp::field::DST_PORT),
+        ),
         _ => (0, 0),
     }
 }
