@@ -7,10 +7,13 @@
 //! loopback, the kernel's own TCP stack serves it, and replies go straight
 //! to the client (direct server return).
 
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use netio::tap::Tun;
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::net::{AddressFamily, RecvFlags, SocketFlags, SocketType};
 
 /// Decapsulation counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,110 +34,48 @@ pub struct DecapStats {
     pub tun_errors: u64,
 }
 
-/// Errors setting the helper up.
+/// Why the decapsulator could not start.
 #[derive(Debug, thiserror::Error)]
-#[error("{what}: {reason}")]
-pub struct DecapError {
-    what: String,
-    reason: String,
+pub enum DecapError {
+    /// The TUN device could not be opened.
+    #[error(transparent)]
+    Tun(#[from] netio::tap::Error),
+    /// The raw GRE socket could not be opened.
+    #[error("raw {family} GRE socket: {source}{}", hint(source))]
+    Socket {
+        /// "IPv4" or "IPv6".
+        family: &'static str,
+        /// The system's answer.
+        #[source]
+        source: io::Error,
+    },
 }
 
-fn err(what: &str) -> DecapError {
-    let e = io::Error::last_os_error();
-    let hint = match e.raw_os_error() {
+/// What to do about a raw socket that could not be opened.
+fn hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
         Some(libc::EPERM) | Some(libc::EACCES) => " (needs root, or CAP_NET_ADMIN and CAP_NET_RAW)",
-        Some(libc::ENOENT) => " (is /dev/net/tun present?)",
         _ => "",
-    };
-    DecapError {
-        what: what.into(),
-        reason: format!("{e}{hint}"),
     }
 }
 
-fn ifreq(name: &str) -> Result<libc::ifreq, DecapError> {
-    let c = CString::new(name).map_err(|_| DecapError {
-        what: format!("interface name {name:?}"),
-        reason: "contains a NUL byte".into(),
-    })?;
-    let bytes = c.as_bytes_with_nul();
-    if bytes.len() > libc::IFNAMSIZ {
-        return Err(DecapError {
-            what: format!("interface name {name:?}"),
-            reason: format!("longer than {} bytes", libc::IFNAMSIZ - 1),
-        });
-    }
-    // SAFETY: ifreq is plain old data; all-zero is a valid value.
-    let mut r: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in r.ifr_name.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    Ok(r)
-}
-
-/// Creates (or attaches to) TUN device `name` without packet information
-/// headers, and brings it up.
-pub fn open_tun(name: &str) -> Result<OwnedFd, DecapError> {
-    let path = CString::new("/dev/net/tun").expect("no NUL");
-    // SAFETY: open(2) with a valid path; the result is checked.
-    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if raw < 0 {
-        return Err(err("open /dev/net/tun"));
-    }
-    // SAFETY: `raw` is a fresh descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let mut req = ifreq(name)?;
-    req.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
-    // SAFETY: TUNSETIFF takes a pointer to an ifreq, which lives across the call.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, &mut req) } < 0 {
-        return Err(err(&format!("TUNSETIFF {name}")));
-    }
-    set_up(name)?;
-    Ok(fd)
-}
-
-/// Sets an interface's IFF_UP flag.
-fn set_up(name: &str) -> Result<(), DecapError> {
-    // SAFETY: a plain datagram socket used only for interface ioctls.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(err("socket for ioctl"));
-    }
-    // SAFETY: fresh descriptor, owned here.
-    let s = unsafe { OwnedFd::from_raw_fd(raw) };
-    let mut req = ifreq(name)?;
-    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we pass,
-    // which lives across each call.
-    unsafe {
-        if libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
-            return Err(err(&format!("SIOCGIFFLAGS {name}")));
-        }
-        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        if libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
-            return Err(err(&format!("SIOCSIFFLAGS {name}")));
-        }
-    }
-    Ok(())
-}
-
-fn raw_gre(family: i32) -> Result<OwnedFd, DecapError> {
-    // SAFETY: socket(2); the result is checked.
-    let raw = unsafe {
-        libc::socket(
-            family,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_GRE,
-        )
-    };
-    if raw < 0 {
-        return Err(err(if family == libc::AF_INET {
-            "raw IPv4 GRE socket"
+/// A raw socket that receives every GRE packet (IP protocol 47) of one
+/// address family.
+fn raw_gre(family: AddressFamily) -> Result<OwnedFd, DecapError> {
+    rustix::net::socket_with(
+        family,
+        SocketType::RAW,
+        SocketFlags::CLOEXEC,
+        Some(rustix::net::ipproto::GRE),
+    )
+    .map_err(|e| DecapError::Socket {
+        family: if family == AddressFamily::INET {
+            "IPv4"
         } else {
-            "raw IPv6 GRE socket"
-        }));
-    }
-    // SAFETY: fresh descriptor, owned here.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+            "IPv6"
+        },
+        source: e.into(),
+    })
 }
 
 /// The inner packet of a GRE payload (`g` starts at the GRE header), or why
@@ -173,7 +114,7 @@ pub fn gre_inner(g: &[u8], stats: &mut DecapStats) -> Option<std::ops::Range<usi
 
 /// Runs until `stop`: GRE over IPv4 and IPv6 into TUN device `tun`.
 pub fn run(tun: &str, stop: &AtomicBool) -> Result<DecapStats, DecapError> {
-    let t = open_tun(tun)?;
+    let t = Tun::open(tun)?;
     // A packet from the client arrives on the TUN device although the route
     // back to the client is elsewhere: strict reverse-path filtering would
     // drop it.
@@ -185,42 +126,38 @@ pub fn run(tun: &str, stop: &AtomicBool) -> Result<DecapStats, DecapError> {
             "net.ipv4.conf.all.rp_filter is on: decapsulated packets may be dropped; set it to 0"
         );
     }
-    let v4 = raw_gre(libc::AF_INET)?;
-    let v6 = raw_gre(libc::AF_INET6).ok();
+    // (socket, whether it delivers the IP header): IPv4 raw sockets deliver
+    // it, IPv6 ones do not.
+    let mut socks = vec![(raw_gre(AddressFamily::INET)?, true)];
+    if let Ok(v6) = raw_gre(AddressFamily::INET6) {
+        socks.push((v6, false));
+    }
+    let mut fds: Vec<PollFd<'_>> = socks
+        .iter()
+        .map(|(s, _)| PollFd::new(s, PollFlags::IN))
+        .collect();
+    let tick = Timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
     let mut stats = DecapStats::default();
     let mut buf = vec![0u8; 65_536];
     while !stop.load(Ordering::Relaxed) {
-        let mut fds = vec![libc::pollfd {
-            fd: v4.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        if let Some(s) = &v6 {
-            fds.push(libc::pollfd {
-                fd: s.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            });
+        match rustix::event::poll(&mut fds, Some(&tick)) {
+            Ok(n) if n > 0 => {}
+            _ => continue,
         }
-        // SAFETY: `fds` is a valid array of pollfd of the given length.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
-        if r <= 0 {
-            continue;
-        }
-        for (i, p) in fds.iter().enumerate() {
-            if p.revents & libc::POLLIN == 0 {
+        for (p, (sock, ip_header)) in fds.iter().zip(&socks) {
+            if !p.revents().contains(PollFlags::IN) {
                 continue;
             }
-            // SAFETY: recv into our buffer with its length; the result is checked.
-            let n =
-                unsafe { libc::recv(p.fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-            if n <= 0 {
-                continue;
-            }
-            let pkt = &buf[..n as usize];
+            let n = match rustix::net::recv(sock, &mut buf[..], RecvFlags::DONTWAIT) {
+                Ok((n, _)) if n > 0 => n,
+                _ => continue,
+            };
+            let pkt = &buf[..n];
             stats.received += 1;
-            // IPv4 raw sockets deliver the IP header; IPv6 ones do not.
-            let gre_at = if i == 0 {
+            let gre_at = if *ip_header {
                 let hl = usize::from(pkt[0] & 0x0f) * 4;
                 if pkt.len() < hl || hl < 20 {
                     stats.malformed += 1;
@@ -234,10 +171,7 @@ pub fn run(tun: &str, stop: &AtomicBool) -> Result<DecapStats, DecapError> {
             let Some(inner) = gre_inner(g, &mut stats) else {
                 continue;
             };
-            let out = &g[inner];
-            // SAFETY: write(2) of a slice we own, with its length.
-            let w = unsafe { libc::write(t.as_raw_fd(), out.as_ptr().cast(), out.len()) };
-            if w == out.len() as isize {
+            if t.send(&g[inner]) {
                 stats.delivered += 1;
             } else {
                 stats.tun_errors += 1;
@@ -268,5 +202,26 @@ mod tests {
         assert_eq!(gre_inner(&[0x80, 0, 8, 0], &mut s), None);
         assert_eq!(gre_inner(&[0, 0, 0x86, 0xdd, 0x45], &mut s), None);
         assert_eq!((s.malformed, s.not_ip, s.inner_v4), (3, 1, 2));
+    }
+
+    #[test]
+    fn errors_keep_the_system_answer() {
+        let e = DecapError::Socket {
+            family: "IPv4",
+            source: io::Error::from_raw_os_error(libc::EPERM),
+        };
+        assert!(std::error::Error::source(&e).is_some());
+        let text = e.to_string();
+        assert!(text.starts_with("raw IPv4 GRE socket: "), "{text}");
+        assert!(
+            text.ends_with(" (needs root, or CAP_NET_ADMIN and CAP_NET_RAW)"),
+            "{text}"
+        );
+        // A bad TUN name is refused before any system call.
+        let e = DecapError::from(Tun::open("").unwrap_err());
+        assert!(
+            matches!(e, DecapError::Tun(netio::tap::Error::BadName { .. })),
+            "{e}"
+        );
     }
 }

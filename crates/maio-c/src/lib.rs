@@ -75,7 +75,8 @@ fn collect(g: &mut Global) {
     }
 }
 
-/// See maio.h.
+/// Maps `page_cnt` 2 MiB hugepages as the process's pool (once) and
+/// returns the cache handle, or NULL (see `maio.h`).
 #[no_mangle]
 pub extern "C" fn init_hp_memory(page_cnt: c_int) -> *mut c_void {
     let mut g = G.lock().unwrap_or_else(|p| p.into_inner());
@@ -114,7 +115,8 @@ fn wrong_cache<T>(g: &Global, cache: *mut c_void, ret: T) -> Option<T> {
     (cache as usize != g.cache).then(|| fail("not the cache init_hp_memory returned", ret))
 }
 
-/// See maio.h.
+/// One 4 KiB I/O page (state `MAIO_USER`), or NULL when the pool is
+/// exhausted (see `maio.h`).
 #[no_mangle]
 pub extern "C" fn alloc_page(cache: *mut c_void) -> *mut c_void {
     with(std::ptr::null_mut(), |g| {
@@ -131,7 +133,8 @@ pub extern "C" fn alloc_page(cache: *mut c_void) -> *mut c_void {
     })
 }
 
-/// See maio.h.
+/// Gives a page back: a user page to the pool, a received page to the
+/// kernel's receive ring; 0 or a negative errno (see `maio.h`).
 #[no_mangle]
 pub extern "C" fn free_page(cache: *mut c_void, page: *mut c_void) -> c_int {
     with(-libc::EINVAL, |g| {
@@ -174,7 +177,8 @@ pub extern "C" fn free_page(cache: *mut c_void, page: *mut c_void) -> c_int {
     })
 }
 
-/// See maio.h.
+/// Connects a TCP socket to `dip`:`port` and returns its MAIO socket index,
+/// or a negative errno (see `maio.h`).
 #[no_mangle]
 pub extern "C" fn create_connected_socket(dip: u32, port: u16) -> c_int {
     with(-libc::EINVAL, |g| {
@@ -196,7 +200,8 @@ pub extern "C" fn create_connected_socket(dip: u32, port: u16) -> c_int {
     })
 }
 
-/// See maio.h.
+/// Registers socket `idx` on the process's io_uring (created on first use);
+/// 0 or a negative errno (see `maio.h`).
 #[no_mangle]
 pub extern "C" fn init_tcp_ring(idx: c_int, cache: *mut c_void) -> c_int {
     with(-libc::EINVAL, |g| {
@@ -235,7 +240,8 @@ fn sock_of(g: &Global, idx: c_int) -> Option<SockId> {
         .and_then(|s| s.id)
 }
 
-/// See maio.h.
+/// Posts `len` bytes of a pool page for sending on `idx`, zero-copy unless
+/// `flags` has `MAIO_SEND_COPY`; 0 or a negative errno (see `maio.h`).
 #[no_mangle]
 pub extern "C" fn send_buffer(idx: c_int, buffer: *mut c_void, len: usize, flags: c_int) -> c_int {
     with(-libc::EINVAL, |g| {
@@ -281,7 +287,8 @@ pub extern "C" fn send_buffer(idx: c_int, buffer: *mut c_void, len: usize, flags
     })
 }
 
-/// See maio.h.
+/// The page's state (`enum maio_buffer_state`), or -EINVAL; collects
+/// completions on the way (see `maio.h`).
 #[no_mangle]
 pub extern "C" fn get_buffer_state(buffer: *mut c_void) -> c_int {
     with(-libc::EINVAL, |g| {
@@ -293,7 +300,9 @@ pub extern "C" fn get_buffer_state(buffer: *mut c_void) -> c_int {
     })
 }
 
-/// See maio.h.
+/// Waits up to 5 s for data on `idx` and describes up to `n` received pages
+/// in `io_vec`; the number filled, 0 at end of stream, or a negative errno
+/// (see `maio.h`).
 ///
 /// # Safety
 /// `io_vec` must point at `n` writable `struct iovec`s.
@@ -342,7 +351,8 @@ pub unsafe extern "C" fn tcp_receive_sg(
     })
 }
 
-/// See maio.h.
+/// Whether the kernel copied the last zero-copy send on `idx`: 1, 0, or
+/// -EINVAL (see `maio.h`).
 #[no_mangle]
 pub extern "C" fn maio_last_send_copied(idx: c_int) -> c_int {
     with(-libc::EINVAL, |g| {
@@ -357,7 +367,8 @@ pub extern "C" fn maio_last_send_copied(idx: c_int) -> c_int {
     })
 }
 
-/// See maio.h.
+/// The description of this thread's last error ("" if none); valid until
+/// this thread's next failing call.
 #[no_mangle]
 pub extern "C" fn maio_last_error() -> *const c_char {
     LAST.with(|l| l.borrow().as_ptr())

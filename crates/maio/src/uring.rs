@@ -293,16 +293,9 @@ fn check_disabled() -> Option<UringError> {
 }
 
 fn memlock() -> String {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into a live struct.
-    unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) };
-    if r.rlim_cur == libc::RLIM_INFINITY {
-        "unlimited".into()
-    } else {
-        format!("{} KiB", r.rlim_cur / 1024)
+    match rustix::process::getrlimit(rustix::process::Resource::Memlock).current {
+        None => "unlimited".into(),
+        Some(cur) => format!("{} KiB", cur / 1024),
     }
 }
 
@@ -339,8 +332,8 @@ impl Ring {
         // One iovec per GiB: the kernel's limit per registered buffer.
         let iovs: Vec<libc::iovec> = (0..len.div_ceil(1 << 30))
             .map(|i| libc::iovec {
-                // SAFETY: stays inside the region (i * 1 GiB < len).
-                iov_base: unsafe { base.add(i << 30) } as *mut _,
+                // Inside the region: i * 1 GiB < len.
+                iov_base: base.wrapping_add(i << 30).cast(),
                 iov_len: (len - (i << 30)).min(1 << 30),
             })
             .collect();
@@ -449,21 +442,11 @@ impl Ring {
             .submitter()
             .register_files_update(slot as u32, &[fd.as_raw_fd()])
             .map_err(sys("register socket as a fixed file"))?;
-        let mut ty: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: getsockopt writes an int into a live int.
-        unsafe {
-            libc::getsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_TYPE,
-                &mut ty as *mut _ as *mut _,
-                &mut len,
-            )
-        };
+        let stream = rustix::net::sockopt::socket_type(&fd)
+            .is_ok_and(|t| t == rustix::net::SocketType::STREAM);
         self.socks[slot] = Sock {
             fd: Some(fd),
-            stream: ty == libc::SOCK_STREAM,
+            stream,
             ..Sock::default()
         };
         Ok(SockId(slot as u32))
@@ -667,8 +650,9 @@ impl Ring {
                 iov_len: len as usize,
             })
             .collect();
-        // SAFETY: msghdr is plain data.
         let mut m = Box::new(SgMsg {
+            // SAFETY: msghdr is plain data (integers and raw pointers), for
+            // which all-zero is a valid value: no name, no control data.
             hdr: unsafe { std::mem::zeroed() },
             iov,
         });
@@ -893,6 +877,10 @@ impl Ring {
                 let idx = self.bufring.bids[b as usize];
                 let len = left.min(bs);
                 left -= len;
+                // SAFETY: `idx` was given up with into_raw when its buffer
+                // went into the receive ring; this bundle entry is its one
+                // return from the kernel, and the token is given up again
+                // at once (the socket's rx queue holds the index).
                 if let Ok(buf) = unsafe { self.pool.from_raw(idx) } {
                     let _ = self.pool.transition(&buf, State::InFlight, State::Received);
                     let _ = buf.into_raw();

@@ -9,15 +9,47 @@
 //! offset and length the kernel writes is checked against the block before
 //! it is used.
 
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use maio::Pool;
 use memmap2::{MmapMut, MmapOptions};
+use rustix::event::{PollFd, PollFlags};
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
 
-use crate::{Error, Nic, PortStats, Slot, HEADROOM};
+use crate::{Hint, Nic, PortStats, Slot, HEADROOM};
+
+/// Why an AF_PACKET port failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The interface does not exist here.
+    #[error("AF_PACKET on {iface}: no such interface in this network namespace")]
+    NoInterface {
+        /// The interface.
+        iface: String,
+    },
+    /// A system call failed.
+    #[error("AF_PACKET on {iface}: {op}: {source}{}", hint(source))]
+    Sys {
+        /// The interface.
+        iface: String,
+        /// What was being done.
+        op: &'static str,
+        /// The system's answer.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What to do about a failed system call of an AF_PACKET port.
+fn hint(e: &io::Error) -> Hint {
+    Hint(match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => Some("needs root or CAP_NET_RAW"),
+        Some(libc::ENODEV) => Some("no such interface in this network namespace"),
+        _ => None,
+    })
+}
 
 /// AF_PACKET port parameters.
 #[derive(Debug, Clone)]
@@ -48,30 +80,54 @@ impl Config {
     }
 }
 
-fn os_err(what: &str, iface: &str) -> Error {
-    let e = io::Error::last_os_error();
-    let hint = match e.raw_os_error() {
-        Some(libc::EPERM) | Some(libc::EACCES) => " (needs root or CAP_NET_RAW)",
-        Some(libc::ENODEV) => " (no such interface in this network namespace)",
-        _ => "",
-    };
-    Error::Io {
-        what: format!("AF_PACKET on {iface}: {what}"),
-        reason: format!("{e}{hint}"),
-    }
+/// The AF_PACKET socket options this port sets, each with the value type
+/// the kernel expects for it (rustix has none of them).
+enum PacketOpt {
+    /// `PACKET_VERSION`: an int.
+    Version(libc::c_int),
+    /// `PACKET_RX_RING`: a `tpacket_req3` (with TPACKET_V3).
+    RxRing(libc::tpacket_req3),
+    /// `PACKET_IGNORE_OUTGOING`: an int, 1.
+    IgnoreOutgoing,
+    /// `PACKET_QDISC_BYPASS`: an int, 1.
+    QdiscBypass,
+    /// `PACKET_FANOUT`: an int, group id and mode.
+    Fanout(u32),
 }
 
-/// setsockopt(2) with a value of any plain type.
-pub(crate) fn setsockopt<T>(fd: i32, level: i32, name: i32, v: &T) -> io::Result<()> {
-    // SAFETY: `v` points to a live, properly sized value of T for the call's
-    // duration, and its size is passed alongside.
+/// `setsockopt(fd, SOL_PACKET, ...)`.
+fn set_packet_opt(fd: BorrowedFd<'_>, opt: PacketOpt) -> io::Result<()> {
+    let one: libc::c_int = 1;
+    let int = std::mem::size_of::<libc::c_int>();
+    let (name, value, len): (_, *const libc::c_void, usize) = match &opt {
+        PacketOpt::Version(v) => (libc::PACKET_VERSION, (v as *const libc::c_int).cast(), int),
+        PacketOpt::RxRing(r) => (
+            libc::PACKET_RX_RING,
+            (r as *const libc::tpacket_req3).cast(),
+            std::mem::size_of::<libc::tpacket_req3>(),
+        ),
+        PacketOpt::IgnoreOutgoing => (
+            libc::PACKET_IGNORE_OUTGOING,
+            (&one as *const libc::c_int).cast(),
+            int,
+        ),
+        PacketOpt::QdiscBypass => (
+            libc::PACKET_QDISC_BYPASS,
+            (&one as *const libc::c_int).cast(),
+            int,
+        ),
+        PacketOpt::Fanout(v) => (libc::PACKET_FANOUT, (v as *const u32).cast(), int),
+    };
+    // SAFETY: `value` points at `len` bytes of the type option `name` takes
+    // (each variant of PacketOpt carries that type), alive for the call; the
+    // kernel only reads them.
     let r = unsafe {
         libc::setsockopt(
-            fd,
-            level,
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
             name,
-            (v as *const T).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
+            value,
+            len as libc::socklen_t,
         )
     };
     if r < 0 {
@@ -81,12 +137,28 @@ pub(crate) fn setsockopt<T>(fd: i32, level: i32, name: i32, v: &T) -> io::Result
     }
 }
 
+/// Waits up to `timeout_ms` (negative: without limit) for `fd` to be
+/// readable; one `poll`, whose outcome the caller learns by looking.
+pub(crate) fn poll_in(fd: BorrowedFd<'_>, timeout_ms: i32) {
+    let timeout = (timeout_ms >= 0).then(|| rustix::event::Timespec {
+        tv_sec: i64::from(timeout_ms / 1000),
+        tv_nsec: i64::from(timeout_ms % 1000) * 1_000_000,
+    });
+    let mut p = [PollFd::new(&fd, PollFlags::IN)];
+    let _ = rustix::event::poll(&mut p, timeout.as_ref());
+}
+
 /// The index of an interface in this network namespace.
 pub fn ifindex(name: &str) -> Option<u32> {
-    let c = CString::new(name).ok()?;
-    // SAFETY: `c` is a valid NUL-terminated string for the call's duration.
-    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    (i != 0).then_some(i)
+    // SIOCGIFINDEX needs some socket to carry it, as if_nametoindex(3) does.
+    let s = rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .ok()?;
+    rustix::net::netdevice::name_to_index(&s, name).ok()
 }
 
 /// The MAC address of an interface (from sysfs).
@@ -131,25 +203,25 @@ const FIRST_PKT_OFF: usize = 16;
 
 impl AfPacketPort {
     /// Opens, configures and binds the socket and maps its ring.
-    pub fn open(cfg: Config) -> Result<Self, Error> {
+    pub fn open(cfg: Config) -> Result<Self, crate::Error> {
         let iface = cfg.interface.clone();
-        let index = ifindex(&iface).ok_or_else(|| Error::Io {
-            what: format!("AF_PACKET on {iface}"),
-            reason: "no such interface in this network namespace".into(),
+        let index = ifindex(&iface).ok_or_else(|| Error::NoInterface {
+            iface: iface.clone(),
         })?;
-        let proto = (libc::ETH_P_ALL as u16).to_be() as i32;
-        // SAFETY: plain socket(2) call; the result is checked.
-        let raw =
-            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
-        if raw < 0 {
-            return Err(os_err("socket", &iface));
-        }
-        // SAFETY: `raw` is a fresh, valid descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let s = fd.as_raw_fd();
-        let version = libc::tpacket_versions::TPACKET_V3 as i32;
-        setsockopt(s, libc::SOL_PACKET, libc::PACKET_VERSION, &version)
-            .map_err(|_| os_err("PACKET_VERSION v3", &iface))?;
+        let sys = |op: &'static str| {
+            let iface = iface.clone();
+            move |source| Error::Sys { iface, op, source }
+        };
+        let fd = rustix::net::socket_with(
+            AddressFamily::PACKET,
+            SocketType::RAW,
+            SocketFlags::CLOEXEC,
+            Some(rustix::net::eth::ALL),
+        )
+        .map_err(|e| sys("socket")(e.into()))?;
+        let s = fd.as_fd();
+        let version = libc::tpacket_versions::TPACKET_V3 as libc::c_int;
+        set_packet_opt(s, PacketOpt::Version(version)).map_err(sys("PACKET_VERSION v3"))?;
         let req = libc::tpacket_req3 {
             tp_block_size: cfg.block_size,
             tp_block_nr: cfg.blocks,
@@ -159,43 +231,42 @@ impl AfPacketPort {
             tp_sizeof_priv: 0,
             tp_feature_req_word: 0,
         };
-        setsockopt(s, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)
-            .map_err(|_| os_err("PACKET_RX_RING", &iface))?;
-        let one: i32 = 1;
+        set_packet_opt(s, PacketOpt::RxRing(req)).map_err(sys("PACKET_RX_RING"))?;
         // Our own transmissions must not come back as receptions.
-        setsockopt(s, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &one)
-            .map_err(|_| os_err("PACKET_IGNORE_OUTGOING", &iface))?;
-        setsockopt(s, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &one)
-            .map_err(|_| os_err("PACKET_QDISC_BYPASS", &iface))?;
+        set_packet_opt(s, PacketOpt::IgnoreOutgoing).map_err(sys("PACKET_IGNORE_OUTGOING"))?;
+        set_packet_opt(s, PacketOpt::QdiscBypass).map_err(sys("PACKET_QDISC_BYPASS"))?;
         let len = cfg.block_size as usize * cfg.blocks as usize;
         // SAFETY: maps the ring the kernel allocated for this socket, at
         // offset 0 with the length it was set up with. The kernel writes
         // blocks only while their status says it owns them; we read a block
         // only after seeing TP_STATUS_USER with acquire ordering.
-        let ring = unsafe { MmapOptions::new().len(len).map_mut(s) }.map_err(|e| Error::Io {
-            what: format!("AF_PACKET on {iface}: mmap ring"),
-            reason: e.to_string(),
-        })?;
-        // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-        sll.sll_ifindex = index as i32;
-        // SAFETY: `sll` is a valid sockaddr_ll and its size is passed.
+        let ring = unsafe { MmapOptions::new().len(len).map_mut(s.as_raw_fd()) }
+            .map_err(sys("mmap ring"))?;
+        let sll = libc::sockaddr_ll {
+            sll_family: libc::AF_PACKET as u16,
+            sll_protocol: (libc::ETH_P_ALL as u16).to_be(),
+            sll_ifindex: index as i32,
+            sll_hatype: 0,
+            sll_pkttype: 0,
+            sll_halen: 0,
+            sll_addr: [0; 8],
+        };
+        // rustix has no AF_PACKET address type.
+        // SAFETY: `sll` is a valid sockaddr_ll that lives across the call,
+        // and its size is passed.
         let r = unsafe {
             libc::bind(
-                s,
+                s.as_raw_fd(),
                 (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
             )
         };
         if r < 0 {
-            return Err(os_err("bind", &iface));
+            return Err(sys("bind")(io::Error::last_os_error()).into());
         }
         if let Some(group) = cfg.fanout {
             let arg: u32 = u32::from(group) | (libc::PACKET_FANOUT_HASH << 16);
-            setsockopt(s, libc::SOL_PACKET, libc::PACKET_FANOUT, &arg)
-                .map_err(|_| os_err("PACKET_FANOUT", &iface))?;
+            set_packet_opt(s, PacketOpt::Fanout(arg)).map_err(sys("PACKET_FANOUT"))?;
         }
         Ok(AfPacketPort {
             fd,
@@ -248,18 +319,12 @@ impl AfPacketPort {
         if self.status(self.block).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0 {
             return;
         }
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: `p` is a valid pollfd for the call's duration.
-        unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        poll_in(self.fd.as_fd(), timeout_ms);
     }
 }
 
 impl Nic for AfPacketPort {
-    fn receive(&mut self, pool: &Pool, slots: &mut [Slot]) -> Result<usize, Error> {
+    fn receive(&mut self, pool: &Pool, slots: &mut [Slot]) -> Result<usize, crate::Error> {
         let bs = self.cfg.block_size as usize;
         let room = pool.buf_size() - HEADROOM;
         let mut n = 0;
@@ -315,7 +380,7 @@ impl Nic for AfPacketPort {
         Ok(n)
     }
 
-    fn transmit(&mut self, pool: &Pool, slots: &[Slot]) -> Result<usize, Error> {
+    fn transmit(&mut self, pool: &Pool, slots: &[Slot]) -> Result<usize, crate::Error> {
         let batch = slots.len().min(64);
         self.iov.clear();
         for s in &slots[..batch] {
@@ -351,10 +416,12 @@ impl Nic for AfPacketPort {
             let e = io::Error::last_os_error();
             return match e.raw_os_error() {
                 Some(libc::EAGAIN) | Some(libc::ENOBUFS) => Ok(0),
-                _ => Err(Error::Io {
-                    what: format!("AF_PACKET on {}: sendmmsg", self.cfg.interface),
-                    reason: e.to_string(),
-                }),
+                _ => Err(Error::Sys {
+                    iface: self.cfg.interface.clone(),
+                    op: "sendmmsg",
+                    source: e,
+                }
+                .into()),
             };
         }
         let sent = r as usize;

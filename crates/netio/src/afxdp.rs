@@ -17,14 +17,22 @@
 //! hands back is checked against the pool before it is used.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
+use aya::maps::{MapData, MapError};
+use aya::programs::{ProgramError, Xdp, XdpFlags};
+use aya::{Ebpf, EbpfError};
 use maio::{Buf, Handle, Pool, State};
 use memmap2::{MmapMut, MmapOptions};
+use rustix::net::xdp::{
+    SocketAddrXdp, SocketAddrXdpFlags, XdpRingFlags, XdpRingOffset, XdpUmemReg, XdpUmemRegFlags,
+    XDP_PGOFF_RX_RING, XDP_PGOFF_TX_RING, XDP_UMEM_PGOFF_COMPLETION_RING, XDP_UMEM_PGOFF_FILL_RING,
+};
+use rustix::net::{sockopt, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 
-use crate::afpacket::setsockopt;
-use crate::{Error, Nic, PortStats, Slot};
+use crate::{Hint, Nic, PortStats, Slot};
 
 #[cfg(fastpath_xdp_obj)]
 // Aligned: the ELF parser reads the object in place.
@@ -36,59 +44,223 @@ static BOUNCE_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 #[cfg(not(fastpath_xdp_obj))]
 static BOUNCE_OBJ: &[u8] = &[];
 
+/// Why an AF_XDP port, or one of its XDP programs, failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The XDP programs were not compiled into this binary.
+    #[error("AF_XDP on {iface}: {what} not built: clang and libbpf-dev were missing at build time (run scripts/setup.sh and rebuild)")]
+    NotBuilt {
+        /// The interface.
+        iface: String,
+        /// Which program.
+        what: &'static str,
+    },
+    /// The interface does not exist here.
+    #[error("AF_XDP on {iface}: no such interface in this network namespace")]
+    NoInterface {
+        /// The interface.
+        iface: String,
+    },
+    /// The object file could not be loaded.
+    #[error("AF_XDP on {iface}: loading the {program}: {source}")]
+    Load {
+        /// The interface.
+        iface: String,
+        /// Which program.
+        program: &'static str,
+        /// aya's answer.
+        #[source]
+        source: Box<EbpfError>,
+    },
+    /// A program or map is not in the object file.
+    #[error("AF_XDP on {iface}: {what} missing from the object")]
+    Missing {
+        /// The interface.
+        iface: String,
+        /// What is missing.
+        what: &'static str,
+    },
+    /// A program could not be found, verified or attached.
+    #[error("AF_XDP on {iface}: {step} the {program}: {source}")]
+    Program {
+        /// The interface.
+        iface: String,
+        /// Which program.
+        program: &'static str,
+        /// What was being done: "finding", "verifying", "attaching".
+        step: &'static str,
+        /// aya's answer.
+        #[source]
+        source: Box<ProgramError>,
+    },
+    /// Neither native nor generic XDP could be attached.
+    #[error("AF_XDP on {iface}: attaching the {program}: native: {native}; generic: {source}")]
+    Attach {
+        /// The interface.
+        iface: String,
+        /// Which program.
+        program: &'static str,
+        /// Why native (driver) mode failed.
+        native: Box<ProgramError>,
+        /// Why generic (SKB) mode failed.
+        #[source]
+        source: Box<ProgramError>,
+    },
+    /// A map of the program could not be opened or changed.
+    #[error("AF_XDP on {iface}: {what}: {source}")]
+    Map {
+        /// The interface.
+        iface: String,
+        /// What was being done.
+        what: &'static str,
+        /// aya's answer.
+        #[source]
+        source: Box<MapError>,
+    },
+    /// A system call on the socket failed.
+    #[error("AF_XDP on {iface}: {op}: {source}{}", hint(source))]
+    Sys {
+        /// The interface.
+        iface: String,
+        /// What was being done.
+        op: &'static str,
+        /// The system's answer.
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel does not say where the rings' flags are.
+    #[error("AF_XDP on {iface}: the kernel has no ring flags for need_wakeup (needs Linux 5.4 or later)")]
+    NoRingFlags {
+        /// The interface.
+        iface: String,
+    },
+    /// The pool could not lend the port its buffers.
+    #[error("AF_XDP on {iface}: {what}: {source}")]
+    Pool {
+        /// The interface.
+        iface: String,
+        /// What the buffers were for.
+        what: &'static str,
+        /// The pool's answer.
+        #[source]
+        source: maio::Error,
+    },
+    /// The caller broke the `Nic` contract.
+    #[error("AF_XDP on {iface}: receive: a slot came without a reserved buffer")]
+    NoReservedBuffer {
+        /// The interface.
+        iface: String,
+    },
+}
+
+/// What to do about a failed system call of an AF_XDP port.
+fn hint(e: &io::Error) -> Hint {
+    Hint(match e.raw_os_error() {
+        Some(libc::EPERM) => Some("needs root, and RLIMIT_MEMLOCK high enough for the UMEM"),
+        Some(libc::EAFNOSUPPORT) => Some("this kernel has no AF_XDP"),
+        _ => None,
+    })
+}
+
+/// One of the XDP programs of `build.rs`: its object, its name in the
+/// object, and how errors call it.
+struct Prog {
+    obj: &'static [u8],
+    name: &'static str,
+    program: &'static str,
+}
+
+/// The steering program (`bpf/xsk.c`).
+const XSK: Prog = Prog {
+    obj: XSK_OBJ,
+    name: "fastpath_xsk",
+    program: "XDP program",
+};
+
+/// The bounce program (`bpf/bounce.c`).
+const BOUNCE: Prog = Prog {
+    obj: BOUNCE_OBJ,
+    name: "fastpath_bounce",
+    program: "bounce program",
+};
+
+impl Prog {
+    /// Loads the object and verifies the program.
+    fn load(&self, iface: &str) -> Result<Ebpf, Error> {
+        if self.obj.is_empty() {
+            return Err(Error::NotBuilt {
+                iface: iface.into(),
+                what: self.program,
+            });
+        }
+        let mut bpf = Ebpf::load(self.obj).map_err(|source| Error::Load {
+            iface: iface.into(),
+            program: self.program,
+            source: Box::new(source),
+        })?;
+        self.find(&mut bpf, iface)?
+            .load()
+            .map_err(|e| self.failed(iface, "verifying", e))?;
+        Ok(bpf)
+    }
+
+    /// The program in `bpf` (from [`Prog::load`]).
+    fn find<'a>(&self, bpf: &'a mut Ebpf, iface: &str) -> Result<&'a mut Xdp, Error> {
+        bpf.program_mut(self.name)
+            .ok_or_else(|| Error::Missing {
+                iface: iface.into(),
+                what: self.name,
+            })?
+            .try_into()
+            .map_err(|e| self.failed(iface, "finding", e))
+    }
+
+    /// Attaches the program to `iface` in native mode, else in generic mode;
+    /// says which.
+    fn attach(&self, bpf: &mut Ebpf, iface: &str) -> Result<XdpMode, Error> {
+        let prog = self.find(bpf, iface)?;
+        match prog.attach(iface, XdpFlags::DRV_MODE) {
+            Ok(_) => Ok(XdpMode::Native),
+            Err(native) => match prog.attach(iface, XdpFlags::SKB_MODE) {
+                Ok(_) => Ok(XdpMode::Generic),
+                Err(generic) => Err(Error::Attach {
+                    iface: iface.into(),
+                    program: self.program,
+                    native: Box::new(native),
+                    source: Box::new(generic),
+                }),
+            },
+        }
+    }
+
+    fn failed(&self, iface: &str, step: &'static str, e: ProgramError) -> Error {
+        Error::Program {
+            iface: iface.into(),
+            program: self.program,
+            step,
+            source: Box::new(e),
+        }
+    }
+}
+
 /// Attaches our steering program with an empty VIP set, which passes every
 /// frame to the kernel: on veth, an XDP program is what makes an interface
 /// accept frames its peer sends with XDP_TX or redirect. Detached when the
 /// returned handle drops.
-pub fn attach_pass(iface: &str) -> Result<aya::Ebpf, Error> {
-    if XSK_OBJ.is_empty() {
-        return Err(err(
-            "XDP program",
-            iface,
-            "not built: clang and libbpf-dev were missing at build time",
-        ));
-    }
-    let mut bpf = aya::Ebpf::load(XSK_OBJ).map_err(|e| err("loading the XDP program", iface, e))?;
-    let prog: &mut aya::programs::Xdp = bpf
-        .program_mut("fastpath_xsk")
-        .ok_or_else(|| err("XDP program", iface, "missing from the object"))?
-        .try_into()
-        .map_err(|e| err("XDP program", iface, e))?;
-    prog.load()
-        .map_err(|e| err("verifying the XDP program", iface, e))?;
-    prog.attach(iface, aya::programs::XdpFlags::DRV_MODE)
-        .map_err(|e| err("attaching XDP", iface, e))?;
+pub fn attach_pass(iface: &str) -> Result<Ebpf, crate::Error> {
+    let mut bpf = XSK.load(iface)?;
+    XSK.find(&mut bpf, iface)?
+        .attach(iface, XdpFlags::DRV_MODE)
+        .map_err(|e| XSK.failed(iface, "attaching", e))?;
     Ok(bpf)
 }
 
 /// Attaches the bounce program (every frame back out, MACs swapped) to an
 /// interface of the calling thread's namespace; detached when the returned
 /// handle drops. For measuring what a veth pair can carry.
-pub fn attach_bounce(iface: &str) -> Result<(aya::Ebpf, XdpMode), Error> {
-    if BOUNCE_OBJ.is_empty() {
-        return Err(err(
-            "bounce program",
-            iface,
-            "not built: clang and libbpf-dev were missing at build time",
-        ));
-    }
-    let mut bpf =
-        aya::Ebpf::load(BOUNCE_OBJ).map_err(|e| err("loading the bounce program", iface, e))?;
-    let prog: &mut aya::programs::Xdp = bpf
-        .program_mut("fastpath_bounce")
-        .ok_or_else(|| err("bounce program", iface, "missing from the object"))?
-        .try_into()
-        .map_err(|e| err("bounce program", iface, e))?;
-    prog.load()
-        .map_err(|e| err("verifying the bounce program", iface, e))?;
-    let mode = match prog.attach(iface, aya::programs::XdpFlags::DRV_MODE) {
-        Ok(_) => XdpMode::Native,
-        Err(_) => {
-            prog.attach(iface, aya::programs::XdpFlags::SKB_MODE)
-                .map_err(|e| err("attaching the bounce program", iface, e))?;
-            XdpMode::Generic
-        }
-    };
+pub fn attach_bounce(iface: &str) -> Result<(Ebpf, XdpMode), crate::Error> {
+    let mut bpf = BOUNCE.load(iface)?;
+    let mode = BOUNCE.attach(&mut bpf, iface)?;
     Ok((bpf, mode))
 }
 
@@ -96,20 +268,26 @@ pub fn attach_bounce(iface: &str) -> Result<(aya::Ebpf, XdpMode), Error> {
 /// stored IPv4-mapped); frames to any other address go to the kernel.
 /// Cloneable: the control plane updates it when the VIPs change.
 #[derive(Clone)]
-pub struct VipFilter(
-    std::sync::Arc<std::sync::Mutex<aya::maps::HashMap<aya::maps::MapData, [u8; 16], u8>>>,
-);
+pub struct VipFilter {
+    map: Arc<Mutex<aya::maps::HashMap<MapData, [u8; 16], u8>>>,
+    iface: Arc<str>,
+}
 
 impl VipFilter {
     /// Makes the set exactly `addrs`.
-    pub fn set(&self, addrs: &[[u8; 16]]) -> Result<(), Error> {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+    pub fn set(&self, addrs: &[[u8; 16]]) -> Result<(), crate::Error> {
+        let map_err = |source| Error::Map {
+            iface: self.iface.to_string(),
+            what: "VIP map",
+            source: Box::new(source),
+        };
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let old: Vec<[u8; 16]> = m.keys().filter_map(Result::ok).collect();
         for k in old.iter().filter(|k| !addrs.contains(k)) {
-            m.remove(k).map_err(|e| err("VIP map", "-", e))?;
+            m.remove(k).map_err(map_err)?;
         }
         for a in addrs {
-            m.insert(a, 1, 0).map_err(|e| err("VIP map", "-", e))?;
+            m.insert(a, 1, 0).map_err(map_err)?;
         }
         Ok(())
     }
@@ -131,23 +309,6 @@ pub enum XdpMode {
     Generic,
 }
 
-fn err(what: &str, iface: &str, reason: impl std::fmt::Display) -> Error {
-    Error::Io {
-        what: format!("AF_XDP on {iface}: {what}"),
-        reason: reason.to_string(),
-    }
-}
-
-fn os_err(what: &str, iface: &str) -> Error {
-    let e = io::Error::last_os_error();
-    let hint = match e.raw_os_error() {
-        Some(libc::EPERM) => " (needs root, and RLIMIT_MEMLOCK high enough for the UMEM)",
-        Some(libc::EAFNOSUPPORT) => " (this kernel has no AF_XDP)",
-        _ => "",
-    };
-    err(what, iface, format!("{e}{hint}"))
-}
-
 /// One of the four rings.
 struct XRing {
     map: MmapMut,
@@ -162,12 +323,15 @@ struct XRing {
 
 impl XRing {
     fn map(
-        fd: i32,
-        off: &libc::xdp_ring_offset,
+        fd: BorrowedFd<'_>,
+        off: &XdpRingOffset,
         pgoff: u64,
         entry: usize,
         iface: &str,
     ) -> Result<XRing, Error> {
+        let flags = off.flags.ok_or_else(|| Error::NoRingFlags {
+            iface: iface.into(),
+        })?;
         let len = off.desc as usize + RING as usize * entry;
         // SAFETY: maps the ring the kernel set up for this socket at its
         // documented page offset, with the length the offsets imply. The
@@ -178,14 +342,18 @@ impl XRing {
                 .offset(pgoff)
                 .len(len)
                 .populate()
-                .map_mut(fd)
+                .map_mut(fd.as_raw_fd())
         }
-        .map_err(|e| err("mmap ring", iface, e))?;
+        .map_err(|source| Error::Sys {
+            iface: iface.into(),
+            op: "mmap ring",
+            source,
+        })?;
         Ok(XRing {
             map,
             producer: off.producer as usize,
             consumer: off.consumer as usize,
-            flags: off.flags as usize,
+            flags: flags as usize,
             desc: off.desc as usize,
             mask: RING - 1,
             entry,
@@ -209,7 +377,8 @@ impl XRing {
     }
 
     fn needs_wakeup(&self) -> bool {
-        self.word(self.flags).load(Ordering::Acquire) & libc::XDP_RING_NEED_WAKEUP != 0
+        self.word(self.flags).load(Ordering::Acquire) & XdpRingFlags::XDP_RING_NEED_WAKEUP.bits()
+            != 0
     }
 
     fn at(&self, i: u32) -> usize {
@@ -263,7 +432,7 @@ pub struct AfXdpPort {
     pub bad_addresses: u64,
     vips: VipFilter,
     /// Keeps the XDP program attached while any of its ports lives.
-    _bpf: std::sync::Arc<std::sync::Mutex<aya::Ebpf>>,
+    _bpf: Arc<Mutex<Ebpf>>,
 }
 
 // SAFETY: the rings' mappings and the tokens are owned by the port, which is
@@ -275,7 +444,7 @@ impl AfXdpPort {
     /// Loads and attaches the XDP program (native, else generic), creates
     /// the socket with the whole pool as its UMEM, binds to queue 0, and
     /// steers frames for `vips` to it.
-    pub fn open(iface: &str, pool: &Pool, vips: &[[u8; 16]]) -> Result<Self, Error> {
+    pub fn open(iface: &str, pool: &Pool, vips: &[[u8; 16]]) -> Result<Self, crate::Error> {
         Ok(Self::open_queues(iface, pool, vips, 1)?.remove(0))
     }
 
@@ -289,128 +458,94 @@ impl AfXdpPort {
         pool: &Pool,
         vips: &[[u8; 16]],
         queues: u32,
-    ) -> Result<Vec<Self>, Error> {
-        if XSK_OBJ.is_empty() {
-            return Err(err("XDP program", iface, "not built: clang and libbpf-dev were missing at build time (run scripts/setup.sh and rebuild)"));
+    ) -> Result<Vec<Self>, crate::Error> {
+        if XSK.obj.is_empty() {
+            return Err(Error::NotBuilt {
+                iface: iface.into(),
+                what: XSK.program,
+            }
+            .into());
         }
-        let index = crate::afpacket::ifindex(iface).ok_or_else(|| {
-            err(
-                "interface",
-                iface,
-                "no such interface in this network namespace",
-            )
+        let index = crate::afpacket::ifindex(iface).ok_or_else(|| Error::NoInterface {
+            iface: iface.into(),
         })?;
-        let mut bpf =
-            aya::Ebpf::load(XSK_OBJ).map_err(|e| err("loading the XDP program", iface, e))?;
-        let mode = {
-            let prog: &mut aya::programs::Xdp = bpf
-                .program_mut("fastpath_xsk")
-                .ok_or_else(|| err("XDP program", iface, "fastpath_xsk missing from the object"))?
-                .try_into()
-                .map_err(|e| err("XDP program", iface, e))?;
-            prog.load()
-                .map_err(|e| err("verifying the XDP program", iface, e))?;
-            match prog.attach(iface, aya::programs::XdpFlags::DRV_MODE) {
-                Ok(_) => XdpMode::Native,
-                Err(native) => {
-                    prog.attach(iface, aya::programs::XdpFlags::SKB_MODE)
-                        .map_err(|e| {
-                            err(
-                                "attaching XDP",
-                                iface,
-                                format!("native: {native}; generic: {e}"),
-                            )
-                        })?;
-                    XdpMode::Generic
-                }
+        let mut bpf = XSK.load(iface)?;
+        let mode = XSK.attach(&mut bpf, iface)?;
+        let map_err = |what| {
+            move |source| Error::Map {
+                iface: iface.into(),
+                what,
+                source: Box::new(source),
             }
         };
-        let vip_map = aya::maps::HashMap::try_from(
-            bpf.take_map("vips")
-                .ok_or_else(|| err("VIP map", iface, "missing"))?,
-        )
-        .map_err(|e| err("VIP map", iface, e))?;
-        let filter = VipFilter(std::sync::Arc::new(std::sync::Mutex::new(vip_map)));
+        let vip_map =
+            aya::maps::HashMap::try_from(bpf.take_map("vips").ok_or_else(|| Error::Missing {
+                iface: iface.into(),
+                what: "VIP map",
+            })?)
+            .map_err(map_err("VIP map"))?;
+        let filter = VipFilter {
+            map: Arc::new(Mutex::new(vip_map)),
+            iface: iface.into(),
+        };
         filter.set(vips)?;
 
-        let shared = std::sync::Arc::new(std::sync::Mutex::new(bpf));
+        let sys = |op| {
+            move |e: rustix::io::Errno| Error::Sys {
+                iface: iface.into(),
+                op,
+                source: e.into(),
+            }
+        };
+        let shared = Arc::new(Mutex::new(bpf));
         let mut ports = Vec::new();
         for queue in 0..queues.max(1) {
             let mut bpf_guard = shared.lock().unwrap_or_else(|p| p.into_inner());
-            // SAFETY: socket(2); the result is checked.
-            let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-            if raw < 0 {
-                return Err(os_err("socket", iface));
-            }
-            // SAFETY: a fresh descriptor owned here.
-            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-            let s = fd.as_raw_fd();
+            let fd = rustix::net::socket_with(
+                AddressFamily::XDP,
+                SocketType::RAW,
+                SocketFlags::CLOEXEC,
+                None,
+            )
+            .map_err(sys("socket"))?;
+            let s = fd.as_fd();
             let (base, len) = pool.region();
             let chunk = pool.buf_size() as u32;
-            let reg = libc::xdp_umem_reg {
+            let reg = XdpUmemReg {
                 addr: base as u64,
                 len: len as u64,
                 chunk_size: chunk,
                 headroom: 0,
-                flags: 0,
+                flags: XdpUmemRegFlags::empty(),
                 tx_metadata_len: 0,
             };
-            setsockopt(s, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg)
-                .map_err(|e| err("registering the pool as UMEM", iface, e))?;
-            for opt in [
-                libc::XDP_UMEM_FILL_RING,
-                libc::XDP_UMEM_COMPLETION_RING,
-                libc::XDP_RX_RING,
-                libc::XDP_TX_RING,
-            ] {
-                setsockopt(s, libc::SOL_XDP, opt, &RING).map_err(|e| err("ring size", iface, e))?;
-            }
-            // SAFETY: xdp_mmap_offsets is plain old data; the kernel fills it and
-            // we pass its size.
-            let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
-            let mut olen = std::mem::size_of::<libc::xdp_mmap_offsets>() as u32;
-            // SAFETY: getsockopt into `off` with its size.
-            if unsafe {
-                libc::getsockopt(
-                    s,
-                    libc::SOL_XDP,
-                    libc::XDP_MMAP_OFFSETS,
-                    (&mut off as *mut libc::xdp_mmap_offsets).cast(),
-                    &mut olen,
-                )
-            } < 0
-            {
-                return Err(os_err("XDP_MMAP_OFFSETS", iface));
-            }
-            let fill = XRing::map(s, &off.fr, libc::XDP_UMEM_PGOFF_FILL_RING, 8, iface)?;
-            let comp = XRing::map(s, &off.cr, libc::XDP_UMEM_PGOFF_COMPLETION_RING, 8, iface)?;
-            let rx = XRing::map(s, &off.rx, libc::XDP_PGOFF_RX_RING as u64, 16, iface)?;
-            let tx = XRing::map(s, &off.tx, libc::XDP_PGOFF_TX_RING as u64, 16, iface)?;
-            // SAFETY: sockaddr_xdp is plain old data; all-zero is valid.
-            let mut sxdp: libc::sockaddr_xdp = unsafe { std::mem::zeroed() };
-            sxdp.sxdp_family = libc::AF_XDP as u16;
-            sxdp.sxdp_flags = libc::XDP_COPY | libc::XDP_USE_NEED_WAKEUP;
-            sxdp.sxdp_ifindex = index;
-            sxdp.sxdp_queue_id = queue;
-            // SAFETY: bind with a valid sockaddr_xdp and its size.
-            if unsafe {
-                libc::bind(
-                    s,
-                    (&sxdp as *const libc::sockaddr_xdp).cast(),
-                    std::mem::size_of::<libc::sockaddr_xdp>() as u32,
-                )
-            } < 0
-            {
-                return Err(os_err("bind", iface));
-            }
-            let mut xsks: aya::maps::XskMap<_> = aya::maps::XskMap::try_from(
-                bpf_guard
-                    .map_mut("xsks")
-                    .ok_or_else(|| err("XSK map", iface, "missing"))?,
-            )
-            .map_err(|e| err("XSK map", iface, e))?;
-            xsks.set(queue, s, 0)
-                .map_err(|e| err("inserting the socket into the XSK map", iface, e))?;
+            sockopt::set_xdp_umem_reg(s, reg).map_err(sys("registering the pool as UMEM"))?;
+            sockopt::set_xdp_umem_fill_ring_size(s, RING).map_err(sys("fill ring size"))?;
+            sockopt::set_xdp_umem_completion_ring_size(s, RING)
+                .map_err(sys("completion ring size"))?;
+            sockopt::set_xdp_rx_ring_size(s, RING).map_err(sys("RX ring size"))?;
+            sockopt::set_xdp_tx_ring_size(s, RING).map_err(sys("TX ring size"))?;
+            let off = sockopt::xdp_mmap_offsets(s).map_err(sys("XDP_MMAP_OFFSETS"))?;
+            let fill = XRing::map(s, &off.fr, XDP_UMEM_PGOFF_FILL_RING, 8, iface)?;
+            let comp = XRing::map(s, &off.cr, XDP_UMEM_PGOFF_COMPLETION_RING, 8, iface)?;
+            let rx = XRing::map(s, &off.rx, XDP_PGOFF_RX_RING, 16, iface)?;
+            let tx = XRing::map(s, &off.tx, XDP_PGOFF_TX_RING, 16, iface)?;
+            let addr = SocketAddrXdp::new(
+                SocketAddrXdpFlags::XDP_COPY | SocketAddrXdpFlags::XDP_USE_NEED_WAKEUP,
+                index,
+                queue,
+            );
+            rustix::net::bind(s, &addr).map_err(sys("bind"))?;
+            let mut xsks: aya::maps::XskMap<_> =
+                aya::maps::XskMap::try_from(bpf_guard.map_mut("xsks").ok_or_else(|| {
+                    Error::Missing {
+                        iface: iface.into(),
+                        what: "XSK map",
+                    }
+                })?)
+                .map_err(map_err("XSK map"))?;
+            xsks.set(queue, s.as_raw_fd(), 0)
+                .map_err(map_err("inserting the socket into the XSK map"))?;
             drop(bpf_guard);
             let mut port = AfXdpPort {
                 fd: Some(fd),
@@ -427,14 +562,21 @@ impl AfXdpPort {
                 stats: PortStats::default(),
                 bad_addresses: 0,
                 vips: filter.clone(),
-                _bpf: std::sync::Arc::clone(&shared),
+                _bpf: Arc::clone(&shared),
+            };
+            let pool_err = |what| {
+                move |source| Error::Pool {
+                    iface: iface.into(),
+                    what,
+                    source,
+                }
             };
             // Prime the fill ring, and set aside the transmit buffers.
             for i in 0..RING {
                 let b = port
                     .handle
                     .alloc()
-                    .map_err(|e| err("priming the fill ring", iface, e))?;
+                    .map_err(pool_err("priming the fill ring"))?;
                 let idx = b.index();
                 let _ = pool.transition(&b, State::User, State::InFlight);
                 port.fill.put_u64(i, u64::from(idx) * u64::from(chunk));
@@ -442,19 +584,17 @@ impl AfXdpPort {
             }
             port.fill.prod().store(RING, Ordering::Release);
             for _ in 0..RING {
-                port.tx_free.push(
-                    port.handle
-                        .alloc()
-                        .map_err(|e| err("transmit buffers", iface, e))?,
-                );
+                port.tx_free
+                    .push(port.handle.alloc().map_err(pool_err("transmit buffers"))?);
             }
             ports.push(port);
         }
         Ok(ports)
     }
 
-    fn raw(&self) -> i32 {
-        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    /// The socket (`None` only while the port is being dropped).
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(AsFd::as_fd)
     }
 
     /// The VIP set's handle (for updates on reload).
@@ -502,24 +642,16 @@ impl AfXdpPort {
                 break;
             }
             last = cons;
-            // SAFETY: a zero-length sendto on our socket only wakes the
-            // kernel's transmit processing.
-            unsafe {
-                libc::sendto(
-                    self.raw(),
-                    std::ptr::null(),
-                    0,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null(),
-                    0,
-                )
-            };
+            // A zero-length send only wakes the kernel's transmit processing.
+            if let Some(fd) = self.fd() {
+                let _ = rustix::net::send(fd, &[], SendFlags::DONTWAIT);
+            }
         }
     }
 }
 
 impl Nic for AfXdpPort {
-    fn receive(&mut self, _pool: &Pool, slots: &mut [Slot]) -> Result<usize, Error> {
+    fn receive(&mut self, _pool: &Pool, slots: &mut [Slot]) -> Result<usize, crate::Error> {
         let chunk = self.chunk();
         let prod = self.rx.prod().load(Ordering::Acquire);
         let mut cons = self.rx.cons().load(Ordering::Relaxed);
@@ -548,11 +680,10 @@ impl Nic for AfXdpPort {
             let _ = self.pool.transition(&got, State::InFlight, State::User);
             // The slot's reserved buffer replaces it in the fill ring.
             let Some(reserved) = slots[n].buf.replace(got) else {
-                return Err(err(
-                    "receive",
-                    &self.iface,
-                    "a slot came without a reserved buffer",
-                ));
+                return Err(Error::NoReservedBuffer {
+                    iface: self.iface.clone(),
+                }
+                .into());
             };
             let r = reserved.index() as usize;
             let _ = self
@@ -572,23 +703,16 @@ impl Nic for AfXdpPort {
             .prod()
             .store(fill_prod.wrapping_add(pushed), Ordering::Release);
         if pushed > 0 && self.fill.needs_wakeup() {
-            // SAFETY: a zero-length, non-blocking recvfrom only wakes the
-            // kernel's receive processing.
-            unsafe {
-                libc::recvfrom(
-                    self.raw(),
-                    std::ptr::null_mut(),
-                    0,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                )
-            };
+            // A zero-length, non-blocking receive only wakes the kernel's
+            // receive processing.
+            if let Some(fd) = self.fd() {
+                let _ = rustix::net::recv(fd, &mut [0u8; 0][..], RecvFlags::DONTWAIT);
+            }
         }
         Ok(n)
     }
 
-    fn transmit(&mut self, pool: &Pool, slots: &[Slot]) -> Result<usize, Error> {
+    fn transmit(&mut self, pool: &Pool, slots: &[Slot]) -> Result<usize, crate::Error> {
         self.reap();
         let chunk = self.chunk();
         let prod = self.tx.prod().load(Ordering::Relaxed);
@@ -626,13 +750,9 @@ impl Nic for AfXdpPort {
     }
 
     fn wait(&mut self, timeout_ms: i32) {
-        let mut p = libc::pollfd {
-            fd: self.raw(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: a valid pollfd for the call's duration.
-        unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        if let Some(fd) = self.fd() {
+            crate::afpacket::poll_in(fd, timeout_ms);
+        }
     }
 
     fn stats(&self) -> PortStats {

@@ -53,25 +53,49 @@ impl Packet {
     }
 }
 
-/// Why a port failed.
+/// Why a port failed: the error of the kind of port that failed, which
+/// keeps the system's answer (an [`std::io::Error`] stays one) as its source.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A system call on a port failed.
-    #[error("{what}: {reason}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// The system's answer, and what to do about it.
-        reason: String,
-    },
+    /// An AF_PACKET port could not be opened or used.
+    #[error(transparent)]
+    AfPacket(#[from] afpacket::Error),
+    /// An AF_XDP port, or one of its XDP programs, could not be set up or used.
+    #[error(transparent)]
+    AfXdp(#[from] afxdp::Error),
+    /// A TAP or TUN device could not be opened.
+    #[error(transparent)]
+    Tap(#[from] tap::Error),
     /// A pcap file could not be read or written.
-    #[error("pcap {path}: {reason}")]
-    Pcap {
-        /// The file.
-        path: String,
-        /// What went wrong.
-        reason: String,
-    },
+    #[error(transparent)]
+    Pcap(#[from] pcap::Error),
+}
+
+impl Error {
+    /// The system's answer, where the failure was a system call: match its
+    /// [`std::io::Error::kind`] or [`std::io::Error::raw_os_error`].
+    pub fn io_error(&self) -> Option<&std::io::Error> {
+        match self {
+            Error::AfPacket(afpacket::Error::Sys { source, .. })
+            | Error::AfXdp(afxdp::Error::Sys { source, .. })
+            | Error::Tap(tap::Error::Sys { source, .. })
+            | Error::Pcap(pcap::Error::Io { source, .. }) => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// What to do about a failed system call, printed after the system's answer
+/// as " (hint)"; nothing when there is no hint.
+pub(crate) struct Hint(pub(crate) Option<&'static str>);
+
+impl std::fmt::Display for Hint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(h) => write!(f, " ({h})"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Port counters.
@@ -151,4 +175,29 @@ pub trait Nic {
 
     /// Counters.
     fn stats(&self) -> PortStats;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_keep_the_system_answer_and_the_hint() {
+        fn shareable<T: Send + Sync + 'static>() {}
+        shareable::<Error>();
+        let e: Error = afpacket::Error::Sys {
+            iface: "veth0".into(),
+            op: "socket",
+            source: std::io::Error::from_raw_os_error(libc::EPERM),
+        }
+        .into();
+        assert_eq!(
+            e.io_error().and_then(std::io::Error::raw_os_error),
+            Some(libc::EPERM)
+        );
+        assert!(std::error::Error::source(&e).is_some());
+        let text = e.to_string();
+        assert!(text.starts_with("AF_PACKET on veth0: socket: "), "{text}");
+        assert!(text.ends_with(" (needs root or CAP_NET_RAW)"), "{text}");
+    }
 }
