@@ -19,10 +19,22 @@ use netio::mem::{MemPort, Vary};
 use packet::build::Frame;
 use serde::Serialize;
 
-use lb::config::Config;
+use lb::config::{Config, ConfigError};
 use lb::datapath::{Datapath, Params};
 use lb::tables::Control;
 use lb::worker::Mode;
+
+/// Why the bench could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The bench's configuration with the chosen parameters was rejected
+    /// (for example too many packet threads).
+    #[error("the bench's forwarder configuration: {0}")]
+    Config(#[source] ConfigError),
+    /// The datapath failed (packet pool, port).
+    #[error("the forwarder: {0}")]
+    Datapath(#[from] lb::datapath::Error),
+}
 
 /// Benchmark parameters.
 #[derive(Debug, Clone, Serialize)]
@@ -149,15 +161,10 @@ fn traffic(kind: &str) -> (Vec<Vec<u8>>, Vary) {
     }
 }
 
-fn measure(
-    cfg: &Config,
-    kind: &str,
-    threads: usize,
-    packets: u64,
-) -> Result<(f64, u64), lb::datapath::Error> {
+fn measure(cfg: &Config, kind: &str, threads: usize, packets: u64) -> Result<(f64, u64), Error> {
     let mut cfg = cfg.clone();
     cfg.forwarder.threads = threads;
-    let control = Control::new(cfg.clone()).expect("the bench config is valid");
+    let control = Control::new(cfg.clone()).map_err(Error::Config)?;
     let mut params = Params::from_config(&cfg);
     if kind == "null" {
         params.mode = Mode::Null;
@@ -173,8 +180,8 @@ fn measure(
 }
 
 /// Runs every cell; `progress` is told what runs next.
-pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, lb::datapath::Error> {
-    let cfg = Config::parse(CONFIG, "(bench)").expect("the bench config is valid");
+pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, Error> {
+    let cfg = Config::parse(CONFIG, "(bench)").map_err(Error::Config)?;
     let mut results: BTreeMap<String, BTreeMap<String, Cell>> = BTreeMap::new();
     for &threads in &b.threads {
         let mut null_mpps = None;

@@ -5,17 +5,33 @@
 //! minus the CPU time of the helper threads that play the peers (measured by
 //! each on itself). `perf` counters are not available on this VM, so these
 //! are cycles estimated from time, not counted.
+//!
+//! The sockets, rings and pools a measurement needs are local resources
+//! (loopback, a namespace of our own); a measurement that cannot make one
+//! panics saying which. What can fail for reasons outside this process
+//! (namespaces, nftables) is an [`Error`], or a figure marked skipped.
 
-use std::io::{Read, Write};
+use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use io_uring::{cqueue, opcode, types, IoUring};
+use rustix::net::{MMsgHdr, SendAncillaryBuffer, SendFlags};
 use serde_json::{json, Value};
 
+use lab::netns::{self, Netns};
 use maio::uring::{Config as RingConfig, Ring, RxBuf};
 use maio::{Hugepages, Pool};
+
+/// Why the benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Figure 3's UDP variant could not run inside its namespace (its
+    /// thread could not enter it, or panicked).
+    #[error("Figure 3 (UDP into a dropping veth): {0}")]
+    Namespace(#[source] lab::Error),
+}
 
 /// Bench settings.
 #[derive(Debug, Clone)]
@@ -61,10 +77,16 @@ impl Run {
     }
 }
 
+/// CPU seconds (user and system) of `who`: `RUSAGE_SELF` or
+/// `RUSAGE_THREAD` (rustix has no getrusage).
 fn rusage(who: libc::c_int) -> f64 {
-    // SAFETY: getrusage writes into a live struct.
-    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(who, &mut r) };
+    let mut r = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage(2) writes one struct rusage into memory we own; a
+    // zeroed rusage is a valid value, whether or not the call succeeds.
+    let r = unsafe {
+        libc::getrusage(who, r.as_mut_ptr());
+        r.assume_init()
+    };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(r.ru_utime) + tv(r.ru_stime)
 }
@@ -106,9 +128,9 @@ fn pool(buf_size: usize, buffers: u32) -> Pool {
     .expect("benchmark pool")
 }
 
-fn dup(fd: RawFd) -> OwnedFd {
-    // SAFETY: dup of a live descriptor; the result is owned by the caller.
-    unsafe { OwnedFd::from_raw_fd(libc::dup(fd)) }
+/// A second descriptor for `fd`, for a ring to own.
+fn dup(fd: impl AsFd) -> OwnedFd {
+    rustix::io::dup(fd).expect("dup a benchmark socket")
 }
 
 // ---------------------------------------------------------------- Figure 2
@@ -139,25 +161,15 @@ fn fig2_sendmsg(d: Duration) -> Run {
 fn fig2_sendmmsg(d: Duration) -> Run {
     let (tx, _sink) = udp_pair();
     let buf = [0x5au8; 64];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_ptr() as *mut _,
-        iov_len: 64,
-    };
-    // SAFETY: mmsghdr is plain data; each points at the one iovec above.
-    let mut msgs: Vec<libc::mmsghdr> = (0..32)
-        .map(|_| {
-            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-            m.msg_hdr.msg_iov = &mut iov;
-            m.msg_hdr.msg_iovlen = 1;
-            m
-        })
-        .collect();
+    let iov = [IoSlice::new(&buf)];
+    // 32 messages of the one 64-byte buffer, without ancillary data.
+    let mut controls: Vec<SendAncillaryBuffer<'_, '_, '_>> =
+        (0..32).map(|_| SendAncillaryBuffer::default()).collect();
+    let mut msgs: Vec<MMsgHdr<'_>> = controls.iter_mut().map(|c| MMsgHdr::new(&iov, c)).collect();
     let (t0, c0) = (Instant::now(), cpu_process());
     let mut n = 0u64;
     while t0.elapsed() < d {
-        // SAFETY: 32 valid mmsghdrs pointing at live memory.
-        let r = unsafe { libc::sendmmsg(tx.as_raw_fd(), msgs.as_mut_ptr(), 32, 0) };
-        if r > 0 {
+        if let Ok(r) = rustix::net::sendmmsg(&tx, &mut msgs, SendFlags::empty()) {
             n += r as u64;
         }
     }
@@ -186,7 +198,7 @@ fn fig2_uring(d: Duration) -> Run {
 fn fig2_maio(d: Duration, pool: &Pool) -> Run {
     let (tx, _sink) = udp_pair();
     let mut ring = Ring::new(pool, RingConfig::default()).expect("MAIO ring");
-    let s = ring.add_socket(dup(tx.as_raw_fd())).expect("register");
+    let s = ring.add_socket(dup(&tx)).expect("register");
     let msg = [0x5au8; 64];
     let (t0, c0) = (Instant::now(), cpu_process());
     let mut n = 0u64;
@@ -211,9 +223,16 @@ fn fig2_maio(d: Duration, pool: &Pool) -> Run {
 // ---------------------------------------------------------------- Figure 3
 
 const CHUNK: usize = 16 * 1024;
-/// linux/errqueue.h
+/// `SO_EE_ORIGIN_ZEROCOPY` (linux/errqueue.h): a MSG_ZEROCOPY completion.
 const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
+/// `SO_EE_CODE_ZEROCOPY_COPIED` (linux/errqueue.h): the kernel copied after
+/// all.
 const SO_EE_CODE_ZEROCOPY_COPIED: u32 = 1;
+/// `IORING_SEND_ZC_REPORT_USAGE` (linux/io_uring.h): say in the
+/// notification whether the kernel copied.
+const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+/// `IORING_NOTIF_USAGE_ZC_COPIED` (linux/io_uring.h): the kernel copied.
+const NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
 
 /// A TCP sink that discards without copying (MSG_TRUNC); returns its own
 /// CPU seconds when the sender closes.
@@ -224,7 +243,9 @@ fn tcp_sink() -> (std::net::SocketAddr, std::thread::JoinHandle<f64>) {
         let (c, _) = l.accept().expect("accept");
         let c0 = cpu_thread();
         loop {
-            // SAFETY: MSG_TRUNC on TCP discards up to len bytes; no buffer is written.
+            // SAFETY: with MSG_TRUNC, TCP discards up to len bytes without
+            // writing to the buffer, so a null buffer is never touched
+            // (rustix's recv needs a real buffer of len bytes).
             let n = unsafe {
                 libc::recv(
                     c.as_raw_fd(),
@@ -277,31 +298,46 @@ fn fig3_send(d: Duration) -> Run {
 }
 
 /// Read MSG_ZEROCOPY completions from the error queue: (completed sends,
-/// whether the kernel copied).
-fn zc_errqueue(fd: RawFd, block: bool) -> (u64, bool) {
+/// whether the kernel copied). The error queue's `sock_extended_err`
+/// messages are raw libc: rustix's ancillary parser does not decode them.
+fn zc_errqueue(fd: BorrowedFd<'_>, block: bool) -> (u64, bool) {
     let mut done = 0u64;
     let mut copied = false;
     loop {
         if block && done == 0 {
-            let mut p = libc::pollfd {
+            // POLLERR is always reported, so no events are asked for.
+            let mut p = [rustix::event::PollFd::from_borrowed_fd(
                 fd,
-                events: 0,
-                revents: 0,
-            };
-            // SAFETY: one live pollfd; POLLERR is always reported.
-            unsafe { libc::poll(&mut p, 1, 100) };
+                rustix::event::PollFlags::empty(),
+            )];
+            let _ = rustix::event::poll(
+                &mut p,
+                Some(&rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 100_000_000,
+                }),
+            );
         }
         let mut cbuf = [0u64; 16];
-        // SAFETY: msghdr is plain data pointing at our control buffer.
+        // SAFETY: msghdr is plain data for which all zeroes is valid.
         let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
         mh.msg_control = cbuf.as_mut_ptr() as *mut _;
         mh.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-        // SAFETY: recvmsg into live buffers.
-        let r = unsafe { libc::recvmsg(fd, &mut mh, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
+        // SAFETY: the msghdr points only at cbuf, which lives to the end of
+        // this iteration; no data buffers (msg_iovlen 0).
+        let r = unsafe {
+            libc::recvmsg(
+                fd.as_raw_fd(),
+                &mut mh,
+                libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT,
+            )
+        };
         if r < 0 {
             return (done, copied);
         }
-        // SAFETY: walking control messages the kernel wrote within msg_controllen.
+        // SAFETY: CMSG_FIRSTHDR/CMSG_NXTHDR walk the control messages the
+        // kernel wrote into cbuf within msg_controllen and return null past
+        // the last; an IP_RECVERR message's data is a sock_extended_err.
         unsafe {
             let mut c = libc::CMSG_FIRSTHDR(&mh);
             while !c.is_null() {
@@ -318,16 +354,21 @@ fn zc_errqueue(fd: RawFd, block: bool) -> (u64, bool) {
     }
 }
 
-fn zerocopy_loop(fd: RawFd, d: Duration, len: usize) -> (u64, bool) {
+/// MSG_ZEROCOPY sends of `len` bytes on `fd` for `d`: (bytes, whether the
+/// kernel copied). SO_ZEROCOPY and MSG_ZEROCOPY are raw libc: rustix has
+/// neither, and a zero-copy send must not look like a safe call (the
+/// kernel reads the buffer after it returns).
+fn zerocopy_loop(fd: BorrowedFd<'_>, d: Duration, len: usize) -> (u64, bool) {
     let one: libc::c_int = 1;
-    // SAFETY: setsockopt with a live int.
+    // SAFETY: setsockopt(2) reads one c_int from a live local, with its
+    // size.
     unsafe {
         libc::setsockopt(
-            fd,
+            fd.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_ZEROCOPY,
-            &one as *const _ as *const _,
-            4,
+            &one as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
     let bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0x5au8; len]).collect();
@@ -344,7 +385,14 @@ fn zerocopy_loop(fd: RawFd, d: Duration, len: usize) -> (u64, bool) {
         let b = &bufs[(sent % 64) as usize];
         // SAFETY: sends from a live buffer that is not reused until its
         // completion arrives (at most 64 outstanding, 64 buffers).
-        let r = unsafe { libc::send(fd, b.as_ptr() as *const _, len, libc::MSG_ZEROCOPY) };
+        let r = unsafe {
+            libc::send(
+                fd.as_raw_fd(),
+                b.as_ptr() as *const libc::c_void,
+                len,
+                libc::MSG_ZEROCOPY,
+            )
+        };
         if r > 0 {
             sent += 1;
             bytes += r as u64;
@@ -367,7 +415,7 @@ fn fig3_msg_zerocopy(d: Duration) -> Run {
     let (addr, sink) = tcp_sink();
     let s = TcpStream::connect(addr).expect("connect");
     let (t0, c0) = (Instant::now(), cpu_process());
-    let (bytes, copied) = zerocopy_loop(s.as_raw_fd(), d, CHUNK);
+    let (bytes, copied) = zerocopy_loop(s.as_fd(), d, CHUNK);
     drop(s);
     finish(t0, c0, bytes, sink, Some(copied))
 }
@@ -375,23 +423,21 @@ fn fig3_msg_zerocopy(d: Duration) -> Run {
 fn fig3_sendfile(d: Duration) -> Run {
     let (addr, sink) = tcp_sink();
     let s = TcpStream::connect(addr).expect("connect");
-    // SAFETY: memfd_create with a static name.
-    let mfd = unsafe { libc::memfd_create(c"maio-bench".as_ptr(), libc::MFD_CLOEXEC) };
-    // SAFETY: fresh descriptor.
-    let mut file = unsafe { std::fs::File::from_raw_fd(mfd) };
+    let mfd = rustix::fs::memfd_create("maio-bench", rustix::fs::MemfdFlags::CLOEXEC)
+        .expect("memfd_create");
+    let mut file = std::fs::File::from(mfd);
     file.write_all(&vec![0x5au8; 16 << 20]).expect("fill memfd");
     let (t0, c0) = (Instant::now(), cpu_process());
     let mut bytes = 0u64;
-    let mut off: libc::off_t = 0;
+    let mut off: u64 = 0;
     while t0.elapsed() < d {
         if off as usize + CHUNK > 16 << 20 {
             off = 0;
         }
-        // SAFETY: sendfile between live descriptors with a live offset.
-        let r = unsafe { libc::sendfile(s.as_raw_fd(), mfd, &mut off, CHUNK) };
-        if r <= 0 {
-            break;
-        }
+        let r = match rustix::fs::sendfile(&s, &file, Some(&mut off), CHUNK) {
+            Ok(0) | Err(_) => break,
+            Ok(r) => r,
+        };
         bytes += r as u64;
     }
     drop(s);
@@ -399,7 +445,7 @@ fn fig3_sendfile(d: Duration) -> Run {
 }
 
 /// io_uring SEND_ZC from ordinary memory, no SQPOLL, no fixed buffers.
-fn uring_zc_loop(fd: RawFd, d: Duration, len: usize) -> (u64, bool) {
+fn uring_zc_loop(fd: BorrowedFd<'_>, d: Duration, len: usize) -> (u64, bool) {
     let mut ring = IoUring::new(256).expect("io_uring");
     let bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0x5au8; len]).collect();
     let mut free: Vec<usize> = (0..64).collect();
@@ -408,10 +454,11 @@ fn uring_zc_loop(fd: RawFd, d: Duration, len: usize) -> (u64, bool) {
     while t0.elapsed() < d || outstanding > 0 {
         if t0.elapsed() < d {
             while let Some(i) = free.pop() {
-                let e = opcode::SendZc::new(types::Fd(fd), bufs[i].as_ptr(), len as u32)
-                    .zc_flags(1 << 3)
-                    .build()
-                    .user_data(i as u64);
+                let e =
+                    opcode::SendZc::new(types::Fd(fd.as_raw_fd()), bufs[i].as_ptr(), len as u32)
+                        .zc_flags(SEND_ZC_REPORT_USAGE)
+                        .build()
+                        .user_data(i as u64);
                 // SAFETY: the buffer is not reused until its notification.
                 if unsafe { ring.submission().push(&e) }.is_err() {
                     free.push(i);
@@ -423,7 +470,7 @@ fn uring_zc_loop(fd: RawFd, d: Duration, len: usize) -> (u64, bool) {
         let _ = ring.submit_and_wait(1);
         for c in ring.completion() {
             if cqueue::notif(c.flags()) {
-                copied |= c.result() as u32 & (1 << 31) != 0;
+                copied |= c.result() as u32 & NOTIF_USAGE_ZC_COPIED != 0;
                 free.push(c.user_data() as usize);
                 outstanding -= 1;
             } else {
@@ -447,7 +494,7 @@ fn fig3_uring_zc(d: Duration) -> Run {
     let (addr, sink) = tcp_sink();
     let s = TcpStream::connect(addr).expect("connect");
     let (t0, c0) = (Instant::now(), cpu_process());
-    let (bytes, copied) = uring_zc_loop(s.as_raw_fd(), d, CHUNK);
+    let (bytes, copied) = uring_zc_loop(s.as_fd(), d, CHUNK);
     drop(s);
     finish(t0, c0, bytes, sink, Some(copied))
 }
@@ -511,92 +558,52 @@ fn fig3_maio(d: Duration, pool: &Pool) -> Run {
 // --------------------------------------- Figure 3, UDP into a dropping veth
 
 /// A veth pair in a namespace of its own whose far end drops everything at
-/// ingress (nftables), so nothing is delivered to a local socket.
+/// ingress (nftables), so nothing is delivered to a local socket. The
+/// namespace (and so the pair) goes when this drops.
 struct VethSink {
-    ns: String,
+    ns: Netns,
 }
 
 impl VethSink {
-    fn new() -> Result<VethSink, String> {
-        let ns = format!("fpmaio{}", std::process::id());
-        let sh = |args: &[&str]| -> Result<(), String> {
-            let o = std::process::Command::new(args[0])
-                .args(&args[1..])
-                .output()
-                .map_err(|e| format!("{}: {e}", args[0]))?;
-            if o.status.success() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&o.stderr).trim()
-                ))
-            }
-        };
-        sh(&["ip", "netns", "add", &ns])?;
-        let v = VethSink { ns: ns.clone() };
-        sh(&[
-            "ip", "-n", &ns, "link", "add", "name", "za", "type", "veth", "peer", "name", "zb",
-        ])?;
-        sh(&["ip", "-n", &ns, "addr", "add", "10.201.0.1/30", "dev", "za"])?;
-        sh(&["ip", "-n", &ns, "link", "set", "za", "up", "mtu", "65000"])?;
-        sh(&["ip", "-n", &ns, "link", "set", "zb", "up", "mtu", "65000"])?;
-        sh(&[
-            "ip",
-            "-n",
-            &ns,
+    /// The sender's end, `za`, is 10.201.0.1/30 with a static neighbour
+    /// 10.201.0.2 (`zb`'s MAC), so datagrams leave without ARP; `zb` drops
+    /// them at ingress. Both ends have a 65000-byte MTU, so a 16 KiB
+    /// datagram is one frame.
+    fn new() -> Result<VethSink, lab::Error> {
+        let ns = Netns::new(&format!("fpmaio{}", std::process::id()))?;
+        netns::veth(&ns, "za", SINK_SRC_MAC, &ns, "zb", SINK_DST_MAC)?;
+        ns.ip(&["addr", "add", "10.201.0.1/30", "dev", "za"])?;
+        ns.ip(&["link", "set", "za", "mtu", "65000"])?;
+        ns.ip(&["link", "set", "zb", "mtu", "65000"])?;
+        ns.ip(&[
             "neigh",
             "add",
             "10.201.0.2",
             "lladdr",
-            "02:00:00:00:00:02",
+            SINK_DST_MAC,
             "dev",
             "za",
         ])?;
-        let rules = std::env::temp_dir().join(format!("{ns}.nft"));
-        std::fs::write(
-            &rules,
-            "table netdev sink {\n  chain in {\n    type filter hook ingress device zb priority 0; policy drop;\n  }\n}\n",
-        )
-        .map_err(|e| e.to_string())?;
-        let r = sh(&[
-            "ip",
-            "netns",
-            "exec",
-            &ns,
-            "nft",
-            "-f",
-            rules.to_str().unwrap_or_default(),
-        ]);
-        let _ = std::fs::remove_file(&rules);
-        r?;
-        Ok(v)
+        ns.exec_input(
+            &["nft", "-f", "-"],
+            b"table netdev sink {\n  chain in {\n    type filter hook ingress device zb priority 0; policy drop;\n  }\n}\n",
+        )?;
+        Ok(VethSink { ns })
     }
 
     /// Run `f` on a thread inside the namespace.
-    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
-        let path = format!("/run/netns/{}", self.ns);
-        std::thread::spawn(move || {
-            let ns = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
-            // SAFETY: setns on this thread only, with a namespace descriptor.
-            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(format!("setns: {}", std::io::Error::last_os_error()));
-            }
-            Ok(f())
-        })
-        .join()
-        .map_err(|_| "benchmark thread panicked".to_string())?
+    fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, lab::Error> {
+        self.ns.inside(f)
     }
 }
 
-impl Drop for VethSink {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &self.ns])
-            .output();
-    }
-}
+/// The MAC of the sink's sending end, `za`.
+const SINK_SRC_MAC: &str = "02:00:00:00:00:01";
+/// The MAC of the sink's dropping end, `zb`.
+const SINK_DST_MAC: &str = "02:00:00:00:00:02";
 
 fn udp_to_sink() -> UdpSocket {
     let s = UdpSocket::bind("10.201.0.1:0").expect("bind in namespace");
@@ -617,17 +624,17 @@ fn fig3u_send(d: Duration) -> Run {
     Run::volume(t0, c0, bytes, Some(true))
 }
 
-fn fig3u_with(d: Duration, f: fn(RawFd, Duration, usize) -> (u64, bool)) -> Run {
+fn fig3u_with(d: Duration, f: fn(BorrowedFd<'_>, Duration, usize) -> (u64, bool)) -> Run {
     let s = udp_to_sink();
     let (t0, c0) = (Instant::now(), cpu_process());
-    let (bytes, copied) = f(s.as_raw_fd(), d, CHUNK);
+    let (bytes, copied) = f(s.as_fd(), d, CHUNK);
     Run::volume(t0, c0, bytes, Some(copied))
 }
 
 fn fig3u_maio(d: Duration, pool: Pool) -> Run {
     let s = udp_to_sink();
     let mut ring = Ring::new(&pool, RingConfig::default()).expect("MAIO ring");
-    let id = ring.add_socket(dup(s.as_raw_fd())).expect("register");
+    let id = ring.add_socket(dup(&s)).expect("register");
     let (t0, c0) = (Instant::now(), cpu_process());
     let (bytes, copied) = maio_zc_loop(&mut ring, id, d, CHUNK);
     Run::volume(t0, c0, bytes, Some(copied))
@@ -695,52 +702,24 @@ fn fig4_copy(d: Duration) -> Run {
 }
 
 fn fig4_splice(d: Duration) -> Run {
+    use rustix::pipe::{fcntl_setpipe_size, pipe_with, splice, PipeFlags, SpliceFlags};
     proxied(d, |i, o, _| {
-        let mut p = [0 as libc::c_int; 2];
-        // SAFETY: pipe2 fills two descriptors.
-        unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) };
-        // SAFETY: F_SETPIPE_SZ on our pipe.
-        unsafe { libc::fcntl(p[1], libc::F_SETPIPE_SZ, PROXY_BUF as libc::c_int) };
+        let (rd, wr) = pipe_with(PipeFlags::CLOEXEC).expect("pipe2");
+        let _ = fcntl_setpipe_size(&wr, PROXY_BUF);
         let mut bytes = 0u64;
         loop {
-            // SAFETY: splice between live descriptors, no offsets.
-            let n = unsafe {
-                libc::splice(
-                    i.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    p[1],
-                    std::ptr::null_mut(),
-                    PROXY_BUF,
-                    libc::SPLICE_F_MOVE,
-                )
+            let n = match splice(&i, None, &wr, None, PROXY_BUF, SpliceFlags::MOVE) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
             };
-            if n <= 0 {
-                break;
-            }
             let mut left = n;
             while left > 0 {
-                // SAFETY: as above.
-                let m = unsafe {
-                    libc::splice(
-                        p[0],
-                        std::ptr::null_mut(),
-                        o.as_raw_fd(),
-                        std::ptr::null_mut(),
-                        left as usize,
-                        libc::SPLICE_F_MOVE,
-                    )
-                };
-                if m <= 0 {
-                    break;
+                match splice(&rd, None, &o, None, left, SpliceFlags::MOVE) {
+                    Ok(0) | Err(_) => break,
+                    Ok(m) => left -= m,
                 }
-                left -= m;
             }
             bytes += n as u64;
-        }
-        // SAFETY: closing our pipe.
-        unsafe {
-            libc::close(p[0]);
-            libc::close(p[1]);
         }
         (bytes, None)
     })
@@ -897,7 +876,7 @@ fn summarize(e: &Value) -> String {
 
 /// Run the chosen figures (all when `o.figures` is empty); `progress`
 /// gets a line per method.
-pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, String> {
+pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
     let d = Duration::from_secs_f64(o.seconds);
     let hz = hz();
     let small = pool(2048, 4096);
@@ -940,27 +919,29 @@ pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, String> {
             Ok(v) => {
                 let reps = o.reps;
                 let big2 = big.clone();
-                let r = v.run(move || {
-                    let quiet = |_: &str| {};
-                    figure(
-                        vec![
-                            ("send", Box::new(move || fig3u_send(d))),
-                            (
-                                "msg_zerocopy",
-                                Box::new(move || fig3u_with(d, zerocopy_loop)),
-                            ),
-                            (
-                                "io_uring_send_zc",
-                                Box::new(move || fig3u_with(d, uring_zc_loop)),
-                            ),
-                            ("maio", Box::new(move || fig3u_maio(d, big2.clone()))),
-                        ],
-                        reps,
-                        "cycles_per_byte",
-                        hz,
-                        &quiet,
-                    )
-                })?;
+                let r = v
+                    .run(move || {
+                        let quiet = |_: &str| {};
+                        figure(
+                            vec![
+                                ("send", Box::new(move || fig3u_send(d))),
+                                (
+                                    "msg_zerocopy",
+                                    Box::new(move || fig3u_with(d, zerocopy_loop)),
+                                ),
+                                (
+                                    "io_uring_send_zc",
+                                    Box::new(move || fig3u_with(d, uring_zc_loop)),
+                                ),
+                                ("maio", Box::new(move || fig3u_maio(d, big2.clone()))),
+                            ],
+                            reps,
+                            "cycles_per_byte",
+                            hz,
+                            &quiet,
+                        )
+                    })
+                    .map_err(Error::Namespace)?;
                 for (k, e) in r.as_object().into_iter().flatten() {
                     progress(&format!("  {k}: {}", summarize(e)));
                 }
@@ -970,7 +951,7 @@ pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, String> {
                 progress(&format!(
                     "  skipped: {e} (needs root, iproute2 and nftables)"
                 ));
-                json!({ "skipped": e })
+                json!({ "skipped": e.to_string() })
             }
         };
         doc.insert("figure3".into(), fig3);

@@ -18,6 +18,7 @@
 //! test and the kernel's veth processing. The figures are ratios of one run.
 
 use std::collections::BTreeMap;
+use std::io;
 use std::net::IpAddr;
 use std::path::Path;
 use std::process::Stdio;
@@ -33,6 +34,61 @@ use serde::Serialize;
 const VIP: [u8; 4] = [198, 18, 0, 1];
 const GEN_MAC: &str = "02:00:00:00:0e:01";
 const DUT_MAC: &str = "02:00:00:00:0e:02";
+
+/// Why the veth bench could not measure.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A namespace, the veth pair or an address could not be set up.
+    #[error(transparent)]
+    Lab(#[from] lab::Error),
+    /// The generator's packet pool could not be created.
+    #[error("the generator's packet pool: {0}")]
+    Pool(#[source] maio::Error),
+    /// The generator's AF_PACKET port failed.
+    #[error("the generator's AF_PACKET port on g0: {0}")]
+    Port(#[source] netio::Error),
+    /// An XDP program could not be attached.
+    #[error("attaching an XDP program to {iface}: {source}")]
+    Xdp {
+        /// The interface.
+        iface: &'static str,
+        /// What the attach said.
+        #[source]
+        source: netio::Error,
+    },
+    /// The nftables rules could not be loaded.
+    #[error("loading the nftables rules (is nftables installed?): {0}")]
+    Nft(#[source] lab::Error),
+    /// A file or process of the bench could not be made.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The system's answer.
+        #[source]
+        source: io::Error,
+    },
+    /// A thread of the bench panicked.
+    #[error("the {0} thread panicked")]
+    Panicked(&'static str),
+    /// A peer forwarded nothing, so no ratio means anything.
+    #[error("a peer forwarded nothing (nftables {nftables} Mpps, veth limit {veth_limit} Mpps): the measurement is void; {note}")]
+    Void {
+        /// What came back through nftables, Mpps.
+        nftables: f64,
+        /// What came back from the XDP bounce, Mpps.
+        veth_limit: f64,
+        /// The bounce's note (its mode and interface counters).
+        note: String,
+    },
+}
+
+impl Error {
+    fn io(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Io { what, source }
+    }
+}
 
 /// One variant's result.
 #[derive(Debug, Clone, Serialize)]
@@ -68,21 +124,19 @@ fn rx_packets(ns: &Netns, dev: &str) -> u64 {
 }
 
 /// Drives `g0` from inside `gen` for `secs`; returns frames sent.
-fn generate(gen: &Netns, secs: f64) -> Result<u64, String> {
+fn generate(gen: &Netns, secs: f64) -> Result<u64, Error> {
     let name = gen.name().to_string();
-    std::thread::spawn(move || -> Result<u64, String> {
-        let ns = std::mem::ManuallyDrop::new(Netns::new_handle(&name));
-        ns.enter()?;
+    std::thread::spawn(move || -> Result<u64, Error> {
+        netns::enter(&name)?;
         let pool = Pool::new(maio::Config {
             buffers: 2048,
             buf_size: 2048,
             hugepages: Hugepages::Auto,
             magazine_depth: 64,
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(Error::Pool)?;
         let mut h = pool.handle();
-        let mut port =
-            AfPacketPort::open(afpacket::Config::new("g0")).map_err(|e| e.to_string())?;
+        let mut port = AfPacketPort::open(afpacket::Config::new("g0")).map_err(Error::Port)?;
         let dmac = lb::config::parse_mac(DUT_MAC).unwrap_or_default();
         let smac = lb::config::parse_mac(GEN_MAC).unwrap_or_default();
         let slots: Vec<Slot> = (0..1024u32)
@@ -112,14 +166,14 @@ fn generate(gen: &Netns, secs: f64) -> Result<u64, String> {
         while Instant::now() < deadline {
             let n = port
                 .transmit(&pool, &slots[at..(at + 64).min(slots.len())])
-                .map_err(|e| e.to_string())?;
+                .map_err(Error::Port)?;
             sent += n as u64;
             at = (at + 64) % slots.len();
         }
         Ok(sent)
     })
     .join()
-    .map_err(|_| "the generator panicked".to_string())?
+    .map_err(|_| Error::Panicked("generator"))?
 }
 
 /// Keeps an XDP program attached (from a thread inside `ns`) until the
@@ -132,14 +186,16 @@ struct XdpHold {
 impl XdpHold {
     fn new<T: 'static>(
         ns: &Netns,
-        attach: impl FnOnce() -> Result<(T, String), String> + Send + 'static,
-    ) -> Result<(XdpHold, String), String> {
+        attach: impl FnOnce() -> Result<(T, String), Error> + Send + 'static,
+    ) -> Result<(XdpHold, String), Error> {
         let name = ns.name().to_string();
-        let (tx, rx) = std::sync::mpsc::channel::<Result<String, String>>();
+        let (tx, rx) = std::sync::mpsc::channel::<Result<String, Error>>();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
-            let ns = std::mem::ManuallyDrop::new(Netns::new_handle(&name));
-            match ns.enter().map_err(String::from).and_then(|_| attach()) {
+            match netns::enter(&name)
+                .map_err(Error::from)
+                .and_then(|_| attach())
+            {
                 Ok((handle, note)) => {
                     let _ = tx.send(Ok(note));
                     let _ = stop_rx.recv();
@@ -150,7 +206,7 @@ impl XdpHold {
                 }
             }
         });
-        let note = rx.recv().map_err(|e| e.to_string())??;
+        let note = rx.recv().map_err(|_| Error::Panicked("XDP holder"))??;
         Ok((
             XdpHold {
                 stop: Some(stop_tx),
@@ -170,7 +226,7 @@ impl Drop for XdpHold {
     }
 }
 
-fn pair(tag: &str) -> Result<(Netns, Netns, XdpHold), String> {
+fn pair(tag: &str) -> Result<(Netns, Netns, XdpHold), Error> {
     let gen = Netns::new(&format!("fpbg-{tag}"))?;
     let dut = Netns::new(&format!("fpbd-{tag}"))?;
     for ns in [&gen, &dut] {
@@ -187,7 +243,10 @@ fn pair(tag: &str) -> Result<(Netns, Netns, XdpHold), String> {
     let (hold, _) = XdpHold::new(&gen, || {
         netio::afxdp::attach_pass("g0")
             .map(|b| (b, String::new()))
-            .map_err(|e| e.to_string())
+            .map_err(|source| Error::Xdp {
+                iface: "g0",
+                source,
+            })
     })?;
     dut.ip(&["addr", "add", "10.30.0.2/24", "dev", "d0"])?;
     // The backends are reached through the generator's side: what comes
@@ -197,7 +256,7 @@ fn pair(tag: &str) -> Result<(Netns, Netns, XdpHold), String> {
     Ok((gen, dut, hold))
 }
 
-fn measure(gen: &Netns, secs: f64) -> Result<(f64, f64), String> {
+fn measure(gen: &Netns, secs: f64) -> Result<(f64, f64), Error> {
     let before = rx_packets(gen, "g0");
     let t = Instant::now();
     let sent = generate(gen, secs)?;
@@ -208,9 +267,9 @@ fn measure(gen: &Netns, secs: f64) -> Result<(f64, f64), String> {
 }
 
 /// Runs the three variants for `secs` each; `fastpath` is our binary.
-pub fn run(fastpath: &Path, secs: f64, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
+pub fn run(fastpath: &Path, secs: f64, progress: &mut dyn FnMut(&str)) -> Result<Report, Error> {
     if !netns::available() {
-        return Err("needs root and iproute2 (network namespaces)".into());
+        return Err(lab::Error::Unavailable.into());
     }
     let tag = format!("{}", std::process::id() % 100_000);
     let backends = ["10.20.0.1", "10.20.0.2", "10.20.0.3", "10.20.0.4"];
@@ -220,7 +279,7 @@ pub fn run(fastpath: &Path, secs: f64, progress: &mut dyn FnMut(&str)) -> Result
     progress("fastpath (lb run --interface, driver auto)");
     let (gen, dut, pass) = pair(&tag)?;
     let dir = std::env::temp_dir().join(format!("fastpath-vethbench-{tag}"));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
     let cfg = dir.join("lb.toml");
     let list: Vec<String> = backends
         .iter()
@@ -235,7 +294,7 @@ pub fn run(fastpath: &Path, secs: f64, progress: &mut dyn FnMut(&str)) -> Result
             list.join(", ")
         ),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(Error::io(format!("writing {}", cfg.display())))?;
     let mut lb = dut
         .command(&fastpath.to_string_lossy())
         .args([
@@ -249,11 +308,14 @@ pub fn run(fastpath: &Path, secs: f64, progress: &mut dyn FnMut(&str)) -> Result
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("starting the load balancer: {e}"))?;
+        .map_err(Error::io("starting the load balancer"))?;
     std::thread::sleep(Duration::from_millis(1500));
     let m = measure(&gen, secs);
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(lb.id() as i32, libc::SIGTERM) };
+    // The child is ours and not yet reaped, so its pid is still its own.
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_child(&lb),
+        rustix::process::Signal::TERM,
+    );
     let _ = lb.wait();
     let mut log = String::new();
     if let Some(mut e) = lb.stderr.take() {
@@ -291,23 +353,8 @@ pub fn run(fastpath: &Path, secs: f64, progress: &mut dyn FnMut(&str)) -> Result
         backends.len(),
         map.join(", ")
     );
-    let out = dut
-        .command("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().map(|mut s| s.write_all(rules.as_bytes()));
-            c.wait_with_output()
-        });
-    match out {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => return Err(format!("nft: {}", String::from_utf8_lossy(&o.stderr))),
-        Err(e) => return Err(format!("nft: {e} (is nftables installed?)")),
-    }
+    dut.exec_input(&["nft", "-f", "-"], rules.as_bytes())
+        .map_err(Error::Nft)?;
     let (mpps, offered) = measure(&gen, secs)?;
     results.insert(
         "nftables".to_string(),
@@ -325,7 +372,10 @@ pub fn run(fastpath: &Path, secs: f64, progress: &mut dyn FnMut(&str)) -> Result
     let (bounce, note) = XdpHold::new(&dut, || {
         netio::afxdp::attach_bounce("d0")
             .map(|(b, mode)| (b, format!("{mode:?} XDP")))
-            .map_err(|e| e.to_string())
+            .map_err(|source| Error::Xdp {
+                iface: "d0",
+                source,
+            })
     })?;
     let m = measure(&gen, secs);
     let counters = |ns: &Netns, dev: &str| {
@@ -364,7 +414,11 @@ pub fn run(fastpath: &Path, secs: f64, progress: &mut dyn FnMut(&str)) -> Result
     let f = results["fastpath"].mpps;
     let (n, v) = (results["nftables"].mpps, results["veth_limit"].mpps);
     if n <= 0.0 || v <= 0.0 {
-        return Err(format!("a peer forwarded nothing (nftables {n} Mpps, veth limit {v} Mpps): the measurement is void; {}", results["veth_limit"].note));
+        return Err(Error::Void {
+            nftables: n,
+            veth_limit: v,
+            note: results["veth_limit"].note.clone(),
+        });
     }
     Ok(Report {
         seconds: secs,

@@ -50,9 +50,27 @@ pub enum Error {
     /// A thread sent into a namespace panicked.
     #[error("a thread inside namespace {0} panicked")]
     ThreadPanicked(String),
-    /// An HTTP exchange through the VIP or with the API went wrong.
+    /// An HTTP exchange through the VIP ended early or said too much.
     #[error("HTTP: {0}")]
     Http(String),
+    /// An address written in this crate does not parse.
+    #[error("address {addr}: {source}")]
+    Address {
+        /// The text.
+        addr: String,
+        /// Why it does not parse.
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    /// The load balancer's API did not answer a request.
+    #[error("API {request}: {source}")]
+    Api {
+        /// The request (method and path).
+        request: String,
+        /// The API client's answer.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The network did not do what it must within its time.
     #[error("{what}{}", if .logs.is_empty() { String::new() } else { format!("\n{}", .logs) })]
     Timeout {
@@ -74,12 +92,5 @@ impl Error {
     pub fn io(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> Error {
         let what = what.to_string();
         move |source| Error::Io { what, source }
-    }
-}
-
-// TEMPORARY while crates/bench moves off string errors.
-impl From<Error> for String {
-    fn from(e: Error) -> String {
-        e.to_string()
     }
 }

@@ -2,8 +2,9 @@
 //! Each [`Netns`] deletes itself (and so its interfaces) when dropped, also
 //! when a test panics.
 
-use std::os::fd::AsRawFd;
-use std::process::{Command, Output};
+use std::io::Write as _;
+use std::os::fd::AsFd;
+use std::process::{Command, Output, Stdio};
 
 use crate::{Error, Result};
 
@@ -82,6 +83,39 @@ impl Netns {
         sh(&v)
     }
 
+    /// Runs a command inside with `input` on its stdin, and fails with its
+    /// stderr if it fails (for `nft -f -` and the like).
+    pub fn exec_input(&self, args: &[&str], input: &[u8]) -> Result<Output> {
+        let mut v = vec!["ip", "netns", "exec", &self.name];
+        v.extend_from_slice(args);
+        let spawn_failed = |source| Error::Spawn {
+            program: format!("{} in {}", args.first().unwrap_or(&""), self.name),
+            source,
+        };
+        let mut child = Command::new("ip")
+            .args(&v[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_failed)?;
+        if let Some(mut stdin) = child.stdin.take() {
+            // A command that exits without reading all of its input reports
+            // why on stderr, checked below.
+            let _ = stdin.write_all(input);
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(Error::io(format!("waiting for `{}`", v.join(" "))))?;
+        if !out.status.success() {
+            return Err(Error::Failed {
+                command: v.join(" "),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(out)
+    }
+
     /// Sets a sysctl inside.
     pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
         self.exec(&["sysctl", "-qw", &format!("{key}={value}")])
@@ -91,19 +125,37 @@ impl Netns {
     /// Moves the calling thread into this namespace (sockets it opens
     /// afterwards belong to it). Other threads are unaffected.
     pub fn enter(&self) -> Result<()> {
-        let path = format!("/var/run/netns/{}", self.name);
-        let f = std::fs::File::open(&path).map_err(Error::io(format!("opening {path}")))?;
-        // SAFETY: setns(2) on a namespace file we hold open; it changes only
-        // the calling thread's network namespace.
-        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-        if r != 0 {
-            return Err(Error::Io {
-                what: format!("entering namespace {} (setns)", self.name),
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        Ok(())
+        enter(&self.name)
     }
+
+    /// Runs `f` on a new thread inside this namespace (sockets it opens
+    /// belong to it) and returns what it returned; the calling thread stays
+    /// where it is.
+    pub fn inside<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+        let name = self.name.clone();
+        std::thread::spawn(move || {
+            enter(&name)?;
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| Error::ThreadPanicked(self.name.clone()))?
+    }
+}
+
+/// Moves the calling thread into the namespace called `name` (made by
+/// `ip netns add`, or a [`Netns`] that another thread owns). Other threads
+/// are unaffected.
+pub fn enter(name: &str) -> Result<()> {
+    let path = format!("/var/run/netns/{name}");
+    let f = std::fs::File::open(&path).map_err(Error::io(format!("opening {path}")))?;
+    rustix::thread::move_into_link_name_space(
+        f.as_fd(),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )
+    .map_err(|e| Error::Io {
+        what: format!("entering namespace {name} (setns)"),
+        source: e.into(),
+    })
 }
 
 impl Drop for Netns {
@@ -167,10 +219,49 @@ pub fn veth_multiqueue(
 
 /// Whether this process may create namespaces (root with iproute2).
 pub fn available() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    root && Command::new("ip")
-        .arg("-V")
-        .output()
-        .is_ok_and(|o| o.status.success())
+    rustix::process::geteuid().is_root()
+        && Command::new("ip")
+            .arg("-V")
+            .output()
+            .is_ok_and(|o| o.status.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_inside_see_the_namespace_and_commands_get_their_input() {
+        if !available() {
+            eprintln!("skipped: needs root and iproute2");
+            return;
+        }
+        let ns = Netns::new(&format!("fplab{}", std::process::id())).expect("namespace");
+        veth(
+            &ns,
+            "ta",
+            "02:00:00:00:7e:01",
+            &ns,
+            "tb",
+            "02:00:00:00:7e:02",
+        )
+        .expect("veth");
+        ns.ip(&["addr", "add", "10.202.0.1/30", "dev", "ta"])
+            .expect("address");
+        // The address exists only inside the namespace.
+        let bound = ns
+            .inside(|| std::net::UdpSocket::bind("10.202.0.1:0").is_ok())
+            .expect("thread inside");
+        assert!(bound);
+        let out = ns.exec_input(&["cat"], b"hello").expect("cat");
+        assert_eq!(out.stdout, b"hello");
+        assert!(matches!(
+            ns.exec_input(&["false"], b""),
+            Err(Error::Failed { .. })
+        ));
+        assert!(matches!(
+            ns.inside(|| panic!("a test panic")),
+            Err(Error::ThreadPanicked(_))
+        ));
+    }
 }

@@ -47,8 +47,11 @@ impl Procs {
             return String::new();
         };
         let (_, mut c) = self.0.remove(i);
-        // SAFETY: kill(2) on a child we spawned and have not reaped.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        // The child is ours and not yet reaped, so its pid is still its own.
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&c),
+            rustix::process::Signal::TERM,
+        );
         let deadline = Instant::now() + Duration::from_secs(5);
         while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
@@ -418,20 +421,12 @@ pool = "web"
         ns: &Netns,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T> {
-        let name = ns.name().to_string();
-        let panicked = Error::ThreadPanicked(name.clone());
-        std::thread::spawn(move || {
-            let ns = std::mem::ManuallyDrop::new(Netns::new_handle(&name));
-            ns.enter()?;
-            Ok(f())
-        })
-        .join()
-        .map_err(|_| panicked)?
+        ns.inside(f)
     }
 
     /// One HTTP request from the client through the VIP on a new connection;
     /// the answer's body.
-    pub fn request(&self) -> Result<String> {
+    pub fn request(&self) -> Result<String, Error> {
         Self::inside(&self.client, || {
             let mut c = HttpConn::connect()?;
             c.get()
@@ -455,13 +450,17 @@ pool = "web"
 
     /// The API's answer to `method path`, from inside the load balancer's
     /// namespace.
-    pub fn api(&self, method: &str, path: &str) -> Result<String> {
+    pub fn api(&self, method: &str, path: &str) -> Result<String, Error> {
         let (method, path) = (method.to_string(), path.to_string());
         Self::inside(&self.lb, move || {
-            let addr: SocketAddr = API
-                .parse()
-                .map_err(|e| Error::Http(format!("{API}: {e}")))?;
-            lbd::daemon::api_request(addr, &method, &path).map_err(|e| Error::Http(e.to_string()))
+            let addr: SocketAddr = API.parse().map_err(|source| Error::Address {
+                addr: API.to_string(),
+                source,
+            })?;
+            lbd::daemon::api_request(addr, &method, &path).map_err(|e| Error::Api {
+                request: format!("{method} {path}"),
+                source: e.into(),
+            })
         })?
     }
 
@@ -509,9 +508,11 @@ pub struct HttpConn {
 impl HttpConn {
     /// Connects to the VIP (from inside the client's namespace).
     pub fn connect() -> Result<Self> {
-        let addr: SocketAddr = format!("{VIP}:80")
-            .parse()
-            .map_err(|e| Error::Http(format!("{VIP}: {e}")))?;
+        let text = format!("{VIP}:80");
+        let addr: SocketAddr = text.parse().map_err(|source| Error::Address {
+            addr: text.clone(),
+            source,
+        })?;
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
             .map_err(Error::io(format!("connecting to {addr}")))?;
         s.set_read_timeout(Some(Duration::from_secs(3)))
@@ -520,7 +521,7 @@ impl HttpConn {
     }
 
     /// GET / on this connection; the body.
-    pub fn get(&mut self) -> Result<String> {
+    pub fn get(&mut self) -> Result<String, Error> {
         self.s
             .write_all(
                 format!("GET / HTTP/1.1\r\nHost: {VIP}\r\nUser-Agent: fastpath-demo\r\n\r\n")
