@@ -191,8 +191,14 @@ impl Default for Encap {
 #[serde(deny_unknown_fields, default)]
 pub struct Api {
     /// Where to serve `/metrics`, `/status` and `POST /reload` (off when
-    /// absent). Keep it on a loopback or management address.
+    /// absent). Keep it on a loopback or management address; any other
+    /// address needs `token_file`.
     pub listen: Option<std::net::SocketAddr>,
+    /// A file whose first line is a bearer token (at least 16 characters):
+    /// requests that change the load balancer (`POST /reload`) must carry
+    /// `Authorization: Bearer <token>`. Required when `listen` is not a
+    /// loopback address.
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// `[bgp]`: announcing VIPs through BIRD. fastpath writes the VIPs as
@@ -467,6 +473,7 @@ impl Config {
         self.check_forwarder()
             .and_then(|()| self.check_conntrack())
             .and_then(|()| self.check_encap())
+            .and_then(|()| self.check_api())
             .and_then(|()| self.check_pools())
             .and_then(|()| self.check_bgp())
             .and_then(|()| self.check_health())
@@ -571,6 +578,23 @@ impl Config {
         }
         if e.ttl == 0 {
             return problem("encap.ttl".into(), "must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// `[api]`: anyone who reaches a non-loopback API could reconfigure the
+    /// load balancer, so such an address needs a token.
+    fn check_api(&self) -> Result<(), Problem> {
+        if let Some(addr) = self.api.listen {
+            if !addr.ip().is_loopback() && self.api.token_file.is_none() {
+                return problem(
+                    "api.listen".into(),
+                    format!(
+                        "{addr} is reachable from other machines: set api.token_file \
+                         (a file holding a bearer token) or listen on 127.0.0.1"
+                    ),
+                );
+            }
         }
         Ok(())
     }
@@ -948,6 +972,25 @@ pool = "web"
         assert!(e.key.starts_with("line"), "{e}");
         let e = err("[conntrack]\nsize = 1000\n");
         assert_eq!(e.key, "conntrack.size");
+        // An API anyone can reach needs a token (issue 13, finding 9).
+        let e = err(&GOOD.replace("[encap]", "[api]\nlisten = \"0.0.0.0:9180\"\n[encap]"));
+        assert!(
+            e.key == "api.listen" && e.problem.contains("token_file"),
+            "{e}"
+        );
+        Config::parse(
+            &GOOD.replace(
+                "[encap]",
+                "[api]\nlisten = \"0.0.0.0:9180\"\ntoken_file = \"/etc/t\"\n[encap]",
+            ),
+            "t",
+        )
+        .unwrap();
+        Config::parse(
+            &GOOD.replace("[encap]", "[api]\nlisten = \"[::1]:9180\"\n[encap]"),
+            "t",
+        )
+        .unwrap();
         // A bad key in column 0 is reported on its own line (it was one
         // line too high).
         let e = err("[forwarder]\nthreads = 2\nbatch = 32\nthreadz = 4\n");

@@ -53,6 +53,8 @@ fn vip_addresses(cfg: &Config) -> Vec<[u8; 16]> {
 
 /// What the control plane shares with its tasks.
 pub struct Shared {
+    /// The API's bearer token for mutating requests (`[api] token_file`).
+    token: Option<String>,
     /// The configuration the daemon started with: `[forwarder]`,
     /// `[conntrack]` and `[api]` keep its values until the next start.
     boot: Config,
@@ -90,6 +92,9 @@ pub enum Error {
     /// XDP program's VIP set.
     #[error("AF_XDP: prefix-group VIPs cannot be listed in the XDP program's VIP set; use driver = \"af-packet\"")]
     PrefixVipsNeedAfPacket,
+    /// The HTTP API could not be set up.
+    #[error(transparent)]
+    Api(#[from] crate::api::ApiSetupError),
     /// Another load balancer serves the interface.
     #[error(transparent)]
     Lock(#[from] crate::lock::LockError),
@@ -572,7 +577,7 @@ async fn health_manager(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
 
 async fn control_plane(
     shared: Arc<Shared>,
-    listen: Option<std::net::SocketAddr>,
+    listener: Option<std::net::TcpListener>,
     stop: Arc<AtomicBool>,
 ) {
     tokio::spawn(health_manager(Arc::clone(&shared), Arc::clone(&stop)));
@@ -584,7 +589,7 @@ async fn control_plane(
             }
         });
     }
-    if let Some(addr) = listen {
+    if let Some(listener) = listener {
         let app = Router::new()
             .route(
                 "/metrics",
@@ -596,37 +601,32 @@ async fn control_plane(
             )
             .route(
                 "/reload",
-                post(|State(s): State<Arc<Shared>>| async move {
-                    match tokio::task::spawn_blocking(move || s.reload()).await {
-                        Ok(Ok(r)) => (StatusCode::OK, Json(r)).into_response(),
-                        Ok(Err(e)) => (
-                            StatusCode::BAD_REQUEST,
-                            Json(serde_json::json!({ "error": e.to_string() })),
-                        )
-                            .into_response(),
-                        Err(e) => {
-                            (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+                post(
+                    |State(s): State<Arc<Shared>>, headers: axum::http::HeaderMap| async move {
+                        if !crate::api::authorized(&headers, s.token.as_deref()) {
+                            return crate::api::unauthorized().into_response();
                         }
-                    }
-                }),
+                        match tokio::task::spawn_blocking(move || s.reload()).await {
+                            Ok(Ok(r)) => (StatusCode::OK, Json(r)).into_response(),
+                            Ok(Err(e)) => (
+                                StatusCode::BAD_REQUEST,
+                                Json(serde_json::json!({ "error": e.to_string() })),
+                            )
+                                .into_response(),
+                            Err(e) => {
+                                (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+                            }
+                        }
+                    },
+                ),
             )
             .with_state(Arc::clone(&shared));
-        match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => {
-                tracing::info!(%addr, "HTTP API: /metrics, /status, POST /reload");
-                let st = Arc::clone(&stop);
-                tokio::spawn(async move {
-                    let _ = axum::serve(l, app)
-                        .with_graceful_shutdown(async move {
-                            while !st.load(Ordering::Relaxed) {
-                                tokio::time::sleep(Duration::from_millis(100)).await;
-                            }
-                        })
-                        .await;
-                });
-            }
-            Err(e) => tracing::error!(%addr, "cannot serve the HTTP API: {e}"),
-        }
+        let addr = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        tracing::info!(%addr, "HTTP API: /metrics, /status, POST /reload");
+        tokio::spawn(crate::api::serve(listener, app, Arc::clone(&stop)));
     }
     while !stop.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -854,7 +854,17 @@ fn serve(
     stop: Arc<AtomicBool>,
 ) -> Result<(RunStats, Arc<lb::tables::Tables>), Error> {
     tracing::info!("driver: {driver_desc}");
+    // The API's listener and token before anything runs: a port in use or a
+    // missing token stops the start instead of leaving a daemon without API.
+    let api_listener = cfg.api.listen.map(crate::api::bind).transpose()?;
+    let token = cfg
+        .api
+        .token_file
+        .as_deref()
+        .map(crate::api::read_token)
+        .transpose()?;
     let shared = Arc::new(Shared {
+        token,
         boot: cfg.clone(),
         control: Mutex::new(control),
         config_path: config.to_path_buf(),
@@ -870,7 +880,7 @@ fn serve(
         started: Instant::now(),
     });
     let cp = {
-        let (shared, stop, listen) = (Arc::clone(&shared), Arc::clone(&stop), cfg.api.listen);
+        let (shared, stop, listen) = (Arc::clone(&shared), Arc::clone(&stop), api_listener);
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {

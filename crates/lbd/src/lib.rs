@@ -7,6 +7,7 @@
 //! axum; it drives the forwarder through atomic table swaps and never sits
 //! on the packet path.
 
+pub mod api;
 pub mod bgp;
 pub mod daemon;
 pub mod health;

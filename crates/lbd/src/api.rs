@@ -1,0 +1,221 @@
+//! Serving the HTTP API safely: the listener is bound before the daemon
+//! forwards (a port in use stops the start instead of leaving a daemon
+//! without its API), mutating endpoints need a bearer token when one is
+//! configured, request bodies are bounded, and connections that sit idle
+//! are closed.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::Router;
+
+/// A connection that has not sent a complete request head within this long
+/// (including the wait between requests on a kept-alive connection) is
+/// closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// No connection lives longer than this.
+pub const MAX_CONNECTION: Duration = Duration::from_secs(60);
+/// Largest request body accepted (the API's requests carry none).
+pub const MAX_BODY: usize = 4096;
+
+/// Why the API could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiSetupError {
+    /// The address could not be bound (in use, or not on this machine).
+    #[error("cannot serve the HTTP API on {addr}: {source} ([api] listen)")]
+    Bind {
+        /// `[api] listen`.
+        addr: SocketAddr,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file could not be read.
+    #[error("reading the API token {path}: {source} ([api] token_file)")]
+    TokenRead {
+        /// `[api] token_file`.
+        path: PathBuf,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file is empty or too short to be a secret.
+    #[error("the API token in {path} is shorter than 16 characters ([api] token_file)")]
+    TokenTooShort {
+        /// `[api] token_file`.
+        path: PathBuf,
+    },
+}
+
+/// Reads a bearer token: the file's first line, trimmed.
+pub fn read_token(path: &Path) -> Result<String, ApiSetupError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ApiSetupError::TokenRead {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.len() < 16 {
+        return Err(ApiSetupError::TokenTooShort {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(token)
+}
+
+/// Binds the API's listener now, so that a failure stops the start.
+pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ApiSetupError> {
+    let bind_err = |source| ApiSetupError::Bind { addr, source };
+    let l = std::net::TcpListener::bind(addr).map_err(bind_err)?;
+    l.set_nonblocking(true).map_err(bind_err)?;
+    Ok(l)
+}
+
+/// Whether a request may change the load balancer: always when no token is
+/// configured (the API is then on loopback only, as validation ensures),
+/// else only with `Authorization: Bearer <token>`. The comparison takes the
+/// same time wherever the first difference is.
+pub fn authorized(headers: &HeaderMap, token: Option<&str>) -> bool {
+    let Some(token) = token else {
+        return true;
+    };
+    let Some(given) = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (given.trim().as_bytes(), token.as_bytes());
+    let mut diff = a.len() ^ b.len();
+    for (i, &x) in b.iter().enumerate() {
+        diff |= usize::from(x ^ a.get(i).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+/// The answer to an unauthorized mutating request.
+pub fn unauthorized() -> (StatusCode, &'static str) {
+    (
+        StatusCode::UNAUTHORIZED,
+        "this endpoint needs `Authorization: Bearer <token>` (the token in [api] token_file)\n",
+    )
+}
+
+/// Serves `app` on `listener` until `stop`: HTTP/1.1, each connection
+/// closed after [`IDLE_TIMEOUT`] without a request head and at most
+/// [`MAX_CONNECTION`] after it opened; bodies over [`MAX_BODY`] refused.
+pub async fn serve(listener: std::net::TcpListener, app: Router, stop: Arc<AtomicBool>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("HTTP API: {e}");
+            return;
+        }
+    };
+    let app = app.layer(axum::extract::DefaultBodyLimit::max(MAX_BODY));
+    while !stop.load(Ordering::Relaxed) {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = tokio::time::sleep(Duration::from_millis(100)) => continue,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors, for instance: back off, keep serving.
+                tracing::warn!("HTTP API: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(IDLE_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            let _ = tokio::time::timeout(MAX_CONNECTION, conn).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn tokens_are_checked_exactly() {
+        let mut h = HeaderMap::new();
+        assert!(authorized(&h, None));
+        assert!(!authorized(&h, Some("0123456789abcdef")));
+        h.insert("authorization", "Bearer 0123456789abcdef".parse().unwrap());
+        assert!(authorized(&h, Some("0123456789abcdef")));
+        for wrong in [
+            "0123456789abcdeF",
+            "0123456789abcde",
+            "0123456789abcdef0",
+            "",
+        ] {
+            assert!(!authorized(&h, Some(wrong)), "{wrong:?}");
+        }
+        h.insert("authorization", "Basic 0123456789abcdef".parse().unwrap());
+        assert!(!authorized(&h, Some("0123456789abcdef")));
+    }
+
+    #[test]
+    fn short_or_missing_tokens_are_refused() {
+        let dir = std::env::temp_dir().join(format!("fastpath-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("t");
+        std::fs::write(&f, "short\n").unwrap();
+        assert!(matches!(
+            read_token(&f),
+            Err(ApiSetupError::TokenTooShort { .. })
+        ));
+        std::fs::write(&f, "  a-long-enough-secret-token  \nignored\n").unwrap();
+        assert_eq!(read_token(&f).unwrap(), "a-long-enough-secret-token");
+        assert!(matches!(
+            read_token(&dir.join("missing")),
+            Err(ApiSetupError::TokenRead { .. })
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An idle connection is closed by the server; a busy address is an
+    /// error at bind time, not a daemon without its API.
+    #[test]
+    fn idle_connections_are_closed_and_bind_errors_surface() {
+        let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        assert!(matches!(bind(addr), Err(ApiSetupError::Bind { .. })));
+        let stop = Arc::new(AtomicBool::new(false));
+        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let st = Arc::clone(&stop);
+        let server = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(serve(l, app, st))
+        });
+        // One request works and the connection stays for the next...
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut buf = [0u8; 512];
+        let n = c.read(&mut buf).unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).contains("200 OK"));
+        // ...but not for ever: with nothing more sent, the server closes it.
+        c.set_read_timeout(Some(IDLE_TIMEOUT + Duration::from_secs(5)))
+            .unwrap();
+        let started = std::time::Instant::now();
+        let n = c.read(&mut buf).unwrap_or(0);
+        assert_eq!(n, 0, "the idle connection got data instead of a close");
+        assert!(started.elapsed() <= IDLE_TIMEOUT + Duration::from_secs(2));
+        stop.store(true, Ordering::Relaxed);
+        server.join().unwrap();
+    }
+}
