@@ -132,7 +132,7 @@ pub enum LbCommand {
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum Topology {
+pub enum Topology {
     /// The forwarder alone, driven from an in-memory generator.
     Memory,
     /// A veth pair in namespaces, beside nftables DNAT and an XDP bounce
@@ -141,7 +141,7 @@ enum Topology {
 }
 
 #[derive(Args)]
-struct BenchArgs {
+pub struct BenchArgs {
     /// What to drive: the forwarder in memory, or a veth pair.
     #[arg(long, value_enum, default_value = "memory")]
     topology: Topology,
@@ -177,8 +177,7 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
         } else {
             a.seconds
         };
-        let report = bench::veth::run(&exe, secs, &mut |what| eprintln!("measuring {what}"))
-            .map_err(anyhow::Error::msg)?;
+        let report = bench::veth::run(&exe, secs, &mut |what| eprintln!("measuring {what}"))?;
         match a.format {
             Format::Table => print!("{}", report.to_text()),
             Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -211,7 +210,7 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum DriverArg {
+pub enum DriverArg {
     /// AF_XDP if it can be had (our XDP program, native or generic), else
     /// AF_PACKET; says which and why.
     Auto,
@@ -223,7 +222,7 @@ enum DriverArg {
 
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["pcap_in", "interface"])))]
-struct RunArgs {
+pub struct RunArgs {
     /// Configuration file (TOML).
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
@@ -277,7 +276,7 @@ fn lb_run(a: RunArgs) -> anyhow::Result<()> {
 }
 
 #[derive(Args)]
-struct HashEvalArgs {
+pub struct HashEvalArgs {
     /// Reduced run (3 failure levels x 10 repetitions); a few seconds.
     #[arg(long)]
     quick: bool,

@@ -79,8 +79,7 @@ fn maio_bench(
                 println!("{l}");
             }
         },
-    )
-    .map_err(anyhow::Error::msg)?;
+    )?;
     if json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());

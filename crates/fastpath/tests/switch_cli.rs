@@ -195,8 +195,10 @@ fn switch_and_pktgen_processes() {
 
     // SIGUSR1 prints the status; SIGTERM stops the switch and removes the socket.
     let pid = sw.0.id() as i32;
+    // SAFETY: kill(2) on our own child, not yet reaped (the pid is its).
     unsafe { libc::kill(pid, libc::SIGUSR1) };
     std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     let end = Instant::now() + Duration::from_secs(5);
     let code = loop {

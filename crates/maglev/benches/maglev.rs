@@ -5,6 +5,9 @@
 //!
 //! Run: `cargo bench -p maglev` (or `make bench`).
 
+// criterion_group! defines an undocumented `pub fn benches`.
+#![allow(missing_docs)]
+
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use maglev::{
     eval::backend_names, karger::KargerRing, mix64, reference, Backend, Maglev, Permutation,
