@@ -33,6 +33,8 @@ pub struct Stats {
     pub insert_failures: u64,
     /// Entries found expired and removed.
     pub expiries: u64,
+    /// Flows closed by a TCP FIN or RST (their entries linger briefly).
+    pub closes: u64,
     /// Live entries (as of the last operation on them).
     pub entries: u64,
 }
@@ -54,6 +56,9 @@ struct Head {
 }
 
 /// Whether `expires` is still in the future at `now` (both modulo 2^32).
+/// The tag bit of an open flow (see `Conntrack::tag`).
+const OPEN: u32 = 2;
+
 #[inline]
 fn alive(expires: u32, now: u32) -> bool {
     (expires.wrapping_sub(now) as i32) > 0
@@ -115,7 +120,9 @@ impl Conntrack {
 
     #[inline]
     fn tag(hash: u64) -> u32 {
-        ((hash >> 32) as u32) | 1
+        // Bit 0: never 0 (0 marks a free way). Bit 1: the flow is open
+        // (cleared by `close`; a closing entry is not refreshed by hits).
+        ((hash >> 32) as u32) | 1 | OPEN
     }
 
     /// The live entry for `key` (whose hash is `hash`) at time `now_ms`,
@@ -128,14 +135,16 @@ impl Conntrack {
         let i = hash as usize & self.mask;
         let h = &mut self.heads[i];
         for w in 0..WAYS {
-            if h.tags[w] == tag && self.keys[i][w] == *key {
+            if h.tags[w] | OPEN == tag && self.keys[i][w] == *key {
                 if !alive(h.expires[w], now) {
                     h.tags[w] = 0;
                     self.stats.expiries += 1;
                     self.stats.entries -= 1;
                     break;
                 }
-                h.expires[w] = now.wrapping_add(timeout);
+                if h.tags[w] & OPEN != 0 {
+                    h.expires[w] = now.wrapping_add(timeout);
+                }
                 self.stats.hits += 1;
                 return Some(Entry {
                     vip: h.vip[w],
@@ -145,6 +154,31 @@ impl Conntrack {
         }
         self.stats.misses += 1;
         None
+    }
+
+    /// Ends a flow's entry `linger_ms` from `now_ms` (a TCP FIN or RST was
+    /// seen): the rest of the close still reaches the same backend, then
+    /// the entry goes, so a later connection on the same 5-tuple is a new
+    /// flow. An entry that expires sooner keeps its earlier expiry.
+    #[inline]
+    pub fn close(&mut self, key: &FlowKey, hash: u64, now_ms: u64, linger_ms: u64) {
+        let now = now_ms as u32;
+        let end = now.wrapping_add(linger_ms.min(MAX_TIMEOUT_MS) as u32);
+        let tag = Self::tag(hash);
+        let i = hash as usize & self.mask;
+        let h = &mut self.heads[i];
+        for w in 0..WAYS {
+            if h.tags[w] | OPEN == tag && self.keys[i][w] == *key {
+                if h.tags[w] & OPEN != 0 && alive(h.expires[w], now) {
+                    h.tags[w] &= !OPEN;
+                    if alive(h.expires[w], end) {
+                        h.expires[w] = end;
+                    }
+                    self.stats.closes += 1;
+                }
+                return;
+            }
+        }
     }
 
     /// Records `entry` for `key`: replaces the key's own entry, else takes an
@@ -159,7 +193,9 @@ impl Conntrack {
         let h = &mut self.heads[i];
         let mut free = None;
         for w in 0..WAYS {
-            if h.tags[w] == tag && self.keys[i][w] == *key {
+            if h.tags[w] | OPEN == tag && self.keys[i][w] == *key {
+                // Replaced (a new connection on the same 5-tuple): open again.
+                h.tags[w] = tag;
                 h.backend[w] = entry.backend;
                 h.vip[w] = entry.vip;
                 h.expires[w] = expires;
@@ -198,6 +234,29 @@ impl Conntrack {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_closed_flow_lingers_then_ends_and_hits_do_not_revive_it() {
+        let mut ct = Conntrack::new(64, 300_000, 30_000);
+        let (k, h) = (key(7, proto::TCP), 4242u64);
+        assert!(ct.insert(&k, h, Entry { vip: 0, backend: 3 }, 0));
+        ct.close(&k, h, 1000, 2000);
+        // The rest of the close still reaches the backend...
+        assert_eq!(ct.lookup(&k, h, 2500), Some(Entry { vip: 0, backend: 3 }));
+        // ...and that hit did not extend it back to 300 s.
+        assert_eq!(ct.lookup(&k, h, 3001), None);
+        assert_eq!(ct.stats().closes, 1);
+        // A new connection on the same 5-tuple is a new flow, open again.
+        assert!(ct.insert(&k, h, Entry { vip: 0, backend: 5 }, 4000));
+        assert_eq!(
+            ct.lookup(&k, h, 100_000),
+            Some(Entry { vip: 0, backend: 5 })
+        );
+        // Closing twice (FIN both ways) keeps the first deadline.
+        ct.close(&k, h, 100_000, 2000);
+        ct.close(&k, h, 101_500, 2000);
+        assert_eq!(ct.lookup(&k, h, 102_001), None);
+    }
 
     fn key(port: u16, proto: u8) -> FlowKey {
         FlowKey::v4([10, 0, 0, 1], [192, 0, 2, 1], port, 80, proto)

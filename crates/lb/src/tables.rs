@@ -27,6 +27,10 @@ pub struct Backend {
     pub addr: [u8; 16],
     /// Whether new and existing flows may go to it.
     pub healthy: bool,
+    /// Whether new connections may go to it: healthy and not drained
+    /// (weight above 0). A drained backend keeps its established
+    /// connections (conntrack) but takes no new ones.
+    pub accepting: bool,
     /// Whether it is in the current configuration.
     pub configured: bool,
     /// Outer headers for packets to it.
@@ -158,6 +162,7 @@ impl Control {
         for b in backends.iter_mut() {
             b.configured = false;
             b.healthy = false;
+            b.accepting = false;
         }
         let mut vips = Vec::with_capacity(cfg.vips.len());
         for (i, v) in cfg.vips.iter().enumerate() {
@@ -185,6 +190,7 @@ impl Control {
                             name: name.clone(),
                             addr,
                             healthy: false,
+                            accepting: false,
                             configured: false,
                             outer: Outer {
                                 eth_src,
@@ -203,6 +209,9 @@ impl Control {
                 b.addr = addr;
                 b.configured = true;
                 b.healthy = healthy;
+                // In any pool with a weight: a backend drained in one pool
+                // but weighted in another still takes new connections.
+                b.accepting |= healthy && m.weight > 0;
                 b.outer = Outer {
                     eth_src,
                     eth_dst,

@@ -7,12 +7,18 @@ use maio::{Handle, Pool};
 use netio::Packet;
 use packet::gre::encapsulate;
 use packet::parse::Parsed;
+use packet::tcp::flags::{ACK as TCP_ACK, FIN as TCP_FIN, RST as TCP_RST, SYN as TCP_SYN};
 use packet::{parse_frame, FlowKey};
 
 use crate::conntrack::{Conntrack, Entry};
 use crate::counters::{Counters, DropReason};
 use crate::frag::{Decision, FragKey, FragTable};
 use crate::tables::Tables;
+
+/// How long a TCP flow's entry outlives its FIN or RST, so that the rest of
+/// the close (the other side's FIN, the last ACKs, retransmissions) still
+/// reaches the same backend.
+pub const CLOSE_LINGER_MS: u64 = 5_000;
 
 /// Seed of the 5-tuple hash used by connection tracking and Maglev.
 pub const FLOW_SEED: u64 = 0x6d61_676c_6576;
@@ -268,7 +274,11 @@ impl Worker {
     }
 
     /// The connection table's backend for a flow if it is still healthy,
-    /// else Maglev's choice, remembered.
+    /// else Maglev's choice, remembered. TCP is followed: a FIN or RST ends
+    /// the entry after [`CLOSE_LINGER_MS`], and a SYN (a new connection on
+    /// a reused 5-tuple) keeps its entry only if that backend still takes
+    /// new connections (not drained, not down); otherwise it is chosen
+    /// afresh, while established connections stay on a drained backend.
     /// `hash` is the flow's hash if already computed, else 0.
     #[allow(clippy::too_many_arguments)]
     fn select(
@@ -279,14 +289,22 @@ impl Worker {
         vip: u32,
         now: u64,
         insert: bool,
+        tcp_flags: u8,
     ) -> Result<(u32, u64), DropReason> {
         let hash = if hash != 0 { hash } else { flow_hash(flow) };
+        let syn = tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
         if let Some(e) = self.ct.lookup(flow, hash, now) {
-            if e.vip == vip
-                && t.backends
-                    .get(e.backend as usize)
-                    .is_some_and(|b| b.healthy)
-            {
+            let ok = t.backends.get(e.backend as usize).is_some_and(|b| {
+                if syn {
+                    b.accepting
+                } else {
+                    b.healthy
+                }
+            });
+            if e.vip == vip && ok {
+                if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+                    self.ct.close(flow, hash, now, CLOSE_LINGER_MS);
+                }
                 return Ok((e.backend, hash));
             }
         }
@@ -295,6 +313,9 @@ impl Worker {
             .ok_or(DropReason::NoHealthyBackend)?;
         if insert {
             self.ct.insert(flow, hash, Entry { vip, backend }, now);
+            if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+                self.ct.close(flow, hash, now, CLOSE_LINGER_MS);
+            }
         }
         Ok((backend, hash))
     }
@@ -313,7 +334,7 @@ impl Worker {
                 .matcher
                 .lookup(&q.dst, q.dst_port, q.proto)
                 .ok_or(DropReason::NoVip)?;
-            let (backend, hash) = self.select(t, &q, 0, vip, now, false)?;
+            let (backend, hash) = self.select(t, &q, 0, vip, now, false, 0)?;
             self.counters.icmp_to_backend += 1;
             return Ok(Action::Forward { vip, backend, hash });
         }
@@ -346,7 +367,7 @@ impl Worker {
                 .matcher
                 .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)
                 .ok_or(DropReason::NoVip)?;
-            let (backend, hash) = self.select(t, &p.flow, 0, vip, now, true)?;
+            let (backend, hash) = self.select(t, &p.flow, 0, vip, now, true, p.tcp_flags)?;
             self.frags.record(
                 &key,
                 Decision { vip, backend },
@@ -360,7 +381,7 @@ impl Worker {
             .matcher
             .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)
             .ok_or(DropReason::NoVip)?;
-        let (backend, hash) = self.select(t, &p.flow, hash, vip, now, true)?;
+        let (backend, hash) = self.select(t, &p.flow, hash, vip, now, true, p.tcp_flags)?;
         Ok(Action::Forward { vip, backend, hash })
     }
 }

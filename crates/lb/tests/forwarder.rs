@@ -401,3 +401,103 @@ fn lone_later_fragments_end_inline() {
 fn lone_later_fragments_end_with_packet_threads() {
     lone_later_fragments(2);
 }
+
+// --- conntrack that follows TCP (issue 13, finding 3) ------------------------
+
+/// A drained backend (weight 0) keeps its established connections, but a
+/// new connection on a recently used 5-tuple (a SYN that finds the old
+/// entry) never reaches it; a FIN ends an entry after a short linger.
+#[test]
+fn drain_applies_to_reused_client_ports() {
+    use lb::worker::CLOSE_LINGER_MS;
+    const SYN: u8 = 0x02;
+    const ACK: u8 = 0x10;
+    const FIN_ACK: u8 = 0x11;
+    let cfg = Config::parse(CONFIG, "test").unwrap();
+    let mut control = Control::new(cfg.clone()).unwrap();
+    let pool = small_pool();
+    let mut w = worker(&pool, 4096);
+    let frames = |flags: u8| -> Vec<Vec<u8>> {
+        (0..400u16)
+            .map(|i| {
+                tcp(
+                    &format!("198.18.7.{}", i % 250 + 1),
+                    20_000 + i,
+                    "192.0.2.80",
+                    80,
+                    flags,
+                )
+            })
+            .collect()
+    };
+    let first = through(&mut w, &pool, &control, &frames(SYN), 0);
+    through(&mut w, &pool, &control, &frames(ACK), 10);
+    let drained = ip("10.1.0.2");
+    let on_drained: Vec<usize> = (0..400).filter(|&i| first[i] == Some(drained)).collect();
+    assert!(
+        on_drained.len() > 50,
+        "the backend held flows: {}",
+        on_drained.len()
+    );
+
+    // Drain it: weight 0.
+    let mut next = cfg.clone();
+    let web = next.pools.iter_mut().find(|p| p.name == "web").unwrap();
+    web.backends
+        .iter_mut()
+        .find(|b| b.address == drained)
+        .unwrap()
+        .weight = 0;
+    control.apply(next).unwrap();
+
+    // Established connections keep working on it.
+    let acks = through(&mut w, &pool, &control, &frames(ACK), 1_000);
+    for &i in &on_drained {
+        assert_eq!(
+            acks[i],
+            Some(drained),
+            "established flow {i} moved off a drained backend"
+        );
+    }
+    // The same client ports open new connections (the entries are still
+    // live): none of them reaches the drained backend.
+    let syns = through(&mut w, &pool, &control, &frames(SYN), 2_000);
+    let reached = syns.iter().filter(|b| **b == Some(drained)).count();
+    assert_eq!(
+        reached, 0,
+        "{reached} new connections reached a drained backend"
+    );
+    assert!(syns.iter().all(Option::is_some));
+
+    // A FIN ends an entry after the linger: the flow's later packets
+    // follow the table, not the old entry.
+    let mut w = worker(&pool, 4096);
+    let mut control = Control::new(cfg.clone()).unwrap();
+    let before = through(&mut w, &pool, &control, &frames(SYN), 0);
+    through(&mut w, &pool, &control, &frames(FIN_ACK), 100);
+    let mut next = cfg.clone();
+    let web = next.pools.iter_mut().find(|p| p.name == "web").unwrap();
+    web.backends.push(lb::config::BackendConf {
+        address: ip("10.1.0.9"),
+        name: None,
+        weight: 5,
+    });
+    control.apply(next.clone()).unwrap();
+    // Within the linger, the close still reaches the old backend.
+    let during = through(
+        &mut w,
+        &pool,
+        &control,
+        &frames(ACK),
+        100 + CLOSE_LINGER_MS / 2,
+    );
+    assert_eq!(during, before);
+    // After it, the entry is gone: each flow goes where the table says.
+    let after = through(&mut w, &pool, &control, &frames(ACK), 200 + CLOSE_LINGER_MS);
+    let moved = (0..400).filter(|&i| after[i] != before[i]).count();
+    assert!(moved > 0, "no flow followed the new table after its FIN");
+    for (i, a) in after.iter().enumerate() {
+        let f = flow_of(&frames(ACK)[i]);
+        assert_eq!(*a, Some(backend(&next, "web", &f)), "flow {i}");
+    }
+}
