@@ -582,12 +582,16 @@ impl<'d> IoLoop<'d> {
         any
     }
 
-    /// Inline mode: the I/O thread processes the batch itself.
+    /// Inline mode: the I/O thread processes the batch itself (and, when
+    /// there is none, lets held fragments expire on time).
     #[inline]
     fn process_inline(&mut self) {
         let Some(w) = self.inline.as_mut() else {
             return;
         };
+        if self.batch_buf.is_empty() && self.idle_spins > 1024 {
+            w.tick(self.start.elapsed().as_millis() as u64);
+        }
         if !self.batch_buf.is_empty() {
             let t = self.dp.tables.load();
             w.process(
@@ -873,7 +877,11 @@ fn packet_thread(
             if idle > 4096 {
                 // Idle for a while (a quiet interface): sleep briefly rather
                 // than keep a core busy; adds at most this much latency.
+                // Held fragments still expire on time.
                 std::thread::sleep(Duration::from_micros(200));
+                w.tick(start.elapsed().as_millis() as u64);
+                progress.publish(w);
+                live_pub.dirty = true;
                 live_pub.maybe(live, id, &w.counters, start);
             } else {
                 std::thread::yield_now();

@@ -144,6 +144,14 @@ impl Worker {
         self.counters.conntrack = self.ct.stats();
     }
 
+    /// Housekeeping without traffic: expires held fragments whose first
+    /// fragment did not come in time (a few table entries per call), so
+    /// they end on a quiet port too, not only when the next packet comes.
+    pub fn tick(&mut self, now_ms: u64) {
+        self.frags.sweep(64, now_ms, &mut self.expired);
+        self.drop_expired();
+    }
+
     /// Drops every held fragment (shutting down).
     pub fn drain(&mut self) {
         self.frags.drain(&mut self.expired);

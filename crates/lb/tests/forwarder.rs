@@ -501,3 +501,31 @@ fn drain_applies_to_reused_client_ports() {
         assert_eq!(*a, Some(backend(&next, "web", &f)), "flow {i}");
     }
 }
+
+/// On a quiet port, held fragments expire by the clock, not only when the
+/// next packet arrives.
+#[test]
+fn held_fragments_expire_without_traffic() {
+    use packet::build::L4;
+    let cfg = Config::parse(CONFIG, "test").unwrap();
+    let control = Control::new(cfg).unwrap();
+    let pool = small_pool();
+    let mut w = worker(&pool, 4096); // fragments wait 1000 ms
+    let lone = Frame::new(
+        ip("203.0.113.9"),
+        ip("192.0.2.53"),
+        L4::Raw(packet::proto::UDP, vec![1; 16]),
+    )
+    .fragment(0x777, 24, false)
+    .to_bytes();
+    assert_eq!(through(&mut w, &pool, &control, &[lone], 0), [None]);
+    assert_eq!((w.counters.frag_held, w.holding()), (1, 1));
+    w.tick(500);
+    assert_eq!(w.holding(), 1, "expired before its time");
+    for now in [1_001, 1_002, 1_003] {
+        w.tick(now);
+    }
+    assert_eq!(w.holding(), 0, "a held fragment outlived its timeout");
+    assert_eq!(w.counters.drops_for(DropReason::FragExpired), 1);
+    assert_eq!(pool.stats().in_use, 0, "its buffer went back to the pool");
+}
