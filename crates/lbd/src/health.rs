@@ -2,6 +2,16 @@
 //! GET, with interval, timeout, rise and fall. Checks are deduplicated by
 //! backend address and check: a backend in several pools, or several VIPs
 //! over one pool, is probed once.
+//!
+//! The rule, so that checks do not lie under load: `fall` counts
+//! consecutive failures of checks that were really carried out on time. A
+//! check whose own timer fired late (the prober was starved of CPU, say by
+//! packet threads saturating a 2-core machine) proves nothing about the
+//! backend: it is [`Outcome::Inconclusive`], counted apart, and neither
+//! extends nor breaks a streak. A backend whose server answers, however
+//! slowly, within the timeout stays up; one that refuses, answers wrongly,
+//! or stays silent past a timeout the prober kept, goes down after `fall`
+//! such checks in a row.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -55,6 +65,29 @@ pub fn checks(cfg: &Config) -> HashMap<CheckKey, Vec<String>> {
         }
     }
     out
+}
+
+/// What one check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The backend answered as expected within the timeout.
+    Up,
+    /// It refused, answered wrongly, or stayed silent past the timeout.
+    Down,
+    /// The prober's own timer fired late (more than half the timeout past
+    /// due): the check says nothing about the backend.
+    Inconclusive,
+}
+
+/// One check, judged by [`Outcome`]'s rule.
+pub async fn check(key: &CheckKey) -> Outcome {
+    let started = std::time::Instant::now();
+    let timeout = Duration::from_millis(key.conf.timeout_ms);
+    match probe(key).await {
+        true => Outcome::Up,
+        false if started.elapsed() > timeout + timeout / 2 => Outcome::Inconclusive,
+        false => Outcome::Down,
+    }
 }
 
 /// One probe; true if the backend answered as expected within the timeout.
@@ -121,6 +154,16 @@ impl Default for Tracker {
 }
 
 impl Tracker {
+    /// Records a check's [`Outcome`]; returns the new verdict if it changed.
+    /// An inconclusive check changes nothing.
+    pub fn record_outcome(&mut self, o: Outcome, rise: u32, fall: u32) -> Option<bool> {
+        match o {
+            Outcome::Up => self.record(true, rise, fall),
+            Outcome::Down => self.record(false, rise, fall),
+            Outcome::Inconclusive => None,
+        }
+    }
+
     /// Records a probe; returns the new verdict if it changed.
     pub fn record(&mut self, ok: bool, rise: u32, fall: u32) -> Option<bool> {
         if ok == self.healthy {
@@ -190,6 +233,65 @@ health = { kind = "tcp", port = 443 }
             .find(|k| k.addr.to_string() == "10.1.0.1" && k.conf.kind == CheckKind::Http)
             .unwrap();
         assert_eq!(c[http1], vec!["10.1.0.1".to_string()]);
+    }
+
+    #[test]
+    fn inconclusive_checks_neither_extend_nor_break_a_streak() {
+        let mut t = Tracker::default();
+        assert_eq!(t.record_outcome(Outcome::Down, 2, 2), None);
+        for _ in 0..10 {
+            assert_eq!(t.record_outcome(Outcome::Inconclusive, 2, 2), None);
+        }
+        assert_eq!(t.record_outcome(Outcome::Down, 2, 2), Some(false));
+        assert_eq!(t.record_outcome(Outcome::Up, 2, 2), None);
+        assert_eq!(t.record_outcome(Outcome::Inconclusive, 2, 2), None);
+        assert_eq!(t.record_outcome(Outcome::Up, 2, 2), Some(true));
+    }
+
+    /// A server that accepts but never answers: with the prober running on
+    /// time, that is a failure; with the prober starved (its thread blocked
+    /// past the timeout, as packet threads can do on 2 cores), the same
+    /// silence is inconclusive, not a dead backend (issue 13, finding 4).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_starved_prober_does_not_declare_a_backend_dead() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut keep = Vec::new();
+            while let Ok((s, _)) = l.accept().await {
+                keep.push(s); // never answers
+            }
+        });
+        let key = CheckKey {
+            addr: "127.0.0.1".parse().unwrap(),
+            conf: HealthConf {
+                kind: CheckKind::Http,
+                port,
+                path: "/".into(),
+                expect_status: 200,
+                interval_ms: 100,
+                timeout_ms: 100,
+                rise: 1,
+                fall: 1,
+            },
+        };
+        // On time, silence is a failure (retried: a loaded test machine may
+        // itself make a check late, which is exactly what is not counted).
+        let mut on_time = Vec::new();
+        for _ in 0..5 {
+            on_time.push(check(&key).await);
+            if on_time.last() == Some(&Outcome::Down) {
+                break;
+            }
+        }
+        assert_eq!(on_time.last(), Some(&Outcome::Down), "{on_time:?}");
+        // Starve the runtime's only thread while the check waits.
+        let hog = tokio::spawn(async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            std::thread::sleep(Duration::from_millis(400));
+        });
+        assert_eq!(check(&key).await, Outcome::Inconclusive);
+        hog.await.unwrap();
     }
 
     #[tokio::test(flavor = "current_thread")]
