@@ -7,7 +7,7 @@
 //! a TAP device, a system call each, and the host end is a packet socket on
 //! that TAP). Each figure is a separate short run on a fresh switch.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -21,23 +21,82 @@ use serde_json::{json, Value};
 use vswitch::pktgen::{self, udp_frame, Params, Report, Role};
 use vswitch::{spawn, Config, EchoPort, GenPort, SinkPort, Switch, TapPort};
 
+/// Why a switch bench measurement could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A switch could not be started.
+    #[error("starting a switch")]
+    Switch(#[source] vswitch::Error),
+    /// The host-side port could not be added.
+    #[error("adding the host port {name}")]
+    HostPort {
+        /// The port.
+        name: String,
+        /// Why.
+        #[source]
+        source: vswitch::Error,
+    },
+    /// The TAP device could not be created.
+    #[error("TAP backend: cannot create {name} (needs root)")]
+    Tap {
+        /// The interface.
+        name: String,
+        /// Why.
+        #[source]
+        source: netio::tap::Error,
+    },
+    /// The packet socket on the TAP device could not be set up.
+    #[error("packet socket on {name}: {what}")]
+    PacketSocket {
+        /// The interface.
+        name: String,
+        /// The step that failed.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A guest could not attach to the switch.
+    #[error("attaching guest port {name}")]
+    Attach {
+        /// The port.
+        name: String,
+        /// Why.
+        #[source]
+        source: ring::Error,
+    },
+    /// The forwarding run's receiver thread panicked.
+    #[error("the receiver thread panicked")]
+    ReceiverPanicked,
+    /// A result could not be turned into JSON.
+    #[error("encoding the results as JSON")]
+    Json(#[source] serde_json::Error),
+}
+
 /// The host side of the virtual NIC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
+    /// The switch, with the host's port inside it.
     Switch,
+    /// A TAP device: the kernel's path.
     Tap,
 }
 
 /// One row of Figure 1.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Row {
+    /// The row's key in the JSON document.
     pub key: &'static str,
+    /// The row's label in the paper.
     pub label: &'static str,
+    /// The guest port's notification mode.
     pub mode: Mode,
+    /// Interrupt moderation, in 250 ns units.
     pub itr: u32,
 }
 
+/// Figure 1's rows, in order.
 pub const ROWS: [Row; 5] = [
     Row {
         key: "base_itr0",
@@ -75,9 +134,13 @@ pub const ROWS: [Row; 5] = [
 /// Mbps with 1460-byte payloads, TCP_RR thousands of transactions/s.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Paper {
+    /// Guest transmit, thousands of packets per second.
     pub tx_kpps: Option<f64>,
+    /// Guest receive, thousands of packets per second.
     pub rx_kpps: Option<f64>,
+    /// Megabits per second with 1514-byte frames.
     pub mbps_1514: Option<f64>,
+    /// Request-response, thousands of transactions per second.
     pub rr_ktps: Option<f64>,
 }
 
@@ -107,29 +170,45 @@ pub fn paper(backend: Backend, key: &str) -> Paper {
 /// Our figures for a row.
 #[derive(Clone, Debug, Serialize)]
 pub struct RowResult {
+    /// The row's label.
     pub label: &'static str,
+    /// The guest port's notification mode.
     pub mode: Mode,
+    /// Interrupt moderation, in 250 ns units.
     pub itr: u32,
+    /// Guest transmit, thousands of 60-byte packets per second.
     pub tx_kpps: f64,
+    /// Guest receive, thousands of 60-byte packets per second.
     pub rx_kpps: f64,
+    /// Guest transmit, megabits per second with 1514-byte frames.
     pub mbps_1514: f64,
     /// (kicks + interrupts) per packet on the 60-byte transmit run.
     pub notifications_per_packet: f64,
+    /// Kicks per packet on the same run.
     pub kicks_per_packet: f64,
+    /// Interrupts per packet on the same run.
     pub interrupts_per_packet: f64,
+    /// Ping-pong transactions per second.
     pub rr_tps: f64,
+    /// Ping-pong median round-trip time (us).
     pub rtt_us_p50: f64,
+    /// Ping-pong 99th percentile round-trip time (us).
     pub rtt_us_p99: f64,
+    /// The paper's figures for this row.
     pub paper: Paper,
 }
 
 /// Called after each measurement with a one-line summary.
 pub type Progress = Arc<dyn Fn(&str) + Send + Sync>;
 
+/// What to run.
 #[derive(Clone)]
 pub struct Options {
+    /// Seconds per measurement.
     pub seconds: f64,
+    /// Backends to measure, in order.
     pub backends: Vec<Backend>,
+    /// Frames per transmit call.
     pub burst: usize,
     /// Called after each measurement with a short description.
     pub progress: Option<Progress>,
@@ -151,67 +230,80 @@ enum Kind {
 struct PacketSock(OwnedFd);
 
 impl PacketSock {
-    fn bind(ifname: &str) -> std::io::Result<PacketSock> {
-        let proto = (libc::ETH_P_ALL as u16).to_be() as i32;
-        // SAFETY: plain syscall.
-        let fd =
-            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: fresh descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let name = std::ffi::CString::new(ifname).map_err(std::io::Error::other)?;
-        // SAFETY: NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        // SAFETY: sockaddr_ll is plain data.
+    fn bind(ifname: &str) -> Result<PacketSock, Error> {
+        use rustix::net::{eth, sockopt, AddressFamily, SocketFlags, SocketType};
+        let fail = |what: &'static str| {
+            move |e: rustix::io::Errno| Error::PacketSocket {
+                name: ifname.to_string(),
+                what,
+                source: e.into(),
+            }
+        };
+        let fd = rustix::net::socket_with(
+            AddressFamily::PACKET,
+            SocketType::RAW,
+            SocketFlags::CLOEXEC,
+            Some(eth::ALL),
+        )
+        .map_err(fail("socket(AF_PACKET)"))?;
+        let ifindex =
+            rustix::net::netdevice::name_to_index(&fd, ifname).map_err(fail("interface index"))?;
+        // SAFETY: sockaddr_ll is plain data; all-zero is valid.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto as u16;
+        sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
         sll.sll_ifindex = ifindex as i32;
-        let one: libc::c_int = 1;
-        let tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 10_000,
-        };
-        // SAFETY: bind/setsockopt with live, correctly sized arguments.
-        unsafe {
-            if libc::bind(
+        // rustix has no sockaddr_ll.
+        // SAFETY: sll is a live sockaddr_ll and the length is its size; fd
+        // is an open socket we own.
+        let r = unsafe {
+            libc::bind(
                 fd.as_raw_fd(),
-                &sll as *const _ as *const _,
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            ) < 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            // Our own transmissions must not come back to us.
+                &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(Error::PacketSocket {
+                name: ifname.to_string(),
+                what: "bind",
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // Our own transmissions must not come back to us. rustix has no
+        // PACKET_IGNORE_OUTGOING.
+        let one: libc::c_int = 1;
+        // SAFETY: the option value is a live c_int and the length its size.
+        let r = unsafe {
             libc::setsockopt(
                 fd.as_raw_fd(),
                 libc::SOL_PACKET,
-                23,
-                &one as *const _ as *const _,
-                4,
-            );
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const _ as *const _,
-                std::mem::size_of::<libc::timeval>() as u32,
-            );
+                libc::PACKET_IGNORE_OUTGOING,
+                &one as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(Error::PacketSocket {
+                name: ifname.to_string(),
+                what: "setsockopt(PACKET_IGNORE_OUTGOING)",
+                source: std::io::Error::last_os_error(),
+            });
         }
+        sockopt::set_socket_timeout(&fd, sockopt::Timeout::Recv, Some(Duration::from_millis(10)))
+            .map_err(fail("setsockopt(SO_RCVTIMEO)"))?;
         Ok(PacketSock(fd))
     }
 
     fn send(&self, f: &[u8]) -> bool {
-        // SAFETY: sends f.len() bytes from f.
-        unsafe { libc::send(self.0.as_raw_fd(), f.as_ptr() as *const _, f.len(), 0) > 0 }
+        rustix::net::send(&self.0, f, rustix::net::SendFlags::empty()).is_ok_and(|n| n > 0)
     }
 
     fn recv(&self, buf: &mut [u8]) -> Option<usize> {
-        // SAFETY: receives at most buf.len() bytes into buf.
-        let n = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr() as *mut _, buf.len(), 0) };
-        (n > 0).then_some(n as usize)
+        match rustix::net::recv(self.0.as_fd(), buf, rustix::net::RecvFlags::empty()) {
+            Ok((n, _)) if n > 0 => Some(n),
+            _ => None,
+        }
     }
 }
 
@@ -222,7 +314,7 @@ fn measure(
     kind: Kind,
     secs: f64,
     burst: usize,
-) -> Result<Report, String> {
+) -> Result<Report, Error> {
     let n = RUN.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
     let sock = std::env::temp_dir().join(format!("fp-bench-{pid}-{n}.sock"));
@@ -231,7 +323,7 @@ fn measure(
         log_ports: false,
         ..Config::default()
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(Error::Switch)?;
     let stop_host = Arc::new(AtomicBool::new(false));
     let mut host_thread = None;
     match backend {
@@ -245,18 +337,25 @@ fn measure(
                 )),
                 Kind::Rr => Box::new(EchoPort::new("host")),
             };
-            sw.add_port(peer).map_err(|e| e.to_string())?;
+            sw.add_port(peer).map_err(|source| Error::HostPort {
+                name: "host".into(),
+                source,
+            })?;
         }
         Backend::Tap => {
             let name = format!("fp{}t{}", pid % 100_000, n % 1000);
-            let tap = netio::tap::Tap::open(&name)
-                .map_err(|e| format!("TAP backend: cannot create {name} (needs root): {e}"))?;
+            let tap = netio::tap::Tap::open(&name).map_err(|source| Error::Tap {
+                name: name.clone(),
+                source,
+            })?;
             let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
             sw.add_port(Box::new(TapPort::new(tap)))
-                .map_err(|e| e.to_string())?;
+                .map_err(|source| Error::HostPort {
+                    name: name.clone(),
+                    source,
+                })?;
             if kind != Kind::Tx(60) && kind != Kind::Tx(1514) {
-                let ps =
-                    PacketSock::bind(&name).map_err(|e| format!("packet socket on {name}: {e}"))?;
+                let ps = PacketSock::bind(&name)?;
                 let stop = stop_host.clone();
                 host_thread = Some(std::thread::spawn(move || {
                     let frame = udp_frame(60, HOST_MAC, GUEST_MAC);
@@ -290,7 +389,10 @@ fn measure(
                 buf_size: 2048,
             },
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|source| Error::Attach {
+            name: "guest".into(),
+            source,
+        })?;
         let p = Params {
             role: match kind {
                 Kind::Tx(_) => Role::Tx,
@@ -321,7 +423,7 @@ fn measure(
 
 /// Two guests in CSB mode, one transmitting to the other through the switch:
 /// the switch's forwarding rate between ring ports.
-pub fn forwarding(secs: f64, size: usize, burst: usize) -> Result<(Report, Report), String> {
+pub fn forwarding(secs: f64, size: usize, burst: usize) -> Result<(Report, Report), Error> {
     let n = RUN.fetch_add(1, Ordering::Relaxed);
     let sock: PathBuf =
         std::env::temp_dir().join(format!("fp-bench-{}-{n}.sock", std::process::id()));
@@ -330,7 +432,7 @@ pub fn forwarding(secs: f64, size: usize, burst: usize) -> Result<(Report, Repor
         log_ports: false,
         ..Config::default()
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(Error::Switch)?;
     let (stop, h) = spawn(sw);
     let req = |name: &str| AttachRequest {
         name: name.into(),
@@ -339,8 +441,14 @@ pub fn forwarding(secs: f64, size: usize, burst: usize) -> Result<(Report, Repor
         slots: 1024,
         buf_size: 2048,
     };
-    let mut tx = attach(&sock, &req("a")).map_err(|e| e.to_string())?;
-    let mut rx = attach(&sock, &req("b")).map_err(|e| e.to_string())?;
+    let attach_as = |name: &str| {
+        attach(&sock, &req(name)).map_err(|source| Error::Attach {
+            name: name.into(),
+            source,
+        })
+    };
+    let mut tx = attach_as("a")?;
+    let mut rx = attach_as("b")?;
     // Let the switch learn b's address so a's frames are unicast.
     let hello = udp_frame(60, HOST_MAC, [0xff; 6]);
     rx.driver.send(1, |_, b| {
@@ -373,9 +481,7 @@ pub fn forwarding(secs: f64, size: usize, burst: usize) -> Result<(Report, Repor
     let t = pktgen::run(&mut tx.driver, &p, &|| false);
     std::thread::sleep(Duration::from_millis(20));
     done.store(true, Ordering::Relaxed);
-    let mut r = receiver
-        .join()
-        .map_err(|_| "receiver panicked".to_string())?;
+    let mut r = receiver.join().map_err(|_| Error::ReceiverPanicked)?;
     // The receiver's rate over the sender's interval.
     r.seconds = t.seconds;
     r.pps = r.packets as f64 / t.seconds;
@@ -386,7 +492,7 @@ pub fn forwarding(secs: f64, size: usize, burst: usize) -> Result<(Report, Repor
 }
 
 /// Run the whole table; returns the JSON document.
-pub fn run(o: &Options) -> Result<Value, String> {
+pub fn run(o: &Options) -> Result<Value, Error> {
     let mut backends = serde_json::Map::new();
     let mut results: Vec<(Backend, Vec<RowResult>)> = Vec::new();
     for &b in &o.backends {
@@ -426,7 +532,7 @@ pub fn run(o: &Options) -> Result<Value, String> {
             }
             doc.insert(
                 row.key.into(),
-                serde_json::to_value(&r).map_err(|e| e.to_string())?,
+                serde_json::to_value(&r).map_err(Error::Json)?,
             );
             rows.push(r);
         }

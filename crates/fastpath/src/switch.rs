@@ -164,7 +164,7 @@ fn parse_mac(s: &str) -> anyhow::Result<[u8; 6]> {
 
 pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let file = match &a.config {
-        Some(p) => vswitch::FileConfig::load(p).map_err(anyhow::Error::msg)?,
+        Some(p) => vswitch::FileConfig::load(p)?,
         None => vswitch::FileConfig::default(),
     };
     let mut cfg = file.config();
@@ -342,7 +342,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     if !json {
         eprintln!("switch bench: {seconds} s per measurement, 4 measurements per row");
     }
-    let doc = bench::switch::run(&o).map_err(anyhow::Error::msg)?;
+    let doc = bench::switch::run(&o)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());

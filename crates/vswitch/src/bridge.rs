@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
+/// An Ethernet address.
 pub type Mac = [u8; 6];
 
 /// Where each source address was last seen.
@@ -14,6 +15,7 @@ pub struct MacTable {
 }
 
 impl MacTable {
+    /// An empty table: entries live `aging`, at most `max` of them.
     pub fn new(aging: Duration, max: usize) -> MacTable {
         MacTable {
             map: FxHashMap::default(),
@@ -57,10 +59,12 @@ impl MacTable {
         self.map.retain(|_, (p, _)| *p != port);
     }
 
+    /// Addresses known.
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
+    /// Whether no address is known.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }

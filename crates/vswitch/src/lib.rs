@@ -18,7 +18,7 @@ pub mod pktgen;
 pub mod ports;
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use ring::control::{Conn, Listener, Request};
 use ring::device::{DevicePort, FrameRef};
+use rustix::event::epoll;
 use serde_json::{json, Value};
 
 use bridge::{Mac, MacTable};
@@ -35,7 +36,153 @@ pub use ports::{Counters, EchoPort, GenPort, Port, RingPort, SinkPort, TapPort};
 pub const BATCH: u32 = 256;
 const FLOOD: u16 = u16::MAX;
 const DROP: u16 = u16::MAX - 1;
+/// The most ports one switch serves.
 pub const MAX_PORTS: usize = 1024;
+
+/// Errors starting the switch or adding a port.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The epoll instance the switch sleeps in could not be created.
+    #[error("creating the switch's epoll instance")]
+    Epoll(#[source] std::io::Error),
+    /// A descriptor could not be added to the switch's epoll instance.
+    #[error("watching a descriptor in epoll")]
+    Watch(#[source] std::io::Error),
+    /// The control socket could not be bound.
+    #[error("control socket {}", path.display())]
+    Control {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: ring::Error,
+    },
+    /// The memif socket could not be bound.
+    #[error(transparent)]
+    Memif(#[from] memif::Error),
+    /// Port names are unique.
+    #[error("a port named {0:?} exists")]
+    PortExists(String),
+    /// All [`MAX_PORTS`] ports are in use.
+    #[error("too many ports (at most {MAX_PORTS})")]
+    TooManyPorts,
+}
+
+/// Errors loading the switch's TOML file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading switch settings {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, or has unknown keys or wrong types.
+    #[error("{}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What and where, as the TOML parser says.
+        #[source]
+        source: toml::de::Error,
+    },
+    /// `poll_us` is above one second.
+    #[error("{}: poll_us must be at most 1000000", path.display())]
+    PollUs {
+        /// The file.
+        path: PathBuf,
+    },
+    /// `aging_s` is zero.
+    #[error("{}: aging_s must be at least 1", path.display())]
+    AgingS {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// Why the switch refused a port asked for on the control socket (the text
+/// goes back in the reply).
+#[derive(Debug, thiserror::Error)]
+enum AttachError {
+    #[error("port name must be 1..=64 bytes")]
+    Name,
+    #[error("this connection already owns a port")]
+    SecondPort,
+    #[error("itr {0} is out of range 0..=65535")]
+    Itr(u32),
+    #[error("creating the port")]
+    Device(#[source] ring::Error),
+    #[error("handing out the port's descriptors")]
+    DriverFds(#[source] ring::Error),
+    #[error(transparent)]
+    Switch(#[from] Error),
+}
+
+/// An error and its sources as one line, `outer: inner: ...` (a source whose
+/// text its parent already ends with is not repeated).
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        let t = src.to_string();
+        if !s.ends_with(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = src.source();
+    }
+    s
+}
+
+/// The switch's epoll instance: every descriptor it watches carries a token.
+struct Poller(OwnedFd);
+
+impl Poller {
+    fn new() -> std::io::Result<Poller> {
+        Ok(Poller(epoll::create(epoll::CreateFlags::CLOEXEC)?))
+    }
+
+    fn watch(&self, fd: BorrowedFd<'_>, token: u64) -> Result<(), Error> {
+        epoll::add(
+            &self.0,
+            fd,
+            epoll::EventData::new_u64(token),
+            epoll::EventFlags::IN,
+        )
+        .map_err(|e| Error::Watch(e.into()))
+    }
+
+    fn unwatch(&self, fd: BorrowedFd<'_>) {
+        // Failure only means it was not watched.
+        let _ = epoll::delete(&self.0, fd);
+    }
+
+    /// Wait up to `timeout_us` microseconds (0: just look) for events.
+    fn wait(&self, events: &mut [libc::epoll_event], timeout_us: i64) -> usize {
+        let ts = libc::timespec {
+            tv_sec: timeout_us / 1_000_000,
+            tv_nsec: (timeout_us % 1_000_000) * 1000,
+        };
+        // rustix's epoll::wait rounds timeouts up to milliseconds (it uses
+        // epoll_pwait2 only with its "linux_5_11" feature); moderation timers
+        // need microseconds, so this one call stays raw.
+        // SAFETY: events is a live, writable array of events.len() entries;
+        // ts is a live timespec; a null sigmask leaves the mask alone.
+        let n = unsafe {
+            libc::epoll_pwait2(
+                self.0.as_raw_fd(),
+                events.as_mut_ptr(),
+                events.len() as libc::c_int,
+                &ts,
+                std::ptr::null(),
+            )
+        };
+        n.max(0) as usize
+    }
+}
 
 /// Switch settings.
 #[derive(Clone, Debug)]
@@ -46,7 +193,9 @@ pub struct Config {
     pub memif_socket: Option<PathBuf>,
     /// Keep polling this long after the last work before sleeping.
     pub poll_us: u64,
+    /// Forget a MAC address not seen for this long.
     pub aging: Duration,
+    /// Addresses learned at most (beyond: flood).
     pub max_macs: usize,
     /// Log ports as they come and go.
     pub log_ports: bool,
@@ -68,7 +217,9 @@ impl Default for Config {
 /// Switch-wide counters.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct SwitchStats {
+    /// Frames delivered to at least one port.
     pub forwarded: u64,
+    /// Frames sent to every port (unknown or group destination).
     pub flooded: u64,
     /// Frames shorter than an Ethernet header.
     pub runts: u64,
@@ -76,7 +227,9 @@ pub struct SwitchStats {
     pub same_port: u64,
     /// Frames no port received (flooded with no other port, or all full).
     pub no_destination: u64,
+    /// Batches forwarded (one per port with frames, per pass).
     pub batches: u64,
+    /// Times the switch slept in epoll.
     pub sleeps: u64,
 }
 
@@ -97,12 +250,13 @@ struct Slot {
 pub struct Switch {
     ports: Vec<Option<Slot>>,
     macs: MacTable,
-    epoll: OwnedFd,
+    poller: Poller,
     listener: Option<Listener>,
     memif: Option<memif::Server>,
     conns: HashMap<u32, Conn>,
     next_conn: u32,
     cfg: Config,
+    /// Switch-wide counters.
     pub stats: SwitchStats,
     frames: Vec<FrameRef>,
     dst: Vec<u16>,
@@ -110,17 +264,12 @@ pub struct Switch {
 }
 
 impl Switch {
-    pub fn new(cfg: Config) -> std::io::Result<Switch> {
-        // SAFETY: plain syscall.
-        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if ep < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    /// A switch with no ports, listening on the sockets `cfg` names.
+    pub fn new(cfg: Config) -> Result<Switch, Error> {
         let mut sw = Switch {
             ports: Vec::new(),
             macs: MacTable::new(cfg.aging, cfg.max_macs),
-            // SAFETY: fresh descriptor.
-            epoll: unsafe { OwnedFd::from_raw_fd(ep) },
+            poller: Poller::new().map_err(Error::Epoll)?,
             listener: None,
             memif: None,
             conns: HashMap::new(),
@@ -132,54 +281,29 @@ impl Switch {
             cfg: cfg.clone(),
         };
         if let Some(p) = &cfg.socket {
-            let l = Listener::bind(p).map_err(std::io::Error::other)?;
-            sw.watch(l.fd(), TOK_LISTEN)?;
+            let l = Listener::bind(p).map_err(|source| Error::Control {
+                path: p.clone(),
+                source,
+            })?;
+            sw.poller.watch(l.as_fd(), TOK_LISTEN)?;
             sw.listener = Some(l);
         }
         if let Some(p) = &cfg.memif_socket {
             let m = memif::Server::bind(p)?;
-            sw.watch(m.listen_fd(), TOK_MEMIF_LISTEN)?;
+            sw.poller.watch(m.listen_fd(), TOK_MEMIF_LISTEN)?;
             sw.memif = Some(m);
         }
         Ok(sw)
     }
 
-    fn watch(&self, fd: RawFd, token: u64) -> std::io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: token,
-        };
-        // SAFETY: epoll_ctl with a live event struct.
-        if unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0
-        {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
-    fn unwatch(&self, fd: RawFd) {
-        // SAFETY: epoll_ctl DEL; a stale fd only returns an error.
-        unsafe {
-            libc::epoll_ctl(
-                self.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_DEL,
-                fd,
-                std::ptr::null_mut(),
-            )
-        };
-    }
-
     /// Add a port; returns its index.
-    pub fn add_port(&mut self, port: Box<dyn Port>) -> std::io::Result<u16> {
+    pub fn add_port(&mut self, port: Box<dyn Port>) -> Result<u16, Error> {
         self.add_owned(port, None)
     }
 
-    fn add_owned(&mut self, port: Box<dyn Port>, conn: Option<u32>) -> std::io::Result<u16> {
+    fn add_owned(&mut self, port: Box<dyn Port>, conn: Option<u32>) -> Result<u16, Error> {
         if self.find(port.name()).is_some() {
-            return Err(std::io::Error::other(format!(
-                "a port named {:?} exists",
-                port.name()
-            )));
+            return Err(Error::PortExists(port.name().to_string()));
         }
         let idx = match self.ports.iter().position(|p| p.is_none()) {
             Some(i) => i,
@@ -187,10 +311,10 @@ impl Switch {
                 self.ports.push(None);
                 self.ports.len() - 1
             }
-            None => return Err(std::io::Error::other("too many ports")),
+            None => return Err(Error::TooManyPorts),
         };
         if let Some(fd) = port.fd() {
-            self.watch(fd, TOK_PORT | idx as u64)?;
+            self.poller.watch(fd, TOK_PORT | idx as u64)?;
         }
         if self.cfg.log_ports {
             tracing::info!(port = port.name(), kind = port.kind(), "port attached");
@@ -203,7 +327,7 @@ impl Switch {
     pub fn remove_port(&mut self, idx: u16) -> Option<Box<dyn Port>> {
         let slot = self.ports.get_mut(idx as usize)?.take()?;
         if let Some(fd) = slot.port.fd() {
-            self.unwatch(fd);
+            self.poller.unwatch(fd);
         }
         self.macs.forget_port(idx);
         if self.cfg.log_ports {
@@ -212,6 +336,7 @@ impl Switch {
         Some(slot.port)
     }
 
+    /// The index of the port named `name`.
     pub fn find(&self, name: &str) -> Option<u16> {
         self.ports
             .iter()
@@ -219,6 +344,7 @@ impl Switch {
             .map(|i| i as u16)
     }
 
+    /// The port at `idx`, if there is one.
     pub fn port_mut(&mut self, idx: u16) -> Option<&mut dyn Port> {
         match self.ports.get_mut(idx as usize) {
             Some(Some(s)) => Some(s.port.as_mut()),
@@ -396,26 +522,13 @@ impl Switch {
                     0
                 }
             };
-            let ts = libc::timespec {
-                tv_sec: timeout_us / 1_000_000,
-                tv_nsec: (timeout_us % 1_000_000) * 1000,
-            };
-            // SAFETY: events is a live array of 64 entries; ts is a live timespec.
-            let n = unsafe {
-                libc::epoll_pwait2(
-                    self.epoll.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    64,
-                    &ts,
-                    std::ptr::null(),
-                )
-            };
+            let n = self.poller.wait(&mut events, timeout_us);
             if timeout_us > 0 {
                 for p in self.ports.iter_mut().flatten() {
                     p.port.wake();
                 }
             }
-            for ev in events.iter().take(n.max(0) as usize) {
+            for ev in events.iter().take(n) {
                 let tok = ev.u64;
                 let idx = (tok & !TOK_MASK) as u32;
                 match tok & TOK_MASK {
@@ -438,7 +551,7 @@ impl Switch {
         while let Some(c) = self.listener.as_ref().and_then(|l| l.accept()) {
             let id = self.next_conn;
             self.next_conn = self.next_conn.wrapping_add(1) & 0xff_ffff; // memif owners count down from u32::MAX
-            if self.watch(c.fd(), TOK_CONN | id as u64).is_ok() {
+            if self.poller.watch(c.as_fd(), TOK_CONN | id as u64).is_ok() {
                 self.conns.insert(id, c);
             }
         }
@@ -464,13 +577,13 @@ impl Switch {
             }
             Ok(Request::Attach(req)) => match self.attach(id, &req) {
                 Ok((v, fds)) => (v, fds),
-                Err(e) => (json!({"ok": false, "error": e}), vec![]),
+                Err(e) => (json!({"ok": false, "error": chain(&e)}), vec![]),
             },
         };
-        let raw: Vec<RawFd> = reply.1.iter().map(|f| f.as_raw_fd()).collect();
+        let fds: Vec<BorrowedFd<'_>> = reply.1.iter().map(|f| f.as_fd()).collect();
         let bytes = serde_json::to_vec(&reply.0).unwrap_or_default();
         if let Some(conn) = self.conns.get(&id) {
-            if conn.send(&bytes, &raw).is_err() {
+            if ring::control::send_fds(conn.as_fd(), &bytes, &fds).is_err() {
                 self.drop_conn(id);
             }
         }
@@ -480,27 +593,25 @@ impl Switch {
         &mut self,
         conn: u32,
         req: &ring::control::AttachRequest,
-    ) -> Result<(Value, Vec<OwnedFd>), String> {
+    ) -> Result<(Value, Vec<OwnedFd>), AttachError> {
         if req.name.is_empty() || req.name.len() > 64 {
-            return Err("port name must be 1..=64 bytes".into());
+            return Err(AttachError::Name);
         }
         if self.ports.iter().flatten().any(|p| p.conn == Some(conn)) {
-            return Err("this connection already owns a port".into());
+            return Err(AttachError::SecondPort);
         }
         if req.itr > 65535 {
-            return Err(format!("itr {} is out of range 0..=65535", req.itr));
+            return Err(AttachError::Itr(req.itr));
         }
         let dev = DevicePort::create(&req.name, req.geometry(), req.mode, req.itr)
-            .map_err(|e| e.to_string())?;
-        let fds = dev.driver_fds().map_err(|e| e.to_string())?;
+            .map_err(AttachError::Device)?;
+        let fds = dev.driver_fds().map_err(AttachError::DriverFds)?;
         let port = RingPort {
             name: req.name.clone(),
             dev,
             c: Counters::default(),
         };
-        let idx = self
-            .add_owned(Box::new(port), Some(conn))
-            .map_err(|e| e.to_string())?;
+        let idx = self.add_owned(Box::new(port), Some(conn))?;
         Ok((
             json!({"ok": true, "port": idx, "name": req.name, "slots": req.slots, "buf_size": req.buf_size}),
             fds.into(),
@@ -509,7 +620,7 @@ impl Switch {
 
     fn drop_conn(&mut self, id: u32) {
         if let Some(c) = self.conns.remove(&id) {
-            self.unwatch(c.fd());
+            self.poller.unwatch(c.as_fd());
         }
         self.remove_owned(id);
     }
@@ -529,14 +640,10 @@ impl Switch {
     }
 
     fn memif_accept(&mut self) {
-        let mut new = Vec::new();
         if let Some(m) = self.memif.as_mut() {
-            while let Some(c) = m.accept() {
-                new.push(c);
+            while let Some((id, fd)) = m.accept() {
+                let _ = self.poller.watch(fd, TOK_MEMIF_CONN | id as u64);
             }
-        }
-        for (id, fd) in new {
-            let _ = self.watch(fd, TOK_MEMIF_CONN | id as u64);
         }
     }
 
@@ -548,16 +655,14 @@ impl Switch {
             memif::Event::None => {}
             memif::Event::Connected(port) => {
                 if let Err(e) = self.add_owned(port, Some(u32::MAX - id)) {
-                    tracing::warn!("memif port refused: {e}");
-                    if let Some(m) = self.memif.as_mut() {
-                        if let Some(fd) = m.close(id) {
-                            self.unwatch(fd);
-                        }
+                    tracing::warn!("memif port refused: {}", chain(&e));
+                    if let Some(fd) = self.memif.as_mut().and_then(|m| m.close(id)) {
+                        self.poller.unwatch(fd.as_fd());
                     }
                 }
             }
             memif::Event::Closed(fd) => {
-                self.unwatch(fd);
+                self.poller.unwatch(fd.as_fd());
                 self.remove_owned(u32::MAX - id);
             }
         }
@@ -588,6 +693,7 @@ impl Switch {
         })
     }
 
+    /// The control socket's path, if it has one.
     pub fn socket_path(&self) -> Option<&Path> {
         self.cfg.socket.as_deref()
     }
@@ -620,28 +726,41 @@ pub fn spawn(mut sw: Switch) -> (Arc<AtomicBool>, std::thread::JoinHandle<Switch
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
+    /// Control socket (attach, status).
     pub socket: Option<PathBuf>,
+    /// memif server socket.
     pub memif_socket: Option<PathBuf>,
+    /// TAP ports to create (or open).
     #[serde(default)]
     pub taps: Vec<String>,
+    /// Keep polling this long (microseconds) before sleeping; at most 1 s.
     pub poll_us: Option<u64>,
+    /// MAC aging in seconds; at least 1.
     pub aging_s: Option<u64>,
+    /// Addresses learned at most.
     pub max_macs: Option<usize>,
 }
 
 impl FileConfig {
-    pub fn load(path: &Path) -> Result<FileConfig, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let c: FileConfig =
-            toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    /// Read and check a settings file.
+    pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let c: FileConfig = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
         if c.poll_us.is_some_and(|p| p > 1_000_000) {
-            return Err(format!(
-                "{}: poll_us must be at most 1000000",
-                path.display()
-            ));
+            return Err(ConfigError::PollUs {
+                path: path.to_path_buf(),
+            });
         }
         if c.aging_s == Some(0) {
-            return Err(format!("{}: aging_s must be at least 1", path.display()));
+            return Err(ConfigError::AgingS {
+                path: path.to_path_buf(),
+            });
         }
         Ok(c)
     }

@@ -21,15 +21,20 @@ pub enum Role {
     Pong,
 }
 
+/// A generator mode that does not exist.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown mode {0:?}: tx, rx, ping-pong or pong")]
+pub struct UnknownRole(pub String);
+
 impl std::str::FromStr for Role {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Role, String> {
+    type Err = UnknownRole;
+    fn from_str(s: &str) -> Result<Role, UnknownRole> {
         match s {
             "tx" => Ok(Role::Tx),
             "rx" => Ok(Role::Rx),
             "ping-pong" | "pingpong" => Ok(Role::PingPong),
             "pong" => Ok(Role::Pong),
-            _ => Err(format!("unknown mode {s:?}: tx, rx, ping-pong or pong")),
+            _ => Err(UnknownRole(s.to_string())),
         }
     }
 }
@@ -37,15 +42,21 @@ impl std::str::FromStr for Role {
 /// Generator settings.
 #[derive(Clone, Debug)]
 pub struct Params {
+    /// What to do.
     pub role: Role,
     /// Frame length in bytes without the FCS (60 is the Ethernet minimum).
     pub size: usize,
+    /// Frames per transmit or receive call.
     pub burst: usize,
     /// Packets per second; None: as fast as possible.
     pub rate: Option<f64>,
+    /// Stop after this many packets.
     pub count: Option<u64>,
+    /// Stop after this long.
     pub duration: Duration,
+    /// Source address of the generated frames.
     pub src_mac: [u8; 6],
+    /// Destination address of the generated frames.
     pub dst_mac: [u8; 6],
 }
 
@@ -67,22 +78,37 @@ impl Default for Params {
 /// What a run measured.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {
+    /// The role run (`tx`, `rx`, `ping-pong`, `pong`).
     pub mode: String,
+    /// Packets sent (tx), received (rx, pong) or answered (ping-pong).
     pub packets: u64,
+    /// Bytes of those packets, without FCS.
     pub bytes: u64,
+    /// Seconds the run took.
     pub seconds: f64,
+    /// Packets per second.
     pub pps: f64,
+    /// Megabits per second on the wire (frame plus FCS).
     pub mbps: f64,
+    /// Kicks (driver-to-device notifications) during the run.
     pub kicks: u64,
+    /// Interrupts (device-to-driver notifications) during the run.
     pub interrupts: u64,
+    /// Kicks per packet.
     pub kicks_per_packet: f64,
+    /// Interrupts per packet.
     pub interrupts_per_packet: f64,
+    /// Kicks and interrupts per packet.
     pub notifications_per_packet: f64,
-    /// Ping-pong: transactions per second and round-trip percentiles (us).
+    /// Ping-pong: transactions per second.
     pub transactions_per_sec: f64,
+    /// Ping-pong: median round-trip time (us).
     pub rtt_us_p50: f64,
+    /// Ping-pong: 90th percentile round-trip time (us).
     pub rtt_us_p90: f64,
+    /// Ping-pong: 99th percentile round-trip time (us).
     pub rtt_us_p99: f64,
+    /// Ping-pong: longest round-trip time (us).
     pub rtt_us_max: f64,
     /// Ping-pong: requests whose reply never came (timed out after 100 ms).
     pub lost: u64,

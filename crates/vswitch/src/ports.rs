@@ -1,6 +1,6 @@
 //! The kinds of switch port.
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
@@ -12,8 +12,11 @@ use serde_json::{json, Value};
 /// of the switch to the port).
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct Counters {
+    /// Frames the port handed the switch.
     pub from_port: u64,
+    /// Frames the switch gave the port.
     pub to_port: u64,
+    /// Bytes of those frames.
     pub to_port_bytes: u64,
     /// Frames for this port dropped because it could not take them.
     pub dropped_full: u64,
@@ -23,10 +26,12 @@ pub struct Counters {
 /// port's own memory) until `rx_done`: the switch copies each one straight
 /// into its destination, one copy per frame as in VALE.
 pub trait Port: Send {
+    /// The port's name, unique in its switch.
     fn name(&self) -> &str;
+    /// What kind of port it is, for the status document (`ring`, `tap`, ...).
     fn kind(&self) -> &'static str;
     /// The descriptor whose readability means "look at me", if any.
-    fn fd(&self) -> Option<RawFd> {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
         None
     }
     /// The descriptor became readable.
@@ -44,19 +49,23 @@ pub trait Port: Send {
     unsafe fn tx(&mut self, f: FrameRef) -> bool;
     /// End of a batch of `tx`: publish and notify.
     fn tx_flush(&mut self, _now: Instant) {}
+    /// When the port next needs [`Port::timer`] (interrupt moderation).
     fn deadline(&self) -> Option<Instant> {
         None
     }
+    /// Called on every pass: fire what is due by `now`.
     fn timer(&mut self, _now: Instant) {}
     /// About to sleep in epoll: false if work appeared (stay awake).
     fn prepare_sleep(&mut self) -> bool {
         true
     }
+    /// The switch woke up after [`Port::prepare_sleep`].
     fn wake(&mut self) {}
     /// Broken ports are no longer served.
     fn broken(&self) -> Option<&str> {
         None
     }
+    /// The port's counters (the switch updates some of them).
     fn counters(&mut self) -> &mut Counters;
     /// Port-specific details for the status document.
     fn status(&self) -> Value {
@@ -66,8 +75,11 @@ pub trait Port: Send {
 
 /// The device side of a paravirtual NIC attached through the control socket.
 pub struct RingPort {
+    /// Port name.
     pub name: String,
+    /// The device side of the port's rings.
     pub dev: DevicePort,
+    /// Counters.
     pub c: Counters,
 }
 
@@ -78,8 +90,8 @@ impl Port for RingPort {
     fn kind(&self) -> &'static str {
         "ring"
     }
-    fn fd(&self) -> Option<RawFd> {
-        Some(self.dev.kick_fd().raw())
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.dev.kick_fd().as_fd())
     }
     fn on_event(&mut self) {
         self.dev.on_kick();
@@ -151,6 +163,7 @@ pub struct TapPort {
 }
 
 impl TapPort {
+    /// A port over an open TAP device.
     pub fn new(tap: Tap) -> TapPort {
         TapPort {
             tap,
@@ -169,8 +182,8 @@ impl Port for TapPort {
     fn kind(&self) -> &'static str {
         "tap"
     }
-    fn fd(&self) -> Option<RawFd> {
-        Some(self.tap.raw_fd())
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.tap.as_fd())
     }
     fn on_event(&mut self) {
         self.readable = true;
@@ -222,11 +235,13 @@ impl Port for TapPort {
 pub struct GenPort {
     name: String,
     frame: Vec<u8>,
+    /// Frames to send in all; none: without end.
     pub limit: Option<u64>,
     c: Counters,
 }
 
 impl GenPort {
+    /// A generator of copies of `frame`, `limit` of them (none: endless).
     pub fn new(name: &str, frame: Vec<u8>, limit: Option<u64>) -> GenPort {
         GenPort {
             name: name.to_string(),
@@ -280,6 +295,7 @@ pub struct SinkPort {
 }
 
 impl SinkPort {
+    /// A sink named `name`.
     pub fn new(name: &str) -> SinkPort {
         SinkPort {
             name: name.to_string(),
@@ -322,6 +338,7 @@ pub struct EchoPort {
 }
 
 impl EchoPort {
+    /// A reflector named `name`.
     pub fn new(name: &str) -> EchoPort {
         EchoPort {
             name: name.to_string(),

@@ -12,6 +12,7 @@ use vswitch::{spawn, Config, Switch};
 const RING_BYTES: usize = 128 + 16 * 256; // header + 256 descriptors
 
 fn memfd(size: usize, seal: bool) -> OwnedFd {
+    // SAFETY: memfd_create with a NUL-terminated literal name.
     let fd = unsafe {
         libc::memfd_create(
             c"evil".as_ptr(),
@@ -19,15 +20,19 @@ fn memfd(size: usize, seal: bool) -> OwnedFd {
         )
     };
     assert!(fd >= 0);
+    // SAFETY: fd is a fresh descriptor from memfd_create, owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate on a memfd we own.
     assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) }, 0);
     if seal {
+        // SAFETY: fcntl on a memfd we own.
         unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
     }
     fd
 }
 
 fn eventfd() -> OwnedFd {
+    // SAFETY: eventfd returns a fresh descriptor, owned by nobody else.
     unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) }
 }
 
@@ -145,6 +150,7 @@ fn lying_memif_clients_are_refused_or_contained() {
 
     // A well-formed client that then writes garbage.
     let region = memfd(size, true);
+    // SAFETY: a fresh shared mapping of a memfd we own, `size` bytes long.
     let map = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -157,12 +163,14 @@ fn lying_memif_clients_are_refused_or_contained() {
     } as *mut u8;
     assert!(!map.is_null());
     for off in [0usize, 4352] {
+        // SAFETY: off + 4 <= size, inside the live mapping; 4-byte aligned.
         unsafe { (map.add(off) as *mut u32).write_volatile(0x3E31F20) };
     }
     let (conn, r) = handshake(&msock, region, size as u64, [0, 4352]);
     assert_eq!(r, 7, "CONNECTED");
     // C2S descriptors: region 3 (absent), an offset past the end, a length
     // past the end, and one good frame.
+    // SAFETY: descriptor i of the first ring lies inside the live mapping.
     let desc = |i: usize, region: u16, len: u32, off: u32| unsafe {
         let d = map.add(128 + i * 16);
         (d.add(2) as *mut u16).write_volatile(region);
@@ -174,14 +182,17 @@ fn lying_memif_clients_are_refused_or_contained() {
     desc(1, 0, 60, u32::MAX - 10);
     desc(2, 0, 1 << 20, buf_off);
     desc(3, 0, 60, buf_off);
+    // SAFETY: byte 6 of the first ring's header, inside the live mapping.
     unsafe { (map.add(6) as *mut u16).write_volatile(4) }; // c2s head
     let memif = until("bad descriptors counted", || {
         memif_port(&ctl).filter(|m| m["detail"]["bad_descriptors"].as_u64() == Some(3))
     });
     assert_eq!(memif["from_port"].as_u64(), Some(1), "{memif}");
     // Slots were returned: tail moved to head.
+    // SAFETY: byte 64 of the first ring's header, inside the live mapping.
     assert_eq!(unsafe { (map.add(64) as *const u16).read_volatile() }, 4);
     // An impossible head breaks the port; the switch keeps answering.
+    // SAFETY: byte 6 of the first ring's header, inside the live mapping.
     unsafe { (map.add(6) as *mut u16).write_volatile(4 + 5000) };
     until("impossible head caught", || {
         memif_port(&ctl).filter(|m| m["detail"]["broken"].is_string())
@@ -190,6 +201,7 @@ fn lying_memif_clients_are_refused_or_contained() {
     until("memif port removed on disconnect", || {
         memif_port(&ctl).is_none().then_some(())
     });
+    // SAFETY: map is the mapping made above, of `size` bytes, no longer used.
     unsafe { libc::munmap(map as *mut _, size) };
     stop.store(true, Ordering::Relaxed);
     h.join().unwrap();

@@ -253,6 +253,7 @@ fn a_port_writing_garbage_cannot_hurt_the_switch_or_other_ports() {
                     if (16..32).contains(&w) {
                         continue; // the host line is the device's
                     }
+                    // SAFETY: w < words, so the word lies inside the port's mapping (kept alive by g).
                     unsafe { base.add(w).write_volatile((seed >> 32) as u32) };
                     if seed.is_multiple_of(7) {
                         g.driver.raw_kick();

@@ -1,0 +1,312 @@
+//! The memif datapath: the client's regions mapped, its rings checked, and
+//! the switch port that copies frames in and out of them.
+//!
+//! Everything read from the client's memory is validated as in
+//! [`ring::device`]: region indices, offsets and lengths against the mapped
+//! sizes, counters against the ring size. Each value is read once, checked,
+//! then used, so a client rewriting it meanwhile cannot change a decision.
+
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::time::Instant;
+
+use memmap2::MmapRaw;
+use ring::device::FrameRef;
+use ring::notify::EventFd;
+use serde_json::{json, Value};
+
+use super::layout::{
+    ring_bytes, Desc, DescRepr, RingHeader, CACHE_LINE, COOKIE, RING_FLAG_MASK_INT,
+};
+use crate::ports::{Counters, Port};
+
+/// Why a connected client's rings cannot become a port.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// The ring's cookie is not [`COOKIE`]: the client did not initialise it.
+    #[error("ring cookie {found:#x} is not {COOKIE:#x}")]
+    Cookie {
+        /// What the ring header holds.
+        found: u32,
+    },
+    /// The region a ring was added in is no longer there.
+    #[error("ring region vanished")]
+    RegionVanished,
+    /// The ring does not lie, cache-line aligned, inside its region.
+    #[error("ring does not fit its region")]
+    Misfit,
+}
+
+/// A region the client shared, mapped (shared, read-write).
+pub(super) struct Region {
+    map: MmapRaw,
+    size: usize,
+}
+
+impl Region {
+    /// Map the first `size` bytes of `file`. The caller has checked that the
+    /// file is at least that long and sealed against shrinking.
+    pub(super) fn map(file: &File, size: usize) -> std::io::Result<Region> {
+        let map = memmap2::MmapOptions::new().len(size).map_raw(file)?;
+        Ok(Region { map, size })
+    }
+
+    /// Whether a ring of `2^log2` descriptors at `offset` lies inside the
+    /// region and is cache-line aligned.
+    pub(super) fn fits_ring(&self, offset: u32, log2: u8) -> bool {
+        offset as usize + ring_bytes(log2) <= self.size
+            && (offset as usize).is_multiple_of(CACHE_LINE)
+    }
+
+    /// The `len` bytes at `off`, if they lie inside the region.
+    #[inline]
+    fn bytes(&self, off: u32, len: u32) -> Option<NonNull<u8>> {
+        if (off as usize).checked_add(len as usize)? > self.size {
+            return None;
+        }
+        // SAFETY: off + len <= size, so the pointer stays inside the mapping.
+        NonNull::new(unsafe { self.map.as_mut_ptr().add(off as usize) })
+    }
+}
+
+/// A ring the client added, not yet checked for its cookie.
+pub(super) struct RingInfo {
+    /// Region index.
+    pub region: u16,
+    /// Offset in the region, checked against it with [`Region::fits_ring`].
+    pub offset: u32,
+    /// log2 of the number of descriptors.
+    pub log2: u8,
+    /// The ring's interrupt eventfd.
+    pub int: EventFd,
+}
+
+/// One ring in the client's memory, with everything needed to check it.
+struct MRing {
+    hdr: NonNull<RingHeader>,
+    descs: NonNull<Desc>,
+    mask: u16,
+    size: u16,
+    int: EventFd,
+}
+
+impl MRing {
+    /// Point at a ring in `regions`, and check its cookie.
+    fn new(regions: &[Option<Region>], r: RingInfo) -> Result<MRing, RingError> {
+        let reg = regions
+            .get(r.region as usize)
+            .and_then(|x| x.as_ref())
+            .ok_or(RingError::RegionVanished)?;
+        if !reg.fits_ring(r.offset, r.log2) {
+            return Err(RingError::Misfit);
+        }
+        let len = u32::try_from(ring_bytes(r.log2)).map_err(|_| RingError::Misfit)?;
+        let base = reg.bytes(r.offset, len).ok_or(RingError::Misfit)?;
+        let hdr = base.cast::<RingHeader>();
+        // SAFETY: the header and 2^log2 descriptors lie inside the mapping,
+        // the offset is cache-line aligned in a page-aligned mapping (both
+        // checked just above).
+        let descs = unsafe { base.add(std::mem::size_of::<RingHeader>()) }.cast::<Desc>();
+        let ring = MRing {
+            hdr,
+            descs,
+            mask: (1u16 << r.log2) - 1,
+            size: 1u16 << r.log2,
+            int: r.int,
+        };
+        let found = ring.hdr().client.cookie.load(Acquire);
+        if found != COOKIE {
+            return Err(RingError::Cookie { found });
+        }
+        Ok(ring)
+    }
+
+    #[inline]
+    fn hdr(&self) -> &RingHeader {
+        // SAFETY: hdr points at a RingHeader inside a mapping the port owns
+        // (and keeps until it is dropped), suitably aligned (checked in
+        // MRing::new); every field is an atomic, so the peer writing it
+        // concurrently is no data race.
+        unsafe { self.hdr.as_ref() }
+    }
+
+    #[inline]
+    fn desc(&self, slot: u16) -> &Desc {
+        // SAFETY: (slot & mask) < ring size, and all the ring's descriptors
+        // lie inside the owned mapping (checked in MRing::new); atomics only.
+        unsafe { self.descs.add((slot & self.mask) as usize).as_ref() }
+    }
+}
+
+/// The switch port over a connected memif.
+pub struct MemifPort {
+    name: String,
+    peer: String,
+    regions: Vec<Option<Region>>,
+    c2s: MRing,
+    s2c: MRing,
+    c2s_next: u16,
+    s2c_next: u16,
+    s2c_published: u16,
+    broken: Option<String>,
+    c: Counters,
+    bad_desc: u64,
+    too_long: u64,
+}
+
+// SAFETY: the ring pointers point into mappings this port owns; the port
+// is used by one thread at a time.
+unsafe impl Send for MemifPort {}
+
+impl MemifPort {
+    /// A port over the client's ring 0 in each direction.
+    pub(super) fn new(
+        name: String,
+        peer: String,
+        regions: Vec<Option<Region>>,
+        c2s: RingInfo,
+        s2c: RingInfo,
+    ) -> Result<MemifPort, RingError> {
+        let c2s = MRing::new(&regions, c2s)?;
+        let s2c = MRing::new(&regions, s2c)?;
+        let c2s_next = c2s.hdr().server.tail.load(Acquire);
+        let s2c_next = s2c.hdr().server.tail.load(Acquire);
+        Ok(MemifPort {
+            name,
+            peer,
+            c2s_next,
+            s2c_next,
+            s2c_published: s2c_next,
+            regions,
+            c2s,
+            s2c,
+            broken: None,
+            c: Counters::default(),
+            bad_desc: 0,
+            too_long: 0,
+        })
+    }
+
+    /// The buffer a descriptor names, if its region, offset and length are
+    /// possible.
+    #[inline]
+    fn buffer(&self, d: DescRepr) -> Option<NonNull<u8>> {
+        self.regions
+            .get(d.region as usize)?
+            .as_ref()?
+            .bytes(d.offset, d.length)
+    }
+}
+
+impl Port for MemifPort {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kind(&self) -> &'static str {
+        "memif"
+    }
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.c2s.int.as_fd())
+    }
+    fn on_event(&mut self) {
+        self.c2s.int.drain();
+    }
+    fn pending(&mut self) -> bool {
+        self.broken.is_none() && self.c2s.hdr().client.head.load(Acquire) != self.c2s_next
+    }
+    fn rx(&mut self, max: u32, out: &mut Vec<FrameRef>) -> u32 {
+        let head = self.c2s.hdr().client.head.load(Acquire);
+        let avail = head.wrapping_sub(self.c2s_next);
+        if avail > self.c2s.size {
+            self.broken = Some(format!(
+                "c2s head {head} impossible (next {})",
+                self.c2s_next
+            ));
+            return 0;
+        }
+        let n = (avail as u32).min(max) as u16;
+        for k in 0..n {
+            let d = self.c2s.desc(self.c2s_next.wrapping_add(k)).read();
+            match self.buffer(d) {
+                Some(p) if d.length > 0 => out.push(FrameRef {
+                    ptr: p.as_ptr(),
+                    len: d.length,
+                }),
+                _ => self.bad_desc += 1,
+            }
+        }
+        n as u32
+    }
+    fn rx_done(&mut self, token: u32, frames: u64, _now: Instant) {
+        self.c2s_next = self.c2s_next.wrapping_add(token as u16);
+        self.c2s.hdr().server.tail.store(self.c2s_next, Release);
+        self.c.from_port += frames;
+    }
+    unsafe fn tx(&mut self, f: FrameRef) -> bool {
+        if self.broken.is_some() {
+            return false;
+        }
+        let head = self.s2c.hdr().client.head.load(Acquire);
+        let space = head.wrapping_sub(self.s2c_next);
+        if space > self.s2c.size {
+            self.broken = Some(format!(
+                "s2c head {head} impossible (tail {})",
+                self.s2c_next
+            ));
+            return false;
+        }
+        if space == 0 {
+            self.c.dropped_full += 1;
+            return false;
+        }
+        let desc = self.s2c.desc(self.s2c_next);
+        let d = desc.read();
+        let Some(dst) = self.buffer(d) else {
+            self.bad_desc += 1;
+            self.c.dropped_full += 1;
+            return false;
+        };
+        if f.len > d.length {
+            // Chained buffers are not supported: one frame, one buffer.
+            self.too_long += 1;
+            self.c.dropped_full += 1;
+            return false;
+        }
+        // SAFETY: dst has d.length >= f.len bytes inside the client's region
+        // (checked by buffer); the caller guarantees f is readable.
+        unsafe { std::ptr::copy_nonoverlapping(f.ptr, dst.as_ptr(), f.len as usize) };
+        desc.length.store(f.len, Relaxed);
+        desc.flags.store(0, Relaxed);
+        self.s2c_next = self.s2c_next.wrapping_add(1);
+        self.c.to_port += 1;
+        self.c.to_port_bytes += f.len as u64;
+        true
+    }
+    fn tx_flush(&mut self, _now: Instant) {
+        if self.s2c_next == self.s2c_published {
+            return;
+        }
+        self.s2c_published = self.s2c_next;
+        self.s2c.hdr().server.tail.store(self.s2c_next, Release);
+        if self.s2c.hdr().client.flags.load(Relaxed) & RING_FLAG_MASK_INT == 0 {
+            self.s2c.int.signal();
+        }
+    }
+    fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+    fn counters(&mut self) -> &mut Counters {
+        &mut self.c
+    }
+    fn status(&self) -> Value {
+        json!({
+            "peer": self.peer,
+            "ring_size": self.c2s.size,
+            "bad_descriptors": self.bad_desc,
+            "too_long": self.too_long,
+            "broken": self.broken,
+        })
+    }
+}
