@@ -268,6 +268,24 @@ pub struct HealthConf {
     /// Consecutive failures that take a healthy backend down.
     #[serde(default = "two")]
     pub fall: u32,
+    /// Which way the check goes: `"direct"` to the backend's own address,
+    /// or `"tunnel"`: GRE-encapsulated to the backend with a VIP of the pool
+    /// as inner destination, the way client traffic goes, so a backend
+    /// whose decapsulation is dead is seen as down. Tunnel checks need root
+    /// and an address VIP over the pool.
+    #[serde(default)]
+    pub via: CheckPath,
+}
+
+/// The way a health check goes (`via` in a pool's `health`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckPath {
+    /// To the backend's own address.
+    #[default]
+    Direct,
+    /// Through GRE to a VIP on the backend, as client traffic goes.
+    Tunnel,
 }
 
 fn slash() -> String {
@@ -742,6 +760,16 @@ impl Config {
                         ),
                     );
                 }
+                if h.via == CheckPath::Tunnel && self.tunnel_vip(&p.name).is_none() {
+                    return problem(
+                        format!("pools[{i}].health.via"),
+                        format!(
+                            "tunnel checks go to a VIP of the pool, but no VIP with an address \
+                             serves pool {:?} (directly or through an include)",
+                            p.name
+                        ),
+                    );
+                }
             }
         }
         Ok(())
@@ -865,6 +893,31 @@ impl Config {
             }
         }
         keys
+    }
+
+    /// The VIP address a tunnel health check of `pool`'s backends goes to:
+    /// the first VIP with an address whose pool is `pool` or includes it.
+    pub fn tunnel_vip(&self, pool: &str) -> Option<IpAddr> {
+        self.vips
+            .iter()
+            .filter(|v| self.pool_reaches(&v.pool, pool, 0))
+            .find_map(|v| v.address)
+    }
+
+    /// Whether pool `from` is `target` or includes it (directly or not).
+    fn pool_reaches(&self, from: &str, target: &str, depth: usize) -> bool {
+        if from == target {
+            return true;
+        }
+        // Cycles are rejected by validation; the depth bound keeps a
+        // hand-built Config from recursing for ever.
+        depth < self.pools.len()
+            && self
+                .pools
+                .iter()
+                .filter(|p| p.name == from)
+                .flat_map(|p| &p.include)
+                .any(|inc| self.pool_reaches(inc, target, depth + 1))
     }
 
     /// The backends of a pool with its included pools, each backend once
@@ -1041,6 +1094,25 @@ pool = "web"
         .unwrap();
         // The weight is applied live; threads and the API address are not.
         assert_eq!(old.restart_keys(&new), ["forwarder.threads", "api.listen"]);
+    }
+
+    #[test]
+    fn tunnel_checks_need_an_address_vip_over_the_pool() {
+        let tunnel = GOOD.replace(
+            "include = [\"extra\"]",
+            "include = [\"extra\"]\nhealth = { kind = \"http\", port = 80, via = \"tunnel\" }",
+        );
+        let c = Config::parse(&tunnel, "t").unwrap();
+        assert_eq!(c.tunnel_vip("web"), Some("192.0.2.80".parse().unwrap()));
+        // "extra" is served through web's include.
+        assert_eq!(c.tunnel_vip("extra"), Some("192.0.2.80".parse().unwrap()));
+        let e = err(&tunnel.replace("pool = \"web\"", "pool = \"extra\""));
+        assert_eq!(e.key, "pools[0].health.via", "{e}");
+        let e = err(&GOOD.replace(
+            "include = [\"extra\"]",
+            "include = [\"extra\"]\nhealth = { kind = \"tcp\", port = 80, via = \"sideways\" }",
+        ));
+        assert!(e.problem.contains("sideways"), "{e}");
     }
 
     #[test]

@@ -53,6 +53,9 @@ fn vip_addresses(cfg: &Config) -> Vec<[u8; 16]> {
 
 /// What the control plane shares with its tasks.
 pub struct Shared {
+    /// The tunnel of health checks that go through GRE (made when the
+    /// configuration first asks for one).
+    tunnel: Mutex<Option<crate::tunnel::Tunnel>>,
     /// The API's bearer token for mutating requests (`[api] token_file`).
     token: Option<String>,
     /// The configuration the daemon started with: `[forwarder]`,
@@ -97,6 +100,9 @@ pub enum Error {
     /// The HTTP API could not be set up.
     #[error(transparent)]
     Api(#[from] crate::api::ApiSetupError),
+    /// Tunnel health checks were asked for and the tunnel cannot be made.
+    #[error(transparent)]
+    Tunnel(#[from] crate::tunnel::TunnelError),
     /// Another load balancer serves the interface.
     #[error(transparent)]
     Lock(#[from] crate::lock::LockError),
@@ -120,6 +126,9 @@ pub enum ReloadError {
     /// The XDP program's VIP set could not be updated.
     #[error("updating the XDP VIP set: {0}")]
     XdpVips(#[source] netio::Error),
+    /// Tunnel health checks were asked for and the tunnel cannot be made.
+    #[error(transparent)]
+    Tunnel(#[from] crate::tunnel::TunnelError),
 }
 
 /// Why a request to a daemon's API failed (`fastpath lb status`).
@@ -178,9 +187,11 @@ impl Shared {
         let result = Config::load(&self.config_path)
             .map_err(ReloadError::from)
             .and_then(|cfg| {
+                let checks = health::checks(&cfg);
+                self.ensure_tunnel(&checks)?;
                 let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
                 c.apply(cfg.clone())?;
-                *self.check_names.lock().unwrap_or_else(|p| p.into_inner()) = health::checks(&cfg);
+                *self.check_names.lock().unwrap_or_else(|p| p.into_inner()) = checks;
                 if let Some(f) = &self.xdp_vips {
                     f.set(&vip_addresses(&cfg)).map_err(ReloadError::XdpVips)?;
                 }
@@ -214,6 +225,37 @@ impl Shared {
             }
         }
         result
+    }
+
+    /// Makes the health-check tunnel if `checks` need it and it is not there.
+    fn ensure_tunnel(
+        &self,
+        checks: &HashMap<CheckKey, Vec<String>>,
+    ) -> Result<(), crate::tunnel::TunnelError> {
+        let mut t = self.tunnel.lock().unwrap_or_else(|p| p.into_inner());
+        let v6 = checks.keys().any(|k| k.vip.is_some_and(|v| v.is_ipv6()));
+        let any = checks.keys().any(|k| k.vip.is_some());
+        let has_v6 = t.as_ref().is_some_and(crate::tunnel::Tunnel::ipv6);
+        if any && (t.is_none() || (v6 && !has_v6)) {
+            // Made again when IPv6 VIPs first need it.
+            *t = None;
+            *t = Some(crate::tunnel::Tunnel::start(v6)?);
+            tracing::info!(
+                "health checks through GRE: device {}, mark {:#x}",
+                crate::tunnel::DEVICE,
+                crate::tunnel::MARK
+            );
+        }
+        Ok(())
+    }
+
+    /// The tunnel's routes, if there is a tunnel.
+    fn tunnel_routes(&self) -> Option<crate::tunnel::Routes> {
+        self.tunnel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(crate::tunnel::Tunnel::routes)
     }
 
     fn counters(&self) -> Counters {
@@ -532,7 +574,8 @@ async fn health_task(shared: Arc<Shared>, key: CheckKey) {
     let mut tick = tokio::time::interval(Duration::from_millis(key.conf.interval_ms));
     loop {
         tick.tick().await;
-        let outcome = health::check(&key).await;
+        let routes = shared.tunnel_routes();
+        let outcome = health::check(&key, routes.as_ref()).await;
         if outcome == health::Outcome::Inconclusive {
             shared.checks_inconclusive.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(check = %key, "check inconclusive: the prober ran late");
@@ -891,6 +934,7 @@ fn serve(
         .map(crate::api::read_token)
         .transpose()?;
     let shared = Arc::new(Shared {
+        tunnel: Mutex::new(None),
         token,
         boot: cfg.clone(),
         control: Mutex::new(control),
@@ -907,6 +951,9 @@ fn serve(
         driver: driver_desc.clone(),
         started: Instant::now(),
     });
+    // Tunnel health checks asked for and impossible: stop now, say why.
+    let checks = health::checks(&cfg);
+    shared.ensure_tunnel(&checks)?;
     let cp = {
         let (shared, stop, listen) = (Arc::clone(&shared), Arc::clone(&stop), api_listener);
         std::thread::Builder::new()

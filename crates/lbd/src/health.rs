@@ -20,7 +20,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use lb::config::{CheckKind, Config, HealthConf};
+use lb::config::{CheckKind, CheckPath, Config, HealthConf};
+
+use crate::tunnel::Routes;
 
 /// One distinct check: an address and how to probe it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -29,10 +31,32 @@ pub struct CheckKey {
     pub addr: IpAddr,
     /// The check.
     pub conf: HealthConf,
+    /// For a check through the tunnel: the VIP it connects to (inside GRE
+    /// to `addr`).
+    pub vip: Option<IpAddr>,
+}
+
+impl CheckKey {
+    /// Where the check connects: the backend's address, or the VIP.
+    pub fn target(&self) -> SocketAddr {
+        SocketAddr::new(self.vip.unwrap_or(self.addr), self.conf.port)
+    }
 }
 
 impl std::fmt::Display for CheckKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(vip) = self.vip {
+            write!(f, "via GRE to {}: ", self.addr)?;
+            return match self.conf.kind {
+                CheckKind::Tcp => write!(f, "tcp {}", SocketAddr::new(vip, self.conf.port)),
+                CheckKind::Http => write!(
+                    f,
+                    "http {}{}",
+                    SocketAddr::new(vip, self.conf.port),
+                    self.conf.path
+                ),
+            };
+        }
         match self.conf.kind {
             CheckKind::Tcp => write!(f, "tcp {}", SocketAddr::new(self.addr, self.conf.port)),
             CheckKind::Http => write!(
@@ -51,12 +75,18 @@ pub fn checks(cfg: &Config) -> HashMap<CheckKey, Vec<String>> {
     let mut out: HashMap<CheckKey, Vec<String>> = HashMap::new();
     for p in &cfg.pools {
         let Some(h) = &p.health else { continue };
+        let vip = match h.via {
+            CheckPath::Direct => None,
+            // Validation guarantees one.
+            CheckPath::Tunnel => cfg.tunnel_vip(&p.name),
+        };
         for b in &p.backends {
             let name = b.name.clone().unwrap_or_else(|| b.address.to_string());
             let names = out
                 .entry(CheckKey {
                     addr: b.address,
                     conf: h.clone(),
+                    vip,
                 })
                 .or_default();
             if !names.contains(&name) {
@@ -79,11 +109,12 @@ pub enum Outcome {
     Inconclusive,
 }
 
-/// One check, judged by [`Outcome`]'s rule.
-pub async fn check(key: &CheckKey) -> Outcome {
+/// One check, judged by [`Outcome`]'s rule. Tunnel checks need the
+/// tunnel's routes; without them they fail.
+pub async fn check(key: &CheckKey, tunnel: Option<&Routes>) -> Outcome {
     let started = std::time::Instant::now();
     let timeout = Duration::from_millis(key.conf.timeout_ms);
-    match probe(key).await {
+    match probe(key, tunnel).await {
         true => Outcome::Up,
         false if started.elapsed() > timeout + timeout / 2 => Outcome::Inconclusive,
         false => Outcome::Down,
@@ -91,16 +122,26 @@ pub async fn check(key: &CheckKey) -> Outcome {
 }
 
 /// One probe; true if the backend answered as expected within the timeout.
-pub async fn probe(key: &CheckKey) -> bool {
+pub async fn probe(key: &CheckKey, tunnel: Option<&Routes>) -> bool {
     let c = &key.conf;
     let fut = async {
-        let mut s = TcpStream::connect(SocketAddr::new(key.addr, c.port))
-            .await
-            .ok()?;
+        // Held until the check is over: the tunnel's route for its port.
+        let mut _route = None;
+        let mut s = match (key.vip, tunnel) {
+            (None, _) => TcpStream::connect(key.target()).await.ok()?,
+            (Some(_), Some(routes)) => {
+                let (s, guard) = crate::tunnel::connect(routes, key.addr, key.target())
+                    .await
+                    .ok()?;
+                _route = Some(guard);
+                s
+            }
+            (Some(_), None) => return None,
+        };
         if c.kind == CheckKind::Tcp {
             return Some(true);
         }
-        let host = match key.addr {
+        let host = match key.vip.unwrap_or(key.addr) {
             IpAddr::V4(a) => a.to_string(),
             IpAddr::V6(a) => format!("[{a}]"),
         };
@@ -263,8 +304,10 @@ health = { kind = "tcp", port = 443 }
             }
         });
         let key = CheckKey {
+            vip: None,
             addr: "127.0.0.1".parse().unwrap(),
             conf: HealthConf {
+                via: CheckPath::Direct,
                 kind: CheckKind::Http,
                 port,
                 path: "/".into(),
@@ -279,7 +322,7 @@ health = { kind = "tcp", port = 443 }
         // itself make a check late, which is exactly what is not counted).
         let mut on_time = Vec::new();
         for _ in 0..5 {
-            on_time.push(check(&key).await);
+            on_time.push(check(&key, None).await);
             if on_time.last() == Some(&Outcome::Down) {
                 break;
             }
@@ -290,7 +333,7 @@ health = { kind = "tcp", port = 443 }
             tokio::time::sleep(Duration::from_millis(20)).await;
             std::thread::sleep(Duration::from_millis(400));
         });
-        assert_eq!(check(&key).await, Outcome::Inconclusive);
+        assert_eq!(check(&key, None).await, Outcome::Inconclusive);
         hog.await.unwrap();
     }
 
@@ -309,6 +352,7 @@ health = { kind = "tcp", port = 443 }
             }
         });
         let conf = |kind| HealthConf {
+            via: CheckPath::Direct,
             kind,
             port,
             path: "/".into(),
@@ -319,18 +363,20 @@ health = { kind = "tcp", port = 443 }
             fall: 1,
         };
         let key = CheckKey {
+            vip: None,
             addr: "127.0.0.1".parse().unwrap(),
             conf: conf(CheckKind::Http),
         };
-        assert!(probe(&key).await, "200 is healthy");
-        assert!(!probe(&key).await, "503 is not");
+        assert!(probe(&key, None).await, "200 is healthy");
+        assert!(!probe(&key, None).await, "503 is not");
         let closed = CheckKey {
+            vip: None,
             addr: "127.0.0.1".parse().unwrap(),
             conf: HealthConf {
                 port: 1,
                 ..conf(CheckKind::Tcp)
             },
         };
-        assert!(!probe(&closed).await, "a refused connection is not");
+        assert!(!probe(&closed, None).await, "a refused connection is not");
     }
 }

@@ -12,3 +12,4 @@ pub mod bgp;
 pub mod daemon;
 pub mod health;
 pub mod lock;
+pub mod tunnel;

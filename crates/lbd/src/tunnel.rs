@@ -1,0 +1,338 @@
+//! Health checks through the tunnel (issue 13, finding 2): a check that
+//! goes the way client traffic goes, GRE-encapsulated to the backend with
+//! the VIP as inner destination, so it passes through the backend's
+//! decapsulation agent and reaches the service on the VIP. A backend whose
+//! server answers directly but whose decapsulation is dead is then seen as
+//! down, as its clients see it.
+//!
+//! The kernel's own TCP stack does the check, so HTTP works unchanged:
+//!
+//! ```text
+//! check socket (SO_MARK) --policy route--> TUN fphc0 --read here-->
+//!   GRE to the backend (raw socket) --> backend's decap agent --> VIP:port
+//! answer: VIP:port --> straight to this machine (direct server return)
+//! ```
+//!
+//! The check socket is bound to its local port before it connects, so the
+//! packets read from the TUN device tell by their source port which backend
+//! they are for. Set up needs root: a TUN device and an `ip rule` that sends
+//! marked packets to a routing table whose default route is the device
+//! (made with iproute2, removed again on drop).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use netio::tap::Tun;
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+/// The TUN device's name (one load balancer per network namespace).
+pub const DEVICE: &str = "fphc0";
+/// The socket mark and routing table of tunnel checks.
+pub const MARK: u32 = 0x4650;
+
+/// Why the tunnel could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelError {
+    /// The TUN device could not be created.
+    #[error("health-check tunnel: {0}")]
+    Tun(#[from] netio::tap::Error),
+    /// A routing command failed.
+    #[error("health-check tunnel: `{command}` failed: {stderr}")]
+    Route {
+        /// The command line.
+        command: String,
+        /// What it printed.
+        stderr: String,
+    },
+    /// A socket could not be created or set up.
+    #[error("health-check tunnel: {what}: {source}")]
+    Socket {
+        /// What was being done.
+        what: &'static str,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn ip(args: &[&str]) -> Result<(), TunnelError> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|source| TunnelError::Socket {
+            what: "running ip (iproute2)",
+            source,
+        })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(TunnelError::Route {
+            command: format!("ip {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+/// Which backend each tunnel check's local port is for.
+pub type Routes = Arc<Mutex<HashMap<u16, IpAddr>>>;
+
+/// Counters of the tunnel.
+#[derive(Debug, Default)]
+pub struct TunnelStats {
+    /// Packets read from the TUN device and sent to a backend.
+    pub sent: AtomicU64,
+    /// Packets read whose source port belongs to no check (dropped).
+    pub unknown: AtomicU64,
+}
+
+/// The tunnel: the device, the routing rule, and which backend each check's
+/// local port is for.
+pub struct Tunnel {
+    families: &'static [&'static str],
+    shared: Arc<Mutex<HashMap<u16, IpAddr>>>,
+    stop: Arc<AtomicBool>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    /// Counters.
+    pub stats: Arc<TunnelStats>,
+}
+
+impl std::fmt::Debug for Tunnel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tunnel").finish_non_exhaustive()
+    }
+}
+
+impl Tunnel {
+    /// Creates the TUN device and the policy routes (for IPv6 VIPs too if
+    /// `ipv6`), and starts the thread that sends what the kernel routes into
+    /// the device to the backends.
+    pub fn start(ipv6: bool) -> Result<Tunnel, TunnelError> {
+        let tun = Tun::open(DEVICE)?;
+        let mark = MARK.to_string();
+        let families: &[&str] = if ipv6 { &["-4", "-6"] } else { &["-4"] };
+        for &fam in families {
+            // A stale rule from a killed predecessor would be harmless but
+            // would pile up: remove it first.
+            while ip(&[fam, "rule", "del", "fwmark", &mark, "lookup", &mark]).is_ok() {}
+            ip(&[
+                fam, "rule", "add", "fwmark", &mark, "lookup", &mark, "priority", "1000",
+            ])?;
+            ip(&[
+                fam, "route", "replace", "default", "dev", DEVICE, "table", &mark,
+            ])?;
+        }
+        let raw = |domain, what| {
+            Socket::new(domain, Type::RAW, Some(Protocol::from(47)))
+                .map_err(|source| TunnelError::Socket { what, source })
+        };
+        let (raw4, raw6) = (
+            raw(Domain::IPV4, "raw GRE socket (IPv4)")?,
+            raw(Domain::IPV6, "raw GRE socket (IPv6)")?,
+        );
+        let shared: Arc<Mutex<HashMap<u16, IpAddr>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(TunnelStats::default());
+        let reader = {
+            let (shared, stop, stats) =
+                (Arc::clone(&shared), Arc::clone(&stop), Arc::clone(&stats));
+            std::thread::Builder::new()
+                .name("health-tunnel".into())
+                .spawn(move || forward(&tun, &raw4, &raw6, &shared, &stop, &stats))
+                .map_err(|source| TunnelError::Socket {
+                    what: "starting the tunnel thread",
+                    source,
+                })?
+        };
+        Ok(Tunnel {
+            families,
+            shared,
+            stop,
+            reader: Some(reader),
+            stats,
+        })
+    }
+
+    /// Whether IPv6 VIPs are routed into the tunnel too.
+    pub fn ipv6(&self) -> bool {
+        self.families.contains(&"-6")
+    }
+
+    /// The routing table the reader thread consults (shared with probes).
+    pub fn routes(&self) -> Routes {
+        Arc::clone(&self.shared)
+    }
+}
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let mark = MARK.to_string();
+        for fam in self.families {
+            let _ = ip(&[fam, "rule", "del", "fwmark", &mark, "lookup", &mark]);
+        }
+    }
+}
+
+/// The reader: each IP packet the kernel routed into the device goes, in
+/// GRE, to the backend its source port was registered for.
+fn forward(
+    tun: &Tun,
+    raw4: &Socket,
+    raw6: &Socket,
+    routes: &Mutex<HashMap<u16, IpAddr>>,
+    stop: &AtomicBool,
+    stats: &TunnelStats,
+) {
+    let mut buf = vec![0u8; 4 + 65_536];
+    while !stop.load(Ordering::Relaxed) {
+        let fd = tun.as_fd();
+        let mut fds = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let timeout = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
+        };
+        if !matches!(rustix::event::poll(&mut fds, Some(&timeout)), Ok(n) if n > 0) {
+            continue;
+        }
+        let Some(n) = tun.recv(&mut buf[4..]) else {
+            continue;
+        };
+        let packet = &buf[4..4 + n];
+        let Some((port, ethertype)) = source_port(packet) else {
+            stats.unknown.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        let backend = routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&port)
+            .copied();
+        let Some(backend) = backend else {
+            stats.unknown.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        // GRE (RFC 2784): no flags, version 0, the inner protocol.
+        buf[..2].copy_from_slice(&[0, 0]);
+        buf[2..4].copy_from_slice(&ethertype.to_be_bytes());
+        let to = SockAddr::from(SocketAddr::new(backend, 0));
+        let raw = if backend.is_ipv4() { raw4 } else { raw6 };
+        if raw.send_to(&buf[..4 + n], &to).is_ok() {
+            stats.sent.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The TCP source port of an IP packet and its GRE protocol type.
+fn source_port(p: &[u8]) -> Option<(u16, u16)> {
+    let (l4, proto, ethertype) = match p.first()? >> 4 {
+        4 => (usize::from(p[0] & 0x0f) * 4, *p.get(9)?, 0x0800),
+        6 => (40, *p.get(6)?, 0x86dd),
+        _ => return None,
+    };
+    (proto == 6).then_some(())?;
+    let b = p.get(l4..l4 + 2)?;
+    Some((u16::from_be_bytes([b[0], b[1]]), ethertype))
+}
+
+/// A TCP connection to `vip:port` that goes through the tunnel to
+/// `backend`: marked, bound to a local port registered for the backend
+/// until the returned guard drops.
+pub async fn connect(
+    routes: &Routes,
+    backend: IpAddr,
+    vip: SocketAddr,
+) -> std::io::Result<(tokio::net::TcpStream, PortGuard)> {
+    let s = Socket::new(Domain::for_address(vip), Type::STREAM, Some(Protocol::TCP))?;
+    s.set_mark(MARK)?;
+    s.set_nonblocking(true)?;
+    let any: SocketAddr = if vip.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    s.bind(&any.into())?;
+    let port = s
+        .local_addr()?
+        .as_socket()
+        .map(|a| a.port())
+        .ok_or_else(|| std::io::Error::other("bound socket has no port"))?;
+    routes
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(port, backend);
+    let guard = PortGuard {
+        routes: Arc::clone(routes),
+        port,
+    };
+    let sock = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(s));
+    let stream = sock.connect(vip).await?;
+    Ok((stream, guard))
+}
+
+/// Unregisters a check's local port when the check is over.
+#[derive(Debug)]
+pub struct PortGuard {
+    routes: Arc<Mutex<HashMap<u16, IpAddr>>>,
+    port: u16,
+}
+
+/// How long a check's port stays registered after it ends, so the close
+/// (FIN, last ACK) still reaches the backend. The port is not reused
+/// meanwhile: the closing side keeps it in TIME_WAIT.
+pub const LINGER: Duration = Duration::from_millis(500);
+
+impl Drop for PortGuard {
+    fn drop(&mut self) {
+        let (routes, port) = (Arc::clone(&self.routes), self.port);
+        let remove = move || {
+            routes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&port);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(async move {
+                    tokio::time::sleep(LINGER).await;
+                    remove();
+                });
+            }
+            Err(_) => remove(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_ports_of_tcp_packets_only() {
+        let mut v4 = vec![0u8; 40];
+        v4[0] = 0x45;
+        v4[9] = 6;
+        v4[20..22].copy_from_slice(&4242u16.to_be_bytes());
+        assert_eq!(source_port(&v4), Some((4242, 0x0800)));
+        v4[9] = 17;
+        assert_eq!(source_port(&v4), None);
+        let mut v6 = vec![0u8; 60];
+        v6[0] = 0x60;
+        v6[6] = 6;
+        v6[40..42].copy_from_slice(&7u16.to_be_bytes());
+        assert_eq!(source_port(&v6), Some((7, 0x86dd)));
+        assert_eq!(source_port(&v6[..41]), None);
+        assert_eq!(source_port(&[]), None);
+        assert_eq!(source_port(&[0x45]), None);
+    }
+}
