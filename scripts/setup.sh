@@ -12,6 +12,7 @@ APT_PACKAGES=(
   nftables     # the in-kernel peer of lb bench --topology veth (DNAT with jhash)
   curl         # the HTTP client in the namespace tests
   python3      # the HTTP server on the test backends (python3 -m http.server)
+  python3-scapy # an independent packet library: captures fastpath did not write (lone fragments)
   bird2        # the BGP daemon the load balancer announces VIPs through (and the test's router)
   nginx-light  # the demo's HTTP backends
   clang        # compiles the XDP program behind AF_XDP (crates/netio/bpf)
