@@ -39,10 +39,15 @@ bench: setup
 	./target/release/fastpath switch bench
 	./target/release/fastpath maio bench
 
-## Fuzz the packet parser for two minutes (needs a nightly toolchain and cargo-fuzz).
+## Fuzz for FUZZ_SECONDS each (two minutes by default; needs a nightly
+## toolchain and cargo-fuzz): the packet parser, then the forwarder over
+## sequences of frames, inline and threaded, its corpus first seeded from
+## the liveness property test (crates/lb/tests/liveness.rs).
 FUZZ_SECONDS ?= 120
 fuzz:
 	cd crates/packet && $(CARGO) +nightly fuzz run parse_frame -- -max_total_time=$(FUZZ_SECONDS)
+	LIVENESS_SEEDS=$(CURDIR)/crates/lb/fuzz/corpus/forward_sequence $(CARGO) test -p lb --test liveness --locked -q
+	cd crates/lb && $(CARGO) +nightly fuzz run forward_sequence -- -max_total_time=$(FUZZ_SECONDS) -timeout=60
 
 lint:
 	$(CARGO) fmt --all -- --check
