@@ -50,7 +50,7 @@ pub fn run(backends: usize, requests: usize, stop: Arc<AtomicBool>) -> Result<()
         &format!("demo{}", std::process::id() % 100_000),
     )?;
     println!(
-        "\n  client 10.10.1.2 -> router 10.10.1.1 --BGP learns {VIP}--> load balancer 10.10.2.2 (AF_PACKET, GRE)\n  \
+        "\n  client 10.10.1.2 -> router 10.10.1.1 --BGP learns {VIP}--> load balancer 10.10.2.2 (AF_XDP, else AF_PACKET; GRE)\n  \
          -> backends 10.10.3.2 .. 10.10.{}.2 (VIP on lo, GRE decapsulated into TUN) -> straight back to the client\n",
         2 + backends
     );
