@@ -494,9 +494,11 @@ impl Config {
             .and_then(|()| self.check_api())
             .and_then(|()| self.check_pools())
             .and_then(|()| self.check_bgp())
-            .and_then(|()| self.check_health())
             .and_then(|()| self.check_prefix_groups())
             .and_then(|()| self.check_vips())
+            // After the VIPs: tunnel checks need a VIP over their pool, and
+            // a VIP naming a missing pool is the error to report first.
+            .and_then(|()| self.check_health())
             .map_err(|p| ConfigError {
                 file: file.into(),
                 key: p.key,
@@ -1108,6 +1110,10 @@ pool = "web"
         assert_eq!(c.tunnel_vip("extra"), Some("192.0.2.80".parse().unwrap()));
         let e = err(&tunnel.replace("pool = \"web\"", "pool = \"extra\""));
         assert_eq!(e.key, "pools[0].health.via", "{e}");
+        // A VIP naming a missing pool is reported as that, not as the
+        // tunnel check that lost its VIP.
+        let e = err(&tunnel.replace("pool = \"web\"", "pool = \"gone\""));
+        assert_eq!(e.key, "vips[0].pool", "{e}");
         let e = err(&GOOD.replace(
             "include = [\"extra\"]",
             "include = [\"extra\"]\nhealth = { kind = \"tcp\", port = 80, via = \"sideways\" }",

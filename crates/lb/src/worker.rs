@@ -310,6 +310,14 @@ impl Worker {
                 }
             });
             if e.vip == vip && ok {
+                if syn && insert {
+                    // A new connection on a reused 5-tuple, kept on the
+                    // same backend: a new flow, open again with the full
+                    // timeout (the old one's closing entry would otherwise
+                    // end under it after the linger, and a table change
+                    // since would move it).
+                    self.ct.insert(flow, hash, e, now);
+                }
                 if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
                     self.ct.close(flow, hash, now, CLOSE_LINGER_MS);
                 }

@@ -529,3 +529,61 @@ fn held_fragments_expire_without_traffic() {
     assert_eq!(w.counters.drops_for(DropReason::FragExpired), 1);
     assert_eq!(pool.stats().in_use, 0, "its buffer went back to the pool");
 }
+
+/// Found by the soak: a client that reuses a port at once (its previous
+/// connection was closed, so it keeps no TIME_WAIT) sends a SYN that finds
+/// the old connection's closing entry. Kept on the same backend, the new
+/// connection must own the entry afresh: not end with the old one's linger
+/// and then follow a table that changed meanwhile.
+#[test]
+fn a_reused_port_keeps_its_backend_after_the_old_connections_linger() {
+    use lb::worker::CLOSE_LINGER_MS;
+    const SYN: u8 = 0x02;
+    const ACK: u8 = 0x10;
+    const FIN_ACK: u8 = 0x11;
+    let cfg = Config::parse(CONFIG, "test").unwrap();
+    let mut control = Control::new(cfg.clone()).unwrap();
+    let pool = small_pool();
+    let mut w = worker(&pool, 4096);
+    let frames = |flags: u8| -> Vec<Vec<u8>> {
+        (0..400u16)
+            .map(|i| {
+                tcp(
+                    &format!("198.18.9.{}", i % 250 + 1),
+                    30_000 + i,
+                    "192.0.2.80",
+                    80,
+                    flags,
+                )
+            })
+            .collect()
+    };
+    // The old connections, closed.
+    let first = through(&mut w, &pool, &control, &frames(SYN), 0);
+    through(&mut w, &pool, &control, &frames(FIN_ACK), 100);
+    // New connections on the same ports at once, then the table changes.
+    let again = through(&mut w, &pool, &control, &frames(SYN), 200);
+    assert_eq!(
+        again, first,
+        "a reused port with an accepting backend keeps it"
+    );
+    let mut next = cfg.clone();
+    let web = next.pools.iter_mut().find(|p| p.name == "web").unwrap();
+    web.backends.push(lb::config::BackendConf {
+        address: ip("10.1.0.9"),
+        name: None,
+        weight: 5,
+    });
+    control.apply(next).unwrap();
+    // Long after the old connection's linger, the new ones are still
+    // established on their backend.
+    let later = through(
+        &mut w,
+        &pool,
+        &control,
+        &frames(ACK),
+        200 + 2 * CLOSE_LINGER_MS,
+    );
+    let moved = (0..400).filter(|&i| later[i] != first[i]).count();
+    assert_eq!(moved, 0, "{moved} of 400 established connections moved");
+}
