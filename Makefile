@@ -3,7 +3,7 @@
 CARGO ?= cargo
 OUT ?= out
 
-.PHONY: setup demo test bench lint fuzz
+.PHONY: setup demo test bench lint fuzz soak
 
 setup:
 	@scripts/setup.sh
@@ -29,6 +29,18 @@ demo: setup
 ## without a SAFETY comment).
 test: setup lint
 	$(CARGO) test --workspace --locked --no-fail-fast
+
+## The load balancer soaked for ten minutes in the demo's namespaces: wrk
+## with and without keep-alive through the VIP while nginx is stopped, a
+## decap agent killed, a link cut, backends added and removed by reloads, a
+## broken reload sent and a backend drained, once a minute. Prints the
+## figures, writes them to out/soak.json and fails if a goal is missed; see
+## RELIABILITY.md. Needs root. (`make test` runs a 60-second version.)
+SOAK_SECONDS ?= 600
+soak: setup
+	$(CARGO) build --release --locked -p fastpath
+	mkdir -p $(OUT)
+	./target/release/fastpath lb soak --seconds $(SOAK_SECONDS) --json $(OUT)/soak.json
 
 ## Benchmarks, each beside its peer in the same run; see BENCHMARKS.md.
 bench: setup

@@ -15,6 +15,7 @@ APT_PACKAGES=(
   python3-scapy # an independent packet library: captures fastpath did not write (lone fragments)
   bird2        # the BGP daemon the load balancer announces VIPs through (and the test's router)
   nginx-light  # the demo's HTTP backends
+  wrk          # the HTTP load generator of the soak (make soak, crates/fastpath/tests/lb_soak.rs)
   clang        # compiles the XDP program behind AF_XDP (crates/netio/bpf)
   llvm
   libbpf-dev   # its headers

@@ -79,8 +79,9 @@ pub enum LbCommand {
     /// The load balancer in a throwaway network, end to end (needs root).
     ///
     /// Builds network namespaces (client, router with BIRD, load balancer,
-    /// nginx backends), starts `lb run --interface` (AF_PACKET), sends real
-    /// HTTP requests through the VIP and shows how they spread, stops one
+    /// nginx backends), starts `lb run --interface` (AF_XDP, or AF_PACKET
+    /// where XDP is unavailable), sends real HTTP requests through the VIP
+    /// and shows how they spread, stops one
     /// nginx and shows its share move to the others while long-lived
     /// connections to the rest stay put, withdraws the VIP from BGP, and
     /// removes everything it created, also when interrupted.
@@ -96,6 +97,40 @@ pub enum LbCommand {
         #[arg(long, default_value_t = 300)]
         requests: usize,
     },
+    /// Soak the load balancer: real HTTP load while faults are injected
+    /// (needs root, wrk, nginx, BIRD).
+    ///
+    /// Builds the namespace topology of `lb demo` with five nginx backends
+    /// (four in the configuration, the fifth added and removed by reloads)
+    /// and health checks through the tunnel, then for --seconds runs wrk
+    /// with keep-alive and with `Connection: close` through the VIP, keeps
+    /// two long-lived keep-alive connections per backend asking GET / every
+    /// half second, and in every minute: stops and restarts nginx on
+    /// backend 1, kills (SIGKILL) and restarts backend 2's decap agent,
+    /// takes backend 3's link down and up, adds and removes backend 5 by
+    /// reloads every two seconds, sends a broken reload, and drains then
+    /// undrains backend 4.
+    ///
+    /// It reports requests sent and failed (and whether every failure lies
+    /// in a fault window), long-lived connections broken on backends that
+    /// stayed healthy (goal 0), the time from each fault until the backend
+    /// is out of the table, and the load balancer's RSS and packet-pool
+    /// occupancy after the warm-up and at the end (goal: no growth). Exits
+    /// non-zero when a goal is missed. Progress goes to stderr; everything
+    /// it creates is removed at the end, also on Ctrl-C.
+    ///
+    /// JSON keys: seconds, cycles, requests_sent, requests_failed, load[],
+    /// long_lived{broken_on_healthy, ...}, faults[]{fault, backend,
+    /// at_s, action_s, out_after_s, back_after_s}, drains[], reloads,
+    /// rss_kib{start, middle, end}, pool_in_use{start, middle, end},
+    /// segments[], goals[]{goal, met, detail}. RELIABILITY.md has figures.
+    ///
+    /// Examples:
+    ///   fastpath lb soak --seconds 60
+    ///   fastpath lb soak --seconds 600 --json out/soak.json     (make soak)
+    ///   fastpath lb soak --seconds 60 --format json | jq '.goals'
+    #[command(verbatim_doc_comment)]
+    Soak(SoakArgs),
     /// Decapsulate GRE for a backend (run it on each backend).
     ///
     /// This kernel has no GRE module, so backends cannot add a GRE tunnel.
@@ -129,6 +164,46 @@ pub enum LbCommand {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
+}
+
+#[derive(Args)]
+pub struct SoakArgs {
+    /// Seconds of the measured run, after a 5 s warm-up (one cycle of
+    /// faults per full minute, at least one).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(30..))]
+    seconds: u64,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Output format on stdout.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+fn soak(a: SoakArgs) -> anyhow::Result<()> {
+    let stop = stop_flag()?;
+    let exe = std::env::current_exe().context("finding our own binary")?;
+    let opts = lab::soak::Options::new(a.seconds);
+    let report = lab::soak::run(&exe, &opts, &stop, &mut |line| eprintln!("soak: {line}"))?;
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = &a.json {
+        std::fs::write(path, &json).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("soak: wrote {}", path.display());
+    }
+    match a.format {
+        Format::Table => print!("{}", report.to_text()),
+        Format::Json => println!("{json}"),
+    }
+    let missed: Vec<&str> = report
+        .goals
+        .iter()
+        .filter(|g| !g.met)
+        .map(|g| g.goal.as_str())
+        .collect();
+    if !report.passed() {
+        anyhow::bail!("soak: goals missed: {}", missed.join("; "));
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -361,6 +436,7 @@ pub fn run(c: LbCommand) -> anyhow::Result<()> {
         LbCommand::Bench(a) => lb_bench(a),
         LbCommand::SamplePcap { out } => sample_pcap(&out),
         LbCommand::Decap { tun } => decap(&tun),
+        LbCommand::Soak(a) => soak(a),
         LbCommand::Demo { backends, requests } => {
             let stop = stop_flag()?;
             Ok(lab::demo::run(backends, requests, stop)?)

@@ -2,7 +2,8 @@
 //! around the libraries, and never part of them. Network namespaces and
 //! veth pairs ([`netns`]), the load balancer's namespace topology with BIRD
 //! and nginx ([`topology`]), the demo that shows it to a person ([`demo`]),
-//! and sample traffic for the forwarder ([`sample`]).
+//! sample traffic for the forwarder ([`sample`]), and the soak that runs
+//! the load balancer under load while faults are injected ([`soak`]).
 //!
 //! Everything here creates what it needs and removes it again when dropped,
 //! also when a test panics. Addresses live only inside the namespaces it
@@ -11,6 +12,7 @@
 pub mod demo;
 pub mod netns;
 pub mod sample;
+pub mod soak;
 pub mod topology;
 
 use std::io;
@@ -80,7 +82,7 @@ pub enum Error {
         logs: String,
     },
     /// The user interrupted (SIGINT or SIGTERM).
-    #[error("interrupted: removing everything the demo created")]
+    #[error("interrupted: removing everything that was created")]
     Interrupted,
 }
 

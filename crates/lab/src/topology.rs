@@ -67,6 +67,24 @@ impl Procs {
         }
     }
 
+    /// Kills a named child with SIGKILL (no chance to clean up, as when it
+    /// crashes) and returns what it printed.
+    pub fn kill(&mut self, name: &str) -> String {
+        let Some(i) = self.0.iter().position(|(n, _)| n == name) else {
+            return String::new();
+        };
+        let (_, mut c) = self.0.remove(i);
+        let _ = c.kill();
+        match c.wait_with_output() {
+            Ok(out) => format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => format!("(could not reap {name}: {e})"),
+        }
+    }
+
     /// Stops everything, returning each child's output.
     pub fn stop_all(&mut self) -> Vec<(String, String)> {
         let names: Vec<String> = self.0.iter().map(|(n, _)| n.clone()).collect();
@@ -287,15 +305,108 @@ impl Topology {
 
     fn start_backends(&mut self) -> Result<()> {
         for i in 1..=self.backends.len() {
-            let fp = self.fastpath.to_string_lossy().to_string();
-            let decap = spawn(
-                &self.backends[i - 1],
-                &[&fp, "lb", "decap", "--tun", "fpdecap0"],
-            )?;
-            self.procs.push(&format!("decap{i}"), decap);
+            self.start_decap(i)?;
             self.start_nginx(i)?;
         }
         Ok(())
+    }
+
+    /// The backend namespace of backend `i` (1-based).
+    fn backend(&self, i: usize, doing: &str) -> Result<&Netns> {
+        self.backends.get(i.wrapping_sub(1)).ok_or(Error::Failed {
+            command: format!("{doing} on backend {i}"),
+            stderr: format!("there are {} backends", self.backends.len()),
+        })
+    }
+
+    /// The address of backend `i` (1-based): `10.10.{i+2}.2`, also its name
+    /// in the configuration this module writes.
+    pub fn backend_address(i: usize) -> String {
+        format!("10.10.{}.2", 2 + i)
+    }
+
+    /// Starts (or restarts) backend `i`'s decapsulation agent
+    /// (`fastpath lb decap`, process name `decap{i}`).
+    pub fn start_decap(&mut self, i: usize) -> Result<()> {
+        let fp = self.fastpath.to_string_lossy().to_string();
+        let decap = spawn(
+            self.backend(i, "start the decap agent")?,
+            &[&fp, "lb", "decap", "--tun", "fpdecap0"],
+        )?;
+        self.procs.push(&format!("decap{i}"), decap);
+        Ok(())
+    }
+
+    /// Takes backend `i`'s link down or up, on the router's side of its
+    /// veth pair: the backend keeps its addresses and routes, the router
+    /// loses (and on up regains) its route to the backend's network, as
+    /// when a cable is pulled and plugged back.
+    pub fn set_backend_link(&self, i: usize, up: bool) -> Result<()> {
+        self.backend(i, "set the link")?;
+        self.router.ip(&[
+            "link",
+            "set",
+            "dev",
+            &format!("r{}", 2 + i),
+            if up { "up" } else { "down" },
+        ])?;
+        Ok(())
+    }
+
+    /// Rewrites the pool's `backends = [...]` line of the configuration
+    /// file: backend numbers (1-based) with their weights (0 drains), in
+    /// this order. The rest of the file stays as it is; nothing is reloaded.
+    pub fn set_backends(&self, backends: &[(usize, u32)]) -> Result<()> {
+        let list: Vec<String> = backends
+            .iter()
+            .map(|&(i, w)| {
+                format!(
+                    "{{ address = \"{}\", weight = {w} }}",
+                    Self::backend_address(i)
+                )
+            })
+            .collect();
+        let text =
+            std::fs::read_to_string(&self.config).map_err(Error::io(self.config.display()))?;
+        let mut found = false;
+        let lines: Vec<String> = text
+            .lines()
+            .map(|l| {
+                if l.starts_with("backends = [") {
+                    found = true;
+                    format!("backends = [{}]", list.join(", "))
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect();
+        if !found {
+            return Err(Error::Failed {
+                command: format!("rewrite the backends of {}", self.config.display()),
+                stderr: "no line starts with `backends = [`".into(),
+            });
+        }
+        std::fs::write(&self.config, lines.join("\n") + "\n")
+            .map_err(Error::io(self.config.display()))
+    }
+
+    /// The load balancer's resident set size in KiB (`VmRSS` of
+    /// /proc/PID/status; `ip netns exec` runs the program in its own pid).
+    pub fn lb_rss_kib(&self) -> Result<u64> {
+        let pid = self.procs.pid("lb").ok_or(Error::Failed {
+            command: "read the load balancer's RSS".into(),
+            stderr: "the load balancer is not running".into(),
+        })?;
+        let path = format!("/proc/{pid}/status");
+        let text = std::fs::read_to_string(&path).map_err(Error::io(&path))?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .ok_or(Error::Failed {
+                command: format!("read VmRSS from {path}"),
+                stderr: "no VmRSS line".into(),
+            })
     }
 
     /// Starts (or restarts) nginx on backend `i` (1-based), answering
@@ -314,10 +425,7 @@ impl Topology {
             ),
         )
         .map_err(Error::io(conf.display()))?;
-        let be = self.backends.get(i.wrapping_sub(1)).ok_or(Error::Failed {
-            command: format!("start nginx on backend {i}"),
-            stderr: format!("there are {} backends", self.backends.len()),
-        })?;
+        let be = self.backend(i, "start nginx")?;
         let nginx = spawn(
             be,
             &[
@@ -388,6 +496,36 @@ pool = "web"
             ],
         )?;
         self.procs.push("lb", c);
+        Ok(())
+    }
+
+    /// Like [`Topology::start_lb`], with the load balancer's output appended
+    /// to the file `log` instead of a pipe: for long runs, where a pipe that
+    /// is read only at the end would fill and block its logging.
+    pub fn start_lb_logged(&mut self, log: &Path) -> Result<()> {
+        let file = std::fs::File::create(log).map_err(Error::io(log.display()))?;
+        let err = file.try_clone().map_err(Error::io(log.display()))?;
+        let fp = self.fastpath.to_string_lossy().to_string();
+        let config = self.config.to_string_lossy().to_string();
+        let args = [
+            fp.as_str(),
+            "lb",
+            "run",
+            "--config",
+            &config,
+            "--interface",
+            "l0",
+        ];
+        let mut c = self.lb.command(args[0]);
+        c.args(&args[1..])
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err);
+        let child = c.spawn().map_err(|source| Error::Spawn {
+            program: format!("{args:?} in {}", self.lb.name()),
+            source,
+        })?;
+        self.procs.push("lb", child);
         Ok(())
     }
 
@@ -520,14 +658,66 @@ impl HttpConn {
         Ok(HttpConn { s })
     }
 
-    /// GET / on this connection; the body.
-    pub fn get(&mut self) -> Result<String, Error> {
+    /// Connects to the VIP from local port `port` (with SO_REUSEADDR), to
+    /// reuse a 5-tuple on purpose: a client whose previous connection on
+    /// that port was closed by the server first ([`HttpConn::get_closing`])
+    /// may reuse it at once.
+    pub fn connect_from(port: u16) -> Result<Self> {
+        let text = format!("{VIP}:80");
+        let addr: SocketAddr = text.parse().map_err(|source| Error::Address {
+            addr: text.clone(),
+            source,
+        })?;
+        let doing = |what: &str| Error::io(format!("{what} (local port {port} to {addr})"));
+        let fd = rustix::net::socket(
+            rustix::net::AddressFamily::INET,
+            rustix::net::SocketType::STREAM,
+            None,
+        )
+        .map_err(|e| doing("creating a socket")(e.into()))?;
+        rustix::net::sockopt::set_socket_reuseaddr(&fd, true)
+            .map_err(|e| doing("setting SO_REUSEADDR")(e.into()))?;
+        let local = SocketAddr::from(([0, 0, 0, 0], port));
+        rustix::net::bind(&fd, &local).map_err(|e| doing("binding")(e.into()))?;
+        rustix::net::connect(&fd, &addr).map_err(|e| doing("connecting")(e.into()))?;
+        let s = TcpStream::from(fd);
+        s.set_read_timeout(Some(Duration::from_secs(3)))
+            .map_err(Error::io("setting a read timeout"))?;
+        Ok(HttpConn { s })
+    }
+
+    /// GET / with `Connection: close`, then waits for the server to close
+    /// and closes too: the server closes first, so this side keeps no
+    /// TIME_WAIT and its port is free again at once. The body.
+    pub fn get_closing(mut self) -> Result<String, Error> {
+        self.send("Connection: close\r\n")?;
+        let body = self.answer()?;
+        let mut rest = [0u8; 256];
+        // The answer is complete; what follows is the server's FIN (0) or
+        // an error, either way the end.
+        while matches!(self.s.read(&mut rest), Ok(n) if n > 0) {}
+        Ok(body)
+    }
+
+    fn send(&mut self, extra_headers: &str) -> Result<(), Error> {
         self.s
             .write_all(
-                format!("GET / HTTP/1.1\r\nHost: {VIP}\r\nUser-Agent: fastpath-demo\r\n\r\n")
-                    .as_bytes(),
+                format!(
+                    "GET / HTTP/1.1\r\nHost: {VIP}\r\nUser-Agent: fastpath-demo\r\n{extra_headers}\r\n"
+                )
+                .as_bytes(),
             )
-            .map_err(Error::io("sending GET /"))?;
+            .map_err(Error::io("sending GET /"))
+    }
+
+    /// GET / on this connection; the body.
+    pub fn get(&mut self) -> Result<String, Error> {
+        self.send("")?;
+        self.answer()
+    }
+
+    /// Reads one answer; its body.
+    fn answer(&mut self) -> Result<String, Error> {
         let mut buf = Vec::new();
         let mut chunk = [0u8; 1024];
         loop {

@@ -78,6 +78,8 @@ pub struct Shared {
     xdp_vips: Option<netio::afxdp::VipFilter>,
     /// Which packet I/O driver is in use, in words.
     driver: String,
+    /// The forwarder's packet pool, for its occupancy in `/status`.
+    pool: maio::Pool,
     started: Instant,
 }
 
@@ -289,8 +291,11 @@ impl Shared {
                 bytes: t.bytes,
             }
         };
+        let pool = self.pool.stats();
         Status {
             driver: self.driver.clone(),
+            pool_buffers: pool.buffers,
+            pool_in_use: pool.in_use,
             generation: tables.generation,
             uptime_s: self.started.elapsed().as_secs_f64(),
             reloads: self.reloads.load(Ordering::Relaxed),
@@ -388,6 +393,16 @@ impl Shared {
             "Packets dropped, by reason.",
         );
         family(
+            "fastpath_lb_pool_buffers",
+            "gauge",
+            "Packet buffers in the forwarder's pool.",
+        );
+        family(
+            "fastpath_lb_pool_in_use",
+            "gauge",
+            "Packet buffers not free (in rings, queues or in flight); growth under steady load is a leak.",
+        );
+        family(
             "fastpath_lb_conntrack_entries",
             "gauge",
             "Live connection-table entries.",
@@ -442,6 +457,8 @@ impl Shared {
         if let Some(a) = s.bgp_announced {
             let _ = writeln!(o, "fastpath_lb_bgp_announced {}", u8::from(a));
         }
+        let _ = writeln!(o, "fastpath_lb_pool_buffers {}", s.pool_buffers);
+        let _ = writeln!(o, "fastpath_lb_pool_in_use {}", s.pool_in_use);
         let _ = writeln!(o, "fastpath_lb_conntrack_entries {}", ct.entries);
         for (k, v) in [
             ("hit", ct.hits),
@@ -509,6 +526,13 @@ pub struct Status {
     pub drops: std::collections::BTreeMap<String, u64>,
     /// Live connection-table entries.
     pub conntrack_entries: u64,
+    /// Packet buffers in the forwarder's pool.
+    #[serde(default)]
+    pub pool_buffers: u32,
+    /// Pool buffers not free now: in the receive and fill rings, queues or
+    /// in flight. Steady under steady load; growth means buffers leak.
+    #[serde(default)]
+    pub pool_in_use: u32,
     /// BGP: whether the VIPs are announced (absent without `[bgp]`).
     pub bgp_announced: Option<bool>,
     /// BGP: the last error talking to BIRD.
@@ -524,6 +548,10 @@ impl Status {
         out += &format!(
             "generation {}, up {:.0} s, reloads {} (rejected {}), forwarded {}, dropped {}, connections {}\n",
             self.generation, self.uptime_s, self.reloads, self.reload_failures, self.forwarded, self.dropped, self.conntrack_entries
+        );
+        out += &format!(
+            "packet pool: {} of {} buffers in use\n",
+            self.pool_in_use, self.pool_buffers
         );
         if let Some(e) = &self.last_reload_error {
             out.push_str(&format!("last reload rejected: {e}\n"));
@@ -949,6 +977,7 @@ fn serve(
         bgp: Mutex::new(None),
         xdp_vips,
         driver: driver_desc.clone(),
+        pool: dp.pool().clone(),
         started: Instant::now(),
     });
     // Tunnel health checks asked for and impossible: stop now, say why.
