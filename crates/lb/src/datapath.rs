@@ -21,7 +21,7 @@
 //! Steering, muxing and the NIC share one I/O thread. With `threads = 0`
 //! the I/O thread also does the packet threads' work (inline mode).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -230,12 +230,85 @@ struct ThreadEnd {
     finished: Arc<AtomicU64>,
     /// Finished, or held as fragments waiting for their first fragment.
     accounted: Arc<AtomicU64>,
+    /// Whether the thread sleeps (see [`Doze`]).
+    doze: Arc<Doze>,
 }
+
+/// Whether a packet thread sleeps, and so needs the I/O thread to wake it.
+///
+/// No wake-up is lost. A packet thread stores its sleeping state, then a
+/// sequentially consistent fence, then looks at its queue, `draining` and
+/// `quit` once more, and parks (for at most [`IDLE_TICK`]) only if none of
+/// them has anything for it. After each step of its loop, the I/O thread
+/// reads the threads' states (one read each while all are awake); when one
+/// sleeps, it hands over that thread's partial batch, then a fence, then
+/// reads the states again and unparks each sleeping thread with input
+/// waiting, or with a drain to do, once per sleep (it swaps the state back
+/// to awake). Each side reads the other's store after its own fence, so at
+/// least one sees the other's; a thread that announces its sleep just
+/// after the first read is seen at the next step, as the I/O thread does
+/// not sleep in the port while any packet is with the packet threads. An
+/// unpark that comes before the park is kept, and the park returns at
+/// once. `quit` is followed by an unpark of every thread.
+#[repr(align(64))]
+#[derive(Debug, Default)]
+struct Doze(AtomicU8);
+
+impl Doze {
+    /// Running (or about to look at its queue again).
+    const AWAKE: u8 = 0;
+    /// Asleep: wake it for input, or to drain.
+    const SLEEPING: u8 = 1;
+    /// Asleep, having drained: wake it for input only.
+    const SLEEPING_DRAINED: u8 = 2;
+
+    /// A packet thread announces its sleep; it must then look at its
+    /// queue, `quit` and `draining` once more, and park only if none of
+    /// them has anything for it. Out of line, as [`Doze::park`].
+    #[cold]
+    #[inline(never)]
+    fn announce(&self, drained: bool) {
+        let state = if drained {
+            Doze::SLEEPING_DRAINED
+        } else {
+            Doze::SLEEPING
+        };
+        self.0.store(state, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Parks the packet thread for at most [`IDLE_TICK`] if `nothing` came
+    /// since [`Doze::announce`], then marks it awake. Out of line, so that
+    /// the packet loop stays small.
+    #[cold]
+    #[inline(never)]
+    fn park(&self, nothing: bool) {
+        if nothing {
+            std::thread::park_timeout(IDLE_TICK);
+        }
+        self.0.store(Doze::AWAKE, Ordering::Relaxed);
+    }
+}
+
+/// Idle iterations the I/O thread spins before it yields or sleeps.
+const IDLE_SPINS: u32 = 1024;
+/// Further idle iterations it yields while work is in flight before it
+/// polls the port every millisecond instead.
+const IDLE_YIELDS: u32 = 4096;
+/// How long the I/O thread sleeps in an idle port at most (milliseconds).
+const IDLE_WAIT_MS: i32 = 20;
+/// Idle iterations a packet thread yields before it sleeps.
+const PACKET_IDLE_YIELDS: u32 = 4096;
+/// How long a sleeping packet thread waits at most before it expires held
+/// fragments by the clock.
+const IDLE_TICK: Duration = Duration::from_millis(100);
 
 /// What a packet thread publishes of its progress.
 struct Progress<'a> {
     finished: &'a AtomicU64,
     accounted: &'a AtomicU64,
+    /// Where the thread says it is about to sleep.
+    doze: &'a Doze,
 }
 
 impl Progress<'_> {
@@ -463,12 +536,15 @@ impl<'d> IoLoop<'d> {
             Arc::clone(&self.dp.live),
         );
         let (start, fin, acc) = (self.start, Arc::clone(&finished), Arc::clone(&accounted));
+        let doze = Arc::new(Doze::default());
+        let dz = Arc::clone(&doze);
         let join = std::thread::Builder::new()
             .name(format!("packet-{i}"))
             .spawn(move || {
                 let progress = Progress {
                     finished: &fin,
                     accounted: &acc,
+                    doze: &dz,
                 };
                 packet_thread(
                     i, &mut w, rx_c, tx_p, &tables, &pool, batch, start, &progress, &draining,
@@ -482,6 +558,7 @@ impl<'d> IoLoop<'d> {
             since: None,
             finished,
             accounted,
+            doze,
         });
         self.joins.push(join);
         Ok(())
@@ -735,23 +812,100 @@ impl<'d> IoLoop<'d> {
         false
     }
 
-    /// Spins briefly when idle, then sleeps in the port rather than burn
-    /// the core.
+    /// Idle pacing, after every step of the loop. First wakes packet
+    /// threads that sleep while input or a drain waits for them. Then, when
+    /// this step did nothing: spins briefly; yields while work is in flight
+    /// (a partial batch waiting for its timer, packets with the packet
+    /// threads, frames left to send); and once nothing is, sleeps in the
+    /// port until a frame arrives or [`IDLE_WAIT_MS`] passes, so an idle
+    /// forwarder costs (almost) no CPU. The heartbeat, `stop` and inline
+    /// fragment expiry are served at least that often.
     #[inline]
     fn pace(&mut self, idle: bool, nic: &mut dyn Nic) {
+        self.wake_sleepers();
         if !idle {
             self.idle_spins = 0;
             return;
         }
-        self.idle_spins += 1;
-        if self.idle_spins > 1024 {
-            nic.wait(1);
-            self.dp.heartbeat.store(self.iterations, Ordering::Relaxed);
-        } else {
+        self.idle_spins = self.idle_spins.saturating_add(1);
+        if self.idle_spins <= IDLE_SPINS {
             std::hint::spin_loop();
+        } else {
+            let settled = self.settled();
+            if !settled && self.idle_spins <= IDLE_SPINS + IDLE_YIELDS {
+                std::thread::yield_now();
+            } else {
+                // In flight for long (a stuck transmit ring): poll gently.
+                nic.wait(if settled { IDLE_WAIT_MS } else { 1 });
+                self.dp.heartbeat.store(self.iterations, Ordering::Relaxed);
+            }
         }
         if nic.exhausted() {
             std::thread::yield_now();
+        }
+    }
+
+    /// Nothing in flight, so only a new frame (or a timer of at least
+    /// [`IDLE_WAIT_MS`]) can give the loop work: nothing received left to
+    /// steer, no partial batch waiting for its timer, every steered packet
+    /// finished or held by its packet thread and its output muxed, nothing
+    /// left to send.
+    fn settled(&mut self) -> bool {
+        // `accounted` first: a packet thread publishes its output before
+        // its progress, so output it counted is visible in its queue below.
+        self.accounted() == self.io.steered
+            && self.rx.a == self.rx.b
+            && self.batch_buf.is_empty()
+            && self.pending_tx.is_empty()
+            && self.tx.b == self.tx.c
+            && self
+                .ends
+                .iter_mut()
+                .all(|e| e.since.is_none() && e.tx.is_empty())
+    }
+
+    /// Unparks each packet thread that sleeps while packets wait in its
+    /// queue, or (once) while `draining` asks it to drain. A partial batch
+    /// for a sleeping thread is handed over at once (counted with the
+    /// timer's): batching amortizes hand-overs to a busy thread, and for
+    /// an idle one it would only add its timeout to the latency.
+    #[inline]
+    fn wake_sleepers(&mut self) {
+        // While every thread is awake (streaming), this is all: one read of
+        // each state, a line that changes only when its thread sleeps or
+        // wakes. A thread that announces its sleep after this read is seen
+        // at the next step: the loop keeps stepping while any packet is
+        // with the packet threads (see `settled`).
+        if self
+            .ends
+            .iter()
+            .all(|e| e.doze.0.load(Ordering::Relaxed) == Doze::AWAKE)
+        {
+            return;
+        }
+        for e in self.ends.iter_mut() {
+            if e.since.is_some() && e.doze.0.load(Ordering::Relaxed) != Doze::AWAKE {
+                e.rx.publish();
+                e.since = None;
+                self.io.batches_timer += 1;
+            }
+        }
+        // Between this step's publications and the reads of the threads'
+        // states; pairs with the fence of a thread going to sleep (`Doze`).
+        fence(Ordering::SeqCst);
+        let draining = self.draining.load(Ordering::Relaxed);
+        for (e, j) in self.ends.iter().zip(&self.joins) {
+            let state = e.doze.0.load(Ordering::Relaxed);
+            if state == Doze::AWAKE {
+                continue;
+            }
+            // Unpublished packets wake it when their batch is published.
+            let input = e.rx.unpublished() == 0 && !e.rx.is_drained();
+            if (input || (draining && state == Doze::SLEEPING))
+                && e.doze.0.swap(Doze::AWAKE, Ordering::Relaxed) != Doze::AWAKE
+            {
+                j.thread().unpark();
+            }
         }
     }
 
@@ -759,6 +913,11 @@ impl<'d> IoLoop<'d> {
     /// (stopped mid-flight), and sums the counters.
     fn finish(mut self, nic: &mut dyn Nic, result: Result<(), Error>) -> Result<RunStats, Error> {
         self.quit.store(true, Ordering::Release);
+        // Sleeping packet threads see `quit` at once (they look after
+        // announcing their sleep, and a wake-up before `park` is kept).
+        for j in &self.joins {
+            j.thread().unpark();
+        }
         let mut per_thread = Vec::new();
         let mut panicked = None;
         for (i, j) in std::mem::take(&mut self.joins).into_iter().enumerate() {
@@ -873,12 +1032,16 @@ fn packet_thread(
             if quitting {
                 break;
             }
-            idle += 1;
-            if idle > 4096 {
-                // Idle for a while (a quiet interface): sleep briefly rather
-                // than keep a core busy; adds at most this much latency.
-                // Held fragments still expire on time.
-                std::thread::sleep(Duration::from_micros(200));
+            idle = idle.saturating_add(1);
+            if idle > PACKET_IDLE_YIELDS {
+                // Idle for a while (a quiet interface): sleep until the I/O
+                // thread hands over a batch, asks for a drain or says quit,
+                // or until the tick, when held fragments expire by the clock.
+                progress.doze.announce(drained);
+                let nothing = rx.is_empty()
+                    && !quit.load(Ordering::Relaxed)
+                    && (drained || !draining.load(Ordering::Relaxed));
+                progress.doze.park(nothing);
                 w.tick(start.elapsed().as_millis() as u64);
                 progress.publish(w);
                 live_pub.dirty = true;

@@ -749,7 +749,31 @@ impl Nic for AfXdpPort {
         Ok(n as usize)
     }
 
+    /// Sleeps in `poll(2)` on the socket until the RX ring holds frames or
+    /// `timeout_ms` passes; returns at once if it already does. Bound with
+    /// `XDP_USE_NEED_WAKEUP`, the kernel needs no polling otherwise: it
+    /// wakes the poll when it fills the RX ring, and the poll itself does
+    /// the wake-ups the rings' flags ask for (the fill ring of a zero-copy
+    /// driver; the TX ring in copy mode). While the TX ring still holds
+    /// frames the kernel has not taken, it sleeps at most a millisecond:
+    /// in copy mode the kernel takes them only at wake-ups.
     fn wait(&mut self, timeout_ms: i32) {
+        let prod = self.rx.prod().load(Ordering::Acquire);
+        if prod != self.rx.cons().load(Ordering::Relaxed) {
+            return;
+        }
+        let tx_queued =
+            self.tx.prod().load(Ordering::Relaxed) != self.tx.cons().load(Ordering::Acquire);
+        let timeout_ms = if tx_queued {
+            self.kick_tx();
+            if (0..=1).contains(&timeout_ms) {
+                timeout_ms
+            } else {
+                1
+            }
+        } else {
+            timeout_ms
+        };
         if let Some(fd) = self.fd() {
             crate::afpacket::poll_in(fd, timeout_ms);
         }

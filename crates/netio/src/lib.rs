@@ -161,9 +161,11 @@ pub trait Nic {
     /// recycles them.
     fn transmit(&mut self, pool: &Pool, slots: &[Slot]) -> Result<usize, Error>;
 
-    /// Blocks up to `timeout_ms` until frames may be ready (a datapath with
-    /// nothing to do calls this instead of spinning). The default returns
-    /// at once.
+    /// Blocks up to `timeout_ms` until frames may be ready: a datapath with
+    /// nothing to do calls this instead of spinning, so an idle forwarder
+    /// sleeps. Kernel ports sleep in `poll(2)` and wake as soon as a frame
+    /// is ready (AF_PACKET: when the kernel hands over a block of its ring,
+    /// at the latest after the block timeout). The default returns at once.
     fn wait(&mut self, timeout_ms: i32) {
         let _ = timeout_ms;
     }

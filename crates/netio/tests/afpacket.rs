@@ -11,7 +11,10 @@ use netio::afpacket::{AfPacketPort, Config};
 use netio::Nic;
 
 mod common;
-use common::{frames as udp_frames, free_slots, receive_batch, send_all, slots_with};
+use common::{
+    frames as udp_frames, free_slots, receive_batch, send_all, slots_with,
+    wait_sleeps_until_a_frame,
+};
 
 fn pool() -> Pool {
     Pool::new(maio::Config {
@@ -93,6 +96,34 @@ fn veth_round_trip_and_fanout() {
         assert!(x > 50 && y > 50, "flows are spread: {x} / {y}");
         let (sx, sy): (HashSet<_>, HashSet<_>) = (got[0].iter().collect(), got[1].iter().collect());
         assert!(sx.is_disjoint(&sy));
+    })
+    .join()
+    .unwrap();
+}
+
+/// An idle port sleeps in `wait` and wakes for a frame (after the block
+/// timeout, when the kernel hands the block over).
+#[test]
+fn wait_sleeps_until_a_frame_arrives() {
+    assert!(
+        netns::available(),
+        "this test needs root and iproute2 (run scripts/setup.sh as root)"
+    );
+    let ns = Netns::new(&format!("fp-afw-{}", std::process::id())).unwrap();
+    ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
+        .unwrap();
+    netns::veth(&ns, "a", "02:00:00:00:0a:03", &ns, "b", "02:00:00:00:0b:03").unwrap();
+    let name = ns.name().to_string();
+    std::thread::spawn(move || {
+        let ns = std::mem::ManuallyDrop::new(Netns::new_handle(&name));
+        ns.enter().unwrap();
+        let pool = pool();
+        let mut a = AfPacketPort::open(Config::new("a")).unwrap();
+        let mut b = AfPacketPort::open(Config::new("b")).unwrap();
+        let sent = udp_frames(1, 3000);
+        let ours: HashSet<Vec<u8>> = sent.iter().cloned().collect();
+        let p = pool.clone();
+        wait_sleeps_until_a_frame(&mut b, &pool, &ours, move || send(&mut a, &p, &sent));
     })
     .join()
     .unwrap();

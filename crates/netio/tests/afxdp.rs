@@ -14,7 +14,7 @@ use netio::{Nic, Slot};
 use packet::build::Frame;
 
 mod common;
-use common::{frames, receive_all, send_all, slots_with};
+use common::{frames, receive_all, send_all, slots_with, wait_sleeps_until_a_frame};
 
 /// One receive call: what it got of `ours`.
 fn receive_all_once(
@@ -199,6 +199,34 @@ fn one_socket_per_queue() {
             for mut s in slots {
                 h.free(s.buf.take().unwrap()).unwrap();
             }
+        },
+    );
+}
+
+/// An idle AF_XDP port sleeps in `wait` (poll on the socket, the rings
+/// bound with need_wakeup) and wakes for a frame.
+#[test]
+fn wait_sleeps_until_a_frame_arrives() {
+    in_veth_ns(
+        "fp-xdw",
+        ("w0", "02:00:00:00:0c:03"),
+        ("w1", "02:00:00:00:0c:04"),
+        1,
+        |pool| {
+            let vip = packet::flow::mapped([10, 9, 0, 2]);
+            let mut xdp = AfXdpPort::open("w0", &pool, &[vip]).unwrap();
+            let mut peer = AfPacketPort::open(afpacket::Config::new("w1")).unwrap();
+            let sent = frames(1, 3000);
+            let ours: HashSet<Vec<u8>> = sent.iter().cloned().collect();
+            let p = pool.clone();
+            wait_sleeps_until_a_frame(&mut xdp, &pool, &ours, move || {
+                let mut h = p.handle();
+                let slots = slots_with(&p, &mut h, &sent);
+                send_all(&mut peer, &p, &slots);
+                for mut s in slots {
+                    h.free(s.buf.take().unwrap()).unwrap();
+                }
+            });
         },
     );
 }

@@ -97,3 +97,42 @@ pub fn free_slots(h: &mut maio::Handle, slots: Vec<Slot>) {
         }
     }
 }
+
+/// `wait` on an idle port sleeps and wakes for a frame: with nothing
+/// coming it returns after its timeout, not at once (so an idle datapath
+/// sleeps instead of spinning); with a frame sent by `send` on another
+/// thread 100 ms into a long wait, it returns soon after the frame, which
+/// is then received. `ours` is what `send` sends.
+pub fn wait_sleeps_until_a_frame(
+    port: &mut dyn Nic,
+    pool: &Pool,
+    ours: &HashSet<Vec<u8>>,
+    send: impl FnOnce() + Send + 'static,
+) {
+    let t = Instant::now();
+    port.wait(200);
+    let slept = t.elapsed();
+    assert!(
+        slept >= Duration::from_millis(150),
+        "wait(200) on an idle port returned after {slept:?}"
+    );
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        send();
+    });
+    let t = Instant::now();
+    port.wait(5_000);
+    let woke = t.elapsed();
+    sender.join().unwrap();
+    assert!(
+        woke >= Duration::from_millis(90) && woke < Duration::from_millis(2_000),
+        "wait(5000) returned after {woke:?} for a frame sent after 100 ms"
+    );
+    let mut h = pool.handle();
+    let got = receive_all(port, pool, &mut h, ours);
+    assert_eq!(
+        got.len(),
+        ours.len(),
+        "the frame that woke the wait arrives"
+    );
+}
