@@ -544,3 +544,39 @@ fn fuzz_encoding_round_trips() {
     let frames = vec![vec![], vec![1, 2, 3], vec![7; 1500]];
     assert_eq!(oracle::decode(&oracle::encode(&frames)), frames);
 }
+
+/// The fuzz target's body in `make test` (a short, random, not
+/// coverage-guided run; `make fuzz` runs the real thing): raw bytes decoded
+/// as the fuzzer decodes them, through one long-lived datapath per mode as
+/// in `crates/lb/fuzz/fuzz_targets/forward_sequence.rs`, so a buffer leaked
+/// by one input shows on that input.
+fn fuzz_body(data: &[u8]) -> Result<(), TestCaseError> {
+    static DPS: OnceLock<[std::sync::Arc<lb::datapath::Datapath>; 2]> = OnceLock::new();
+    let o = oracle();
+    let dps = DPS.get_or_init(|| [o.datapath(0), o.datapath(2)]);
+    let frames = oracle::decode(data);
+    for (dp, threads) in dps.iter().zip([0, 2]) {
+        o.check(dp, &frames, DEADLINE).map_err(|e| {
+            TestCaseError::fail(format!(
+                "threads={threads}: {e}\ninput: {}",
+                oracle::hex(data)
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_fuzz_target_on_random_bytes(data in proptest::collection::vec(any::<u8>(), 0..4096)) {
+        fuzz_body(&data)?;
+    }
+}
