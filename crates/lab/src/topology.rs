@@ -41,21 +41,14 @@ impl Procs {
         self.0.iter().find(|(n, _)| n == name).map(|(_, c)| c.id())
     }
 
-    /// Stops a named child and returns what it printed.
-    pub fn stop(&mut self, name: &str) -> String {
-        let Some(i) = self.0.iter().position(|(n, _)| n == name) else {
-            return String::new();
-        };
-        let (_, mut c) = self.0.remove(i);
-        // The child is ours and not yet reaped, so its pid is still its own.
-        let _ = rustix::process::kill_process(
-            rustix::process::Pid::from_child(&c),
-            rustix::process::Signal::TERM,
-        );
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    /// Takes a named child out of the list.
+    fn take(&mut self, name: &str) -> Option<Child> {
+        let i = self.0.iter().position(|(n, _)| n == name)?;
+        Some(self.0.remove(i).1)
+    }
+
+    /// Kills (if still running) and reaps a child; what it printed.
+    fn reap(name: &str, mut c: Child) -> String {
         let _ = c.kill();
         match c.wait_with_output() {
             Ok(out) => format!(
@@ -67,21 +60,29 @@ impl Procs {
         }
     }
 
+    /// Stops a named child and returns what it printed.
+    pub fn stop(&mut self, name: &str) -> String {
+        let Some(mut c) = self.take(name) else {
+            return String::new();
+        };
+        // The child is ours and not yet reaped, so its pid is still its own.
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&c),
+            rustix::process::Signal::TERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self::reap(name, c)
+    }
+
     /// Kills a named child with SIGKILL (no chance to clean up, as when it
     /// crashes) and returns what it printed.
     pub fn kill(&mut self, name: &str) -> String {
-        let Some(i) = self.0.iter().position(|(n, _)| n == name) else {
-            return String::new();
-        };
-        let (_, mut c) = self.0.remove(i);
-        let _ = c.kill();
-        match c.wait_with_output() {
-            Ok(out) => format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-            Err(e) => format!("(could not reap {name}: {e})"),
+        match self.take(name) {
+            Some(c) => Self::reap(name, c),
+            None => String::new(),
         }
     }
 
