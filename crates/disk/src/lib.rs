@@ -1,21 +1,31 @@
 //! Disk characterization (paper: "Microbenchmark-based extraction of local
 //! and global disk characteristics", Talagala, Arpaci-Dusseau, Patterson).
 //!
-//! - [`sim`]: a mechanical disk simulator (zones, skews, switch times, a seek
-//!   curve, command overhead, optional write cache and read-ahead, noise)
-//!   with presets for the paper's drives.
+//! - [`sim`]: a mechanical disk simulator (zones with their own skews,
+//!   spare sectors per track, per cylinder and every few cylinders with the
+//!   slipping they cause, switch times, a seek curve, read and write
+//!   command overheads, a segmented read-ahead cache, a write-back cache
+//!   with a bounded buffer, noise on the drive and on the host's clock)
+//!   with presets for the paper's drives and presets that exercise each
+//!   feature.
 //! - [`device`]: real block devices and files, O_DIRECT, with the safety
 //!   rules (writes need `--allow-destructive`; mounted or busy devices are
 //!   refused whatever the flag).
-//! - [`bench`]: SKIPPY (write, read, backwards read), ZONED and SEEKER over
+//! - [`bench`]: SKIPPY (write, read, backward read), ZONED and SEEKER over
 //!   either.
-//! - [`extract`]: parameters from the SKIPPY curve (rotation two ways, MTM,
-//!   STM, sectors per track, head and cylinder switch, surfaces) and the
-//!   zone fits; it says so when the curve has no rotational signature.
+//! - [`extract`]: parameters from the SKIPPY curve, forward or backwards
+//!   (rotation and sectors per track fitted jointly over every tooth of the
+//!   sawtooth and cross-checked against the first steps, MTM, the head and
+//!   cylinder switch as SKIPPY sees them (skew costs), surfaces counted from
+//!   the boundaries seen); values that contradict physics or each other,
+//!   and cache signatures, are flagged uncertain with the reason; it says
+//!   so when the curve has no rotational signature.
 //! - [`validate`]: every benchmark on every preset, extracted against
-//!   specified.
-//! - [`trace`]: the SKIPPY trace format (CSV written by a run, read back
-//!   for a later analysis) and the reconstruction of a trace's positions.
+//!   specified; and over seeds, random starts and noise levels, how often
+//!   each printed value is within its goal, flagged, or wrong.
+//! - [`trace`]: the SKIPPY trace format (written by a run, read back for a
+//!   later analysis: units, separators, errors) and the reconstruction of a
+//!   trace's positions.
 //! - [`plots`]: SVG plots of the three curves with the fits.
 
 pub mod bench;

@@ -29,13 +29,74 @@ use crate::{Error, Op, Target};
 pub const SECTOR: u64 = 512;
 
 /// A recording zone: `cylinders` consecutive cylinders with `spt` sectors on
-/// every track.
+/// every track, and optionally skews of its own (zoned recording changes
+/// the time a sector takes, so drives set the skews per zone).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Zone {
     /// How many cylinders the zone has.
     pub cylinders: u32,
-    /// Sectors on each of its tracks.
+    /// Sectors on each of its tracks (physical: spares included).
     pub spt: u32,
+    /// This zone's track skew in sectors (else the drive's).
+    pub track_skew: Option<u32>,
+    /// This zone's cylinder skew in sectors (else the drive's).
+    pub cyl_skew: Option<u32>,
+}
+
+impl Zone {
+    /// A zone with the drive's skews.
+    pub fn new(cylinders: u32, spt: u32) -> Zone {
+        Zone {
+            cylinders,
+            spt,
+            track_skew: None,
+            cyl_skew: None,
+        }
+    }
+}
+
+/// Spare sectors held back from the logical numbering. Logical blocks are
+/// numbered past them (slipped), so with spares the track and cylinder
+/// boundaries no longer fall every `spt` blocks.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Spares {
+    /// The last sectors of every track.
+    pub per_track: u32,
+    /// The last sectors of the last track of every cylinder.
+    pub per_cylinder: u32,
+    /// Every `.0` cylinders, `.1` more sectors at the end of the last track
+    /// of the last cylinder (a spare area shared by a band of cylinders).
+    pub every_cylinders: Option<(u32, u32)>,
+}
+
+/// The drive's cache (segmented, as SCSI drives of the paper's time).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Cache {
+    /// Read segments kept (least recently used goes first).
+    pub segments: u32,
+    /// After a read miss, the drive goes on reading this many sectors into
+    /// the segment at the media rate (0: to the end of the track), until
+    /// the next request that misses.
+    pub read_ahead_sectors: u32,
+    /// Writes are acknowledged from the cache and written later.
+    pub write_back: bool,
+    /// Writes the write-back cache holds before a new one must wait for
+    /// the oldest to reach the platter (0: unlimited).
+    pub write_buffer: u32,
+    /// Time to answer from the cache (command and bus), ms.
+    pub hit_ms: f64,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Cache {
+            segments: 1,
+            read_ahead_sectors: 0,
+            write_back: false,
+            write_buffer: 0,
+            hit_ms: 0.2,
+        }
+    }
 }
 
 /// Order of tracks within and across cylinders.
@@ -124,17 +185,27 @@ pub struct Spec {
     pub cyl_skew: Option<u32>,
     /// Seek time against distance.
     pub seek: SeekCurve,
-    /// Host + bus + controller time before the mechanism starts.
+    /// Host + bus + controller time before the mechanism starts (reads;
+    /// writes too unless `write_overhead_ms` says otherwise).
     pub overhead_ms: f64,
-    /// A write-back cache: writes complete after the overhead (hides the
-    /// mechanism from write SKIPPY).
+    /// The same for writes, where it differs.
+    pub write_overhead_ms: Option<f64>,
+    /// A write-back cache (hides the mechanism from write SKIPPY; see
+    /// `cache.write_buffer`).
     pub write_cache: bool,
-    /// A read leaves the rest of its track in the cache.
+    /// Reads go on reading ahead into the cache (see `cache`).
     pub read_ahead: bool,
+    /// The cache's segments, read-ahead and write buffer.
+    pub cache: Cache,
+    /// Spare sectors.
+    pub spares: Spares,
     /// Order of tracks within and across cylinders.
     pub layout: Layout,
     /// Gaussian jitter (standard deviation) on the overhead.
     pub noise_ms: f64,
+    /// Gaussian jitter (standard deviation) on the latency the host
+    /// measures (its clock and scheduling), on top of everything else.
+    pub timing_noise_ms: f64,
     /// Probability of an outlier (0.5-4 ms late) per request.
     pub outlier_rate: f64,
     /// Seed of the noise and outliers: a seed repeats a run exactly.
@@ -150,48 +221,106 @@ impl Spec {
     pub fn cylinders(&self) -> u32 {
         self.zones.iter().map(|z| z.cylinders).sum()
     }
-    /// Capacity in sectors of [`SECTOR`] bytes.
+    /// Logical blocks on a track of the zone (spares taken out), and on a
+    /// cylinder, and on a band of `every_cylinders` cylinders.
+    fn caps(&self, z: &Zone) -> (u64, u64, u64, u64) {
+        let t = (z.spt - self.spares.per_track) as u64;
+        let c = self.surfaces as u64 * t - self.spares.per_cylinder as u64;
+        let (n, x) = self.spares.every_cylinders.unwrap_or((1, 0));
+        (t, c, n.max(1) as u64, n.max(1) as u64 * c - x as u64)
+    }
+    /// Logical blocks in a zone.
+    fn zone_blocks(&self, z: &Zone) -> u64 {
+        let (_, c, n, g) = self.caps(z);
+        let cyl = z.cylinders as u64;
+        cyl / n * g + cyl % n * c
+    }
+    /// Capacity in sectors of [`SECTOR`] bytes (spares not counted).
     pub fn sectors(&self) -> u64 {
-        self.zones
-            .iter()
-            .map(|z| z.cylinders as u64 * self.surfaces as u64 * z.spt as u64)
-            .sum()
+        self.zones.iter().map(|z| self.zone_blocks(z)).sum()
     }
     fn sector_ms(&self, spt: u32) -> f64 {
         self.rotation_ms() / spt as f64
     }
     /// Track skew in sectors for a zone.
-    pub fn track_skew_for(&self, spt: u32) -> u32 {
-        self.track_skew
-            .unwrap_or_else(|| (self.head_switch_ms / self.sector_ms(spt)).ceil() as u32)
+    pub fn track_skew_for(&self, z: &Zone) -> u32 {
+        z.track_skew
+            .or(self.track_skew)
+            .unwrap_or_else(|| (self.head_switch_ms / self.sector_ms(z.spt)).ceil() as u32)
     }
     /// Cylinder skew in sectors for a zone.
-    pub fn cyl_skew_for(&self, spt: u32) -> u32 {
-        self.cyl_skew
-            .unwrap_or_else(|| (self.cyl_switch_ms / self.sector_ms(spt)).ceil() as u32)
+    pub fn cyl_skew_for(&self, z: &Zone) -> u32 {
+        z.cyl_skew
+            .or(self.cyl_skew)
+            .unwrap_or_else(|| (self.cyl_switch_ms / self.sector_ms(z.spt)).ceil() as u32)
     }
-    /// What a head switch costs a stream in the outermost zone: its skew.
+    /// The zone holding logical block `lba`.
+    pub fn zone_at(&self, lba: u64) -> &Zone {
+        let mut first = 0;
+        for z in &self.zones {
+            first += self.zone_blocks(z);
+            if lba < first {
+                return z;
+            }
+        }
+        self.zones.last().expect("a zone")
+    }
+    /// The first logical block of zone `i` and its number of blocks.
+    pub fn zone_range(&self, i: usize) -> (u64, u64) {
+        let first = self.zones[..i].iter().map(|z| self.zone_blocks(z)).sum();
+        (first, self.zone_blocks(&self.zones[i]))
+    }
+    /// What a head switch costs a stream in a zone, its skew: the head
+    /// switch SKIPPY sees.
+    pub fn skew_head_switch_ms(&self, z: &Zone) -> f64 {
+        self.track_skew_for(z) as f64 * self.sector_ms(z.spt)
+    }
+    /// What a cylinder switch costs a stream in a zone: its skew.
+    pub fn skew_cyl_switch_ms(&self, z: &Zone) -> f64 {
+        self.cyl_skew_for(z) as f64 * self.sector_ms(z.spt)
+    }
+    /// What a stream loses at a track boundary inside a cylinder: the track
+    /// skew plus the spare sectors at the end of the track. This is the
+    /// head switch SKIPPY sees.
+    pub fn boundary_head_ms(&self, z: &Zone) -> f64 {
+        (self.track_skew_for(z) + self.spares.per_track) as f64 * self.sector_ms(z.spt)
+    }
+    /// What a stream loses at a cylinder boundary (not the end of a band of
+    /// `every_cylinders`): the cylinder skew plus the spares passed. This
+    /// is the cylinder switch SKIPPY sees.
+    pub fn boundary_cyl_ms(&self, z: &Zone) -> f64 {
+        (self.cyl_skew_for(z) + self.spares.per_track + self.spares.per_cylinder) as f64
+            * self.sector_ms(z.spt)
+    }
+    /// The head switch SKIPPY sees in the outermost zone.
     pub fn effective_head_switch_ms(&self) -> f64 {
-        let spt = self.zones[0].spt;
-        self.track_skew_for(spt) as f64 * self.sector_ms(spt)
+        self.skew_head_switch_ms(&self.zones[0])
     }
-    /// What a cylinder switch costs a stream in the outermost zone.
+    /// The cylinder switch SKIPPY sees in the outermost zone.
     pub fn effective_cyl_switch_ms(&self) -> f64 {
-        let spt = self.zones[0].spt;
-        self.cyl_skew_for(spt) as f64 * self.sector_ms(spt)
+        self.skew_cyl_switch_ms(&self.zones[0])
+    }
+    /// The overhead of a request (MTM).
+    pub fn overhead_for(&self, op: Op) -> f64 {
+        match op {
+            Op::Write => self.write_overhead_ms.unwrap_or(self.overhead_ms),
+            Op::Read => self.overhead_ms,
+        }
     }
     /// Sequential bandwidth of a zone in MB/s (10^6 bytes): a track per
-    /// rotation, less the skew lost at every track boundary.
+    /// rotation, less the skew lost at every track boundary and the spares.
     pub fn zone_mbps(&self, z: &Zone) -> f64 {
         let s = self.surfaces as f64;
-        let skew =
-            ((s - 1.0) * self.track_skew_for(z.spt) as f64 + self.cyl_skew_for(z.spt) as f64) / s;
+        let skew = ((s - 1.0) * self.track_skew_for(z) as f64 + self.cyl_skew_for(z) as f64) / s;
         let per_track_ms = self.rotation_ms() * (1.0 + skew / z.spt as f64);
-        z.spt as f64 * SECTOR as f64 / per_track_ms / 1000.0
+        let (_, _, n, g) = self.caps(z);
+        let blocks_per_track = g as f64 / (n as f64 * s);
+        blocks_per_track * SECTOR as f64 / per_track_ms / 1000.0
     }
     /// A copy without noise (for exact checks).
     pub fn quiet(mut self) -> Spec {
         self.noise_ms = 0.0;
+        self.timing_noise_ms = 0.0;
         self.outlier_rate = 0.0;
         self
     }
@@ -206,10 +335,10 @@ fn zones(outer: u32, inner: u32, n: u32, total_cyls: u32) -> Vec<Zone> {
             } else {
                 i as f64 / (n - 1) as f64
             };
-            Zone {
-                cylinders: total_cyls / n + u32::from(i < total_cyls % n),
-                spt: (outer as f64 + (inner as f64 - outer as f64) * f).round() as u32,
-            }
+            Zone::new(
+                total_cyls / n + u32::from(i < total_cyls % n),
+                (outer as f64 + (inner as f64 - outer as f64) * f).round() as u32,
+            )
         })
         .collect()
 }
@@ -246,10 +375,14 @@ fn preset(
         cyl_skew: None,
         seek: SeekCurve::through(cs, max_seek, cyls),
         overhead_ms: overhead,
+        write_overhead_ms: None,
         write_cache: false,
         read_ahead: true,
+        cache: Cache::default(),
+        spares: Spares::default(),
         layout: Layout::HeadFirst,
         noise_ms: 0.03,
+        timing_noise_ms: 0.0,
         outlier_rate: 0.01,
         seed: 1,
     }
@@ -259,7 +392,7 @@ fn preset(
 /// (the manufacturers' sheets); sectors per track, switch times, overhead
 /// (MTM), bandwidth ratio (inner/outer zone) and longest seek are the
 /// paper's Table 3 unless a published specification is named.
-pub fn presets() -> Vec<Spec> {
+pub fn paper_presets() -> Vec<Spec> {
     let t = "Table 2 (RPM, surfaces, capacity); Table 3 (sectors/track, switch times, MTM as overhead, inner/outer bandwidth, max seek); zone count assumed";
     let mut v = vec![
         preset("hawk", "Seagate ST32430W Hawk", t, 5411.0, 9, 2.05, (142, 82, 12), (1.16, 2.29), 19.72, 1.93),
@@ -303,10 +436,7 @@ pub fn presets() -> Vec<Spec> {
         source: "Ruemmler & Wilkes' HP 97560 model (geometry, skews, seek curve); Table 3 (MTM)",
         rpm: 4002.0,
         surfaces: 19,
-        zones: vec![Zone {
-            cylinders: 1962,
-            spt: 72,
-        }],
+        zones: vec![Zone::new(1962, 72)],
         head_switch_ms: 1.6,
         cyl_switch_ms: 3.5,
         track_skew: Some(8),
@@ -319,10 +449,14 @@ pub fn presets() -> Vec<Spec> {
             long_e: 0.008,
         },
         overhead_ms: 2.9,
+        write_overhead_ms: None,
         write_cache: false,
         read_ahead: false,
+        cache: Cache::default(),
+        spares: Spares::default(),
         layout: Layout::HeadFirst,
         noise_ms: 0.03,
+        timing_noise_ms: 0.0,
         outlier_rate: 0.01,
         seed: 1,
     });
@@ -339,6 +473,85 @@ pub fn presets() -> Vec<Spec> {
         3.09,
     ));
     v
+}
+
+/// Every preset: the paper's drives, then those exercising a feature.
+pub fn presets() -> Vec<Spec> {
+    let mut v = paper_presets();
+    v.extend(feature_presets());
+    v
+}
+
+/// Presets that exercise what real drives have beyond the paper's
+/// geometry. Each starts from one of the paper's drives (its Table 2 and 3
+/// values stand); the feature's own values are assumptions in the ranges
+/// that disk-modelling literature describes for drives of that time (spare
+/// sectors per track or per cylinder, spare areas every few cylinders,
+/// per-zone skews, segmented read-ahead caches, write-back buffers), named
+/// in each `source`.
+pub fn feature_presets() -> Vec<Spec> {
+    let paper = paper_presets();
+    let named = |n: &str| preset_named_in(n, &paper).expect("a paper preset");
+    let mut v = Vec::new();
+
+    let mut s = named("hawk");
+    s.name = "hawk-spt-spares";
+    s.model = "Seagate Hawk with 2 spare sectors per track";
+    s.source = "hawk (Table 2, 3); spares: 2 per track, slipped (assumed)";
+    s.spares.per_track = 2;
+    v.push(s);
+
+    let mut s = named("barracuda");
+    s.name = "barracuda-cyl-spares";
+    s.model = "Seagate Barracuda with 7 spare sectors per cylinder";
+    s.source = "barracuda (Table 2, 3); spares: 7 at the end of every cylinder, slipped (assumed)";
+    s.spares.per_cylinder = 7;
+    v.push(s);
+
+    let mut s = named("ultrastar");
+    s.name = "ultrastar-band-spares";
+    s.model = "IBM UltraStar XP with spare areas and per-zone skews";
+    s.source = "ultrastar (Table 2, 3, specification); spares: 1 per track, 60 sectors every 8 cylinders; per-zone skews: the outer zone's track skew 2 sectors longer than the head switch needs (assumed)";
+    s.spares.per_track = 1;
+    s.spares.every_cylinders = Some((8, 60));
+    s.zones[0].track_skew = Some(s.track_skew_for(&s.zones[0]) + 2);
+    s.zones[0].cyl_skew = Some(s.cyl_skew_for(&s.zones[0]) + 3);
+    v.push(s);
+
+    let mut s = named("micropolis");
+    s.name = "micropolis-rw";
+    s.model = "Micropolis 3391, reads cheaper than writes";
+    s.source = "micropolis (Table 2, 3: MTM 3.78 ms is the write overhead); read overhead 3.0 ms (assumed)";
+    s.write_overhead_ms = Some(s.overhead_ms);
+    s.overhead_ms = 3.0;
+    v.push(s);
+
+    let mut s = named("9zx");
+    s.name = "9zx-wcache";
+    s.model = "IBM 9ZX with a write-back cache of 48 writes";
+    s.source = "9zx (Table 2, 3); write-back cache: 48 writes, 0.15 ms to answer from it (assumed)";
+    s.write_cache = true;
+    s.cache.write_buffer = 48;
+    s.cache.hit_ms = 0.15;
+    v.push(s);
+
+    let mut s = named("dtta");
+    s.name = "dtta-readahead";
+    s.model = "IBM DTTA (IDE) with a 4-segment read-ahead cache";
+    s.source = "dtta (Table 2, 3); cache: 4 segments, 256 sectors read ahead at the media rate, 0.25 ms to answer (assumed)";
+    s.read_ahead = true;
+    s.cache.segments = 4;
+    s.cache.read_ahead_sectors = 256;
+    s.cache.hit_ms = 0.25;
+    v.push(s);
+    v
+}
+
+fn preset_named_in(name: &str, specs: &[Spec]) -> Option<Spec> {
+    specs
+        .iter()
+        .find(|p| p.name.eq_ignore_ascii_case(name))
+        .cloned()
 }
 
 /// Look a preset up by name.
@@ -363,10 +576,13 @@ struct Pos {
     zone: usize,
     cyl: u32,
     head: u32,
+    /// Track within its cylinder in logical order (before serpentine).
+    track_in: u32,
+    /// Physical sector on the track (spares are after the last block).
     sector: u32,
     spt: u32,
-    /// First LBA of this track.
-    track_lba: u64,
+    /// Logical blocks on this track.
+    cap: u32,
 }
 
 struct ZoneIdx {
@@ -375,6 +591,21 @@ struct ZoneIdx {
     spt: u32,
     track_skew: u32,
     cyl_skew: u32,
+    /// Blocks per track, per cylinder, cylinders per band, blocks per band.
+    caps: (u64, u64, u64, u64),
+}
+
+/// A read segment of the cache: blocks `start..end`, of which those from
+/// `ahead` on arrive at the media rate after `t_done` (read-ahead), the
+/// head starting from (`cyl`, `head`).
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    start: u64,
+    end: u64,
+    ahead: u64,
+    t_done: f64,
+    cyl: u32,
+    head: u32,
 }
 
 /// A simulated drive.
@@ -385,7 +616,12 @@ pub struct Disk {
     now: f64,
     cyl: u32,
     head: u32,
-    cache: Option<(u64, u64)>,
+    /// Read segments, least recently used first.
+    segments: Vec<Segment>,
+    /// Writes acknowledged and not yet on the platter, oldest first.
+    pending: std::collections::VecDeque<(u64, u32, f64)>,
+    /// When the mechanism finishes what it is writing back.
+    mech_free: f64,
     rng: StdRng,
     sectors: u64,
 }
@@ -400,10 +636,11 @@ impl Disk {
                 first_lba: lba,
                 first_cyl: cyl,
                 spt: z.spt,
-                track_skew: spec.track_skew_for(z.spt),
-                cyl_skew: spec.cyl_skew_for(z.spt),
+                track_skew: spec.track_skew_for(z),
+                cyl_skew: spec.cyl_skew_for(z),
+                caps: spec.caps(z),
             });
-            lba += z.cylinders as u64 * spec.surfaces as u64 * z.spt as u64;
+            lba += spec.zone_blocks(z);
             cyl += z.cylinders;
         }
         Disk {
@@ -415,7 +652,9 @@ impl Disk {
             now: 0.0,
             cyl: 0,
             head: 0,
-            cache: None,
+            segments: Vec::new(),
+            pending: Default::default(),
+            mech_free: 0.0,
         }
     }
 
@@ -431,25 +670,36 @@ impl Disk {
             .rposition(|z| z.first_lba <= lba)
             .unwrap_or(0);
         let z = &self.zones[zi];
+        let (t, c, n, g) = z.caps;
         let rel = lba - z.first_lba;
-        let s = self.spec.surfaces as u64;
-        let spc = z.spt as u64 * s;
-        let cyl_in = (rel / spc) as u32;
-        let track_in = ((rel % spc) / z.spt as u64) as u32;
-        let sector = (rel % z.spt as u64) as u32;
-        let head = match self.spec.layout {
-            Layout::Serpentine if (z.first_cyl + cyl_in) % 2 == 1 => {
-                self.spec.surfaces - 1 - track_in
+        let band = rel / g;
+        let in_band = rel % g;
+        let cyl_in_band = (in_band / c).min(n - 1);
+        let in_cyl = in_band - cyl_in_band * c;
+        let s = self.spec.surfaces;
+        let track_in = ((in_cyl / t) as u32).min(s - 1);
+        let sector = (in_cyl - track_in as u64 * t) as u32;
+        let cyl = z.first_cyl + (band * n + cyl_in_band) as u32;
+        // The last track of a cylinder (and of a band) gives up its spares.
+        let mut cap = t;
+        if track_in == s - 1 {
+            cap = c - (s as u64 - 1) * t;
+            if cyl_in_band == n - 1 {
+                cap -= n * c - g;
             }
+        }
+        let head = match self.spec.layout {
+            Layout::Serpentine if cyl % 2 == 1 => s - 1 - track_in,
             _ => track_in,
         };
         Pos {
             zone: zi,
-            cyl: z.first_cyl + cyl_in,
+            cyl,
             head,
+            track_in,
             sector,
             spt: z.spt,
-            track_lba: lba - sector as u64,
+            cap: cap as u32,
         }
     }
 
@@ -458,10 +708,9 @@ impl Disk {
     fn angle(&self, p: &Pos) -> f64 {
         let z = &self.zones[p.zone];
         let cyl_in = (p.cyl - z.first_cyl) as u64;
-        let track_in = ((p.track_lba - z.first_lba) / z.spt as u64) % self.spec.surfaces as u64;
         let skew = cyl_in
             * ((self.spec.surfaces as u64 - 1) * z.track_skew as u64 + z.cyl_skew as u64)
-            + track_in * z.track_skew as u64;
+            + p.track_in as u64 * z.track_skew as u64;
         ((skew + p.sector as u64) % z.spt as u64) as f64
     }
 
@@ -470,22 +719,105 @@ impl Disk {
         (t / self.rot).fract() * spt as f64
     }
 
-    fn position(&mut self, p: &Pos) -> f64 {
-        let d = self.cyl.abs_diff(p.cyl);
-        let t = if d > 0 {
-            if d == 1 {
-                self.spec.cyl_switch_ms
-            } else {
-                self.spec.seek.time(d)
-            }
-        } else if self.head != p.head {
+    /// Time to move from (`cyl`, `head`) to `p`'s track.
+    fn move_time(&self, cyl: u32, head: u32, p: &Pos) -> f64 {
+        let d = cyl.abs_diff(p.cyl);
+        if d == 1 {
+            self.spec.cyl_switch_ms
+        } else if d > 1 {
+            self.spec.seek.time(d)
+        } else if head != p.head {
             self.spec.head_switch_ms
         } else {
             0.0
+        }
+    }
+
+    /// The mechanism transferring `count` blocks from `lba`, starting at
+    /// time `t` with the head at (`cyl`, `head`): when it ends, and where
+    /// the head is then.
+    fn mechanics(
+        &self,
+        mut cyl: u32,
+        mut head: u32,
+        mut t: f64,
+        lba: u64,
+        count: u64,
+    ) -> (f64, u32, u32) {
+        let end = (lba + count).min(self.sectors);
+        let mut cur = lba;
+        while cur < end {
+            let p = self.locate(cur);
+            // A seek or switch; inside a request, the head or cylinder
+            // switch at a track boundary (the skew hides most of it).
+            t += self.move_time(cyl, head, &p);
+            (cyl, head) = (p.cyl, p.head);
+            let target = self.angle(&p);
+            let here = self.head_angle(t, p.spt);
+            let sector_ms = self.rot / p.spt as f64;
+            let wait = (target - here).rem_euclid(p.spt as f64) * sector_ms;
+            let n = (p.cap - p.sector).min((end - cur) as u32).max(1);
+            t += wait + n as f64 * sector_ms;
+            cur += n as u64;
+        }
+        (t, cyl, head)
+    }
+
+    /// When block `lba` of a segment is in the cache.
+    fn ready_at(&self, g: &Segment, lba: u64) -> f64 {
+        if lba < g.ahead {
+            g.t_done
+        } else {
+            self.mechanics(g.cyl, g.head, g.t_done, g.ahead, lba + 1 - g.ahead)
+                .0
+        }
+    }
+
+    /// A miss at time `t` stops the read-ahead: the newest segment keeps
+    /// what was read by then, and the head is where the reading got to.
+    fn stop_read_ahead(&mut self, t: f64) {
+        let Some(g) = self.segments.last().copied() else {
+            return;
         };
-        self.cyl = p.cyl;
-        self.head = p.head;
-        t
+        if g.end <= g.ahead || t >= self.ready_at(&g, g.end - 1) {
+            return;
+        }
+        let (mut lo, mut hi) = (g.ahead, g.end - 1);
+        // The last block ready by t: bisect (ready_at grows with the block).
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if self.ready_at(&g, mid) <= t {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let last = self.segments.len() - 1;
+        self.segments[last].end = lo + 1;
+        let p = self.locate(lo);
+        (self.cyl, self.head) = (p.cyl, p.head);
+    }
+
+    /// The controller's time to start writing back a cached write (a
+    /// third of a host request's overhead: no bus, no host).
+    fn destage_ms(&self) -> f64 {
+        self.spec.overhead_for(Op::Write) / 3.0
+    }
+
+    /// Write back what the cache holds, up to time `t` (all of it with
+    /// `t` infinite); returns when the mechanism is free.
+    fn write_back(&mut self, t: f64) -> f64 {
+        while let Some(&(lba, n, arrived)) = self.pending.front() {
+            let start = self.mech_free.max(arrived + self.destage_ms());
+            let (end, c, h) = self.mechanics(self.cyl, self.head, start, lba, n as u64);
+            if end > t {
+                break;
+            }
+            self.pending.pop_front();
+            self.mech_free = end;
+            (self.cyl, self.head) = (c, h);
+        }
+        self.mech_free
     }
 
     fn gauss(&mut self) -> f64 {
@@ -498,45 +830,81 @@ impl Disk {
     /// Serve one request arriving now; returns its latency in ms.
     pub fn serve(&mut self, op: Op, lba: u64, count: u32) -> f64 {
         let start = self.now;
+        let overhead = self.spec.overhead_for(op);
         let mut jitter = self.spec.noise_ms * self.gauss();
-        jitter = jitter.max(-0.5 * self.spec.overhead_ms);
+        jitter = jitter.max(-0.5 * overhead);
         if self.spec.outlier_rate > 0.0 && self.rng.gen::<f64>() < self.spec.outlier_rate {
             jitter += self.rng.gen_range(0.5..4.0);
         }
-        let mut t = start + self.spec.overhead_ms + jitter;
         let end_lba = lba + count as u64;
-        let cached = match (op, self.cache) {
-            (Op::Read, Some((a, b))) => lba >= a && end_lba <= b,
-            _ => false,
-        };
-        if (op == Op::Write && self.spec.write_cache) || cached {
-            // Served from the drive's memory: the bus transfer only.
-            t += count as f64 * 0.002;
-            if op == Op::Write {
-                self.cache = None;
+        let bus = count as f64 * 0.002;
+        let hit_ms = (self.spec.cache.hit_ms + jitter).max(0.02);
+        if op == Op::Read {
+            // A hit: from the cache, once the read-ahead has got there.
+            if let Some(i) = self
+                .segments
+                .iter()
+                .rposition(|g| lba >= g.start && end_lba <= g.end)
+            {
+                let g = self.segments.remove(i);
+                let ready = self.ready_at(&g, end_lba - 1);
+                self.segments.push(g);
+                let t = (start + hit_ms).max(ready) + bus;
+                self.now = t;
+                return t - start;
             }
-            self.now = t;
-            return t - start;
+            self.stop_read_ahead(start);
+        } else {
+            // A write makes what the cache read of its blocks stale.
+            self.segments.retain(|g| end_lba <= g.start || lba >= g.end);
+            if self.spec.write_cache {
+                let cap = self.spec.cache.write_buffer as usize;
+                if cap == 0 {
+                    self.now = start + hit_ms + bus;
+                    return self.now - start;
+                }
+                self.write_back(start);
+                let mut t = start + hit_ms + bus;
+                if self.pending.len() >= cap {
+                    // Full: wait for the oldest to reach the platter.
+                    let (l, n, arrived) = self.pending.pop_front().expect("non-empty");
+                    let from = self.mech_free.max(arrived + self.destage_ms());
+                    let (end, c, h) = self.mechanics(self.cyl, self.head, from, l, n as u64);
+                    self.mech_free = end;
+                    (self.cyl, self.head) = (c, h);
+                    t = t.max(end + bus);
+                }
+                self.pending.push_back((lba, count, start));
+                self.now = t;
+                return t - start;
+            }
         }
-        let mut cur = lba;
-        while cur < end_lba {
-            let p = self.locate(cur.min(self.sectors - 1));
-            // A seek or switch; inside a request, the head or cylinder
-            // switch at a track boundary (the skew hides most of it).
-            t += self.position(&p);
-            let target = self.angle(&p);
-            let here = self.head_angle(t, p.spt);
-            let sector_ms = self.rot / p.spt as f64;
-            let wait = (target - here).rem_euclid(p.spt as f64) * sector_ms;
-            let n = (p.spt - p.sector).min((end_lba - cur) as u32);
-            t += wait + n as f64 * sector_ms;
-            cur += n as u64;
-        }
+        // The mechanism: after anything still being written back.
+        let free = if self.pending.is_empty() {
+            0.0
+        } else {
+            self.write_back(f64::INFINITY)
+        };
+        let t0 = (start + overhead + jitter).max(free);
+        let (t, c, h) = self.mechanics(self.cyl, self.head, t0, lba, count as u64);
+        (self.cyl, self.head) = (c, h);
         if op == Op::Read && self.spec.read_ahead {
             let p = self.locate((end_lba - 1).min(self.sectors - 1));
-            self.cache = Some((end_lba, p.track_lba + p.spt as u64));
-        } else if op == Op::Write {
-            self.cache = None;
+            let ra = match self.spec.cache.read_ahead_sectors {
+                0 => (p.cap - p.sector - 1) as u64,
+                n => n as u64,
+            };
+            if self.segments.len() >= self.spec.cache.segments.max(1) as usize {
+                self.segments.remove(0);
+            }
+            self.segments.push(Segment {
+                start: lba,
+                end: (end_lba + ra).min(self.sectors),
+                ahead: end_lba,
+                t_done: t,
+                cyl: c,
+                head: h,
+            });
         }
         self.now = t;
         t - start
@@ -562,7 +930,14 @@ impl Target for Disk {
                 self.sectors
             )));
         }
-        Ok(self.serve(op, lba, count))
+        let l = self.serve(op, lba, count);
+        // The host's clock: what it measures, not when the drive is done.
+        let seen = if self.spec.timing_noise_ms > 0.0 {
+            (l + self.spec.timing_noise_ms * self.gauss()).max(0.001)
+        } else {
+            l
+        };
+        Ok(seen)
     }
     fn elapsed_ms(&self) -> f64 {
         self.now
@@ -637,10 +1012,7 @@ mod tests {
         for layout in [Layout::HeadFirst, Layout::Serpentine] {
             let mut s = preset_named("rz26").unwrap();
             s.layout = layout;
-            s.zones = vec![Zone {
-                cylinders: 3,
-                spt: 10,
-            }];
+            s.zones = vec![Zone::new(3, 10)];
             let d = Disk::new(s);
             let mut seen = std::collections::HashSet::new();
             for lba in 0..d.sectors() {
@@ -651,6 +1023,84 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn spares_are_slipped_every_block_once() {
+        let mut s = preset_named("rz26").unwrap().quiet();
+        s.zones = vec![Zone::new(20, 12), Zone::new(9, 10)];
+        s.surfaces = 3;
+        s.spares = Spares {
+            per_track: 1,
+            per_cylinder: 2,
+            every_cylinders: Some((4, 3)),
+        };
+        let d = Disk::new(s.clone());
+        // Zone 0: tracks of 11, cylinders of 31, bands of 4 cylinders 121.
+        // Zone 1: tracks of 9, cylinders of 25, bands of 97: 2 bands + 1.
+        assert_eq!(s.zone_range(1), (5 * 121, 2 * 97 + 25));
+        assert_eq!(d.sectors(), s.sectors());
+        let mut seen = std::collections::HashSet::new();
+        let mut per_track: std::collections::BTreeMap<(u32, u32), u32> = Default::default();
+        for lba in 0..d.sectors() {
+            let p = d.locate(lba);
+            assert!(p.sector < p.cap && p.cap <= p.spt, "{lba}: {p:?}");
+            assert!(seen.insert((p.cyl, p.head, p.sector)), "lba {lba}");
+            *per_track.entry((p.cyl, p.head)).or_default() += 1;
+        }
+        // Blocks per track: 11, the last of a cylinder 9, of a band 6.
+        assert_eq!(per_track[&(0, 0)], 11);
+        assert_eq!(per_track[&(0, 2)], 9);
+        assert_eq!(per_track[&(3, 2)], 6);
+        assert_eq!(per_track[&(20, 0)], 9);
+    }
+
+    #[test]
+    fn a_boundary_costs_its_skew_and_the_spares_passed() {
+        let mut s = preset_named("hp97560").unwrap().quiet();
+        s.spares.per_track = 2;
+        let mut d = Disk::new(s.clone());
+        let sector = s.rotation_ms() / 72.0;
+        // Two whole tracks in one request: one boundary inside.
+        d.serve(Op::Read, 0, 1);
+        let t = d.serve(Op::Read, 1, 139);
+        let z = &s.zones[0];
+        let want = 140.0 * sector + s.boundary_head_ms(z);
+        // Plus the wait for the first block, under a rotation.
+        assert!(
+            t > want && t < want + s.rotation_ms() + s.overhead_ms,
+            "{t} {want}"
+        );
+        assert!((s.boundary_head_ms(z) - 10.0 * sector).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_write_buffer_answers_until_it_is_full() {
+        let mut s = preset_named("9zx").unwrap().quiet();
+        s.write_cache = true;
+        s.cache.write_buffer = 8;
+        s.cache.hit_ms = 0.15;
+        let mut d = Disk::new(s);
+        let l: Vec<f64> = (0..20).map(|i| d.serve(Op::Write, i * 1000, 1)).collect();
+        assert!(l[..8].iter().all(|&x| x < 0.2), "{l:?}");
+        // Then each waits for an older write to reach the platter.
+        assert!(l[9..].iter().all(|&x| x > 0.3), "{l:?}");
+    }
+
+    #[test]
+    fn reads_and_writes_can_cost_different_overheads() {
+        let mut s = preset_named("micropolis-rw").unwrap().quiet();
+        assert!(s.overhead_for(Op::Write) > s.overhead_for(Op::Read));
+        s.read_ahead = false;
+        // A step of 80 sectors (3.3 ms) is in time for a read (3.0 ms), late
+        // for a write (3.78 ms).
+        let step = |op| {
+            let mut d = Disk::new(s.clone());
+            d.serve(op, 10, 1);
+            d.serve(op, 91, 1)
+        };
+        let (r, w) = (step(Op::Read), step(Op::Write));
+        assert!(r < 4.0 && w > 8.0, "{r} {w}");
     }
 
     #[test]
