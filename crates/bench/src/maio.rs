@@ -4,7 +4,15 @@
 //! includes io_uring's SQPOLL thread) times the clock rate in /proc/cpuinfo,
 //! minus the CPU time of the helper threads that play the peers (measured by
 //! each on itself). `perf` counters are not available on this VM, so these
-//! are cycles estimated from time, not counted.
+//! are cycles estimated from time, not counted. The application thread's
+//! own CPU time is measured too (`RUSAGE_THREAD`): the paper's kernel thread
+//! runs on a core of its own, so its Figure 2 is a rate per application
+//! core, which is reported beside the rate per CPU second of every thread.
+//!
+//! Methods run in rounds (every method once per round, in turn), so a
+//! burst of load on a shared machine hits every method of a round alike;
+//! each figure reports min/median/max over the rounds, and ratios to the
+//! baseline are taken within a round.
 //!
 //! The sockets, rings and pools a measurement needs are local resources
 //! (loopback, a namespace of our own); a measurement that cannot make one
@@ -50,29 +58,60 @@ struct Run {
     units: f64,
     bytes: f64,
     wall: f64,
+    /// CPU seconds of every thread doing the method's work (the process,
+    /// SQPOLL thread included, minus the peers).
     cpu: f64,
+    /// CPU seconds of the application thread alone (not the SQPOLL thread).
+    app_cpu: f64,
+    /// CPU seconds of the peer threads (client, server), excluded from
+    /// `cpu`. On loopback the kernel runs part of one socket's work on
+    /// whichever thread's system call triggered it (a receiver's protocol
+    /// processing on the sender's), so `cpu + peer_cpu` is the figure that
+    /// does not depend on that split.
+    peer_cpu: f64,
     copied: Option<bool>,
     /// System calls per operation (MAIO: SQPOLL wake-ups per send).
     syscalls_per_op: Option<f64>,
 }
 
-impl Run {
-    /// `n` units since `t0`, CPU since `c0` (the whole process).
-    fn count(t0: Instant, c0: f64, n: u64) -> Run {
+/// Where a measurement started: wall clock, process CPU, thread CPU.
+#[derive(Debug, Clone, Copy)]
+struct Meter {
+    t0: Instant,
+    cpu0: f64,
+    app0: f64,
+}
+
+impl Meter {
+    fn start() -> Meter {
+        Meter {
+            t0: Instant::now(),
+            cpu0: cpu_process(),
+            app0: cpu_thread(),
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    /// `n` units since the start.
+    fn count(&self, n: u64) -> Run {
         Run {
             units: n as f64,
-            wall: t0.elapsed().as_secs_f64(),
-            cpu: cpu_process() - c0,
+            wall: self.t0.elapsed().as_secs_f64(),
+            cpu: cpu_process() - self.cpu0,
+            app_cpu: cpu_thread() - self.app0,
             ..Default::default()
         }
     }
 
-    /// `bytes` moved since `t0`, CPU since `c0` (the whole process).
-    fn volume(t0: Instant, c0: f64, bytes: u64, copied: Option<bool>) -> Run {
+    /// `bytes` moved since the start.
+    fn volume(&self, bytes: u64, copied: Option<bool>) -> Run {
         Run {
             bytes: bytes as f64,
             copied,
-            ..Run::count(t0, c0, bytes)
+            ..self.count(bytes)
         }
     }
 }
@@ -113,9 +152,10 @@ pub fn hz() -> f64 {
         * 1e6
 }
 
-fn median(mut v: Vec<Run>, key: impl Fn(&Run) -> f64) -> Run {
-    v.sort_by(|a, b| key(a).total_cmp(&key(b)));
-    v[v.len() / 2]
+/// Min, median and max of `v` (not empty).
+fn spread(mut v: Vec<f64>) -> Value {
+    v.sort_by(f64::total_cmp);
+    json!({ "min": v[0], "median": v[v.len() / 2], "max": v[v.len() - 1] })
 }
 
 fn pool(buf_size: usize, buffers: u32) -> Pool {
@@ -135,6 +175,18 @@ fn dup(fd: impl AsFd) -> OwnedFd {
 
 // ---------------------------------------------------------------- Figure 2
 
+/// Where Figure 2's datagrams go.
+#[derive(Debug, Clone, Copy)]
+enum Dest {
+    /// A local UDP socket that is never read: the kernel's receive path
+    /// (delivery to the socket, dropped there once its buffer is full) runs
+    /// on the sending thread, as loopback delivery does.
+    Loopback,
+    /// The veth of Figure 3 whose far end drops at ingress (call from inside
+    /// its namespace): no socket delivery.
+    Veth,
+}
+
 fn udp_pair() -> (UdpSocket, UdpSocket) {
     let sink = UdpSocket::bind("127.0.0.1:0").expect("bind sink");
     let tx = UdpSocket::bind("127.0.0.1:0").expect("bind sender");
@@ -143,47 +195,58 @@ fn udp_pair() -> (UdpSocket, UdpSocket) {
     (tx, sink)
 }
 
-fn fig2_sendmsg(d: Duration) -> Run {
-    let (tx, _sink) = udp_pair();
+/// The sending socket, and the never-read receiver it must outlive.
+fn fig2_socket(dest: Dest) -> (UdpSocket, Option<UdpSocket>) {
+    match dest {
+        Dest::Loopback => {
+            let (tx, sink) = udp_pair();
+            (tx, Some(sink))
+        }
+        Dest::Veth => (udp_to_sink(), None),
+    }
+}
+
+fn fig2_sendmsg(d: Duration, dest: Dest) -> Run {
+    let (tx, _sink) = fig2_socket(dest);
     let buf = [0x5au8; 64];
-    let (t0, c0) = (Instant::now(), cpu_process());
+    let m = Meter::start();
     let mut n = 0u64;
-    while t0.elapsed() < d {
+    while m.elapsed() < d {
         for _ in 0..64 {
             if tx.send(&buf).is_ok() {
                 n += 1;
             }
         }
     }
-    Run::count(t0, c0, n)
+    m.count(n)
 }
 
-fn fig2_sendmmsg(d: Duration) -> Run {
-    let (tx, _sink) = udp_pair();
+fn fig2_sendmmsg(d: Duration, dest: Dest) -> Run {
+    let (tx, _sink) = fig2_socket(dest);
     let buf = [0x5au8; 64];
     let iov = [IoSlice::new(&buf)];
     // 32 messages of the one 64-byte buffer, without ancillary data.
     let mut controls: Vec<SendAncillaryBuffer<'_, '_, '_>> =
         (0..32).map(|_| SendAncillaryBuffer::default()).collect();
     let mut msgs: Vec<MMsgHdr<'_>> = controls.iter_mut().map(|c| MMsgHdr::new(&iov, c)).collect();
-    let (t0, c0) = (Instant::now(), cpu_process());
+    let m = Meter::start();
     let mut n = 0u64;
-    while t0.elapsed() < d {
+    while m.elapsed() < d {
         if let Ok(r) = rustix::net::sendmmsg(&tx, &mut msgs, SendFlags::empty()) {
             n += r as u64;
         }
     }
-    Run::count(t0, c0, n)
+    m.count(n)
 }
 
-fn fig2_uring(d: Duration) -> Run {
-    let (tx, _sink) = udp_pair();
+fn fig2_uring(d: Duration, dest: Dest) -> Run {
+    let (tx, _sink) = fig2_socket(dest);
     let buf = [0x5au8; 64];
     let mut ring = IoUring::new(256).expect("io_uring");
     let fd = types::Fd(tx.as_raw_fd());
-    let (t0, c0) = (Instant::now(), cpu_process());
+    let m = Meter::start();
     let mut n = 0u64;
-    while t0.elapsed() < d {
+    while m.elapsed() < d {
         for _ in 0..32 {
             let e = opcode::Send::new(fd, buf.as_ptr(), 64).build();
             // SAFETY: buf outlives the wait below, which reaps all 32.
@@ -192,20 +255,92 @@ fn fig2_uring(d: Duration) -> Run {
         let _ = ring.submit_and_wait(32);
         n += ring.completion().filter(|c| c.result() > 0).count() as u64;
     }
-    Run::count(t0, c0, n)
+    m.count(n)
 }
 
-fn fig2_maio(d: Duration, pool: &Pool) -> Run {
-    let (tx, _sink) = udp_pair();
-    let mut ring = Ring::new(pool, RingConfig::default()).expect("MAIO ring");
+/// How MAIO's ring hands requests to the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Submit {
+    /// A kernel polling thread (SQPOLL), the paper's kernel thread.
+    Sqpoll,
+    /// No polling thread: every request queued since the last batch point
+    /// goes in one io_uring_enter from the application thread.
+    Batched,
+}
+
+impl Submit {
+    fn name(self) -> &'static str {
+        match self {
+            Submit::Sqpoll => "sqpoll",
+            Submit::Batched => "batched",
+        }
+    }
+}
+
+/// Pins the calling thread to one CPU until dropped (then restores its
+/// previous CPU set).
+struct Pin(Option<rustix::thread::CpuSet>);
+
+impl Pin {
+    /// Pins the caller to the first CPU it may run on and returns the
+    /// second (for the polling thread), when it may run on two or more.
+    fn apart() -> (Pin, Option<u32>) {
+        let Ok(old) = rustix::thread::sched_getaffinity(None) else {
+            return (Pin(None), None);
+        };
+        let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&c| old.is_set(c))
+            .take(2)
+            .collect();
+        if cpus.len() < 2 {
+            return (Pin(None), None);
+        }
+        let mut one = rustix::thread::CpuSet::new();
+        one.set(cpus[0]);
+        if rustix::thread::sched_setaffinity(None, &one).is_err() {
+            return (Pin(None), None);
+        }
+        (Pin(Some(old)), Some(cpus[1] as u32))
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        if let Some(old) = &self.0 {
+            let _ = rustix::thread::sched_setaffinity(None, old);
+        }
+    }
+}
+
+/// MAIO's copy mode (the paper's standard mode for small sends): each
+/// datagram copied into a pool buffer and posted; with SQPOLL the polling
+/// thread is pinned to another CPU than the application thread (where the
+/// machine has two), as the paper's kernel thread has a core of its own.
+fn fig2_maio(d: Duration, dest: Dest, pool: &Pool, submit: Submit) -> Run {
+    let (tx, _sink) = fig2_socket(dest);
+    let (_pin, poll_cpu) = match submit {
+        Submit::Sqpoll => Pin::apart(),
+        Submit::Batched => (Pin(None), None),
+    };
+    let mut ring = Ring::new(
+        pool,
+        RingConfig {
+            sqpoll: submit == Submit::Sqpoll,
+            sqpoll_cpu: poll_cpu,
+            batch_submit: true,
+            ..RingConfig::default()
+        },
+    )
+    .expect("MAIO ring");
     let s = ring.add_socket(dup(&tx)).expect("register");
     let msg = [0x5au8; 64];
-    let (t0, c0) = (Instant::now(), cpu_process());
+    let m = Meter::start();
     let mut n = 0u64;
-    while t0.elapsed() < d {
+    while m.elapsed() < d {
         for _ in 0..32 {
             if ring.in_flight() >= 192 {
-                ring.wait(Duration::from_millis(1));
+                // Sleep through half the window rather than wake per send.
+                ring.wait_for(96, Duration::from_millis(1));
                 break;
             }
             let _ = ring.send_copy(s, &msg);
@@ -216,8 +351,25 @@ fn fig2_maio(d: Duration, pool: &Pool) -> Run {
     n += ring.completions().iter().filter(|c| c.result > 0).count() as u64;
     Run {
         syscalls_per_op: Some(ring.enters as f64 / n.max(1) as f64),
-        ..Run::count(t0, c0, n)
+        ..m.count(n)
     }
+}
+
+/// The run-time choice between SQPOLL and batched submission: a short
+/// probe of each, kept is the one that sends more datagrams per CPU second
+/// of all its threads (the polling thread's included). Returns the choice
+/// and the two probes' rates.
+fn fig2_choose(dest: Dest, pool: &Pool) -> (Submit, f64, f64) {
+    let probe = Duration::from_millis(150);
+    let rate = |r: Run| r.units / r.cpu.max(1e-9);
+    let sq = rate(fig2_maio(probe, dest, pool, Submit::Sqpoll));
+    let batched = rate(fig2_maio(probe, dest, pool, Submit::Batched));
+    let pick = if sq > batched {
+        Submit::Sqpoll
+    } else {
+        Submit::Batched
+    };
+    (pick, sq, batched)
 }
 
 // ---------------------------------------------------------------- Figure 3
@@ -263,23 +415,13 @@ fn tcp_sink() -> (std::net::SocketAddr, std::thread::JoinHandle<f64>) {
     (addr, h)
 }
 
-fn finish(
-    t0: Instant,
-    c0: f64,
-    bytes: u64,
-    sink: std::thread::JoinHandle<f64>,
-    copied: Option<bool>,
-) -> Run {
-    let wall = t0.elapsed().as_secs_f64();
-    let total = cpu_process() - c0;
+fn finish(m: Meter, bytes: u64, sink: std::thread::JoinHandle<f64>, copied: Option<bool>) -> Run {
+    let r = m.volume(bytes, copied);
     let helper = sink.join().unwrap_or(0.0);
     Run {
-        units: bytes as f64,
-        bytes: bytes as f64,
-        wall,
-        cpu: (total - helper).max(1e-9),
-        copied,
-        syscalls_per_op: None,
+        cpu: (r.cpu - helper).max(1e-9),
+        peer_cpu: helper,
+        ..r
     }
 }
 
@@ -287,14 +429,14 @@ fn fig3_send(d: Duration) -> Run {
     let (addr, sink) = tcp_sink();
     let mut s = TcpStream::connect(addr).expect("connect");
     let buf = vec![0x5au8; CHUNK];
-    let (t0, c0) = (Instant::now(), cpu_process());
+    let m = Meter::start();
     let mut bytes = 0u64;
-    while t0.elapsed() < d {
+    while m.elapsed() < d {
         s.write_all(&buf).expect("send");
         bytes += CHUNK as u64;
     }
     drop(s);
-    finish(t0, c0, bytes, sink, Some(true))
+    finish(m, bytes, sink, Some(true))
 }
 
 /// Read MSG_ZEROCOPY completions from the error queue: (completed sends,
@@ -414,10 +556,10 @@ fn zerocopy_loop(fd: BorrowedFd<'_>, d: Duration, len: usize) -> (u64, bool) {
 fn fig3_msg_zerocopy(d: Duration) -> Run {
     let (addr, sink) = tcp_sink();
     let s = TcpStream::connect(addr).expect("connect");
-    let (t0, c0) = (Instant::now(), cpu_process());
+    let m = Meter::start();
     let (bytes, copied) = zerocopy_loop(s.as_fd(), d, CHUNK);
     drop(s);
-    finish(t0, c0, bytes, sink, Some(copied))
+    finish(m, bytes, sink, Some(copied))
 }
 
 fn fig3_sendfile(d: Duration) -> Run {
@@ -427,10 +569,10 @@ fn fig3_sendfile(d: Duration) -> Run {
         .expect("memfd_create");
     let mut file = std::fs::File::from(mfd);
     file.write_all(&vec![0x5au8; 16 << 20]).expect("fill memfd");
-    let (t0, c0) = (Instant::now(), cpu_process());
+    let m = Meter::start();
     let mut bytes = 0u64;
     let mut off: u64 = 0;
-    while t0.elapsed() < d {
+    while m.elapsed() < d {
         if off as usize + CHUNK > 16 << 20 {
             off = 0;
         }
@@ -441,7 +583,7 @@ fn fig3_sendfile(d: Duration) -> Run {
         bytes += r as u64;
     }
     drop(s);
-    finish(t0, c0, bytes, sink, None)
+    finish(m, bytes, sink, None)
 }
 
 /// io_uring SEND_ZC from ordinary memory, no SQPOLL, no fixed buffers.
@@ -493,10 +635,10 @@ fn uring_zc_loop(fd: BorrowedFd<'_>, d: Duration, len: usize) -> (u64, bool) {
 fn fig3_uring_zc(d: Duration) -> Run {
     let (addr, sink) = tcp_sink();
     let s = TcpStream::connect(addr).expect("connect");
-    let (t0, c0) = (Instant::now(), cpu_process());
+    let m = Meter::start();
     let (bytes, copied) = uring_zc_loop(s.as_fd(), d, CHUNK);
     drop(s);
-    finish(t0, c0, bytes, sink, Some(copied))
+    finish(m, bytes, sink, Some(copied))
 }
 
 /// MAIO: SQPOLL, the pool registered, SEND_ZC from fixed buffers.
@@ -549,10 +691,10 @@ fn fig3_maio(d: Duration, pool: &Pool) -> Run {
     let (addr, sink) = tcp_sink();
     let mut ring = Ring::new(pool, RingConfig::default()).expect("MAIO ring");
     let s = ring.connect_tcp(addr).expect("connect");
-    let (t0, c0) = (Instant::now(), cpu_process());
+    let m = Meter::start();
     let (bytes, copied) = maio_zc_loop(&mut ring, s, d, CHUNK);
     let _ = ring.close(s);
-    finish(t0, c0, bytes, sink, Some(copied))
+    finish(m, bytes, sink, Some(copied))
 }
 
 // --------------------------------------- Figure 3, UDP into a dropping veth
@@ -614,30 +756,30 @@ fn udp_to_sink() -> UdpSocket {
 fn fig3u_send(d: Duration) -> Run {
     let s = udp_to_sink();
     let buf = vec![0x5au8; CHUNK];
-    let (t0, c0) = (Instant::now(), cpu_process());
+    let m = Meter::start();
     let mut bytes = 0u64;
-    while t0.elapsed() < d {
+    while m.elapsed() < d {
         if let Ok(n) = s.send(&buf) {
             bytes += n as u64;
         }
     }
-    Run::volume(t0, c0, bytes, Some(true))
+    m.volume(bytes, Some(true))
 }
 
 fn fig3u_with(d: Duration, f: fn(BorrowedFd<'_>, Duration, usize) -> (u64, bool)) -> Run {
     let s = udp_to_sink();
-    let (t0, c0) = (Instant::now(), cpu_process());
+    let m = Meter::start();
     let (bytes, copied) = f(s.as_fd(), d, CHUNK);
-    Run::volume(t0, c0, bytes, Some(copied))
+    m.volume(bytes, Some(copied))
 }
 
 fn fig3u_maio(d: Duration, pool: Pool) -> Run {
     let s = udp_to_sink();
     let mut ring = Ring::new(&pool, RingConfig::default()).expect("MAIO ring");
     let id = ring.add_socket(dup(&s)).expect("register");
-    let (t0, c0) = (Instant::now(), cpu_process());
+    let m = Meter::start();
     let (bytes, copied) = maio_zc_loop(&mut ring, id, d, CHUNK);
-    Run::volume(t0, c0, bytes, Some(copied))
+    m.volume(bytes, Some(copied))
 }
 
 // ---------------------------------------------------------------- Figure 4
@@ -668,18 +810,14 @@ fn proxied(
     });
     let (inbound, _) = l.accept().expect("accept");
     let outbound = TcpStream::connect(saddr).expect("connect server");
-    let (t0, c0) = (Instant::now(), cpu_process());
-    let (bytes, copied) = proxy(inbound, outbound, t0);
-    let wall = t0.elapsed().as_secs_f64();
-    let total = cpu_process() - c0;
+    let m = Meter::start();
+    let (bytes, copied) = proxy(inbound, outbound, m.t0);
+    let r = m.volume(bytes, copied);
     let helpers = client.join().unwrap_or(0.0) + sink.join().unwrap_or(0.0);
     Run {
-        units: bytes as f64,
-        bytes: bytes as f64,
-        wall,
-        cpu: (total - helpers).max(1e-9),
-        copied,
-        syscalls_per_op: None,
+        cpu: (r.cpu - helpers).max(1e-9),
+        peer_cpu: helpers,
+        ..r
     }
 }
 
@@ -755,17 +893,41 @@ fn fig4_uring(d: Duration) -> Run {
     })
 }
 
+/// The proxy's pool: 64 KiB buffers (the largest a pool has), so that a
+/// 256 KiB burst is four buffers to receive, recycle and send, not sixteen
+/// (16 KiB buffers cost the proxy about a fifth more per byte).
+fn proxy_pool() -> Pool {
+    pool(maio::CHUNK_SIZE, 1024)
+}
+
+/// How the MAIO proxy submits.
+#[derive(Debug, Clone, Copy)]
+enum ProxySubmit {
+    /// A polling thread that sleeps after `idle_ms` without submissions.
+    Sqpoll { idle_ms: u32 },
+    /// No polling thread: each batch in one io_uring_enter.
+    Batched,
+}
+
 /// The MAIO proxy: receive into pool buffers (bundled multishot), send the
-/// same buffers onward as one message per batch. `sqpoll`: submissions by
-/// the kernel's polling thread (no system calls, but a thread that spins
-/// while the proxy works), or by io_uring_enter from the proxy thread.
-fn fig4_maio(d: Duration, pool: Pool, sqpoll: bool) -> Run {
+/// same buffers onward as one message per batch. With SQPOLL the polling
+/// thread spins while the proxy works (the proxy submits a batch every few
+/// hundred microseconds, more often than the thread's idle time, so it
+/// never sleeps); batched, the proxy thread enters the kernel once per
+/// batch.
+fn fig4_maio(d: Duration, pool: Pool, submit: ProxySubmit) -> Run {
     proxied(d, move |i, o, _| {
+        let (sqpoll, idle) = match submit {
+            ProxySubmit::Sqpoll { idle_ms } => (true, idle_ms),
+            ProxySubmit::Batched => (false, 0),
+        };
         let mut ring = Ring::new(
             &pool,
             RingConfig {
-                rx_buffers: 1024,
+                rx_buffers: 512,
                 sqpoll,
+                sqpoll_idle_ms: idle,
+                batch_submit: true,
                 ..RingConfig::default()
             },
         )
@@ -808,70 +970,223 @@ fn fig4_maio(d: Duration, pool: Pool, sqpoll: bool) -> Run {
 
 // ---------------------------------------------------------------- driver
 
-fn entry(name: &str, r: &Run, metric: &str, hz: f64) -> Value {
-    let mut v = json!({
-        "method": name,
-        "seconds": r.wall,
-        "cpu_seconds": r.cpu,
-    });
-    if metric == "pps" {
-        v["pps"] = json!(r.units / r.wall);
-        v["cpu_pps"] = json!(r.units / r.cpu.max(1e-9));
-    } else {
-        v["cycles_per_byte"] = json!(r.cpu * hz / r.bytes.max(1.0));
-        v["gbps"] = json!(r.bytes * 8.0 / r.wall / 1e9);
-    }
-    if let Some(c) = r.copied {
-        v["copied"] = json!(c);
-    }
-    if let Some(x) = r.syscalls_per_op {
-        v["syscalls_per_send"] = json!(x);
-    }
-    v
+/// What a figure compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Metric {
+    /// Datagrams per second: wall clock, per application core, per CPU.
+    Pps,
+    /// CPU cycles per byte moved.
+    CyclesPerByte,
 }
+
+/// A figure's measures of one run: (name, value).
+type Measure = (&'static str, fn(&Run, f64) -> f64);
+
+const PPS_MEASURES: [Measure; 3] = [
+    ("pps", |r, _| r.units / r.wall.max(1e-9)),
+    ("pps_per_app_core", |r, _| r.units / r.app_cpu.max(1e-9)),
+    ("pps_per_cpu", |r, _| r.units / r.cpu.max(1e-9)),
+];
+
+const CPB_MEASURES: [Measure; 4] = [
+    ("cycles_per_byte", |r, hz| r.cpu * hz / r.bytes.max(1.0)),
+    ("app_cycles_per_byte", |r, hz| {
+        r.app_cpu * hz / r.bytes.max(1.0)
+    }),
+    ("with_peers_cycles_per_byte", |r, hz| {
+        (r.cpu + r.peer_cpu) * hz / r.bytes.max(1.0)
+    }),
+    ("gbps", |r, _| r.bytes * 8.0 / r.wall.max(1e-9) / 1e9),
+];
 
 type Method<'a> = (&'static str, Box<dyn Fn() -> Run + 'a>);
 
+/// The 1, 5 and 15 minute load averages (other work on the machine).
+pub fn loadavg() -> [f64; 3] {
+    let s = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut it = s.split_whitespace().map(|x| x.parse().unwrap_or(f64::NAN));
+    [
+        it.next().unwrap_or(f64::NAN),
+        it.next().unwrap_or(f64::NAN),
+        it.next().unwrap_or(f64::NAN),
+    ]
+}
+
+/// Runs every method once per round for `reps` rounds and reports, per
+/// method, min/median/max of each measure and of its ratio to `baseline`'s
+/// run in the same round.
 fn figure(
     methods: Vec<Method<'_>>,
     reps: usize,
-    metric: &str,
+    metric: Metric,
+    baseline: &str,
     hz: f64,
     progress: &dyn Fn(&str),
 ) -> Value {
-    let mut out = serde_json::Map::new();
-    for (name, f) in methods {
-        let runs: Vec<Run> = (0..reps).map(|_| f()).collect();
-        let m = if metric == "pps" {
-            median(runs, |r| r.units / r.wall)
-        } else {
-            median(runs, |r| r.cpu / r.bytes.max(1.0))
-        };
-        let e = entry(name, &m, metric, hz);
-        progress(&format!("  {name}: {}", summarize(&e)));
-        out.insert(name.to_string(), e);
+    let load_before = loadavg();
+    let mut runs: Vec<Vec<Run>> = vec![Vec::with_capacity(reps); methods.len()];
+    for _ in 0..reps {
+        for (i, (_, f)) in methods.iter().enumerate() {
+            runs[i].push(f());
+        }
     }
+    let measures: &[Measure] = match metric {
+        Metric::Pps => &PPS_MEASURES,
+        Metric::CyclesPerByte => &CPB_MEASURES,
+    };
+    let base = methods.iter().position(|(n, _)| *n == baseline);
+    let mut out = serde_json::Map::new();
+    for (i, (name, _)) in methods.iter().enumerate() {
+        let mut v = json!({ "rounds": reps });
+        let mut ratios = serde_json::Map::new();
+        for &(k, f) in measures {
+            v[k] = spread(runs[i].iter().map(|r| f(r, hz)).collect());
+            if let Some(b) = base {
+                let r = runs[i]
+                    .iter()
+                    .zip(&runs[b])
+                    .map(|(a, b)| f(a, hz) / f(b, hz).max(1e-12))
+                    .collect();
+                ratios.insert(k.to_string(), spread(r));
+            }
+        }
+        if base.is_some() {
+            v[format!("vs_{baseline}")] = Value::Object(ratios);
+        }
+        if runs[i].iter().any(|r| r.copied.is_some()) {
+            v["copied"] = json!(runs[i].iter().any(|r| r.copied == Some(true)));
+        }
+        let sc: Vec<f64> = runs[i].iter().filter_map(|r| r.syscalls_per_op).collect();
+        if !sc.is_empty() {
+            v["syscalls_per_send"] = spread(sc)["median"].clone();
+        }
+        progress(&format!("  {name}: {}", summarize(&v, baseline)));
+        out.insert(name.to_string(), v);
+    }
+    out.insert(
+        "load_average".into(),
+        json!({ "before": load_before, "after": loadavg() }),
+    );
     Value::Object(out)
 }
 
-fn summarize(e: &Value) -> String {
-    if let Some(p) = e["pps"].as_f64() {
-        let sc = e["syscalls_per_send"]
-            .as_f64()
-            .map(|x| format!(", {x:.4} system calls per send"))
-            .unwrap_or_default();
-        format!("{:.3} Mpps{sc}", p / 1e6)
+/// `min/median/max` of a spread, scaled.
+fn mmm(v: &Value, scale: f64, digits: usize) -> String {
+    let g = |k: &str| v[k].as_f64().unwrap_or(f64::NAN) * scale;
+    format!(
+        "{:.digits$}/{:.digits$}/{:.digits$}",
+        g("min"),
+        g("median"),
+        g("max")
+    )
+}
+
+/// One method's line: each measure as min/median/max over the rounds.
+pub fn summarize(e: &Value, baseline: &str) -> String {
+    let vs = &e[format!("vs_{baseline}")];
+    let mut s = if e.get("pps").is_some() {
+        let mut s = format!(
+            "Mpps {} | per app core {} | per CPU {}",
+            mmm(&e["pps"], 1e-6, 3),
+            mmm(&e["pps_per_app_core"], 1e-6, 3),
+            mmm(&e["pps_per_cpu"], 1e-6, 3),
+        );
+        if !vs.is_null() {
+            s += &format!(
+                " | x {baseline}: wall {}, per app core {}, per CPU {}",
+                mmm(&vs["pps"], 1.0, 2),
+                mmm(&vs["pps_per_app_core"], 1.0, 2),
+                mmm(&vs["pps_per_cpu"], 1.0, 2),
+            );
+        }
+        if let Some(x) = e["syscalls_per_send"].as_f64() {
+            s += &format!(" | {x:.4} system calls per send");
+        }
+        s
     } else {
-        format!(
-            "{:.3} cycles/byte, {:.1} Gbit/s{}",
-            e["cycles_per_byte"].as_f64().unwrap_or(0.0),
-            e["gbps"].as_f64().unwrap_or(0.0),
-            e["copied"]
-                .as_bool()
-                .map(|c| format!(", copied={c}"))
-                .unwrap_or_default()
-        )
+        let mut s = format!(
+            "cycles/byte {} (app thread {}; with peers {}) | Gbit/s {}",
+            mmm(&e["cycles_per_byte"], 1.0, 3),
+            mmm(&e["app_cycles_per_byte"], 1.0, 3),
+            mmm(&e["with_peers_cycles_per_byte"], 1.0, 3),
+            mmm(&e["gbps"], 1.0, 1),
+        );
+        if !vs.is_null() {
+            s += &format!(
+                " | x {baseline}: {} (with peers {})",
+                mmm(&vs["cycles_per_byte"], 1.0, 2),
+                mmm(&vs["with_peers_cycles_per_byte"], 1.0, 2)
+            );
+        }
+        s
+    };
+    if let Some(c) = e["copied"].as_bool() {
+        s += &format!(" | copied={c}");
     }
+    s
+}
+
+fn load_line(f: &Value) -> String {
+    let l = |k: &str| {
+        f["load_average"][k]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|x| format!("{:.2}", x.as_f64().unwrap_or(f64::NAN)))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default()
+    };
+    format!(
+        "  load average: {} before, {} after",
+        l("before"),
+        l("after")
+    )
+}
+
+/// Figure 2's methods, in the order they run.
+const FIG2_METHODS: [&str; 5] = ["sendmsg", "sendmmsg", "io_uring", "maio", "maio_no_sqpoll"];
+
+/// Figure 2 towards one destination: every method, then the run-time
+/// choice of MAIO's submission mode.
+fn figure2(d: Duration, dest: Dest, reps: usize, hz: f64, progress: &dyn Fn(&str)) -> Value {
+    let small = pool(2048, 4096);
+    let (pick, sq, batched) = fig2_choose(dest, &small);
+    let mut f = figure(
+        vec![
+            ("sendmsg", Box::new(|| fig2_sendmsg(d, dest))),
+            ("sendmmsg", Box::new(|| fig2_sendmmsg(d, dest))),
+            ("io_uring", Box::new(|| fig2_uring(d, dest))),
+            (
+                "maio",
+                Box::new(|| fig2_maio(d, dest, &small, Submit::Sqpoll)),
+            ),
+            (
+                "maio_no_sqpoll",
+                Box::new(|| fig2_maio(d, dest, &small, Submit::Batched)),
+            ),
+        ],
+        reps,
+        Metric::Pps,
+        "sendmsg",
+        hz,
+        progress,
+    );
+    let line = format!(
+        "  run-time choice: {} (a 0.15 s probe of each: {:.3} Mpps per CPU with SQPOLL, {:.3} batched)",
+        pick.name(),
+        sq / 1e6,
+        batched / 1e6
+    );
+    progress(&line);
+    progress(&load_line(&f));
+    f["maio_choice"] = json!({
+        "mode": pick.name(),
+        "method": if pick == Submit::Sqpoll { "maio" } else { "maio_no_sqpoll" },
+        "probe_pps_per_cpu": { "sqpoll": sq, "batched": batched },
+    });
+    f
 }
 
 /// Run the chosen figures (all when `o.figures` is empty); `progress`
@@ -879,25 +1194,50 @@ fn summarize(e: &Value) -> String {
 pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
     let d = Duration::from_secs_f64(o.seconds);
     let hz = hz();
-    let small = pool(2048, 4096);
     let big = pool(CHUNK, 1024);
     let want = |f: u8| o.figures.is_empty() || o.figures.contains(&f);
+    let reps = o.reps;
     let mut doc = serde_json::Map::new();
+    // The veth whose far end drops (Figures 2 and 3): made once, if it can be.
+    let sink = if want(2) || want(3) {
+        Some(VethSink::new())
+    } else {
+        None
+    };
     if want(2) {
-        progress("Figure 2: 64-byte UDP datagrams per second, one application thread");
-        let fig2 = figure(
-            vec![
-                ("sendmsg", Box::new(|| fig2_sendmsg(d))),
-                ("sendmmsg", Box::new(|| fig2_sendmmsg(d))),
-                ("io_uring", Box::new(|| fig2_uring(d))),
-                ("maio", Box::new(|| fig2_maio(d, &small))),
-            ],
-            o.reps,
-            "pps",
-            hz,
-            progress,
+        progress(&format!(
+            "Figure 2: 64-byte UDP datagrams per second, one application thread, {reps} rounds, min/median/max"
+        ));
+        progress(" to a local socket that is never read (its drops run on the sender):");
+        doc.insert(
+            "figure2".into(),
+            figure2(d, Dest::Loopback, reps, hz, progress),
         );
-        doc.insert("figure2".into(), fig2);
+        progress(" into a veth whose far end drops at ingress (no socket delivery):");
+        let f = match &sink {
+            Some(Ok(v)) => {
+                let r = v
+                    .run(move || figure2(d, Dest::Veth, reps, hz, &|_: &str| {}))
+                    .map_err(Error::Namespace)?;
+                for k in FIG2_METHODS {
+                    progress(&format!("  {k}: {}", summarize(&r[k], "sendmsg")));
+                }
+                progress(&format!(
+                    "  run-time choice: {}",
+                    r["maio_choice"]["mode"].as_str().unwrap_or("?")
+                ));
+                progress(&load_line(&r));
+                r
+            }
+            Some(Err(e)) => {
+                progress(&format!(
+                    "  skipped: {e} (needs root, iproute2 and nftables)"
+                ));
+                json!({ "skipped": e.to_string() })
+            }
+            None => Value::Null,
+        };
+        doc.insert("figure2_veth".into(), f);
     }
     if want(3) {
         progress("Figure 3: CPU cycles per byte, 16 KiB TCP sends to a local receiver");
@@ -909,15 +1249,16 @@ pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
                 ("io_uring_send_zc", Box::new(|| fig3_uring_zc(d))),
                 ("maio", Box::new(|| fig3_maio(d, &big))),
             ],
-            o.reps,
-            "cycles_per_byte",
+            reps,
+            Metric::CyclesPerByte,
+            "send",
             hz,
             progress,
         );
+        progress(&load_line(&fig3));
         progress("Figure 3 (no local delivery): 16 KiB UDP datagrams into a veth that drops them");
-        let fig3u = match VethSink::new() {
-            Ok(v) => {
-                let reps = o.reps;
+        let fig3u = match &sink {
+            Some(Ok(v)) => {
                 let big2 = big.clone();
                 let r = v
                     .run(move || {
@@ -936,52 +1277,64 @@ pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
                                 ("maio", Box::new(move || fig3u_maio(d, big2.clone()))),
                             ],
                             reps,
-                            "cycles_per_byte",
+                            Metric::CyclesPerByte,
+                            "send",
                             hz,
                             &quiet,
                         )
                     })
                     .map_err(Error::Namespace)?;
-                for (k, e) in r.as_object().into_iter().flatten() {
-                    progress(&format!("  {k}: {}", summarize(e)));
+                for k in ["send", "msg_zerocopy", "io_uring_send_zc", "maio"] {
+                    progress(&format!("  {k}: {}", summarize(&r[k], "send")));
                 }
+                progress(&load_line(&r));
                 r
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 progress(&format!(
                     "  skipped: {e} (needs root, iproute2 and nftables)"
                 ));
                 json!({ "skipped": e.to_string() })
             }
+            None => Value::Null,
         };
         doc.insert("figure3".into(), fig3);
         doc.insert("figure3_udp_veth".into(), fig3u);
     }
     if want(4) {
-        progress("Figure 4: TCP splicing proxy, CPU cycles per byte moved");
+        progress("Figure 4: TCP splicing proxy, CPU cycles per byte moved (proxy thread + SQPOLL thread)");
         let fig4 = figure(
             vec![
                 ("read_write", Box::new(|| fig4_copy(d))),
                 ("splice", Box::new(|| fig4_splice(d))),
                 ("io_uring", Box::new(|| fig4_uring(d))),
-                ("maio", Box::new(|| fig4_maio(d, pool(CHUNK, 2048), true))),
+                (
+                    "maio",
+                    Box::new(|| fig4_maio(d, proxy_pool(), ProxySubmit::Sqpoll { idle_ms: 50 })),
+                ),
+                (
+                    "maio_sqpoll_idle_1ms",
+                    Box::new(|| fig4_maio(d, proxy_pool(), ProxySubmit::Sqpoll { idle_ms: 1 })),
+                ),
                 (
                     "maio_no_sqpoll",
-                    Box::new(|| fig4_maio(d, pool(CHUNK, 2048), false)),
+                    Box::new(|| fig4_maio(d, proxy_pool(), ProxySubmit::Batched)),
                 ),
             ],
-            o.reps,
-            "cycles_per_byte",
+            reps,
+            Metric::CyclesPerByte,
+            "splice",
             hz,
             progress,
         );
+        progress(&load_line(&fig4));
         doc.insert("figure4".into(), fig4);
     }
     let mut out = json!({
         "seconds_per_run": o.seconds,
-        "repetitions": o.reps,
+        "repetitions": reps,
         "cpu_hz": hz,
-        "cycles": "estimated: CPU seconds (getrusage, all threads incl. SQPOLL, minus the peer threads) x clock rate",
+        "cycles": "estimated: CPU seconds (getrusage, all threads incl. SQPOLL, minus the peer threads) x clock rate; app: the application thread alone",
     });
     out.as_object_mut().expect("object").extend(doc);
     Ok(out)

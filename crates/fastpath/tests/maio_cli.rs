@@ -14,16 +14,42 @@ fn maio_bench_quick_json_document() {
         "--seconds",
         "0.1",
     ]);
-    for m in ["sendmsg", "sendmmsg", "io_uring", "maio"] {
-        let pps = v["figure2"][m]["pps"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("figure2.{m}"));
-        assert!(pps > 1000.0, "figure2.{m} = {pps}");
+    let spread = |f: &str, m: &str, k: &str| -> [f64; 3] {
+        let g = |s: &str| {
+            v[f][m][k][s]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{f}.{m}.{k}.{s}"))
+        };
+        let x = [g("min"), g("median"), g("max")];
+        assert!(x[0] <= x[1] && x[1] <= x[2], "{f}.{m}.{k} = {x:?}");
+        x
+    };
+    for f in ["figure2", "figure2_veth"] {
+        for m in ["sendmsg", "sendmmsg", "io_uring", "maio", "maio_no_sqpoll"] {
+            let pps = spread(f, m, "pps");
+            assert!(pps[0] > 1000.0, "{f}.{m} = {pps:?}");
+            // The application thread is part of every thread.
+            let app = spread(f, m, "pps_per_app_core");
+            let cpu = spread(f, m, "pps_per_cpu");
+            assert!(app[1] >= cpu[1] * 0.99, "{f}.{m}: {app:?} < {cpu:?}");
+            spread(f, m, "pps_per_cpu");
+        }
+        let base = &v[f]["sendmsg"]["vs_sendmsg"]["pps"];
+        assert_eq!(base["median"], 1.0, "{f}: sendmsg against itself");
+        let chosen = v[f]["maio_choice"]["method"].as_str().unwrap();
+        assert!(["maio", "maio_no_sqpoll"].contains(&chosen), "{chosen}");
+        assert!(v[f]["load_average"]["before"][0].is_number());
     }
+    // Without SQPOLL the sends are batched: far fewer system calls than sends.
+    let sc = v["figure2"]["maio_no_sqpoll"]["syscalls_per_send"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        sc < 0.5,
+        "batched submission made {sc} system calls per send"
+    );
     let cpb = |f: &str, m: &str| -> f64 {
-        let x = v[f][m]["cycles_per_byte"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("{f}.{m}"));
+        let x = spread(f, m, "cycles_per_byte")[1];
         assert!(x.is_finite() && x > 0.0, "{f}.{m} = {x}");
         x
     };
@@ -36,7 +62,14 @@ fn maio_bench_quick_json_document() {
     ] {
         cpb("figure3", m);
     }
-    for m in ["read_write", "splice", "io_uring", "maio", "maio_no_sqpoll"] {
+    for m in [
+        "read_write",
+        "splice",
+        "io_uring",
+        "maio",
+        "maio_sqpoll_idle_1ms",
+        "maio_no_sqpoll",
+    ] {
         cpb("figure4", m);
     }
     for m in ["send", "msg_zerocopy", "io_uring_send_zc", "maio"] {
@@ -62,7 +95,7 @@ fn maio_bench_runs_only_the_figures_asked_for() {
         c
     };
     let v = common::json_of(bench().args(["--figure", "2"]));
-    assert!(v["figure2"]["maio"]["pps"].as_f64().unwrap() > 0.0);
+    assert!(v["figure2"]["maio"]["pps"]["median"].as_f64().unwrap() > 0.0);
     for f in ["figure3", "figure3_udp_veth", "figure4"] {
         assert!(v.get(f).is_none(), "{f} was not asked for");
     }

@@ -95,8 +95,18 @@ pub struct Config {
     pub entries: u32,
     /// Use a kernel polling thread for submissions (no system call per send).
     pub sqpoll: bool,
-    /// How long the polling thread spins before it sleeps, in milliseconds.
+    /// How long the polling thread spins before it sleeps, in milliseconds
+    /// (the kernel's minimum is one tick).
     pub sqpoll_idle_ms: u32,
+    /// Pin the polling thread to this CPU (`IORING_SETUP_SQ_AFF`), so that
+    /// it does not share a core with the application thread.
+    pub sqpoll_cpu: Option<u32>,
+    /// Without SQPOLL: leave requests in the submission queue and hand them
+    /// to the kernel together, in one `io_uring_enter`, at the next
+    /// [`Ring::completions`], [`Ring::recv_sg`], [`Ring::wait`] or
+    /// [`Ring::submit`] (or when the queue is full), instead of one system
+    /// call per request. Ignored with SQPOLL, which never needs the call.
+    pub batch_submit: bool,
     /// Pool buffers lent to the kernel for receiving (a power of two).
     pub rx_buffers: u16,
     /// Most sockets on one ring.
@@ -118,6 +128,8 @@ impl Default for Config {
             entries: 256,
             sqpoll: true,
             sqpoll_idle_ms: 50,
+            sqpoll_cpu: None,
+            batch_submit: false,
             rx_buffers: 256,
             max_sockets: 64,
             adaptive_zc: true,
@@ -273,6 +285,8 @@ pub struct Ring {
     region: (usize, usize),
     in_flight: u32,
     sqpoll: bool,
+    /// Requests wait in the submission queue for the next batch point.
+    batch_submit: bool,
     bundles: bool,
     adaptive_zc: bool,
     /// Sends (requests) that asked the kernel for zero copy.
@@ -307,6 +321,14 @@ impl Ring {
         let mut b = IoUring::builder();
         if cfg.sqpoll {
             b.setup_sqpoll(cfg.sqpoll_idle_ms);
+            if let Some(cpu) = cfg.sqpoll_cpu {
+                b.setup_sqpoll_cpu(cpu);
+            }
+        } else {
+            // Completions of requests that finish later (a multishot
+            // receive) are posted at our next system call instead of
+            // interrupting us.
+            b.setup_coop_taskrun();
         }
         let ring = b.build(cfg.entries).map_err(|e| {
             if let Some(d) = check_disabled() {
@@ -390,6 +412,7 @@ impl Ring {
             region: (base as usize, len),
             in_flight: 0,
             sqpoll: cfg.sqpoll,
+            batch_submit: cfg.batch_submit && !cfg.sqpoll,
             bundles: true,
             adaptive_zc: cfg.adaptive_zc,
             zc_sends: 0,
@@ -487,8 +510,24 @@ impl Ring {
         Ok(())
     }
 
+    /// Whether requests are handed to the kernel in batches (see
+    /// [`Config::batch_submit`]).
+    pub fn batch_submit(&self) -> bool {
+        self.batch_submit
+    }
+
+    /// A request was queued: hand it over now, unless requests are batched
+    /// (then the next batch point does, see [`Config::batch_submit`]).
+    fn kick(&mut self) -> Result<()> {
+        if self.batch_submit {
+            return Ok(());
+        }
+        self.submit()
+    }
+
     /// Hand queued submissions to the kernel. With SQPOLL this is a memory
-    /// write unless the polling thread went to sleep.
+    /// write unless the polling thread went to sleep; without, one
+    /// `io_uring_enter` for everything queued.
     pub fn submit(&mut self) -> Result<()> {
         if self.sqpoll {
             self.ring.submission().sync();
@@ -517,7 +556,7 @@ impl Ring {
                 len: len as u32,
             });
             self.flush_sends(s)?;
-            return self.submit();
+            return self.kick();
         }
         let addr = self.addr_of(idx) as *const u8;
         let e = if self.want_zc(s)? {
@@ -535,7 +574,7 @@ impl Ring {
         };
         self.sock(s)?.queued.push_back(Pending::Entry(e));
         self.flush_sends(s)?;
-        self.submit()
+        self.kick()
     }
 
     /// Whether the next send of pool buffers on `s` asks for zero copy:
@@ -734,7 +773,7 @@ impl Ring {
             self.sock(s)?.queued.push_back(Pending::Entry(e));
         }
         self.flush_sends(s)?;
-        self.submit()
+        self.kick()
     }
 
     fn arm_recv(&mut self, s: SockId) -> Result<()> {
@@ -749,7 +788,7 @@ impl Ring {
             opcode::RecvMulti::new(types::Fixed(s.0), BGID).build()
         };
         self.push(e.user_data(ud(OP_RECV, s.0, 0)))?;
-        self.submit()
+        self.kick()
     }
 
     /// Process every completion waiting in the completion queue (no system
@@ -838,7 +877,7 @@ impl Ring {
                 }
             }
             if more {
-                let _ = self.submit();
+                let _ = self.kick();
             }
         }
         n
@@ -912,6 +951,7 @@ impl Ring {
 
     /// Sends the kernel has finished with, in the order it finished.
     pub fn completions(&mut self) -> Vec<Sent> {
+        self.flush_batch();
         self.reap();
         self.done.drain(..).collect()
     }
@@ -925,6 +965,7 @@ impl Ring {
     /// list). Returns 0 with nothing waiting; see [`Ring::eof`].
     pub fn recv_sg(&mut self, s: SockId, max: usize, out: &mut Vec<RxBuf>) -> Result<usize> {
         self.arm_recv(s)?;
+        self.flush_batch();
         self.reap();
         if let Some(e) = self.sock(s)?.error {
             return Err(UringError::Sys {
@@ -1023,7 +1064,7 @@ impl Ring {
         self.in_flight += 1;
         self.sock(to)?.queued.push_back(Pending::Entry(e));
         self.flush_sends(to)?;
-        self.submit()?;
+        self.kick()?;
         Ok(total)
     }
 
@@ -1091,7 +1132,15 @@ impl Ring {
 
     /// Wait for at least one completion (a system call), up to `timeout`.
     pub fn wait(&mut self, timeout: Duration) {
-        if !self.ring.completion().is_empty() {
+        self.wait_for(1, timeout);
+    }
+
+    /// Wait until at least `want` completions are waiting (one system
+    /// call), up to `timeout`: a sender with many requests in flight sleeps
+    /// through a whole batch of them instead of waking for each.
+    pub fn wait_for(&mut self, want: usize, timeout: Duration) {
+        self.flush_batch();
+        if self.ring.completion().len() >= want.max(1) {
             return;
         }
         let ts = types::Timespec::new()
@@ -1099,7 +1148,15 @@ impl Ring {
             .nsec(timeout.subsec_nanos());
         let args = types::SubmitArgs::new().timespec(&ts);
         self.waits += 1;
-        let _ = self.ring.submitter().submit_with_args(1, &args);
+        let _ = self.ring.submitter().submit_with_args(want.max(1), &args);
+    }
+
+    /// A batch point: with [`Config::batch_submit`], hand everything queued
+    /// to the kernel in one system call.
+    fn flush_batch(&mut self) {
+        if self.batch_submit && !self.ring.submission().is_empty() {
+            let _ = self.submit();
+        }
     }
 
     /// Wait until every send has been notified (bounded).

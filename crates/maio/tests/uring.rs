@@ -344,3 +344,53 @@ fn proxy(adaptive_zc: bool) -> Ring {
     );
     ring
 }
+
+#[test]
+fn batched_submission_sends_a_batch_per_system_call() {
+    let pool = pool();
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    tx.connect(rx.local_addr().unwrap()).unwrap();
+    let mut ring = Ring::new(
+        &pool,
+        Config {
+            sqpoll: false,
+            batch_submit: true,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    assert!(ring.batch_submit() && !ring.sqpoll());
+    let s = ring.add_socket(OwnedFd::from(tx)).unwrap();
+    let mut buf = [0u8; 2048];
+    let (batches, per_batch) = (4, 16);
+    for b in 0..batches {
+        for i in 0..per_batch {
+            ring.send_copy(s, &pattern(b * per_batch + i, 40 + i))
+                .unwrap();
+        }
+        assert_eq!(
+            ring.enters, b as u64,
+            "nothing entered before the batch point"
+        );
+        // Nothing was handed to the kernel yet: nothing arrives.
+        rx.set_nonblocking(true).unwrap();
+        assert!(
+            rx.recv(&mut buf).is_err(),
+            "a datagram left before its batch"
+        );
+        rx.set_nonblocking(false).unwrap();
+        let mut done = ring.completions();
+        assert_eq!(ring.enters, b as u64 + 1, "one system call per batch");
+        while done.len() < per_batch {
+            ring.wait_for(per_batch - done.len(), Duration::from_millis(100));
+            done.extend(ring.completions());
+        }
+        assert!(done.iter().all(|c| c.result > 0), "{done:?}");
+        for i in 0..per_batch {
+            let n = rx.recv(&mut buf).unwrap();
+            assert_eq!(buf[..n], pattern(b * per_batch + i, 40 + i)[..]);
+        }
+    }
+}
