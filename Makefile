@@ -8,12 +8,15 @@ OUT ?= out
 setup:
 	@scripts/setup.sh
 
-## The main job: the load balancer in a throwaway network of namespaces
-## (client, BIRD router, load balancer on AF_PACKET, three nginx backends):
-## real HTTP through the VIP, the spread per backend, a failover, BGP
-## withdrawal, then everything removed. Then the forwarder on a sample
-## capture, decoded by tshark, and the Maglev hashing evaluation (section
-## 5.3, plots in out/plots). Needs root.
+## The main job: a Maglev fleet in a throwaway network of namespaces
+## (client, BIRD router with one ECMP route, three load balancers on AF_XDP
+## each with its own BIRD, three nginx backends): real HTTP spread over
+## load balancers x backends, a load balancer dying and returning, a
+## graceful rolling restart under load, a backend removed while a load
+## balancer is down, the fleet's tables compared, then everything removed.
+## Then the forwarder on a sample capture, decoded by tshark, the Maglev
+## hashing evaluation (section 5.3, plots in out/plots) and the fleet
+## simulator at internet scale (plots in out/plots). Needs root.
 demo: setup
 	$(CARGO) build --release --locked -p fastpath
 	mkdir -p $(OUT)
@@ -23,6 +26,7 @@ demo: setup
 	@echo "First forwarded packets as tshark decodes them: outer (LB -> backend) and inner (client -> VIP) addresses, GRE protocol type"
 	@tshark -r $(OUT)/out.pcap -c 6 -T fields -E header=y -e frame.number -e ip.src -e ip.dst -e ipv6.src -e ipv6.dst -e gre.proto -e _ws.col.Protocol 2>/dev/null
 	./target/release/fastpath lb hash-eval --quick --plot-dir $(OUT)/plots
+	./target/release/fastpath lb fleet-sim --plot-dir $(OUT)/plots
 
 ## Every test, after the conventions: formatting, then clippy with every
 ## warning an error (the workspace lints deny missing docs and unsafe blocks

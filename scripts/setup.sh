@@ -23,6 +23,8 @@ APT_PACKAGES=(
   gcc                # compiles the MAIO C example against maio.h in the tests
   dpdk-dev           # testpmd, the outside program that attaches to the switch over memif
   librte-net-memif23 # testpmd's memif driver
+  prometheus         # a real Prometheus server scrapes the load balancer's /metrics in the tests
+  python3-prometheus-client # Python's OpenMetrics parser checks the exposition
 )
 
 need_cmd() { command -v "$1" >/dev/null 2>&1; }
@@ -49,7 +51,7 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # Packages may start their own daemons in the host namespace; the tests and
   # the demo run their own copies inside namespaces instead.
-  for svc in nginx bird; do
+  for svc in nginx bird prometheus; do
     if command -v systemctl >/dev/null 2>&1; then systemctl disable --now "$svc" >/dev/null 2>&1 || true; fi
     pkill -x "$svc" 2>/dev/null || true
   done

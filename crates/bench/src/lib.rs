@@ -5,6 +5,8 @@
 //!
 //! - [`hash_eval`]: Maglev's section 5.3 (Figures 11 and 12, generation
 //!   time, lookup cost) beside Karger and rendezvous hashing.
+//! - [`fleet_sim`]: a fleet of Maglevs behind ECMP past this machine,
+//!   broken connections per event beside three other schemes.
 //! - [`forwarder`]: the forwarder's packet rate beside a null forwarder
 //!   (section 5.2.2).
 //! - [`veth`]: the load balancer on a veth pair beside nftables and an XDP
@@ -12,7 +14,11 @@
 //! - [`switch`]: the switch's Figure 1 (packet I/O in VMs) beside the TAP
 //!   backend.
 //! - [`maio`]: MAIO's Figures 2-4 beside the kernel's own interfaces.
+//! - [`control`]: the control plane at 1,000 VIPs x 100 backends: load,
+//!   a one-backend reload beside a full rebuild, table memory.
 
+pub mod control;
+pub mod fleet_sim;
 pub mod forwarder;
 pub mod hash_eval;
 pub mod maio;

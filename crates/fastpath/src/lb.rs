@@ -3,6 +3,7 @@
 //! `bench` (benchmarks) and `lab` (demo, sample traffic) crates.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
@@ -26,6 +27,8 @@ pub enum LbCommand {
     ///   fastpath lb hash-eval --quick --format json | jq '.results.maglev'
     #[command(verbatim_doc_comment)]
     HashEval(HashEvalArgs),
+    // The help text is FleetSimArgs' doc comment (crates/fastpath/src/fleet_sim.rs).
+    FleetSim(crate::fleet_sim::FleetSimArgs),
     /// Forward packets through the Maglev forwarder.
     ///
     /// Reads frames from a pcap file, runs them through steering, the packet
@@ -60,42 +63,116 @@ pub enum LbCommand {
     ///   fastpath lb bench --topology veth
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
-    /// Show a running load balancer's VIPs, backends, health and counters.
+    // The help text is CheckConfigArgs' doc comment (crates/fastpath/src/check_config.rs).
+    CheckConfig(crate::check_config::CheckConfigArgs),
+    // The help text is BenchControlArgs' doc comment (crates/fastpath/src/bench_control.rs).
+    BenchControl(crate::bench_control::BenchControlArgs),
+    /// Show a running load balancer's VIPs, backends, health and counters,
+    /// or whether a fleet of them agrees.
     ///
     /// Reads /status from the HTTP API of `fastpath lb run --interface`
     /// (enabled by `[api] listen = "127.0.0.1:9180"` in its configuration).
+    /// Each VIP shows its table fingerprint: a hash of its Maglev lookup
+    /// table and backends, the same on every machine with the same table.
     ///
-    /// Example:
+    /// With several --api: asks every load balancer at once (an unreachable
+    /// one is reported after a few seconds, not waited for), prints one row
+    /// per load balancer with each VIP's fingerprint, and a verdict: "fleet
+    /// agrees", or "fleet DISAGREES" naming the load balancer that differs
+    /// from the majority and what differs (pool, backends, weights, health).
+    /// Behind ECMP, a flow that moves between load balancers keeps its
+    /// backend only if their tables agree. Exits 1 unless the fleet agrees.
+    ///
+    /// Examples:
     ///   fastpath lb status --api 127.0.0.1:9180
+    ///   fastpath lb status --api 10.0.0.1:9180 --api 10.0.0.2:9180 --api 10.0.0.3:9180
+    ///   fastpath lb status --api 10.0.0.1:9180,10.0.0.2:9180 --format json | jq .agree
     #[command(verbatim_doc_comment)]
     Status {
-        /// The API address.
-        #[arg(long, default_value = "127.0.0.1:9180")]
-        api: std::net::SocketAddr,
+        /// The API address; repeat (or separate with commas) to check a
+        /// fleet.
+        #[arg(long, default_value = "127.0.0.1:9180", num_args = 1.., value_delimiter = ',')]
+        api: Vec<std::net::SocketAddr>,
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
-    /// The load balancer in a throwaway network, end to end (needs root).
+    /// Packet-tracer: which load balancer handled a packet, and how
+    /// (paper section 4.4; needs root for the raw socket).
     ///
-    /// Builds network namespaces (client, router with BIRD, load balancer,
-    /// nginx backends), starts `lb run --interface` (AF_XDP, or AF_PACKET
-    /// where XDP is unavailable), sends real HTTP requests through the VIP
-    /// and shows how they spread, stops one
-    /// nginx and shows its share move to the others while long-lived
-    /// connections to the rest stay put, withdraws the VIP from BGP, and
-    /// removes everything it created, also when interrupted.
+    /// Sends --count probes to the VIP from a raw socket: ordinary TCP SYNs
+    /// or UDP datagrams (source port +1 per probe, so they hash apart)
+    /// whose payload starts with a marker naming --report-to. Each load
+    /// balancer that sees one forwards it as usual and sends a report back:
+    /// its name, packet thread, connection-table hit or miss, configuration
+    /// generation, the VIP's table fingerprint, the backend, and for
+    /// fragments (--fragment) whether it redirected the fragment to the
+    /// fleet peer responsible or received it redirected. Reports are
+    /// collected for --wait-ms and printed per probe; load balancers
+    /// rate-limit them ([tracer] rate_per_s, excess counted in /metrics).
+    /// Load balancers answer only with `[tracer] enabled = true` and only
+    /// to addresses inside its `report_to` prefixes (a report names
+    /// backends and machines). Exits 1 if no probe was reported. Marker
+    /// format: crates/lb/src/trace.rs.
     ///
-    /// Example:
+    /// JSON keys: vip, proto, report_to, unreported, ignored, probes[]{probe,
+    /// src, fragmented, reports[]{probe, machine, thread, src, vip, proto,
+    /// vip_name, fragment, conntrack, generation, fingerprint, backend,
+    /// backend_address, redirected_to, arrived_redirected, redirected_from}}.
+    ///
+    /// Examples:
+    ///   fastpath lb trace --vip 198.18.0.80:80 --proto tcp --report-to 10.0.0.2:9999
+    ///   fastpath lb trace --vip 198.18.0.80:80 --proto tcp --count 8 --report-to 10.0.0.2:9999
+    ///   fastpath lb trace --vip 198.18.0.80:53 --proto udp --fragment --report-to 10.0.0.2:9999 --format json
+    #[command(verbatim_doc_comment)]
+    Trace(crate::trace::TraceArgs),
+    /// A Maglev fleet in a throwaway network, end to end (needs root).
+    ///
+    /// Builds network namespaces: a client, a router running BIRD that
+    /// learns the VIP (198.18.0.80, which exists only in these namespaces)
+    /// from every load balancer over BGP and spreads flows over them with
+    /// ECMP on the 5-tuple, --lbs load balancers (each `fastpath lb run` on
+    /// AF_XDP, else AF_PACKET, with its own BIRD; BFD takes a dead one out
+    /// in about 0.3 s) and --backends nginx backends behind `fastpath lb
+    /// decap`. Then, under HTTP load:
+    ///
+    ///   1. requests spread over load balancers x backends (a table);
+    ///   2. long-lived keep-alive connections are opened;
+    ///   3. load balancer 1's machine dies (fastpath and BIRD frozen, then
+    ///      killed: nothing withdrawn, only BFD notices): its flows, and flows the
+    ///      router's hash-threshold multipath moves between the survivors,
+    ///      reach load balancers without a connection-tracking entry and
+    ///      must keep their backend by Maglev hashing alone (goal: 0 broken);
+    ///   4. it comes back (goal: 0 broken);
+    ///   5. every load balancer is restarted in turn, gracefully (SIGTERM:
+    ///      withdraw the VIP, drain, exit), goal: 0 failed requests;
+    ///   6. backend-1 is removed while load balancer 2 is down: broken
+    ///      connections beside what Maglev's table disruption predicts;
+    ///   7. the fleet's table fingerprints are compared.
+    ///
+    /// Everything it created is removed at the end, also when interrupted.
+    ///
+    /// Examples:
     ///   fastpath lb demo
+    ///   fastpath lb demo --format json | jq .fleet.rolling_restart
     #[command(verbatim_doc_comment)]
     Demo {
-        /// Number of nginx backends.
+        /// Load balancers in the fleet (2 to 8).
+        #[arg(long, default_value_t = 3)]
+        lbs: usize,
+        /// Number of nginx backends (2 to 8).
         #[arg(long, default_value_t = 3)]
         backends: usize,
-        /// Requests per round.
+        /// Requests for the spread table, each a new connection.
         #[arg(long, default_value_t = 300)]
         requests: usize,
+        /// Long-lived connections kept open through the fleet's changes.
+        #[arg(long, default_value_t = 60)]
+        connections: usize,
+        /// `table`: tables for people; `json`: the figures as
+        /// {"fleet": {...}} on stdout (progress on stderr).
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
     },
     /// Soak the load balancer: real HTTP load while faults are injected
     /// (needs root, wrk, nginx, BIRD).
@@ -223,6 +300,10 @@ pub struct BenchArgs {
     /// Seconds per device under test with --topology veth.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// With --topology veth: veth queues, one AF_XDP generator thread on
+    /// each.
+    #[arg(long, default_value_t = 1)]
+    gen_queues: u32,
     /// A run of a few seconds (fewer packets, one repetition).
     #[arg(long)]
     quick: bool,
@@ -252,7 +333,9 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
         } else {
             a.seconds
         };
-        let report = bench::veth::run(&exe, secs, &mut |what| eprintln!("measuring {what}"))?;
+        let report = bench::veth::run(&exe, secs, a.gen_queues, &mut |what| {
+            eprintln!("measuring {what}")
+        })?;
         match a.format {
             Format::Table => print!("{}", report.to_text()),
             Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -326,7 +409,17 @@ pub struct RunArgs {
 fn lb_run(a: RunArgs) -> anyhow::Result<()> {
     let (stats, tables) = match (&a.interface, &a.pcap_in, &a.pcap_out) {
         (Some(iface), _, _) => {
-            let stop = stop_flag()?;
+            // The first signal stops gracefully (withdraw, drain); a second
+            // one while draining stops at once. (signal-hook runs actions in
+            // the order registered: the exit is checked before the flag is
+            // set.)
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&stop))
+                    .context("installing a signal handler")?;
+                signal_hook::flag::register(sig, Arc::clone(&stop))
+                    .context("installing a signal handler")?;
+            }
             let driver = a.driver.map(|d| match d {
                 DriverArg::Auto => lbd::daemon::Driver::Auto,
                 DriverArg::AfXdp => lbd::daemon::Driver::AfXdp,
@@ -432,24 +525,132 @@ fn sample_pcap(out: &std::path::Path) -> anyhow::Result<()> {
 pub fn run(c: LbCommand) -> anyhow::Result<()> {
     match c {
         LbCommand::HashEval(a) => hash_eval(a),
+        LbCommand::FleetSim(a) => crate::fleet_sim::run(a),
         LbCommand::Run(a) => lb_run(a),
         LbCommand::Bench(a) => lb_bench(a),
+        LbCommand::CheckConfig(a) => crate::check_config::run(a),
+        LbCommand::BenchControl(a) => crate::bench_control::run(a),
         LbCommand::SamplePcap { out } => sample_pcap(&out),
         LbCommand::Decap { tun } => decap(&tun),
         LbCommand::Soak(a) => soak(a),
-        LbCommand::Demo { backends, requests } => {
+        LbCommand::Demo {
+            lbs,
+            backends,
+            requests,
+            connections,
+            format,
+        } => {
             let stop = stop_flag()?;
-            Ok(lab::demo::run(backends, requests, stop)?)
+            let opts = lab::demo::Options {
+                lbs,
+                backends,
+                requests,
+                connections,
+                json: matches!(format, Format::Json),
+            };
+            let report = lab::demo::run(&opts, stop)?;
+            let simulated = simulate_demo(&report)?;
+            let mut fleet = serde_json::to_value(&report)?;
+            fleet["simulated"] = serde_json::to_value(&simulated)?;
+            if opts.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({ "fleet": fleet }))?
+                );
+            } else {
+                println!("{}", simulated_table(&report, &simulated));
+            }
+            Ok(())
         }
         LbCommand::Status { api, format } => status(api, format),
+        LbCommand::Trace(a) => crate::trace::run(a),
     }
 }
 
-fn status(api: std::net::SocketAddr, format: Format) -> anyhow::Result<()> {
+fn status(apis: Vec<std::net::SocketAddr>, format: Format) -> anyhow::Result<()> {
+    let [api] = apis[..] else {
+        return fleet_status(&apis, format);
+    };
     let s = lbd::daemon::fetch_status(api)?;
     match format {
         Format::Table => print!("{}", s.to_text()),
         Format::Json => println!("{}", serde_json::to_string_pretty(&s)?),
     }
     Ok(())
+}
+
+/// `fastpath lb status` with several APIs: the fleet table and verdict.
+fn fleet_status(apis: &[std::net::SocketAddr], format: Format) -> anyhow::Result<()> {
+    let a = lbd::fleet::check(apis);
+    match format {
+        Format::Table => print!("{}", a.to_text()),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&a)?),
+    }
+    if !a.agree {
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// The fleet simulator's prediction for the demo's fleet (`fastpath lb
+/// fleet-sim`'s small case with the demo's sizes, backend names and table
+/// size): what the measured figures are checked against.
+fn simulate_demo(r: &lab::demo::FleetReport) -> anyhow::Result<bench::fleet_sim::SmallCase> {
+    let spec = bench::fleet_sim::SmallCaseSpec {
+        connections: r.lb_killed.connections,
+        seed: 1,
+        // The demo's backend change happens while load balancer 2 (the
+        // middle next hop) is down.
+        killed_lb: r.lb_and_backend_change.lb_down - 1,
+        removed_backend: 0,
+        backend_names: (1..=r.backends)
+            .map(lab::topology::Topology::backend_address)
+            .collect(),
+        table_size: u64::from(maglev::DEFAULT_TABLE_SIZE),
+    };
+    Ok(bench::fleet_sim::small_case_with(&spec)?)
+}
+
+/// Measured against simulated, per fleet change.
+fn simulated_table(r: &lab::demo::FleetReport, sim: &bench::fleet_sim::SmallCase) -> String {
+    let mut t = measure::Table::new([
+        "fleet change",
+        "measured broken",
+        "simulated broken (fleet-sim)",
+    ])
+    .title(format!(
+        "The namespace fleet beside `fastpath lb fleet-sim` for the same sizes ({} connections):",
+        sim.connections
+    ));
+    let c = &r.lb_and_backend_change;
+    for (what, measured, p) in [
+        ("lb killed", r.lb_killed.broken_connections, &sim.lb_killed),
+        (
+            "lb restored",
+            r.lb_restored.broken_connections,
+            &sim.lb_restored,
+        ),
+        (
+            "rolling restart",
+            r.rolling_restart.broken_connections,
+            &sim.rolling_restart,
+        ),
+        (
+            "backend removed, lb down",
+            c.broken_connections,
+            &sim.lb_and_backend_change,
+        ),
+    ] {
+        t.row([
+            what.to_string(),
+            measured.to_string(),
+            format!(
+                "{} ({} on the removed backend, {} remapped)",
+                p.broken, p.backend_gone, p.remapped
+            ),
+        ]);
+    }
+    t.to_string()
 }

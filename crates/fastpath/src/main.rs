@@ -8,10 +8,14 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod bench_control;
+mod check_config;
 mod disk;
+mod fleet_sim;
 mod lb;
 mod maio;
 mod switch;
+mod trace;
 
 #[derive(Parser)]
 #[command(
@@ -139,8 +143,10 @@ fn error_chain(e: &anyhow::Error) -> String {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Logs to stderr; RUST_LOG=debug (or warn...) changes the level.
+    // Colour only on a terminal: a log file or a pipe gets plain text.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

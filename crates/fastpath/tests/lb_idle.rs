@@ -26,8 +26,26 @@ use packet::build::Frame;
 const LB_IF: (&str, [u8; 6]) = ("x0", [0x02, 0, 0, 0, 0x0f, 0x01]);
 /// The test's side.
 const PEER_IF: (&str, [u8; 6]) = ("x1", [0x02, 0, 0, 0, 0x0f, 0x02]);
-/// `dns-any-port` of examples/lb.toml: UDP to any port.
-const VIP: [u8; 4] = [192, 0, 2, 53];
+/// The VIP of [`CONFIG`]: UDP to any port. Only inside the test's namespace.
+const VIP: [u8; 4] = [198, 18, 0, 53];
+/// The test's own configuration: one UDP VIP over two backends, no health
+/// checks (the backends do not exist; a checked pool would go down while
+/// the load balancer idles and the frame after the idle period would be
+/// dropped for that, not for sleeping), no BGP.
+const CONFIG: &str = r#"
+[encap]
+source = "10.0.0.1"
+
+[[pools]]
+name = "dns"
+backends = [{ address = "10.2.0.1" }, { address = "10.2.0.2" }]
+
+[[vips]]
+name = "dns-any-port"
+address = "198.18.0.53"
+protocol = "udp"
+pool = "dns"
+"#;
 /// Most of a core an idle load balancer may use in the test: it used
 /// about 9% with two packet threads before it slept when idle, and uses
 /// well under 1% now.
@@ -57,10 +75,13 @@ impl Lb {
             .unwrap();
         netns::veth(&ns, LB_IF.0, &mac(LB_IF.1), &ns, PEER_IF.0, &mac(PEER_IF.1)).unwrap();
         let probe = ns.inside(|| Probe::open(PEER_IF.0)).unwrap();
-        let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/lb.toml");
+        let config = std::env::temp_dir().join(format!("fpidle-{tag}-{}.toml", std::process::id()));
+        std::fs::write(&config, CONFIG).unwrap();
         let child = ns
             .command(bin)
-            .args(["lb", "run", "--config", config, "--interface", LB_IF.0])
+            .args(["lb", "run", "--config"])
+            .arg(&config)
+            .args(["--interface", LB_IF.0])
             .args(["--driver", driver, "--threads", &threads.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -78,6 +99,7 @@ impl Lb {
         let mut sport = 1;
         loop {
             if let Some(status) = lb.child.try_wait().unwrap() {
+                let _ = std::fs::remove_file(&config);
                 let mut err = String::new();
                 if let Some(mut e) = lb.child.stderr.take() {
                     let _ = std::io::Read::read_to_string(&mut e, &mut err);
@@ -99,6 +121,8 @@ impl Lb {
             }
             sport += 1;
         }
+        // Read at start (the test never reloads).
+        let _ = std::fs::remove_file(&config);
         Ok(lb)
     }
 

@@ -2,28 +2,46 @@
 //! from network namespaces (root and iproute2 needed) and removed on drop:
 //!
 //! ```text
-//! client 10.10.1.2 -- 10.10.1.1 router 10.10.2.1 -- 10.10.2.2 load balancer (fastpath, BIRD)
-//!                        (BIRD) router 10.10.3.1 -- 10.10.3.2 backend 1 (nginx, VIP on lo, fastpath lb decap)
-//!                               router 10.10.4.1 -- 10.10.4.2 backend 2 ...
+//! client 10.10.1.2 -- 10.10.1.1 router 10.10.2.1 ==ptp== 10.10.2.2 load balancer 1 (fastpath, BIRD)
+//!                        (BIRD,  router 10.10.2.1 ==ptp== 10.10.2.3 load balancer 2 ...  (a fleet: K of them)
+//!                        ECMP)   router 10.10.3.1 -- 10.10.3.2 backend 1 (nginx, VIP on lo, fastpath lb decap)
+//!                                router 10.10.4.1 -- 10.10.4.2 backend 2 ...
 //! ```
 //!
-//! The router learns the VIP from the load balancer over BGP; the load
-//! balancer forwards with AF_PACKET as GRE; each backend decapsulates into a
-//! TUN device and answers the client directly.
+//! The router learns the VIP ([`VIP`], in 198.18.0.0/15, which exists only
+//! inside these namespaces) from every load balancer over BGP with equal
+//! attributes and installs one multipath route (`merge paths on` at the
+//! kernel protocol), hashing flows on their 5-tuple
+//! (`fib_multipath_hash_policy=3`, fields `0x0037`), as the routers in front
+//! of a Maglev fleet do. BFD and short BGP timers take a dead load balancer
+//! out of the route in about 0.3 s. Each load balancer has its own
+//! point-to-point link (`10.10.2.1 peer 10.10.2.(k+1)`), forwards with
+//! AF_XDP (else AF_PACKET) as GRE, and each backend decapsulates into a TUN
+//! device and answers the client directly. With one load balancer the
+//! addresses are those of the single-box topology the tests have always used.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::netns::{self, Netns};
 use crate::{Error, Result};
 
 /// The VIP.
-pub const VIP: &str = "192.0.2.80";
-/// Where the load balancer's API listens (inside its namespace).
+pub const VIP: &str = "198.18.0.80";
+/// The UDP port of the fleet's echo VIP (each backend answers datagrams
+/// to it, see [`Topology::start_udp_echo`]).
+pub const UDP_ECHO_PORT: u16 = 7;
+/// Where a single load balancer's API listens (inside its namespace); in a
+/// fleet each listens on its own address (see [`Topology::api_addr`]).
 pub const API: &str = "127.0.0.1:9180";
+/// The bearer token of a fleet's APIs (they listen on addresses the router
+/// reaches, so they need one).
+pub const API_TOKEN: &str = "fastpath-lab-fleet-token";
 
 /// Child processes, stopped with SIGTERM (then SIGKILL) and reaped when
 /// dropped; their output is kept.
@@ -39,6 +57,15 @@ impl Procs {
     /// The pid of a named child.
     pub fn pid(&self, name: &str) -> Option<u32> {
         self.0.iter().find(|(n, _)| n == name).map(|(_, c)| c.id())
+    }
+
+    /// Whether a named child is still running (false once it has exited,
+    /// or if there is none of that name).
+    pub fn running(&mut self, name: &str) -> bool {
+        self.0
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .is_some_and(|(_, c)| matches!(c.try_wait(), Ok(None)))
     }
 
     /// Takes a named child out of the list.
@@ -111,17 +138,22 @@ pub struct Topology {
     pub client: Netns,
     /// Router namespace.
     pub router: Netns,
-    /// Load balancer namespace.
-    pub lb: Netns,
+    /// Load balancer namespaces, load balancer `k` (1-based) at index `k - 1`.
+    pub lbs: Vec<Netns>,
     /// Backend namespaces.
     pub backends: Vec<Netns>,
     /// Running processes (dropped before the namespaces).
     pub procs: Procs,
     /// Scratch directory (configs, sockets, logs).
     pub dir: PathBuf,
-    /// The load balancer's configuration file.
+    /// Load balancer 1's configuration file (`configs[0]`).
     pub config: PathBuf,
+    /// Each load balancer's configuration file.
+    pub configs: Vec<PathBuf>,
     fastpath: PathBuf,
+    /// Tells the UDP echo threads to end.
+    echo_stop: Arc<AtomicBool>,
+    echo_threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 fn spawn(ns: &Netns, args: &[&str]) -> Result<Child> {
@@ -140,17 +172,42 @@ fn spawn(ns: &Netns, args: &[&str]) -> Result<Child> {
     })
 }
 
+/// The BGP timers of every session: BFD at 100 ms x 3 notices a silently
+/// dead peer in about 0.3 s (BIRD's defaults need minutes), and a session
+/// that failed may come back after a second instead of a minute.
+const BGP_TIMERS: &str = "bfd on; hold time 3; keepalive time 1; connect delay time 1; connect retry time 1; error wait time 1,5;";
+/// BFD at 100 ms, 3 missed packets.
+const BFD: &str = "protocol bfd { interface \"*\" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }; }";
+
 impl Topology {
-    /// Builds the network with `backends` nginx backends (1 to 8) and BIRD,
-    /// but does not start the load balancer. `fastpath` is the binary to run
-    /// (`lb run`, `lb decap`); `tag` makes names unique.
+    /// Builds the network with one load balancer and `backends` nginx
+    /// backends (1 to 8) and BIRD, but does not start the load balancer.
+    /// `fastpath` is the binary to run (`lb run`, `lb decap`); `tag` makes
+    /// names unique.
     pub fn build(fastpath: &Path, backends: usize, tag: &str) -> Result<Topology> {
+        Self::build_fleet(fastpath, 1, backends, tag)
+    }
+
+    /// Builds the network with `lbs` load balancers (1 to 8, each with its
+    /// own BIRD, all in one Maglev pool) and `backends` nginx backends (1 to
+    /// 8), but starts no load balancer.
+    pub fn build_fleet(
+        fastpath: &Path,
+        lbs: usize,
+        backends: usize,
+        tag: &str,
+    ) -> Result<Topology> {
         if !netns::available() {
             return Err(Error::Unavailable);
         }
         let backends = backends.clamp(1, 8);
+        let lbs = lbs.clamp(1, 8);
         let n = |s: &str| Netns::new(&format!("fp{s}-{tag}"));
-        let (client, router, lb) = (n("c")?, n("r")?, n("l")?);
+        let (client, router) = (n("c")?, n("r")?);
+        let mut lb_ns = Vec::new();
+        for k in 1..=lbs {
+            lb_ns.push(n(&format!("l{k}"))?);
+        }
         let mut bes = Vec::new();
         for i in 1..=backends {
             bes.push(n(&format!("b{i}"))?);
@@ -158,21 +215,95 @@ impl Topology {
         let dir = std::env::temp_dir().join(format!("fastpath-topology-{tag}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(Error::io(dir.display()))?;
+        let configs: Vec<PathBuf> = (1..=lbs)
+            .map(|k| {
+                if k == 1 {
+                    dir.join("lb.toml")
+                } else {
+                    dir.join(format!("lb{k}.toml"))
+                }
+            })
+            .collect();
         let mut t = Topology {
             client,
             router,
-            lb,
+            lbs: lb_ns,
             backends: bes,
             procs: Procs::default(),
-            config: dir.join("lb.toml"),
+            config: configs[0].clone(),
+            configs,
             dir,
             fastpath: fastpath.to_path_buf(),
+            echo_stop: Arc::new(AtomicBool::new(false)),
+            echo_threads: Vec::new(),
         };
         t.wire()?;
         t.start_bird()?;
         t.start_backends()?;
         t.write_config()?;
         Ok(t)
+    }
+
+    /// Load balancer 1's namespace.
+    pub fn lb(&self) -> &Netns {
+        &self.lbs[0]
+    }
+
+    /// The number of load balancers.
+    pub fn lb_count(&self) -> usize {
+        self.lbs.len()
+    }
+
+    /// The address of load balancer `k` (1-based): `10.10.2.{k+1}`.
+    pub fn lb_address(k: usize) -> String {
+        format!("10.10.2.{}", k + 1)
+    }
+
+    /// The MAC of the router's end of load balancer `k`'s link (the load
+    /// balancer's next hop).
+    pub fn router_mac(k: usize) -> String {
+        if k == 1 {
+            "02:00:00:00:02:01".into()
+        } else {
+            format!("02:00:00:00:{:02x}:01", 0x20 + k)
+        }
+    }
+
+    /// The MAC of load balancer `k`'s end of its link (`l0`).
+    pub fn lb_mac(k: usize) -> String {
+        if k == 1 {
+            "02:00:00:00:02:02".into()
+        } else {
+            format!("02:00:00:00:{:02x}:02", 0x20 + k)
+        }
+    }
+
+    /// The router's interface towards load balancer `k`.
+    pub fn router_if(k: usize) -> String {
+        if k == 1 {
+            "r2".into()
+        } else {
+            format!("rl{k}")
+        }
+    }
+
+    /// The name under [`Topology::procs`] of load balancer `k`'s process:
+    /// `lb` for the first (as the single-box tests always called it), `lbK`
+    /// for the others.
+    pub fn lb_proc(k: usize) -> String {
+        if k == 1 {
+            "lb".into()
+        } else {
+            format!("lb{k}")
+        }
+    }
+
+    /// Load balancer `k`'s namespace (1-based).
+    fn lb_ns(&self, k: usize) -> Result<&Netns> {
+        self.lbs.get(k.wrapping_sub(1)).ok_or(Error::Failed {
+            command: format!("use load balancer {k}"),
+            stderr: format!("there are {} load balancers", self.lbs.len()),
+        })
     }
 
     fn wire(&self) -> Result<()> {
@@ -191,16 +322,34 @@ impl Topology {
             "r1",
             "02:00:00:00:01:01",
         )?;
-        // Two queues: the load balancer runs one AF_XDP socket per queue.
-        netns::veth_multiqueue(
-            &self.lb,
-            "l0",
-            "02:00:00:00:02:02",
-            &self.router,
-            "r2",
-            "02:00:00:00:02:01",
-            2,
-        )?;
+        for (i, lb) in self.lbs.iter().enumerate() {
+            let k = i + 1;
+            let (rif, lb_mac) = (Self::router_if(k), Self::lb_mac(k));
+            // Two queues: the load balancer runs one AF_XDP socket per queue.
+            netns::veth_multiqueue(
+                lb,
+                "l0",
+                &lb_mac,
+                &self.router,
+                &rif,
+                &Self::router_mac(k),
+                2,
+            )?;
+            // Point to point: the router keeps 10.10.2.1 on every load
+            // balancer's link, each load balancer its own address.
+            let me = Self::lb_address(k);
+            lb.ip(&["addr", "add", &me, "peer", "10.10.2.1/32", "dev", "l0"])?;
+            self.router.ip(&[
+                "addr",
+                "add",
+                "10.10.2.1",
+                "peer",
+                &format!("{me}/32"),
+                "dev",
+                &rif,
+            ])?;
+            lb.ip(&["route", "add", "default", "via", "10.10.2.1"])?;
+        }
         self.client
             .ip(&["addr", "add", "10.10.1.2/24", "dev", "c0"])?;
         // A real client NIC puts complete checksums on the wire; veth leaves
@@ -209,9 +358,6 @@ impl Topology {
         self.client.exec(&["ethtool", "-K", "c0", "tx", "off"])?;
         self.router
             .ip(&["addr", "add", "10.10.1.1/24", "dev", "r1"])?;
-        self.lb.ip(&["addr", "add", "10.10.2.2/24", "dev", "l0"])?;
-        self.router
-            .ip(&["addr", "add", "10.10.2.1/24", "dev", "r2"])?;
         for (i, be) in self.backends.iter().enumerate() {
             let net = 3 + i;
             netns::veth(
@@ -233,75 +379,157 @@ impl Topology {
             be.ip(&["route", "add", "default", "via", &format!("10.10.{net}.1")])?;
             be.ip(&["addr", "add", &format!("{VIP}/32"), "dev", "lo"])?;
         }
-        // No static route to the VIP: the router learns it over BGP.
+        // No static route to the VIP: the router learns it over BGP. ECMP on
+        // the 5-tuple: policy 3 with source and destination address,
+        // protocol and both ports (policy 1 hashes connected sockets on
+        // their socket hash, not their ports).
         self.router.sysctl("net.ipv4.ip_forward", "1")?;
+        self.router
+            .sysctl("net.ipv4.fib_multipath_hash_fields", "0x0037")?;
+        self.router
+            .sysctl("net.ipv4.fib_multipath_hash_policy", "3")?;
         self.client
             .ip(&["route", "add", "default", "via", "10.10.1.1"])?;
-        self.lb
-            .ip(&["route", "add", "default", "via", "10.10.2.1"])?;
         Ok(())
     }
 
     fn all(&self) -> impl Iterator<Item = &Netns> {
-        [&self.client, &self.router, &self.lb]
+        [&self.client, &self.router]
             .into_iter()
+            .chain(self.lbs.iter())
             .chain(self.backends.iter())
     }
 
-    /// Path of a BIRD control socket (`rtr` or `lb`).
+    /// Path of a BIRD control socket: `rtr` for the router, `lb` for load
+    /// balancer 1, `lbK` for load balancer K.
     pub fn bird_socket(&self, which: &str) -> PathBuf {
         self.dir.join(format!("bird-{which}.ctl"))
     }
 
+    /// The BIRD name (`lb`, `lb2`, ...) of load balancer `k`.
+    fn bird_name(k: usize) -> String {
+        Self::lb_proc(k)
+    }
+
+    /// The routes file load balancer `k` writes for its BIRD.
+    fn vips_file(&self, k: usize) -> PathBuf {
+        if k == 1 {
+            self.dir.join("vips.conf")
+        } else {
+            self.dir.join(format!("vips{k}.conf"))
+        }
+    }
+
     fn start_bird(&mut self) -> Result<()> {
-        let vips_file = self.dir.join("vips.conf");
-        std::fs::write(&vips_file, "# filled in by fastpath\n")
-            .map_err(Error::io(vips_file.display()))?;
-        let timers = "connect delay time 1; connect retry time 1; hold time 9; keepalive time 3;";
-        let confs = [
-            (
-                "rtr",
-                format!(
-                    "router id 10.10.2.1;\nprotocol device {{}}\nprotocol kernel {{ ipv4 {{ import none; export all; }}; }}\n\
-                     protocol bgp lb1 {{ local 10.10.2.1 as 65000; neighbor 10.10.2.2 as 65001; {timers} ipv4 {{ import all; export none; }}; }}\n"
-                ),
-            ),
-            (
-                "lb",
+        // One session per load balancer, all in one AS with equal
+        // attributes, merged into one multipath kernel route.
+        let mut rtr = format!(
+            "router id 10.10.2.1;\nprotocol device {{}}\n{BFD}\n\
+             protocol kernel {{ merge paths on; ipv4 {{ import none; export all; }}; }}\n"
+        );
+        for k in 1..=self.lbs.len() {
+            rtr += &format!(
+                "protocol bgp lb{k} {{ local 10.10.2.1 as 65000; neighbor {} as 65001; {BGP_TIMERS} ipv4 {{ import all; export none; }}; }}\n",
+                Self::lb_address(k)
+            );
+        }
+        let mut confs = vec![("rtr".to_string(), rtr, None)];
+        for k in 1..=self.lbs.len() {
+            let vips_file = self.vips_file(k);
+            std::fs::write(&vips_file, "# filled in by fastpath\n")
+                .map_err(Error::io(vips_file.display()))?;
+            let me = Self::lb_address(k);
+            confs.push((
+                Self::bird_name(k),
                 // BIRD reads `include` only at the start of a line.
                 format!(
-                    "router id 10.10.2.2;\nprotocol device {{}}\nprotocol static fastpath_vips {{\n  disabled;\n  ipv4;\ninclude \"{}\";\n}}\n\
-                     protocol bgp uplink {{ local 10.10.2.2 as 65001; neighbor 10.10.2.1 as 65000; {timers} ipv4 {{ import none; export where proto = \"fastpath_vips\"; }}; }}\n",
+                    "router id {me};\nprotocol device {{}}\n{BFD}\nprotocol static fastpath_vips {{\n  disabled;\n  ipv4;\ninclude \"{}\";\n}}\n\
+                     protocol bgp uplink {{ local {me} as 65001; neighbor 10.10.2.1 as 65000; {BGP_TIMERS} ipv4 {{ import none; export where proto = \"fastpath_vips\"; }}; }}\n",
                     vips_file.display()
                 ),
-            ),
-        ];
-        for (which, conf) in confs {
+                Some(k),
+            ));
+        }
+        for (which, conf, k) in confs {
             let path = self.dir.join(format!("bird-{which}.conf"));
             std::fs::write(&path, conf).map_err(Error::io(path.display()))?;
-            let ns = if which == "rtr" {
-                &self.router
-            } else {
-                &self.lb
-            };
-            let sock = self.bird_socket(which);
-            let pid = self.dir.join(format!("bird-{which}.pid"));
-            let c = spawn(
-                ns,
-                &[
-                    "bird",
-                    "-f",
-                    "-c",
-                    &path.to_string_lossy(),
-                    "-s",
-                    &sock.to_string_lossy(),
-                    "-P",
-                    &pid.to_string_lossy(),
-                ],
-            )?;
-            self.procs.push(&format!("bird-{which}"), c);
+            self.spawn_bird(&which, k)?;
         }
         Ok(())
+    }
+
+    /// Starts BIRD `which` (written by `start_bird`) in the router's
+    /// namespace (`k` = None) or load balancer `k`'s.
+    fn spawn_bird(&mut self, which: &str, k: Option<usize>) -> Result<()> {
+        let path = self.dir.join(format!("bird-{which}.conf"));
+        let ns = match k {
+            None => &self.router,
+            Some(k) => self.lb_ns(k)?,
+        };
+        let sock = self.bird_socket(which);
+        let pid = self.dir.join(format!("bird-{which}.pid"));
+        let c = spawn(
+            ns,
+            &[
+                "bird",
+                "-f",
+                "-c",
+                &path.to_string_lossy(),
+                "-s",
+                &sock.to_string_lossy(),
+                "-P",
+                &pid.to_string_lossy(),
+            ],
+        )?;
+        self.procs.push(&format!("bird-{which}"), c);
+        Ok(())
+    }
+
+    /// Freezes load balancer `k`'s machine (SIGSTOP to fastpath and its
+    /// BIRD): it stops answering anything while its sockets stay open, as a
+    /// hung or unplugged box, so the router can only notice by BFD. Follow
+    /// with [`Topology::kill_lb_machine`].
+    pub fn freeze_lb_machine(&mut self, k: usize) -> Result<()> {
+        self.lb_ns(k)?;
+        for name in [Self::lb_proc(k), format!("bird-{}", Self::bird_name(k))] {
+            if let Some(pid) = self.procs.pid(&name) {
+                let pid = rustix::process::Pid::from_raw(pid as i32).ok_or(Error::Failed {
+                    command: format!("freeze {name}"),
+                    stderr: "pid 0".into(),
+                })?;
+                rustix::process::kill_process(pid, rustix::process::Signal::STOP).map_err(|e| {
+                    Error::Io {
+                        what: format!("SIGSTOP to {name}"),
+                        source: e.into(),
+                    }
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Kills load balancer `k`'s machine: fastpath and its BIRD with
+    /// SIGKILL, nothing withdrawn, as when the box loses power. The
+    /// router notices by BFD. (Killing only fastpath would leave its BIRD
+    /// announcing the VIP: a real deployment stops the announcement from
+    /// the service manager when the process dies.)
+    pub fn kill_lb_machine(&mut self, k: usize) -> Result<()> {
+        self.lb_ns(k)?;
+        self.procs.kill(&Self::lb_proc(k));
+        self.procs.kill(&format!("bird-{}", Self::bird_name(k)));
+        Ok(())
+    }
+
+    /// Boots load balancer `k`'s machine again: its BIRD, then fastpath
+    /// (logging to `lbK.log`).
+    pub fn boot_lb_machine(&mut self, k: usize) -> Result<()> {
+        // A fresh BIRD starts with the VIPs' protocol disabled, as the
+        // configuration says; fastpath enables it once it forwards.
+        let vips = self.vips_file(k);
+        std::fs::write(&vips, "# filled in by fastpath\n").map_err(Error::io(vips.display()))?;
+        let _ = std::fs::remove_file(self.bird_socket(&Self::bird_name(k)));
+        self.spawn_bird(&Self::bird_name(k), Some(k))?;
+        self.start_lb_k(k)
     }
 
     fn start_backends(&mut self) -> Result<()> {
@@ -354,10 +582,20 @@ impl Topology {
         Ok(())
     }
 
-    /// Rewrites the pool's `backends = [...]` line of the configuration
-    /// file: backend numbers (1-based) with their weights (0 drains), in
-    /// this order. The rest of the file stays as it is; nothing is reloaded.
+    /// Rewrites the pool's `backends = [...]` line of every load balancer's
+    /// configuration file: backend numbers (1-based) with their weights (0
+    /// drains), in this order. The rest of each file stays as it is;
+    /// nothing is reloaded.
     pub fn set_backends(&self, backends: &[(usize, u32)]) -> Result<()> {
+        for k in 1..=self.lbs.len() {
+            self.set_backends_on(k, backends)?;
+        }
+        Ok(())
+    }
+
+    /// [`Topology::set_backends`] for load balancer `k`'s file only (a
+    /// fleet whose configurations differ).
+    pub fn set_backends_on(&self, k: usize, backends: &[(usize, u32)]) -> Result<()> {
         let list: Vec<String> = backends
             .iter()
             .map(|&(i, w)| {
@@ -367,8 +605,11 @@ impl Topology {
                 )
             })
             .collect();
-        let text =
-            std::fs::read_to_string(&self.config).map_err(Error::io(self.config.display()))?;
+        let path = self.configs.get(k.wrapping_sub(1)).ok_or(Error::Failed {
+            command: format!("rewrite load balancer {k}'s backends"),
+            stderr: format!("there are {} load balancers", self.lbs.len()),
+        })?;
+        let text = std::fs::read_to_string(path).map_err(Error::io(path.display()))?;
         let mut found = false;
         let lines: Vec<String> = text
             .lines()
@@ -383,12 +624,11 @@ impl Topology {
             .collect();
         if !found {
             return Err(Error::Failed {
-                command: format!("rewrite the backends of {}", self.config.display()),
+                command: format!("rewrite the backends of {}", path.display()),
                 stderr: "no line starts with `backends = [`".into(),
             });
         }
-        std::fs::write(&self.config, lines.join("\n") + "\n")
-            .map_err(Error::io(self.config.display()))
+        std::fs::write(path, lines.join("\n") + "\n").map_err(Error::io(path.display()))
     }
 
     /// The load balancer's resident set size in KiB (`VmRSS` of
@@ -447,22 +687,53 @@ impl Topology {
         let backends: Vec<String> = (0..self.backends.len())
             .map(|i| format!("{{ address = \"10.10.{}.2\" }}", 3 + i))
             .collect();
-        let conf = format!(
-            r#"# The demo's load balancer (see crates/lb/src/config.rs for every key).
+        let peers: Vec<String> = (1..=self.lbs.len())
+            .map(|k| format!("\"{}\"", Self::lb_address(k)))
+            .collect();
+        for k in 1..=self.lbs.len() {
+            // The fleet's section only where there is a fleet: the single
+            // box keeps the configuration its tests were written against.
+            let (fleet, udp) = if self.lbs.len() > 1 {
+                (
+                    format!(
+                        "[fleet]\nname = \"lb{k}\"\npeers = [{}]\n[tracer]\nenabled = true\nreport_to = [\"10.10.1.0/24\"]\n",
+                        peers.join(", ")
+                    ),
+                    format!(
+                        "[[vips]]\nname = \"udp-echo\"\naddress = \"{VIP}\"\nport = {UDP_ECHO_PORT}\nprotocol = \"udp\"\npool = \"web\"\n"
+                    ),
+                )
+            } else {
+                (String::new(), String::new())
+            };
+            let api = if self.lbs.len() > 1 {
+                let token = self.dir.join("api-token");
+                std::fs::write(&token, format!("{API_TOKEN}\n"))
+                    .map_err(Error::io(token.display()))?;
+                format!(
+                    "listen = \"{}\"\ntoken_file = \"{}\"",
+                    self.api_addr(k),
+                    token.display()
+                )
+            } else {
+                format!("listen = \"{API}\"")
+            };
+            let conf = format!(
+                r#"# Load balancer {k} of the throwaway network (see crates/lb/src/config.rs for every key).
 [forwarder]
 threads = 2
 queue_size = 256
 pool_buffers = 4096
 [api]
-listen = "{API}"
+{api}
 [bgp]
 vips_file = "{vips}"
 birdc = ["birdc", "-s", "{sock}"]
 poll_ms = 200
 [encap]
-source = "10.10.2.2"
-gateway_mac = "02:00:00:00:02:01"
-[[pools]]
+source = "{me}"
+gateway_mac = "{gw}"
+{fleet}[[pools]]
 name = "web"
 backends = [{backends}]
 health = {{ kind = "http", port = 80, interval_ms = 200, timeout_ms = 300, rise = 2, fall = 2 }}
@@ -472,42 +743,55 @@ address = "{VIP}"
 port = 80
 protocol = "tcp"
 pool = "web"
-"#,
-            vips = self.dir.join("vips.conf").display(),
-            sock = self.bird_socket("lb").display(),
-            backends = backends.join(", "),
-        );
-        std::fs::write(&self.config, conf).map_err(Error::io(self.config.display()))
+{udp}"#,
+                vips = self.vips_file(k).display(),
+                sock = self.bird_socket(&Self::bird_name(k)).display(),
+                me = Self::lb_address(k),
+                gw = Self::router_mac(k),
+                backends = backends.join(", "),
+            );
+            let path = &self.configs[k - 1];
+            std::fs::write(path, conf).map_err(Error::io(path.display()))?;
+        }
+        Ok(())
     }
 
-    /// Starts `fastpath lb run --interface l0` in the load balancer's
+    /// Starts `fastpath lb run --interface l0` in load balancer 1's
     /// namespace.
     pub fn start_lb(&mut self) -> Result<()> {
-        let fp = self.fastpath.to_string_lossy().to_string();
-        let c = spawn(
-            &self.lb,
-            &[
-                &fp,
-                "lb",
-                "run",
-                "--config",
-                &self.config.to_string_lossy(),
-                "--interface",
-                "l0",
-            ],
-        )?;
-        self.procs.push("lb", c);
+        self.spawn_lb(1, None)
+    }
+
+    /// Starts every load balancer.
+    pub fn start_lbs(&mut self) -> Result<()> {
+        for k in 1..=self.lbs.len() {
+            self.start_lb_k(k)?;
+        }
         Ok(())
+    }
+
+    /// Starts (or restarts) load balancer `k` (1-based), its output appended
+    /// to `lbK.log` in the scratch directory (a pipe read only at the end
+    /// would fill and block its logging in long runs).
+    pub fn start_lb_k(&mut self, k: usize) -> Result<()> {
+        let log = self.dir.join(format!("{}.log", Self::lb_proc(k)));
+        self.spawn_lb(k, Some(&log))
     }
 
     /// Like [`Topology::start_lb`], with the load balancer's output appended
     /// to the file `log` instead of a pipe: for long runs, where a pipe that
     /// is read only at the end would fill and block its logging.
     pub fn start_lb_logged(&mut self, log: &Path) -> Result<()> {
-        let file = std::fs::File::create(log).map_err(Error::io(log.display()))?;
-        let err = file.try_clone().map_err(Error::io(log.display()))?;
+        self.spawn_lb(1, Some(log))
+    }
+
+    fn spawn_lb(&mut self, k: usize, log: Option<&Path>) -> Result<()> {
         let fp = self.fastpath.to_string_lossy().to_string();
-        let config = self.config.to_string_lossy().to_string();
+        let config = self
+            .configs
+            .get(k.wrapping_sub(1))
+            .map(|c| c.to_string_lossy().to_string())
+            .unwrap_or_default();
         let args = [
             fp.as_str(),
             "lb",
@@ -517,17 +801,36 @@ pool = "web"
             "--interface",
             "l0",
         ];
-        let mut c = self.lb.command(args[0]);
-        c.args(&args[1..])
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(err);
+        let ns = self.lb_ns(k)?;
+        let mut c = ns.command(args[0]);
+        c.args(&args[1..]).stdin(Stdio::null());
+        match log {
+            Some(log) => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)
+                    .map_err(Error::io(log.display()))?;
+                let err = file.try_clone().map_err(Error::io(log.display()))?;
+                c.stdout(file).stderr(err);
+            }
+            None => {
+                c.stdout(Stdio::piped()).stderr(Stdio::piped());
+            }
+        }
         let child = c.spawn().map_err(|source| Error::Spawn {
-            program: format!("{args:?} in {}", self.lb.name()),
+            program: format!("{args:?} in {}", ns.name()),
             source,
         })?;
-        self.procs.push("lb", child);
+        self.procs.push(&Self::lb_proc(k), child);
         Ok(())
+    }
+
+    /// What load balancer `k` has logged so far (started with
+    /// [`Topology::start_lb_k`]).
+    pub fn lb_log(&self, k: usize) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{}.log", Self::lb_proc(k))))
+            .unwrap_or_default()
     }
 
     /// Waits until a request through the VIP is answered; on timeout, says
@@ -587,20 +890,153 @@ pool = "web"
         })
     }
 
-    /// The API's answer to `method path`, from inside the load balancer's
+    /// The API's answer to `method path`, from inside load balancer 1's
     /// namespace.
     pub fn api(&self, method: &str, path: &str) -> Result<String, Error> {
+        self.api_on(1, method, path)
+    }
+
+    /// The API's answer to `method path` from load balancer `k`.
+    pub fn api_on(&self, k: usize, method: &str, path: &str) -> Result<String, Error> {
         let (method, path) = (method.to_string(), path.to_string());
-        Self::inside(&self.lb, move || {
-            let addr: SocketAddr = API.parse().map_err(|source| Error::Address {
-                addr: API.to_string(),
+        let api = self.api_addr(k);
+        let token = (self.lbs.len() > 1).then_some(API_TOKEN);
+        Self::inside(self.lb_ns(k)?, move || {
+            let addr: SocketAddr = api.parse().map_err(|source| Error::Address {
+                addr: api.clone(),
                 source,
             })?;
-            lbd::daemon::api_request(addr, &method, &path).map_err(|e| Error::Api {
+            lbd::daemon::api_request_with(addr, &method, &path, token).map_err(|e| Error::Api {
                 request: format!("{method} {path}"),
                 source: e.into(),
             })
         })?
+    }
+
+    /// Where load balancer `k`'s API listens: [`API`] for a single load
+    /// balancer, its own address port 9180 in a fleet (reachable from the
+    /// router's namespace, with [`API_TOKEN`]).
+    pub fn api_addr(&self, k: usize) -> String {
+        if self.lbs.len() > 1 {
+            format!("{}:9180", Self::lb_address(k))
+        } else {
+            API.to_string()
+        }
+    }
+
+    /// Load balancer `k`'s `/status`.
+    pub fn status_of(&self, k: usize) -> Result<lbd::daemon::Status> {
+        let body = self.api_on(k, "GET", "/status")?;
+        serde_json::from_str(&body).map_err(|e| Error::Api {
+            request: format!("GET /status of load balancer {k}"),
+            source: e.into(),
+        })
+    }
+
+    /// The load balancers the router's route to the VIP leads to now
+    /// (1-based numbers, from its `nexthop via` lines or its single `via`).
+    pub fn ecmp_set(&self) -> Vec<usize> {
+        let route = self.router_route();
+        (1..=self.lbs.len())
+            .filter(|&k| route.contains(&format!("via {} ", Self::lb_address(k))))
+            .collect()
+    }
+
+    /// Waits until the router's route to the VIP leads to exactly the load
+    /// balancers `want` (sorted, 1-based); how long it took.
+    pub fn wait_for_ecmp(&self, want: &[usize], timeout: Duration) -> Result<Duration> {
+        let start = Instant::now();
+        loop {
+            if self.ecmp_set() == want {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "the router's route to {VIP} did not lead to load balancers {want:?} within {timeout:?}: {}",
+                        self.router_route().trim()
+                    ),
+                    logs: String::new(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts a UDP echo on every backend, on the VIP's [`UDP_ECHO_PORT`]:
+    /// each datagram (reassembled by the backend's kernel) is answered
+    /// with `backend-I LEN`, straight to its sender. The threads end when
+    /// the topology is dropped.
+    pub fn start_udp_echo(&mut self) -> Result<()> {
+        for i in 1..=self.backends.len() {
+            let be = self.backend(i, "start the UDP echo")?;
+            let sock = be
+                .inside(|| {
+                    let s = std::net::UdpSocket::bind((VIP, UDP_ECHO_PORT))?;
+                    s.set_read_timeout(Some(Duration::from_millis(100)))?;
+                    Ok::<_, std::io::Error>(s)
+                })?
+                .map_err(Error::io(format!(
+                    "binding {VIP}:{UDP_ECHO_PORT} on backend {i}"
+                )))?;
+            let stop = Arc::clone(&self.echo_stop);
+            self.echo_threads.push(std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65_536];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((n, from)) = sock.recv_from(&mut buf) {
+                        let _ = sock.send_to(format!("backend-{i} {n}").as_bytes(), from);
+                    }
+                }
+            }));
+        }
+        Ok(())
+    }
+
+    /// Extra client addresses `10.10.1.10` .. `10.10.1.(10+n-1)` on the
+    /// client's link (sources that hash differently), reachable from the
+    /// backends through the router.
+    pub fn add_client_addresses(&self, n: usize) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for j in 0..n.min(100) {
+            let a = format!("10.10.1.{}", 10 + j);
+            self.client
+                .ip(&["addr", "add", &format!("{a}/24"), "dev", "c0"])?;
+            out.push(a);
+        }
+        Ok(out)
+    }
+
+    /// The load balancer (1-based) the router sends each TCP flow from the
+    /// client's 10.10.1.2 and the given source ports to the VIP's port 80
+    /// to now, asked of the router's kernel (`ip route get ... ipproto tcp
+    /// sport P dport 80`, which hashes the 5-tuple as forwarding does);
+    /// `None` where no load balancer is in the route.
+    pub fn lbs_of(&self, ports: &[u16]) -> Result<Vec<Option<usize>>> {
+        let mut batch = String::new();
+        for p in ports {
+            batch +=
+                &format!("route get {VIP} from 10.10.1.2 iif r1 ipproto tcp sport {p} dport 80\n");
+        }
+        let out = self
+            .router
+            .exec_input(&["ip", "-batch", "-"], batch.as_bytes())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut lbs = Vec::new();
+        for line in text.lines().filter(|l| l.starts_with(VIP)) {
+            let via = line
+                .split_whitespace()
+                .skip_while(|w| *w != "via")
+                .nth(1)
+                .unwrap_or("");
+            lbs.push((1..=self.lbs.len()).find(|&k| Self::lb_address(k) == via));
+        }
+        if lbs.len() != ports.len() {
+            return Err(Error::Failed {
+                command: "ip -batch - (route get, in the router)".into(),
+                stderr: format!("{} answers for {} flows: {text}", lbs.len(), ports.len()),
+            });
+        }
+        Ok(lbs)
     }
 
     /// The router's kernel route to the VIP (empty when withdrawn).
@@ -631,6 +1067,10 @@ pool = "web"
 
 impl Drop for Topology {
     fn drop(&mut self) {
+        self.echo_stop.store(true, Ordering::Relaxed);
+        for t in self.echo_threads.drain(..) {
+            let _ = t.join();
+        }
         self.procs.stop_all();
         let _ = std::fs::remove_dir_all(&self.dir);
         // The namespaces delete themselves as their fields drop.
@@ -709,6 +1149,12 @@ impl HttpConn {
                 .as_bytes(),
             )
             .map_err(Error::io("sending GET /"))
+    }
+
+    /// The local (client) port of this connection: with the addresses and
+    /// the VIP's port, its 5-tuple.
+    pub fn local_port(&self) -> u16 {
+        self.s.local_addr().map(|a| a.port()).unwrap_or(0)
     }
 
     /// GET / on this connection; the body.

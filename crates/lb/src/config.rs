@@ -220,6 +220,22 @@ pub struct Bgp {
     /// How often the controller checks the forwarder, milliseconds.
     #[serde(default = "default_bgp_poll")]
     pub poll_ms: u64,
+    /// Graceful stop (SIGTERM, SIGINT): after withdrawing the VIPs, keep
+    /// forwarding until no packet has arrived for `drain_quiet_ms` (the
+    /// router has moved the traffic to the other load balancers), at most
+    /// this long, milliseconds; 0 stops at once.
+    #[serde(default = "default_drain_ms")]
+    pub drain_ms: u64,
+    /// How long without an arriving packet counts as drained, milliseconds.
+    #[serde(default = "default_drain_quiet_ms")]
+    pub drain_quiet_ms: u64,
+}
+
+fn default_drain_ms() -> u64 {
+    3000
+}
+fn default_drain_quiet_ms() -> u64 {
+    300
 }
 
 fn default_bird_protocol() -> String {
@@ -228,8 +244,114 @@ fn default_bird_protocol() -> String {
 fn default_birdc() -> Vec<String> {
     vec!["birdc".into()]
 }
+/// The longest `[bgp] drain_ms`: one minute.
+pub const MAX_DRAIN_MS: u64 = 60_000;
+
+/// The shortest `[bgp] poll_ms`: three polls without a heartbeat withdraw
+/// the VIPs, and an idle forwarder beats about every 20 ms.
+pub const MIN_BGP_POLL_MS: u64 = 50;
+
 fn default_bgp_poll() -> u64 {
     500
+}
+
+/// `[tracer]`: packet-tracer probes (Maglev section 4.4, [`crate::trace`]).
+/// A probe is forwarded as usual; this load balancer also reports what it
+/// did with it, at most `rate_per_s` reports a second (bursts of `burst`),
+/// the rest counted as `trace_rate_limited`. Off unless enabled: a report
+/// names backends and machines, and goes where the probe says, so only to
+/// the prefixes in `report_to` (where the operators' tracers run). Read at
+/// start only (a change is reported as needing a restart).
+///
+/// ```toml
+/// [tracer]
+/// enabled = true
+/// report_to = ["10.1.0.0/24"]
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracerConf {
+    /// Whether probes are recognized and reported.
+    pub enabled: bool,
+    /// Reports per second, sustained.
+    pub rate_per_s: u32,
+    /// Reports that may go at once after a quiet spell.
+    pub burst: u32,
+    /// This machine's name in reports (default: `[fleet] name` if set,
+    /// else the host name).
+    pub name: Option<String>,
+    /// Prefixes a report may go to (`"10.1.0.0/24"`); a probe naming any
+    /// other address is counted as `trace_invalid` and not reported on.
+    /// Needed when enabled.
+    pub report_to: Vec<String>,
+}
+
+impl Default for TracerConf {
+    fn default() -> Self {
+        TracerConf {
+            enabled: false,
+            rate_per_s: 100,
+            burst: 100,
+            name: None,
+            report_to: Vec::new(),
+        }
+    }
+}
+
+/// `[fleet]`: the load balancers that share the VIPs behind one router (the
+/// Maglev pool of the paper's section 4.3), this one included. A fragment
+/// of a datagram for a VIP is handled by one of them, chosen by the hash of
+/// its 3-tuple (source, destination, protocol) over this list, the same on
+/// every load balancer whatever the list's order; the others send it there
+/// in GRE marked with [`packet::gre::FRAGMENT_REDIRECT_KEY`], and a marked
+/// fragment is never sent on again. Changes apply on reload.
+///
+/// ```toml
+/// [fleet]
+/// peers = ["10.10.2.2", "10.10.2.3", "10.10.2.4"]  # this one is [encap] source
+/// name = "lb1"                                      # default: the host name
+/// health = { kind = "tcp", port = 179 }             # the default: BIRD's BGP port
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConf {
+    /// Every load balancer's address, this one's included: `[encap]
+    /// source` for IPv4 peers, `source6` for IPv6 ones (one family).
+    pub peers: Vec<IpAddr>,
+    /// This machine's name in reports (default: the host name).
+    pub name: Option<String>,
+    /// How the other peers' liveness is checked, from the daemon, at their
+    /// addresses (`via` must be `"direct"`). Fragments whose peer is down
+    /// are dropped, counted as `fragment_peer_down`. Default: a TCP connect
+    /// to port 179, where each load balancer's BIRD listens for BGP.
+    #[serde(default = "default_peer_health")]
+    pub health: HealthConf,
+}
+
+fn default_peer_health() -> HealthConf {
+    HealthConf {
+        kind: CheckKind::Tcp,
+        port: 179,
+        path: slash(),
+        expect_status: ok200(),
+        interval_ms: interval(),
+        timeout_ms: timeout(),
+        rise: two(),
+        fall: two(),
+        via: CheckPath::Direct,
+    }
+}
+
+impl FleetConf {
+    /// This load balancer's own address in [`FleetConf::peers`]: `[encap]
+    /// source` for IPv4 peers, `source6` for IPv6 ones.
+    pub fn own(&self, encap: &Encap) -> Option<IpAddr> {
+        if self.peers.first().is_some_and(IpAddr::is_ipv6) {
+            encap.source6
+        } else {
+            encap.source
+        }
+    }
 }
 
 /// How a pool's backends are health-checked.
@@ -425,6 +547,36 @@ pub struct Config {
     /// `[[prefix_groups]]`.
     #[serde(default)]
     pub prefix_groups: Vec<PrefixGroupConf>,
+    /// `[fleet]`: the load balancers sharing the VIPs, for fragments
+    /// (none: fragments are handled here, as by a lone load balancer).
+    #[serde(default)]
+    pub fleet: Option<FleetConf>,
+    /// `[tracer]`: packet-tracer probes (see [`crate::trace`]).
+    #[serde(default)]
+    pub tracer: TracerConf,
+}
+
+/// A backend's name as validation compares it: an address (the default
+/// name) or another name.
+#[derive(PartialEq, Eq, Hash)]
+enum BackendKey<'a> {
+    Addr(IpAddr),
+    Name(&'a str),
+}
+
+impl BackendKey<'_> {
+    /// The key of a backend, without formatting the address that names
+    /// most backends: a name that is an address written the way it
+    /// prints is that address.
+    fn of(b: &BackendConf) -> BackendKey<'_> {
+        match &b.name {
+            None => BackendKey::Addr(b.address),
+            Some(n) => match n.parse::<IpAddr>() {
+                Ok(a) if a.to_string() == *n => BackendKey::Addr(a),
+                _ => BackendKey::Name(n),
+            },
+        }
+    }
 }
 
 /// Parses `aa:bb:cc:dd:ee:ff`.
@@ -492,8 +644,10 @@ impl Config {
             .and_then(|()| self.check_conntrack())
             .and_then(|()| self.check_encap())
             .and_then(|()| self.check_api())
+            .and_then(|()| self.check_tracer())
             .and_then(|()| self.check_pools())
             .and_then(|()| self.check_bgp())
+            .and_then(|()| self.check_fleet())
             .and_then(|()| self.check_prefix_groups())
             .and_then(|()| self.check_vips())
             // After the VIPs: tunnel checks need a VIP over their pool, and
@@ -602,6 +756,46 @@ impl Config {
         Ok(())
     }
 
+    /// `[tracer]`: a rate and burst of at least one report (turn the tracer
+    /// off with `enabled = false`), a name that fits in a report.
+    fn check_tracer(&self) -> Result<(), Problem> {
+        let t = &self.tracer;
+        for (k, v) in [
+            ("tracer.rate_per_s", t.rate_per_s),
+            ("tracer.burst", t.burst),
+        ] {
+            if v == 0 || v > 1_000_000 {
+                return problem(
+                    k.into(),
+                    format!("{v} is out of range; expected 1 to 1000000 (enabled = false turns the tracer off)"),
+                );
+            }
+        }
+        if let Some(n) = &t.name {
+            if n.is_empty() || n.len() > 255 || n.chars().any(char::is_control) {
+                return problem(
+                    "tracer.name".into(),
+                    format!("{n:?} must be 1 to 255 printable characters"),
+                );
+            }
+        }
+        if t.enabled && t.report_to.is_empty() {
+            return problem(
+                "tracer.report_to".into(),
+                "an enabled tracer needs the prefixes reports may go to, e.g. [\"10.1.0.0/24\"]: a probe names its report address, and reports name backends".into(),
+            );
+        }
+        for (i, p) in t.report_to.iter().enumerate() {
+            if parse_prefix(p).is_none() {
+                return problem(
+                    format!("tracer.report_to[{i}]"),
+                    format!("{p:?} is not a prefix like \"10.1.0.0/24\""),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// `[api]`: anyone who reaches a non-loopback API could reconfigure the
     /// load balancer, so such an address needs a token.
     fn check_api(&self) -> Result<(), Problem> {
@@ -635,19 +829,20 @@ impl Config {
             if let Err(err) = maglev::check_table_size(p.table_size) {
                 return problem(format!("pools[{i}].table_size"), err.to_string());
             }
-            let mut names = HashSet::new();
-            let mut addresses: HashMap<IpAddr, (usize, String)> = HashMap::new();
+            let name_of = |b: &BackendConf| b.name.clone().unwrap_or_else(|| b.address.to_string());
+            let mut names = HashSet::with_capacity(p.backends.len());
+            let mut addresses: HashMap<IpAddr, usize> = HashMap::with_capacity(p.backends.len());
             for (j, b) in p.backends.iter().enumerate() {
-                let name = b.name.clone().unwrap_or_else(|| b.address.to_string());
-                if !names.insert(name.clone()) {
+                if !names.insert(BackendKey::of(b)) {
                     return problem(
                         format!("pools[{i}].backends[{j}]"),
-                        format!("backend {name:?} appears twice"),
+                        format!("backend {:?} appears twice", name_of(b)),
                     );
                 }
                 // The same machine under two names would get two shares of
                 // the table: a silent double weight.
-                if let Some((k, other)) = addresses.insert(b.address, (j, name.clone())) {
+                if let Some(k) = addresses.insert(b.address, j) {
+                    let (name, other) = (name_of(b), name_of(&p.backends[k]));
                     return problem(
                         format!("pools[{i}].backends[{j}]"),
                         format!(
@@ -677,6 +872,7 @@ impl Config {
                 }
             }
         }
+        let index = self.pool_index();
         for (i, p) in self.pools.iter().enumerate() {
             for (j, inc) in p.include.iter().enumerate() {
                 if !pools.contains_key(inc.as_str()) {
@@ -686,7 +882,10 @@ impl Config {
                     );
                 }
             }
-            let members = match self.flatten(&p.name) {
+            if p.include.is_empty() {
+                continue; // its own backends, checked above
+            }
+            let members = match self.flatten_in(&index, &p.name) {
                 Ok(m) => m,
                 Err(cycle) => return problem(format!("pools[{i}].include"), cycle.to_string()),
             };
@@ -730,15 +929,163 @@ impl Config {
                     format!("{:?} is not a BIRD protocol name", b.protocol),
                 );
             }
-            if b.poll_ms == 0 {
-                return problem("bgp.poll_ms".into(), "must be at least 1".into());
+            // Counters reach the control plane every LIVE_INTERVAL_MS: a
+            // shorter quiet time would call a busy forwarder drained. A
+            // drain is bounded: a stop must not wait for ever.
+            if b.drain_ms > MAX_DRAIN_MS {
+                return problem(
+                    "bgp.drain_ms".into(),
+                    format!(
+                        "{} is longer than {MAX_DRAIN_MS} (a stop must end; 0 stops at once)",
+                        b.drain_ms
+                    ),
+                );
+            }
+            let min_quiet = 2 * crate::datapath::LIVE_INTERVAL_MS;
+            if b.drain_ms > 0 && (b.drain_quiet_ms < min_quiet || b.drain_quiet_ms > b.drain_ms) {
+                return problem(
+                    "bgp.drain_quiet_ms".into(),
+                    format!(
+                        "{} must be between {min_quiet} (counters are published every {} ms) and drain_ms ({})",
+                        b.drain_quiet_ms,
+                        crate::datapath::LIVE_INTERVAL_MS,
+                        b.drain_ms
+                    ),
+                );
+            }
+            // The forwarder's heartbeat advances every ~20 ms when idle; a
+            // faster poll would see an idle forwarder as stalled.
+            if b.poll_ms < MIN_BGP_POLL_MS {
+                return problem(
+                    "bgp.poll_ms".into(),
+                    format!("must be at least {MIN_BGP_POLL_MS} (an idle forwarder's heartbeat advances every ~20 ms)"),
+                );
             }
         }
         Ok(())
     }
 
+    /// `[fleet]`: peers of one family, each once, this load balancer
+    /// among them; a direct peer check with sane timers; a printable name.
+    fn check_fleet(&self) -> Result<(), Problem> {
+        let Some(f) = &self.fleet else {
+            return Ok(());
+        };
+        if f.peers.len() > 1024 {
+            return problem(
+                "fleet.peers".into(),
+                format!(
+                    "{} peers are too many; expected at most 1024",
+                    f.peers.len()
+                ),
+            );
+        }
+        let mut seen = HashMap::new();
+        for (i, a) in f.peers.iter().enumerate() {
+            if let Some(j) = seen.insert(*a, i) {
+                return problem(
+                    format!("fleet.peers[{i}]"),
+                    format!(
+                        "{a} is listed twice (also fleet.peers[{j}]); list each load balancer once"
+                    ),
+                );
+            }
+            if a.is_ipv4() != f.peers[0].is_ipv4() {
+                return problem(
+                    format!("fleet.peers[{i}]"),
+                    format!(
+                        "{a} is not of the family of fleet.peers[0] ({}); list one address family",
+                        f.peers[0]
+                    ),
+                );
+            }
+            if a.is_unspecified() || a.is_multicast() {
+                return problem(
+                    format!("fleet.peers[{i}]"),
+                    format!("{a} is not a load balancer's address"),
+                );
+            }
+        }
+        let (own_key, family) = if f.peers.first().is_some_and(IpAddr::is_ipv6) {
+            ("encap.source6", "IPv6")
+        } else {
+            ("encap.source", "IPv4")
+        };
+        match f.own(&self.encap) {
+            None => {
+                return problem(
+                    own_key.into(),
+                    format!("[fleet] lists {family} peers: set {own_key}, this load balancer's address among them"),
+                )
+            }
+            Some(me) if !f.peers.contains(&me) => {
+                return problem(
+                    "fleet.peers".into(),
+                    format!(
+                        "this load balancer ({own_key} = {me}) is not in the list; \
+                         every load balancer lists the whole fleet, itself included"
+                    ),
+                )
+            }
+            Some(_) => {}
+        }
+        let h = &f.health;
+        if h.via != CheckPath::Direct {
+            return problem(
+                "fleet.health.via".into(),
+                "peers are checked at their own addresses: use \"direct\"".into(),
+            );
+        }
+        if h.interval_ms == 0 || h.timeout_ms == 0 || h.timeout_ms > h.interval_ms * 10 {
+            return problem(
+                "fleet.health".into(),
+                "interval_ms and timeout_ms must be positive, timeout_ms at most 10x interval_ms"
+                    .into(),
+            );
+        }
+        if h.rise == 0 || h.fall == 0 {
+            return problem(
+                "fleet.health".into(),
+                "rise and fall must be at least 1".into(),
+            );
+        }
+        if !h.path.starts_with('/') || h.path.contains(['\r', '\n', ' ']) {
+            return problem(
+                "fleet.health.path".into(),
+                format!(
+                    "{:?} must start with / and hold no spaces or line breaks",
+                    h.path
+                ),
+            );
+        }
+        if let Some(n) = &f.name {
+            if n.is_empty() || n.len() > 255 || n.chars().any(char::is_control) {
+                return problem(
+                    "fleet.name".into(),
+                    format!("{n:?} must be 1 to 255 printable characters"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// This machine's name in reports: `[fleet] name`, else the host name.
+    pub fn machine_name(&self) -> String {
+        self.fleet
+            .as_ref()
+            .and_then(|f| f.name.clone())
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_string())
+                    .filter(|h| !h.is_empty())
+            })
+            .unwrap_or_else(|| "unknown".into())
+    }
+
     /// Each pool's health check: timers, rise and fall, HTTP path.
     fn check_health(&self) -> Result<(), Problem> {
+        let mut tunnel_vips = None;
         for (i, p) in self.pools.iter().enumerate() {
             if let Some(h) = &p.health {
                 if h.interval_ms == 0 || h.timeout_ms == 0 || h.timeout_ms > h.interval_ms * 10 {
@@ -762,7 +1109,11 @@ impl Config {
                         ),
                     );
                 }
-                if h.via == CheckPath::Tunnel && self.tunnel_vip(&p.name).is_none() {
+                if h.via == CheckPath::Tunnel
+                    && !tunnel_vips
+                        .get_or_insert_with(|| self.tunnel_vips())
+                        .contains_key(p.name.as_str())
+                {
                     return problem(
                         format!("pools[{i}].health.via"),
                         format!(
@@ -805,7 +1156,7 @@ impl Config {
 
     /// `[[vips]]`: unique names and keys, known pools and prefix groups, tables large enough for their pools.
     fn check_vips(&self) -> Result<(), Problem> {
-        let pools: HashSet<&str> = self.pools.iter().map(|p| p.name.as_str()).collect();
+        let pools = self.pool_index();
         let groups: HashSet<&str> = self.prefix_groups.iter().map(|g| g.name.as_str()).collect();
         let mut vip_names = HashSet::new();
         let mut vip_keys = HashSet::new();
@@ -816,7 +1167,7 @@ impl Config {
                     format!("{:?} is defined twice", v.name),
                 );
             }
-            if !pools.contains(v.pool.as_str()) {
+            if !pools.contains_key(v.pool.as_str()) {
                 return problem(
                     format!("vips[{i}].pool"),
                     format!("no pool named {:?}", v.pool),
@@ -841,8 +1192,8 @@ impl Config {
                 }
             };
             if let (Ok(members), Some(p)) = (
-                self.flatten(&v.pool),
-                self.pools.iter().find(|p| p.name == v.pool),
+                self.pool_members(&pools, &v.pool),
+                pools.get(v.pool.as_str()),
             ) {
                 if members.len() as u64 > p.table_size {
                     return problem(
@@ -880,7 +1231,14 @@ impl Config {
             serde_json::to_value(new).unwrap_or_default(),
         );
         let mut keys = Vec::new();
-        for section in ["forwarder", "conntrack", "api"] {
+        // Adding or removing [fleet] changes how the daemon opens its
+        // ports (one AF_XDP socket per queue only without a fleet: a
+        // peer's redirects would land on other queues than their
+        // datagram's); changes inside it apply live.
+        if old["fleet"].is_null() != new["fleet"].is_null() {
+            keys.push("fleet".to_string());
+        }
+        for section in ["forwarder", "conntrack", "api", "tracer"] {
             let (a, b) = (&old[section], &new[section]);
             let names: std::collections::BTreeSet<&String> = a
                 .as_object()
@@ -922,11 +1280,72 @@ impl Config {
                 .any(|inc| self.pool_reaches(inc, target, depth + 1))
     }
 
+    /// The VIP address a tunnel health check of each pool goes to (as
+    /// [`Config::tunnel_vip`] for every pool at once, in time linear in the
+    /// VIPs, pools and includes): pools no VIP with an address reaches are
+    /// absent.
+    pub fn tunnel_vips(&self) -> HashMap<&str, IpAddr> {
+        let index = self.pool_index();
+        let mut out: HashMap<&str, IpAddr> = HashMap::new();
+        let mut stack = Vec::new();
+        // VIPs in order, so the first VIP reaching a pool wins. A pool
+        // already assigned has all the pools it includes assigned too (it
+        // was walked), so a walk stops there: each pool is walked once.
+        for v in &self.vips {
+            let Some(addr) = v.address else { continue };
+            stack.push(v.pool.as_str());
+            while let Some(name) = stack.pop() {
+                let Some(p) = index.get(name) else { continue };
+                if out.contains_key(p.name.as_str()) {
+                    continue;
+                }
+                out.insert(p.name.as_str(), addr);
+                stack.extend(p.include.iter().map(String::as_str));
+            }
+        }
+        out
+    }
+
+    /// The pools by name (the first of a name: validation rejects
+    /// duplicates), for [`Config::flatten_in`] and [`Config::pool_members`].
+    pub fn pool_index(&self) -> HashMap<&str, &PoolConf> {
+        let mut index = HashMap::with_capacity(self.pools.len());
+        for p in &self.pools {
+            index.entry(p.name.as_str()).or_insert(p);
+        }
+        index
+    }
+
+    /// The backends of a pool of a *validated* configuration with its
+    /// included pools, as [`Config::flatten`]: a pool without includes is
+    /// its own backend list, borrowed (validation made its names unique).
+    /// `index` is [`Config::pool_index`].
+    pub fn pool_members<'a>(
+        &'a self,
+        index: &HashMap<&str, &'a PoolConf>,
+        pool: &str,
+    ) -> Result<std::borrow::Cow<'a, [BackendConf]>, IncludeCycle> {
+        match index.get(pool) {
+            Some(p) if p.include.is_empty() => Ok(std::borrow::Cow::Borrowed(&p.backends)),
+            _ => self.flatten_in(index, pool).map(std::borrow::Cow::Owned),
+        }
+    }
+
     /// The backends of a pool with its included pools, each backend once
     /// (first occurrence wins), or the cycle that prevents it.
     pub fn flatten(&self, pool: &str) -> Result<Vec<BackendConf>, IncludeCycle> {
+        self.flatten_in(&self.pool_index(), pool)
+    }
+
+    /// [`Config::flatten`] with the pools by name ([`Config::pool_index`]),
+    /// for callers flattening many pools.
+    pub fn flatten_in(
+        &self,
+        index: &HashMap<&str, &PoolConf>,
+        pool: &str,
+    ) -> Result<Vec<BackendConf>, IncludeCycle> {
         fn walk<'a>(
-            cfg: &'a Config,
+            index: &HashMap<&str, &'a PoolConf>,
             name: &'a str,
             path: &mut Vec<&'a str>,
             seen: &mut HashSet<String>,
@@ -936,7 +1355,7 @@ impl Config {
                 path.push(name);
                 return Err(IncludeCycle(path.join(" -> ")));
             }
-            let Some(p) = cfg.pools.iter().find(|p| p.name == name) else {
+            let Some(&p) = index.get(name) else {
                 return Ok(()); // reported by validate
             };
             path.push(name);
@@ -947,13 +1366,13 @@ impl Config {
                 }
             }
             for inc in &p.include {
-                walk(cfg, inc, path, seen, out)?;
+                walk(index, inc, path, seen, out)?;
             }
             path.pop();
             Ok(())
         }
         let mut out = Vec::new();
-        walk(self, pool, &mut Vec::new(), &mut HashSet::new(), &mut out)?;
+        walk(index, pool, &mut Vec::new(), &mut HashSet::new(), &mut out)?;
         Ok(out)
     }
 }
@@ -1027,6 +1446,24 @@ pool = "web"
         assert!(e.key.starts_with("line"), "{e}");
         let e = err("[conntrack]\nsize = 1000\n");
         assert_eq!(e.key, "conntrack.size");
+        // A tracer reports only to prefixes it is given (issue 14 review).
+        let e = err(&GOOD.replace("[encap]", "[tracer]\nenabled = true\n[encap]"));
+        assert_eq!(e.key, "tracer.report_to", "{e}");
+        let e = err(&GOOD.replace(
+            "[encap]",
+            "[tracer]\nenabled = true\nreport_to = [\"10.1.0.0\"]\n[encap]",
+        ));
+        assert_eq!(e.key, "tracer.report_to[0]", "{e}");
+        let c = Config::parse(
+            &GOOD.replace(
+                "[encap]",
+                "[tracer]\nenabled = true\nreport_to = [\"10.1.0.0/24\"]\n[encap]",
+            ),
+            "t",
+        )
+        .unwrap();
+        assert!(c.tracer.enabled);
+        assert!(!Config::parse(GOOD, "t").unwrap().tracer.enabled);
         // An API anyone can reach needs a token (issue 13, finding 9).
         let e = err(&GOOD.replace("[encap]", "[api]\nlisten = \"0.0.0.0:9180\"\n[encap]"));
         assert!(
@@ -1096,6 +1533,20 @@ pool = "web"
         .unwrap();
         // The weight is applied live; threads and the API address are not.
         assert_eq!(old.restart_keys(&new), ["forwarder.threads", "api.listen"]);
+        // The tracer is built at start; [fleet] coming or going changes
+        // how the ports are opened.
+        let traced = Config::parse(
+            &GOOD.replace(
+                "[encap]",
+                "[tracer]\nenabled = true\nreport_to = [\"10.1.0.0/24\"]\n[encap]",
+            ),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            old.restart_keys(&traced),
+            ["tracer.enabled", "tracer.report_to"]
+        );
     }
 
     #[test]
@@ -1141,6 +1592,88 @@ pool = "web"
     }
 
     #[test]
+    fn fleet_lists_this_load_balancer_once_in_one_family() {
+        let fleet = |peers: &str| format!("{GOOD}\n[fleet]\npeers = [{peers}]\nname = \"lb1\"\n");
+        let c = Config::parse(&fleet("\"10.0.0.2\", \"10.0.0.1\", \"10.0.0.3\""), "t").unwrap();
+        let f = c.fleet.as_ref().unwrap();
+        assert_eq!(f.own(&c.encap), Some(ip("10.0.0.1")));
+        assert_eq!((f.health.kind, f.health.port), (CheckKind::Tcp, 179));
+        assert_eq!(c.machine_name(), "lb1");
+        let e = err(&fleet("\"10.0.0.2\", \"10.0.0.3\""));
+        assert!(
+            e.key == "fleet.peers" && e.problem.contains("10.0.0.1"),
+            "{e}"
+        );
+        let e = err(&fleet("\"10.0.0.1\", \"10.0.0.2\", \"10.0.0.1\""));
+        assert!(
+            e.key == "fleet.peers[2]" && e.problem.contains("twice"),
+            "{e}"
+        );
+        let e = err(&fleet("\"10.0.0.1\", \"fd00::2\""));
+        assert!(
+            e.key == "fleet.peers[1]" && e.problem.contains("family"),
+            "{e}"
+        );
+        // IPv6 peers identify this load balancer by source6.
+        let e = err(&fleet("\"fd00::1\", \"fd00::2\""));
+        assert_eq!(e.key, "encap.source6", "{e}");
+        let v6 =
+            fleet("\"fd00::1\", \"fd00::2\"").replace("[encap]", "[encap]\nsource6 = \"fd00::1\"");
+        Config::parse(&v6, "t").unwrap();
+        let e = err(&fleet("\"10.0.0.1\"").replace(
+            "name = \"lb1\"",
+            "health = { kind = \"tcp\", port = 179, via = \"tunnel\" }",
+        ));
+        assert_eq!(e.key, "fleet.health.via", "{e}");
+        let e = err(&fleet("\"10.0.0.1\"").replace("name = \"lb1\"", "colour = 1"));
+        assert!(
+            e.key.starts_with("line") && e.problem.contains("colour"),
+            "{e}"
+        );
+        // A change inside [fleet] is applied by a reload; adding or
+        // removing the section changes how the ports are opened.
+        let old = Config::parse(GOOD, "t").unwrap();
+        let one = Config::parse(&fleet("\"10.0.0.1\""), "t").unwrap();
+        let two = Config::parse(&fleet("\"10.0.0.1\", \"10.0.0.2\""), "t").unwrap();
+        assert!(one.restart_keys(&two).is_empty());
+        assert_eq!(old.restart_keys(&two), ["fleet"]);
+        assert_eq!(two.restart_keys(&old), ["fleet"]);
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// examples/lb.toml loads, and shows every section the configuration
+    /// has (as a table, or commented out where a capture replay cannot use
+    /// it): a section added here and not there fails this test.
+    #[test]
+    fn the_annotated_example_is_valid_and_complete() {
+        let text = include_str!("../../../examples/lb.toml");
+        let c = Config::parse(text, "examples/lb.toml").unwrap();
+        let sections = serde_json::to_value(&c).unwrap();
+        for key in sections.as_object().unwrap().keys() {
+            let shown = [format!("[{key}]"), format!("[[{key}]]")].iter().any(|h| {
+                text.lines()
+                    .any(|l| l.trim_start_matches("# ").starts_with(h.as_str()))
+            });
+            assert!(shown, "examples/lb.toml does not show [{key}]");
+        }
+        // Every health-check key and the BGP drain keys are shown too.
+        for k in [
+            "interval_ms",
+            "timeout_ms",
+            "rise",
+            "fall",
+            "drain_ms",
+            "drain_quiet_ms",
+            "report_to",
+        ] {
+            assert!(text.contains(k), "examples/lb.toml does not show {k}");
+        }
+    }
+
+    #[test]
     fn prefix_groups_validate() {
         let g = format!(
             "{GOOD}\n[[prefix_groups]]\nname = \"a\"\nprefixes = [\"74.125.0.0/16\"]\ncluster_prefix_len = 24\n[[vips]]\nname = \"s\"\nprefix_group = \"a\"\nsuffix = \"0.0.0.1\"\nprotocol = \"udp\"\npool = \"web\"\n"
@@ -1159,5 +1692,76 @@ pool = "web"
             "vips[1].prefix_group"
         );
         assert_eq!(err(&g.replace("suffix = \"0.0.0.1\"\n", "")).key, "vips[1]");
+    }
+
+    #[test]
+    fn a_name_that_is_another_backends_address_is_taken() {
+        let pool = |list: &str| {
+            format!(
+                "[encap]\nsource = \"10.0.0.1\"\n[[pools]]\nname = \"web\"\nbackends = [{list}]\n\
+                 [[vips]]\nname = \"v\"\naddress = \"198.18.0.1\"\nprotocol = \"tcp\"\npool = \"web\"\n"
+            )
+        };
+        let e = err(&pool(
+            "{ address = \"10.1.0.9\" }, { address = \"10.1.0.2\", name = \"10.1.0.9\" }",
+        ));
+        assert_eq!(e.key, "pools[0].backends[1]");
+        assert!(
+            e.problem.contains("\"10.1.0.9\" appears twice"),
+            "{}",
+            e.problem
+        );
+        // Written another way it is another name.
+        Config::parse(
+            &pool("{ address = \"fd00::9\" }, { address = \"fd00::2\", name = \"fd00:0::9\" }")
+                .replace("[encap]\n", "[encap]\nsource6 = \"fd00::1\"\n"),
+            "t",
+        )
+        .unwrap();
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// `tunnel_vips` (linear) agrees with `tunnel_vip` (per pool) on
+        /// any include graph, cycles and unknown pools included.
+        #[test]
+        fn tunnel_vips_agree_with_tunnel_vip(
+            includes in proptest::collection::vec(proptest::collection::vec(0usize..7, 0..3), 6),
+            vips in proptest::collection::vec((0usize..7, proptest::prelude::any::<bool>()), 0..6),
+        ) {
+            let cfg = Config {
+                pools: includes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, inc)| PoolConf {
+                        name: format!("p{i}"),
+                        backends: Vec::new(),
+                        // p6 does not exist.
+                        include: inc.iter().map(|j| format!("p{j}")).collect(),
+                        table_size: 251,
+                        health: None,
+                    })
+                    .collect(),
+                vips: vips
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(pool, addressed))| VipConf {
+                        name: format!("v{i}"),
+                        address: addressed.then(|| IpAddr::from([198, 18, 0, i as u8 + 1])),
+                        prefix_group: None,
+                        suffix: None,
+                        port: None,
+                        protocol: Protocol::Tcp,
+                        pool: format!("p{pool}"),
+                    })
+                    .collect(),
+                ..Config::default()
+            };
+            let all = cfg.tunnel_vips();
+            for p in &cfg.pools {
+                proptest::prop_assert_eq!(all.get(p.name.as_str()).copied(), cfg.tunnel_vip(&p.name));
+            }
+        }
     }
 }

@@ -21,14 +21,41 @@ pub enum DropReason {
     FragTableFull,
     /// A fragment waited too long for its first fragment.
     FragExpired,
+    /// A fragment's responsible `[fleet]` peer is down ([`crate::fleet`]):
+    /// dropped, not sent to another peer.
+    FragmentPeerDown,
+    /// A fragment redirected here by a peer is not for a VIP.
+    FragmentRedirectNoVip,
+    /// GRE marked as a redirected fragment that does not hold one: the
+    /// inner packet is malformed or not a fragment, or the GRE packet was
+    /// itself fragmented on the way (the link between load balancers needs
+    /// room for a fragment plus 28 bytes of IPv4 and GRE headers).
+    FragmentRedirectMalformed,
+    /// GRE marked as a redirected fragment from a source that is not one
+    /// of the `[fleet]` peers (or with no `[fleet]`): a forgery, which
+    /// would reach a backend past the router's filters.
+    FragmentRedirectNotPeer,
 }
 
-const OWN: [(&str, DropReason); 5] = [
+const OWN: [(&str, DropReason); 9] = [
     ("no_vip", DropReason::NoVip),
     ("no_healthy_backend", DropReason::NoHealthyBackend),
     ("encap_failed", DropReason::EncapFailed),
     ("frag_table_full", DropReason::FragTableFull),
     ("frag_expired", DropReason::FragExpired),
+    ("fragment_peer_down", DropReason::FragmentPeerDown),
+    (
+        "fragment_redirect_no_vip",
+        DropReason::FragmentRedirectNoVip,
+    ),
+    (
+        "fragment_redirect_malformed",
+        DropReason::FragmentRedirectMalformed,
+    ),
+    (
+        "fragment_redirect_not_peer",
+        DropReason::FragmentRedirectNotPeer,
+    ),
 ];
 
 /// Number of drop reasons.
@@ -107,6 +134,27 @@ pub struct Counters {
     pub icmp_to_backend: u64,
     /// Times a thread waited for room in its transmit queue.
     pub tx_stalls: u64,
+    /// Fragments sent to the `[fleet]` peer responsible for them (counted
+    /// in `tx` too).
+    pub frag_redirected: u64,
+    /// The same, per peer: by counter slot
+    /// ([`crate::fleet::Fleet::counter_slot`]).
+    pub frag_redirected_to: Vec<u64>,
+    /// Fragments that arrived redirected by a peer, taken in.
+    pub frag_redirect_received: u64,
+    /// Packet-tracer probes queued for a report ([`crate::trace`]).
+    pub trace_reports: u64,
+    /// Probes over the tracer's rate: forwarded without a report.
+    pub trace_rate_limited: u64,
+    /// Probes whose report found the queue full or busy: not reported.
+    pub trace_queue_full: u64,
+    /// Payloads with the tracer's magic but a malformed marker, or a report
+    /// address outside `[tracer] report_to`: not reported.
+    pub trace_invalid: u64,
+    /// Frames user space copied on their way through (the port's receive
+    /// or transmit copy; packet threads rewrite in place). Over `tx`: the
+    /// copies per forwarded packet, 0 on AF_XDP.
+    pub user_copies: u64,
 }
 
 impl Counters {
@@ -177,6 +225,33 @@ impl Counters {
         self.frag_released += o.frag_released;
         self.icmp_to_backend += o.icmp_to_backend;
         self.tx_stalls += o.tx_stalls;
+        self.frag_redirected += o.frag_redirected;
+        if self.frag_redirected_to.len() < o.frag_redirected_to.len() {
+            self.frag_redirected_to
+                .resize(o.frag_redirected_to.len(), 0);
+        }
+        for (a, b) in self
+            .frag_redirected_to
+            .iter_mut()
+            .zip(&o.frag_redirected_to)
+        {
+            *a += b;
+        }
+        self.frag_redirect_received += o.frag_redirect_received;
+        self.trace_reports += o.trace_reports;
+        self.trace_rate_limited += o.trace_rate_limited;
+        self.trace_queue_full += o.trace_queue_full;
+        self.trace_invalid += o.trace_invalid;
+        self.user_copies += o.user_copies;
+    }
+
+    /// User-space copies per forwarded packet (0 when none was forwarded).
+    pub fn copies_per_forwarded(&self) -> f64 {
+        if self.tx == 0 {
+            0.0
+        } else {
+            self.user_copies as f64 / self.tx as f64
+        }
     }
 
     /// Non-zero drop counters by name.

@@ -122,6 +122,9 @@ pub struct Params {
     pub hugepages: maio::Hugepages,
     /// What packet threads do.
     pub mode: Mode,
+    /// Packet-tracer reports go through this (`[tracer]`; none when
+    /// disabled). Shared by every packet thread; the daemon drains it.
+    pub tracer: Option<Arc<crate::trace::Tracer>>,
 }
 
 impl Params {
@@ -140,11 +143,13 @@ impl Params {
             frag_timeout_ms: c.forwarder.frag_timeout_ms,
             hugepages: maio::Hugepages::Auto,
             mode: Mode::Maglev,
+            tracer: crate::trace::Tracer::from_config(&c.tracer),
         }
     }
 
-    fn worker(&self, pool: &Pool) -> Worker {
-        Worker::new(
+    /// Packet thread (or queue) `thread`'s worker.
+    fn worker(&self, pool: &Pool, thread: usize) -> Worker {
+        let w = Worker::new(
             pool,
             self.mode,
             Conntrack::new(
@@ -153,7 +158,11 @@ impl Params {
                 self.udp_timeout_ms,
             ),
             FragTable::new(self.frag_table_size, self.frag_timeout_ms),
-        )
+        );
+        match &self.tracer {
+            Some(t) => w.with_tracer(Arc::clone(t), thread),
+            None => w,
+        }
     }
 }
 
@@ -337,9 +346,26 @@ fn steer_hash(frame: &[u8]) -> u64 {
     match parse_frame(frame) {
         // Fragments by 3-tuple so a datagram's fragments meet on one thread.
         Ok(p) if p.fragment.is_some() => p.flow.three_tuple().hash(STEER_SEED),
+        // A fragment a `[fleet]` peer redirected here: by its inner
+        // 3-tuple, to the thread its datagram's other fragments go to.
+        Ok(p) if p.flow.proto == packet::proto::GRE => {
+            redirected_fragment_hash(frame).unwrap_or_else(|| p.flow.hash(STEER_SEED))
+        }
         Ok(p) => p.icmp_quote.unwrap_or(p.flow).hash(STEER_SEED),
         Err(_) => 0, // malformed: any thread will count it
     }
+}
+
+/// The steering hash of a fragment redirected by a `[fleet]` peer (GRE
+/// with [`packet::gre::FRAGMENT_REDIRECT_KEY`]): its inner 3-tuple's, as if
+/// it had arrived directly.
+#[cold]
+fn redirected_fragment_hash(frame: &[u8]) -> Option<u64> {
+    let d = packet::gre::decapsulate(frame)
+        .ok()
+        .filter(|d| d.key == Some(packet::gre::FRAGMENT_REDIRECT_KEY))?;
+    let p = packet::parse::parse_packet(frame, d.inner.start, d.ethertype).ok()?;
+    p.fragment.map(|_| p.flow.three_tuple().hash(STEER_SEED))
 }
 
 impl Datapath {
@@ -363,6 +389,11 @@ impl Datapath {
     /// The packet pool.
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// The packet-tracer's queue and counters, if `[tracer]` is enabled.
+    pub fn tracer(&self) -> Option<&Arc<crate::trace::Tracer>> {
+        self.params.tracer.as_ref()
     }
 
     /// Runs until the port is exhausted and every packet is accounted for,
@@ -442,8 +473,13 @@ impl Datapath {
             let ended = nic.exhausted() && l.rx.a == l.rx.b;
             l.hand_over_timed_batches(ended);
             l.mux();
-            // The NIC sends from `sent`.
-            match l.tx.advance_middle(|slots| nic.transmit(&self.pool, slots)) {
+            // The NIC sends from `sent`, taking the buffers it can send
+            // without a copy (AF_XDP: the frame stays where it was
+            // received); `recycle` frees the rest.
+            match l
+                .tx
+                .advance_middle(|slots| nic.transmit_owned(&self.pool, slots))
+            {
                 Ok(0) => {}
                 Ok(_) => idle = false,
                 Err(e) => break Err(e.into()),
@@ -503,7 +539,7 @@ impl<'d> IoLoop<'d> {
             quit: Arc::new(AtomicBool::new(false)),
             ends: Vec::new(),
             joins: Vec::new(),
-            inline: (threads == 0).then(|| p.worker(&dp.pool)),
+            inline: (threads == 0).then(|| p.worker(&dp.pool, slot)),
             batch_buf: Vec::with_capacity(p.batch),
             out: Vec::new(),
             pending_tx: std::collections::VecDeque::new(),
@@ -528,7 +564,7 @@ impl<'d> IoLoop<'d> {
         let (tx_p, tx_c) = queue(p.queue_size);
         let finished = Arc::new(AtomicU64::new(0));
         let accounted = Arc::new(AtomicU64::new(0));
-        let mut w = p.worker(&self.dp.pool);
+        let mut w = p.worker(&self.dp.pool, i);
         let (tables, pool, batch) = (Arc::clone(&self.dp.tables), self.dp.pool.clone(), p.batch);
         let (draining, quit, live) = (
             Arc::clone(&self.draining),
@@ -947,10 +983,14 @@ impl<'d> IoLoop<'d> {
         for c in &per_thread {
             counters.merge(c);
         }
+        let port = nic.stats();
+        // Packet threads rewrite in place; what user space copied, the port
+        // did (receiving from a ring, or sending a copy).
+        counters.user_copies += port.rx_copies + port.tx_copies;
         Ok(RunStats {
             counters,
             per_thread,
-            port: nic.stats(),
+            port,
             io: self.io,
             elapsed: self.start.elapsed(),
             pool: self.dp.pool.stats(),

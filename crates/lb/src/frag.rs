@@ -8,9 +8,9 @@
 //! entry expires. Fixed size, bounded holding, nothing allocated per packet.
 //!
 //! Steering sends every fragment of a datagram to the same thread by hashing
-//! the 3-tuple. (The paper's second hop, redirecting fragments to a peer
-//! Maglev chosen by 3-tuple, applies to a cluster of load balancers and is
-//! not done here.)
+//! the 3-tuple. The paper's first hop, which brings every fragment of a
+//! datagram to the same load balancer of a fleet, is [`crate::fleet`]:
+//! fragments redirected by a peer are steered by their inner 3-tuple too.
 
 use netio::Packet;
 

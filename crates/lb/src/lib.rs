@@ -1,9 +1,10 @@
 //! The Maglev forwarder (paper: Maglev, NSDI'16, sections 3 and 4): the
 //! configuration model ([`config`]), VIP matching ([`vip`]), Maglev tables
 //! swapped atomically ([`tables`]), per-thread connection tracking
-//! ([`conntrack`]), fragments ([`frag`]), GRE encapsulation, steering and
-//! muxing over a shared packet pool ([`datapath`]), the counters, and pcap
-//! replay ([`pcap_run`]).
+//! ([`conntrack`]), fragments ([`frag`]) and their redirection among the
+//! load balancers of a fleet ([`fleet`]), GRE encapsulation, steering and
+//! muxing over a shared packet pool ([`datapath`]), the counters, pcap
+//! replay ([`pcap_run`]), and packet-tracer probes ([`trace`]).
 //!
 //! No async runtime and no control plane live here: the daemon (`lbd`)
 //! drives this crate through [`Control`] table swaps.
@@ -12,10 +13,12 @@ pub mod config;
 pub mod conntrack;
 pub mod counters;
 pub mod datapath;
+pub mod fleet;
 pub mod frag;
 pub mod pcap_run;
 pub mod queue;
 pub mod tables;
+pub mod trace;
 pub mod vip;
 pub mod worker;
 

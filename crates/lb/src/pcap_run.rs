@@ -58,6 +58,10 @@ pub fn report(s: &RunStats, t: &Tables) -> String {
     sum.row(["forwarded (GRE)".to_string(), c.tx.to_string()]);
     sum.row(["dropped".to_string(), c.dropped().to_string()]);
     sum.row(["written to the port".to_string(), s.port.tx.to_string()]);
+    sum.row([
+        "user-space copies (per forwarded packet)".to_string(),
+        format!("{} ({:.2})", c.user_copies, c.copies_per_forwarded()),
+    ]);
     out.push_str(&format!("{sum}\n"));
     let drops = c.drop_table();
     if !drops.is_empty() {
@@ -155,6 +159,8 @@ pub fn json(s: &RunStats, t: &Tables) -> serde_json::Value {
         },
         "fragments": {"held": c.frag_held, "released": c.frag_released},
         "icmp_to_backend": c.icmp_to_backend,
+        "user_copies": c.user_copies,
+        "user_copies_per_forwarded": c.copies_per_forwarded(),
         "vips": vips,
         "backends": backends,
         "threads": s.per_thread.len(),

@@ -3,9 +3,11 @@
 //! encapsulate in GRE in place. Nothing here is shared with other packet
 //! threads; the tables snapshot is read-only.
 
+use std::sync::Arc;
+
 use maio::{Handle, Pool};
 use netio::Packet;
-use packet::gre::encapsulate;
+use packet::gre::{encapsulate, encapsulate_keyed, FRAGMENT_REDIRECT_KEY};
 use packet::parse::Parsed;
 use packet::tcp::flags::{ACK as TCP_ACK, FIN as TCP_FIN, RST as TCP_RST, SYN as TCP_SYN};
 use packet::{parse_frame, FlowKey};
@@ -14,6 +16,7 @@ use crate::conntrack::{Conntrack, Entry};
 use crate::counters::{Counters, DropReason};
 use crate::frag::{Decision, FragKey, FragTable};
 use crate::tables::Tables;
+use crate::trace::{self, Lookup, Marker, Offer, Record, Redirect, Tracer};
 
 /// How long a TCP flow's entry outlives its FIN or RST, so that the rest of
 /// the close (the other side's FIN, the last ACKs, retransmissions) still
@@ -44,8 +47,25 @@ pub enum Mode {
 
 /// Where a packet goes.
 enum Action {
-    Forward { vip: u32, backend: u32, hash: u64 },
+    Forward {
+        vip: u32,
+        backend: u32,
+        hash: u64,
+    },
     Hold(FragKey),
+    /// A fragment for the `[fleet]` peer of this index.
+    Redirect(u32),
+}
+
+/// A GRE packet to this load balancer's own address, looked at.
+enum Taken {
+    /// A fragment a peer redirected here: the packet rewritten to a plain
+    /// frame of the inner fragment, parsed.
+    In(Packet, Parsed),
+    /// Not marked as a redirect: handled as any packet.
+    Not(Packet),
+    /// Marked, but holding no fragment: dropped and counted.
+    Dropped,
 }
 
 /// One packet thread's state.
@@ -61,6 +81,8 @@ pub struct Worker {
     expired: Vec<Packet>,
     /// Per-batch parse results and flow hashes (0: no plain flow).
     staged: Vec<(packet::Result<Parsed>, u64)>,
+    /// Packet-tracer probes are reported through this, as this thread.
+    trace: Option<(Arc<Tracer>, u16)>,
 }
 
 impl Worker {
@@ -76,7 +98,16 @@ impl Worker {
             released: Vec::new(),
             expired: Vec::new(),
             staged: Vec::new(),
+            trace: None,
         }
+    }
+
+    /// Reports packet-tracer probes through `tracer` as packet thread
+    /// `thread` ([`crate::trace`]); without a tracer, probes are forwarded
+    /// like any packet and not looked for.
+    pub fn with_tracer(mut self, tracer: Arc<Tracer>, thread: usize) -> Self {
+        self.trace = Some((tracer, thread.min(usize::from(u16::MAX)) as u16));
+        self
     }
 
     /// Packets finished so far: forwarded or dropped (held fragments are
@@ -219,13 +250,37 @@ impl Worker {
             Ok(p) => p,
             Err(e) => return self.discard(pkt, DropReason::Malformed(e.0)),
         };
-        match self.decide(t, &p, hash, now) {
+        // A fragment redirected here by a `[fleet]` peer: handled as if it
+        // had arrived itself, and never redirected again (one compare for
+        // every other packet).
+        let (pkt, p, from_peer) = if p.flow.proto == packet::proto::GRE && t.is_own(&p.flow.dst) {
+            match self.take_redirect(t, pkt, &p) {
+                Taken::In(pkt, inner) => (pkt, inner, Some(p.flow.src)),
+                Taken::Not(pkt) => (pkt, p, None),
+                Taken::Dropped => return self.drop_expired(),
+            }
+        } else {
+            (pkt, p, None)
+        };
+        let probe = self.probe(&pkt, &p);
+        match self.decide(t, &p, hash, now, from_peer.is_some()) {
             Err(why) => self.discard(pkt, why),
+            Ok(Action::Redirect(peer)) => {
+                if let (Some(probe), Some(f)) = (probe, &t.fleet) {
+                    let to = packet::flow::from_ip(f.peers.addrs()[peer as usize]);
+                    self.report(t, &p, probe, None, Redirect::To(to), now);
+                }
+                self.redirect(t, pkt, &p, peer, out);
+            }
             Ok(Action::Hold(key)) => match self.frags.hold(&key, pkt, now, &mut self.expired) {
                 Ok(()) => self.counters.frag_held += 1,
                 Err(pkt) => self.discard(pkt, DropReason::FragTableFull),
             },
             Ok(Action::Forward { vip, backend, hash }) => {
+                if let Some(probe) = probe {
+                    let r = from_peer.map_or(Redirect::No, |a| Redirect::Arrived(Some(a)));
+                    self.report(t, &p, probe, Some((vip, backend)), r, now);
+                }
                 self.send(t, pkt, &p, vip, backend, hash, out);
                 if p.fragment.is_some_and(|f| f.is_first()) && !self.released.is_empty() {
                     self.release(t, vip, backend, out);
@@ -233,6 +288,62 @@ impl Worker {
             }
         }
         self.drop_expired();
+    }
+
+    /// A packet-tracer probe's marker, and the connection table's hits
+    /// before deciding (to tell a hit from a miss after). Looks only at the
+    /// first payload bytes of TCP and UDP, and only with a tracer.
+    #[inline]
+    fn probe(&mut self, pkt: &Packet, p: &Parsed) -> Option<(Marker, u64)> {
+        self.trace.as_ref()?;
+        let s = usize::from(pkt.off);
+        let frame = &self.pool.data(&pkt.buf)[s..s + usize::from(pkt.len)];
+        match trace::find(frame, p)? {
+            Ok(m) => Some((m, self.ct.stats().hits)),
+            Err(_) => {
+                self.counters.trace_invalid += 1;
+                None
+            }
+        }
+    }
+
+    /// Queues the report on a probe (rate-limited; never blocks): `chosen`
+    /// is its VIP index and backend id when this thread decided them.
+    #[cold]
+    fn report(
+        &mut self,
+        t: &Tables,
+        p: &Parsed,
+        (marker, hits): (Marker, u64),
+        chosen: Option<(u32, u32)>,
+        redirect: Redirect,
+        now: u64,
+    ) {
+        let Some((tracer, thread)) = &self.trace else {
+            return;
+        };
+        let hit = self.ct.stats().hits > hits;
+        let record = Record {
+            marker,
+            thread: *thread,
+            flow: p.flow,
+            fragment: p.fragment.is_some(),
+            conntrack: chosen.map(|_| if hit { Lookup::Hit } else { Lookup::Miss }),
+            generation: t.generation,
+            // A fragment sent on to a peer has no backend here, but its VIP.
+            vip: chosen
+                .map(|(v, _)| v)
+                .or_else(|| t.matcher.lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto))
+                .and_then(|v| t.vips.get(v as usize).map(|x| (v, x.fingerprint))),
+            backend: chosen.map(|(_, b)| b),
+            redirect,
+        };
+        match tracer.offer(record, now) {
+            Offer::Queued => self.counters.trace_reports += 1,
+            Offer::RateLimited => self.counters.trace_rate_limited += 1,
+            Offer::QueueFull => self.counters.trace_queue_full += 1,
+            Offer::NotAllowed => self.counters.trace_invalid += 1,
+        }
     }
 
     /// Encapsulates toward `backend` and queues for sending.
@@ -258,6 +369,99 @@ impl Worker {
                 self.counters.vip(vip, bytes);
                 self.counters.backend(backend, bytes);
                 self.counters.tx += 1;
+                out.push(pkt);
+            }
+            Err(_) => self.discard(pkt, DropReason::EncapFailed),
+        }
+    }
+
+    /// Looks at GRE addressed to this load balancer: a fragment redirected
+    /// by a peer (key [`FRAGMENT_REDIRECT_KEY`]) is taken out of its outer
+    /// headers in place (a plain Ethernet header is written in front of the
+    /// inner packet, over the outer ones), so the rest of the thread, and
+    /// the fragment table that may hold it, see the fragment as it arrived
+    /// at the peer.
+    #[cold]
+    fn take_redirect(&mut self, t: &Tables, mut pkt: Packet, outer: &Parsed) -> Taken {
+        if outer.fragment.is_some() {
+            // Fragmented on the way: its key cannot be seen in every piece,
+            // and a redirect is never reassembled here.
+            self.discard(pkt, DropReason::FragmentRedirectMalformed);
+            return Taken::Dropped;
+        }
+        let (s, len) = (usize::from(pkt.off), usize::from(pkt.len));
+        let data = self.pool.data_mut(&mut pkt.buf);
+        let d = match packet::gre::decapsulate(&data[s..s + len]) {
+            Ok(d) if d.key == Some(FRAGMENT_REDIRECT_KEY) => d,
+            _ => return Taken::Not(pkt),
+        };
+        // Only a peer may redirect: anyone else's "redirect" would carry a
+        // packet of its choosing to a backend past the router's filters.
+        let from = packet::flow::to_ip(&outer.flow.src);
+        if !t
+            .fleet
+            .as_ref()
+            .is_some_and(|f| f.peers.addrs().contains(&from))
+        {
+            self.discard(pkt, DropReason::FragmentRedirectNotPeer);
+            return Taken::Dropped;
+        }
+        let eth = packet::ethernet::HEADER_LEN;
+        let inner_at = s + d.inner.start;
+        // The outer Ethernet and IP headers lie before, so there is room.
+        let at = inner_at - eth;
+        data.copy_within(s..s + 12, at);
+        data[inner_at - 2..inner_at].copy_from_slice(&d.ethertype.to_be_bytes());
+        let inner_len = eth + d.inner.len();
+        match parse_frame(&data[at..at + inner_len]) {
+            Ok(inner) if inner.fragment.is_some() => {
+                pkt.off = at as u16;
+                pkt.len = inner_len as u16;
+                self.counters.frag_redirect_received += 1;
+                Taken::In(pkt, inner)
+            }
+            _ => {
+                self.discard(pkt, DropReason::FragmentRedirectMalformed);
+                Taken::Dropped
+            }
+        }
+    }
+
+    /// Sends a fragment to the `[fleet]` peer responsible for it, in GRE
+    /// marked with [`FRAGMENT_REDIRECT_KEY`].
+    fn redirect(
+        &mut self,
+        t: &Tables,
+        mut pkt: Packet,
+        p: &Parsed,
+        peer: u32,
+        out: &mut Vec<Packet>,
+    ) {
+        let Some(f) = &t.fleet else {
+            return self.discard(pkt, DropReason::EncapFailed);
+        };
+        let (i, start) = (peer as usize, usize::from(pkt.off));
+        let data = self.pool.data_mut(&mut pkt.buf);
+        let hash = crate::fleet::peer_hash(&p.flow);
+        match encapsulate_keyed(
+            data,
+            start,
+            p,
+            &f.outer[i],
+            hash,
+            Some(FRAGMENT_REDIRECT_KEY),
+        ) {
+            Ok(r) => {
+                pkt.off = r.start as u16;
+                pkt.len = r.len() as u16;
+                let slot = f.counter_slot[i] as usize;
+                let c = &mut self.counters;
+                if c.frag_redirected_to.len() <= slot {
+                    c.frag_redirected_to.resize(slot + 1, 0);
+                }
+                c.frag_redirected_to[slot] += 1;
+                c.frag_redirected += 1;
+                c.tx += 1;
                 out.push(pkt);
             }
             Err(_) => self.discard(pkt, DropReason::EncapFailed),
@@ -342,6 +546,7 @@ impl Worker {
         p: &Parsed,
         hash: u64,
         now: u64,
+        from_peer: bool,
     ) -> Result<Action, DropReason> {
         // ICMP "fragmentation needed" / "packet too big" about a VIP flow:
         // to the backend of the quoted flow, without creating an entry.
@@ -355,6 +560,25 @@ impl Worker {
             return Ok(Action::Forward { vip, backend, hash });
         }
         if let Some(f) = p.fragment {
+            // Section 4.3: every fragment of a datagram for a VIP goes to
+            // the peer its 3-tuple hashes to; one that a peer redirected
+            // here stays, whatever this load balancer's list says.
+            let no_vip = if from_peer {
+                DropReason::FragmentRedirectNoVip
+            } else {
+                DropReason::NoVip
+            };
+            if let (Some(fleet), false) = (&t.fleet, from_peer) {
+                if t.matcher.is_vip_address(&p.flow.dst) {
+                    let peer = fleet.peers.responsible(&p.flow);
+                    if peer != fleet.peers.me() {
+                        return match fleet.up[peer as usize] {
+                            true => Ok(Action::Redirect(peer)),
+                            false => Err(DropReason::FragmentPeerDown),
+                        };
+                    }
+                }
+            }
             let key = FragKey {
                 src: p.flow.src,
                 dst: p.flow.dst,
@@ -376,13 +600,13 @@ impl Worker {
                     }
                     Some(_) => Err(DropReason::NoHealthyBackend),
                     None if t.matcher.is_vip_address(&p.flow.dst) => Ok(Action::Hold(key)),
-                    None => Err(DropReason::NoVip),
+                    None => Err(no_vip),
                 };
             }
             let vip = t
                 .matcher
                 .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)
-                .ok_or(DropReason::NoVip)?;
+                .ok_or(no_vip)?;
             let (backend, hash) = self.select(t, &p.flow, 0, vip, now, true, p.tcp_flags)?;
             self.frags.record(
                 &key,

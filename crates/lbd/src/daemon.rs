@@ -9,7 +9,6 @@
 //! sizes) take effect at the next start; a reload that changes them says so.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,7 +24,7 @@ use netio::afxdp::AfXdpPort;
 use serde::Serialize;
 
 use crate::health::{self, CheckKey, Tracker};
-use lb::counters::{Counters, DropReason, DROP_REASONS};
+use lb::counters::Counters;
 use lb::datapath::{Datapath, Params, RunStats};
 use lb::tables::Control;
 use lb::Config;
@@ -80,6 +79,8 @@ pub struct Shared {
     driver: String,
     /// The forwarder's packet pool, for its occupancy in `/status`.
     pool: maio::Pool,
+    /// The packet-tracer's queue and counters (`[tracer] enabled`).
+    tracer: Option<Arc<lb::trace::Tracer>>,
     started: Instant,
 }
 
@@ -160,6 +161,30 @@ pub enum ApiError {
         /// The API address.
         api: std::net::SocketAddr,
     },
+    /// The connection closed without an answer.
+    #[error("{api} closed the connection without answering (is it a fastpath API? is the daemon stopping?)")]
+    NoAnswer {
+        /// The API address.
+        api: std::net::SocketAddr,
+    },
+    /// The API answered with an error status.
+    #[error("{api} answered {status}{}", if .body.is_empty() { String::new() } else { format!(": {}", .body) })]
+    Status {
+        /// The API address.
+        api: std::net::SocketAddr,
+        /// The status line's code and reason.
+        status: String,
+        /// The body, trimmed (an error message, if any).
+        body: String,
+    },
+    /// The API answered with an empty document.
+    #[error("{api} answered {path} with an empty body")]
+    Empty {
+        /// The API address.
+        api: std::net::SocketAddr,
+        /// The path asked for.
+        path: String,
+    },
     /// The answer was not the document expected.
     #[error("unexpected {path} document: {source}")]
     Document {
@@ -196,6 +221,7 @@ impl Shared {
                 *self.check_names.lock().unwrap_or_else(|p| p.into_inner()) = checks;
                 if let Some(f) = &self.xdp_vips {
                     f.set(&vip_addresses(&cfg)).map_err(ReloadError::XdpVips)?;
+                    crate::peers::set_xdp_redirects(f, &cfg).map_err(ReloadError::XdpVips)?;
                 }
                 Ok(Reloaded {
                     generation: c.tables().load().generation,
@@ -251,6 +277,11 @@ impl Shared {
         Ok(())
     }
 
+    /// The control plane (tables, configuration, health and peer state).
+    pub(crate) fn control(&self) -> std::sync::MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The tunnel's routes, if there is a tunnel.
     fn tunnel_routes(&self) -> Option<crate::tunnel::Routes> {
         self.tunnel
@@ -280,7 +311,8 @@ impl Shared {
         // One lock, released here: taking it twice in one expression would
         // deadlock (a guard lives to the end of its statement).
         let bgp = self.bgp.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let backend = |id: u32| {
+        let fleet = crate::peers::status(&tables, &c, self.control().config());
+        let backend = |id: u32, weight: u32| {
             let b = &tables.backends[id as usize];
             let t = c.per_backend.get(id as usize).copied().unwrap_or_default();
             BackendStatus {
@@ -289,14 +321,19 @@ impl Shared {
                 healthy: b.healthy,
                 packets: t.packets,
                 bytes: t.bytes,
+                weight,
+                drained: weight == 0,
             }
         };
         let pool = self.pool.stats();
+        let memory = tables.memory();
         Status {
             driver: self.driver.clone(),
             pool_buffers: pool.buffers,
             pool_in_use: pool.in_use,
             generation: tables.generation,
+            tables_bytes: memory.total as u64,
+            distinct_tables: memory.distinct_tables,
             uptime_s: self.started.elapsed().as_secs_f64(),
             reloads: self.reloads.load(Ordering::Relaxed),
             reload_failures: self.reload_failures.load(Ordering::Relaxed),
@@ -315,6 +352,15 @@ impl Shared {
             conntrack_entries: c.conntrack.entries,
             bgp_announced: bgp.as_ref().map(|b| b.0),
             bgp_error: bgp.and_then(|b| b.1),
+            fleet,
+            tracer: self.tracer.as_ref().map(|t| TracerStatus {
+                reports: c.trace_reports,
+                rate_limited: c.trace_rate_limited,
+                queue_full: c.trace_queue_full,
+                invalid: c.trace_invalid,
+                sent: t.sent.load(Ordering::Relaxed),
+                send_errors: t.send_errors.load(Ordering::Relaxed),
+            }),
 
             vips: tables
                 .vips
@@ -327,7 +373,15 @@ impl Shared {
                         packets: t.packets,
                         bytes: t.bytes,
                         healthy_backends: v.slots.len(),
-                        backends: v.backends.iter().map(|&id| backend(id)).collect(),
+                        backends: v
+                            .backends
+                            .iter()
+                            .zip(&v.weights)
+                            .map(|(&id, &w)| backend(id, w))
+                            .collect(),
+                        fingerprint: format!("{:016x}", v.fingerprint),
+                        pool: v.pool.clone(),
+                        table_bytes: memory.per_vip.get(i).map_or(0, |&b| b as u64),
                     }
                 })
                 .collect(),
@@ -336,140 +390,11 @@ impl Shared {
 
     /// Prometheus text exposition.
     pub fn metrics(&self) -> String {
-        let s = self.status();
-        let c = self.counters();
-        let mut o = String::new();
-        let mut family = |name: &str, kind: &str, help: &str| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
-        family(
-            "fastpath_lb_config_generation",
-            "gauge",
-            "Generation of the running configuration.",
-        );
-        family(
-            "fastpath_lb_reloads_total",
-            "counter",
-            "Configuration reloads applied.",
-        );
-        family(
-            "fastpath_lb_reload_failures_total",
-            "counter",
-            "Configuration reloads rejected.",
-        );
-        family(
-            "fastpath_lb_health_checks_inconclusive_total",
-            "counter",
-            "Health checks not counted because the prober itself ran late.",
-        );
-        family(
-            "fastpath_lb_vip_packets_total",
-            "counter",
-            "Packets forwarded per VIP.",
-        );
-        family(
-            "fastpath_lb_vip_bytes_total",
-            "counter",
-            "Bytes forwarded per VIP (received frame sizes).",
-        );
-        family(
-            "fastpath_lb_backend_packets_total",
-            "counter",
-            "Packets forwarded per backend.",
-        );
-        family(
-            "fastpath_lb_backend_bytes_total",
-            "counter",
-            "Bytes forwarded per backend.",
-        );
-        family(
-            "fastpath_lb_backend_healthy",
-            "gauge",
-            "1 if the backend is healthy.",
-        );
-        family(
-            "fastpath_lb_drops_total",
-            "counter",
-            "Packets dropped, by reason.",
-        );
-        family(
-            "fastpath_lb_pool_buffers",
-            "gauge",
-            "Packet buffers in the forwarder's pool.",
-        );
-        family(
-            "fastpath_lb_pool_in_use",
-            "gauge",
-            "Packet buffers not free (in rings, queues or in flight); growth under steady load is a leak.",
-        );
-        family(
-            "fastpath_lb_conntrack_entries",
-            "gauge",
-            "Live connection-table entries.",
-        );
-        family(
-            "fastpath_lb_conntrack_events_total",
-            "counter",
-            "Connection-table hits, misses, inserts, insert failures, expiries.",
-        );
-        let _ = writeln!(o, "fastpath_lb_config_generation {}", s.generation);
-        let _ = writeln!(o, "fastpath_lb_reloads_total {}", s.reloads);
-        let _ = writeln!(o, "fastpath_lb_reload_failures_total {}", s.reload_failures);
-        let _ = writeln!(
-            o,
-            "fastpath_lb_health_checks_inconclusive_total {}",
-            self.checks_inconclusive.load(Ordering::Relaxed)
-        );
-        let mut seen = std::collections::HashSet::new();
-        for v in &s.vips {
-            let _ = writeln!(
-                o,
-                "fastpath_lb_vip_packets_total{{vip=\"{}\"}} {}",
-                v.name, v.packets
-            );
-            let _ = writeln!(
-                o,
-                "fastpath_lb_vip_bytes_total{{vip=\"{}\"}} {}",
-                v.name, v.bytes
-            );
-            for b in &v.backends {
-                if seen.insert(b.name.clone()) {
-                    let l = format!("backend=\"{}\",address=\"{}\"", b.name, b.address);
-                    let _ = writeln!(o, "fastpath_lb_backend_packets_total{{{l}}} {}", b.packets);
-                    let _ = writeln!(o, "fastpath_lb_backend_bytes_total{{{l}}} {}", b.bytes);
-                    let _ = writeln!(
-                        o,
-                        "fastpath_lb_backend_healthy{{{l}}} {}",
-                        u8::from(b.healthy)
-                    );
-                }
-            }
-        }
-        for i in 0..DROP_REASONS {
-            let _ = writeln!(
-                o,
-                "fastpath_lb_drops_total{{reason=\"{}\"}} {}",
-                DropReason::name_of(i),
-                c.drops.get(i).copied().unwrap_or(0)
-            );
-        }
-        let ct = &c.conntrack;
-        if let Some(a) = s.bgp_announced {
-            let _ = writeln!(o, "fastpath_lb_bgp_announced {}", u8::from(a));
-        }
-        let _ = writeln!(o, "fastpath_lb_pool_buffers {}", s.pool_buffers);
-        let _ = writeln!(o, "fastpath_lb_pool_in_use {}", s.pool_in_use);
-        let _ = writeln!(o, "fastpath_lb_conntrack_entries {}", ct.entries);
-        for (k, v) in [
-            ("hit", ct.hits),
-            ("miss", ct.misses),
-            ("insert", ct.inserts),
-            ("insert_failure", ct.insert_failures),
-            ("expiry", ct.expiries),
-        ] {
-            let _ = writeln!(o, "fastpath_lb_conntrack_events_total{{event=\"{k}\"}} {v}");
-        }
-        o
+        crate::metrics::encode_metrics(
+            &self.status(),
+            &self.counters(),
+            self.checks_inconclusive.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -486,6 +411,12 @@ pub struct BackendStatus {
     pub packets: u64,
     /// Bytes forwarded to it.
     pub bytes: u64,
+    /// Its weight in the VIP's pool (absent in older documents: 0).
+    #[serde(default)]
+    pub weight: u32,
+    /// Drained: weight 0, so it keeps its connections but takes no new ones.
+    #[serde(default)]
+    pub drained: bool,
 }
 
 /// A VIP in `/status`.
@@ -501,6 +432,36 @@ pub struct VipStatus {
     pub healthy_backends: usize,
     /// All its backends.
     pub backends: Vec<BackendStatus>,
+    /// The table fingerprint, 16 hex digits: a stable hash of its Maglev
+    /// table and backends (`lb::tables::Vip::fingerprint`). Load balancers
+    /// with the same fingerprint pick the same backend for every flow.
+    /// Empty in documents from versions without it.
+    #[serde(default)]
+    pub fingerprint: String,
+    /// Its pool (empty in older documents).
+    #[serde(default)]
+    pub pool: String,
+    /// Bytes of its Maglev table and backend lists (a table it shares
+    /// with other VIPs counted here too; 0 in older documents).
+    #[serde(default)]
+    pub table_bytes: u64,
+}
+
+/// Packet-tracer counters in `/status` (see [`lb::trace`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct TracerStatus {
+    /// Probes queued for a report.
+    pub reports: u64,
+    /// Probes over `[tracer] rate_per_s`: forwarded, not reported.
+    pub rate_limited: u64,
+    /// Probes whose report found the queue full or busy.
+    pub queue_full: u64,
+    /// Payloads with the marker's magic but a malformed marker.
+    pub invalid: u64,
+    /// Reports sent.
+    pub sent: u64,
+    /// Reports that could not be sent (never retried).
+    pub send_errors: u64,
 }
 
 /// The `/status` document.
@@ -510,6 +471,13 @@ pub struct Status {
     pub driver: String,
     /// Configuration generation.
     pub generation: u64,
+    /// Bytes of the running tables: the distinct Maglev tables once, every
+    /// VIP's lists, the backend registry (0 in older documents).
+    #[serde(default)]
+    pub tables_bytes: u64,
+    /// Distinct Maglev tables: VIPs over equal pools share one.
+    #[serde(default)]
+    pub distinct_tables: usize,
     /// Seconds since start.
     pub uptime_s: f64,
     /// Reloads applied.
@@ -537,6 +505,14 @@ pub struct Status {
     pub bgp_announced: Option<bool>,
     /// BGP: the last error talking to BIRD.
     pub bgp_error: Option<String>,
+    /// `[fleet]`: peers, their liveness and redirected fragments (absent
+    /// without `[fleet]`, and in documents from versions without it).
+    #[serde(default)]
+    pub fleet: Option<crate::peers::FleetStatus>,
+    /// Packet-tracer counters (absent when `[tracer]` is disabled, and in
+    /// documents from versions without it).
+    #[serde(default)]
+    pub tracer: Option<TracerStatus>,
     /// VIPs.
     pub vips: Vec<VipStatus>,
 }
@@ -553,6 +529,12 @@ impl Status {
             "packet pool: {} of {} buffers in use\n",
             self.pool_in_use, self.pool_buffers
         );
+        out += &format!(
+            "tables: {} VIPs, {} distinct Maglev tables, {:.1} MiB in all\n",
+            self.vips.len(),
+            self.distinct_tables,
+            self.tables_bytes as f64 / (1024.0 * 1024.0)
+        );
         if let Some(e) = &self.last_reload_error {
             out.push_str(&format!("last reload rejected: {e}\n"));
         }
@@ -564,14 +546,30 @@ impl Status {
             (Some(_), Some(e)) => out.push_str(&format!("BGP: error: {e}\n")),
             _ => {}
         }
-        let mut t =
-            measure::Table::new(["vip", "backend", "address", "healthy", "packets", "bytes"]);
+        if let Some(f) = &self.fleet {
+            out.push_str(&f.to_text());
+        }
+        if let Some(t) = &self.tracer {
+            out.push_str(&format!(
+                "packet tracer: {} probes reported, {} rate-limited, {} queue full, {} invalid; \
+                 {} reports sent, {} not sent\n",
+                t.reports, t.rate_limited, t.queue_full, t.invalid, t.sent, t.send_errors
+            ));
+        }
+        let mut t = measure::Table::new([
+            "vip", "backend", "address", "weight", "healthy", "packets", "bytes",
+        ]);
         for v in &self.vips {
             t.row([
                 v.name.clone(),
-                format!("({} healthy)", v.healthy_backends),
+                format!("pool {}", v.pool),
+                format!(
+                    "table {}, {} KiB",
+                    v.fingerprint,
+                    v.table_bytes.div_ceil(1024)
+                ),
                 String::new(),
-                String::new(),
+                format!("{} in table", v.healthy_backends),
                 v.packets.to_string(),
                 v.bytes.to_string(),
             ]);
@@ -580,6 +578,11 @@ impl Status {
                     String::new(),
                     b.name.clone(),
                     b.address.clone(),
+                    if b.drained {
+                        "0 (drained)".to_string()
+                    } else {
+                        b.weight.to_string()
+                    },
                     if b.healthy { "yes" } else { "NO" }.to_string(),
                     b.packets.to_string(),
                     b.bytes.to_string(),
@@ -668,6 +671,10 @@ async fn control_plane(
     stop: Arc<AtomicBool>,
 ) {
     tokio::spawn(health_manager(Arc::clone(&shared), Arc::clone(&stop)));
+    tokio::spawn(crate::peers::manager(
+        Arc::clone(&shared),
+        Arc::clone(&stop),
+    ));
     if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         let s = Arc::clone(&shared);
         tokio::spawn(async move {
@@ -680,7 +687,15 @@ async fn control_plane(
         let app = Router::new()
             .route(
                 "/metrics",
-                get(|State(s): State<Arc<Shared>>| async move { s.metrics() }),
+                get(|State(s): State<Arc<Shared>>| async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            crate::metrics::CONTENT_TYPE,
+                        )],
+                        s.metrics(),
+                    )
+                }),
             )
             .route(
                 "/status",
@@ -773,6 +788,82 @@ fn bgp_controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
     }
 }
 
+/// Packets forwarded for VIPs so far (the traffic a drain waits out; the
+/// kernel's own traffic, such as BGP and BFD, does not count).
+fn vip_packets(shared: &Shared) -> u64 {
+    shared.counters().per_vip.iter().map(|t| t.packets).sum()
+}
+
+/// The graceful stop (Maglev section 3.4: "draining traffic from each one
+/// a few moments beforehand"): once `stop` is set, waits for the BGP
+/// controller to withdraw the VIPs, then lets the datapath forward until
+/// no VIP packet has come for `[bgp] drain_quiet_ms` (the router has moved
+/// the flows to the other load balancers), at most `[bgp] drain_ms`, and
+/// sets `dp_stop`. Without `[bgp]` (nothing to withdraw) it stops at once.
+fn graceful_stop(
+    shared: &Shared,
+    bgp: std::thread::JoinHandle<()>,
+    stop: &AtomicBool,
+    dp_stop: &AtomicBool,
+) {
+    while !stop.load(Ordering::Acquire) && !dp_stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The drain's time counts from the signal, withdrawal included.
+    let start = Instant::now();
+    let was_announced = shared
+        .bgp
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_some_and(|(announced, _)| *announced);
+    // The controller withdraws on its way out.
+    let _ = bgp.join();
+    let cfg = shared
+        .control
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .config()
+        .bgp
+        .clone();
+    let Some(b) = cfg.filter(|b| b.drain_ms > 0 && was_announced) else {
+        dp_stop.store(true, Ordering::Release);
+        return;
+    };
+    let deadline = start + Duration::from_millis(b.drain_ms);
+    let quiet = Duration::from_millis(b.drain_quiet_ms);
+    let (mut last, mut last_change) = (vip_packets(shared), start);
+    tracing::info!(
+        drain_ms = b.drain_ms,
+        "graceful stop: VIPs withdrawn, forwarding until the router has moved the traffic"
+    );
+    while !dp_stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        let n = vip_packets(shared);
+        if n != last {
+            (last, last_change) = (n, now);
+        }
+        if now.duration_since(last_change) >= quiet {
+            tracing::info!(
+                last_packet_ms = last_change.duration_since(start).as_millis() as u64,
+                "graceful stop: drained"
+            );
+            break;
+        }
+        if now >= deadline {
+            tracing::warn!(
+                drain_ms = b.drain_ms,
+                "graceful stop: VIP packets still arriving when the drain time ran out"
+            );
+            break;
+        }
+        // Reading the counters takes the lock packet threads publish under:
+        // not more often than they publish.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    dp_stop.store(true, Ordering::Release);
+}
+
 /// Runs the daemon on `interface` until `stop`. `driver` overrides the
 /// configuration's `[forwarder] driver`.
 pub fn run(
@@ -810,12 +901,17 @@ pub fn run(
     let per_queue = driver != Driver::AfPacket
         && cfg.forwarder.threads >= 2
         && queues >= cfg.forwarder.threads as u32
-        && cfg.vips.iter().all(|v| v.address.is_some());
+        && cfg.vips.iter().all(|v| v.address.is_some())
+        // The NIC would spread a peer's redirected fragments (hashed on the
+        // outer GRE header) over other queues than their datagram's.
+        && cfg.fleet.is_none();
     if driver != Driver::AfPacket {
+        // Per queue: one socket per packet thread; else one socket on every
+        // queue behind the one I/O loop.
         let sockets = if per_queue {
             cfg.forwarder.threads as u32
         } else {
-            1
+            queues
         };
         params.pool_buffers +=
             sockets * (netio::afxdp::BUFFERS_NEEDED + 4 * cfg.forwarder.queue_size as u32);
@@ -874,12 +970,21 @@ pub fn run(
             let xdp = if prefix_vips {
                 Err(Error::PrefixVipsNeedAfPacket)
             } else {
-                AfXdpPort::open(interface, dp.pool(), &vip_addresses(&cfg)).map_err(Error::from)
+                netio::afxdp::AllQueues::open(interface, dp.pool(), &vip_addresses(&cfg), queues)
+                    .map_err(Error::from)
             };
             match (xdp, driver) {
                 (Ok(p), _) => {
-                    driver_desc = format!("AF_XDP ({:?} XDP, copy mode)", p.mode());
-                    let f = p.vip_filter();
+                    driver_desc = format!(
+                        "AF_XDP ({:?} XDP, copy mode){}",
+                        p.first().mode(),
+                        if p.queues() > 1 {
+                            format!(", {} queues into one I/O loop", p.queues())
+                        } else {
+                            String::new()
+                        }
+                    );
+                    let f = p.first().vip_filter();
                     (Box::new(p) as Box<dyn netio::Nic>, Some(f))
                 }
                 (Err(e), Driver::Auto) => {
@@ -978,13 +1083,22 @@ fn serve(
         xdp_vips,
         driver: driver_desc.clone(),
         pool: dp.pool().clone(),
+        tracer: dp.tracer().cloned(),
         started: Instant::now(),
     });
     // Tunnel health checks asked for and impossible: stop now, say why.
     let checks = health::checks(&cfg);
     shared.ensure_tunnel(&checks)?;
+    if let Some(f) = &shared.xdp_vips {
+        crate::peers::set_xdp_redirects(f, &cfg)?;
+    }
+    // `stop` (the signal) starts a graceful stop: the BGP controller
+    // withdraws the VIPs, then the drainer keeps the datapath, the API and
+    // health checks running until the router has moved the traffic away,
+    // and only then sets `dp_stop`, which ends them.
+    let dp_stop = Arc::new(AtomicBool::new(false));
     let cp = {
-        let (shared, stop, listen) = (Arc::clone(&shared), Arc::clone(&stop), api_listener);
+        let (shared, stop, listen) = (Arc::clone(&shared), Arc::clone(&dp_stop), api_listener);
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
@@ -1016,18 +1130,52 @@ fn serve(
                 source,
             })?
     };
+    let drainer = {
+        let (shared, stop, dp_stop) =
+            (Arc::clone(&shared), Arc::clone(&stop), Arc::clone(&dp_stop));
+        std::thread::Builder::new()
+            .name("drain".into())
+            .spawn(move || graceful_stop(&shared, bgp, &stop, &dp_stop))
+            .map_err(|source| Error::Spawn {
+                what: "graceful-stop",
+                source,
+            })?
+    };
+    // Packet-tracer reports, until the datapath stops.
+    let reporter = dp
+        .tracer()
+        .map(|t| {
+            let name = crate::tracer::machine_name(&cfg);
+            crate::tracer::spawn(
+                Arc::clone(t),
+                name,
+                Arc::clone(&tables),
+                Arc::clone(&dp_stop),
+            )
+        })
+        .transpose()
+        .map_err(|crate::tracer::ReporterError::Spawn(source)| Error::Spawn {
+            what: "packet-tracer reporter",
+            source,
+        })?;
     tracing::info!(
         interface,
         ?driver,
         "forwarding; stop with SIGINT or SIGTERM, reload with SIGHUP"
     );
     let res = match ports {
-        Ports::One(mut port) => dp.run(&mut *port, &stop),
-        Ports::Queues(ports) => dp.run_queues(ports, &stop),
+        Ports::One(mut port) => dp.run(&mut *port, &dp_stop),
+        Ports::Queues(ports) => dp.run_queues(ports, &dp_stop),
     };
+    // The datapath may also end on its own (an error): then nothing is
+    // left to drain.
+    dp_stop.store(true, Ordering::Release);
     stop.store(true, Ordering::Release);
-    let _ = bgp.join();
+    let _ = drainer.join();
     let _ = cp.join();
+    if let Some(r) = reporter {
+        let _ = r.join();
+    }
     let stats = res?;
     let t = tables.load_full();
     Ok((stats, t))
@@ -1039,6 +1187,18 @@ pub fn api_request(
     method: &str,
     path: &str,
 ) -> Result<String, ApiError> {
+    api_request_with(api, method, path, None)
+}
+
+/// One exchange with the API, with a bearer token (`[api] token_file` of
+/// the daemon, which a change such as `POST /reload` needs when the daemon
+/// has one): the status (code and reason) and the body.
+pub fn api_exchange(
+    api: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> Result<(String, String), ApiError> {
     use std::io::{Read, Write};
     let io = |source| ApiError::Io { api, source };
     let mut s = std::net::TcpStream::connect_timeout(&api, Duration::from_secs(2))
@@ -1046,22 +1206,117 @@ pub fn api_request(
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(io)?;
     s.write_all(
-        format!("{method} {path} HTTP/1.0\r\nHost: {api}\r\nContent-Length: 0\r\n\r\n").as_bytes(),
+        format!(
+            "{method} {path} HTTP/1.0\r\nHost: {api}\r\n{}Content-Length: 0\r\n\r\n",
+            token
+                .map(|t| format!("Authorization: Bearer {t}\r\n"))
+                .unwrap_or_default()
+        )
+        .as_bytes(),
     )
     .map_err(io)?;
     let mut answer = String::new();
     s.read_to_string(&mut answer).map_err(io)?;
-    answer
+    if answer.is_empty() {
+        return Err(ApiError::NoAnswer { api });
+    }
+    let (head, body) = answer
         .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .ok_or(ApiError::Malformed { api })
+        .ok_or(ApiError::Malformed { api })?;
+    let status = head
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("HTTP/"))
+        .and_then(|l| l.split_once(' '))
+        .map(|(_, code)| code.trim().to_string())
+        .ok_or(ApiError::Malformed { api })?;
+    Ok((status, body.to_string()))
+}
+
+/// One request to a daemon's HTTP API; the answer's body, whatever its
+/// status (a rejected reload answers 400 with the reason as JSON).
+pub fn api_request_with(
+    api: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> Result<String, ApiError> {
+    api_exchange(api, method, path, token).map(|(_, body)| body)
+}
+
+/// A document from the API: a 2xx answer with a body, else an error that
+/// says which (an error status with its message, or an empty answer).
+pub fn api_document(api: std::net::SocketAddr, path: &str) -> Result<String, ApiError> {
+    let (status, body) = api_exchange(api, "GET", path, None)?;
+    if !status.starts_with('2') {
+        return Err(ApiError::Status {
+            api,
+            status,
+            body: body.trim().chars().take(500).collect(),
+        });
+    }
+    if body.trim().is_empty() {
+        return Err(ApiError::Empty {
+            api,
+            path: path.to_string(),
+        });
+    }
+    Ok(body)
 }
 
 /// Fetches `/status` from a running daemon's API (`fastpath lb status`).
 pub fn fetch_status(api: std::net::SocketAddr) -> Result<Status, ApiError> {
-    let json = api_request(api, "GET", "/status")?;
+    let json = api_document(api, "/status")?;
     serde_json::from_str(&json).map_err(|source| ApiError::Document {
         path: "/status",
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// A one-shot server answering `reply` to the first connection.
+    fn answering(reply: &'static str) -> std::net::SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            if let Ok((mut c, _)) = l.accept() {
+                let mut buf = [0u8; 1024];
+                let _ = c.read(&mut buf);
+                let _ = c.write_all(reply.as_bytes());
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn status_errors_say_what_the_api_answered() {
+        let e = fetch_status(answering("")).unwrap_err();
+        assert!(matches!(e, ApiError::NoAnswer { .. }), "{e}");
+        let e = fetch_status(answering("HTTP/1.1 200 OK\r\n\r\n")).unwrap_err();
+        assert!(matches!(e, ApiError::Empty { .. }), "{e}");
+        assert!(e.to_string().contains("empty body"), "{e}");
+        let e = fetch_status(answering(
+            "HTTP/1.1 401 Unauthorized\r\n\r\n{\"error\":\"token\"}",
+        ))
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("401 Unauthorized: {\"error\":\"token\"}"),
+            "{e}"
+        );
+        let e = fetch_status(answering("SSH-2.0-OpenSSH\r\n")).unwrap_err();
+        assert!(matches!(e, ApiError::Malformed { .. }), "{e}");
+        // A rejected reload's reason stays readable through api_request.
+        let body = api_request(
+            answering("HTTP/1.1 400 Bad Request\r\n\r\n{\"error\":\"vips[0].pool\"}"),
+            "POST",
+            "/reload",
+        )
+        .unwrap();
+        assert!(body.contains("vips[0].pool"));
+    }
 }

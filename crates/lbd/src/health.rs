@@ -73,12 +73,13 @@ impl std::fmt::Display for CheckKey {
 /// decides for.
 pub fn checks(cfg: &Config) -> HashMap<CheckKey, Vec<String>> {
     let mut out: HashMap<CheckKey, Vec<String>> = HashMap::new();
+    let tunnel_vips = cfg.tunnel_vips();
     for p in &cfg.pools {
         let Some(h) = &p.health else { continue };
         let vip = match h.via {
             CheckPath::Direct => None,
             // Validation guarantees one.
-            CheckPath::Tunnel => cfg.tunnel_vip(&p.name),
+            CheckPath::Tunnel => tunnel_vips.get(p.name.as_str()).copied(),
         };
         for b in &p.backends {
             let name = b.name.clone().unwrap_or_else(|| b.address.to_string());

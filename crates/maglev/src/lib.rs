@@ -296,6 +296,17 @@ impl Maglev {
         &self.entry
     }
 
+    /// Bytes this table holds on the heap: the slots (4 bytes each), the
+    /// claimed-slot bitmap and the population scratch, by capacity.
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.entry.capacity() * size_of::<u32>()
+            + self.filled.capacity() * size_of::<u64>()
+            + self.turns.capacity() * size_of::<Turn>()
+            + (self.order.capacity() + self.free.capacity() + self.ranks.capacity())
+                * size_of::<u32>()
+    }
+
     /// Populates from named backends, taking turns in name order so that any
     /// input order gives the same table. Slots name the index into
     /// `backends`.
@@ -598,6 +609,18 @@ mod tests {
         ));
         let bad = [(Permutation { offset: 0, skip: 0 }, 1)];
         assert!(t.populate_ordered(&bad).is_err());
+    }
+
+    #[test]
+    fn heap_bytes_counts_the_slots_and_the_bitmap() {
+        let mut t = Maglev::new(65_537).unwrap();
+        let empty = t.heap_bytes();
+        assert!(empty >= 65_537 * 4 + 65_537 / 8, "{empty}");
+        let b: Vec<_> = (0..100).map(|i| Backend::new(format!("b{i}"))).collect();
+        t.populate(&b).unwrap();
+        // The scratch of a population: turns, order, the tail's free slots.
+        assert!(t.heap_bytes() > empty + 100 * 4);
+        assert!(t.heap_bytes() < empty + 64 * 1024);
     }
 
     #[test]

@@ -372,6 +372,7 @@ impl Nic for AfPacketPort {
             slot.off = HEADROOM as u16;
             slot.len = snap as u16;
             self.stats.rx_bytes += snap as u64;
+            self.stats.rx_copies += 1;
             n += 1;
             if self.taken >= num {
                 self.release_block();

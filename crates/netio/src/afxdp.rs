@@ -4,10 +4,13 @@
 //!
 //! - Receive is zero-copy into the pool: for each frame taken from the RX
 //!   ring, the slot's reserved buffer goes to the fill ring in its place.
-//! - Transmit copies each frame into one of the port's own transmit buffers
-//!   (also pool memory), which come back on the completion ring; the
-//!   caller's buffers are free for recycling at once, as the `Nic` contract
-//!   says.
+//! - Transmit from the pool is zero-copy ([`Nic::transmit_owned`]): the
+//!   frame is sent from the buffer it sits in (a received frame rewritten
+//!   in place), which the port takes and gives back to the pool when it
+//!   comes back on the completion ring. [`Nic::transmit`], whose caller
+//!   keeps its buffers, copies each frame into one of the port's own
+//!   transmit buffers (also pool memory) instead; [`PortStats::tx_copies`]
+//!   counts those copies.
 //! - Native XDP is tried first and generic (SKB) mode is the fallback; the
 //!   socket binds in copy mode (veth has no zero-copy driver support).
 //!
@@ -40,9 +43,9 @@ static XSK_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/x
 #[cfg(not(fastpath_xdp_obj))]
 static XSK_OBJ: &[u8] = &[];
 #[cfg(fastpath_xdp_obj)]
-static BOUNCE_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bounce.o"));
+static FWD_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/fwd.o"));
 #[cfg(not(fastpath_xdp_obj))]
-static BOUNCE_OBJ: &[u8] = &[];
+static FWD_OBJ: &[u8] = &[];
 
 /// Why an AF_XDP port, or one of its XDP programs, failed.
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +120,15 @@ pub enum Error {
         #[source]
         source: Box<MapError>,
     },
+    /// The XDP forwarder's device map could not be set.
+    #[error("AF_XDP on {iface}: the forwarder's device map: {source}")]
+    DevMap {
+        /// The interface.
+        iface: String,
+        /// aya's answer.
+        #[source]
+        source: Box<aya::maps::xdp::XdpMapError>,
+    },
     /// A system call on the socket failed.
     #[error("AF_XDP on {iface}: {op}: {source}{}", hint(source))]
     Sys {
@@ -177,11 +189,18 @@ const XSK: Prog = Prog {
     program: "XDP program",
 };
 
-/// The bounce program (`bpf/bounce.c`).
-const BOUNCE: Prog = Prog {
-    obj: BOUNCE_OBJ,
-    name: "fastpath_bounce",
-    program: "bounce program",
+/// The XDP forwarder (`bpf/fwd.c`).
+const FWD: Prog = Prog {
+    obj: FWD_OBJ,
+    name: "fastpath_fwd",
+    program: "XDP forwarder",
+};
+
+/// The sink (`bpf/fwd.c`): drops every frame.
+const SINK: Prog = Prog {
+    obj: FWD_OBJ,
+    name: "fastpath_sink",
+    program: "XDP sink",
 };
 
 impl Prog {
@@ -255,27 +274,136 @@ pub fn attach_pass(iface: &str) -> Result<Ebpf, crate::Error> {
     Ok(bpf)
 }
 
-/// Attaches the bounce program (every frame back out, MACs swapped) to an
-/// interface of the calling thread's namespace; detached when the returned
-/// handle drops. For measuring what a veth pair can carry.
-pub fn attach_bounce(iface: &str) -> Result<(Ebpf, XdpMode), crate::Error> {
-    let mut bpf = BOUNCE.load(iface)?;
-    let mode = BOUNCE.attach(&mut bpf, iface)?;
+/// Attaches the sink (every frame dropped in the driver, after the
+/// interface counted it) in native mode: the cheapest receiver, which also
+/// makes a veth accept frames its peer redirects. Detached when the
+/// returned handle drops.
+pub fn attach_sink(iface: &str) -> Result<Ebpf, crate::Error> {
+    let mut bpf = SINK.load(iface)?;
+    SINK.find(&mut bpf, iface)?
+        .attach(iface, XdpFlags::DRV_MODE)
+        .map_err(|e| SINK.failed(iface, "attaching", e))?;
+    Ok(bpf)
+}
+
+/// Backends the XDP forwarder takes at most (`FWD_MAX_BACKENDS` of
+/// `bpf/fwd.c`).
+pub const FWD_MAX_BACKENDS: usize = 16;
+
+/// The XDP forwarder's configuration (`struct fwd_conf` of `bpf/fwd.c`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FwdConf {
+    dmac: [u8; 6],
+    smac: [u8; 6],
+    n: u32,
+    backend: [[u8; 4]; FWD_MAX_BACKENDS],
+}
+
+// SAFETY: plain old data with no padding (6 + 6 bytes, then 4-byte fields
+// at offset 12), as the kernel's copy of the map value expects.
+unsafe impl aya::Pod for FwdConf {}
+
+/// Attaches the XDP forwarder (`bpf/fwd.c`) to an interface of the calling
+/// thread's namespace: each IPv4 frame's destination becomes one of
+/// `backends` (by source address and port), its MACs `gateway` and `ours`,
+/// and it leaves through the same interface by `bpf_redirect_map`. The
+/// load balancer's hop done in the driver: the limit a forwarder on this
+/// interface can reach. Detached when the returned handle drops.
+pub fn attach_forwarder(
+    iface: &str,
+    gateway: [u8; 6],
+    ours: [u8; 6],
+    backends: &[std::net::Ipv4Addr],
+) -> Result<(Ebpf, XdpMode), crate::Error> {
+    let index = crate::afpacket::ifindex(iface).ok_or_else(|| Error::NoInterface {
+        iface: iface.into(),
+    })?;
+    let mut bpf = FWD.load(iface)?;
+    let mut conf = FwdConf {
+        dmac: gateway,
+        smac: ours,
+        n: backends.len().min(FWD_MAX_BACKENDS) as u32,
+        backend: [[0; 4]; FWD_MAX_BACKENDS],
+    };
+    for (slot, b) in conf.backend.iter_mut().zip(backends) {
+        *slot = b.octets();
+    }
+    let map = |what| {
+        move |source| Error::Map {
+            iface: iface.into(),
+            what,
+            source: Box::new(source),
+        }
+    };
+    let missing = |what| Error::Missing {
+        iface: iface.into(),
+        what,
+    };
+    let mut arr: aya::maps::Array<_, FwdConf> =
+        aya::maps::Array::try_from(bpf.map_mut("fwd_conf").ok_or_else(|| missing("fwd_conf"))?)
+            .map_err(map("forwarder configuration"))?;
+    arr.set(0, conf, 0)
+        .map_err(map("forwarder configuration"))?;
+    let mut out: aya::maps::DevMap<_> =
+        aya::maps::DevMap::try_from(bpf.map_mut("fwd_out").ok_or_else(|| missing("fwd_out"))?)
+            .map_err(map("forwarder device map"))?;
+    out.set(0, index, None, 0).map_err(|source| Error::DevMap {
+        iface: iface.into(),
+        source: Box::new(source),
+    })?;
+    let mode = FWD.attach(&mut bpf, iface)?;
     Ok((bpf, mode))
 }
 
 /// The set of VIP addresses the XDP program sends to the socket (IPv4
 /// stored IPv4-mapped); frames to any other address go to the kernel.
+/// Besides, for the load balancer's own addresses ([`VipFilter::set_redirects`]),
+/// fragments redirected by a fleet peer (GRE with the key
+/// `packet::gre::FRAGMENT_REDIRECT_KEY`) go to the socket, the rest of
+/// their traffic (BGP, checks, management) to the kernel.
 /// Cloneable: the control plane updates it when the VIPs change.
 #[derive(Clone)]
 pub struct VipFilter {
     map: Arc<Mutex<aya::maps::HashMap<MapData, [u8; 16], u8>>>,
     iface: Arc<str>,
+    /// The addresses last set.
+    entries: Arc<Mutex<Entries>>,
 }
 
+/// The addresses in the XDP program's map, by kind.
+#[derive(Default)]
+struct Entries {
+    /// VIPs: every frame goes to the socket.
+    vips: Vec<[u8; 16]>,
+    /// Own addresses: redirected fragments go to the socket.
+    own: Vec<[u8; 16]>,
+}
+
+/// Map value: every frame to the address goes to the socket.
+const VIP_ALL: u8 = 1;
+/// Map value: only redirected fragments (keyed GRE) go to the socket.
+const VIP_REDIRECTS: u8 = 2;
+
 impl VipFilter {
-    /// Makes the set exactly `addrs`.
+    /// Makes the VIP set exactly `addrs` (own addresses set with
+    /// [`VipFilter::set_redirects`] stay).
     pub fn set(&self, addrs: &[[u8; 16]]) -> Result<(), crate::Error> {
+        let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        e.vips = addrs.to_vec();
+        self.write(&e.vips, &e.own)
+    }
+
+    /// Makes the set of this load balancer's own addresses, to which peers
+    /// redirect fragments, exactly `addrs` (the VIPs stay).
+    pub fn set_redirects(&self, addrs: &[[u8; 16]]) -> Result<(), crate::Error> {
+        let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        e.own = addrs.to_vec();
+        self.write(&e.vips, &e.own)
+    }
+
+    /// Writes the map: VIPs, then own addresses that are not VIPs.
+    fn write(&self, vips: &[[u8; 16]], own: &[[u8; 16]]) -> Result<(), crate::Error> {
         let map_err = |source| Error::Map {
             iface: self.iface.to_string(),
             what: "VIP map",
@@ -283,11 +411,14 @@ impl VipFilter {
         };
         let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let old: Vec<[u8; 16]> = m.keys().filter_map(Result::ok).collect();
-        for k in old.iter().filter(|k| !addrs.contains(k)) {
+        for k in old.iter().filter(|k| !vips.contains(k) && !own.contains(k)) {
             m.remove(k).map_err(map_err)?;
         }
-        for a in addrs {
-            m.insert(a, 1, 0).map_err(map_err)?;
+        for a in vips {
+            m.insert(a, VIP_ALL, 0).map_err(map_err)?;
+        }
+        for a in own.iter().filter(|a| !vips.contains(a)) {
+            m.insert(a, VIP_REDIRECTS, 0).map_err(map_err)?;
         }
         Ok(())
     }
@@ -426,6 +557,9 @@ pub struct AfXdpPort {
     kernel: Vec<Option<Buf>>,
     /// Our transmit buffers not in flight.
     tx_free: Vec<Buf>,
+    /// By index: the buffer the kernel holds was lent by a caller of
+    /// `transmit_owned` (back to the pool when completed), not one of ours.
+    lent: Vec<bool>,
     mode: XdpMode,
     stats: PortStats,
     /// Addresses from the kernel that did not name a buffer we gave it.
@@ -487,6 +621,7 @@ impl AfXdpPort {
         let filter = VipFilter {
             map: Arc::new(Mutex::new(vip_map)),
             iface: iface.into(),
+            entries: Arc::new(Mutex::new(Entries::default())),
         };
         filter.set(vips)?;
 
@@ -558,6 +693,7 @@ impl AfXdpPort {
                 tx,
                 kernel: (0..pool.buffers()).map(|_| None).collect(),
                 tx_free: Vec::new(),
+                lent: vec![false; pool.buffers() as usize],
                 mode,
                 stats: PortStats::default(),
                 bad_addresses: 0,
@@ -621,13 +757,52 @@ impl AfXdpPort {
             match self.kernel.get_mut(idx).and_then(Option::take) {
                 Some(b) => {
                     let _ = self.pool.transition(&b, State::InFlight, State::User);
-                    self.tx_free.push(b);
+                    if std::mem::take(&mut self.lent[idx]) {
+                        // Sent from the caller's buffer: its frame is done.
+                        let _ = self.handle.free(b);
+                    } else {
+                        self.tx_free.push(b);
+                    }
                 }
                 None => self.bad_addresses += 1,
             }
             cons = cons.wrapping_add(1);
         }
         self.comp.cons().store(cons, Ordering::Release);
+    }
+
+    /// Copies the frame of `s` into one of our transmit buffers and puts
+    /// its descriptor at `at` of the TX ring (not yet published); false
+    /// when it cannot (no free transmit buffer, frame too big).
+    fn put_copy(&mut self, pool: &Pool, s: &Slot, at: u32) -> bool {
+        let frame = s.frame(pool);
+        if frame.len() > self.pool.buf_size() {
+            return false;
+        }
+        let Some(mut b) = self.tx_free.pop() else {
+            return false;
+        };
+        self.pool.data_mut(&mut b)[..frame.len()].copy_from_slice(frame);
+        let idx = b.index() as usize;
+        let _ = self.pool.transition(&b, State::User, State::InFlight);
+        self.tx
+            .put_desc(at, idx as u64 * self.chunk(), frame.len() as u32);
+        self.kernel[idx] = Some(b);
+        self.stats.tx += 1;
+        self.stats.tx_bytes += frame.len() as u64;
+        self.stats.tx_copies += 1;
+        true
+    }
+
+    /// Publishes `n` descriptors put from `prod` on, and has the kernel
+    /// send them.
+    fn publish_tx(&mut self, prod: u32, n: u32) {
+        if n > 0 {
+            self.tx
+                .prod()
+                .store(prod.wrapping_add(n), Ordering::Release);
+            self.kick_tx();
+        }
     }
 
     /// Wakes the kernel's transmit processing until it has taken every
@@ -714,38 +889,57 @@ impl Nic for AfXdpPort {
 
     fn transmit(&mut self, pool: &Pool, slots: &[Slot]) -> Result<usize, crate::Error> {
         self.reap();
-        let chunk = self.chunk();
         let prod = self.tx.prod().load(Ordering::Relaxed);
         let cons = self.tx.cons().load(Ordering::Acquire);
         let room = RING - prod.wrapping_sub(cons);
         let mut n = 0u32;
         for s in slots {
+            if n == room || !self.put_copy(pool, s, prod.wrapping_add(n)) {
+                break;
+            }
+            n += 1;
+        }
+        self.publish_tx(prod, n);
+        Ok(n as usize)
+    }
+
+    /// Sends each frame from the buffer it sits in, taking the buffer (back
+    /// to the pool on completion): no copy. A frame of another pool, or one
+    /// that does not lie within its buffer, is copied as by `transmit`.
+    fn transmit_owned(&mut self, pool: &Pool, slots: &mut [Slot]) -> Result<usize, crate::Error> {
+        self.reap();
+        let ours = pool.region().0 == self.pool.region().0;
+        let chunk = self.chunk();
+        let prod = self.tx.prod().load(Ordering::Relaxed);
+        let cons = self.tx.cons().load(Ordering::Acquire);
+        let room = RING - prod.wrapping_sub(cons);
+        let mut n = 0u32;
+        for s in slots.iter_mut() {
             if n == room {
                 break;
             }
-            let frame = s.frame(pool);
-            if frame.len() > pool.buf_size() {
-                break;
+            let (off, len) = (u64::from(s.off), u64::from(s.len));
+            let at = prod.wrapping_add(n);
+            if !ours || len == 0 || off + len > chunk {
+                if !self.put_copy(pool, s, at) {
+                    break;
+                }
+                n += 1;
+                continue;
             }
-            let Some(mut b) = self.tx_free.pop() else {
+            let Some(b) = s.buf.take() else {
                 break;
             };
-            pool.data_mut(&mut b)[..frame.len()].copy_from_slice(frame);
             let idx = b.index() as usize;
             let _ = pool.transition(&b, State::User, State::InFlight);
-            self.tx
-                .put_desc(prod.wrapping_add(n), idx as u64 * chunk, frame.len() as u32);
+            self.tx.put_desc(at, idx as u64 * chunk + off, len as u32);
             self.kernel[idx] = Some(b);
+            self.lent[idx] = true;
             self.stats.tx += 1;
-            self.stats.tx_bytes += frame.len() as u64;
+            self.stats.tx_bytes += len;
             n += 1;
         }
-        if n > 0 {
-            self.tx
-                .prod()
-                .store(prod.wrapping_add(n), Ordering::Release);
-            self.kick_tx();
-        }
+        self.publish_tx(prod, n);
         Ok(n as usize)
     }
 
@@ -797,6 +991,335 @@ impl Drop for AfXdpPort {
         {
             let _ = self.pool.transition(&b, State::InFlight, State::User);
             let _ = self.handle.free(b);
+        }
+    }
+}
+
+/// Every receive queue of an interface behind one [`Nic`]: one AF_XDP
+/// socket per queue ([`AfXdpPort::open_queues`]), received from in turn and
+/// slept on together, for a datapath with one I/O loop (software steering
+/// to its packet threads). An AF_XDP socket sees only its own queue, and
+/// the XDP program hands a frame of a queue without a socket to the kernel,
+/// so a single socket on a multi-queue interface would lose the flows the
+/// NIC puts on the other queues.
+pub struct AllQueues {
+    ports: Vec<AfXdpPort>,
+    /// The queue received from first next time (fairness).
+    next: usize,
+}
+
+impl AllQueues {
+    /// Opens a socket on each of the interface's `queues` queues.
+    pub fn open(
+        iface: &str,
+        pool: &Pool,
+        vips: &[[u8; 16]],
+        queues: u32,
+    ) -> Result<Self, crate::Error> {
+        Ok(AllQueues {
+            ports: AfXdpPort::open_queues(iface, pool, vips, queues.max(1))?,
+            next: 0,
+        })
+    }
+
+    /// The queues served.
+    pub fn queues(&self) -> usize {
+        self.ports.len()
+    }
+
+    /// The first port (for its [`AfXdpPort::vip_filter`] and
+    /// [`AfXdpPort::mode`], shared by all).
+    pub fn first(&self) -> &AfXdpPort {
+        &self.ports[0]
+    }
+}
+
+impl Nic for AllQueues {
+    fn receive(&mut self, pool: &Pool, slots: &mut [Slot]) -> Result<usize, crate::Error> {
+        let n = self.ports.len();
+        let mut filled = 0;
+        for i in 0..n {
+            if filled == slots.len() {
+                break;
+            }
+            let q = (self.next + i) % n;
+            match self.ports[q].receive(pool, &mut slots[filled..]) {
+                Ok(k) => filled += k,
+                // Frames already taken from other queues are the caller's.
+                Err(_) if filled > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        self.next = (self.next + 1) % n;
+        Ok(filled)
+    }
+
+    fn transmit(&mut self, pool: &Pool, slots: &[Slot]) -> Result<usize, crate::Error> {
+        // Any queue's socket may send; the first takes what it can, the
+        // others the rest when its ring is full.
+        let mut sent = 0;
+        for p in &mut self.ports {
+            if sent == slots.len() {
+                break;
+            }
+            sent += p.transmit(pool, &slots[sent..])?;
+        }
+        Ok(sent)
+    }
+
+    fn transmit_owned(&mut self, pool: &Pool, slots: &mut [Slot]) -> Result<usize, crate::Error> {
+        let mut sent = 0;
+        for p in &mut self.ports {
+            if sent == slots.len() {
+                break;
+            }
+            sent += p.transmit_owned(pool, &mut slots[sent..])?;
+        }
+        Ok(sent)
+    }
+
+    fn wait(&mut self, timeout_ms: i32) {
+        let mut timeout_ms = timeout_ms;
+        for p in &self.ports {
+            if p.rx.prod().load(Ordering::Acquire) != p.rx.cons().load(Ordering::Relaxed) {
+                return;
+            }
+            if p.tx.prod().load(Ordering::Relaxed) != p.tx.cons().load(Ordering::Acquire) {
+                p.kick_tx();
+                timeout_ms = timeout_ms.clamp(0, 1);
+            }
+        }
+        let mut fds: Vec<rustix::event::PollFd<'_>> = self
+            .ports
+            .iter()
+            .filter_map(|p| p.fd())
+            .map(|fd| rustix::event::PollFd::from_borrowed_fd(fd, rustix::event::PollFlags::IN))
+            .collect();
+        let timeout = (timeout_ms >= 0).then(|| rustix::event::Timespec {
+            tv_sec: i64::from(timeout_ms / 1000),
+            tv_nsec: i64::from(timeout_ms % 1000) * 1_000_000,
+        });
+        // Woken early or interrupted: the caller polls its rings anyway.
+        let _ = rustix::event::poll(&mut fds, timeout.as_ref());
+    }
+
+    fn stats(&self) -> PortStats {
+        let mut s = PortStats::default();
+        for p in &self.ports {
+            s.add(&p.stats());
+        }
+        s
+    }
+}
+
+/// Bytes of the generator's UMEM per frame.
+const GEN_CHUNK: usize = 2048;
+
+/// A transmit-only AF_XDP socket for a traffic generator: frames prepared
+/// once in a UMEM of its own are sent again and again by descriptor (no
+/// write per frame), as many as the TX ring has room for at a time, and the
+/// kernel is woken only when the ring's need_wakeup flag asks (in copy mode
+/// it takes at most 32 frames per wake-up). It reports what it offered:
+/// frames the kernel took from the ring and completed (sent, or dropped by
+/// a full receiver: offered either way).
+pub struct Generator {
+    /// The socket; closed first on drop, before the UMEM is unmapped.
+    fd: OwnedFd,
+    iface: String,
+    tx: XRing,
+    comp: XRing,
+    /// The frames' memory, registered as the socket's UMEM.
+    _umem: MmapMut,
+    /// Each frame's UMEM address and length.
+    frames: Vec<(u64, u32)>,
+    /// The frame sent next.
+    next: usize,
+    /// Descriptors queued on the TX ring.
+    queued: u64,
+    /// Descriptors the kernel completed.
+    completed: u64,
+    /// Wake-ups (`sendto` calls).
+    kicks: u64,
+}
+
+impl Generator {
+    /// A socket on queue `queue` of `iface` whose UMEM holds `frames`
+    /// (each at most 2048 bytes), sent in turn, round and round.
+    pub fn open(iface: &str, queue: u32, frames: &[Vec<u8>]) -> Result<Self, crate::Error> {
+        let sys = |op| {
+            move |e: rustix::io::Errno| Error::Sys {
+                iface: iface.into(),
+                op,
+                source: e.into(),
+            }
+        };
+        let index = crate::afpacket::ifindex(iface).ok_or_else(|| Error::NoInterface {
+            iface: iface.into(),
+        })?;
+        let len = (frames.len().max(1) * GEN_CHUNK).next_multiple_of(4096);
+        let mut umem = MmapOptions::new()
+            .len(len)
+            .populate()
+            .map_anon()
+            .map_err(|source| Error::Sys {
+                iface: iface.into(),
+                op: "mapping the generator's UMEM",
+                source,
+            })?;
+        let mut descs = Vec::with_capacity(frames.len());
+        for (i, f) in frames.iter().enumerate() {
+            let at = i * GEN_CHUNK;
+            let n = f.len().min(GEN_CHUNK);
+            umem[at..at + n].copy_from_slice(&f[..n]);
+            descs.push((at as u64, n as u32));
+        }
+        let fd = rustix::net::socket_with(
+            AddressFamily::XDP,
+            SocketType::RAW,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(sys("socket"))?;
+        let s = fd.as_fd();
+        let reg = XdpUmemReg {
+            addr: umem.as_mut_ptr() as u64,
+            len: len as u64,
+            chunk_size: GEN_CHUNK as u32,
+            headroom: 0,
+            flags: XdpUmemRegFlags::empty(),
+            tx_metadata_len: 0,
+        };
+        sockopt::set_xdp_umem_reg(s, reg).map_err(sys("registering the generator's UMEM"))?;
+        sockopt::set_xdp_umem_fill_ring_size(s, RING).map_err(sys("fill ring size"))?;
+        sockopt::set_xdp_umem_completion_ring_size(s, RING).map_err(sys("completion ring size"))?;
+        sockopt::set_xdp_tx_ring_size(s, RING).map_err(sys("TX ring size"))?;
+        let off = sockopt::xdp_mmap_offsets(s).map_err(sys("XDP_MMAP_OFFSETS"))?;
+        let comp = XRing::map(s, &off.cr, XDP_UMEM_PGOFF_COMPLETION_RING, 8, iface)?;
+        let tx = XRing::map(s, &off.tx, XDP_PGOFF_TX_RING, 16, iface)?;
+        let addr = SocketAddrXdp::new(
+            SocketAddrXdpFlags::XDP_COPY | SocketAddrXdpFlags::XDP_USE_NEED_WAKEUP,
+            index,
+            queue,
+        );
+        rustix::net::bind(s, &addr).map_err(sys("bind"))?;
+        Ok(Generator {
+            fd,
+            iface: iface.into(),
+            tx,
+            comp,
+            _umem: umem,
+            frames: descs,
+            next: 0,
+            queued: 0,
+            completed: 0,
+            kicks: 0,
+        })
+    }
+
+    /// The interface.
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// Fills the TX ring's free entries with the next frames, wakes the
+    /// kernel if the ring asks, and takes in completions; returns how many
+    /// frames were queued.
+    pub fn send(&mut self) -> u32 {
+        self.reap();
+        let prod = self.tx.prod().load(Ordering::Relaxed);
+        let cons = self.tx.cons().load(Ordering::Acquire);
+        let room = RING - prod.wrapping_sub(cons);
+        if self.frames.is_empty() {
+            return 0;
+        }
+        for i in 0..room {
+            let (addr, len) = self.frames[self.next];
+            self.next = if self.next + 1 == self.frames.len() {
+                0
+            } else {
+                self.next + 1
+            };
+            self.tx.put_desc(prod.wrapping_add(i), addr, len);
+        }
+        if room > 0 {
+            self.tx
+                .prod()
+                .store(prod.wrapping_add(room), Ordering::Release);
+            self.queued += u64::from(room);
+        }
+        if self.tx.needs_wakeup() && prod.wrapping_add(room) != cons {
+            self.kicks += 1;
+            // A zero-length send only wakes the kernel's transmit
+            // processing; a full receiver (EBUSY) or a full socket buffer
+            // (EAGAIN) is retried by the next call.
+            let _ = rustix::net::send(&self.fd, &[], SendFlags::DONTWAIT);
+        }
+        room
+    }
+
+    /// Takes in completions.
+    fn reap(&mut self) {
+        let prod = self.comp.prod().load(Ordering::Acquire);
+        let cons = self.comp.cons().load(Ordering::Relaxed);
+        self.completed += u64::from(prod.wrapping_sub(cons));
+        self.comp.cons().store(prod, Ordering::Release);
+    }
+
+    /// Wakes the kernel until it has taken what is queued, for at most
+    /// `timeout`, and takes in the completions; returns how many are left.
+    pub fn flush(&mut self, timeout: std::time::Duration) -> u64 {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.completed < self.queued && std::time::Instant::now() < deadline {
+            let _ = rustix::net::send(&self.fd, &[], SendFlags::DONTWAIT);
+            self.kicks += 1;
+            self.reap();
+            std::thread::yield_now();
+        }
+        self.queued - self.completed
+    }
+
+    /// Frames the kernel completed: what was offered.
+    pub fn completed(&self) -> u64 {
+        self.reap_peek()
+    }
+
+    /// Completions taken in plus those waiting on the ring.
+    fn reap_peek(&self) -> u64 {
+        let prod = self.comp.prod().load(Ordering::Acquire);
+        let cons = self.comp.cons().load(Ordering::Relaxed);
+        self.completed + u64::from(prod.wrapping_sub(cons))
+    }
+
+    /// Wake-ups so far (`sendto` calls).
+    pub fn kicks(&self) -> u64 {
+        self.kicks
+    }
+}
+
+// SAFETY: the rings' and the UMEM's mappings are owned by the generator,
+// which is used by one thread at a time (Send, not Sync); the kernel side is
+// synchronized through the ring words.
+unsafe impl Send for Generator {}
+
+#[cfg(test)]
+mod tests {
+    use super::{VIP_ALL, VIP_REDIRECTS};
+
+    /// The XDP program is C: its constants must say what the Rust side
+    /// writes into the map and what load balancers put in redirects.
+    #[test]
+    fn the_xdp_program_agrees_on_map_values_and_the_redirect_key() {
+        let src = include_str!("../bpf/xsk.c");
+        for want in [
+            format!(
+                "#define FRAGMENT_REDIRECT_KEY {:#010x}",
+                packet::gre::FRAGMENT_REDIRECT_KEY
+            ),
+            format!("#define VIP_ALL {VIP_ALL}"),
+            format!("#define VIP_REDIRECTS {VIP_REDIRECTS}"),
+            format!("#define GRE_FLAG_KEY {:#06x}", packet::gre::flags::KEY),
+        ] {
+            assert!(src.contains(&want), "bpf/xsk.c lacks {want:?}");
         }
     }
 }

@@ -112,6 +112,13 @@ pub struct PortStats {
     pub rx_bytes: u64,
     /// Bytes transmitted.
     pub tx_bytes: u64,
+    /// Received frames user space copied into pool buffers (AF_PACKET's
+    /// ring, a pcap file); 0 where the kernel writes into the pool.
+    pub rx_copies: u64,
+    /// Transmitted frames user space copied out of the caller's buffer
+    /// (AF_XDP's [`Nic::transmit`]); 0 for frames sent from the buffer
+    /// they sit in ([`Nic::transmit_owned`] on AF_XDP, `sendmmsg`).
+    pub tx_copies: u64,
 }
 
 impl PortStats {
@@ -122,6 +129,19 @@ impl PortStats {
         self.rx_too_big += o.rx_too_big;
         self.rx_bytes += o.rx_bytes;
         self.tx_bytes += o.tx_bytes;
+        self.rx_copies += o.rx_copies;
+        self.tx_copies += o.tx_copies;
+    }
+
+    /// User-space copies (received and transmitted) per transmitted frame:
+    /// for a forwarder, the copies each forwarded packet cost (0 when no
+    /// frame was transmitted).
+    pub fn copies_per_tx(&self) -> f64 {
+        if self.tx == 0 {
+            0.0
+        } else {
+            (self.rx_copies + self.tx_copies) as f64 / self.tx as f64
+        }
     }
 }
 
@@ -160,6 +180,17 @@ pub trait Nic {
     /// the rest may be retried). The buffers stay with the caller, who
     /// recycles them.
     fn transmit(&mut self, pool: &Pool, slots: &[Slot]) -> Result<usize, Error>;
+
+    /// Transmits frames in order like [`Nic::transmit`], but may take a
+    /// slot's buffer and send the frame from it without a copy: such a slot
+    /// is left with `buf: None`, and the port gives the buffer back to the
+    /// pool when the kernel is done with it. Slots that keep their buffer
+    /// are the caller's to recycle, as after [`Nic::transmit`]. The frame
+    /// must lie within the buffer as `off` and `len` say. By default, this
+    /// is [`Nic::transmit`].
+    fn transmit_owned(&mut self, pool: &Pool, slots: &mut [Slot]) -> Result<usize, Error> {
+        self.transmit(pool, slots)
+    }
 
     /// Blocks up to `timeout_ms` until frames may be ready: a datapath with
     /// nothing to do calls this instead of spinning, so an idle forwarder

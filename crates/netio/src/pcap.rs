@@ -146,6 +146,7 @@ impl Nic for PcapPort {
             let Some(buf) = slot.buf.as_mut() else { break };
             pool.data_mut(buf)[HEADROOM..HEADROOM + data.len()].copy_from_slice(data);
             self.stats.rx_bytes += data.len() as u64;
+            self.stats.rx_copies += 1;
             slot.off = HEADROOM as u16;
             slot.len = data.len() as u16;
             n += 1;

@@ -1,6 +1,8 @@
 //! GRE (RFC 2784) encapsulation of an IP packet in an outer IPv4 or IPv6
 //! header, written in place into the headroom in front of the packet, and
-//! decapsulation for the backends' side.
+//! decapsulation for the backends' side. The optional key field (RFC 2890)
+//! can be written and is read back: load balancers mark fragments they
+//! redirect to a peer with [`FRAGMENT_REDIRECT_KEY`].
 
 use crate::ethernet::{EthernetFrame, EthernetRepr, Mac};
 use crate::flow::unmapped;
@@ -37,6 +39,16 @@ pub mod flags {
 pub const HEADER_LEN: usize = field::PROTOCOL.end;
 /// Length of each optional field (checksum, key, sequence).
 const OPTIONAL_LEN: usize = 4;
+/// Length of a GRE header with a key and no other optional field.
+pub const KEYED_HEADER_LEN: usize = HEADER_LEN + OPTIONAL_LEN;
+
+/// The GRE key that marks a fragment one load balancer redirected to the
+/// peer responsible for its datagram (Maglev paper, section 4.3): ASCII
+/// "FPFR" (fastpath fragment redirect). A load balancer that receives GRE
+/// with this key, addressed to itself, handles the inner fragment and never
+/// redirects it again. The XDP program (`netio`'s `bpf/xsk.c`) matches the
+/// same value.
+pub const FRAGMENT_REDIRECT_KEY: u32 = 0x4650_4652;
 
 /// A checked view of a GRE packet: version 0, no routing, and the optional
 /// fields its flags announce are present.
@@ -101,6 +113,25 @@ impl<T: AsRef<[u8]>> GrePacket<T> {
     pub fn payload(&self) -> &[u8] {
         &self.b()[self.header_len()..]
     }
+
+    /// The key field, if the flags announce one (it follows the checksum
+    /// field when that is present too).
+    pub fn key(&self) -> Option<u32> {
+        let f = self.flags();
+        if f & flags::KEY == 0 {
+            return None;
+        }
+        let at = HEADER_LEN
+            + if f & flags::CHECKSUM != 0 {
+                OPTIONAL_LEN
+            } else {
+                0
+            };
+        // `new_checked` made sure the optional fields are present.
+        self.b()
+            .get(at..at + OPTIONAL_LEN)
+            .map(|k| u32::from_be_bytes([k[0], k[1], k[2], k[3]]))
+    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> GrePacket<T> {
@@ -162,6 +193,12 @@ pub fn overhead(outer_v4: bool) -> usize {
         + HEADER_LEN
 }
 
+/// Bytes of outer headers (Ethernet, IP, GRE with a key) for an outer
+/// family.
+pub fn overhead_keyed(outer_v4: bool) -> usize {
+    overhead(outer_v4) + OPTIONAL_LEN
+}
+
 /// Encapsulates in place. `buf[start..]` holds a frame parsed as `p`; the
 /// outer headers are written into the bytes just before its IP header (the
 /// frame's own Ethernet header and any headroom before `start`). Returns the
@@ -176,6 +213,19 @@ pub fn encapsulate(
     outer: &Outer,
     flow_hash: u64,
 ) -> std::result::Result<std::ops::Range<usize>, EncapError> {
+    encapsulate_keyed(buf, start, p, outer, flow_hash, None)
+}
+
+/// [`encapsulate`], with a GRE key field (RFC 2890) when `key` is given
+/// (4 more bytes of headroom: [`overhead_keyed`]).
+pub fn encapsulate_keyed(
+    buf: &mut [u8],
+    start: usize,
+    p: &Parsed,
+    outer: &Outer,
+    flow_hash: u64,
+    key: Option<u32>,
+) -> std::result::Result<std::ops::Range<usize>, EncapError> {
     let (src4, dst4) = (unmapped(&outer.src), unmapped(&outer.dst));
     let outer_v4 = match (src4.is_some(), dst4.is_some()) {
         (true, true) => true,
@@ -183,7 +233,12 @@ pub fn encapsulate(
         _ => return Err(EncapError::MixedFamilies),
     };
     let inner_at = start + p.l3_offset;
-    let need = overhead(outer_v4);
+    let gre_len = if key.is_some() {
+        KEYED_HEADER_LEN
+    } else {
+        HEADER_LEN
+    };
+    let need = overhead(outer_v4) - HEADER_LEN + gre_len;
     if inner_at < need {
         return Err(EncapError::NoHeadroom {
             need,
@@ -191,9 +246,8 @@ pub fn encapsulate(
         });
     }
     let inner_len = p.l3_len;
-    let ip_hl = need - crate::ethernet::HEADER_LEN - HEADER_LEN;
-    if outer_v4 && ip_hl + HEADER_LEN + inner_len > 65_535
-        || !outer_v4 && HEADER_LEN + inner_len > 65_535
+    let ip_hl = need - crate::ethernet::HEADER_LEN - gre_len;
+    if outer_v4 && ip_hl + gre_len + inner_len > 65_535 || !outer_v4 && gre_len + inner_len > 65_535
     {
         return Err(EncapError::TooBig);
     }
@@ -229,7 +283,7 @@ pub fn encapsulate(
             more_frags: false,
             frag_offset: 0,
             options: Vec::new(),
-            payload_len: HEADER_LEN + inner_len,
+            payload_len: gre_len + inner_len,
         }
         .emit(ip);
     } else {
@@ -241,17 +295,22 @@ pub fn encapsulate(
             hop_limit: outer.ttl,
             extensions: Vec::new(),
             protocol: proto::GRE,
-            upper_len: HEADER_LEN + inner_len,
+            upper_len: gre_len + inner_len,
         }
         .emit(ip);
     }
-    let mut gre = GrePacket::new_unchecked(&mut hdr[need - HEADER_LEN..]);
-    gre.set_flags(0); // no checksum, key or sequence; version 0
+    let gre_hdr = &mut hdr[need - gre_len..];
+    let mut gre = GrePacket::new_unchecked(&mut *gre_hdr);
+    // No checksum or sequence; version 0; a key if asked for.
+    gre.set_flags(if key.is_some() { flags::KEY } else { 0 });
     gre.set_protocol(if p.l3 == L3::V4 {
         ethertype::IPV4
     } else {
         ethertype::IPV6
     });
+    if let Some(k) = key {
+        gre_hdr[HEADER_LEN..KEYED_HEADER_LEN].copy_from_slice(&k.to_be_bytes());
+    }
     Ok(begin..inner_at + inner_len)
 }
 
@@ -266,10 +325,12 @@ pub struct Decapsulated {
     pub outer_src: [u8; 16],
     /// Outer destination address.
     pub outer_dst: [u8; 16],
+    /// The GRE key, if the header carries one.
+    pub key: Option<u32>,
 }
 
-/// Finds the inner packet of an Ethernet/IP/GRE frame. Checksum, key and
-/// sequence fields are skipped; routing (RFC 1701) and versions other than
+/// Finds the inner packet of an Ethernet/IP/GRE frame. Checksum and
+/// sequence fields are skipped, the key is read; routing (RFC 1701) and versions other than
 /// 0 are rejected.
 pub fn decapsulate(frame: &[u8]) -> Result<Decapsulated> {
     let eth = EthernetFrame::new_checked(frame)?;
@@ -308,5 +369,6 @@ pub fn decapsulate(frame: &[u8]) -> Result<Decapsulated> {
         ethertype: g.protocol(),
         outer_src,
         outer_dst,
+        key: g.key(),
     })
 }

@@ -89,6 +89,21 @@ pub fn parse_frame(frame: &[u8]) -> Result<Parsed> {
     }
 }
 
+/// Parses the IP packet of type `ethertype` at `l3_offset` in `frame`, as
+/// [`parse_frame`] does after the Ethernet header: for a packet found
+/// inside another, such as the inner packet of GRE
+/// ([`crate::gre::decapsulate`]). Offsets in the result are into `frame`.
+pub fn parse_packet(frame: &[u8], l3_offset: usize, ethertype: u16) -> Result<Parsed> {
+    let inside = l3_offset <= frame.len();
+    match ethertype {
+        ethertype::IPV4 if inside => parse_v4(frame, l3_offset),
+        ethertype::IPV4 => fail(Reason::Ipv4Truncated),
+        ethertype::IPV6 if inside => parse_v6(frame, l3_offset),
+        ethertype::IPV6 => fail(Reason::Ipv6Truncated),
+        _ => fail(Reason::NotIp),
+    }
+}
+
 fn parse_v4(frame: &[u8], l3_offset: usize) -> Result<Parsed> {
     let ip = Ipv4Packet::new_checked(&frame[l3_offset..])?;
     if !ip.checksum_ok() {

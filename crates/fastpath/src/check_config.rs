@@ -1,0 +1,232 @@
+//! `fastpath lb check-config FILE`: validate a configuration without
+//! running it, and show what it resolves to.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use serde::Serialize;
+
+use crate::Format;
+
+/// Check a load balancer configuration without running it.
+///
+/// Loads FILE the way `lb run` and a reload do (every section, every
+/// cross-reference: pools that exist, include cycles, duplicate addresses,
+/// table sizes, health checks, [api] tokens, [bgp], [fleet], [tracer]),
+/// builds the Maglev tables, and prints the VIPs, the pools with their
+/// backends as they resolve (includes flattened), and the daemon's
+/// sections. Exit status 0 when the file is valid, 1 with the file, the key
+/// and the problem when it is not: for scripts and CI before a reload.
+///
+/// Examples:
+///   fastpath lb check-config examples/lb.toml
+///   fastpath lb check-config /etc/fastpath/lb.toml --format json | jq '.vips[].fingerprint'
+#[derive(Args)]
+#[command(verbatim_doc_comment)]
+pub struct CheckConfigArgs {
+    /// The configuration file.
+    file: PathBuf,
+    /// `table`: tables for people; `json`: the summary as one document.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+/// A VIP as it resolves.
+#[derive(Serialize)]
+struct VipSummary {
+    name: String,
+    matches: String,
+    pool: String,
+    backends_in_table: usize,
+    backends: usize,
+    table_size: u64,
+    fingerprint: String,
+}
+
+/// A pool's backend as it resolves.
+#[derive(Serialize)]
+struct BackendSummary {
+    name: String,
+    address: String,
+    weight: u32,
+}
+
+/// A pool as it resolves.
+#[derive(Serialize)]
+struct PoolSummary {
+    name: String,
+    table_size: u64,
+    health: String,
+    backends: Vec<BackendSummary>,
+}
+
+/// The whole summary.
+#[derive(Serialize)]
+struct Summary {
+    file: String,
+    valid: bool,
+    vips: Vec<VipSummary>,
+    pools: Vec<PoolSummary>,
+    api: Option<String>,
+    bgp: Option<String>,
+    fleet_peers: Vec<String>,
+    tracer: bool,
+    table_memory_bytes: u64,
+}
+
+/// Runs `lb check-config`.
+pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
+    let cfg = lb::config::Config::load(&a.file)?;
+    let control = lb::tables::Control::new(cfg.clone())
+        .with_context(|| format!("building the tables of {}", a.file.display()))?;
+    let tables = control.tables().load_full();
+    let mut pools = Vec::new();
+    for p in &cfg.pools {
+        let members = cfg
+            .flatten(&p.name)
+            .with_context(|| format!("pool {}", p.name))?;
+        pools.push(PoolSummary {
+            name: p.name.clone(),
+            table_size: p.table_size,
+            health: match &p.health {
+                None => "none (always up)".into(),
+                Some(h) => format!(
+                    "{:?} port {} every {} ms, timeout {} ms, rise {}, fall {}",
+                    h.kind, h.port, h.interval_ms, h.timeout_ms, h.rise, h.fall
+                )
+                .to_lowercase(),
+            },
+            backends: members
+                .iter()
+                .map(|m| BackendSummary {
+                    name: m.name.clone().unwrap_or_else(|| m.address.to_string()),
+                    address: m.address.to_string(),
+                    weight: m.weight,
+                })
+                .collect(),
+        });
+    }
+    let mut vips = Vec::new();
+    let mut memory = 0u64;
+    for (v, t) in cfg.vips.iter().zip(tables.vips.iter()) {
+        let size = cfg
+            .pools
+            .iter()
+            .find(|p| p.name == v.pool)
+            .map_or(0, |p| p.table_size);
+        // One u32 slot per entry of the lookup table.
+        memory += size * 4;
+        let matches = match (&v.address, &v.prefix_group, &v.suffix) {
+            (Some(a), _, _) => a.to_string(),
+            (None, Some(g), Some(s)) => format!("{s} in each cluster of {g}"),
+            _ => "?".into(),
+        };
+        vips.push(VipSummary {
+            name: v.name.clone(),
+            matches: format!(
+                "{matches}:{} {:?}",
+                v.port.map_or("any".to_string(), |p| p.to_string()),
+                v.protocol
+            )
+            .to_lowercase(),
+            pool: v.pool.clone(),
+            backends_in_table: t.slots.len(),
+            backends: t.backends.len(),
+            table_size: size,
+            fingerprint: format!("{:016x}", t.fingerprint),
+        });
+    }
+    let s = Summary {
+        file: a.file.display().to_string(),
+        valid: true,
+        vips,
+        pools,
+        api: cfg.api.listen.map(|l| {
+            format!(
+                "{l}{}",
+                if cfg.api.token_file.is_some() {
+                    " (token)"
+                } else {
+                    ""
+                }
+            )
+        }),
+        bgp: cfg
+            .bgp
+            .as_ref()
+            .map(|b| format!("{} via {:?}", b.vips_file.display(), b.birdc.join(" "))),
+        fleet_peers: cfg
+            .fleet
+            .as_ref()
+            .map(|f| f.peers.iter().map(|p| p.to_string()).collect())
+            .unwrap_or_default(),
+        tracer: cfg.tracer.enabled,
+        table_memory_bytes: memory,
+    };
+    match a.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&s)?),
+        Format::Table => print_summary(&s),
+    }
+    Ok(())
+}
+
+fn print_summary(s: &Summary) {
+    println!("{}: valid", s.file);
+    let mut t = measure::Table::new([
+        "vip",
+        "matches",
+        "pool",
+        "in table",
+        "table size",
+        "fingerprint",
+    ]);
+    for v in &s.vips {
+        t.row([
+            v.name.clone(),
+            v.matches.clone(),
+            v.pool.clone(),
+            format!("{} of {}", v.backends_in_table, v.backends),
+            v.table_size.to_string(),
+            v.fingerprint.clone(),
+        ]);
+    }
+    println!("\n{t}");
+    let mut p = measure::Table::new(["pool", "backend", "address", "weight", "health"]);
+    for pool in &s.pools {
+        for (i, b) in pool.backends.iter().enumerate() {
+            p.row([
+                if i == 0 {
+                    pool.name.clone()
+                } else {
+                    String::new()
+                },
+                b.name.clone(),
+                b.address.clone(),
+                if b.weight == 0 {
+                    "0 (drained)".to_string()
+                } else {
+                    b.weight.to_string()
+                },
+                if i == 0 {
+                    pool.health.clone()
+                } else {
+                    String::new()
+                },
+            ]);
+        }
+    }
+    println!("{p}");
+    println!(
+        "api: {}\nbgp: {}\nfleet: {}\ntracer: {}\nlookup tables: {:.1} MiB",
+        s.api.as_deref().unwrap_or("off"),
+        s.bgp.as_deref().unwrap_or("off (no announcements)"),
+        if s.fleet_peers.is_empty() {
+            "off (a single load balancer)".to_string()
+        } else {
+            s.fleet_peers.join(", ")
+        },
+        if s.tracer { "on" } else { "off" },
+        s.table_memory_bytes as f64 / (1 << 20) as f64
+    );
+}

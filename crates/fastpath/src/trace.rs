@@ -1,0 +1,321 @@
+//! `fastpath lb trace`: packet-tracer (Maglev paper, section 4.4). Sends
+//! probes (marker format in `lb::trace`) through the network on a raw
+//! socket, collects the load balancers' reports, and prints the path of
+//! each probe.
+
+use std::collections::hash_map::RandomState;
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use lb::trace::{Marker, Probe, ProbeProto, Report};
+
+use crate::Format;
+
+/// Transport of the probes.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Proto {
+    /// TCP SYNs (a new connection's first packet).
+    Tcp,
+    /// UDP datagrams.
+    Udp,
+}
+
+/// `fastpath lb trace`.
+#[derive(Args)]
+pub struct TraceArgs {
+    /// The VIP and port to probe.
+    #[arg(long)]
+    vip: SocketAddr,
+    /// Transport of the probes.
+    #[arg(long, value_enum)]
+    proto: Proto,
+    /// Source address of the probes (default: the address this machine
+    /// uses to reach the VIP). Replies from backends go there.
+    #[arg(long)]
+    src: Option<IpAddr>,
+    /// Source port of the first probe (default: random, 20000-59999); probe
+    /// i uses this plus i, so that probes hash to different load balancers
+    /// and backends.
+    #[arg(long)]
+    sport: Option<u16>,
+    /// Probes to send.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    count: u32,
+    /// Send each probe as 2 fragments (the marker in the first), to see
+    /// which load balancer handles them and whether one redirects them to
+    /// the fleet peer responsible (section 4.3).
+    #[arg(long)]
+    fragment: bool,
+    /// Where reports come back: an address of this machine the load
+    /// balancers can reach, and a UDP port to listen on.
+    #[arg(long)]
+    report_to: SocketAddr,
+    /// How long to collect reports after the last probe, milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    wait_ms: u64,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+/// One probe and what came back for it.
+struct Traced {
+    /// Probe id (in the marker).
+    probe: u64,
+    /// Its source.
+    src: SocketAddr,
+    /// Whether it was sent as fragments.
+    fragmented: bool,
+    /// Reports, in arrival order.
+    reports: Vec<Report>,
+}
+
+/// What `trace` found.
+struct Output {
+    vip: SocketAddr,
+    proto: &'static str,
+    report_to: SocketAddr,
+    probes: Vec<Traced>,
+    /// Probes no load balancer reported.
+    unreported: usize,
+    /// Datagrams received that were not reports on these probes.
+    ignored: usize,
+}
+
+/// The source address the kernel picks to reach `vip`.
+fn source_for(vip: SocketAddr) -> anyhow::Result<IpAddr> {
+    let any: SocketAddr = if vip.is_ipv4() {
+        "0.0.0.0:0".parse()?
+    } else {
+        "[::]:0".parse()?
+    };
+    let s = UdpSocket::bind(any)?;
+    s.connect(vip)
+        .with_context(|| format!("no route to {vip} to pick a source address (give --src)"))?;
+    Ok(s.local_addr()?.ip())
+}
+
+/// A raw IP socket whose packets carry their own IP header (IPPROTO_RAW
+/// implies IP_HDRINCL, for IPv6 too).
+fn raw_socket(v4: bool) -> anyhow::Result<rustix::fd::OwnedFd> {
+    use rustix::net::{ipproto, socket, AddressFamily, SocketType};
+    let family = if v4 {
+        AddressFamily::INET
+    } else {
+        AddressFamily::INET6
+    };
+    socket(family, SocketType::RAW, Some(ipproto::RAW))
+        .context("opening a raw IP socket (needs root or CAP_NET_RAW)")
+}
+
+fn random_u64() -> u64 {
+    RandomState::new().hash_one(std::process::id())
+}
+
+/// Runs `fastpath lb trace`.
+pub fn run(a: TraceArgs) -> anyhow::Result<()> {
+    let rx = UdpSocket::bind(a.report_to)
+        .with_context(|| format!("listening for reports on {}", a.report_to))?;
+    let report_to = rx.local_addr()?;
+    let src = match a.src {
+        Some(s) => s,
+        None => source_for(a.vip)?,
+    };
+    if src.is_ipv4() != a.vip.is_ipv4() {
+        bail!("--src {src} and --vip {} are of different families", a.vip);
+    }
+    let proto = match a.proto {
+        Proto::Tcp => ProbeProto::Tcp,
+        Proto::Udp => ProbeProto::Udp,
+    };
+    let raw = raw_socket(a.vip.is_ipv4())?;
+    let base_id = random_u64();
+    let sport0 = a.sport.unwrap_or(20_000 + (random_u64() % 40_000) as u16);
+    let mut probes = Vec::with_capacity(a.count as usize);
+    for i in 0..a.count {
+        let id = base_id.wrapping_add(u64::from(i));
+        // Port 0 is skipped: it means "no port" to many.
+        let sport = match sport0.wrapping_add(i as u16) {
+            0 => 1,
+            p => p,
+        };
+        let probe = Probe {
+            src: SocketAddr::new(src, sport),
+            vip: a.vip,
+            proto,
+            marker: Marker { id, report_to },
+            padding: if a.fragment { 64 } else { 16 },
+        };
+        // Marker checks (an unspecified or multicast --report-to) fail here.
+        Marker::parse(&probe.marker.encode())
+            .context("--report-to must be an address the load balancers can send to")?;
+        let packets = probe.ip_packets(if a.fragment { 2 } else { 1 }, id as u32)?;
+        for p in &packets {
+            rustix::net::sendto(
+                &raw,
+                p,
+                rustix::net::SendFlags::empty(),
+                &SocketAddr::new(a.vip.ip(), 0),
+            )
+            .with_context(|| format!("sending probe {id:016x} to {}", a.vip))?;
+        }
+        probes.push(Traced {
+            probe: id,
+            src: probe.src,
+            fragmented: a.fragment,
+            reports: Vec::new(),
+        });
+    }
+    let index: BTreeMap<u64, usize> = probes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.probe, i))
+        .collect();
+    let deadline = Instant::now() + Duration::from_millis(a.wait_ms);
+    let mut buf = vec![0u8; lb::trace::MAX_REPORT];
+    let mut ignored = 0;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        rx.set_read_timeout(Some(left))?;
+        match rx.recv(&mut buf) {
+            Ok(n) => match Report::parse(&buf[..n]) {
+                Ok(r) => match index.get(&r.probe) {
+                    Some(&i) => probes[i].reports.push(r),
+                    None => ignored += 1,
+                },
+                Err(_) => ignored += 1,
+            },
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break
+            }
+            Err(e) => return Err(e).context("receiving reports"),
+        }
+    }
+    let out = Output {
+        vip: a.vip,
+        proto: match a.proto {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        },
+        report_to,
+        unreported: probes.iter().filter(|p| p.reports.is_empty()).count(),
+        probes,
+        ignored,
+    };
+    match a.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&json(&out))?),
+        Format::Table => print!("{}", table(&out)),
+    }
+    if out.unreported == out.probes.len() {
+        bail!(
+            "no load balancer reported within {} ms (is [tracer] enabled, is {} reachable from them, \
+             and do probes from {src} reach the VIP?)",
+            a.wait_ms,
+            report_to
+        );
+    }
+    Ok(())
+}
+
+/// The JSON document: vip, proto, report_to, unreported, ignored, and
+/// probes[]{probe, src, fragmented, reports[]} with each report as the
+/// load balancer sent it (`lb::trace::Report`).
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::json!({
+        "vip": o.vip.to_string(),
+        "proto": o.proto,
+        "report_to": o.report_to.to_string(),
+        "unreported": o.unreported,
+        "ignored": o.ignored,
+        "probes": o.probes.iter().map(|p| serde_json::json!({
+            "probe": p.probe,
+            "src": p.src.to_string(),
+            "fragmented": p.fragmented,
+            "reports": p.reports,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn table(o: &Output) -> String {
+    let mut t = measure::Table::new([
+        "probe",
+        "source",
+        "load balancer",
+        "thread",
+        "conntrack",
+        "generation",
+        "fingerprint",
+        "backend",
+        "fragment",
+    ]);
+    for p in &o.probes {
+        let id = format!("{:016x}", p.probe);
+        if p.reports.is_empty() {
+            t.row([
+                id.clone(),
+                p.src.to_string(),
+                "(no report)".into(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]);
+        }
+        for (k, r) in p.reports.iter().enumerate() {
+            let frag = match (&r.redirected_to, r.arrived_redirected, &r.redirected_from) {
+                (Some(to), _, _) => format!("redirected to {to}"),
+                (None, true, Some(from)) => format!("arrived redirected from {from}"),
+                (None, true, None) => "arrived redirected".into(),
+                _ if r.fragment => "handled here".into(),
+                _ => "-".into(),
+            };
+            let backend = match (&r.backend, &r.backend_address) {
+                (Some(n), Some(a)) if n != &a.to_string() => format!("{n} ({a})"),
+                (Some(n), _) => n.clone(),
+                (None, _) => "-".into(),
+            };
+            t.row([
+                if k == 0 { id.clone() } else { String::new() },
+                if k == 0 {
+                    p.src.to_string()
+                } else {
+                    String::new()
+                },
+                r.machine.clone(),
+                r.thread.to_string(),
+                r.conntrack
+                    .map_or("-", |c| match c {
+                        lb::trace::Lookup::Hit => "hit",
+                        lb::trace::Lookup::Miss => "miss",
+                    })
+                    .into(),
+                r.generation.to_string(),
+                r.fingerprint.clone().unwrap_or_else(|| "-".into()),
+                backend,
+                frag,
+            ]);
+        }
+    }
+    format!(
+        "{} probes to {} ({}), reports to {}; {} without a report\n{t}",
+        o.probes.len(),
+        o.vip,
+        o.proto,
+        o.report_to,
+        o.unreported
+    )
+}

@@ -1,0 +1,352 @@
+//! `/metrics`: the load balancer's state in the OpenMetrics text format,
+//! written by the `prometheus-client` crate from one snapshot (the
+//! `/status` document and the summed counters) per scrape, so every family
+//! is grouped with its HELP and TYPE and every name is one Prometheus and
+//! the OpenMetrics parsers accept.
+//!
+//! Counters are named without `_total` here; the encoder appends it, so
+//! the series are `fastpath_lb_drops_total{reason="..."}` and so on.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use lb::counters::{Counters, DropReason, DROP_REASONS};
+
+use crate::daemon::Status;
+
+/// The content type of [`encode_metrics`]' output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+type Labels = Vec<(String, String)>;
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Families registered as they are used.
+struct Families<'a> {
+    r: &'a mut Registry,
+}
+
+impl Families<'_> {
+    fn counter(&mut self, name: &str, help: &str) -> Family<Labels, Counter> {
+        let f = Family::<Labels, Counter>::default();
+        self.r.register(name, help, f.clone());
+        f
+    }
+
+    fn gauge(&mut self, name: &str, help: &str) -> Family<Labels, Gauge> {
+        let f = Family::<Labels, Gauge>::default();
+        self.r.register(name, help, f.clone());
+        f
+    }
+
+    /// A counter without labels, at `v`.
+    fn counter_at(&mut self, name: &str, help: &str, v: u64) {
+        let c = Counter::<u64>::default();
+        c.inc_by(v);
+        self.r.register(name, help, c);
+    }
+
+    /// A gauge without labels, at `v`.
+    fn gauge_at(&mut self, name: &str, help: &str, v: u64) {
+        let g = Gauge::<i64>::default();
+        g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        self.r.register(name, help, g);
+    }
+}
+
+fn count(f: &Family<Labels, Counter>, l: &[(&str, &str)], v: u64) {
+    f.get_or_create(&labels(l)).inc_by(v);
+}
+
+fn set(f: &Family<Labels, Gauge>, l: &[(&str, &str)], v: u64) {
+    f.get_or_create(&labels(l))
+        .set(i64::try_from(v).unwrap_or(i64::MAX));
+}
+
+/// The exposition of one snapshot: `s` (the `/status` document), `c` (the
+/// packet threads' counters summed) and the control plane's count of
+/// inconclusive health checks.
+pub fn encode_metrics(s: &Status, c: &Counters, checks_inconclusive: u64) -> String {
+    let mut r = Registry::default();
+    let mut f = Families { r: &mut r };
+    f.gauge_at(
+        "fastpath_lb_config_generation",
+        "Generation of the running tables: rises on every reload and health change",
+        s.generation,
+    );
+    f.counter_at(
+        "fastpath_lb_reloads",
+        "Configuration reloads applied",
+        s.reloads,
+    );
+    f.counter_at(
+        "fastpath_lb_reload_failures",
+        "Configuration reloads rejected (the running configuration stayed)",
+        s.reload_failures,
+    );
+    f.counter_at(
+        "fastpath_lb_health_checks_inconclusive",
+        "Health checks not counted because the prober itself ran late",
+        checks_inconclusive,
+    );
+
+    let vip_packets = f.counter("fastpath_lb_vip_packets", "Packets forwarded per VIP");
+    let vip_bytes = f.counter(
+        "fastpath_lb_vip_bytes",
+        "Bytes forwarded per VIP (received frame sizes)",
+    );
+    let fingerprint = f.gauge(
+        "fastpath_lb_vip_table_fingerprint",
+        "Always 1; the label is the VIP's table fingerprint (what it matches, its lookup table and backends): load balancers that agree show the same",
+    );
+    let weight = f.gauge(
+        "fastpath_lb_backend_weight",
+        "The backend's weight in the VIP's pool (0: drained)",
+    );
+    let be_packets = f.counter(
+        "fastpath_lb_backend_packets",
+        "Packets forwarded per backend",
+    );
+    let be_bytes = f.counter("fastpath_lb_backend_bytes", "Bytes forwarded per backend");
+    let healthy = f.gauge("fastpath_lb_backend_healthy", "1 if the backend is healthy");
+    let mut seen = std::collections::HashSet::new();
+    for v in &s.vips {
+        count(&vip_packets, &[("vip", &v.name)], v.packets);
+        count(&vip_bytes, &[("vip", &v.name)], v.bytes);
+        set(
+            &fingerprint,
+            &[
+                ("vip", &v.name),
+                ("pool", &v.pool),
+                ("fingerprint", &v.fingerprint),
+            ],
+            1,
+        );
+        for b in &v.backends {
+            set(
+                &weight,
+                &[
+                    ("vip", &v.name),
+                    ("backend", &b.name),
+                    ("address", &b.address),
+                ],
+                u64::from(b.weight),
+            );
+            if seen.insert(b.name.clone()) {
+                let l = [
+                    ("backend", b.name.as_str()),
+                    ("address", b.address.as_str()),
+                ];
+                count(&be_packets, &l, b.packets);
+                count(&be_bytes, &l, b.bytes);
+                set(&healthy, &l, u64::from(b.healthy));
+            }
+        }
+    }
+    let drops = f.counter("fastpath_lb_drops", "Packets dropped, by reason");
+    for i in 0..DROP_REASONS {
+        count(
+            &drops,
+            &[("reason", DropReason::name_of(i))],
+            c.drops.get(i).copied().unwrap_or(0),
+        );
+    }
+    if let Some(t) = &s.tracer {
+        let probes = f.counter(
+            "fastpath_lb_trace_probes",
+            "Packet-tracer probes, by outcome: reported (queued), rate_limited, queue_full, invalid (malformed marker or report address not allowed); all are forwarded",
+        );
+        for (k, v) in [
+            ("reported", t.reports),
+            ("rate_limited", t.rate_limited),
+            ("queue_full", t.queue_full),
+            ("invalid", t.invalid),
+        ] {
+            count(&probes, &[("outcome", k)], v);
+        }
+        let reports = f.counter(
+            "fastpath_lb_trace_reports",
+            "Packet-tracer reports sent, or not (never retried)",
+        );
+        count(&reports, &[("result", "sent")], t.sent);
+        count(&reports, &[("result", "error")], t.send_errors);
+    }
+    if let Some(fl) = &s.fleet {
+        let up = f.gauge(
+            "fastpath_lb_fleet_peer_up",
+            "1 if the [fleet] peer answers its liveness check (this load balancer: always)",
+        );
+        let to = f.counter(
+            "fastpath_lb_fragments_redirected",
+            "Fragments sent on to the [fleet] peer responsible for them, per peer",
+        );
+        for p in &fl.peers {
+            set(&up, &[("peer", &p.address)], u64::from(p.up));
+            if !p.this {
+                count(&to, &[("peer", &p.address)], p.fragments_redirected);
+            }
+        }
+        f.counter_at(
+            "fastpath_lb_fragments_redirect_received",
+            "Fragments a [fleet] peer redirected here",
+            fl.fragments_redirect_received,
+        );
+    }
+    if let Some(a) = s.bgp_announced {
+        f.gauge_at(
+            "fastpath_lb_bgp_announced",
+            "1 while the VIPs are announced through BIRD",
+            u64::from(a),
+        );
+    }
+    f.gauge_at(
+        "fastpath_lb_pool_buffers",
+        "Packet buffers in the forwarder's pool",
+        u64::from(s.pool_buffers),
+    );
+    f.gauge_at(
+        "fastpath_lb_pool_in_use",
+        "Packet buffers not free (in rings, queues or in flight); growth under steady load is a leak",
+        u64::from(s.pool_in_use),
+    );
+    let ct = &c.conntrack;
+    f.gauge_at(
+        "fastpath_lb_conntrack_entries",
+        "Connection-table entries (live, including closed ones lingering)",
+        ct.entries,
+    );
+    let events = f.counter(
+        "fastpath_lb_conntrack_events",
+        "Connection-table hits, misses, inserts, insert failures, expiries",
+    );
+    for (k, v) in [
+        ("hit", ct.hits),
+        ("miss", ct.misses),
+        ("insert", ct.inserts),
+        ("insert_failure", ct.insert_failures),
+        ("expiry", ct.expiries),
+    ] {
+        count(&events, &[("event", k)], v);
+    }
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &r);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status() -> Status {
+        serde_json::from_value(serde_json::json!({
+            "driver": "AF_XDP", "generation": 3, "uptime_s": 1.0, "reloads": 2,
+            "reload_failures": 1, "last_reload_error": null, "forwarded": 10, "dropped": 1,
+            "drops": {}, "conntrack_entries": 4, "bgp_announced": true, "bgp_error": null,
+            "vips": [
+                {"name": "http", "packets": 7, "bytes": 700, "healthy_backends": 2, "pool": "web",
+                 "fingerprint": "00000000000000aa", "backends": [
+                    {"name": "b1", "address": "10.0.0.1", "healthy": true, "packets": 5, "bytes": 500, "weight": 1},
+                    {"name": "b2", "address": "10.0.0.2", "healthy": false, "packets": 2, "bytes": 200, "weight": 0}]},
+                {"name": "http2", "packets": 0, "bytes": 0, "healthy_backends": 1, "pool": "web",
+                 "fingerprint": "00000000000000bb", "backends": [
+                    {"name": "b1", "address": "10.0.0.1", "healthy": true, "packets": 5, "bytes": 500, "weight": 1}]}
+            ]
+        }))
+        .unwrap()
+    }
+
+    /// Every sample follows its own family's TYPE line, and each family's
+    /// lines are together (the defect issue 17 found: all HELP/TYPE first,
+    /// samples after).
+    #[test]
+    fn families_are_grouped_and_named_for_prometheus() {
+        let text = encode_metrics(&status(), &Counters::new(), 9);
+        let mut current = String::new();
+        let mut done = std::collections::HashSet::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let name = rest.split_whitespace().next().unwrap().to_string();
+                assert!(done.insert(name.clone()), "family {name} twice:\n{text}");
+                current = name;
+            } else if !line.starts_with('#') {
+                let sample = line.split(['{', ' ']).next().unwrap();
+                assert!(
+                    sample == current || sample.strip_suffix("_total") == Some(current.as_str()),
+                    "{sample} outside its family ({current}):\n{text}"
+                );
+            }
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        for want in [
+            "fastpath_lb_reloads_total 2",
+            "fastpath_lb_reload_failures_total 1",
+            "fastpath_lb_health_checks_inconclusive_total 9",
+            "fastpath_lb_backend_healthy{backend=\"b2\",address=\"10.0.0.2\"} 0",
+            "fastpath_lb_backend_weight{vip=\"http\",backend=\"b2\",address=\"10.0.0.2\"} 0",
+            "fastpath_lb_drops_total{reason=\"no_vip\"} 0",
+            "fastpath_lb_bgp_announced 1",
+        ] {
+            assert!(text.contains(want), "{want} missing:\n{text}");
+        }
+        // A backend in two VIPs is counted once.
+        assert_eq!(
+            text.matches("fastpath_lb_backend_packets_total{backend=\"b1\"")
+                .count(),
+            1
+        );
+    }
+
+    /// Python's OpenMetrics parser (prometheus_client, a parser we did not
+    /// write) reads the exposition whole.
+    #[test]
+    fn python_openmetrics_parser_accepts_it() {
+        let py = "/usr/bin/python3";
+        let check = "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families as p\n\
+                     fams = list(p(sys.stdin.read()))\nprint(len(fams), sum(len(f.samples) for f in fams))";
+        let have = std::process::Command::new(py)
+            .args(["-c", "import prometheus_client"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !have {
+            eprintln!("skipped: python3-prometheus-client is not installed (scripts/setup.sh installs it)");
+            return;
+        }
+        let text = encode_metrics(&status(), &Counters::new(), 0);
+        let mut child = std::process::Command::new(py)
+            .args(["-c", check])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let families: usize = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(families, text.matches("# TYPE ").count());
+    }
+}
