@@ -689,6 +689,16 @@ impl Fnv1a {
     fn u32(&mut self, v: u32) {
         self.bytes(&v.to_le_bytes());
     }
+
+    /// FNV-1a over 32-bit words: one multiply per word instead of four.
+    /// For the table's entries (65,537 of them by default), which made the
+    /// byte-wise hash an eighth of a 1,000-VIP load's CPU time.
+    fn words(&mut self, words: impl Iterator<Item = u32>) {
+        for w in words {
+            self.0 ^= u64::from(w);
+            self.0 = self.0.wrapping_mul(Self::PRIME);
+        }
+    }
 }
 
 /// The fingerprint of one VIP's forwarding state: the table and its
@@ -727,9 +737,12 @@ pub fn fingerprint(
         h.u32(*weight);
     }
     h.u32(table.size());
-    for &e in table.entries() {
-        h.u32(rank.get(e as usize).copied().unwrap_or(u32::MAX));
-    }
+    h.words(
+        table
+            .entries()
+            .iter()
+            .map(|&e| rank.get(e as usize).copied().unwrap_or(u32::MAX)),
+    );
     h.0
 }
 
@@ -798,7 +811,7 @@ mod tests {
         let c = Control::new(config(&[(1, 1), (2, 2), (3, 1)], 251)).unwrap();
         let again = Control::new(config(&[(1, 1), (2, 2), (3, 1)], 251)).unwrap();
         assert_eq!(fp(&c), fp(&again));
-        assert_eq!(format!("{:016x}", fp(&c)), "28254fb158ecc527");
+        assert_eq!(format!("{:016x}", fp(&c)), "ff3db3f5a2f862ea");
     }
 
     #[test]
