@@ -3,7 +3,7 @@
 CARGO ?= cargo
 OUT ?= out
 
-.PHONY: setup demo test bench lint fuzz soak
+.PHONY: setup demo test bench lint fuzz soak install
 
 setup:
 	@scripts/setup.sh
@@ -68,3 +68,35 @@ fuzz:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+## Installs the fastpath binary, its man pages (fastpath(1) and one per
+## subcommand) and its bash, zsh and fish completions under PREFIX
+## (/usr/local by default), staged under DESTDIR for packaging, e.g.
+## `make install PREFIX=/usr DESTDIR=$(pwd)/pkg`. Builds PROFILE (release);
+## the pages and completions come from the built binary's own CLI
+## definition. Needs only cargo (no setup: nothing else is installed).
+PREFIX ?= /usr/local
+DESTDIR ?=
+PROFILE ?= release
+BINDIR ?= $(PREFIX)/bin
+MANDIR ?= $(PREFIX)/share/man/man1
+BASH_COMPLETION_DIR ?= $(PREFIX)/share/bash-completion/completions
+ZSH_COMPLETION_DIR ?= $(PREFIX)/share/zsh/site-functions
+FISH_COMPLETION_DIR ?= $(PREFIX)/share/fish/vendor_completions.d
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+BUILT := $(TARGET_DIR)/$(if $(filter dev test,$(PROFILE)),debug,$(PROFILE))/fastpath
+install:
+	$(CARGO) build --profile $(PROFILE) --locked -p fastpath
+	rm -rf $(OUT)/install && mkdir -p $(OUT)/install/man
+	$(BUILT) man --out $(OUT)/install/man >/dev/null
+	$(BUILT) completions bash > $(OUT)/install/fastpath.bash
+	$(BUILT) completions zsh > $(OUT)/install/_fastpath
+	$(BUILT) completions fish > $(OUT)/install/fastpath.fish
+	install -d "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(MANDIR)" "$(DESTDIR)$(BASH_COMPLETION_DIR)" \
+		"$(DESTDIR)$(ZSH_COMPLETION_DIR)" "$(DESTDIR)$(FISH_COMPLETION_DIR)"
+	install -m 755 $(BUILT) "$(DESTDIR)$(BINDIR)/fastpath"
+	install -m 644 $(OUT)/install/man/*.1 "$(DESTDIR)$(MANDIR)/"
+	install -m 644 $(OUT)/install/fastpath.bash "$(DESTDIR)$(BASH_COMPLETION_DIR)/fastpath"
+	install -m 644 $(OUT)/install/_fastpath "$(DESTDIR)$(ZSH_COMPLETION_DIR)/_fastpath"
+	install -m 644 $(OUT)/install/fastpath.fish "$(DESTDIR)$(FISH_COMPLETION_DIR)/fastpath.fish"
+	@echo "installed $(DESTDIR)$(BINDIR)/fastpath, $$(ls $(OUT)/install/man | wc -l) man pages in $(DESTDIR)$(MANDIR), completions for bash, zsh and fish"

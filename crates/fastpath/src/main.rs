@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 mod bench_control;
 mod check_config;
@@ -32,7 +32,8 @@ paper's notification modes), TAP ports and memif for DPDK; Figure 1\n\
   pktgen   a generator/receiver attached to the switch as a guest's NIC\n\
   maio     MAIO's hugepage I/O memory and zero-copy socket I/O over io_uring: Figures 2-4\n\
   disk     SKIPPY, ZONED and SEEKER on a mechanical disk simulator or a real device, \
-automatic extraction, plots, validation\n\n\
+automatic extraction, plots, validation\n\
+  completions, man   shell completion scripts and man pages, generated from this definition\n\n\
 Every subcommand has --help with examples. Output can be piped: a reader that stops \
 early (e.g. `| head`) ends fastpath quietly."
 )]
@@ -71,6 +72,38 @@ enum Command {
     /// (paper: microbenchmark-based extraction of disk characteristics).
     #[command(subcommand)]
     Disk(disk::DiskCommand),
+    /// Print a shell completion script for fastpath on standard output.
+    ///
+    /// Generated from the same definition as --help, so it completes every
+    /// subcommand and option of this build. `make install` puts the bash
+    /// script in place.
+    ///
+    /// Examples:
+    ///   source <(fastpath completions bash)
+    ///   fastpath completions bash > /usr/local/share/bash-completion/completions/fastpath
+    ///   fastpath completions zsh > ~/.zfunc/_fastpath
+    ///   fastpath completions fish > ~/.config/fish/completions/fastpath.fish
+    #[command(verbatim_doc_comment)]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages into a directory: fastpath(1) and one page per
+    /// subcommand (fastpath-lb(1), fastpath-lb-run(1), ...).
+    ///
+    /// Generated from the same definition as --help. `make install` puts
+    /// them in place; to read one without installing:
+    ///
+    /// Examples:
+    ///   fastpath man --out /tmp/man && man /tmp/man/fastpath-lb-run.1
+    ///   fastpath man --out /usr/local/share/man/man1
+    #[command(verbatim_doc_comment)]
+    Man {
+        /// The directory (created if missing; existing pages are replaced).
+        #[arg(long, value_name = "DIR")]
+        out: std::path::PathBuf,
+    },
 }
 
 /// Output format of the commands that report results.
@@ -107,7 +140,41 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Pktgen(a) => stop_flag().and_then(|s| switch::pktgen(a, s)),
         Command::Maio(c) => maio::run(c),
         Command::Disk(c) => disk::run(c),
+        Command::Completions { shell } => {
+            // Through print!, so that `| head` ends quietly like the rest.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "fastpath", &mut script);
+            print!("{}", String::from_utf8_lossy(&script));
+            Ok(())
+        }
+        Command::Man { out } => man_pages(&out),
     }
+}
+
+/// `fastpath man --out DIR`: every page, then their names on stdout.
+fn man_pages(out: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    clap_mangen::generate_to(Cli::command(), out)
+        .with_context(|| format!("writing man pages into {}", out.display()))?;
+    let mut pages: Vec<String> = std::fs::read_dir(out)
+        .with_context(|| format!("listing {}", out.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("fastpath") && n.ends_with(".1"))
+        .collect();
+    pages.sort();
+    println!("{} man pages in {}", pages.len(), out.display());
+    for p in pages {
+        println!("  {p}");
+    }
+    Ok(())
+}
+
+/// Whether log lines carry colour: only on a terminal, and not when the
+/// NO_COLOR convention (<https://no-color.org>: set and not empty) asks
+/// for none.
+fn log_colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// Whether a panic is `print!` failing because stdout's reader has gone
@@ -143,10 +210,14 @@ fn error_chain(e: &anyhow::Error) -> String {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Logs to stderr; RUST_LOG=debug (or warn...) changes the level.
-    // Colour only on a terminal: a log file or a pipe gets plain text.
+    // Colour only on a terminal: a log file or a pipe gets plain text, and
+    // so does anyone who sets NO_COLOR (clap's help honours it too).
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(log_colour(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -171,5 +242,28 @@ fn main() -> ExitCode {
         }
         Err(payload) if is_closed_stdout(panic_message(&*payload)) => ExitCode::SUCCESS,
         Err(payload) => std::panic::resume_unwind(payload),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_and_never_with_no_color() {
+        use std::ffi::OsStr;
+        assert!(log_colour(true, None));
+        assert!(!log_colour(false, None));
+        assert!(!log_colour(true, Some(OsStr::new("1"))));
+        assert!(!log_colour(false, Some(OsStr::new("1"))));
+        // Set but empty does not count (no-color.org).
+        assert!(log_colour(true, Some(OsStr::new(""))));
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        // clap's own checks (duplicate flags, bad defaults), which the man
+        // pages and completions are generated from.
+        Cli::command().debug_assert();
     }
 }

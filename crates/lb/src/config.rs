@@ -17,8 +17,8 @@
 //! [encap]
 //! source = "10.0.0.1"      # outer source address for IPv4 backends
 //! source6 = "fd00::1"      # outer source address for IPv6 backends
-//! mac = "02:00:00:00:00:01"
-//! gateway_mac = "02:00:00:00:00:fe"
+//! mac = "02:00:00:00:00:01"  # default: the interface's own MAC
+//! # gateway_mac = "02:00:00:00:00:fe"  # the next hop's MAC; see below
 //! ttl = 64
 //!
 //! [[pools]]
@@ -50,6 +50,17 @@
 //!
 //! [`Config::load`] rejects a file whole if anything is wrong, naming the
 //! file, the key and what was expected.
+//!
+//! `[encap] gateway_mac` is the MAC of the next hop every encapsulated frame
+//! is sent to: the router towards the backends (or the backend itself when
+//! it is on the interface's own subnet). Leave it out: the daemon
+//! (`fastpath lb run --interface`) finds it from the kernel, as the kernel's
+//! own packets would (the route to the first backend, then the neighbour
+//! table, resolving the address if needed), checks it again every few
+//! seconds and swaps in a change like a reload; `fastpath lb status` shows
+//! what it found or why it could not. Set it only to override that. Pcap
+//! replay has no interface and no kernel route: there the frames carry the
+//! configured value, else [`PLACEHOLDER_GATEWAY_MAC`].
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -168,8 +179,9 @@ pub struct Encap {
     /// Our MAC (default: the interface's own, or 02:00:00:00:00:01 for
     /// pcap files).
     pub mac: Option<String>,
-    /// The next hop's MAC.
-    pub gateway_mac: String,
+    /// The next hop's MAC, overriding what the daemon resolves from the
+    /// kernel (none: resolved; pcap replay uses [`PLACEHOLDER_GATEWAY_MAC`]).
+    pub gateway_mac: Option<String>,
     /// Outer TTL / hop limit.
     pub ttl: u8,
 }
@@ -180,11 +192,17 @@ impl Default for Encap {
             source: None,
             source6: None,
             mac: None,
-            gateway_mac: "02:00:00:00:00:fe".into(),
+            gateway_mac: None,
             ttl: 64,
         }
     }
 }
+
+/// The destination MAC of encapsulated frames when `[encap] gateway_mac`
+/// is not set and no next hop was resolved: pcap replay (no interface), or
+/// a daemon that could not resolve its gateway (it says so at start and in
+/// `/status`; such frames are lost).
+pub const PLACEHOLDER_GATEWAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xfe];
 
 /// `[api]`: the HTTP control API.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, Default)]
@@ -735,10 +753,10 @@ impl Config {
                 format!("{m:?} is not a MAC address like 02:00:00:00:00:01"),
             );
         }
-        if parse_mac(&e.gateway_mac).is_none() {
+        if let Some(m) = e.gateway_mac.as_deref().filter(|m| parse_mac(m).is_none()) {
             return problem(
                 "encap.gateway_mac".into(),
-                format!("{:?} is not a MAC address", e.gateway_mac),
+                format!("{m:?} is not a MAC address like 02:00:00:00:00:fe (leave it out to have the daemon resolve the next hop)"),
             );
         }
         if e.source.is_some_and(|a| !a.is_ipv4()) {
@@ -1512,6 +1530,31 @@ pool = "web"
             .unwrap_err()
             .to_string()
             .contains("/nonexistent.toml"));
+    }
+
+    #[test]
+    fn gateway_mac_is_optional_and_checked_when_set() {
+        // Unset: no placeholder in the configuration; the daemon resolves
+        // the next hop (issue 17, finding 1).
+        let c = Config::parse(GOOD, "t.toml").unwrap();
+        assert_eq!(c.encap.gateway_mac, None);
+        assert_eq!(Encap::default().gateway_mac, None);
+        // Set: an override, kept as written.
+        let c = Config::parse(
+            &GOOD.replace("[encap]", "[encap]\ngateway_mac = \"02:aa:bb:cc:dd:ee\""),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(c.encap.gateway_mac.as_deref(), Some("02:aa:bb:cc:dd:ee"));
+        // Set badly: still an error naming the key and the way out.
+        for bad in ["02:aa:bb:cc:dd", "router", "02:aa:bb:cc:dd:zz", ""] {
+            let e = err(&GOOD.replace("[encap]", &format!("[encap]\ngateway_mac = \"{bad}\"")));
+            assert_eq!(e.key, "encap.gateway_mac", "{bad}: {e}");
+            assert!(
+                e.problem.contains(&format!("{bad:?}")) && e.problem.contains("leave it out"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@ use arc_swap::ArcSwap;
 use maglev::Maglev;
 use packet::gre::Outer;
 
-use crate::config::{parse_mac, Config, ConfigError};
+use crate::config::{parse_mac, Config, ConfigError, PLACEHOLDER_GATEWAY_MAC};
 use crate::vip::VipMatcher;
 
 /// A backend in a snapshot.
@@ -192,11 +192,21 @@ pub struct Control {
     )>,
     peers_down: std::collections::HashSet<std::net::IpAddr>,
     peer_slots: Vec<std::net::IpAddr>,
+    /// The next hop's MAC as the daemon resolved it from the kernel, used
+    /// when `[encap] gateway_mac` is not set (kept across reloads).
+    resolved_gateway: Option<[u8; 6]>,
 }
 
 impl Control {
     /// Builds the first snapshot from a validated configuration.
     pub fn new(config: Config) -> Result<Self, ConfigError> {
+        Self::with_gateway(config, None)
+    }
+
+    /// Like [`Control::new`], with the next hop's MAC already resolved
+    /// (see [`Control::set_resolved_gateway`]), so that the first snapshot
+    /// carries it.
+    pub fn with_gateway(config: Config, resolved: Option<[u8; 6]>) -> Result<Self, ConfigError> {
         let mut c = Control {
             config: Config::default(),
             ids: HashMap::new(),
@@ -215,6 +225,7 @@ impl Control {
             peers: None,
             peers_down: std::collections::HashSet::new(),
             peer_slots: Vec::new(),
+            resolved_gateway: resolved,
         };
         c.apply(config)?;
         Ok(c)
@@ -280,6 +291,36 @@ impl Control {
         }
     }
 
+    /// The destination MAC of encapsulated frames under `cfg`: `[encap]
+    /// gateway_mac` if set, else the resolved next hop, else
+    /// [`PLACEHOLDER_GATEWAY_MAC`].
+    pub fn gateway_mac(&self, cfg: &Config) -> [u8; 6] {
+        cfg.encap
+            .gateway_mac
+            .as_deref()
+            .and_then(parse_mac)
+            .or(self.resolved_gateway)
+            .unwrap_or(PLACEHOLDER_GATEWAY_MAC)
+    }
+
+    /// The next hop's MAC as last resolved (none: not resolved).
+    pub fn resolved_gateway(&self) -> Option<[u8; 6]> {
+        self.resolved_gateway
+    }
+
+    /// Sets the next hop's MAC the daemon resolved from the kernel (none:
+    /// unresolved) and, if that changes the frames' destination (no
+    /// `[encap] gateway_mac` overrides it), swaps in tables that use it, in
+    /// one step like a reload. Returns whether the tables were swapped.
+    pub fn set_resolved_gateway(&mut self, mac: Option<[u8; 6]>) -> bool {
+        if self.resolved_gateway == mac {
+            return false;
+        }
+        let before = self.gateway_mac(&self.config);
+        self.resolved_gateway = mac;
+        before != self.gateway_mac(&self.config) && self.rebuild()
+    }
+
     /// Marks a backend healthy or not (by name) and swaps in tables without
     /// (or with) it. Returns false for an unknown name.
     pub fn set_health(&mut self, name: &str, healthy: bool) -> bool {
@@ -302,7 +343,7 @@ impl Control {
             .as_deref()
             .and_then(parse_mac)
             .unwrap_or([2, 0, 0, 0, 0, 1]);
-        let eth_dst = parse_mac(&cfg.encap.gateway_mac).unwrap_or_default();
+        let eth_dst = self.gateway_mac(cfg);
         let src4 = cfg.encap.source.map(packet::flow::from_ip);
         let src6 = cfg.encap.source6.map(packet::flow::from_ip);
         // Registry (the running snapshot's backends): every backend named
@@ -822,6 +863,48 @@ mod tests {
         old.apply(config(&[(1, 1), (2, 2)], 251)).unwrap();
         let fresh = Control::new(config(&[(1, 1), (2, 2)], 251)).unwrap();
         assert_eq!(fp(&old), fp(&fresh));
+    }
+
+    #[test]
+    fn the_resolved_gateway_is_swapped_in_and_a_configured_one_wins() {
+        let dst = |c: &Control| -> Vec<[u8; 6]> {
+            c.tables()
+                .load()
+                .backends
+                .iter()
+                .map(|b| b.outer.eth_dst)
+                .collect()
+        };
+        let resolved = [2, 0, 0, 0, 0x5a, 0xfe];
+        // Not configured, not resolved: the placeholder (pcap replay).
+        let mut c = Control::new(config(&[(1, 1), (2, 1)], 251)).unwrap();
+        assert_eq!(dst(&c), [PLACEHOLDER_GATEWAY_MAC; 2]);
+        let (g0, f0) = (c.tables().load().generation, fp(&c));
+        // Resolved: swapped in at once, the tables otherwise the same.
+        assert!(c.set_resolved_gateway(Some(resolved)));
+        assert_eq!(dst(&c), [resolved; 2]);
+        assert_eq!(c.tables().load().generation, g0 + 1);
+        assert_eq!(fp(&c), f0, "the next hop is not part of the fingerprint");
+        assert!(
+            !c.set_resolved_gateway(Some(resolved)),
+            "no change, no swap"
+        );
+        // A reload keeps it, and backends added later get it too.
+        c.apply(config(&[(1, 1), (2, 1), (3, 1)], 251)).unwrap();
+        assert_eq!(dst(&c), [resolved; 3]);
+        // A configured gateway_mac overrides it; a new resolution then
+        // changes nothing.
+        let mut cfg = config(&[(1, 1)], 251);
+        cfg.encap.gateway_mac = Some("02:00:00:00:00:aa".into());
+        c.apply(cfg).unwrap();
+        let configured = [2, 0, 0, 0, 0, 0xaa];
+        assert_eq!(dst(&c)[0], configured);
+        assert!(!c.set_resolved_gateway(Some([2, 0, 0, 0, 0x5a, 0xfd])));
+        assert_eq!(dst(&c)[0], configured);
+        // Built with it from the start: the first snapshot carries it.
+        let c = Control::with_gateway(config(&[(1, 1)], 251), Some(resolved)).unwrap();
+        assert_eq!(dst(&c), [resolved]);
+        assert_eq!(c.tables().load().generation, 1);
     }
 
     #[test]

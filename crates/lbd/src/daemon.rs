@@ -81,6 +81,11 @@ pub struct Shared {
     pool: maio::Pool,
     /// The packet-tracer's queue and counters (`[tracer] enabled`).
     tracer: Option<Arc<lb::trace::Tracer>>,
+    /// The next hop's MAC: resolved, configured or unresolved.
+    gateway: crate::gateway::Gateway,
+    /// The interface's own MAC, the outer source when `[encap] mac` is
+    /// not set (also after a reload that leaves it out).
+    interface_mac: Option<String>,
     started: Instant,
 }
 
@@ -213,7 +218,10 @@ impl Shared {
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let result = Config::load(&self.config_path)
             .map_err(ReloadError::from)
-            .and_then(|cfg| {
+            .and_then(|mut cfg| {
+                if cfg.encap.mac.is_none() {
+                    cfg.encap.mac.clone_from(&self.interface_mac);
+                }
                 let checks = health::checks(&cfg);
                 self.ensure_tunnel(&checks)?;
                 let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
@@ -231,6 +239,8 @@ impl Shared {
         match &result {
             Ok(r) => {
                 self.reloads.fetch_add(1, Ordering::Relaxed);
+                // The backends or gateway_mac may have changed.
+                self.gateway.kick();
                 *self
                     .last_reload_error
                     .lock()
@@ -350,6 +360,7 @@ impl Shared {
                 .map(|(n, v)| (n.to_string(), v))
                 .collect(),
             conntrack_entries: c.conntrack.entries,
+            gateway: Some(self.gateway.status()),
             bgp_announced: bgp.as_ref().map(|b| b.0),
             bgp_error: bgp.and_then(|b| b.1),
             fleet,
@@ -494,6 +505,10 @@ pub struct Status {
     pub drops: std::collections::BTreeMap<String, u64>,
     /// Live connection-table entries.
     pub conntrack_entries: u64,
+    /// The next hop encapsulated frames are sent to (absent in documents
+    /// from versions without it).
+    #[serde(default)]
+    pub gateway: Option<crate::gateway::GatewayStatus>,
     /// Packet buffers in the forwarder's pool.
     #[serde(default)]
     pub pool_buffers: u32,
@@ -535,6 +550,9 @@ impl Status {
             self.distinct_tables,
             self.tables_bytes as f64 / (1024.0 * 1024.0)
         );
+        if let Some(g) = &self.gateway {
+            out.push_str(&g.to_text());
+        }
         if let Some(e) = &self.last_reload_error {
             out.push_str(&format!("last reload rejected: {e}\n"));
         }
@@ -884,15 +902,18 @@ pub fn run(
         lb::config::DriverConf::AfXdp => Driver::AfXdp,
         lb::config::DriverConf::AfPacket => Driver::AfPacket,
     });
+    let interface_mac = afpacket::mac_address(interface).map(|m| netio::neigh::format_mac(&m));
     if cfg.encap.mac.is_none() {
-        cfg.encap.mac = afpacket::mac_address(interface).map(|m| {
-            m.iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<Vec<_>>()
-                .join(":")
-        });
+        cfg.encap.mac.clone_from(&interface_mac);
     }
-    let control = Control::new(cfg.clone())?;
+    // The next hop's MAC, unless configured: from the kernel, waiting a
+    // little for resolution so that the first frames already carry it.
+    let (gateway, resolved) = crate::gateway::Gateway::start(&cfg, interface);
+    let control = Control::with_gateway(cfg.clone(), resolved)?;
+    let host = Host {
+        gateway,
+        interface_mac,
+    };
     let tables = control.tables();
     let mut params = Params::from_config(&cfg);
     // One AF_XDP socket per packet thread when the interface has a receive
@@ -937,6 +958,7 @@ pub fn run(
                     .collect();
                 return serve(
                     cfg,
+                    host,
                     control,
                     tables,
                     dp,
@@ -997,6 +1019,7 @@ pub fn run(
     };
     serve(
         cfg,
+        host,
         control,
         tables,
         dp,
@@ -1008,6 +1031,14 @@ pub fn run(
         driver,
         stop,
     )
+}
+
+/// What the daemon learned about its interface before serving it.
+struct Host {
+    /// The next hop's MAC, as found at start.
+    gateway: crate::gateway::Gateway,
+    /// The interface's own MAC.
+    interface_mac: Option<String>,
 }
 
 /// The ports the datapath serves.
@@ -1045,6 +1076,7 @@ fn prefer_this_thread() {
 #[allow(clippy::too_many_arguments)]
 fn serve(
     cfg: Config,
+    host: Host,
     control: Control,
     tables: Arc<arc_swap::ArcSwap<lb::tables::Tables>>,
     dp: Datapath,
@@ -1084,6 +1116,8 @@ fn serve(
         driver: driver_desc.clone(),
         pool: dp.pool().clone(),
         tracer: dp.tracer().cloned(),
+        gateway: host.gateway,
+        interface_mac: host.interface_mac,
         started: Instant::now(),
     });
     // Tunnel health checks asked for and impossible: stop now, say why.
@@ -1130,6 +1164,17 @@ fn serve(
                 source,
             })?
     };
+    // The next hop, checked again until the datapath stops.
+    let gateway = {
+        let (shared, dp_stop) = (Arc::clone(&shared), Arc::clone(&dp_stop));
+        std::thread::Builder::new()
+            .name("gateway".into())
+            .spawn(move || crate::gateway::watch(&shared.gateway, &shared.control, &dp_stop))
+            .map_err(|source| Error::Spawn {
+                what: "gateway",
+                source,
+            })?
+    };
     let drainer = {
         let (shared, stop, dp_stop) =
             (Arc::clone(&shared), Arc::clone(&stop), Arc::clone(&dp_stop));
@@ -1173,6 +1218,7 @@ fn serve(
     stop.store(true, Ordering::Release);
     let _ = drainer.join();
     let _ = cp.join();
+    let _ = gateway.join();
     if let Some(r) = reporter {
         let _ = r.join();
     }

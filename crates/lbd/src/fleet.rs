@@ -94,10 +94,27 @@ pub struct LbRow {
     /// Its configuration generation (a local counter: it may differ
     /// between load balancers that agree).
     pub generation: u64,
+    /// The next hop its encapsulated frames go to: the MAC and where it
+    /// came from ("resolved", "configured"), or "UNRESOLVED"; empty if
+    /// unreachable or from a version that does not say.
+    pub gateway: String,
     /// Its VIPs.
     pub vips: Vec<VipRow>,
     /// Why its status could not be had, if it could not.
     pub error: Option<String>,
+}
+
+/// The gateway column of the fleet table.
+fn gateway_cell(s: &Status) -> String {
+    use crate::gateway::Source;
+    match &s.gateway {
+        None => String::new(),
+        Some(g) => match (g.source, &g.mac) {
+            (Source::Resolved, Some(m)) => format!("{m} (resolved)"),
+            (Source::Configured, Some(m)) => format!("{m} (configured)"),
+            _ => "UNRESOLVED".into(),
+        },
+    }
 }
 
 /// The verdict on a fleet.
@@ -292,6 +309,7 @@ pub fn compare(lbs: &[(String, Status)]) -> Agreement {
             api: api.clone(),
             driver: s.driver.clone(),
             generation: s.generation,
+            gateway: gateway_cell(s),
             vips: s
                 .vips
                 .iter()
@@ -356,6 +374,7 @@ pub fn check(apis: &[SocketAddr]) -> Agreement {
                     api: api.to_string(),
                     driver: String::new(),
                     generation: 0,
+                    gateway: String::new(),
                     vips: Vec::new(),
                     error: Some(e),
                 }
@@ -378,7 +397,12 @@ impl Agreement {
                 }
             }
         }
-        let mut header = vec!["lb".to_string(), "driver".into(), "generation".into()];
+        let mut header = vec![
+            "lb".to_string(),
+            "driver".into(),
+            "generation".into(),
+            "gateway".into(),
+        ];
         for v in &vips {
             header.push(format!("{v} table"));
             header.push(format!("{v} healthy"));
@@ -389,12 +413,14 @@ impl Agreement {
             if lb.error.is_some() {
                 row.push("UNREACHABLE".into());
                 row.push(String::new());
+                row.push(String::new());
                 row.extend(vips.iter().flat_map(|_| [String::new(), String::new()]));
                 t.row(row);
                 continue;
             }
             row.push(lb.driver.clone());
             row.push(lb.generation.to_string());
+            row.push(lb.gateway.clone());
             for name in &vips {
                 match lb.vips.iter().find(|v| v.name == *name) {
                     Some(v) => {
@@ -631,6 +657,32 @@ mod tests {
         assert_eq!(a.differences.len(), 1);
         assert_eq!(a.differences[0].lb.as_deref(), Some("lb3"));
         assert_eq!(a.differences[0].aspects, [Aspect::Weight]);
+    }
+
+    #[test]
+    fn the_fleet_table_shows_each_gateway() {
+        use crate::gateway::{GatewayStatus, Source};
+        let gw = |mac: Option<&str>, source| GatewayStatus {
+            mac: mac.map(String::from),
+            source,
+            interface: "l0".into(),
+            address: Some("10.10.2.1".into()),
+            toward: Some("10.10.3.2".into()),
+            error: None,
+            warning: None,
+        };
+        let mut lbs = vec![status(good()), status(good()), status(good())];
+        lbs[0].gateway = Some(gw(Some("02:00:00:00:00:aa"), Source::Resolved));
+        lbs[1].gateway = Some(gw(None, Source::Unresolved));
+        let a = compare(&named(lbs));
+        let cells: Vec<&str> = a.lbs.iter().map(|l| l.gateway.as_str()).collect();
+        // The third is an older document without the field.
+        assert_eq!(cells, ["02:00:00:00:00:aa (resolved)", "UNRESOLVED", ""]);
+        let text = a.to_text();
+        assert!(
+            text.contains("gateway") && text.contains("UNRESOLVED"),
+            "{text}"
+        );
     }
 
     #[test]

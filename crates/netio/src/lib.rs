@@ -6,6 +6,7 @@
 pub mod afpacket;
 pub mod afxdp;
 pub mod mem;
+pub mod neigh;
 pub mod pcap;
 pub mod tap;
 
