@@ -11,11 +11,17 @@
 //!   out of the interface).
 //!
 //! ```text
-//! generator ns: g0 (AF_XDP TX ring: pre-built 64-byte UDP over many flows;
-//!      |            an XDP sink counts and drops what comes back)
+//! generator ns: g0 (AF_XDP TX ring: pre-built 64-byte UDP over many flows,
+//!      |            or an XDP generator in live-frames mode; an XDP sink
+//!      |            counts and drops what comes back)
 //! DUT ns:       d0 (one of the three; its receive processing runs in a
 //!                   threaded NAPI, not in the generator's send)
 //! ```
+//!
+//! With two CPUs or more, the generator and the sink (g0's NAPI thread)
+//! run on the first half of them and everything of the device under test
+//! (the load balancer's process, d0's NAPI thread) on the rest, so that
+//! each row measures what the device under test does with its own cores.
 //!
 //! Each row says what the generator offered, what reached the device under
 //! test, what came back (delivered) and what was lost on the way; a row is
@@ -31,7 +37,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use lab::netns::{self, Netns};
-use netio::afxdp::Generator;
+use netio::afxdp::{Generator, XdpGenerator};
 use packet::build::Frame;
 use serde::Serialize;
 
@@ -143,6 +149,11 @@ pub struct Report {
     pub generator_alone: Cell,
     /// Generator threads (veth queues).
     pub generator_queues: u32,
+    /// How the generator sent.
+    pub generator: String,
+    /// Where the generator and the device under test ran (`None`: one
+    /// CPU, shared).
+    pub cpus: Option<Cpus>,
 }
 
 /// An interface's (rx packets, rx dropped, tx packets).
@@ -158,6 +169,95 @@ fn link_stats(ns: &Netns, dev: &str) -> (u64, u64, u64) {
         s["rx"]["dropped"].as_u64().unwrap_or(0),
         s["tx"]["packets"].as_u64().unwrap_or(0),
     )
+}
+
+/// Where the bench runs what: the generator's threads and the sink of what
+/// comes back (g0's NAPI thread) on some CPUs, the device under test (the
+/// load balancer's process, d0's NAPI thread, in which the kernel's
+/// forwarding and the XDP programs run) on the others, so that neither
+/// takes the other's core. Left to the scheduler, the busy generator at
+/// nice -10 and threads of the device under test at nice 0 may share a
+/// core, where the latter get about a tenth of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cpus {
+    /// The generator's CPUs (its threads in turn).
+    pub generator: Vec<usize>,
+    /// The device under test's CPUs.
+    pub device_under_test: Vec<usize>,
+}
+
+impl Cpus {
+    /// Half of this process's CPUs (at least one, and never more than one
+    /// per generator thread) for the generator, the rest for the device
+    /// under test; `None` with a single CPU (everything shares it).
+    fn split(queues: u32) -> Option<Cpus> {
+        let set = rustix::thread::sched_getaffinity(None).ok()?;
+        let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&c| set.is_set(c))
+            .collect();
+        if cpus.len() < 2 {
+            return None;
+        }
+        let g = (cpus.len() / 2).clamp(1, queues.max(1) as usize);
+        Some(Cpus {
+            generator: cpus[..g].to_vec(),
+            device_under_test: cpus[g..].to_vec(),
+        })
+    }
+
+    /// Says where what ran, for the report.
+    fn describe(c: Option<&Cpus>) -> String {
+        match c {
+            Some(c) => format!(
+                "generator and the sink of what comes back (g0's NAPI thread) on CPU {:?}; \
+                 device under test (its process, d0's NAPI thread) on CPU {:?}",
+                c.generator, c.device_under_test
+            ),
+            None => "one CPU: generator and device under test share it".to_string(),
+        }
+    }
+}
+
+fn cpu_set(cpus: &[usize]) -> rustix::thread::CpuSet {
+    let mut set = rustix::thread::CpuSet::new();
+    for &c in cpus {
+        set.set(c);
+    }
+    set
+}
+
+/// Pins a thread (`None`: the calling one) to `cpus`; false if refused.
+fn pin(tid: Option<rustix::process::Pid>, cpus: &[usize]) -> bool {
+    rustix::thread::sched_setaffinity(tid, &cpu_set(cpus)).is_ok()
+}
+
+/// Pins every thread of process `pid` to `cpus`; how many it pinned.
+fn pin_process(pid: rustix::process::Pid, cpus: &[usize]) -> usize {
+    std::fs::read_dir(format!("/proc/{}/task", pid.as_raw_nonzero()))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter_map(rustix::process::Pid::from_raw)
+                .filter(|&t| pin(Some(t), cpus))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// The kernel's threads whose name starts with `prefix` (NAPI threads are
+/// `napi/<interface>-<id>`).
+fn kernel_threads(prefix: &str) -> std::collections::BTreeSet<i32> {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|pid| {
+                    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                        .is_ok_and(|c| c.starts_with(prefix))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The generator's frames: 64-byte UDP to the VIP over [`FLOWS`] flows.
@@ -180,11 +280,68 @@ fn frames() -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Drives `g0` from inside `gen` for `secs`, one thread and socket on
-/// each of its `queues` transmit queues (the flows split between them);
-/// returns (frames offered, seconds driven).
-fn generate(gen: &Netns, secs: f64, queues: u32) -> Result<(u64, f64), Error> {
+/// Which generator drives the pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum GeneratorKind {
+    /// AF_XDP in copy mode ([`Generator`]): pre-built frames over a TX
+    /// ring; the kernel builds an `sk_buff` for each and hands it to the
+    /// veth, at most a ring per wake-up.
+    AfXdp,
+    /// The XDP generator ([`XdpGenerator`]): `BPF_PROG_TEST_RUN` in
+    /// live-frames mode sends batches of XDP frames, which reach d0 without
+    /// an `sk_buff`.
+    Xdp,
+}
+
+/// How the pair is driven.
+struct Drive {
+    /// Seconds per device under test.
+    secs: f64,
+    /// Generator threads (veth queues).
+    queues: u32,
+    /// Where things run.
+    cpus: Option<Cpus>,
+    /// Which generator.
+    kind: GeneratorKind,
+}
+
+/// d0's `gro_flush_timeout` (ns) in the fastpath row with busy polling.
+const BUSY_POLL_FLUSH_NS: u32 = 200_000;
+
+/// Sets d0 up for preferred busy polling (`napi_defer_hard_irqs`,
+/// `gro_flush_timeout`), so that the load balancer, which then busy-polls,
+/// runs d0's receive processing itself when it is ready for more frames,
+/// and d0's NAPI thread steps in only when it has not polled for 200 us:
+/// the kernel's recipe for an AF_XDP application that shares its core
+/// with the interface. Returns a note for the row.
+fn busy_poll(dut: &Netns) -> String {
+    let set = dut.exec(&[
+        "sh",
+        "-c",
+        &format!(
+            "echo 2 > /sys/class/net/d0/napi_defer_hard_irqs && \
+             echo {BUSY_POLL_FLUSH_NS} > /sys/class/net/d0/gro_flush_timeout"
+        ),
+    ]);
+    match set {
+        Ok(_) => format!(
+            "d0 set for preferred busy polling (napi_defer_hard_irqs 2, gro_flush_timeout {} us)",
+            BUSY_POLL_FLUSH_NS / 1000
+        ),
+        Err(e) => format!("no busy polling ({e})"),
+    }
+}
+
+/// Frames an XDP generator sends per system call (a few milliseconds).
+const XDP_GEN_CHUNK: u32 = 1 << 15;
+
+/// Drives `g0` from inside `gen` for `d.secs`, one thread (and socket) on
+/// each of its `d.queues` transmit queues (the flows split between them),
+/// each pinned to one of the generator's CPUs; returns (frames offered,
+/// seconds driven, how the generator sent).
+fn generate(gen: &Netns, d: &Drive) -> Result<(u64, f64, String), Error> {
     let all = frames();
+    let queues = d.queues;
     let start = std::sync::Arc::new(std::sync::Barrier::new(queues as usize));
     let threads: Vec<_> = (0..queues)
         .map(|q| {
@@ -196,41 +353,77 @@ fn generate(gen: &Netns, secs: f64, queues: u32) -> Result<(u64, f64), Error> {
                 .cloned()
                 .collect();
             let start = std::sync::Arc::clone(&start);
-            std::thread::spawn(move || -> Result<(u64, f64), Error> {
-                let opened = netns::enter(&name)
-                    .map_err(Error::from)
-                    .and_then(|_| Generator::open("g0", q, &mine).map_err(Error::Generator));
+            let cpu = d
+                .cpus
+                .as_ref()
+                .map(|c| c.generator[q as usize % c.generator.len()]);
+            let (secs, kind) = (d.secs, d.kind);
+            std::thread::spawn(move || -> Result<(u64, f64, String), Error> {
+                if let Some(cpu) = cpu {
+                    pin(None, &[cpu]);
+                }
                 // The generator must not be the limit: on shared cores it
                 // runs before the rest (nice -10; skipped without the
                 // privilege, and then the rows say whether it was).
                 let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), -10);
-                start.wait();
-                let mut g = opened?;
-                let t = Instant::now();
-                let deadline = t + Duration::from_secs_f64(secs);
-                let mut rounds = 0u32;
-                loop {
-                    g.send();
-                    // The clock every few rounds: a round queues up to a ring.
-                    rounds += 1;
-                    if rounds.is_multiple_of(16) && Instant::now() >= deadline {
-                        break;
+                let entered = netns::enter(&name).map_err(Error::from);
+                match kind {
+                    GeneratorKind::AfXdp => {
+                        let opened = entered.and_then(|_| {
+                            Generator::open("g0", q, &mine).map_err(Error::Generator)
+                        });
+                        start.wait();
+                        let mut g = opened?;
+                        let t = Instant::now();
+                        let deadline = t + Duration::from_secs_f64(secs);
+                        let mut rounds = 0u32;
+                        loop {
+                            g.send();
+                            // The clock every few rounds: a round queues up
+                            // to a ring.
+                            rounds += 1;
+                            if rounds.is_multiple_of(16) && Instant::now() >= deadline {
+                                break;
+                            }
+                        }
+                        let el = t.elapsed().as_secs_f64();
+                        // Frames queued and not taken by the end are not
+                        // offered.
+                        g.flush(Duration::from_millis(50));
+                        let note = format!(
+                            "AF_XDP copy mode, up to {} frames per wake-up",
+                            g.tx_budget()
+                        );
+                        Ok((g.completed(), el, note))
+                    }
+                    GeneratorKind::Xdp => {
+                        let opened = entered.and_then(|_| {
+                            XdpGenerator::open("g0", q, &mine[0]).map_err(Error::Generator)
+                        });
+                        start.wait();
+                        let mut g = opened?;
+                        let t = Instant::now();
+                        let deadline = t + Duration::from_secs_f64(secs);
+                        while Instant::now() < deadline {
+                            g.send(XDP_GEN_CHUNK).map_err(Error::Generator)?;
+                        }
+                        let el = t.elapsed().as_secs_f64();
+                        let note =
+                            "XDP live frames (BPF_PROG_TEST_RUN), batches of 256".to_string();
+                        Ok((g.offered(), el, note))
                     }
                 }
-                let el = t.elapsed().as_secs_f64();
-                // Frames queued and not taken by the end are not offered.
-                g.flush(Duration::from_millis(50));
-                Ok((g.completed(), el))
             })
         })
         .collect();
-    let (mut offered, mut el) = (0, 0f64);
+    let (mut offered, mut el, mut note) = (0, 0f64, String::new());
     for t in threads {
-        let (n, e) = t.join().map_err(|_| Error::Panicked("generator"))??;
+        let (n, e, how) = t.join().map_err(|_| Error::Panicked("generator"))??;
         offered += n;
         el = el.max(e);
+        note = how;
     }
-    Ok((offered, el))
+    Ok((offered, el, note))
 }
 
 /// Keeps an XDP program attached (from a thread inside `ns`) until the
@@ -284,7 +477,7 @@ impl Drop for XdpHold {
 }
 
 /// The two namespaces and the veth pair, g0's sink attached.
-fn pair(tag: &str, queues: u32) -> Result<(Netns, Netns, XdpHold), Error> {
+fn pair(tag: &str, queues: u32, cpus: Option<&Cpus>) -> Result<(Netns, Netns, XdpHold), Error> {
     let gen = Netns::new(&format!("fpbg-{tag}"))?;
     let dut = Netns::new(&format!("fpbd-{tag}"))?;
     for ns in [&gen, &dut] {
@@ -306,6 +499,15 @@ fn pair(tag: &str, queues: u32) -> Result<(Netns, Netns, XdpHold), Error> {
                 source,
             })
     })?;
+    // The sink is the measurement's, not the device under test's: it runs
+    // in a NAPI thread on the generator's CPUs, ahead of the generator
+    // (nice -20), so that it keeps up and costs the device under test
+    // nothing. Otherwise it runs in the softirqs of whoever sends to g0,
+    // which is the device under test (and for AF_XDP, once per frame: the
+    // kernel sends a socket's frames one by one, each enabling softirqs).
+    if let Some(c) = cpus {
+        let _ = napi_thread(&gen, "g0", Some(&c.generator), -20);
+    }
     dut.ip(&["addr", "add", "10.30.0.2/24", "dev", "d0"])?;
     // The backends are reached through the generator's side: what comes
     // back there is what was forwarded.
@@ -314,30 +516,57 @@ fn pair(tag: &str, queues: u32) -> Result<(Netns, Netns, XdpHold), Error> {
     Ok((gen, dut, hold))
 }
 
-/// Moves d0's receive processing (its XDP program, the kernel's
-/// forwarding) into a NAPI thread of its own, which the scheduler may run
-/// beside the generator, instead of inside the generator's send. veth has
-/// NAPI only while it runs an XDP program: call after attaching one.
-/// Returns a note for the row.
-fn threaded_napi(dut: &Netns) -> &'static str {
-    match dut.exec(&["sh", "-c", "echo 1 > /sys/class/net/d0/threaded"]) {
-        Ok(_) => "threaded NAPI",
-        Err(_) => "NAPI in the sender (threaded NAPI refused)",
+/// Moves `dev`'s receive processing (its XDP program, the kernel's
+/// forwarding) into a NAPI thread of its own (veth has NAPI only while it
+/// runs an XDP program: call after attaching one), pins that thread to
+/// `cpus` and gives it the niceness `nice`. How many threads it placed
+/// (0: left to the scheduler), or `None` if the kernel refused threaded
+/// NAPI (the processing then stays in the sender's softirqs).
+fn napi_thread(ns: &Netns, dev: &str, cpus: Option<&[usize]>, nice: i32) -> Option<usize> {
+    let prefix = format!("napi/{dev}-");
+    let before = kernel_threads(&prefix);
+    ns.exec(&[
+        "sh",
+        "-c",
+        &format!("echo 1 > /sys/class/net/{dev}/threaded"),
+    ])
+    .ok()?;
+    // The threads the write started (another bench's d0 may have some).
+    let placed = kernel_threads(&prefix)
+        .difference(&before)
+        .filter_map(|&t| rustix::process::Pid::from_raw(t))
+        .filter(|&t| {
+            let _ = rustix::process::setpriority_process(Some(t), nice);
+            cpus.is_some_and(|c| pin(Some(t), c))
+        })
+        .count();
+    Some(placed)
+}
+
+/// Puts d0's receive processing into its NAPI thread, on the device under
+/// test's CPUs, instead of inside the generator's send. Returns a note
+/// for the row.
+fn threaded_napi(dut: &Netns, cpus: Option<&Cpus>) -> String {
+    let on = cpus.map(|c| c.device_under_test.as_slice());
+    match napi_thread(dut, "d0", on, 0) {
+        None => "NAPI in the sender (threaded NAPI refused)".to_string(),
+        Some(n) if n > 0 && on.is_some() => format!("threaded NAPI on CPU {:?}", on.unwrap_or(&[])),
+        Some(_) => "threaded NAPI".to_string(),
     }
 }
 
 /// Drives the pair for `secs` and counts.
-fn measure(gen: &Netns, dut: &Netns, secs: f64, queues: u32) -> Result<Cell, Error> {
+fn measure(gen: &Netns, dut: &Netns, d: &Drive) -> Result<(Cell, String), Error> {
     let (g_rx0, _, _) = link_stats(gen, "g0");
     let (d_rx0, d_drop0, _) = link_stats(dut, "d0");
-    let (offered, el) = generate(gen, secs, queues)?;
+    let (offered, el, how) = generate(gen, d)?;
     std::thread::sleep(Duration::from_millis(100));
     let (g_rx1, _, _) = link_stats(gen, "g0");
     let (d_rx1, d_drop1, _) = link_stats(dut, "d0");
     let delivered = g_rx1.saturating_sub(g_rx0);
     let reached = d_rx1.saturating_sub(d_rx0);
     let el = el.max(1e-9);
-    Ok(Cell {
+    let cell = Cell {
         delivered_mpps: delivered as f64 / el / 1e6,
         offered_mpps: offered as f64 / el / 1e6,
         reached_mpps: reached as f64 / el / 1e6,
@@ -347,28 +576,39 @@ fn measure(gen: &Netns, dut: &Netns, secs: f64, queues: u32) -> Result<Cell, Err
         valid: delivered > 0 && offered as f64 >= VALID_OFFER_RATIO * delivered as f64,
         copies_per_packet: None,
         note: String::new(),
-    })
+    };
+    Ok((cell, how))
 }
 
-/// Runs the three variants for `secs` each, the generator on `queues`
-/// queues (a thread each); `fastpath` is our binary.
+/// Runs the three variants for `secs` each, the generator (`kind`) on
+/// `queues` queues (a thread each); `fastpath` is our binary, which busy-
+/// polls d0 if `prefer_busy_poll` (see [`busy_poll`]).
 pub fn run(
     fastpath: &Path,
     secs: f64,
     queues: u32,
+    kind: GeneratorKind,
+    prefer_busy_poll: bool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Report, Error> {
     let queues = queues.max(1);
     if !netns::available() {
         return Err(lab::Error::Unavailable.into());
     }
+    let cpus = Cpus::split(queues);
+    let drive = Drive {
+        secs,
+        queues,
+        cpus: cpus.clone(),
+        kind,
+    };
     let tag = format!("{}", std::process::id() % 100_000);
     let backends = ["10.20.0.1", "10.20.0.2", "10.20.0.3", "10.20.0.4"];
     let mut results = BTreeMap::new();
 
     // fastpath.
     progress("fastpath (lb run --interface, driver auto)");
-    let (gen, dut, sink) = pair(&tag, queues)?;
+    let (gen, dut, sink) = pair(&tag, queues, cpus.as_ref())?;
     let dir = std::env::temp_dir().join(format!("fastpath-vethbench-{tag}"));
     std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
     let cfg = dir.join("lb.toml");
@@ -386,6 +626,17 @@ pub fn run(
         ),
     )
     .map_err(Error::io(format!("writing {}", cfg.display())))?;
+    let polling = if prefer_busy_poll {
+        busy_poll(&dut)
+    } else {
+        "no busy polling".to_string()
+    };
+    // The load balancer's threads start on the device under test's CPUs:
+    // a child inherits the affinity of the thread that starts it.
+    let mine = rustix::thread::sched_getaffinity(None).ok();
+    if let Some(c) = &cpus {
+        pin(None, &c.device_under_test);
+    }
     let lb = dut
         .command(&fastpath.to_string_lossy())
         .args([
@@ -400,11 +651,19 @@ pub fn run(
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
-        .map_err(Error::io("starting the load balancer"))?;
+        .spawn();
+    if let Some(set) = &mine {
+        let _ = rustix::thread::sched_setaffinity(None, set);
+    }
+    let lb = lb.map_err(Error::io("starting the load balancer"))?;
     std::thread::sleep(Duration::from_millis(1500));
-    let napi = threaded_napi(&dut);
-    let m = measure(&gen, &dut, secs, queues);
+    if let Some(c) = &cpus {
+        // Also threads it may have had before the affinity was set (none
+        // expected: it is inherited).
+        pin_process(rustix::process::Pid::from_child(&lb), &c.device_under_test);
+    }
+    let napi = threaded_napi(&dut, drive.cpus.as_ref());
+    let m = measure(&gen, &dut, &drive);
     // The child is ours and not yet reaped, so its pid is still its own.
     let _ = rustix::process::kill_process(
         rustix::process::Pid::from_child(&lb),
@@ -423,16 +682,16 @@ pub fn run(
         .find(|l| l.contains("driver:"))
         .map(|l| l[l.find("driver:").unwrap_or(0)..].trim().to_string())
         .unwrap_or_default();
-    let mut c = m?;
+    let (mut c, generator) = m?;
     c.copies_per_packet = stats["user_copies_per_forwarded"].as_f64();
-    c.note = format!("{driver}; {napi}");
+    c.note = format!("{driver}; {napi}; {polling}");
     results.insert("fastpath".to_string(), c);
     drop((sink, gen, dut));
     let _ = std::fs::remove_dir_all(&dir);
 
     // nftables: DNAT with jhash over the same backends, forwarded.
     progress("nftables (DNAT, jhash)");
-    let (gen, dut, sink) = pair(&tag, queues)?;
+    let (gen, dut, sink) = pair(&tag, queues, cpus.as_ref())?;
     dut.sysctl("net.ipv4.ip_forward", "1")?;
     let map: Vec<String> = backends
         .iter()
@@ -457,15 +716,15 @@ pub fn run(
                 source,
             })
     })?;
-    let napi = threaded_napi(&dut);
-    let mut c = measure(&gen, &dut, secs, queues)?;
+    let napi = threaded_napi(&dut, drive.cpus.as_ref());
+    let (mut c, _) = measure(&gen, &dut, &drive)?;
     c.note = format!("kernel forwarding with DNAT, conntrack (XDP_PASS on d0); {napi}");
     results.insert("nftables".to_string(), c);
     drop((pass, sink, gen, dut));
 
     // The limit: the same hop in the driver.
     progress("XDP forwarder (rewrite, bpf_redirect_map)");
-    let (gen, dut, sink) = pair(&tag, queues)?;
+    let (gen, dut, sink) = pair(&tag, queues, cpus.as_ref())?;
     let gw = lb::config::parse_mac(GEN_MAC).unwrap_or_default();
     let me = lb::config::parse_mac(DUT_MAC).unwrap_or_default();
     let to: Vec<Ipv4Addr> = backends.iter().filter_map(|b| b.parse().ok()).collect();
@@ -477,10 +736,10 @@ pub fn run(
                 source,
             })
     })?;
-    let napi = threaded_napi(&dut);
-    let m = measure(&gen, &dut, secs, queues);
+    let napi = threaded_napi(&dut, drive.cpus.as_ref());
+    let m = measure(&gen, &dut, &drive);
     drop(fwd);
-    let mut c = m?;
+    let (mut c, _) = m?;
     c.note = format!("{note}; {napi}");
     results.insert("xdp_forwarder".to_string(), c);
     drop((sink, gen, dut));
@@ -488,7 +747,7 @@ pub fn run(
     // The generator alone: into a sink on d0, what it can offer when the
     // other end costs (almost) nothing.
     progress("the generator alone (XDP sink on d0)");
-    let (gen, dut, sink) = pair(&tag, queues)?;
+    let (gen, dut, sink) = pair(&tag, queues, cpus.as_ref())?;
     let (dsink, _) = XdpHold::new(&dut, || {
         netio::afxdp::attach_sink("d0")
             .map(|b| (b, String::new()))
@@ -497,8 +756,8 @@ pub fn run(
                 source,
             })
     })?;
-    let napi = threaded_napi(&dut);
-    let mut alone = measure(&gen, &dut, secs, queues)?;
+    let napi = threaded_napi(&dut, drive.cpus.as_ref());
+    let (mut alone, _) = measure(&gen, &dut, &drive)?;
     alone.valid = true;
     alone.note = format!("XDP_DROP on d0; {napi}");
     drop((dsink, sink, gen, dut));
@@ -523,6 +782,8 @@ pub fn run(
         results,
         generator_alone: alone,
         generator_queues: queues,
+        generator,
+        cpus,
     })
 }
 
@@ -563,9 +824,11 @@ impl Report {
         }
         let g = &self.generator_alone;
         format!(
-            "{t}\ngenerator alone ({} thread(s), into an XDP sink on d0): offered {:.3} Mpps, reached d0 {:.3} Mpps\n\
+            "{t}\n{}\ngenerator: {}\ngenerator alone ({} thread(s), into an XDP sink on d0): offered {:.3} Mpps, reached d0 {:.3} Mpps\n\
              fastpath / nftables = {:.2}x (goal >= 2)   fastpath / XDP forwarder = {:.2} (goal >= 0.7)\n\
              valid rows: offered >= {VALID_OFFER_RATIO} x delivered (the generator was not the limit){}\n",
+            Cpus::describe(self.cpus.as_ref()),
+            self.generator,
             self.generator_queues,
             g.offered_mpps,
             g.reached_mpps,

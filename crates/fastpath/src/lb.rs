@@ -74,6 +74,11 @@ pub enum LbCommand {
     /// (enabled by `[api] listen = "127.0.0.1:9180"` in its configuration).
     /// Each VIP shows its table fingerprint: a hash of its Maglev lookup
     /// table and backends, the same on every machine with the same table.
+    /// The "gateway" line is the MAC every encapsulated frame is sent to:
+    /// resolved from the kernel (the next hop towards the first backend),
+    /// configured ([encap] gateway_mac), or UNRESOLVED, with the reason and
+    /// what to check; unresolved, frames are lost although counted as
+    /// forwarded.
     ///
     /// With several --api: asks every load balancer at once (an unreachable
     /// one is reported after a few seconds, not waited for), prints one row
@@ -292,6 +297,15 @@ pub enum Topology {
     Veth,
 }
 
+/// `lb bench --topology veth --generator`.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum GenArg {
+    /// AF_XDP in copy mode.
+    Afxdp,
+    /// XDP in live-frames mode (BPF_PROG_TEST_RUN).
+    Xdp,
+}
+
 #[derive(Args)]
 pub struct BenchArgs {
     /// What to drive: the forwarder in memory, or a veth pair.
@@ -304,6 +318,17 @@ pub struct BenchArgs {
     /// each.
     #[arg(long, default_value_t = 1)]
     gen_queues: u32,
+    /// With --topology veth: the generator: AF_XDP in copy mode (an
+    /// sk_buff per frame), or an XDP program in live-frames mode (batches
+    /// of XDP frames, no sk_buff).
+    #[arg(long, value_enum, default_value = "afxdp")]
+    generator: GenArg,
+    /// With --topology veth: set d0 up for preferred busy polling
+    /// (napi_defer_hard_irqs, gro_flush_timeout), so that the load
+    /// balancer runs d0's receive processing itself when its ring is empty
+    /// instead of sharing its core with d0's NAPI thread.
+    #[arg(long)]
+    busy_poll: bool,
     /// A run of a few seconds (fewer packets, one repetition).
     #[arg(long)]
     quick: bool,
@@ -333,7 +358,11 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
         } else {
             a.seconds
         };
-        let report = bench::veth::run(&exe, secs, a.gen_queues, &mut |what| {
+        let kind = match a.generator {
+            GenArg::Afxdp => bench::veth::GeneratorKind::AfXdp,
+            GenArg::Xdp => bench::veth::GeneratorKind::Xdp,
+        };
+        let report = bench::veth::run(&exe, secs, a.gen_queues, kind, a.busy_poll, &mut |what| {
             eprintln!("measuring {what}")
         })?;
         match a.format {

@@ -299,6 +299,9 @@ impl Doze {
     }
 }
 
+/// Batches the inline worker (`threads = 0`) processes before the port
+/// sends their packets, when that many are waiting.
+const INLINE_BATCHES_PER_SEND: usize = 8;
 /// Idle iterations the I/O thread spins before it yields or sleeps.
 const IDLE_SPINS: u32 = 1024;
 /// Further idle iterations it yields while work is in flight before it
@@ -470,6 +473,16 @@ impl Datapath {
             l.rx.check();
             let mut idle = !l.steer();
             l.process_inline();
+            // Inline, a few batches go out together: one wake-up of the
+            // port's transmit then sends them all (AF_XDP in copy mode
+            // pays a system call per wake-up).
+            for _ in 1..INLINE_BATCHES_PER_SEND {
+                if l.inline.is_none() || l.rx.a == l.rx.b {
+                    break;
+                }
+                l.steer();
+                l.process_inline();
+            }
             let ended = nic.exhausted() && l.rx.a == l.rx.b;
             l.hand_over_timed_batches(ended);
             l.mux();

@@ -8,7 +8,7 @@
 //
 // And the sink the generator's interface runs: every frame dropped in the
 // driver, after the interface has counted it (veth accepts frames its peer
-// redirects only when it runs an XDP program itself).
+// redirects only when it runs an XDP program itself); and an XDP generator.
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
@@ -96,6 +96,55 @@ SEC("xdp")
 int fastpath_sink(struct xdp_md *ctx)
 {
 	return XDP_DROP;
+}
+
+// The generator (netio's XdpGenerator): run by BPF_PROG_TEST_RUN in live
+// frames mode over a template frame (64-byte UDP over IPv4), it makes each
+// frame one of GEN_FLOWS flows in turn (source address 10.30.(1 + n / 256).
+// (n % 256), source port 1024 + n, as the AF_XDP generator's frames) and
+// sends it out of the interface the run names (XDP_TX: the kernel
+// redirects it there, in batches, as a driver would).
+#define GEN_FLOWS 4096
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} gen_seq SEC(".maps");
+
+SEC("xdp")
+int fastpath_gen(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct udphdr *udp = (void *)(ip + 1);
+	__u32 key = 0, n, sum = 0, *seq;
+	__u16 *w = (__u16 *)ip;
+	int i;
+
+	if ((void *)(udp + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5)
+		return XDP_ABORTED;
+	seq = bpf_map_lookup_elem(&gen_seq, &key);
+	if (!seq)
+		return XDP_ABORTED;
+	n = *seq % GEN_FLOWS;
+	*seq += 1;
+	ip->saddr = bpf_htonl(0x0a1e0100 + ((n / 256) << 8) + (n % 256));
+	udp->source = bpf_htons(1024 + n);
+	// No UDP checksum (allowed over IPv4); the IP header's afresh: the
+	// frame's bytes persist from one run of the page to the next.
+	udp->check = 0;
+	ip->check = 0;
+#pragma unroll
+	for (i = 0; i < 10; i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	ip->check = ~sum;
+	return XDP_TX;
 }
 
 char _license[] SEC("license") = "GPL";

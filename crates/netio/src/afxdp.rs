@@ -424,12 +424,101 @@ impl VipFilter {
     }
 }
 
-/// Entries in each of the four rings.
+/// Entries in the TX and completion rings (and the generator's).
 const RING: u32 = 1024;
+
+/// Entries in a port's RX and fill rings: frames the kernel can receive
+/// into the socket while the port's thread does not run. Where that thread
+/// shares its core with the interface's receive processing (a NAPI thread,
+/// or softirqs), the kernel fills the ring for a whole time slice before
+/// the thread runs again; a frame the ring has no room for is dropped
+/// after the kernel has done all its receive work on it.
+const RX_RING: u32 = 4096;
+
+/// `XDP_MAX_TX_SKB_BUDGET` (`SOL_XDP`, Linux 6.17): how many descriptors
+/// one wake-up of a copy-mode socket sends (the kernel's default is 32).
+const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
+
+/// Lets one wake-up (`sendto`, `poll`) of a copy-mode socket send up to a
+/// whole TX ring instead of 32 descriptors, where the kernel has the option
+/// (Linux 6.17 and later): a ring is then sent in one system call instead
+/// of thirty-two. Returns whether the kernel took it; older kernels keep
+/// their 32, which only costs more wake-ups.
+fn raise_tx_budget(fd: BorrowedFd<'_>, budget: u32) -> bool {
+    set_int_option(fd, libc::SOL_XDP, XDP_MAX_TX_SKB_BUDGET, budget)
+}
+
+/// Sets an integer socket option; whether the kernel took it.
+fn set_int_option(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: u32) -> bool {
+    let v: libc::c_uint = value;
+    // SAFETY: `fd` is a live socket; the option value is a `c_uint` (the
+    // kernel reads an int for each option set here) that outlives the
+    // call, passed with its exact size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            std::ptr::from_ref(&v).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+    r == 0
+}
+
+/// `SO_BUSY_POLL` (microseconds a blocking receive busy-polls; any value
+/// lets a non-blocking one poll once).
+const SO_BUSY_POLL: libc::c_int = 46;
+/// `SO_PREFER_BUSY_POLL` (Linux 5.11).
+const SO_PREFER_BUSY_POLL: libc::c_int = 69;
+/// `SO_BUSY_POLL_BUDGET` (Linux 5.11): frames one busy poll takes at most.
+const SO_BUSY_POLL_BUDGET: libc::c_int = 70;
+/// Frames one busy poll of the interface's receive processing takes.
+const BUSY_POLL_BUDGET: u32 = 64;
+
+/// Whether the interface is set up for preferred busy polling, the
+/// kernel's way of letting an AF_XDP application share its core with the
+/// interface's receive processing: with `napi_defer_hard_irqs` and
+/// `gro_flush_timeout` both set (in sysfs), a socket that busy-polls with
+/// `SO_PREFER_BUSY_POLL` runs that processing itself, when it is ready for
+/// more frames, and the kernel's own NAPI (softirq or thread) steps in only
+/// when the application has not polled for `gro_flush_timeout`. Without
+/// it, both run whenever they can, and the receive processing, which
+/// always has work under load, takes half the core to fill a ring the
+/// application has no time left to empty.
+fn busy_poll_configured(iface: &str) -> bool {
+    let read = |what: &str| {
+        std::fs::read_to_string(format!("/sys/class/net/{iface}/{what}"))
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    read("napi_defer_hard_irqs") > 0 && read("gro_flush_timeout") > 0
+}
+
+/// Has the socket busy-poll its queue's NAPI in preference to the kernel;
+/// whether the kernel took every option.
+fn prefer_busy_poll(fd: BorrowedFd<'_>) -> bool {
+    set_int_option(fd, libc::SOL_SOCKET, SO_PREFER_BUSY_POLL, 1)
+        && set_int_option(fd, libc::SOL_SOCKET, SO_BUSY_POLL, 20)
+        && set_int_option(fd, libc::SOL_SOCKET, SO_BUSY_POLL_BUDGET, BUSY_POLL_BUDGET)
+}
+
+/// Room for `frames` frames of the TX ring in flight at once: in copy
+/// mode each is an `sk_buff` charged to the socket's send buffer until the
+/// receiver frees it (about 1 KiB for a small frame with its overhead),
+/// and a full buffer makes the kernel stop taking frames until then. As
+/// root the buffer may exceed `net.core.wmem_max`; else it is capped there.
+fn room_in_flight(fd: BorrowedFd<'_>, frames: u32) {
+    let bytes = frames as usize * 2048;
+    if sockopt::set_socket_send_buffer_size_force(fd, bytes).is_err() {
+        let _ = sockopt::set_socket_send_buffer_size(fd, bytes);
+    }
+}
 
 /// Pool buffers an AF_XDP port keeps for itself (fill ring and transmit
 /// buffers); the pool must have this many beyond the datapath's needs.
-pub const BUFFERS_NEEDED: u32 = 2 * RING;
+pub const BUFFERS_NEEDED: u32 = RX_RING + RING;
 
 /// Which XDP attach mode is in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -458,12 +547,13 @@ impl XRing {
         off: &XdpRingOffset,
         pgoff: u64,
         entry: usize,
+        entries: u32,
         iface: &str,
     ) -> Result<XRing, Error> {
         let flags = off.flags.ok_or_else(|| Error::NoRingFlags {
             iface: iface.into(),
         })?;
-        let len = off.desc as usize + RING as usize * entry;
+        let len = off.desc as usize + entries as usize * entry;
         // SAFETY: maps the ring the kernel set up for this socket at its
         // documented page offset, with the length the offsets imply. The
         // kernel and we exchange ownership of entries through the producer
@@ -486,7 +576,7 @@ impl XRing {
             consumer: off.consumer as usize,
             flags: flags as usize,
             desc: off.desc as usize,
-            mask: RING - 1,
+            mask: entries - 1,
             entry,
         })
     }
@@ -561,6 +651,12 @@ pub struct AfXdpPort {
     /// `transmit_owned` (back to the pool when completed), not one of ours.
     lent: Vec<bool>,
     mode: XdpMode,
+    /// Descriptors one wake-up sends (copy mode): a whole ring where the
+    /// kernel lets us raise it, else its 32.
+    tx_budget: u32,
+    /// The socket busy-polls the interface's receive processing itself
+    /// (preferred busy polling, see [`busy_poll_configured`]).
+    busy_poll: bool,
     stats: PortStats,
     /// Addresses from the kernel that did not name a buffer we gave it.
     pub bad_addresses: u64,
@@ -655,22 +751,25 @@ impl AfXdpPort {
                 tx_metadata_len: 0,
             };
             sockopt::set_xdp_umem_reg(s, reg).map_err(sys("registering the pool as UMEM"))?;
-            sockopt::set_xdp_umem_fill_ring_size(s, RING).map_err(sys("fill ring size"))?;
+            sockopt::set_xdp_umem_fill_ring_size(s, RX_RING).map_err(sys("fill ring size"))?;
             sockopt::set_xdp_umem_completion_ring_size(s, RING)
                 .map_err(sys("completion ring size"))?;
-            sockopt::set_xdp_rx_ring_size(s, RING).map_err(sys("RX ring size"))?;
+            sockopt::set_xdp_rx_ring_size(s, RX_RING).map_err(sys("RX ring size"))?;
             sockopt::set_xdp_tx_ring_size(s, RING).map_err(sys("TX ring size"))?;
             let off = sockopt::xdp_mmap_offsets(s).map_err(sys("XDP_MMAP_OFFSETS"))?;
-            let fill = XRing::map(s, &off.fr, XDP_UMEM_PGOFF_FILL_RING, 8, iface)?;
-            let comp = XRing::map(s, &off.cr, XDP_UMEM_PGOFF_COMPLETION_RING, 8, iface)?;
-            let rx = XRing::map(s, &off.rx, XDP_PGOFF_RX_RING, 16, iface)?;
-            let tx = XRing::map(s, &off.tx, XDP_PGOFF_TX_RING, 16, iface)?;
+            let fill = XRing::map(s, &off.fr, XDP_UMEM_PGOFF_FILL_RING, 8, RX_RING, iface)?;
+            let comp = XRing::map(s, &off.cr, XDP_UMEM_PGOFF_COMPLETION_RING, 8, RING, iface)?;
+            let rx = XRing::map(s, &off.rx, XDP_PGOFF_RX_RING, 16, RX_RING, iface)?;
+            let tx = XRing::map(s, &off.tx, XDP_PGOFF_TX_RING, 16, RING, iface)?;
             let addr = SocketAddrXdp::new(
                 SocketAddrXdpFlags::XDP_COPY | SocketAddrXdpFlags::XDP_USE_NEED_WAKEUP,
                 index,
                 queue,
             );
             rustix::net::bind(s, &addr).map_err(sys("bind"))?;
+            let tx_budget = if raise_tx_budget(s, RING) { RING } else { 32 };
+            room_in_flight(s, RING);
+            let busy_poll = busy_poll_configured(iface) && prefer_busy_poll(s);
             let mut xsks: aya::maps::XskMap<_> =
                 aya::maps::XskMap::try_from(bpf_guard.map_mut("xsks").ok_or_else(|| {
                     Error::Missing {
@@ -695,6 +794,8 @@ impl AfXdpPort {
                 tx_free: Vec::new(),
                 lent: vec![false; pool.buffers() as usize],
                 mode,
+                tx_budget,
+                busy_poll,
                 stats: PortStats::default(),
                 bad_addresses: 0,
                 vips: filter.clone(),
@@ -708,7 +809,7 @@ impl AfXdpPort {
                 }
             };
             // Prime the fill ring, and set aside the transmit buffers.
-            for i in 0..RING {
+            for i in 0..RX_RING {
                 let b = port
                     .handle
                     .alloc()
@@ -718,7 +819,7 @@ impl AfXdpPort {
                 port.fill.put_u64(i, u64::from(idx) * u64::from(chunk));
                 port.kernel[idx as usize] = Some(b);
             }
-            port.fill.prod().store(RING, Ordering::Release);
+            port.fill.prod().store(RX_RING, Ordering::Release);
             for _ in 0..RING {
                 port.tx_free
                     .push(port.handle.alloc().map_err(pool_err("transmit buffers"))?);
@@ -741,6 +842,20 @@ impl AfXdpPort {
     /// The XDP attach mode in use.
     pub fn mode(&self) -> XdpMode {
         self.mode
+    }
+
+    /// Descriptors one wake-up of the kernel's transmit sends: the whole
+    /// TX ring where the kernel takes `XDP_MAX_TX_SKB_BUDGET` (Linux 6.17),
+    /// else 32.
+    pub fn tx_budget(&self) -> u32 {
+        self.tx_budget
+    }
+
+    /// Whether the port runs the interface's receive processing itself
+    /// when its RX ring is empty (preferred busy polling: the interface
+    /// has `napi_defer_hard_irqs` and `gro_flush_timeout` set).
+    pub fn busy_polls(&self) -> bool {
+        self.busy_poll
     }
 
     fn chunk(&self) -> u64 {
@@ -806,8 +921,9 @@ impl AfXdpPort {
     }
 
     /// Wakes the kernel's transmit processing until it has taken every
-    /// queued descriptor: in copy mode it takes at most a small batch (32)
-    /// per wake-up. Bounded: stops when a wake-up makes no progress.
+    /// queued descriptor: in copy mode it takes at most
+    /// [`AfXdpPort::tx_budget`] per wake-up (a whole ring, or 32 on kernels
+    /// before 6.17). Bounded: stops when a wake-up makes no progress.
     fn kick_tx(&self) {
         let prod = self.tx.prod().load(Ordering::Relaxed);
         let mut last = u32::MAX;
@@ -828,6 +944,16 @@ impl AfXdpPort {
 impl Nic for AfXdpPort {
     fn receive(&mut self, _pool: &Pool, slots: &mut [Slot]) -> Result<usize, crate::Error> {
         let chunk = self.chunk();
+        if self.busy_poll
+            && self.rx.prod().load(Ordering::Acquire) == self.rx.cons().load(Ordering::Relaxed)
+        {
+            // Nothing left to take: a non-blocking receive runs the
+            // interface's receive processing here, for a budget of frames
+            // (preferred busy polling).
+            if let Some(fd) = self.fd() {
+                let _ = rustix::net::recv(fd, &mut [0u8; 0][..], RecvFlags::DONTWAIT);
+            }
+        }
         let prod = self.rx.prod().load(Ordering::Acquire);
         let mut cons = self.rx.cons().load(Ordering::Relaxed);
         let fill_prod = self.fill.prod().load(Ordering::Relaxed);
@@ -1119,7 +1245,8 @@ const GEN_CHUNK: usize = 2048;
 /// once in a UMEM of its own are sent again and again by descriptor (no
 /// write per frame), as many as the TX ring has room for at a time, and the
 /// kernel is woken only when the ring's need_wakeup flag asks (in copy mode
-/// it takes at most 32 frames per wake-up). It reports what it offered:
+/// it takes up to [`Generator::tx_budget`] frames per wake-up: the whole
+/// ring where the kernel allows, else 32). It reports what it offered:
 /// frames the kernel took from the ring and completed (sent, or dropped by
 /// a full receiver: offered either way).
 pub struct Generator {
@@ -1140,6 +1267,8 @@ pub struct Generator {
     completed: u64,
     /// Wake-ups (`sendto` calls).
     kicks: u64,
+    /// Descriptors one wake-up sends.
+    tx_budget: u32,
 }
 
 impl Generator {
@@ -1194,14 +1323,16 @@ impl Generator {
         sockopt::set_xdp_umem_completion_ring_size(s, RING).map_err(sys("completion ring size"))?;
         sockopt::set_xdp_tx_ring_size(s, RING).map_err(sys("TX ring size"))?;
         let off = sockopt::xdp_mmap_offsets(s).map_err(sys("XDP_MMAP_OFFSETS"))?;
-        let comp = XRing::map(s, &off.cr, XDP_UMEM_PGOFF_COMPLETION_RING, 8, iface)?;
-        let tx = XRing::map(s, &off.tx, XDP_PGOFF_TX_RING, 16, iface)?;
+        let comp = XRing::map(s, &off.cr, XDP_UMEM_PGOFF_COMPLETION_RING, 8, RING, iface)?;
+        let tx = XRing::map(s, &off.tx, XDP_PGOFF_TX_RING, 16, RING, iface)?;
         let addr = SocketAddrXdp::new(
             SocketAddrXdpFlags::XDP_COPY | SocketAddrXdpFlags::XDP_USE_NEED_WAKEUP,
             index,
             queue,
         );
         rustix::net::bind(s, &addr).map_err(sys("bind"))?;
+        let tx_budget = if raise_tx_budget(s, RING) { RING } else { 32 };
+        room_in_flight(s, RING);
         Ok(Generator {
             fd,
             iface: iface.into(),
@@ -1213,6 +1344,7 @@ impl Generator {
             queued: 0,
             completed: 0,
             kicks: 0,
+            tx_budget,
         })
     }
 
@@ -1294,12 +1426,170 @@ impl Generator {
     pub fn kicks(&self) -> u64 {
         self.kicks
     }
+
+    /// Descriptors one wake-up sends: the whole TX ring where the kernel
+    /// takes `XDP_MAX_TX_SKB_BUDGET` (Linux 6.17), else 32.
+    pub fn tx_budget(&self) -> u32 {
+        self.tx_budget
+    }
 }
 
 // SAFETY: the rings' and the UMEM's mappings are owned by the generator,
 // which is used by one thread at a time (Send, not Sync); the kernel side is
 // synchronized through the ring words.
 unsafe impl Send for Generator {}
+
+/// The XDP generator (`bpf/fwd.c`): rewrites a template frame into one of
+/// many flows and sends it (XDP_TX).
+const GEN: Prog = Prog {
+    obj: FWD_OBJ,
+    name: "fastpath_gen",
+    program: "XDP generator",
+};
+
+/// `BPF_PROG_TEST_RUN`, the `bpf(2)` command.
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+/// `BPF_F_TEST_XDP_LIVE_FRAMES` (Linux 5.18): the frames a test run's
+/// program returns XDP_TX or XDP_REDIRECT for are really sent.
+const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
+/// Frames per batch of a live test run (the kernel's most, 256): the
+/// redirects of a batch are flushed together.
+const GEN_BATCH: u32 = 256;
+
+/// `union bpf_attr` as `BPF_PROG_TEST_RUN` reads it.
+#[repr(C)]
+#[derive(Default)]
+// Only the kernel reads the fields.
+#[allow(dead_code)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    /// The union is 8-byte aligned; the kernel wants the rest zero.
+    _pad: u32,
+}
+
+/// `struct xdp_md`, the context a test run starts from: which interface
+/// and queue the frames come in on (and so which one XDP_TX leaves by).
+#[repr(C)]
+#[derive(Default)]
+// Only the kernel reads the fields.
+#[allow(dead_code)]
+struct XdpMd {
+    data: u32,
+    data_end: u32,
+    data_meta: u32,
+    ingress_ifindex: u32,
+    rx_queue_index: u32,
+    egress_ifindex: u32,
+}
+
+/// A traffic generator in the kernel: the XDP generator program run by
+/// `BPF_PROG_TEST_RUN` in live-frames mode (as `xdp-trafficgen` does),
+/// which sends a 64-byte UDP template out of an interface as many flows,
+/// in batches of 256, with no system call, socket buffer or `sk_buff` per
+/// frame. On a veth, the frames reach the peer as XDP frames, which its
+/// XDP program (each device under test runs one) takes without building an
+/// `sk_buff` first. It reports what it offered: every frame its program
+/// sent (those the peer's full ring refused included).
+pub struct XdpGenerator {
+    /// Holds the loaded program (not attached anywhere).
+    _bpf: Ebpf,
+    /// The program's descriptor, owned by `_bpf`.
+    prog_fd: i32,
+    ifindex: u32,
+    queue: u32,
+    template: Vec<u8>,
+    offered: u64,
+}
+
+impl XdpGenerator {
+    /// Loads the generator for `iface` (of the calling thread's namespace)
+    /// and queue `queue`, sending `template` (a 64-byte UDP over IPv4 frame
+    /// whose source address and port it varies). The interface's peer must
+    /// run an XDP program (a veth accepts XDP frames only then).
+    pub fn open(iface: &str, queue: u32, template: &[u8]) -> Result<Self, crate::Error> {
+        let ifindex = crate::afpacket::ifindex(iface).ok_or_else(|| Error::NoInterface {
+            iface: iface.into(),
+        })?;
+        let mut bpf = GEN.load(iface)?;
+        let prog_fd = GEN
+            .find(&mut bpf, iface)?
+            .fd()
+            .map_err(|e| GEN.failed(iface, "finding", e))?
+            .as_fd()
+            .as_raw_fd();
+        Ok(XdpGenerator {
+            _bpf: bpf,
+            prog_fd,
+            ifindex,
+            queue,
+            template: template.to_vec(),
+            offered: 0,
+        })
+    }
+
+    /// Sends `frames` frames (one system call, which returns when they are
+    /// sent); returns how many.
+    pub fn send(&mut self, frames: u32) -> Result<u32, crate::Error> {
+        let ctx = XdpMd {
+            data_end: self.template.len() as u32,
+            ingress_ifindex: self.ifindex,
+            rx_queue_index: self.queue,
+            ..XdpMd::default()
+        };
+        let attr = TestRunAttr {
+            prog_fd: self.prog_fd as u32,
+            data_size_in: self.template.len() as u32,
+            data_in: self.template.as_ptr() as u64,
+            repeat: frames,
+            ctx_size_in: std::mem::size_of::<XdpMd>() as u32,
+            ctx_in: std::ptr::from_ref(&ctx) as u64,
+            flags: BPF_F_TEST_XDP_LIVE_FRAMES,
+            batch_size: GEN_BATCH,
+            ..TestRunAttr::default()
+        };
+        // SAFETY: `bpf(BPF_PROG_TEST_RUN)` with an attribute of its layout
+        // (the rest of the union zero) and its size; the template and the
+        // context it points to live until the call returns, and in live
+        // mode the kernel writes into neither (no output buffers given).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_TEST_RUN,
+                std::ptr::from_ref(&attr),
+                std::mem::size_of::<TestRunAttr>(),
+            )
+        };
+        if r < 0 {
+            return Err(Error::Sys {
+                iface: format!("ifindex {}", self.ifindex),
+                op: "BPF_PROG_TEST_RUN (live frames)",
+                source: io::Error::last_os_error(),
+            }
+            .into());
+        }
+        self.offered += u64::from(frames);
+        Ok(frames)
+    }
+
+    /// Frames sent so far: what was offered.
+    pub fn offered(&self) -> u64 {
+        self.offered
+    }
+}
 
 #[cfg(test)]
 mod tests {
