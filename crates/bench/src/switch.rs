@@ -68,6 +68,26 @@ pub enum Error {
     /// The forwarding run's receiver thread panicked.
     #[error("the receiver thread panicked")]
     ReceiverPanicked,
+    /// dpdk-testpmd is not installed.
+    #[error("dpdk-testpmd not found (scripts/setup.sh installs dpdk-dev and librte-net-memif23)")]
+    NoTestpmd,
+    /// testpmd could not be started or its log written.
+    #[error("testpmd: {what}")]
+    Testpmd {
+        /// The step that failed.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Something did not happen in time.
+    #[error("timed out waiting for {what}{detail}")]
+    Timeout {
+        /// What.
+        what: &'static str,
+        /// What testpmd said last, if it is involved.
+        detail: String,
+    },
     /// A result could not be turned into JSON.
     #[error("encoding the results as JSON")]
     Json(#[source] serde_json::Error),
@@ -212,6 +232,14 @@ pub struct Options {
     pub burst: usize,
     /// Called after each measurement with a short description.
     pub progress: Option<Progress>,
+    /// Measure the switch's ring-to-ring forwarding rate (with CPU times).
+    pub forwarding: bool,
+    /// Frames per transmit call in the forwarding measurement.
+    pub forwarding_burst: usize,
+    /// The switch's `poll_us` in the forwarding measurement.
+    pub forwarding_poll_us: u64,
+    /// Run the DPDK testpmd side-by-side over memif.
+    pub memif: Option<MemifOptions>,
 }
 
 const GUEST_MAC: [u8; 6] = [0x02, 0xfa, 0, 0, 0, 1];
@@ -421,19 +449,136 @@ fn measure(
     result
 }
 
+/// CPU seconds the calling thread has run.
+fn thread_cpu() -> f64 {
+    clock_secs(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+fn clock_secs(clock: libc::clockid_t) -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a live, writable timespec.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return f64::NAN;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+// glibc has it; the libc crate does not declare it for Linux.
+extern "C" {
+    fn pthread_getcpuclockid(thread: libc::pthread_t, clock: *mut libc::clockid_t) -> libc::c_int;
+}
+
+/// The CPU clock of another thread of this process.
+struct ThreadClock(libc::clockid_t);
+
+impl ThreadClock {
+    fn of<T>(h: &std::thread::JoinHandle<T>) -> Option<ThreadClock> {
+        use std::os::unix::thread::JoinHandleExt;
+        let mut id: libc::clockid_t = 0;
+        // SAFETY: the handle's thread has not been joined (we borrow the
+        // handle), so its pthread_t is valid; id is a live clockid_t.
+        let r = unsafe { pthread_getcpuclockid(h.as_pthread_t(), &mut id) };
+        (r == 0).then_some(ThreadClock(id))
+    }
+
+    fn secs(&self) -> f64 {
+        clock_secs(self.0)
+    }
+}
+
+/// Pin the thread behind `h` to one CPU (false if that failed).
+fn pin<T>(h: &std::thread::JoinHandle<T>, cpu: usize) -> bool {
+    use std::os::unix::thread::JoinHandleExt;
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes inside the set (cpu is below CPU_SETSIZE or
+    // ignored by the macro's bounds check).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: the thread is alive (not joined); set is a live cpu_set_t and
+    // the size its size.
+    unsafe {
+        libc::pthread_setaffinity_np(
+            h.as_pthread_t(),
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &set,
+        ) == 0
+    }
+}
+
+/// The switch's forwarding rate between two ring ports, and where the CPU
+/// time went.
+#[derive(Clone, Debug, Serialize)]
+pub struct Forwarding {
+    /// Frame size in bytes.
+    pub frame_bytes: usize,
+    /// Wall-clock seconds of the sender's run.
+    pub seconds: f64,
+    /// What the sending pktgen queued.
+    pub sender: Report,
+    /// What the receiving pktgen got (rate over the sender's interval).
+    pub receiver: Report,
+    /// Frames the switch forwarded during the run.
+    pub switch_forwarded: u64,
+    /// Frames the switch dropped at the receiver's full ring.
+    pub switch_dropped: u64,
+    /// CPU seconds of the switch thread over the run.
+    pub switch_cpu_s: f64,
+    /// CPU seconds of the sending thread.
+    pub sender_cpu_s: f64,
+    /// CPU seconds of the receiving thread.
+    pub receiver_cpu_s: f64,
+    /// Frames forwarded per second of the switch thread's CPU time, in
+    /// millions: the switch's own rate per core.
+    pub switch_mpps_per_core: f64,
+    /// Frames the receiver got per wall-clock second, in millions.
+    pub end_to_end_mpps: f64,
+    /// Frames per second of sender CPU, in millions.
+    pub sender_mpps_per_core: f64,
+    /// Frames per second of receiver CPU, in millions.
+    pub receiver_mpps_per_core: f64,
+    /// Share of the machine's CPU time (cores x seconds) each thread used.
+    pub share_of_cores: Value,
+    /// Share of the switch's passes that found no frame (it polled idle).
+    pub switch_idle_pass_share: f64,
+    /// Seconds the switch spent in passes that found frames.
+    pub switch_busy_s: f64,
+    /// Frames forwarded per second spent in those passes, in millions (the
+    /// forwarding loop's own rate, without idle polling and sleeping).
+    pub switch_mpps_per_busy_second: f64,
+    /// How long the switch polled after the last frame before sleeping.
+    pub switch_poll_us: u64,
+    /// Frames per batch the switch took from the sender's port.
+    pub switch_frames_per_batch: f64,
+    /// The switch often waited for frames: the sender, not the switch, set
+    /// the pace.
+    pub generator_limited: bool,
+    /// The paper's VALE figure (Mpps per core, 60-byte frames).
+    pub paper_vale_mpps: f64,
+}
+
+fn cores() -> f64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
+}
+
 /// Two guests in CSB mode, one transmitting to the other through the switch:
-/// the switch's forwarding rate between ring ports.
-pub fn forwarding(secs: f64, size: usize, burst: usize) -> Result<(Report, Report), Error> {
+/// the switch's forwarding rate between ring ports, per second of its own
+/// CPU time and end to end, with each thread's CPU time.
+pub fn forwarding(secs: f64, size: usize, burst: usize, poll_us: u64) -> Result<Forwarding, Error> {
     let n = RUN.fetch_add(1, Ordering::Relaxed);
     let sock: PathBuf =
         std::env::temp_dir().join(format!("fp-bench-{}-{n}.sock", std::process::id()));
     let sw = Switch::new(Config {
         socket: Some(sock.clone()),
         log_ports: false,
+        poll_us,
         ..Config::default()
     })
     .map_err(Error::Switch)?;
     let (stop, h) = spawn(sw);
+    let clock = ThreadClock::of(&h);
     let req = |name: &str| AttachRequest {
         name: name.into(),
         mode: Mode::Csb,
@@ -458,6 +603,12 @@ pub fn forwarding(secs: f64, size: usize, burst: usize) -> Result<(Report, Repor
     rx.driver.flush(Duration::from_secs(1));
     std::thread::sleep(Duration::from_millis(20));
     tx.driver.recv(16, |_| ());
+    let before = ring::control::status(&sock).ok();
+    let count = |v: &Option<Value>, k: &str| {
+        v.as_ref()
+            .and_then(|v| v["switch"][k].as_u64())
+            .unwrap_or(0)
+    };
     let done = Arc::new(AtomicBool::new(false));
     let d2 = done.clone();
     let receiver = std::thread::spawn(move || {
@@ -467,7 +618,9 @@ pub fn forwarding(secs: f64, size: usize, burst: usize) -> Result<(Report, Repor
             duration: Duration::from_secs_f64(secs + 5.0),
             ..Params::default()
         };
-        pktgen::run(&mut rx.driver, &p, &|| d2.load(Ordering::Relaxed))
+        let c0 = thread_cpu();
+        let r = pktgen::run(&mut rx.driver, &p, &|| d2.load(Ordering::Relaxed));
+        (r, thread_cpu() - c0)
     });
     let p = Params {
         role: Role::Tx,
@@ -478,17 +631,601 @@ pub fn forwarding(secs: f64, size: usize, burst: usize) -> Result<(Report, Repor
         dst_mac: HOST_MAC,
         ..Params::default()
     };
+    let sw0 = clock.as_ref().map_or(f64::NAN, ThreadClock::secs);
+    let c0 = thread_cpu();
     let t = pktgen::run(&mut tx.driver, &p, &|| false);
+    let sender_cpu = thread_cpu() - c0;
     std::thread::sleep(Duration::from_millis(20));
     done.store(true, Ordering::Relaxed);
-    let mut r = receiver.join().map_err(|_| Error::ReceiverPanicked)?;
+    let (mut r, receiver_cpu) = receiver.join().map_err(|_| Error::ReceiverPanicked)?;
+    let switch_cpu = clock.as_ref().map_or(f64::NAN, ThreadClock::secs) - sw0;
     // The receiver's rate over the sender's interval.
     r.seconds = t.seconds;
     r.pps = r.packets as f64 / t.seconds;
     stop.store(true, Ordering::Relaxed);
+    let sw = h.join().ok();
+    let _ = std::fs::remove_file(&sock);
+    let st = sw.map(|s| s.stats).unwrap_or_default();
+    let fwd = st.forwarded.saturating_sub(count(&before, "forwarded"));
+    let dropped = st
+        .no_destination
+        .saturating_sub(count(&before, "no_destination"));
+    let batches = st.batches.saturating_sub(count(&before, "batches"));
+    let passes = st.passes.saturating_sub(count(&before, "passes"));
+    let idle = st.idle_passes.saturating_sub(count(&before, "idle_passes"));
+    let busy = st.busy_ns.saturating_sub(count(&before, "busy_ns")) as f64 * 1e-9;
+    // Drops at the receiver's full ring are counted at its port, not the
+    // switch: what the sender queued and the switch did not deliver.
+    let dropped = dropped.max(t.packets.saturating_sub(fwd));
+    let idle_share = idle as f64 / passes.max(1) as f64;
+    let wall = t.seconds + 0.02;
+    let c = cores();
+    Ok(Forwarding {
+        frame_bytes: size,
+        seconds: t.seconds,
+        switch_forwarded: fwd,
+        switch_dropped: dropped,
+        switch_cpu_s: switch_cpu,
+        sender_cpu_s: sender_cpu,
+        receiver_cpu_s: receiver_cpu,
+        switch_mpps_per_core: fwd as f64 / switch_cpu / 1e6,
+        end_to_end_mpps: r.pps / 1e6,
+        sender_mpps_per_core: t.packets as f64 / sender_cpu / 1e6,
+        receiver_mpps_per_core: r.packets as f64 / receiver_cpu / 1e6,
+        share_of_cores: json!({
+            "cores": c,
+            "sender": sender_cpu / (wall * c),
+            "switch": switch_cpu / (wall * c),
+            "receiver": receiver_cpu / (wall * c),
+        }),
+        switch_idle_pass_share: idle_share,
+        switch_busy_s: busy,
+        switch_mpps_per_busy_second: fwd as f64 / busy / 1e6,
+        switch_poll_us: poll_us,
+        switch_frames_per_batch: fwd as f64 / batches.max(1) as f64,
+        generator_limited: idle_share > 0.5,
+        paper_vale_mpps: 20.0,
+        sender: t,
+        receiver: r,
+    })
+}
+
+/// The DPDK side-by-side: testpmd -> memif -> switch -> memif -> testpmd
+/// against two testpmds over memif directly.
+#[derive(Clone, Debug)]
+pub struct MemifOptions {
+    /// Seconds of measurement per row (after traffic is flowing).
+    pub seconds: f64,
+    /// log2 of the memif ring size (DPDK's `rsize`; 10 is its default).
+    pub ring_log2: u8,
+    /// Pin the switch thread to this CPU (none: the scheduler decides).
+    pub switch_cpu: Option<usize>,
+}
+
+/// The testpmd binary, if DPDK is installed.
+pub fn testpmd_path() -> Option<PathBuf> {
+    ["/usr/bin/dpdk-testpmd", "/usr/local/bin/dpdk-testpmd"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// A testpmd process, killed if dropped.
+struct Pmd {
+    child: Option<std::process::Child>,
+    log: PathBuf,
+    prefix: String,
+}
+
+impl Drop for Pmd {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(&self.log);
+        // DPDK's runtime directory for this --file-prefix.
+        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}", self.prefix));
+    }
+}
+
+impl Pmd {
+    /// Start testpmd on CPUs 0-1 with its main lcore on `main_lcore` (the
+    /// forwarding lcore is the other one), memif ports `vdevs`, forwarding
+    /// mode `fwd`, printing its port statistics every second.
+    fn start(
+        tag: &str,
+        main_lcore: u32,
+        vdevs: &[String],
+        fwd: &str,
+        extra: &[String],
+    ) -> Result<Pmd, Error> {
+        let bin = testpmd_path().ok_or(Error::NoTestpmd)?;
+        let pid = std::process::id();
+        let log = std::env::temp_dir().join(format!("fp-swbench-{pid}-{tag}.log"));
+        let prefix = format!("fp-sw-{pid}-{tag}");
+        let out = std::fs::File::create(&log).map_err(|source| Error::Testpmd {
+            what: "creating its log",
+            source,
+        })?;
+        let err = out.try_clone().map_err(|source| Error::Testpmd {
+            what: "creating its log",
+            source,
+        })?;
+        // stdbuf: line-buffered output, so that the statistics are in the log
+        // as they are printed (testpmd dies by its own signal on SIGINT).
+        let child = std::process::Command::new("stdbuf")
+            .arg("-oL")
+            .arg(bin)
+            .args(["-l", "0-1", "--main-lcore"])
+            .arg(main_lcore.to_string())
+            .args([
+                "--no-huge",
+                "-m",
+                "512",
+                "--no-pci",
+                "--log-level=lib.eal:error",
+            ])
+            .arg(format!("--file-prefix={prefix}"))
+            .args(vdevs.iter().map(|v| format!("--vdev={v}")))
+            .arg("--")
+            .arg(format!("--forward-mode={fwd}"))
+            .args([
+                "--auto-start",
+                "--stats-period=1",
+                "--total-num-mbufs=16384",
+            ])
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|source| Error::Testpmd {
+                what: "starting dpdk-testpmd",
+                source,
+            })?;
+        Ok(Pmd {
+            child: Some(child),
+            log,
+            prefix,
+        })
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The "Rx-pps" or "Tx-pps" figures printed so far, in order.
+    fn samples(&self, key: &str) -> Vec<f64> {
+        samples(&self.text(), key)
+    }
+
+    /// CPU seconds the whole process has used.
+    fn cpu(&self) -> f64 {
+        proc_cpu(self.pid())
+    }
+
+    /// SIGINT (testpmd stops forwarding and prints its totals), then wait
+    /// up to 5 s; returns the log.
+    fn stop(mut self) -> String {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child, which has not been reaped.
+            unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+            let end = std::time::Instant::now() + Duration::from_secs(5);
+            while std::time::Instant::now() < end {
+                if matches!(c.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.text()
+    }
+}
+
+/// Every number after `key` (e.g. "Rx-pps:") in testpmd's output.
+fn samples(text: &str, key: &str) -> Vec<f64> {
+    text.match_indices(key)
+        .filter_map(|(i, _)| {
+            text[i + key.len()..]
+                .split_whitespace()
+                .next()
+                .and_then(|w| w.parse().ok())
+        })
+        .collect()
+}
+
+/// testpmd's accumulated forward statistics (printed when it stops):
+/// (RX-packets, RX-dropped, TX-packets, TX-dropped).
+fn forward_totals(text: &str) -> Option<(u64, u64, u64, u64)> {
+    let i = text.rfind("Accumulated forward statistics")?;
+    let t = &text[i..];
+    let n = |k: &str| samples(t, k).first().map(|x| *x as u64);
+    Some((
+        n("RX-packets:")?,
+        n("RX-dropped:")?,
+        n("TX-packets:")?,
+        n("TX-dropped:")?,
+    ))
+}
+
+/// utime + stime of a process, in seconds.
+fn proc_cpu(pid: i32) -> f64 {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    let Some(rest) = s.rfind(')').map(|i| &s[i + 1..]) else {
+        return f64::NAN;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3, utime 14, stime 15.
+    let tick = |i: usize| {
+        f.get(i)
+            .and_then(|x| x.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (tick(11) + tick(12)) / hz
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn wait_until(what: &'static str, secs: u64, mut f: impl FnMut() -> bool) -> Result<(), Error> {
+    let end = std::time::Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        if std::time::Instant::now() >= end {
+            return Err(Error::Timeout {
+                what,
+                detail: String::new(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+const GEN_MAC: &str = "02:fa:00:00:01:01";
+const SINK_MAC: &str = "02:fa:00:00:01:02";
+
+/// Measure a generator and a sink already started: wait for traffic, take
+/// the per-second samples printed during `secs`, the CPU each used, stop
+/// both. `around` is called at the start and the end of the window.
+fn measure_pair(gen: Pmd, sink: Pmd, secs: f64, mut around: impl FnMut()) -> Result<Value, Error> {
+    wait_until("traffic at the testpmd sink", 30, || {
+        sink.samples("Rx-pps:").iter().any(|&x| x > 0.0)
+    })
+    .map_err(|e| match e {
+        Error::Timeout { what, .. } => {
+            let tail = |t: String| {
+                let lines: Vec<&str> = t.lines().rev().take(8).collect();
+                lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+            };
+            Error::Timeout {
+                what,
+                detail: format!(
+                    "\n--- generator's log ---\n{}\n--- sink's log ---\n{}",
+                    tail(gen.text()),
+                    tail(sink.text())
+                ),
+            }
+        }
+        e => e,
+    })?;
+    // One more report, so that the window starts with traffic flowing.
+    let k = sink.samples("Rx-pps:").len();
+    wait_until("testpmd's next report", 5, || {
+        sink.samples("Rx-pps:").len() > k
+    })?;
+    let (g0, s0) = (gen.samples("Tx-pps:").len(), sink.samples("Rx-pps:").len());
+    let (gc0, sc0) = (gen.cpu(), sink.cpu());
+    let t0 = std::time::Instant::now();
+    around();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    around();
+    let wall = t0.elapsed().as_secs_f64();
+    let (gc, sc) = (gen.cpu() - gc0, sink.cpu() - sc0);
+    let g1 = gen.samples("Tx-pps:").len();
+    let s1 = sink.samples("Rx-pps:").len();
+    let gen_log = gen.stop();
+    let sink_log = sink.stop();
+    let tx: Vec<f64> = samples(&gen_log, "Tx-pps:")
+        .into_iter()
+        .skip(g0)
+        .take(g1 - g0)
+        .collect();
+    let rx: Vec<f64> = samples(&sink_log, "Rx-pps:")
+        .into_iter()
+        .skip(s0)
+        .take(s1 - s0)
+        .collect();
+    let gt = forward_totals(&gen_log);
+    let st = forward_totals(&sink_log);
+    // txonly counts what its port refused as TX-dropped: none refused means
+    // the path took all it was offered, so the generator set the pace.
+    let refused = gt.map(|(_, _, sent, dropped)| dropped as f64 / (sent + dropped).max(1) as f64);
+    let c = cores();
+    Ok(json!({
+        "delivered_mpps": median(rx.clone()) / 1e6,
+        "generator_mpps": median(tx.clone()) / 1e6,
+        "sink_rx_pps_samples": rx,
+        "generator_tx_pps_samples": tx,
+        "generator_refused_share": refused,
+        "generator_limited": refused.is_some_and(|r| r < 0.01),
+        "generator_cpu_s": gc,
+        "sink_cpu_s": sc,
+        "window_s": wall,
+        "share_of_cores": {"cores": c, "generator": gc / (wall * c), "sink": sc / (wall * c)},
+        "testpmd_generator_totals": gt.map(|(_, _, t, d)| json!({"tx_packets": t, "tx_dropped": d})),
+        "testpmd_sink_totals": st.map(|(r, d, _, _)| json!({"rx_packets": r, "rx_dropped": d})),
+    }))
+}
+
+/// testpmd txonly -> testpmd rxonly over one memif, each forwarding on its
+/// own CPU.
+fn memif_direct(o: &MemifOptions) -> Result<Value, Error> {
+    let n = RUN.fetch_add(1, Ordering::Relaxed);
+    let sock = std::env::temp_dir().join(format!("fp-swbench-{}-{n}.memif", std::process::id()));
+    let _ = std::fs::remove_file(&sock);
+    let vdev = |role: &str, mac: &str| {
+        format!(
+            "net_memif0,role={role},id=0,socket-abstract=no,socket={},rsize={},mac={mac}",
+            sock.display(),
+            o.ring_log2
+        )
+    };
+    let gen = Pmd::start(
+        &format!("d{n}gen"),
+        0,
+        &[vdev("server", GEN_MAC)],
+        "txonly",
+        &["--txpkts=60".into(), format!("--eth-peer=0,{SINK_MAC}")],
+    )?;
+    wait_until("testpmd's memif socket", 30, || sock.exists())?;
+    let sink = Pmd::start(
+        &format!("d{n}sink"),
+        1,
+        &[vdev("client", SINK_MAC)],
+        "rxonly",
+        &[],
+    )?;
+    let r = measure_pair(gen, sink, o.seconds, || ());
+    let _ = std::fs::remove_file(&sock);
+    let mut v = r?;
+    v["path"] = json!("testpmd txonly -> memif -> testpmd rxonly");
+    Ok(v)
+}
+
+/// testpmd txonly -> memif -> switch -> memif -> testpmd rxonly.
+fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
+    let n = RUN.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    let sock = std::env::temp_dir().join(format!("fp-swbench-{pid}-{n}.memif"));
+    let ctl = std::env::temp_dir().join(format!("fp-swbench-{pid}-{n}.sock"));
+    let sw = Switch::new(Config {
+        socket: Some(ctl.clone()),
+        memif_socket: Some(sock.clone()),
+        log_ports: false,
+        ..Config::default()
+    })
+    .map_err(Error::Switch)?;
+    let (stop, h) = spawn(sw);
+    let pinned = o.switch_cpu.map(|c| pin(&h, c));
+    let clock = ThreadClock::of(&h);
+    let result = (|| {
+        let vdev = |id: u32, mac: &str| {
+            format!(
+                "net_memif0,role=client,id={id},socket-abstract=no,socket={},rsize={},mac={mac}",
+                sock.display(),
+                o.ring_log2
+            )
+        };
+        let memif_ports = || {
+            ring::control::status(&ctl)
+                .ok()
+                .and_then(|s| s["ports"].as_array().map(|a| a.len()))
+                .unwrap_or(0)
+        };
+        // The sink first: its one burst (--tx-first) teaches the switch its
+        // address, so the generator's frames are unicast.
+        let sink = Pmd::start(
+            &format!("s{n}sink"),
+            1,
+            &[vdev(1, SINK_MAC)],
+            "rxonly",
+            &["--tx-first".into(), format!("--eth-peer=0,{GEN_MAC}")],
+        )?;
+        wait_until("the sink's memif port on the switch", 30, || {
+            memif_ports() >= 1
+        })?;
+        let gen = Pmd::start(
+            &format!("s{n}gen"),
+            0,
+            &[vdev(0, GEN_MAC)],
+            "txonly",
+            &["--txpkts=60".into(), format!("--eth-peer=0,{SINK_MAC}")],
+        )?;
+        let mut marks: Vec<(f64, Value)> = Vec::new();
+        let mut v = measure_pair(gen, sink, o.seconds, || {
+            marks.push((
+                clock.as_ref().map_or(f64::NAN, ThreadClock::secs),
+                ring::control::status(&ctl).unwrap_or_default(),
+            ))
+        })?;
+        if let [(c0, s0), (c1, s1)] = &marks[..] {
+            let d = |k: &str| {
+                s1["switch"][k].as_u64().unwrap_or(0) as f64
+                    - s0["switch"][k].as_u64().unwrap_or(0) as f64
+            };
+            let cpu = c1 - c0;
+            let wall = v["window_s"].as_f64().unwrap_or(f64::NAN);
+            v["switch_cpu_s"] = json!(cpu);
+            v["switch_forwarded"] = json!(d("forwarded"));
+            v["switch_flooded"] = json!(d("flooded"));
+            v["switch_mpps_per_core"] = json!(d("forwarded") / cpu / 1e6);
+            v["switch_idle_pass_share"] = json!(d("idle_passes") / d("passes").max(1.0));
+            v["share_of_cores"]["switch"] = json!(cpu / (wall * cores()));
+            let drops: u64 = s1["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["dropped_full"].as_u64())
+                .sum();
+            v["switch_dropped_full_total"] = json!(drops);
+        }
+        v["path"] = json!("testpmd txonly -> memif -> switch -> memif -> testpmd rxonly");
+        v["switch_pinned_cpu"] = json!(o.switch_cpu);
+        v["switch_pinned"] = json!(pinned);
+        Ok(v)
+    })();
+    stop.store(true, Ordering::Relaxed);
     let _ = h.join();
     let _ = std::fs::remove_file(&sock);
-    Ok((t, r))
+    let _ = std::fs::remove_file(&ctl);
+    result
+}
+
+/// Sum testpmd's per-port figures printed in one report: with `ports`
+/// ports, every `ports` consecutive samples are one report.
+fn per_report(v: &[f64], ports: usize) -> Vec<f64> {
+    v.chunks_exact(ports).map(|c| c.iter().sum()).collect()
+}
+
+/// One testpmd process, forwarding mode flowgen (each stream receives and
+/// discards on one port, generates on the other), with two memif ports on
+/// the switch and one forwarding core: generator and sink in one thread, so
+/// that it and the switch are the only busy threads on the 2 cores.
+fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
+    let n = RUN.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    let sock = std::env::temp_dir().join(format!("fp-swbench-{pid}-{n}.memif"));
+    let ctl = std::env::temp_dir().join(format!("fp-swbench-{pid}-{n}.sock"));
+    let sw = Switch::new(Config {
+        socket: Some(ctl.clone()),
+        memif_socket: Some(sock.clone()),
+        log_ports: false,
+        ..Config::default()
+    })
+    .map_err(Error::Switch)?;
+    let (stop, h) = spawn(sw);
+    let other = o.switch_cpu.map(|c| pin(&h, c));
+    let clock = ThreadClock::of(&h);
+    let result = (|| {
+        let vdev = |i: u32, mac: &str| {
+            format!(
+                "net_memif{i},role=client,id={i},socket-abstract=no,socket={},rsize={},mac={mac}",
+                sock.display(),
+                o.ring_log2
+            )
+        };
+        // Forwarding lcore on CPU 1 (main lcore 0).
+        let pmd = Pmd::start(
+            &format!("l{n}"),
+            0,
+            &[vdev(0, GEN_MAC), vdev(1, SINK_MAC)],
+            "flowgen",
+            &[
+                "--txpkts=60".into(),
+                format!("--eth-peer=0,{SINK_MAC}"),
+                format!("--eth-peer=1,{GEN_MAC}"),
+                "--nb-cores=1".into(),
+            ],
+        )?;
+        let rx = |p: &Pmd| per_report(&p.samples("Rx-pps:"), 2);
+        wait_until("traffic through the switch", 30, || {
+            rx(&pmd).iter().any(|&x| x > 0.0)
+        })?;
+        let k = rx(&pmd).len();
+        wait_until("testpmd's next report", 5, || rx(&pmd).len() > k)?;
+        let r0 = rx(&pmd).len();
+        let pc0 = pmd.cpu();
+        let c0 = clock.as_ref().map_or(f64::NAN, ThreadClock::secs);
+        let s0 = ring::control::status(&ctl).unwrap_or_default();
+        let t0 = std::time::Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(o.seconds));
+        let s1 = ring::control::status(&ctl).unwrap_or_default();
+        let cpu = clock.as_ref().map_or(f64::NAN, ThreadClock::secs) - c0;
+        let pc = pmd.cpu() - pc0;
+        let wall = t0.elapsed().as_secs_f64();
+        let r1 = rx(&pmd).len();
+        let log = pmd.stop();
+        let rxs: Vec<f64> = per_report(&samples(&log, "Rx-pps:"), 2)
+            .into_iter()
+            .skip(r0)
+            .take(r1 - r0)
+            .collect();
+        let txs: Vec<f64> = per_report(&samples(&log, "Tx-pps:"), 2)
+            .into_iter()
+            .skip(r0)
+            .take(r1 - r0)
+            .collect();
+        let totals = forward_totals(&log);
+        let refused =
+            totals.map(|(_, _, sent, dropped)| dropped as f64 / (sent + dropped).max(1) as f64);
+        let d = |k: &str| {
+            s1["switch"][k].as_u64().unwrap_or(0) as f64
+                - s0["switch"][k].as_u64().unwrap_or(0) as f64
+        };
+        let c = cores();
+        Ok(json!({
+            "path": "testpmd flowgen port 0 -> memif -> switch -> memif -> port 1 (and back), one testpmd forwarding core",
+            "delivered_mpps": median(rxs.clone()) / 1e6,
+            "generator_mpps": median(txs.clone()) / 1e6,
+            "sink_rx_pps_samples": rxs,
+            "generator_tx_pps_samples": txs,
+            "generator_refused_share": refused,
+            "generator_limited": refused.is_some_and(|r| r < 0.01),
+            "testpmd_cpu_s": pc,
+            "switch_cpu_s": cpu,
+            "window_s": wall,
+            "switch_forwarded": d("forwarded"),
+            "switch_flooded": d("flooded"),
+            "switch_mpps_per_core": d("forwarded") / cpu / 1e6,
+            "switch_idle_pass_share": d("idle_passes") / d("passes").max(1.0),
+            "share_of_cores": {"cores": c, "generator": pc / (wall * c), "sink": 0.0, "switch": cpu / (wall * c)},
+            "testpmd_totals": totals.map(|(r, rd, t, td)| json!({"rx_packets": r, "rx_dropped": rd, "tx_packets": t, "tx_dropped": td})),
+            "switch_pinned_cpu": o.switch_cpu,
+            "switch_pinned": other,
+        }))
+    })();
+    stop.store(true, Ordering::Relaxed);
+    let _ = h.join();
+    let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(&ctl);
+    result
+}
+
+/// Both memif rows in one run, and the ratio switched / direct.
+pub fn memif_compare(o: &MemifOptions) -> Result<Value, Error> {
+    let direct = memif_direct(o)?;
+    let switched = memif_switched(o)?;
+    let looped = memif_switched_loop(o)?;
+    let d = direct["delivered_mpps"].as_f64().unwrap_or(f64::NAN);
+    let ratio = switched["delivered_mpps"].as_f64().unwrap_or(0.0) / d;
+    let loop_ratio = looped["delivered_mpps"].as_f64().unwrap_or(0.0) / d;
+    Ok(json!({
+        "switched_one_testpmd": looped,
+        "switched_one_testpmd_over_direct": loop_ratio,
+        "frame_bytes": 60,
+        "ring_log2": o.ring_log2,
+        "seconds": o.seconds,
+        "direct": direct,
+        "switched": switched,
+        "switched_over_direct": ratio,
+        "goal_switched_over_direct": 0.5,
+    }))
 }
 
 /// Run the whole table; returns the JSON document.
@@ -539,10 +1276,38 @@ pub fn run(o: &Options) -> Result<Value, Error> {
         backends.insert(format!("{b:?}").to_lowercase(), Value::Object(doc));
         results.push((b, rows));
     }
-    let (ftx, frx) = forwarding(o.seconds.max(0.5), 60, 256)?;
-    if let Some(p) = &o.progress {
-        p(&format!("ring to ring: {:.2} Mpps", frx.pps / 1e6));
-    }
+    let fwd = if o.forwarding {
+        let f = forwarding(
+            o.seconds.max(0.5),
+            60,
+            o.forwarding_burst,
+            o.forwarding_poll_us,
+        )?;
+        if let Some(p) = &o.progress {
+            p(&format!(
+                "ring to ring: {:.2} Mpps per switch core, {:.2} Mpps end to end",
+                f.switch_mpps_per_core, f.end_to_end_mpps
+            ));
+        }
+        Some(f)
+    } else {
+        None
+    };
+    let memif = match &o.memif {
+        Some(m) => {
+            let v = memif_compare(m)?;
+            if let Some(p) = &o.progress {
+                p(&format!(
+                    "memif: direct {:.2} Mpps, switched {:.2} Mpps ({:.2}x)",
+                    v["direct"]["delivered_mpps"].as_f64().unwrap_or(0.0),
+                    v["switched"]["delivered_mpps"].as_f64().unwrap_or(0.0),
+                    v["switched_over_direct"].as_f64().unwrap_or(0.0),
+                ));
+            }
+            Some(v)
+        }
+        None => None,
+    };
     let get = |b: Backend, key: &str| -> Option<&RowResult> {
         let i = ROWS.iter().position(|r| r.key == key)?;
         results
@@ -582,14 +1347,15 @@ pub fn run(o: &Options) -> Result<Value, Error> {
         "seconds_per_run": o.seconds,
         "frame_bytes": 60,
         "backends": backends,
-        "forwarding": {
-            "ring_to_ring_mpps": frx.pps / 1e6,
-            "sender_mpps": ftx.pps / 1e6,
-            "lost": ftx.packets.saturating_sub(frx.packets),
-            "sender_notifications_per_packet": ftx.notifications_per_packet,
-            "receiver_notifications_per_packet": frx.notifications_per_packet,
-            "paper_vale_mpps": 20.0,
-        },
+        "forwarding": fwd.map(|f| {
+            let mut v = serde_json::to_value(&f).unwrap_or_default();
+            v["ring_to_ring_mpps"] = json!(f.end_to_end_mpps);
+            v["sender_mpps"] = json!(f.sender.pps / 1e6);
+            v["lost"] = json!(f.sender.packets.saturating_sub(f.receiver.packets));
+            v["switch_per_core_over_goal"] = json!(f.switch_mpps_per_core / 30.0);
+            v
+        }),
+        "memif": memif,
         "ratios": ratios,
     }))
 }

@@ -53,10 +53,15 @@ pub enum SwitchCommand {
     /// while transmitting, ping-pong transactions per second. Once with the
     /// switch as backend and once with a TAP device (the kernel path); the
     /// paper's own numbers beside ours. Then the switch's forwarding rate
-    /// between two ring ports.
+    /// between two ring ports, per second of the switch thread's CPU time and
+    /// end to end, with each thread's CPU time; then DPDK testpmd (txonly) ->
+    /// memif -> switch -> memif -> testpmd (rxonly) beside the two testpmds
+    /// over memif directly, with testpmd's own counters (skipped if DPDK is
+    /// not installed).
     ///
     /// Examples:
     ///   fastpath switch bench --quick
+    ///   fastpath switch bench --part forwarding --part memif
     ///   fastpath switch bench --quick --format json | jq .backends.switch.csb_itr0
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
@@ -101,8 +106,36 @@ pub struct BenchArgs {
     /// Frames per transmit call.
     #[arg(long, default_value_t = 64)]
     burst: usize,
+    /// Parts to run (repeatable): figure1 (the paper's table), forwarding
+    /// (ring to ring, per switch core), memif (DPDK testpmd through the
+    /// switch beside testpmd to testpmd); default all.
+    #[arg(long, value_enum)]
+    part: Vec<PartArg>,
+    /// Frames per transmit call of the ring-to-ring sender.
+    #[arg(long, default_value_t = 256)]
+    forwarding_burst: usize,
+    /// The switch's poll_us (poll this long after the last frame, then
+    /// sleep) in the ring-to-ring measurement.
+    #[arg(long, default_value_t = 20)]
+    forwarding_poll_us: u64,
+    /// Seconds of measurement per memif row (default 3, 1 with --quick).
+    #[arg(long)]
+    memif_seconds: Option<f64>,
+    /// log2 of the memif ring size (DPDK's rsize).
+    #[arg(long, default_value_t = 10)]
+    memif_ring_log2: u8,
+    /// Pin the switch thread to this CPU in the memif rows.
+    #[arg(long)]
+    switch_cpu: Option<usize>,
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PartArg {
+    Figure1,
+    Forwarding,
+    Memif,
 }
 
 #[derive(Args)]
@@ -328,8 +361,37 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         BackendArg::Tap => vec![Backend::Tap],
         BackendArg::Both => vec![Backend::Switch, Backend::Tap],
     };
+    if a.forwarding_burst == 0 || a.forwarding_burst > 1024 {
+        bail!("--forwarding-burst must be 1..=1024");
+    }
+    if !(1..=14).contains(&a.memif_ring_log2) {
+        bail!("--memif-ring-log2 must be 1..=14 (DPDK's memif limit)");
+    }
+    let memif_seconds = a.memif_seconds.unwrap_or(if a.quick { 1.0 } else { 3.0 });
+    if !(0.5..=60.0).contains(&memif_seconds) {
+        bail!("--memif-seconds must be 0.5..=60");
+    }
+    let all = a.part.is_empty();
+    let part = |p: PartArg| all || a.part.contains(&p);
+    let backends = if part(PartArg::Figure1) {
+        backends
+    } else {
+        Vec::new()
+    };
+    // The memif rows need DPDK; when every part was asked for implicitly,
+    // a machine without it skips them (and says so).
+    let memif_wanted = part(PartArg::Memif);
+    let memif_skipped = memif_wanted && all && bench::switch::testpmd_path().is_none();
     let json = matches!(a.format, Format::Json);
     let o = Options {
+        forwarding: part(PartArg::Forwarding),
+        forwarding_burst: a.forwarding_burst,
+        forwarding_poll_us: a.forwarding_poll_us.min(1_000_000),
+        memif: (memif_wanted && !memif_skipped).then_some(bench::switch::MemifOptions {
+            seconds: memif_seconds,
+            ring_log2: a.memif_ring_log2,
+            switch_cpu: a.switch_cpu,
+        }),
         seconds,
         backends,
         burst: a.burst,
@@ -342,7 +404,10 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     if !json {
         eprintln!("switch bench: {seconds} s per measurement, 4 measurements per row");
     }
-    let doc = bench::switch::run(&o)?;
+    let mut doc = bench::switch::run(&o)?;
+    if memif_skipped {
+        doc["memif"] = serde_json::json!({"skipped": "dpdk-testpmd not installed"});
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
@@ -393,13 +458,122 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         }
         println!("{t}");
     }
-    let f = &doc["forwarding"];
-    println!(
-        "switch forwarding, ring port to ring port (CSB, 60-byte frames): {:.2} Mpps (sender {:.2} Mpps, {} lost); VALE in the paper: about 20 Mpps per core",
-        f["ring_to_ring_mpps"].as_f64().unwrap_or(0.0),
-        f["sender_mpps"].as_f64().unwrap_or(0.0),
-        f["lost"]
-    );
+    print_forwarding(&doc["forwarding"]);
+    print_memif(&doc["memif"]);
     println!("ratios: {}", doc["ratios"]);
     Ok(())
+}
+
+fn print_forwarding(f: &serde_json::Value) {
+    if f.is_null() {
+        return;
+    }
+    let n = |k: &str| f[k].as_f64().unwrap_or(f64::NAN);
+    let sh = |k: &str| f["share_of_cores"][k].as_f64().unwrap_or(f64::NAN) * 100.0;
+    let mut t = Table::new(["thread", "CPU s", "% of the 2 cores", "Mpps per CPU second"]).title(
+        format!(
+            "switch forwarding, ring port to ring port (CSB, {}-byte frames, {:.2} s; sender, switch and receiver share {} cores)",
+            f["frame_bytes"], n("seconds"), f["share_of_cores"]["cores"]
+        ),
+    );
+    t.row([
+        "sender (pktgen tx)".to_string(),
+        format!("{:.3}", n("sender_cpu_s")),
+        format!("{:.0}", sh("sender")),
+        format!("{:.2}", n("sender_mpps_per_core")),
+    ]);
+    t.row([
+        "switch".to_string(),
+        format!("{:.3}", n("switch_cpu_s")),
+        format!("{:.0}", sh("switch")),
+        format!("{:.2}", n("switch_mpps_per_core")),
+    ]);
+    t.row([
+        "receiver (pktgen rx)".to_string(),
+        format!("{:.3}", n("receiver_cpu_s")),
+        format!("{:.0}", sh("receiver")),
+        format!("{:.2}", n("receiver_mpps_per_core")),
+    ]);
+    println!("{t}");
+    println!(
+        "switch forwarding loop: {:.2} Mpps per second of busy passes ({:.3} s busy of {:.3} s CPU; poll_us {})",
+        n("switch_mpps_per_busy_second"),
+        n("switch_busy_s"),
+        n("switch_cpu_s"),
+        f["switch_poll_us"]
+    );
+    println!(
+        "switch: {:.2} Mpps per core of its CPU time ({:.2}x the 30 Mpps goal; VALE in the paper: about 20); end to end {:.2} Mpps (sender {:.2} Mpps, {} not delivered); {:.0} frames per batch, {:.0}% of passes idle{}",
+        n("switch_mpps_per_core"),
+        n("switch_per_core_over_goal"),
+        n("end_to_end_mpps"),
+        n("sender_mpps"),
+        f["lost"],
+        n("switch_frames_per_batch"),
+        n("switch_idle_pass_share") * 100.0,
+        if f["generator_limited"].as_bool() == Some(true) {
+            " [generator-limited: the switch mostly waited for frames]"
+        } else {
+            ""
+        }
+    );
+}
+
+fn print_memif(m: &serde_json::Value) {
+    if m.is_null() {
+        return;
+    }
+    if let Some(why) = m["skipped"].as_str() {
+        println!("memif side-by-side skipped: {why}");
+        return;
+    }
+    let mut t = Table::new([
+        "path",
+        "delivered Mpps",
+        "generator Mpps",
+        "refused at gen",
+        "gen CPU %",
+        "sink CPU %",
+        "switch CPU %",
+        "switch Mpps/core",
+        "limit",
+    ])
+    .title(format!(
+        "DPDK testpmd over memif ({}-byte frames, ring 2^{}, {} s; medians of testpmd's per-second Rx-pps/Tx-pps)",
+        m["frame_bytes"], m["ring_log2"], m["seconds"]
+    ));
+    for (label, r) in [
+        ("testpmd -> testpmd (direct)", &m["direct"]),
+        ("testpmd -> switch -> testpmd", &m["switched"]),
+        (
+            "one testpmd (flowgen) <-> switch",
+            &m["switched_one_testpmd"],
+        ),
+    ] {
+        let f = |k: &str, d: usize| opt(r[k].as_f64(), d);
+        let pc = |k: &str| opt(r["share_of_cores"][k].as_f64().map(|x| x * 100.0), 0);
+        t.row([
+            label.to_string(),
+            f("delivered_mpps", 2),
+            f("generator_mpps", 2),
+            opt(r["generator_refused_share"].as_f64().map(|x| x * 100.0), 1) + "%",
+            pc("generator"),
+            pc("sink"),
+            pc("switch"),
+            f("switch_mpps_per_core", 2),
+            if r["generator_limited"].as_bool() == Some(true) {
+                "generator".to_string()
+            } else {
+                "path".to_string()
+            },
+        ]);
+    }
+    println!("{t}");
+    println!(
+        "switched / direct: {:.2}; one testpmd through the switch / direct: {:.2} (goal >= 0.5)",
+        m["switched_over_direct"].as_f64().unwrap_or(f64::NAN),
+        m["switched_one_testpmd_over_direct"]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+    );
 }

@@ -38,6 +38,13 @@ pub trait Port: Send {
     fn on_event(&mut self) {}
     /// Frames waiting to enter the switch (a hint; may poll shared memory).
     fn pending(&mut self) -> bool;
+    /// Whether [`Port::pending`] sees new frames without the port's
+    /// descriptor becoming readable first (shared-memory counters polled,
+    /// or a port inside the switch). Ports that learn of frames only through
+    /// an event (TAP, ring ports without a CSB) say false.
+    fn polled(&self) -> bool {
+        true
+    }
     /// Append up to `max` frames to `out`; returns a token for `rx_done`.
     fn rx(&mut self, max: u32, out: &mut Vec<FrameRef>) -> u32;
     /// The frames of the last `rx` have been forwarded.
@@ -47,6 +54,22 @@ pub trait Port: Send {
     /// # Safety
     /// `f` must be readable for `f.len` bytes.
     unsafe fn tx(&mut self, f: FrameRef) -> bool;
+    /// Take `frames` in order (copy them), as [`Port::tx`] on each; returns
+    /// how many were taken. Ports with rings override it to look at their
+    /// ring and update their counters once per batch instead of per frame.
+    ///
+    /// # Safety
+    /// Every frame must be readable for its `len` bytes.
+    unsafe fn tx_batch(&mut self, frames: &[FrameRef]) -> u64 {
+        let mut ok = 0;
+        for f in frames {
+            // SAFETY: forwarded from the caller's contract.
+            if unsafe { self.tx(*f) } {
+                ok += 1;
+            }
+        }
+        ok
+    }
     /// End of a batch of `tx`: publish and notify.
     fn tx_flush(&mut self, _now: Instant) {}
     /// When the port next needs [`Port::timer`] (interrupt moderation).
@@ -96,6 +119,9 @@ impl Port for RingPort {
     fn on_event(&mut self) {
         self.dev.on_kick();
     }
+    fn polled(&self) -> bool {
+        self.dev.mode() == ring::Mode::Csb
+    }
     fn pending(&mut self) -> bool {
         self.dev.poll() > 0
     }
@@ -116,6 +142,14 @@ impl Port for RingPort {
             self.c.dropped_full += 1;
         }
         ok
+    }
+    unsafe fn tx_batch(&mut self, frames: &[FrameRef]) -> u64 {
+        // SAFETY: forwarded from the caller's contract.
+        let (n, bytes) = unsafe { self.dev.rx_push_batch(frames) };
+        self.c.to_port += n as u64;
+        self.c.to_port_bytes += bytes;
+        self.c.dropped_full += (frames.len() - n) as u64;
+        n as u64
     }
     fn tx_flush(&mut self, now: Instant) {
         self.dev.rx_publish(now);
@@ -187,6 +221,9 @@ impl Port for TapPort {
     }
     fn on_event(&mut self) {
         self.readable = true;
+    }
+    fn polled(&self) -> bool {
+        false
     }
     fn pending(&mut self) -> bool {
         self.readable
