@@ -1008,8 +1008,27 @@ fn memif_direct(o: &MemifOptions) -> Result<Value, Error> {
     Ok(v)
 }
 
-/// testpmd txonly -> memif -> switch -> memif -> testpmd rxonly.
-fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
+/// A switch with a memif listener and a control socket of its own, on a
+/// thread (pinned to `switch_cpu` if given), for the memif rows.
+struct MemifSwitch {
+    /// This run's number (names testpmd's file prefix).
+    n: u32,
+    /// The memif listener testpmd connects to.
+    sock: std::path::PathBuf,
+    /// The switch's control socket (status).
+    ctl: std::path::PathBuf,
+    /// The switch thread's CPU clock.
+    clock: Option<ThreadClock>,
+    /// Whether pinning to `switch_cpu` took (None: not asked).
+    pinned: Option<bool>,
+}
+
+/// Starts a [`MemifSwitch`], runs `body` against it, then stops the switch
+/// and removes its sockets, whatever `body` returned.
+fn with_memif_switch(
+    o: &MemifOptions,
+    body: impl FnOnce(&MemifSwitch) -> Result<Value, Error>,
+) -> Result<Value, Error> {
     let n = RUN.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
     let sock = std::env::temp_dir().join(format!("fp-swbench-{pid}-{n}.memif"));
@@ -1022,9 +1041,31 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
     })
     .map_err(Error::Switch)?;
     let (stop, h) = spawn(sw);
-    let pinned = o.switch_cpu.map(|c| pin(&h, c));
-    let clock = ThreadClock::of(&h);
-    let result = (|| {
+    let m = MemifSwitch {
+        n,
+        pinned: o.switch_cpu.map(|c| pin(&h, c)),
+        clock: ThreadClock::of(&h),
+        sock,
+        ctl,
+    };
+    let result = body(&m);
+    stop.store(true, Ordering::Relaxed);
+    let _ = h.join();
+    let _ = std::fs::remove_file(&m.sock);
+    let _ = std::fs::remove_file(&m.ctl);
+    result
+}
+
+/// testpmd txonly -> memif -> switch -> memif -> testpmd rxonly.
+fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
+    with_memif_switch(o, |m| {
+        let MemifSwitch {
+            n,
+            ref sock,
+            ref ctl,
+            ref clock,
+            pinned,
+        } = *m;
         let vdev = |id: u32, mac: &str| {
             format!(
                 "net_memif0,role=client,id={id},socket-abstract=no,socket={},rsize={},mac={mac}",
@@ -1033,7 +1074,7 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
             )
         };
         let memif_ports = || {
-            ring::control::status(&ctl)
+            ring::control::status(ctl)
                 .ok()
                 .and_then(|s| s["ports"].as_array().map(|a| a.len()))
                 .unwrap_or(0)
@@ -1061,7 +1102,7 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
         let mut v = measure_pair(gen, sink, o.seconds, || {
             marks.push((
                 clock.as_ref().map_or(f64::NAN, ThreadClock::secs),
-                ring::control::status(&ctl).unwrap_or_default(),
+                ring::control::status(ctl).unwrap_or_default(),
             ))
         })?;
         if let [(c0, s0), (c1, s1)] = &marks[..] {
@@ -1089,12 +1130,7 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
         v["switch_pinned_cpu"] = json!(o.switch_cpu);
         v["switch_pinned"] = json!(pinned);
         Ok(v)
-    })();
-    stop.store(true, Ordering::Relaxed);
-    let _ = h.join();
-    let _ = std::fs::remove_file(&sock);
-    let _ = std::fs::remove_file(&ctl);
-    result
+    })
 }
 
 /// Sum testpmd's per-port figures printed in one report: with `ports`
@@ -1108,21 +1144,14 @@ fn per_report(v: &[f64], ports: usize) -> Vec<f64> {
 /// the switch and one forwarding core: generator and sink in one thread, so
 /// that it and the switch are the only busy threads on the 2 cores.
 fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
-    let n = RUN.fetch_add(1, Ordering::Relaxed);
-    let pid = std::process::id();
-    let sock = std::env::temp_dir().join(format!("fp-swbench-{pid}-{n}.memif"));
-    let ctl = std::env::temp_dir().join(format!("fp-swbench-{pid}-{n}.sock"));
-    let sw = Switch::new(Config {
-        socket: Some(ctl.clone()),
-        memif_socket: Some(sock.clone()),
-        log_ports: false,
-        ..Config::default()
-    })
-    .map_err(Error::Switch)?;
-    let (stop, h) = spawn(sw);
-    let other = o.switch_cpu.map(|c| pin(&h, c));
-    let clock = ThreadClock::of(&h);
-    let result = (|| {
+    with_memif_switch(o, |m| {
+        let MemifSwitch {
+            n,
+            ref sock,
+            ref ctl,
+            ref clock,
+            pinned: other,
+        } = *m;
         let vdev = |i: u32, mac: &str| {
             format!(
                 "net_memif{i},role=client,id={i},socket-abstract=no,socket={},rsize={},mac={mac}",
@@ -1152,10 +1181,10 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
         let r0 = rx(&pmd).len();
         let pc0 = pmd.cpu();
         let c0 = clock.as_ref().map_or(f64::NAN, ThreadClock::secs);
-        let s0 = ring::control::status(&ctl).unwrap_or_default();
+        let s0 = ring::control::status(ctl).unwrap_or_default();
         let t0 = std::time::Instant::now();
         std::thread::sleep(Duration::from_secs_f64(o.seconds));
-        let s1 = ring::control::status(&ctl).unwrap_or_default();
+        let s1 = ring::control::status(ctl).unwrap_or_default();
         let cpu = clock.as_ref().map_or(f64::NAN, ThreadClock::secs) - c0;
         let pc = pmd.cpu() - pc0;
         let wall = t0.elapsed().as_secs_f64();
@@ -1199,12 +1228,7 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
             "switch_pinned_cpu": o.switch_cpu,
             "switch_pinned": other,
         }))
-    })();
-    stop.store(true, Ordering::Relaxed);
-    let _ = h.join();
-    let _ = std::fs::remove_file(&sock);
-    let _ = std::fs::remove_file(&ctl);
-    result
+    })
 }
 
 /// Both memif rows in one run, and the ratio switched / direct.
