@@ -14,11 +14,10 @@
 
 mod common;
 
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use common::probe::RawSocket;
 use lab::netns::{self, Netns};
 use packet::build::Frame;
 
@@ -193,59 +192,17 @@ fn gateway_until(
     }
 }
 
-/// A raw AF_PACKET socket on the gateway's end of the pair.
+/// The gateway's end of the pair.
 struct Probe {
-    fd: OwnedFd,
+    socket: RawSocket,
     sent: std::cell::Cell<u16>,
 }
 
 impl Probe {
     /// Opens it on `iface` of the calling thread's namespace.
     fn open(iface: &str) -> Probe {
-        let proto = i32::from((libc::ETH_P_ALL as u16).to_be());
-        // SAFETY: socket(2) with constant arguments; the result is checked.
-        let raw =
-            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
-        assert!(raw >= 0, "socket: {}", std::io::Error::last_os_error());
-        // SAFETY: `raw` is a new descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let name = CString::new(iface).unwrap();
-        // SAFETY: `name` is a NUL-terminated string that outlives the call.
-        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        assert!(index > 0, "no interface {iface}");
-        let one: libc::c_int = 1;
-        // SAFETY: the option takes an int; `one` outlives the call.
-        let r = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_IGNORE_OUTGOING,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0, "setsockopt: {}", std::io::Error::last_os_error());
-        let sll = libc::sockaddr_ll {
-            sll_family: libc::AF_PACKET as u16,
-            sll_protocol: (libc::ETH_P_ALL as u16).to_be(),
-            sll_ifindex: index as i32,
-            sll_hatype: 0,
-            sll_pkttype: 0,
-            sll_halen: 0,
-            sll_addr: [0; 8],
-        };
-        // SAFETY: `sll` is a valid sockaddr_ll that outlives the call, and
-        // its size is passed.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0, "bind: {}", std::io::Error::last_os_error());
         Probe {
-            fd,
+            socket: RawSocket::open(iface),
             sent: std::cell::Cell::new(0),
         }
     }
@@ -266,48 +223,14 @@ impl Probe {
         );
         f.eth.dst = LB_MAC;
         f.eth.src = from;
-        let frame = f.to_bytes();
-        // SAFETY: `frame` is valid for its length during the call.
-        let r = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-        assert_eq!(
-            r,
-            frame.len() as isize,
-            "send: {}",
-            std::io::Error::last_os_error()
-        );
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            let mut p = libc::pollfd {
-                fd: self.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd, alive for the call.
-            if unsafe { libc::poll(&mut p, 1, left.as_millis().max(1) as i32) } <= 0 {
-                return None;
-            }
-            let mut buf = [0u8; 2048];
-            // SAFETY: `buf` is valid for its length during the call.
-            let got = unsafe {
-                libc::recv(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if got <= 0 {
-                continue;
-            }
-            let b = &buf[..got as usize];
+        self.socket.send(&f.to_bytes());
+        let (b, _) = self.socket.receive_matching(Duration::from_secs(1), |b| {
             let gre = b.len() > 34 && b[12..14] == [0x08, 0x00] && b[23] == 47;
-            if gre && b.windows(payload.len()).any(|w| w == payload.as_bytes()) {
-                let dst: [u8; 6] = b[0..6].try_into().unwrap();
-                let src: [u8; 6] = b[6..12].try_into().unwrap();
-                return Some((dst, src));
-            }
-        }
-        None
+            gre && b.windows(payload.len()).any(|w| w == payload.as_bytes())
+        })?;
+        let dst: [u8; 6] = b[0..6].try_into().unwrap();
+        let src: [u8; 6] = b[6..12].try_into().unwrap();
+        Some((dst, src))
     }
 }
 

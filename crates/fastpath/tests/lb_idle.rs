@@ -14,11 +14,12 @@
 //! cargo test --release -p fastpath --test lb_idle -- --ignored --nocapture
 //! ```
 
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+mod common;
+
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use common::probe::{now_realtime, RawSocket};
 use lab::netns::{self, Netns};
 use packet::build::Frame;
 
@@ -183,64 +184,14 @@ impl Drop for Lb {
     }
 }
 
-/// A raw AF_PACKET socket on the test's end of the pair: sends frames into
-/// the load balancer's interface and receives what the load balancer
-/// transmits, stamped by the kernel as it arrives.
-struct Probe {
-    fd: OwnedFd,
-}
+/// The test's end of the pair: sends frames into the load balancer's
+/// interface and receives what the load balancer transmits.
+struct Probe(RawSocket);
 
 impl Probe {
     /// Opens it on `iface` of the calling thread's namespace.
     fn open(iface: &str) -> Probe {
-        let proto = i32::from((libc::ETH_P_ALL as u16).to_be());
-        // SAFETY: socket(2) with constant arguments; the result is checked.
-        let raw =
-            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
-        assert!(raw >= 0, "socket: {}", std::io::Error::last_os_error());
-        // SAFETY: `raw` is a new descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let name = CString::new(iface).unwrap();
-        // SAFETY: `name` is a NUL-terminated string that outlives the call.
-        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        assert!(index > 0, "no interface {iface}");
-        let set = |level, opt| {
-            let one: libc::c_int = 1;
-            // SAFETY: the option takes an int; `one` outlives the call.
-            let r = unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    level,
-                    opt,
-                    (&one as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(r, 0, "setsockopt: {}", std::io::Error::last_os_error());
-        };
-        // Not our own frames; kernel receive timestamps on the others.
-        set(libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING);
-        set(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS);
-        let sll = libc::sockaddr_ll {
-            sll_family: libc::AF_PACKET as u16,
-            sll_protocol: (libc::ETH_P_ALL as u16).to_be(),
-            sll_ifindex: index as i32,
-            sll_hatype: 0,
-            sll_pkttype: 0,
-            sll_halen: 0,
-            sll_addr: [0; 8],
-        };
-        // SAFETY: `sll` is a valid sockaddr_ll that outlives the call, and
-        // its size is passed.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0, "bind: {}", std::io::Error::last_os_error());
-        Probe { fd }
+        Probe(RawSocket::open(iface))
     }
 
     /// Sends a UDP frame for the VIP from source port `sport` and waits up
@@ -250,84 +201,13 @@ impl Probe {
         let mut f = Frame::udp([10, 9, 0, 1].into(), VIP.into(), sport, 53, b"idle probe");
         f.eth.dst = LB_IF.1;
         f.eth.src = PEER_IF.1;
-        let frame = f.to_bytes();
         let sent = now_realtime();
-        // SAFETY: `frame` is valid for its length during the call.
-        let r = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-        assert_eq!(
-            r,
-            frame.len() as isize,
-            "send: {}",
-            std::io::Error::last_os_error()
-        );
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.checked_duration_since(Instant::now())?;
-            let (frame, stamp) = self.receive(left)?;
-            if carries(&frame, sport) {
-                return Some(stamp.saturating_sub(sent));
-            }
-        }
+        self.0.send(&f.to_bytes());
+        let (_, stamp) = self
+            .0
+            .receive_matching(timeout, |frame| carries(frame, sport))?;
+        Some(stamp.saturating_sub(sent))
     }
-
-    /// The next frame and its kernel receive stamp (since the epoch), if
-    /// one comes within `timeout`.
-    fn receive(&self, timeout: Duration) -> Option<(Vec<u8>, Duration)> {
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd, alive for the call.
-        if unsafe { libc::poll(&mut p, 1, ms) } <= 0 {
-            return None;
-        }
-        let mut buf = vec![0u8; 2048];
-        let mut control = [0u64; 16];
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: msghdr is plain old data; all-zero is a valid value.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&control) as _;
-        // SAFETY: `msg` points at `iov` (into `buf`) and `control`, which
-        // outlive the call.
-        let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
-        if n < 0 {
-            return None;
-        }
-        buf.truncate(n as usize);
-        let mut stamp = None;
-        // SAFETY: `msg` was filled in by recvmsg; the CMSG macros walk its
-        // control buffer within `msg_controllen`.
-        let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-        while !c.is_null() {
-            // SAFETY: `c` is a control message header inside `control`.
-            let h = unsafe { &*c };
-            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_TIMESTAMPNS {
-                // SAFETY: an SCM_TIMESTAMPNS message carries a timespec,
-                // maybe unaligned in the buffer.
-                let ts: libc::timespec =
-                    unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast()) };
-                stamp = Some(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32));
-            }
-            // SAFETY: as for CMSG_FIRSTHDR.
-            c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
-        }
-        Some((buf, stamp.unwrap_or_else(now_realtime)))
-    }
-}
-
-/// The time since the epoch, as the kernel stamps received frames.
-fn now_realtime() -> Duration {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
 }
 
 /// Whether `frame` is IPv4 GRE carrying our UDP frame from `sport`.
