@@ -281,6 +281,14 @@ fn center(c: &[(f64, usize)]) -> f64 {
     median(&mut v)
 }
 
+/// The standard error of a cluster's median, from its own spread (the
+/// median absolute deviation, scaled to a standard deviation).
+fn center_se(c: &[(f64, usize)]) -> f64 {
+    let m = center(c);
+    let mut d: Vec<f64> = c.iter().map(|x| (x.0 - m).abs()).collect();
+    1.2533 * 1.4826 * median(&mut d) / (c.len() as f64).sqrt()
+}
+
 /// Distance of `x` from `y` on a circle of circumference `r`.
 fn circ(x: f64, y: f64, r: f64) -> f64 {
     let d = (x - y).rem_euclid(r);
@@ -329,14 +337,23 @@ fn coarse(s: &[f64], y: &[f64]) -> Result<(usize, f64, f64), String> {
             median(&mut w)
         })
         .collect();
+    // A drop split over up to three steps (timing noise, or the points
+    // that crossed a boundary between them, which a long skew puts half a
+    // rotation up) is counted whole: the highest of the three before
+    // against the lowest of the three from here.
     let before = |i: usize| {
-        if i >= 2 {
-            med3[i - 1].max(med3[i - 2])
-        } else {
-            med3[i - 1]
-        }
+        med3[i.saturating_sub(3)..i]
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max)
     };
-    let drops: Vec<f64> = (1..n).map(|i| before(i) - med3[i]).collect();
+    let from = |i: usize| {
+        med3[i..(i + 3).min(n)]
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min)
+    };
+    let drops: Vec<f64> = (1..n).map(|i| before(i) - from(i)).collect();
     let drop = drops.iter().copied().fold(0.0, f64::max);
     let stays_low = |i: usize| {
         let after = &med3[i..(i + 8).min(n)];
@@ -823,6 +840,33 @@ pub fn skippy(points: &[Point]) -> Extraction {
         e.flag(param::ROTATION, why);
         e.flag(param::SPT, why);
     }
+    // MTM is the slope times the transition's step, the switch times are
+    // excesses over the sawtooth, and the surfaces are counted from the
+    // boundaries those excesses place: a slope in doubt puts them all in
+    // doubt.
+    if let Some(why) = e.uncertain(param::SPT).map(str::to_string) {
+        let why = format!("measured against a sawtooth whose slope is uncertain ({why})");
+        e.flag(param::MTM, why.clone());
+        if e.head_switch_ms.is_some() {
+            e.flag(param::HEAD, why.clone());
+        }
+        if e.cyl_switch_ms.is_some() {
+            e.flag(param::CYL, why.clone());
+        }
+        if e.surfaces.is_some() {
+            e.flag(param::SURFACES, why);
+        }
+    }
+    if !backward && s_mid < 3.0 {
+        e.flag(
+            param::MTM,
+            format!(
+                "no request before step {} missed its sector: MTM is under {:.3} ms, or read-ahead or a write cache served the first requests",
+                pts[first_l2].step,
+                a * (s_mid + 1.0)
+            ),
+        );
+    }
     if let Some(c) = &e.cache {
         let why = format!("{} (these values may be the cache's)", cache_text(c));
         e.notes.push(cache_text(c));
@@ -897,6 +941,7 @@ fn switches(
     let mut cl = clusters(singles, gap);
     cl.sort_by_key(|c| std::cmp::Reverse(c.len()));
     let big: Vec<&Vec<(f64, usize)>> = cl.iter().filter(|c| c.len() >= 2).collect();
+    // Each value with the standard error of its median.
     let (h, c) = match big.as_slice() {
         [] => {
             e.notes
@@ -909,21 +954,41 @@ fn switches(
             return (None, None, None);
         }
         [a, rest @ ..] => {
-            let ha = center(a);
+            let ha = (center(a), center_se(a));
             // The other kind: the biggest other cluster; when both are
             // about as common (two surfaces), the cylinder switch is the
             // longer.
-            let other = rest.iter().find(|x| (center(x) - ha).abs() > tol);
+            let other = rest.iter().find(|x| (center(x) - ha.0).abs() > tol);
             match other {
                 Some(b) if b.len() * 3 >= a.len() * 2 => {
-                    let hb = center(b);
-                    (ha.min(hb), Some(ha.max(hb)))
+                    let hb = (center(b), center_se(b));
+                    if hb.0 < ha.0 {
+                        (hb, Some(ha))
+                    } else {
+                        (ha, Some(hb))
+                    }
                 }
-                Some(b) => (ha, Some(center(b))),
+                Some(b) => (ha, Some((center(b), center_se(b)))),
                 None => (ha, None),
             }
         }
     };
+    // A value the timing noise leaves uncertain by more than 5% is said to
+    // be: the standard error of the median of the boundaries seen,
+    // combined with how well the sawtooth's line under them is placed
+    // (about half the timing noise).
+    let imprecise = |(v, se): (f64, f64), what: &str| {
+        let se = se.hypot(0.5 * noise);
+        (se > 0.05 * v).then(|| {
+            format!(
+                "the {what} is known to +-{se:.3} ms only (the spread of the boundaries seen, and the timing noise under them): run more steps, or on a quieter host"
+            )
+        })
+    };
+    if let Some(why) = imprecise(h, "head switch") {
+        e.flag(param::HEAD, why);
+    }
+    let h = h.0;
     // Longer steps: a cylinder switch among head switches. A step that
     // some number of head switches explains says nothing about it.
     let c = c.or_else(|| {
@@ -950,7 +1015,9 @@ fn switches(
             circ(m, h, r) > tol && circ(m, 0.0, r) > tol
         });
         cm.sort_by_key(|x| std::cmp::Reverse(x.len()));
-        cm.first().filter(|x| x.len() >= 2).map(|x| center(x))
+        cm.first()
+            .filter(|x| x.len() >= 2)
+            .map(|x| (center(x), center_se(x)))
     });
     let Some(c) = c else {
         e.notes.push(
@@ -959,6 +1026,10 @@ fn switches(
         );
         return (Some(h), None, None);
     };
+    if let Some(why) = imprecise(c, "cylinder switch") {
+        e.flag(param::CYL, why);
+    }
+    let c = c.0;
     if c < h {
         e.flag(
             param::CYL,
@@ -1175,6 +1246,46 @@ pub fn probe_made_it(e: &Skippy, p: &Point) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Write SKIPPY on a published drive model at a start, seed and noise.
+    fn published(name: &str, seed: u64, noise: f64, start: u64) -> (crate::sim::Spec, Skippy) {
+        let mut spec = crate::sim::preset_named(name).unwrap();
+        spec.seed = seed;
+        spec.noise_ms = noise;
+        spec.timing_noise_ms = noise;
+        let mut d = crate::sim::Disk::new(spec.clone());
+        let o = crate::bench::SkippyOpts {
+            start,
+            budget_ms: 1300.0,
+            ..Default::default()
+        };
+        let pts = crate::bench::skippy(&mut d, &o).unwrap();
+        (spec, rotational(skippy(&pts)))
+    }
+
+    #[test]
+    fn a_skew_of_half_a_rotation_does_not_hide_the_transition() {
+        // The Cheetah 9LP's track skew is 97 sectors of 209: every other
+        // step past the transition crossed a boundary and sits 2.8 ms up,
+        // splitting the drop over three steps. Read as a later drop, it
+        // gave MTM 4.77 ms.
+        let start = 10_176_618;
+        let (spec, e) = published("ds-st39102lw", 1, 0.03, start);
+        let mtm = spec.overhead_for(crate::Op::Write);
+        assert!((e.mtm_ms - mtm).abs() < 0.1, "{e:?}");
+        let spt = spec.zone_at(start).spt as f64;
+        assert!((e.sectors_per_track - spt).abs() < 0.02 * spt, "{e:?}");
+        assert!(e.uncertain.is_empty(), "{:?}", e.uncertain);
+    }
+
+    #[test]
+    fn a_skew_cost_close_to_the_timing_noise_is_flagged() {
+        // The ST41601N's track skew is 2 sectors (0.36 ms here), under ten
+        // times the host's timing noise: 5% of it cannot be promised.
+        let (_, e) = published("ds-st41601n", 2, 0.05, 2_472_039);
+        let why = e.uncertain(param::HEAD).expect("flagged");
+        assert!(why.contains("known to"), "{why}");
+    }
 
     #[test]
     fn a_flat_curve_has_no_rotation() {

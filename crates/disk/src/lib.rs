@@ -3,11 +3,13 @@
 //!
 //! - [`sim`]: a mechanical disk simulator (zones with their own skews,
 //!   spare sectors per track, per cylinder and every few cylinders with the
-//!   slipping they cause, switch times, a seek curve, read and write
-//!   command overheads, a segmented read-ahead cache, a write-back cache
-//!   with a bounded buffer, noise on the drive and on the host's clock)
-//!   with presets for the paper's drives and presets that exercise each
-//!   feature.
+//!   slipping they cause, spare areas at a zone's end, switch times, write
+//!   settling, a seek curve, read and write command overheads, a segmented
+//!   read-ahead cache, a write-back cache with a bounded buffer, noise on
+//!   the drive and on the host's clock)
+//!   with presets for the paper's drives, presets that exercise each
+//!   feature, and the eleven drive models DiskSim validated against real
+//!   drives, transcribed from their published parameter files.
 //! - [`device`]: real block devices and files, O_DIRECT, with the safety
 //!   rules (writes need `--allow-destructive`; mounted or busy devices are
 //!   refused whatever the flag).

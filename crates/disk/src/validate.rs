@@ -425,9 +425,15 @@ impl SeedReport {
 /// The noise levels the seeds cycle through (standard deviation, ms).
 pub const NOISE_LEVELS: [f64; 4] = [0.0, 0.01, 0.03, 0.05];
 
-/// Run every scenario under seeds `1..=seeds`: each seed picks a random
-/// zone and a random start inside it, a noise level, and the noise itself.
+/// Run every scenario of `specs` (see [`scenarios`]) under seeds
+/// `1..=seeds`: each seed picks a random zone and a random start inside
+/// it, a noise level, and the noise itself.
 pub fn over_seeds(specs: &[Spec], seeds: u32) -> Result<SeedReport, crate::Error> {
+    over_scenarios(&scenarios(specs), seeds)
+}
+
+/// [`over_seeds`] over the scenarios given.
+pub fn over_scenarios(scenarios: &[Scenario], seeds: u32) -> Result<SeedReport, crate::Error> {
     let mut rep = SeedReport {
         seeds,
         params: Vec::new(),
@@ -438,7 +444,7 @@ pub fn over_seeds(specs: &[Spec], seeds: u32) -> Result<SeedReport, crate::Error
         longest_skippy_disk_ms: 0.0,
         misses: Vec::new(),
     };
-    for sc in scenarios(specs) {
+    for sc in scenarios {
         let first = rep.params.len();
         let op = sc.mode.op();
         for seed in 1..=seeds as u64 {

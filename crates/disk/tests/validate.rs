@@ -11,7 +11,8 @@ fn printed_values_hold_over_random_starts_noise_and_features() {
     // Every preset (spares, per-zone skews, caches, read/write overheads
     // included) and the read and backwards variants, at a random zone,
     // start and noise level per seed.
-    let rep = validate::over_seeds(&presets(), 3).unwrap();
+    // The published models have their own test below.
+    let rep = validate::over_seeds(&paper_and_feature(), 3).unwrap();
     assert_eq!(rep.runs_impossible_as_fact, 0, "{:#?}", rep.misses);
     assert!(
         rep.share_ok() >= 0.95,
@@ -36,6 +37,14 @@ fn printed_values_hold_over_random_starts_noise_and_features() {
     }
 }
 
+/// The paper's drives and the feature presets (the published models have
+/// their own test, `extraction_holds_on_published_drive_models`).
+fn paper_and_feature() -> Vec<disk::sim::Spec> {
+    let mut v = disk::sim::paper_presets();
+    v.extend(disk::sim::feature_presets());
+    v
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
@@ -44,12 +53,12 @@ proptest! {
     /// physically impossible is printed as fact.
     #[test]
     fn extraction_holds_at_random_starts(
-        preset in 0usize..presets().len(),
+        preset in 0usize..paper_and_feature().len(),
         at in 0.0f64..1.0,
         noise in prop::sample::select(vec![0.0, 0.01, 0.03]),
         seed in 1u64..1000,
     ) {
-        let mut spec = presets()[preset].clone();
+        let mut spec = paper_and_feature()[preset].clone();
         spec.noise_ms = noise;
         spec.seed = seed;
         let start = ((spec.sectors() - 200_000) as f64 * at) as u64;
@@ -269,4 +278,32 @@ fn validation_document_has_the_promised_fields() {
         );
     }
     assert_eq!(doc["all_ok"], true, "{doc}");
+}
+
+#[test]
+fn extraction_holds_on_published_drive_models() {
+    // The eleven drives DiskSim validated against real ones (zones, skews,
+    // spares per track, per cylinder, per range and per zone, serpentine
+    // layout, write settling, published overheads and caches): written
+    // forward, and read forward and backwards where a segmented cache
+    // reads ahead, at a random zone, start and noise level per seed.
+    let ext = disk::sim::external_presets();
+    let rep = validate::over_seeds(&ext, 3).unwrap();
+    // Eleven written, nine read and read backwards.
+    assert_eq!(rep.runs, 3 * (11 + 2 * 9));
+    assert_eq!(rep.runs_impossible_as_fact, 0, "{:#?}", rep.misses);
+    assert!(
+        rep.share_ok() >= 0.98,
+        "{:.3}: {:#?}",
+        rep.share_ok(),
+        rep.misses
+    );
+    // Written forward, every model shows its sawtooth.
+    for x in rep
+        .params
+        .iter()
+        .filter(|x| x.mode == SkippyMode::Write && x.param == param::ROTATION)
+    {
+        assert_eq!((x.runs, x.absent), (3, 0), "{x:?}");
+    }
 }

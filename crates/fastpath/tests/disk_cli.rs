@@ -8,7 +8,8 @@ use common::fastpath;
 fn validate_json_document_meets_the_goals() {
     let v = common::json(&["disk", "validate", "--format", "json"]);
     let presets = v["presets"].as_object().unwrap();
-    assert_eq!(presets.len(), 15);
+    // The paper's drives, the feature presets, the published DiskSim models.
+    assert_eq!(presets.len(), 26);
     for (name, p) in presets {
         for k in [
             "rotation_ms",
@@ -35,9 +36,10 @@ fn validate_over_seeds_counts_every_outcome_per_preset_and_parameter() {
     let v = common::json(&["disk", "validate", "--seeds", "2", "--format", "json"]);
     assert_eq!(v["seeds"], 2);
     let params = v["params"].as_array().unwrap();
-    // 15 presets written, ultrastar backwards, the read-ahead preset read
-    // and backwards: 18 scenarios of 6 parameters.
-    assert_eq!(params.len(), 18 * 6, "{v}");
+    // 26 presets written, ultrastar backwards, the read-ahead preset and
+    // the nine published models with a segmented cache read and
+    // backwards: 47 scenarios of 6 parameters.
+    assert_eq!(params.len(), 47 * 6, "{v}");
     for g in params {
         let n = |k: &str| g[k].as_u64().unwrap();
         assert_eq!(n("runs"), 2, "{g}");
