@@ -81,12 +81,44 @@ pub enum Error {
         source: std::io::Error,
     },
     /// Something did not happen in time.
-    #[error("timed out waiting for {what}{detail}")]
+    #[error("timed out after {secs} s waiting for {what}{detail}")]
     Timeout {
-        /// What.
-        what: &'static str,
+        /// What did not answer, and what for.
+        what: String,
+        /// How long we waited.
+        secs: f64,
         /// What testpmd said last, if it is involved.
         detail: String,
+    },
+    /// A testpmd process ended before the measurement did.
+    #[error("{name} exited during the measurement ({what}); its log ends:\n{tail}")]
+    TestpmdExited {
+        /// Which testpmd.
+        name: String,
+        /// What the bench was waiting for.
+        what: String,
+        /// The end of its log.
+        tail: String,
+    },
+    /// The switch's status could not be read.
+    #[error("asking the switch on {path} for its counters")]
+    SwitchStatus {
+        /// The control socket.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: ring::Error,
+    },
+    /// The memif window cannot measure: shorter than testpmd's
+    /// once-a-second reports need, or longer than allowed.
+    #[error("--memif-seconds must be {min}..={max}, got {seconds}: testpmd reports once a second, so a shorter window may hold no report and measure nothing")]
+    Window {
+        /// The window asked for.
+        seconds: f64,
+        /// The shortest window that measures.
+        min: f64,
+        /// The longest allowed.
+        max: f64,
     },
     /// A result could not be turned into JSON.
     #[error("encoding the results as JSON")]
@@ -508,6 +540,136 @@ fn pin<T>(h: &std::thread::JoinHandle<T>, cpu: usize) -> bool {
     }
 }
 
+/// What set the pace of a generator -> (switch) -> receiver run, as far as
+/// the run's own counters tell.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "limit", content = "why", rename_all = "snake_case")]
+pub enum Limit {
+    /// The run measured nothing, or its counters contradict each other: no
+    /// rate of it means anything.
+    Invalid(String),
+    /// The receiver did not keep up: frames were dropped at its full ring
+    /// (or it dropped them itself).
+    Receiver,
+    /// The switch did not keep up: the generator's ring into it was full
+    /// (frames refused there), or nothing was lost and the switch was busy
+    /// on most of its passes.
+    Switch,
+    /// Frames were lost where no counter says (offered, not received, not
+    /// counted as dropped): the run says nothing about who was slow.
+    Lossy,
+    /// The generator: nothing was dropped or refused anywhere, everything
+    /// offered arrived, and the switch (if any) waited for frames on most of
+    /// its passes.
+    Generator,
+}
+
+impl Limit {
+    /// Its name in JSON documents (`"limit"`).
+    pub fn key(&self) -> &'static str {
+        match self {
+            Limit::Invalid(_) => "invalid",
+            Limit::Receiver => "receiver",
+            Limit::Switch => "switch",
+            Limit::Lossy => "lossy",
+            Limit::Generator => "generator",
+        }
+    }
+
+    /// A short label for tables.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Limit::Invalid(_) => "INVALID",
+            Limit::Receiver => "receiver-limited",
+            Limit::Switch => "switch-limited",
+            Limit::Lossy => "lossy (unexplained loss)",
+            Limit::Generator => "generator-limited",
+        }
+    }
+}
+
+/// The counters of one run from a generator to a receiver, possibly through
+/// the switch, that decide its [`Limit`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PathFigures {
+    /// Frames the generator put on the path.
+    pub offered: u64,
+    /// Frames the generator could not put on the path (its ring was full).
+    pub refused_at_generator: u64,
+    /// Frames the switch delivered into the receiver's ring (`None`: no
+    /// switch on the path).
+    pub forwarded: Option<u64>,
+    /// Frames the receiver counted.
+    pub received: u64,
+    /// Frames dropped at the receiver: its full ring, or its own drops.
+    pub dropped_at_receiver: u64,
+    /// Frames the switch had nowhere to send.
+    pub dropped_no_destination: u64,
+    /// Share of the switch's passes that found no frame (`None`: no switch).
+    pub switch_idle_share: Option<f64>,
+    /// Frames that may still be in flight when the counters were read (ring
+    /// sizes): a loss up to this is not counted as unexplained.
+    pub in_flight_allowance: u64,
+}
+
+/// The share of passes the switch must have found idle for the generator,
+/// not the switch, to have set the pace.
+pub const GENERATOR_IDLE_SHARE: f64 = 0.5;
+
+/// What set the pace of a run, from its counters alone. Never
+/// [`Limit::Generator`] when anything was dropped or refused, or when the
+/// receiver got less than was offered beyond the in-flight allowance.
+pub fn classify(f: &PathFigures) -> Limit {
+    if f.offered == 0 {
+        return Limit::Invalid("the generator offered nothing".into());
+    }
+    if f.received == 0 {
+        return Limit::Invalid(format!(
+            "the receiver got nothing of {} frames offered",
+            f.offered
+        ));
+    }
+    if f.received > f.offered {
+        return Limit::Invalid(format!(
+            "the receiver counted {} frames, more than the {} offered",
+            f.received, f.offered
+        ));
+    }
+    if let Some(fwd) = f.forwarded {
+        if f.received > fwd {
+            return Limit::Invalid(format!(
+                "the receiver counted {} frames, more than the {fwd} the switch forwarded",
+                f.received
+            ));
+        }
+    }
+    if f.switch_idle_share
+        .is_some_and(|s| !(0.0..=1.0).contains(&s))
+    {
+        return Limit::Invalid("the switch's idle share is not a share".into());
+    }
+    if f.dropped_at_receiver > 0 {
+        return Limit::Receiver;
+    }
+    if f.refused_at_generator > 0 {
+        // The first hop's ring was full: with a switch, the switch did not
+        // drain it; without one, the receiver did not.
+        return if f.forwarded.is_some() {
+            Limit::Switch
+        } else {
+            Limit::Receiver
+        };
+    }
+    let lost = f.offered - f.received;
+    if f.dropped_no_destination > 0 || lost > f.in_flight_allowance {
+        return Limit::Lossy;
+    }
+    match f.switch_idle_share {
+        Some(s) if s <= GENERATOR_IDLE_SHARE => Limit::Switch,
+        _ => Limit::Generator,
+    }
+}
+
 /// The switch's forwarding rate between two ring ports, and where the CPU
 /// time went.
 #[derive(Clone, Debug, Serialize)]
@@ -552,11 +714,31 @@ pub struct Forwarding {
     pub switch_poll_us: u64,
     /// Frames per batch the switch took from the sender's port.
     pub switch_frames_per_batch: f64,
-    /// The switch often waited for frames: the sender, not the switch, set
-    /// the pace.
+    /// The sender set the pace: nothing was dropped or lost and the switch
+    /// waited for frames on most of its passes (`limit` is "generator").
     pub generator_limited: bool,
+    /// Frames the switch dropped at the receiver's full ring (its port's
+    /// `dropped_full`).
+    pub switch_dropped_at_receiver: u64,
+    /// What set the pace, from the counters in `figures` ([`classify`]).
+    #[serde(flatten)]
+    pub limit: Limit,
+    /// The counters the limit was decided from.
+    pub figures: PathFigures,
     /// The paper's VALE figure (Mpps per core, 60-byte frames).
     pub paper_vale_mpps: f64,
+}
+
+/// A counter of the port called `name` in a switch status document (0 if
+/// absent).
+fn port_counter(status: Option<&Value>, name: &str, key: &str) -> u64 {
+    status
+        .and_then(|v| v["ports"].as_array())
+        .into_iter()
+        .flatten()
+        .filter(|p| p["name"] == name)
+        .filter_map(|p| p[key].as_u64())
+        .sum()
 }
 
 fn cores() -> f64 {
@@ -620,7 +802,9 @@ pub fn forwarding(secs: f64, size: usize, burst: usize, poll_us: u64) -> Result<
         };
         let c0 = thread_cpu();
         let r = pktgen::run(&mut rx.driver, &p, &|| d2.load(Ordering::Relaxed));
-        (r, thread_cpu() - c0)
+        // The port stays attached (its counters in the switch) until the
+        // switch has been read.
+        (r, thread_cpu() - c0, rx)
     });
     let p = Params {
         role: Role::Tx,
@@ -637,15 +821,19 @@ pub fn forwarding(secs: f64, size: usize, burst: usize, poll_us: u64) -> Result<
     let sender_cpu = thread_cpu() - c0;
     std::thread::sleep(Duration::from_millis(20));
     done.store(true, Ordering::Relaxed);
-    let (mut r, receiver_cpu) = receiver.join().map_err(|_| Error::ReceiverPanicked)?;
+    let (mut r, receiver_cpu, rx) = receiver.join().map_err(|_| Error::ReceiverPanicked)?;
     let switch_cpu = clock.as_ref().map_or(f64::NAN, ThreadClock::secs) - sw0;
     // The receiver's rate over the sender's interval.
     r.seconds = t.seconds;
     r.pps = r.packets as f64 / t.seconds;
     stop.store(true, Ordering::Relaxed);
-    let sw = h.join().ok();
+    let mut sw = h.join().ok();
+    let after = sw.as_mut().map(Switch::status);
+    drop((tx, rx));
     let _ = std::fs::remove_file(&sock);
     let st = sw.map(|s| s.stats).unwrap_or_default();
+    let full_at_b = |v: &Option<Value>| port_counter(v.as_ref(), "b", "dropped_full");
+    let dropped_at_receiver = full_at_b(&after).saturating_sub(full_at_b(&before));
     let fwd = st.forwarded.saturating_sub(count(&before, "forwarded"));
     let dropped = st
         .no_destination
@@ -658,6 +846,21 @@ pub fn forwarding(secs: f64, size: usize, burst: usize, poll_us: u64) -> Result<
     // switch: what the sender queued and the switch did not deliver.
     let dropped = dropped.max(t.packets.saturating_sub(fwd));
     let idle_share = idle as f64 / passes.max(1) as f64;
+    let figures = PathFigures {
+        offered: t.packets,
+        refused_at_generator: 0,
+        forwarded: Some(fwd),
+        received: r.packets,
+        dropped_at_receiver,
+        dropped_no_destination: st
+            .no_destination
+            .saturating_sub(count(&before, "no_destination")),
+        switch_idle_share: Some(idle_share),
+        // Both rings' slots: what the switch had not yet taken from the
+        // sender and the receiver had not yet read when it stopped.
+        in_flight_allowance: 2 * 1024,
+    };
+    let limit = classify(&figures);
     let wall = t.seconds + 0.02;
     let c = cores();
     Ok(Forwarding {
@@ -683,7 +886,10 @@ pub fn forwarding(secs: f64, size: usize, burst: usize, poll_us: u64) -> Result<
         switch_mpps_per_busy_second: fwd as f64 / busy / 1e6,
         switch_poll_us: poll_us,
         switch_frames_per_batch: fwd as f64 / batches.max(1) as f64,
-        generator_limited: idle_share > 0.5,
+        generator_limited: limit == Limit::Generator,
+        switch_dropped_at_receiver: dropped_at_receiver,
+        limit,
+        figures,
         paper_vale_mpps: 20.0,
         sender: t,
         receiver: r,
@@ -715,6 +921,8 @@ struct Pmd {
     child: Option<std::process::Child>,
     log: PathBuf,
     prefix: String,
+    /// Which testpmd, for errors ("the generator testpmd (s3gen)").
+    name: String,
 }
 
 impl Drop for Pmd {
@@ -788,7 +996,26 @@ impl Pmd {
             child: Some(child),
             log,
             prefix,
+            name: format!("testpmd {tag} ({fwd})"),
         })
+    }
+
+    /// Whether the process still runs (not exited, not a zombie).
+    fn alive(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+            .ok()
+            .and_then(|s| {
+                s.rfind(')')
+                    .and_then(|i| s[i + 1..].split_whitespace().next().map(|x| x != "Z"))
+            })
+            .unwrap_or(false)
+    }
+
+    /// The last lines of its log.
+    fn tail(&self) -> String {
+        let t = self.text();
+        let lines: Vec<&str> = t.lines().rev().take(8).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 
     fn pid(&self) -> i32 {
@@ -811,21 +1038,36 @@ impl Pmd {
 
     /// SIGINT (testpmd stops forwarding and prints its totals), then wait
     /// up to 5 s; returns the log.
-    fn stop(mut self) -> String {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) on our own child, which has not been reaped.
-            unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
-            let end = std::time::Instant::now() + Duration::from_secs(5);
-            while std::time::Instant::now() < end {
-                if matches!(c.try_wait(), Ok(Some(_))) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
+    fn stop(self) -> String {
+        let [log] = Pmd::stop_all([self]);
+        log
+    }
+
+    /// SIGINT to every one at once (each stops forwarding and prints its
+    /// totals before it closes its ports, so none sees its memif peer go
+    /// away first: a memif that lost its peer loses the port counters the
+    /// totals come from), then wait up to 5 s for each; returns the logs.
+    fn stop_all<const N: usize>(mut pmds: [Pmd; N]) -> [String; N] {
+        for p in &pmds {
+            if let Some(c) = &p.child {
+                // SAFETY: kill(2) on our own child, which has not been reaped.
+                unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
             }
-            let _ = c.kill();
-            let _ = c.wait();
         }
-        self.text()
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        for p in &mut pmds {
+            if let Some(mut c) = p.child.take() {
+                while std::time::Instant::now() < end {
+                    if matches!(c.try_wait(), Ok(Some(_))) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        pmds.map(|p| p.text())
     }
 }
 
@@ -883,64 +1125,154 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn wait_until(what: &'static str, secs: u64, mut f: impl FnMut() -> bool) -> Result<(), Error> {
-    let end = std::time::Instant::now() + Duration::from_secs(secs);
-    while !f() {
+/// testpmd's reports a memif window must hold (it prints once a second).
+pub const MEMIF_MIN_REPORTS: usize = 2;
+/// The shortest memif window, seconds: [`MEMIF_MIN_REPORTS`] reports.
+pub const MEMIF_MIN_SECONDS: f64 = MEMIF_MIN_REPORTS as f64;
+/// The longest memif window, seconds.
+pub const MEMIF_MAX_SECONDS: f64 = 60.0;
+/// How long the switch has to answer a status request.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Checks that a memif window can measure: at least
+/// [`MEMIF_MIN_SECONDS`] (shorter ones may hold no testpmd report, and
+/// would print 0 for a rate never measured), at most
+/// [`MEMIF_MAX_SECONDS`].
+pub fn check_memif_seconds(seconds: f64) -> Result<(), Error> {
+    if (MEMIF_MIN_SECONDS..=MEMIF_MAX_SECONDS).contains(&seconds) {
+        Ok(())
+    } else {
+        Err(Error::Window {
+            seconds,
+            min: MEMIF_MIN_SECONDS,
+            max: MEMIF_MAX_SECONDS,
+        })
+    }
+}
+
+/// Waits up to `secs` for `f`, checking that every testpmd in `pmds` is
+/// still running; the error names what did not happen and ends with each
+/// testpmd's last lines.
+fn wait_for(
+    what: &str,
+    secs: f64,
+    pmds: &[&Pmd],
+    mut f: impl FnMut() -> bool,
+) -> Result<(), Error> {
+    let end = std::time::Instant::now() + Duration::from_secs_f64(secs);
+    loop {
+        if f() {
+            return Ok(());
+        }
+        if let Some(p) = pmds.iter().find(|p| !p.alive()) {
+            return Err(Error::TestpmdExited {
+                name: p.name.clone(),
+                what: what.to_string(),
+                tail: p.tail(),
+            });
+        }
         if std::time::Instant::now() >= end {
+            let detail: String = pmds
+                .iter()
+                .map(|p| format!("\n--- {}: its log ends ---\n{}", p.name, p.tail()))
+                .collect();
             return Err(Error::Timeout {
-                what,
-                detail: String::new(),
+                what: what.to_string(),
+                secs,
+                detail,
             });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(())
+}
+
+/// The switch's status on `ctl`, or an error naming the switch if it does
+/// not answer within [`STATUS_TIMEOUT`] (the request runs on a thread of
+/// its own, which the switch's end releases).
+fn switch_status(ctl: &std::path::Path, why: &str) -> Result<Value, Error> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = ctl.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(ring::control::status(&path));
+    });
+    match rx.recv_timeout(STATUS_TIMEOUT) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(source)) => Err(Error::SwitchStatus {
+            path: ctl.to_path_buf(),
+            source,
+        }),
+        Err(_) => Err(Error::Timeout {
+            what: format!(
+                "the switch to answer a status request on {} ({why})",
+                ctl.display()
+            ),
+            secs: STATUS_TIMEOUT.as_secs_f64(),
+            detail: String::new(),
+        }),
+    }
 }
 
 const GEN_MAC: &str = "02:fa:00:00:01:01";
 const SINK_MAC: &str = "02:fa:00:00:01:02";
 
+/// testpmd's totals of a pair run: the generator's and the sink's.
+#[derive(Clone, Copy, Debug, Default)]
+struct PairTotals {
+    /// (RX-packets, RX-dropped, TX-packets, TX-dropped) of the generator.
+    gen: Option<(u64, u64, u64, u64)>,
+    /// The same of the sink.
+    sink: Option<(u64, u64, u64, u64)>,
+}
+
 /// Measure a generator and a sink already started: wait for traffic, take
-/// the per-second samples printed during `secs`, the CPU each used, stop
-/// both. `around` is called at the start and the end of the window.
-fn measure_pair(gen: Pmd, sink: Pmd, secs: f64, mut around: impl FnMut()) -> Result<Value, Error> {
-    wait_until("traffic at the testpmd sink", 30, || {
-        sink.samples("Rx-pps:").iter().any(|&x| x > 0.0)
-    })
-    .map_err(|e| match e {
-        Error::Timeout { what, .. } => {
-            let tail = |t: String| {
-                let lines: Vec<&str> = t.lines().rev().take(8).collect();
-                lines.into_iter().rev().collect::<Vec<_>>().join("\n")
-            };
-            Error::Timeout {
-                what,
-                detail: format!(
-                    "\n--- generator's log ---\n{}\n--- sink's log ---\n{}",
-                    tail(gen.text()),
-                    tail(sink.text())
-                ),
-            }
-        }
-        e => e,
-    })?;
+/// the per-second samples printed during a window of at least `secs` and
+/// [`MEMIF_MIN_REPORTS`] reports of each, the CPU each used, stop both.
+/// `around` is called at the start and the end of the window. Every wait
+/// is bounded and names the testpmd that did not report.
+fn measure_pair(
+    gen: Pmd,
+    sink: Pmd,
+    secs: f64,
+    mut around: impl FnMut() -> Result<(), Error>,
+) -> Result<(Value, PairTotals), Error> {
+    wait_for(
+        &format!("traffic at the sink ({} printing Rx-pps > 0)", sink.name),
+        30.0,
+        &[&gen, &sink],
+        || sink.samples("Rx-pps:").iter().any(|&x| x > 0.0),
+    )?;
     // One more report, so that the window starts with traffic flowing.
     let k = sink.samples("Rx-pps:").len();
-    wait_until("testpmd's next report", 5, || {
-        sink.samples("Rx-pps:").len() > k
-    })?;
+    wait_for(
+        &format!("{}'s next report", sink.name),
+        10.0,
+        &[&gen, &sink],
+        || sink.samples("Rx-pps:").len() > k,
+    )?;
     let (g0, s0) = (gen.samples("Tx-pps:").len(), sink.samples("Rx-pps:").len());
     let (gc0, sc0) = (gen.cpu(), sink.cpu());
     let t0 = std::time::Instant::now();
-    around();
+    around()?;
     std::thread::sleep(Duration::from_secs_f64(secs));
-    around();
+    // The window holds at least MIN_REPORTS reports of each.
+    wait_for(
+        &format!(
+            "{MEMIF_MIN_REPORTS} reports of {} and {} inside the window",
+            gen.name, sink.name
+        ),
+        MEMIF_MIN_REPORTS as f64 + 10.0,
+        &[&gen, &sink],
+        || {
+            gen.samples("Tx-pps:").len() >= g0 + MEMIF_MIN_REPORTS
+                && sink.samples("Rx-pps:").len() >= s0 + MEMIF_MIN_REPORTS
+        },
+    )?;
+    around()?;
     let wall = t0.elapsed().as_secs_f64();
     let (gc, sc) = (gen.cpu() - gc0, sink.cpu() - sc0);
     let g1 = gen.samples("Tx-pps:").len();
     let s1 = sink.samples("Rx-pps:").len();
-    let gen_log = gen.stop();
-    let sink_log = sink.stop();
+    let [gen_log, sink_log] = Pmd::stop_all([gen, sink]);
     let tx: Vec<f64> = samples(&gen_log, "Tx-pps:")
         .into_iter()
         .skip(g0)
@@ -951,26 +1283,65 @@ fn measure_pair(gen: Pmd, sink: Pmd, secs: f64, mut around: impl FnMut()) -> Res
         .skip(s0)
         .take(s1 - s0)
         .collect();
-    let gt = forward_totals(&gen_log);
-    let st = forward_totals(&sink_log);
-    // txonly counts what its port refused as TX-dropped: none refused means
-    // the path took all it was offered, so the generator set the pace.
-    let refused = gt.map(|(_, _, sent, dropped)| dropped as f64 / (sent + dropped).max(1) as f64);
+    let totals = PairTotals {
+        gen: forward_totals(&gen_log),
+        sink: forward_totals(&sink_log),
+    };
+    let refused = totals
+        .gen
+        .map(|(_, _, sent, dropped)| dropped as f64 / (sent + dropped).max(1) as f64);
     let c = cores();
-    Ok(json!({
-        "delivered_mpps": median(rx.clone()) / 1e6,
-        "generator_mpps": median(tx.clone()) / 1e6,
-        "sink_rx_pps_samples": rx,
-        "generator_tx_pps_samples": tx,
-        "generator_refused_share": refused,
-        "generator_limited": refused.is_some_and(|r| r < 0.01),
-        "generator_cpu_s": gc,
-        "sink_cpu_s": sc,
-        "window_s": wall,
-        "share_of_cores": {"cores": c, "generator": gc / (wall * c), "sink": sc / (wall * c)},
-        "testpmd_generator_totals": gt.map(|(_, _, t, d)| json!({"tx_packets": t, "tx_dropped": d})),
-        "testpmd_sink_totals": st.map(|(r, d, _, _)| json!({"rx_packets": r, "rx_dropped": d})),
-    }))
+    Ok((
+        json!({
+            "delivered_mpps": median(rx.clone()) / 1e6,
+            "generator_mpps": median(tx.clone()) / 1e6,
+            "sink_rx_pps_samples": rx,
+            "generator_tx_pps_samples": tx,
+            "generator_refused_share": refused,
+            "generator_cpu_s": gc,
+            "sink_cpu_s": sc,
+            "window_s": wall,
+            "share_of_cores": {"cores": c, "generator": gc / (wall * c), "sink": sc / (wall * c)},
+            "testpmd_generator_totals": totals.gen.map(|(_, _, t, d)| json!({"tx_packets": t, "tx_dropped": d})),
+            "testpmd_sink_totals": totals.sink.map(|(r, d, _, _)| json!({"rx_packets": r, "rx_dropped": d})),
+        }),
+        totals,
+    ))
+}
+
+/// Frames a memif path may hold when testpmd stops: both rings of each
+/// memif and a burst on each side.
+fn memif_in_flight(o: &MemifOptions, memifs: u64) -> u64 {
+    memifs * 2 * (1u64 << o.ring_log2) + 2 * 512
+}
+
+/// Sets a memif row's verdict from `figures`: `limit` and `why`,
+/// `generator_limited`, `valid`, and for a row that measured nothing
+/// (no report inside its window, a zero rate, counters that contradict
+/// each other) `delivered_mpps` null and `invalid_reason`: never a 0 that
+/// reads as a measurement.
+fn verdict(v: &mut Value, figures: Option<PathFigures>, samples_key: &str) {
+    let no_samples = v[samples_key].as_array().is_none_or(|a| a.is_empty());
+    let limit = match figures {
+        _ if no_samples => Limit::Invalid("no testpmd report fell inside the window".into()),
+        None => Limit::Invalid("testpmd printed no totals when it stopped".into()),
+        Some(f) => classify(&f),
+    };
+    let limit = match limit {
+        Limit::Invalid(_) => limit,
+        _ if v["delivered_mpps"].as_f64().is_none_or(|x| x <= 0.0) => {
+            Limit::Invalid("testpmd reported 0 packets per second at the sink".into())
+        }
+        l => l,
+    };
+    v["figures"] = serde_json::to_value(figures).unwrap_or_default();
+    v["limit"] = json!(limit.key());
+    v["generator_limited"] = json!(limit == Limit::Generator);
+    v["valid"] = json!(!matches!(limit, Limit::Invalid(_)));
+    if let Limit::Invalid(why) = &limit {
+        v["delivered_mpps"] = Value::Null;
+        v["invalid_reason"] = json!(why);
+    }
 }
 
 /// testpmd txonly -> testpmd rxonly over one memif, each forwarding on its
@@ -993,7 +1364,12 @@ fn memif_direct(o: &MemifOptions) -> Result<Value, Error> {
         "txonly",
         &["--txpkts=60".into(), format!("--eth-peer=0,{SINK_MAC}")],
     )?;
-    wait_until("testpmd's memif socket", 30, || sock.exists())?;
+    wait_for(
+        &format!("{} to create its memif socket", gen.name),
+        30.0,
+        &[&gen],
+        || sock.exists(),
+    )?;
     let sink = Pmd::start(
         &format!("d{n}sink"),
         1,
@@ -1001,9 +1377,44 @@ fn memif_direct(o: &MemifOptions) -> Result<Value, Error> {
         "rxonly",
         &[],
     )?;
-    let r = measure_pair(gen, sink, o.seconds, || ());
+    let r = measure_pair(gen, sink, o.seconds, || Ok(()));
     let _ = std::fs::remove_file(&sock);
-    let mut v = r?;
+    let (mut v, t) = r?;
+    let figures = t.gen.zip(t.sink).map(|(g, s)| PathFigures {
+        offered: g.2,
+        refused_at_generator: g.3,
+        forwarded: None,
+        received: s.0,
+        dropped_at_receiver: s.1,
+        dropped_no_destination: 0,
+        switch_idle_share: None,
+        in_flight_allowance: memif_in_flight(o, 1),
+    });
+    // testpmd's totals of a memif pair connected to each other are not to
+    // be trusted: once one side stops, the other's port counters read 0 or
+    // wrap (seen: a server's TX 0, a client's RX 2^64 - 1). The per-second
+    // figures, taken while both ran, are right: when both printed some,
+    // the rate stands and the totals decide no limit.
+    let nonzero = |k: &str| {
+        v[k].as_array()
+            .is_some_and(|a| a.iter().any(|x| x.as_f64().is_some_and(|x| x > 0.0)))
+    };
+    let rates_ok = nonzero("generator_tx_pps_samples") && nonzero("sink_rx_pps_samples");
+    verdict(&mut v, figures, "sink_rx_pps_samples");
+    if rates_ok && v["valid"] == false {
+        let why = v["invalid_reason"].take();
+        v["delivered_mpps"] = v["sink_rx_pps_samples"]
+            .as_array()
+            .map(|a| json!(median(a.iter().filter_map(Value::as_f64).collect()) / 1e6))
+            .unwrap_or(Value::Null);
+        v["valid"] = json!(true);
+        v["limit"] = json!("unclassified");
+        v["why"] = json!(format!(
+            "testpmd's totals of a memif pair are unreliable once one side stops ({}); the per-second rates are the measurement, the totals decide no limit",
+            why.as_str().unwrap_or("?")
+        ));
+        v.as_object_mut().map(|o| o.remove("invalid_reason"));
+    }
     v["path"] = json!("testpmd txonly -> memif -> testpmd rxonly");
     Ok(v)
 }
@@ -1056,6 +1467,16 @@ fn with_memif_switch(
     result
 }
 
+/// The switch's frames dropped at full rings, over all its ports.
+fn dropped_full_total(status: &Value) -> u64 {
+    status["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["dropped_full"].as_u64())
+        .sum()
+}
+
 /// testpmd txonly -> memif -> switch -> memif -> testpmd rxonly.
 fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
     with_memif_switch(o, |m| {
@@ -1073,12 +1494,6 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
                 o.ring_log2
             )
         };
-        let memif_ports = || {
-            ring::control::status(ctl)
-                .ok()
-                .and_then(|s| s["ports"].as_array().map(|a| a.len()))
-                .unwrap_or(0)
-        };
         // The sink first: its one burst (--tx-first) teaches the switch its
         // address, so the generator's frames are unicast.
         let sink = Pmd::start(
@@ -1088,9 +1503,18 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
             "rxonly",
             &["--tx-first".into(), format!("--eth-peer=0,{GEN_MAC}")],
         )?;
-        wait_until("the sink's memif port on the switch", 30, || {
-            memif_ports() >= 1
-        })?;
+        wait_for(
+            &format!("{}'s memif port to appear on the switch", sink.name),
+            30.0,
+            &[&sink],
+            || {
+                switch_status(ctl, "its ports")
+                    .ok()
+                    .and_then(|s| s["ports"].as_array().map(|a| a.len()))
+                    .unwrap_or(0)
+                    >= 1
+            },
+        )?;
         let gen = Pmd::start(
             &format!("s{n}gen"),
             0,
@@ -1099,12 +1523,16 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
             &["--txpkts=60".into(), format!("--eth-peer=0,{SINK_MAC}")],
         )?;
         let mut marks: Vec<(f64, Value)> = Vec::new();
-        let mut v = measure_pair(gen, sink, o.seconds, || {
+        let (mut v, t) = measure_pair(gen, sink, o.seconds, || {
             marks.push((
                 clock.as_ref().map_or(f64::NAN, ThreadClock::secs),
-                ring::control::status(ctl).unwrap_or_default(),
-            ))
+                switch_status(ctl, "its counters at an end of the window")?,
+            ));
+            Ok(())
         })?;
+        // The switch's own totals since it started, as testpmd's are.
+        let end = switch_status(ctl, "its totals after testpmd stopped")?;
+        let mut dropped_full = 0;
         if let [(c0, s0), (c1, s1)] = &marks[..] {
             let d = |k: &str| {
                 s1["switch"][k].as_u64().unwrap_or(0) as f64
@@ -1118,14 +1546,22 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
             v["switch_mpps_per_core"] = json!(d("forwarded") / cpu / 1e6);
             v["switch_idle_pass_share"] = json!(d("idle_passes") / d("passes").max(1.0));
             v["share_of_cores"]["switch"] = json!(cpu / (wall * cores()));
-            let drops: u64 = s1["ports"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| p["dropped_full"].as_u64())
-                .sum();
-            v["switch_dropped_full_total"] = json!(drops);
+            dropped_full = dropped_full_total(s1);
+            v["switch_dropped_full_total"] = json!(dropped_full);
         }
+        let total = |k: &str| end["switch"][k].as_u64().unwrap_or(0);
+        let idle = total("idle_passes") as f64 / total("passes").max(1) as f64;
+        let figures = t.gen.zip(t.sink).map(|(g, s)| PathFigures {
+            offered: g.2,
+            refused_at_generator: g.3,
+            forwarded: Some(total("forwarded")),
+            received: s.0,
+            dropped_at_receiver: s.1 + dropped_full,
+            dropped_no_destination: total("no_destination"),
+            switch_idle_share: Some(idle),
+            in_flight_allowance: memif_in_flight(o, 2),
+        });
+        verdict(&mut v, figures, "sink_rx_pps_samples");
         v["path"] = json!("testpmd txonly -> memif -> switch -> memif -> testpmd rxonly");
         v["switch_pinned_cpu"] = json!(o.switch_cpu);
         v["switch_pinned"] = json!(pinned);
@@ -1173,23 +1609,44 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
             ],
         )?;
         let rx = |p: &Pmd| per_report(&p.samples("Rx-pps:"), 2);
-        wait_until("traffic through the switch", 30, || {
-            rx(&pmd).iter().any(|&x| x > 0.0)
-        })?;
+        wait_for(
+            &format!(
+                "traffic through the switch ({} printing Rx-pps > 0)",
+                pmd.name
+            ),
+            30.0,
+            &[&pmd],
+            || rx(&pmd).iter().any(|&x| x > 0.0),
+        )?;
         let k = rx(&pmd).len();
-        wait_until("testpmd's next report", 5, || rx(&pmd).len() > k)?;
+        wait_for(
+            &format!("{}'s next report", pmd.name),
+            10.0,
+            &[&pmd],
+            || rx(&pmd).len() > k,
+        )?;
         let r0 = rx(&pmd).len();
         let pc0 = pmd.cpu();
         let c0 = clock.as_ref().map_or(f64::NAN, ThreadClock::secs);
-        let s0 = ring::control::status(ctl).unwrap_or_default();
+        let s0 = switch_status(ctl, "its counters at the start of the window")?;
         let t0 = std::time::Instant::now();
         std::thread::sleep(Duration::from_secs_f64(o.seconds));
-        let s1 = ring::control::status(ctl).unwrap_or_default();
+        wait_for(
+            &format!(
+                "{MEMIF_MIN_REPORTS} reports of {} inside the window",
+                pmd.name
+            ),
+            MEMIF_MIN_REPORTS as f64 + 10.0,
+            &[&pmd],
+            || rx(&pmd).len() >= r0 + MEMIF_MIN_REPORTS,
+        )?;
+        let s1 = switch_status(ctl, "its counters at the end of the window")?;
         let cpu = clock.as_ref().map_or(f64::NAN, ThreadClock::secs) - c0;
         let pc = pmd.cpu() - pc0;
         let wall = t0.elapsed().as_secs_f64();
         let r1 = rx(&pmd).len();
         let log = pmd.stop();
+        let end = switch_status(ctl, "its totals after testpmd stopped")?;
         let rxs: Vec<f64> = per_report(&samples(&log, "Rx-pps:"), 2)
             .into_iter()
             .skip(r0)
@@ -1207,15 +1664,16 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
             s1["switch"][k].as_u64().unwrap_or(0) as f64
                 - s0["switch"][k].as_u64().unwrap_or(0) as f64
         };
+        let total = |k: &str| end["switch"][k].as_u64().unwrap_or(0);
+        let dropped_full = dropped_full_total(&s1);
         let c = cores();
-        Ok(json!({
+        let mut v = json!({
             "path": "testpmd flowgen port 0 -> memif -> switch -> memif -> port 1 (and back), one testpmd forwarding core",
             "delivered_mpps": median(rxs.clone()) / 1e6,
             "generator_mpps": median(txs.clone()) / 1e6,
             "sink_rx_pps_samples": rxs,
             "generator_tx_pps_samples": txs,
             "generator_refused_share": refused,
-            "generator_limited": refused.is_some_and(|r| r < 0.01),
             "testpmd_cpu_s": pc,
             "switch_cpu_s": cpu,
             "window_s": wall,
@@ -1223,31 +1681,55 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
             "switch_flooded": d("flooded"),
             "switch_mpps_per_core": d("forwarded") / cpu / 1e6,
             "switch_idle_pass_share": d("idle_passes") / d("passes").max(1.0),
+            "switch_dropped_full_total": dropped_full,
             "share_of_cores": {"cores": c, "generator": pc / (wall * c), "sink": 0.0, "switch": cpu / (wall * c)},
             "testpmd_totals": totals.map(|(r, rd, t, td)| json!({"rx_packets": r, "rx_dropped": rd, "tx_packets": t, "tx_dropped": td})),
             "switch_pinned_cpu": o.switch_cpu,
             "switch_pinned": other,
-        }))
+        });
+        let figures = totals.map(|(r, rd, t, td)| PathFigures {
+            offered: t,
+            refused_at_generator: td,
+            forwarded: Some(total("forwarded")),
+            received: r,
+            dropped_at_receiver: rd + dropped_full,
+            dropped_no_destination: total("no_destination"),
+            switch_idle_share: Some(total("idle_passes") as f64 / total("passes").max(1) as f64),
+            in_flight_allowance: memif_in_flight(o, 2),
+        });
+        verdict(&mut v, figures, "sink_rx_pps_samples");
+        Ok(v)
     })
 }
 
-/// Both memif rows in one run, and the ratio switched / direct.
+/// `row`'s delivered rate over `base`'s, or null when either row is
+/// invalid (measured nothing).
+fn ratio(row: &Value, base: &Value) -> Value {
+    match (
+        row["delivered_mpps"].as_f64(),
+        base["delivered_mpps"].as_f64(),
+    ) {
+        (Some(a), Some(b)) if b > 0.0 => json!(a / b),
+        _ => Value::Null,
+    }
+}
+
+/// Both memif rows in one run, and the ratio switched / direct (null when
+/// a row measured nothing).
 pub fn memif_compare(o: &MemifOptions) -> Result<Value, Error> {
+    check_memif_seconds(o.seconds)?;
     let direct = memif_direct(o)?;
     let switched = memif_switched(o)?;
     let looped = memif_switched_loop(o)?;
-    let d = direct["delivered_mpps"].as_f64().unwrap_or(f64::NAN);
-    let ratio = switched["delivered_mpps"].as_f64().unwrap_or(0.0) / d;
-    let loop_ratio = looped["delivered_mpps"].as_f64().unwrap_or(0.0) / d;
     Ok(json!({
+        "switched_one_testpmd_over_direct": ratio(&looped, &direct),
         "switched_one_testpmd": looped,
-        "switched_one_testpmd_over_direct": loop_ratio,
         "frame_bytes": 60,
         "ring_log2": o.ring_log2,
         "seconds": o.seconds,
+        "switched_over_direct": ratio(&switched, &direct),
         "direct": direct,
         "switched": switched,
-        "switched_over_direct": ratio,
         "goal_switched_over_direct": 0.5,
     }))
 }
@@ -1309,8 +1791,10 @@ pub fn run(o: &Options) -> Result<Value, Error> {
         )?;
         if let Some(p) = &o.progress {
             p(&format!(
-                "ring to ring: {:.2} Mpps per switch core, {:.2} Mpps end to end",
-                f.switch_mpps_per_core, f.end_to_end_mpps
+                "ring to ring: {:.2} Mpps per switch core, {:.2} Mpps end to end ({})",
+                f.switch_mpps_per_core,
+                f.end_to_end_mpps,
+                f.limit.label()
             ));
         }
         Some(f)
@@ -1321,11 +1805,22 @@ pub fn run(o: &Options) -> Result<Value, Error> {
         Some(m) => {
             let v = memif_compare(m)?;
             if let Some(p) = &o.progress {
+                let rate = |r: &Value| match r["delivered_mpps"].as_f64() {
+                    Some(x) => format!("{x:.2} Mpps ({})", r["limit"].as_str().unwrap_or("?")),
+                    None => format!(
+                        "INVALID ({})",
+                        r["invalid_reason"].as_str().unwrap_or("measured nothing")
+                    ),
+                };
                 p(&format!(
-                    "memif: direct {:.2} Mpps, switched {:.2} Mpps ({:.2}x)",
-                    v["direct"]["delivered_mpps"].as_f64().unwrap_or(0.0),
-                    v["switched"]["delivered_mpps"].as_f64().unwrap_or(0.0),
-                    v["switched_over_direct"].as_f64().unwrap_or(0.0),
+                    "memif: direct {}, switched {}, ratio {}",
+                    rate(&v["direct"]),
+                    rate(&v["switched"]),
+                    v["switched_over_direct"]
+                        .as_f64()
+                        .map_or("none (a row is invalid)".to_string(), |x| format!(
+                            "{x:.2}x"
+                        )),
                 ));
             }
             Some(v)
@@ -1382,4 +1877,173 @@ pub fn run(o: &Options) -> Result<Value, Error> {
         "memif": memif,
         "ratios": ratios,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn consistent(f: &PathFigures) -> bool {
+        f.offered > 0
+            && f.received > 0
+            && f.received <= f.offered
+            && f.forwarded.is_none_or(|x| f.received <= x)
+            && f.switch_idle_share.is_none_or(|s| (0.0..=1.0).contains(&s))
+    }
+
+    fn figures() -> impl Strategy<Value = PathFigures> {
+        (
+            (0u64..2_000_000, 0u64..2_000_000),
+            prop_oneof![Just(0u64), 1u64..100_000],
+            proptest::option::of(0u64..2_000_000),
+            prop_oneof![Just(0u64), 1u64..1_000_000],
+            prop_oneof![Just(0u64), 1u64..1_000],
+            proptest::option::of(-0.5f64..1.5),
+            0u64..4096,
+        )
+            .prop_map(
+                |((offered, received), refused, forwarded, dropped, nodest, idle, slack)| {
+                    PathFigures {
+                        offered,
+                        refused_at_generator: refused,
+                        // Often a switch that forwarded at least what came out.
+                        forwarded: forwarded.map(|x| x.max(received)),
+                        received: received.min(offered.saturating_add(offered / 8)),
+                        dropped_at_receiver: dropped,
+                        dropped_no_destination: nodest,
+                        switch_idle_share: idle,
+                        in_flight_allowance: slack,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn never_generator_limited_when_anything_was_dropped_refused_or_lost(f in figures()) {
+            if classify(&f) == Limit::Generator {
+                prop_assert_eq!(f.dropped_at_receiver, 0);
+                prop_assert_eq!(f.refused_at_generator, 0);
+                prop_assert_eq!(f.dropped_no_destination, 0);
+                prop_assert!(f.offered - f.received <= f.in_flight_allowance);
+                prop_assert!(f.switch_idle_share.is_none_or(|s| s > GENERATOR_IDLE_SHARE));
+            }
+        }
+
+        #[test]
+        fn invalid_exactly_when_nothing_was_measured_or_the_counters_disagree(f in figures()) {
+            prop_assert_eq!(matches!(classify(&f), Limit::Invalid(_)), !consistent(&f));
+        }
+
+        #[test]
+        fn drops_at_the_receiver_make_it_receiver_limited(f in figures()) {
+            if consistent(&f) && f.dropped_at_receiver > 0 {
+                prop_assert_eq!(classify(&f), Limit::Receiver);
+            }
+        }
+
+        #[test]
+        fn a_full_first_ring_names_the_next_hop(f in figures()) {
+            if consistent(&f) && f.dropped_at_receiver == 0 && f.refused_at_generator > 0 {
+                let want = if f.forwarded.is_some() { Limit::Switch } else { Limit::Receiver };
+                prop_assert_eq!(classify(&f), want);
+            }
+        }
+
+        #[test]
+        fn a_clean_run_with_an_idle_switch_is_generator_limited(
+            offered in 1u64..10_000_000,
+            lost in 0u64..1024,
+            idle in 0.51f64..=1.0,
+            through_switch: bool,
+        ) {
+            let received = offered.saturating_sub(lost).max(1);
+            let f = PathFigures {
+                offered,
+                received,
+                forwarded: through_switch.then_some(received),
+                switch_idle_share: through_switch.then_some(idle),
+                in_flight_allowance: 1024,
+                ..PathFigures::default()
+            };
+            prop_assert_eq!(classify(&f), Limit::Generator);
+            // The same run with the switch busy on most passes: the switch.
+            if through_switch {
+                let busy = PathFigures { switch_idle_share: Some(1.0 - idle), ..f };
+                prop_assert_eq!(classify(&busy), Limit::Switch);
+            }
+        }
+    }
+
+    /// The run BENCHMARKS.md recorded as "generator-limited": 95% idle
+    /// passes, but 11 M frames dropped at the receiver's full ring.
+    #[test]
+    fn the_recorded_contradiction_is_receiver_limited() {
+        let f = PathFigures {
+            offered: 30_600_000,
+            forwarded: Some(19_600_000),
+            received: 19_600_000,
+            dropped_at_receiver: 11_000_000,
+            switch_idle_share: Some(0.95),
+            in_flight_allowance: 2048,
+            ..PathFigures::default()
+        };
+        assert_eq!(classify(&f), Limit::Receiver);
+        assert_eq!(classify(&f).label(), "receiver-limited");
+        // The JSON document says the same as the label.
+        let doc = serde_json::to_value(classify(&f)).unwrap();
+        assert_eq!(doc["limit"], classify(&f).key());
+        // Lost without a counter saying where: not the generator either.
+        let unexplained = PathFigures {
+            dropped_at_receiver: 0,
+            ..f
+        };
+        assert_eq!(classify(&unexplained), Limit::Lossy);
+    }
+
+    #[test]
+    fn a_memif_window_too_short_for_two_reports_is_refused_with_the_minimum() {
+        for bad in [0.0, 1.0, 1.99, f64::NAN, 61.0] {
+            let e = check_memif_seconds(bad).unwrap_err().to_string();
+            assert!(e.contains("2..=60"), "{e}");
+        }
+        for good in [2.0, 3.0, 60.0] {
+            assert!(check_memif_seconds(good).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn a_memif_row_that_measured_nothing_is_invalid_not_zero() {
+        let f = PathFigures {
+            offered: 1000,
+            received: 1000,
+            ..PathFigures::default()
+        };
+        // No report inside the window: the median of nothing.
+        let mut v = json!({"delivered_mpps": 0.0, "sink_rx_pps_samples": []});
+        verdict(&mut v, Some(f), "sink_rx_pps_samples");
+        assert_eq!(v["valid"], false);
+        assert!(v["delivered_mpps"].is_null(), "{v}");
+        assert!(
+            v["invalid_reason"].as_str().unwrap().contains("report"),
+            "{v}"
+        );
+        assert_eq!(v["generator_limited"], false);
+        // Reports of zero: invalid too.
+        let mut v = json!({"delivered_mpps": 0.0, "sink_rx_pps_samples": [0.0, 0.0]});
+        verdict(&mut v, Some(f), "sink_rx_pps_samples");
+        assert_eq!(v["valid"], false);
+        assert!(v["delivered_mpps"].is_null(), "{v}");
+        // A measured row keeps its rate and gets its limit.
+        let mut v = json!({"delivered_mpps": 1.5, "sink_rx_pps_samples": [1.5e6, 1.5e6]});
+        verdict(&mut v, Some(f), "sink_rx_pps_samples");
+        assert_eq!(v["valid"], true);
+        assert_eq!(v["delivered_mpps"], 1.5);
+        assert_eq!(v["limit"], "generator");
+        // No totals from testpmd: nothing to decide from.
+        let mut v = json!({"delivered_mpps": 1.5, "sink_rx_pps_samples": [1.5e6]});
+        verdict(&mut v, None, "sink_rx_pps_samples");
+        assert_eq!(v["valid"], false);
+    }
 }

@@ -122,6 +122,13 @@ pub struct Cell {
     /// d0's own receive drop counter (a full AF_XDP ring, a failed
     /// redirect), over the run.
     pub dut_rx_dropped: u64,
+    /// Frames per second d0 sent back towards g0 (its transmit counter),
+    /// millions.
+    pub dut_sent_mpps: f64,
+    /// Frames the device under test sent back that g0 dropped before
+    /// counting them as delivered (its receive ring was full: the
+    /// measurement's sink, not the device under test, fell behind).
+    pub dropped_on_return: u64,
     /// Offered >= 1.5 x delivered: the device under test was the limit.
     pub valid: bool,
     /// User-space copies per forwarded packet, where the device under test
@@ -557,12 +564,12 @@ fn threaded_napi(dut: &Netns, cpus: Option<&Cpus>) -> String {
 
 /// Drives the pair for `secs` and counts.
 fn measure(gen: &Netns, dut: &Netns, d: &Drive) -> Result<(Cell, String), Error> {
-    let (g_rx0, _, _) = link_stats(gen, "g0");
-    let (d_rx0, d_drop0, _) = link_stats(dut, "d0");
+    let (g_rx0, g_drop0, _) = link_stats(gen, "g0");
+    let (d_rx0, d_drop0, d_tx0) = link_stats(dut, "d0");
     let (offered, el, how) = generate(gen, d)?;
     std::thread::sleep(Duration::from_millis(100));
-    let (g_rx1, _, _) = link_stats(gen, "g0");
-    let (d_rx1, d_drop1, _) = link_stats(dut, "d0");
+    let (g_rx1, g_drop1, _) = link_stats(gen, "g0");
+    let (d_rx1, d_drop1, d_tx1) = link_stats(dut, "d0");
     let delivered = g_rx1.saturating_sub(g_rx0);
     let reached = d_rx1.saturating_sub(d_rx0);
     let el = el.max(1e-9);
@@ -573,6 +580,8 @@ fn measure(gen: &Netns, dut: &Netns, d: &Drive) -> Result<(Cell, String), Error>
         drops: offered.saturating_sub(delivered),
         drops_at_interface: offered.saturating_sub(reached),
         dut_rx_dropped: d_drop1.saturating_sub(d_drop0),
+        dut_sent_mpps: d_tx1.saturating_sub(d_tx0) as f64 / el / 1e6,
+        dropped_on_return: g_drop1.saturating_sub(g_drop0),
         valid: delivered > 0 && offered as f64 >= VALID_OFFER_RATIO * delivered as f64,
         copies_per_packet: None,
         note: String::new(),
@@ -812,8 +821,12 @@ impl Report {
                     format!("{:.3}", c.reached_mpps),
                     format!("{:.3}", c.delivered_mpps),
                     format!(
-                        "{} ({} before d0, d0 counted {})",
-                        c.drops, c.drops_at_interface, c.dut_rx_dropped
+                        "{} ({} before d0, d0 counted {}; d0 sent {:.3} Mpps back, g0 dropped {})",
+                        c.drops,
+                        c.drops_at_interface,
+                        c.dut_rx_dropped,
+                        c.dut_sent_mpps,
+                        c.dropped_on_return
                     ),
                     if c.valid { "yes" } else { "NO" }.to_string(),
                     c.copies_per_packet

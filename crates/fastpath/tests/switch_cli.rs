@@ -220,6 +220,20 @@ fn switch_and_pktgen_processes() {
     assert!(!sock.exists(), "socket left behind");
 }
 
+/// A memif window too short for testpmd's once-a-second reports is
+/// refused before anything starts, with the minimum stated.
+#[test]
+fn switch_bench_refuses_a_memif_window_too_short_to_measure() {
+    let out = fastpath()
+        .args(["switch", "bench", "--part", "memif", "--memif-seconds", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--memif-seconds must be 2..=60"), "{err}");
+    assert!(err.contains("once a second"), "{err}");
+}
+
 #[test]
 fn switch_rejects_a_bad_config_and_pktgen_bad_arguments() {
     let dir = std::env::temp_dir().join(format!("fp-cli-cfg-{}", std::process::id()));
@@ -327,5 +341,25 @@ fn switch_bench_quick_json_document() {
         );
     }
     assert!(v["forwarding"]["ring_to_ring_mpps"].as_f64().unwrap() > 0.0);
+    // The label follows from the run's own counters: never
+    // "generator-limited" while the receiver's ring dropped frames or
+    // frames went missing, and drops at the receiver make it the limit.
+    let f = &v["forwarding"];
+    let limit = f["limit"].as_str().unwrap();
+    let dropped = f["switch_dropped_at_receiver"].as_u64().unwrap();
+    let figures = &f["figures"];
+    let lost = figures["offered"].as_u64().unwrap() - figures["received"].as_u64().unwrap();
+    assert_eq!(f["generator_limited"], limit == "generator", "{f}");
+    if dropped > 0 {
+        assert_eq!(limit, "receiver", "{f}");
+    }
+    if limit == "generator" {
+        assert_eq!(dropped, 0, "{f}");
+        assert!(
+            lost <= figures["in_flight_allowance"].as_u64().unwrap(),
+            "{f}"
+        );
+        assert!(f["switch_idle_pass_share"].as_f64().unwrap() > 0.5, "{f}");
+    }
     eprintln!("switch bench --quick took {:?}", t0.elapsed());
 }
