@@ -8,7 +8,9 @@
 //! - a reload that changes one backend of one pool (its address), beside a
 //!   full rebuild of the same configuration by a fresh control plane in the
 //!   same run (the peer); the two must give the same fingerprints;
-//! - a health change of one backend (`Control::set_health`), down and back.
+//! - a health change of one backend (`Control::set_health`), down and back;
+//! - a `[fleet]` peer's liveness change (`Control::set_peer_up`), down and
+//!   back: only the fragment-redirect part of the snapshot is made anew.
 //!
 //! Memory: the snapshot's table bytes per VIP and in total
 //! ([`lb::tables::Tables::memory`]), and the process's resident set before
@@ -93,6 +95,14 @@ impl Spec {
         Ipv4Addr::from(0x0a00_0000u32 + k as u32 + 1)
     }
 
+    /// This load balancer's address (`[encap] source`, in `[fleet]`).
+    pub const OWN: Ipv4Addr = Ipv4Addr::new(10, 255, 255, 254);
+    /// The other `[fleet]` peers; the first is marked down and up.
+    pub const PEERS: [Ipv4Addr; 2] = [
+        Ipv4Addr::new(10, 255, 255, 253),
+        Ipv4Addr::new(10, 255, 255, 252),
+    ];
+
     /// The pool and backend changed by the one-backend reload: the middle
     /// ones.
     fn changed(&self) -> (usize, usize) {
@@ -103,11 +113,19 @@ impl Spec {
     /// `10.0.0.0/8 + i * B + j + 1` (names default to the addresses) and a
     /// tunnel health check (which needs an address VIP over the pool: the
     /// validation walks VIPs and includes); VIP `i` serves it at a
-    /// 198.18.0.0/15 address, TCP port 80. With `change`, the middle pool's
-    /// middle backend has another address.
+    /// 198.18.0.0/15 address, TCP port 80. A `[fleet]` of three load
+    /// balancers, this one ([`Spec::OWN`]) and [`Spec::PEERS`]. With
+    /// `change`, the middle pool's middle backend has another address.
     pub fn config_text(&self, change: bool) -> String {
         let mut t = String::with_capacity(self.vips * (self.backends * 28 + 300));
-        t.push_str("[encap]\nsource = \"10.255.255.254\"\n\n");
+        let _ = write!(
+            t,
+            "[encap]\nsource = \"{}\"\n\n[fleet]\npeers = [\"{}\", \"{}\", \"{}\"]\n\n",
+            Self::OWN,
+            Self::OWN,
+            Self::PEERS[0],
+            Self::PEERS[1]
+        );
         let changed = change.then(|| self.changed());
         for i in 0..self.vips {
             let _ = write!(
@@ -218,6 +236,11 @@ pub struct Report {
     pub health_down_ms: Spread,
     /// And back up.
     pub health_up_ms: Spread,
+    /// `set_peer_up(peer, false)` on a `[fleet]` peer: the fragment-redirect
+    /// part swapped, every Maglev table kept.
+    pub peer_down_ms: Spread,
+    /// And back up.
+    pub peer_up_ms: Spread,
     /// Memory after the first load.
     pub memory: Memory,
     /// Load average (1, 5, 15 min) at the start.
@@ -256,7 +279,7 @@ pub fn run(spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<Report, Error>
     let health_name = spec
         .backend(ci, if cj == 0 { 1 } else { 0 }, false)
         .to_string();
-    let mut f: [Vec<f64>; 10] = Default::default();
+    let mut f: [Vec<f64>; 12] = Default::default();
     let mut memory = None;
     for run in 0..spec.runs {
         progress(&format!("run {} of {}: load", run + 1, spec.runs));
@@ -289,7 +312,7 @@ pub fn run(spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<Report, Error>
         f[5].push(reparse + apply);
 
         progress(&format!(
-            "run {} of {}: full rebuild (peer)",
+            "run {} of {}: full rebuild (fresh control plane)",
             run + 1,
             spec.runs
         ));
@@ -322,6 +345,22 @@ pub fn run(spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<Report, Error>
             return Err(Error::Spec(format!("no backend {health_name}")));
         }
 
+        progress(&format!(
+            "run {} of {}: fleet peer change",
+            run + 1,
+            spec.runs
+        ));
+        let peer = std::net::IpAddr::V4(Spec::PEERS[0]);
+        let t = Instant::now();
+        let known = control.set_peer_up(peer, false);
+        f[10].push(ms(t));
+        let t = Instant::now();
+        control.set_peer_up(peer, true);
+        f[11].push(ms(t));
+        if !known {
+            return Err(Error::Spec(format!("no [fleet] peer {peer}")));
+        }
+
         if memory.is_none() {
             let m = control.tables().load().memory();
             let per: Vec<f64> = m.per_vip.iter().map(|&b| b as f64).collect();
@@ -351,6 +390,8 @@ pub fn run(spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<Report, Error>
         incremental_over_full: s(7),
         health_down_ms: s(8),
         health_up_ms: s(9),
+        peer_down_ms: s(10),
+        peer_up_ms: s(11),
         memory: memory.ok_or_else(|| Error::Spec("no run".into()))?,
         load_average,
     })
@@ -386,11 +427,13 @@ impl Report {
                 &self.reload_ms,
             ),
             (
-                "peer: full rebuild of the same config",
+                "full rebuild of the same config (fresh Control)",
                 &self.full_rebuild_ms,
             ),
             ("health: one backend down", &self.health_down_ms),
             ("health: back up", &self.health_up_ms),
+            ("[fleet] peer down (no table rebuilt)", &self.peer_down_ms),
+            ("[fleet] peer back up", &self.peer_up_ms),
         ] {
             let [a, b, c] = x.text(1);
             t.row([what.to_string(), a, b, c]);
@@ -466,6 +509,7 @@ mod tests {
         assert_eq!(r.memory.distinct_tables, 3);
         assert!(r.memory.per_vip_bytes.min >= 251.0 * 4.0);
         assert!(r.load_ms.min > 0.0 && r.full_rebuild_ms.max > 0.0);
+        assert!(r.peer_down_ms.min > 0.0 && r.peer_up_ms.min > 0.0);
         assert!(r.to_text().contains("RELOAD one backend"));
     }
 }

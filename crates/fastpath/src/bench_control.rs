@@ -16,10 +16,12 @@ use crate::Format;
 ///   reload    the same text with one backend of one pool changed, parsed,
 ///             validated and applied to the running control plane: only
 ///             that pool's table is rebuilt; goal <= 100 ms
-///   peer      the changed configuration built whole by a fresh control
+///   full      the changed configuration built whole by a fresh control
 ///             plane (a full rebuild), and the ratio reload / full rebuild;
 ///             both must give the same table fingerprints
 ///   health    one backend marked down, then up (Control::set_health)
+///   fleet     a [fleet] peer marked down, then up (Control::set_peer_up):
+///             only the fragment-redirect part is swapped, no table rebuilt
 ///
 /// and reports the table memory per VIP and in total (tables that VIPs
 /// share counted once) and the resident-set growth of the first load.
@@ -33,10 +35,10 @@ use crate::Format;
 ///
 /// JSON keys: spec, config_bytes, generate_ms, threads, parse_validate_ms,
 /// build_swap_ms, load_ms, reload_parse_ms, reload_apply_ms, reload_ms,
-/// full_rebuild_ms, incremental_over_full, health_down_ms, health_up_ms
-/// (each {min, median, max}), memory{per_vip_bytes, distinct_tables,
-/// tables_bytes, total_bytes, rss_growth_kib, rss_growth_reload_kib},
-/// load_average.
+/// full_rebuild_ms, incremental_over_full, health_down_ms, health_up_ms,
+/// peer_down_ms, peer_up_ms (each {min, median, max}),
+/// memory{per_vip_bytes, distinct_tables, tables_bytes, total_bytes,
+/// rss_growth_kib, rss_growth_reload_kib}, load_average.
 #[derive(Args)]
 #[command(verbatim_doc_comment)]
 pub struct BenchControlArgs {

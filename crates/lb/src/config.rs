@@ -20,12 +20,16 @@
 //! mac = "02:00:00:00:00:01"  # default: the interface's own MAC
 //! # gateway_mac = "02:00:00:00:00:fe"  # the next hop's MAC; see below
 //! ttl = 64
+//! # source_prefix = "198.18.100.0/24"  # per-flow outer sources (RSS on the backends)
+//! # source_prefix6 = "fd00:100::/64"
 //!
 //! [[pools]]
 //! name = "web"
 //! table_size = 65537
 //! backends = [{ address = "10.1.0.1" }, { address = "10.1.0.2", weight = 2 }]
 //! include = ["web-extra"]  # pools may contain pools
+//! drained = ["10.1.0.2"]   # takes no new connections, keeps its weight
+//!                          # (`fastpath lb drain|undrain BACKEND` edit this)
 //!
 //! [[vips]]
 //! name = "http"
@@ -184,6 +188,13 @@ pub struct Encap {
     pub gateway_mac: Option<String>,
     /// Outer TTL / hop limit.
     pub ttl: u8,
+    /// A prefix (IPv4 CIDR, /16 to /32) each flow's outer source address
+    /// toward IPv4 backends is taken from, by its flow hash, so that the
+    /// backends' NICs spread flows over their queues; GRE then carries the
+    /// flow hash in its key. None: every frame leaves from `source`.
+    pub source_prefix: Option<String>,
+    /// The same for IPv6 backends (an IPv6 CIDR, /64 to /128).
+    pub source_prefix6: Option<String>,
 }
 
 impl Default for Encap {
@@ -194,7 +205,26 @@ impl Default for Encap {
             mac: None,
             gateway_mac: None,
             ttl: 64,
+            source_prefix: None,
+            source_prefix6: None,
         }
+    }
+}
+
+impl Encap {
+    /// Per-flow entropy from `source_prefix` and `source_prefix6`, if
+    /// either is set (validation has checked them; an invalid one counts
+    /// as unset here).
+    pub fn spread(&self) -> Option<packet::gre::Spread> {
+        let parse = |s: &Option<String>| {
+            let (a, l) = parse_prefix(s.as_deref()?)?;
+            packet::gre::SourcePrefix::new(a, l).ok()
+        };
+        let s = packet::gre::Spread {
+            v4: parse(&self.source_prefix).filter(|p| p.is_v4()),
+            v6: parse(&self.source_prefix6).filter(|p| !p.is_v4()),
+        };
+        (s.v4.is_some() || s.v6.is_some()).then_some(s)
     }
 }
 
@@ -452,9 +482,25 @@ pub struct BackendConf {
     pub address: IpAddr,
     /// Unique name; defaults to the address. Seeds its Maglev permutation.
     pub name: Option<String>,
-    /// Relative weight; 0 drains it.
+    /// Relative weight; 0 drains it (or list it in its pool's `drained`,
+    /// which keeps the weight to restore).
     #[serde(default = "one")]
     pub weight: u32,
+}
+
+impl BackendConf {
+    /// Its name: `name`, else the address.
+    pub fn display_name(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| self.address.to_string())
+    }
+
+    /// Whether `s` names it: its name, or its address (written any way
+    /// that parses to it).
+    pub fn is_named(&self, s: &str) -> bool {
+        self.name.as_deref() == Some(s) || s.parse::<IpAddr>().is_ok_and(|a| a == self.address)
+    }
 }
 
 fn one() -> u32 {
@@ -478,6 +524,18 @@ pub struct PoolConf {
     pub table_size: u64,
     /// Health check for the pool's own backends (none: always healthy).
     pub health: Option<HealthConf>,
+    /// Own backends (by name or address) that take no new connections:
+    /// their weight counts as 0 while they keep the one written, restored
+    /// when they leave this list (`fastpath lb drain|undrain`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drained: Vec<String>,
+}
+
+impl PoolConf {
+    /// Whether one of its own backends is drained (by `drained`).
+    pub fn is_drained(&self, b: &BackendConf) -> bool {
+        self.drained.iter().any(|d| b.is_named(d))
+    }
 }
 
 fn default_table_size() -> u64 {
@@ -631,6 +689,7 @@ impl Config {
     /// Parses and validates TOML text; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|e| {
+            let mut problem = e.message().trim_end().to_string();
             let key = e
                 .span()
                 .map(|s| {
@@ -642,13 +701,30 @@ impl Config {
                         .filter(|&&b| b == b'\n')
                         .count()
                         + 1;
+                    // The line itself (or, if long, what the span covers)
+                    // names the key where the parser's message does not
+                    // (`duplicate key`, a value out of range).
+                    let from = text[..start].rfind('\n').map_or(0, |i| i + 1);
+                    let to = text[start..].find('\n').map_or(text.len(), |i| start + i);
+                    let whole = text[from..to].trim();
+                    let spanned = text.get(start..s.end.min(text.len())).unwrap_or("").trim();
+                    let shown = if whole.chars().count() <= 80 {
+                        whole
+                    } else if spanned.chars().count() <= 80 && !spanned.contains('\n') {
+                        spanned
+                    } else {
+                        ""
+                    };
+                    if !shown.is_empty() && !problem.contains(shown) {
+                        problem = format!("{problem} (`{shown}`)");
+                    }
                     format!("line {line}")
                 })
                 .unwrap_or_else(|| "(syntax)".into());
             ConfigError {
                 file: file.into(),
                 key,
-                problem: e.message().to_string(),
+                problem,
             }
         })?;
         cfg.validate(file)?;
@@ -771,6 +847,45 @@ impl Config {
         if e.ttl == 0 {
             return problem("encap.ttl".into(), "must be at least 1".into());
         }
+        for (key, value, v4, example) in [
+            (
+                "encap.source_prefix",
+                &e.source_prefix,
+                true,
+                "198.18.100.0/24",
+            ),
+            (
+                "encap.source_prefix6",
+                &e.source_prefix6,
+                false,
+                "fd00:100::/64",
+            ),
+        ] {
+            let Some(text) = value else { continue };
+            let Some((addr, len)) = parse_prefix(text) else {
+                return problem(
+                    key.into(),
+                    format!("{text:?} is not a prefix like \"{example}\""),
+                );
+            };
+            if addr.is_ipv4() != v4 {
+                return problem(
+                    key.into(),
+                    if v4 {
+                        format!(
+                            "{text:?} must be an IPv4 prefix (source_prefix6 is for IPv6 backends)"
+                        )
+                    } else {
+                        format!(
+                            "{text:?} must be an IPv6 prefix (source_prefix is for IPv4 backends)"
+                        )
+                    },
+                );
+            }
+            if let Err(err) = packet::gre::SourcePrefix::new(addr, len) {
+                return problem(key.into(), format!("{text:?}: {err}"));
+            }
+        }
         Ok(())
     }
 
@@ -886,6 +1001,29 @@ impl Config {
                             "pool {:?} has IPv6 backends, so an IPv6 outer source is needed",
                             p.name
                         ),
+                    );
+                }
+            }
+        }
+        for (i, p) in self.pools.iter().enumerate() {
+            for (j, d) in p.drained.iter().enumerate() {
+                let named = p.backends.iter().filter(|b| b.is_named(d)).count();
+                if named == 0 {
+                    return problem(
+                        format!("pools[{i}].drained[{j}]"),
+                        format!(
+                            "{d:?} is not one of pool {:?}'s own backends (by name or address)",
+                            p.name
+                        ),
+                    );
+                }
+                if p.drained[..j]
+                    .iter()
+                    .any(|e| p.backends.iter().any(|b| b.is_named(d) && b.is_named(e)))
+                {
+                    return problem(
+                        format!("pools[{i}].drained[{j}]"),
+                        format!("{d:?} drains a backend listed earlier in drained"),
                     );
                 }
             }
@@ -1241,8 +1379,9 @@ impl Config {
     /// The keys whose change from `self` to `new` a running load balancer
     /// cannot apply (`[forwarder]`, `[conntrack]` and `[api]`: threads,
     /// queues, pool and table sizes, the API address), as `section.key`.
-    /// Everything else (pools, backends, VIPs, health checks, BGP,
-    /// encapsulation) is applied by a reload.
+    /// `[encap] source_prefix` and `source_prefix6` too. Everything else
+    /// (pools, backends, VIPs, health checks, BGP, encapsulation) is
+    /// applied by a reload.
     pub fn restart_keys(&self, new: &Config) -> Vec<String> {
         let (old, new) = (
             serde_json::to_value(self).unwrap_or_default(),
@@ -1255,6 +1394,12 @@ impl Config {
         // datagram's); changes inside it apply live.
         if old["fleet"].is_null() != new["fleet"].is_null() {
             keys.push("fleet".to_string());
+        }
+        // The packet threads take the outer source prefixes when they start.
+        for k in ["source_prefix", "source_prefix6"] {
+            if old["encap"].get(k) != new["encap"].get(k) {
+                keys.push(format!("encap.{k}"));
+            }
         }
         for section in ["forwarder", "conntrack", "api", "tracer"] {
             let (a, b) = (&old[section], &new[section]);
@@ -1335,8 +1480,9 @@ impl Config {
     }
 
     /// The backends of a pool of a *validated* configuration with its
-    /// included pools, as [`Config::flatten`]: a pool without includes is
-    /// its own backend list, borrowed (validation made its names unique).
+    /// included pools, as [`Config::flatten`]: a pool without includes or
+    /// drained backends is its own backend list, borrowed (validation made
+    /// its names unique).
     /// `index` is [`Config::pool_index`].
     pub fn pool_members<'a>(
         &'a self,
@@ -1344,13 +1490,16 @@ impl Config {
         pool: &str,
     ) -> Result<std::borrow::Cow<'a, [BackendConf]>, IncludeCycle> {
         match index.get(pool) {
-            Some(p) if p.include.is_empty() => Ok(std::borrow::Cow::Borrowed(&p.backends)),
+            Some(p) if p.include.is_empty() && p.drained.is_empty() => {
+                Ok(std::borrow::Cow::Borrowed(&p.backends))
+            }
             _ => self.flatten_in(index, pool).map(std::borrow::Cow::Owned),
         }
     }
 
     /// The backends of a pool with its included pools, each backend once
-    /// (first occurrence wins), or the cycle that prevents it.
+    /// (first occurrence wins), or the cycle that prevents it. A backend in
+    /// its pool's `drained` list comes with weight 0.
     pub fn flatten(&self, pool: &str) -> Result<Vec<BackendConf>, IncludeCycle> {
         self.flatten_in(&self.pool_index(), pool)
     }
@@ -1380,7 +1529,13 @@ impl Config {
             for b in &p.backends {
                 let key = b.name.clone().unwrap_or_else(|| b.address.to_string());
                 if seen.insert(key) {
-                    out.push(b.clone());
+                    let mut b = b.clone();
+                    // Drained: no share of the table (the file keeps its
+                    // weight to restore).
+                    if p.is_drained(&b) {
+                        b.weight = 0;
+                    }
+                    out.push(b);
                 }
             }
             for inc in &p.include {
@@ -1462,6 +1617,10 @@ pool = "web"
         assert_eq!(e.key, "encap.source");
         let e = err(&GOOD.replace("port = 80", "port = 99999"));
         assert!(e.key.starts_with("line"), "{e}");
+        assert!(e.problem.contains("port = 99999"), "{e}");
+        // The parser's message does not name the table; the line does.
+        let e = err(&format!("{GOOD}\n[encap]\nttl = 3\n"));
+        assert!(e.key == "line 18" && e.problem.contains("[encap]"), "{e}");
         let e = err("[conntrack]\nsize = 1000\n");
         assert_eq!(e.key, "conntrack.size");
         // A tracer reports only to prefixes it is given (issue 14 review).
@@ -1784,6 +1943,7 @@ pool = "web"
                         include: inc.iter().map(|j| format!("p{j}")).collect(),
                         table_size: 251,
                         health: None,
+                        drained: Vec::new(),
                     })
                     .collect(),
                 vips: vips

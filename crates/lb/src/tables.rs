@@ -15,7 +15,6 @@
 //! pool changed; the others are carried over from the running snapshot.
 //! Tables that must be built are built in parallel, one thread per core.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -171,7 +170,7 @@ pub struct TableMemory {
 pub struct Control {
     config: Config,
     /// Backend ids by name.
-    ids: HashMap<String, u32>,
+    ids: rustc_hash::FxHashMap<String, u32>,
     /// Backend ids of backends named by their address (no `name`), by
     /// address: the same ids as `ids`, found without formatting the name.
     addr_ids: rustc_hash::FxHashMap<std::net::IpAddr, u32>,
@@ -209,7 +208,7 @@ impl Control {
     pub fn with_gateway(config: Config, resolved: Option<[u8; 6]>) -> Result<Self, ConfigError> {
         let mut c = Control {
             config: Config::default(),
-            ids: HashMap::new(),
+            ids: rustc_hash::FxHashMap::default(),
             addr_ids: rustc_hash::FxHashMap::default(),
             health: rustc_hash::FxHashMap::default(),
             built: rustc_hash::FxHashMap::default(),
@@ -269,9 +268,49 @@ impl Control {
         } else {
             self.peers_down.insert(peer)
         };
-        if changed && !self.rebuild() {
+        if changed && !self.swap_fleet() {
             return false; // the config was valid when applied
         }
+        true
+    }
+
+    /// Swaps in the running snapshot with only its `[fleet]` part built
+    /// again (after a peer liveness change): liveness is all that changed,
+    /// so the VIPs keep their Maglev tables (the same [`Arc`]s), slots and
+    /// fingerprints, and the backends their ids and health; nothing is
+    /// validated or hashed again. False if the fleet could not be built,
+    /// which cannot happen to a configuration that was valid when applied.
+    fn swap_fleet(&mut self) -> bool {
+        let cfg = std::mem::take(&mut self.config);
+        let (eth_src, eth_dst) = (encap_mac(&cfg), self.gateway_mac(&cfg));
+        let fleet = self.build_fleet(&cfg, eth_src, eth_dst);
+        self.config = cfg;
+        let Ok(fleet) = fleet else {
+            return false;
+        };
+        let cur = self.current.load_full();
+        let vips = cur
+            .vips
+            .iter()
+            .map(|v| Vip {
+                name: v.name.clone(),
+                table: Arc::clone(&v.table),
+                slots: v.slots.clone(),
+                backends: v.backends.clone(),
+                weights: v.weights.clone(),
+                pool: v.pool.clone(),
+                fingerprint: v.fingerprint,
+            })
+            .collect();
+        self.generation += 1;
+        self.current.store(Arc::new(Tables {
+            matcher: cur.matcher.clone(),
+            vips,
+            backends: cur.backends.clone(),
+            generation: self.generation,
+            fleet,
+            own: cur.own.clone(),
+        }));
         true
     }
 
@@ -337,19 +376,14 @@ impl Control {
             key,
             problem,
         };
-        let eth_src = cfg
-            .encap
-            .mac
-            .as_deref()
-            .and_then(parse_mac)
-            .unwrap_or([2, 0, 0, 0, 0, 1]);
+        let eth_src = encap_mac(cfg);
         let eth_dst = self.gateway_mac(cfg);
         let src4 = cfg.encap.source.map(packet::flow::from_ip);
         let src6 = cfg.encap.source6.map(packet::flow::from_ip);
         // Registry (the running snapshot's backends): every backend named
         // anywhere gets a stable id. New names are kept aside so a failed
         // build changes nothing.
-        let mut added: HashMap<String, u32> = HashMap::new();
+        let mut added: rustc_hash::FxHashMap<String, u32> = Default::default();
         let mut added_addr: rustc_hash::FxHashMap<std::net::IpAddr, u32> = Default::default();
         let mut backends = self.current.load().backends.clone();
         for b in backends.iter_mut() {
@@ -359,7 +393,7 @@ impl Control {
         }
         let index = cfg.pool_index();
         // Each distinct pool's members once, however many VIPs it serves.
-        let mut pools: HashMap<&str, Arc<PoolMembers>> = HashMap::new();
+        let mut pools: rustc_hash::FxHashMap<&str, Arc<PoolMembers>> = Default::default();
         // The tables of this build by key: reused from the last build, or
         // none yet (in `todo`).
         let mut tables: rustc_hash::FxHashMap<TableKey, Option<Arc<Built>>> = Default::default();
@@ -586,6 +620,16 @@ impl Control {
     }
 }
 
+/// The source MAC of encapsulated frames: `[encap] mac`, else a locally
+/// administered placeholder.
+fn encap_mac(cfg: &Config) -> [u8; 6] {
+    cfg.encap
+        .mac
+        .as_deref()
+        .and_then(parse_mac)
+        .unwrap_or([2, 0, 0, 0, 0, 1])
+}
+
 /// One backend of a pool as its table sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Member {
@@ -800,6 +844,7 @@ pub fn vip_fingerprint(matches: &str, table: u64) -> u64 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::HashMap;
 
     #[test]
     fn a_vip_at_another_address_or_port_has_another_fingerprint() {
@@ -1221,5 +1266,103 @@ mod tests {
         assert!(mem.per_vip.iter().all(|&b| b >= 251 * 4));
         assert!(mem.tables >= 2 * 251 * 4 && mem.tables < 3 * 251 * 4 + 4096);
         assert!(mem.total > mem.tables);
+    }
+
+    #[test]
+    fn a_peer_change_swaps_the_fleet_and_keeps_every_table() {
+        use std::net::IpAddr;
+        let m = Model {
+            pools: vec![
+                (251, vec![(1, 1), (2, 1)], false),
+                (257, vec![(3, 1), (4, 2)], true),
+                (251, vec![(5, 1), (6, 0)], false),
+            ],
+            vips: vec![0, 1, 2, 1],
+        };
+        let text = format!(
+            "{}[fleet]\npeers = [\"10.0.0.3\", \"10.0.0.1\", \"10.0.0.2\"]\n",
+            m.text()
+        );
+        let cfg = Config::parse(&text, "fleet.toml").unwrap();
+        let mut c = Control::new(cfg).unwrap();
+        // Health state must survive the swap too.
+        assert!(c.set_health("10.1.0.2", false));
+        let fleet = |t: &Tables| {
+            let f = t.fleet.as_ref().expect("[fleet] is configured");
+            let up: Vec<(IpAddr, bool)> =
+                f.peers.addrs().iter().copied().zip(f.up.clone()).collect();
+            (
+                up,
+                f.outer.clone(),
+                f.counter_slot.clone(),
+                f.counter_peers.clone(),
+            )
+        };
+        let flags = |t: &Tables| -> Vec<(String, [u8; 16], bool, bool, bool, Outer)> {
+            t.backends
+                .iter()
+                .map(|b| {
+                    (
+                        b.name.clone(),
+                        b.addr,
+                        b.healthy,
+                        b.accepting,
+                        b.configured,
+                        b.outer,
+                    )
+                })
+                .collect()
+        };
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let t0 = c.tables().load_full();
+        let forwarding0 = snapshot(&c);
+        assert!(fleet(&t0).0.iter().all(|&(_, up)| up));
+
+        // Not through a build at all: with the cache of built tables
+        // emptied, a build (as a health change does) would make every
+        // table anew.
+        c.built.clear();
+        assert!(c.set_peer_up(ip("10.0.0.2"), false));
+        let t1 = c.tables().load_full();
+        assert_eq!(t1.generation, t0.generation + 1);
+        // Every Maglev table and the peer table are the running ones.
+        for (x, y) in t0.vips.iter().zip(&t1.vips) {
+            assert!(Arc::ptr_eq(&x.table, &y.table), "{} rebuilt", x.name);
+        }
+        let peers = |t: &Tables| Arc::clone(&t.fleet.as_ref().unwrap().peers);
+        assert!(Arc::ptr_eq(&peers(&t0), &peers(&t1)));
+        assert_eq!(snapshot(&c), forwarding0);
+        assert_eq!(flags(&t1), flags(&t0));
+        assert_eq!(
+            fleet(&t1).0,
+            [
+                (ip("10.0.0.1"), true),
+                (ip("10.0.0.2"), false),
+                (ip("10.0.0.3"), true)
+            ]
+        );
+        // The same as a full build of everything with that peer down.
+        c.built.clear();
+        assert!(c.rebuild());
+        let full = c.tables().load_full();
+        assert!(!Arc::ptr_eq(&t1.vips[0].table, &full.vips[0].table));
+        assert_eq!(snapshot(&c), forwarding0);
+        assert_eq!(flags(&full), flags(&t1));
+        assert_eq!(fleet(&full), fleet(&t1));
+        assert_eq!(format!("{:?}", full.matcher), format!("{:?}", t1.matcher));
+        assert_eq!(full.own, t1.own);
+
+        // No change, no swap; not a peer, or this load balancer: refused.
+        let g = c.tables().load().generation;
+        assert!(c.set_peer_up(ip("10.0.0.2"), false));
+        assert!(!c.set_peer_up(ip("10.0.0.9"), false));
+        assert!(!c.set_peer_up(ip("10.0.0.1"), false));
+        assert_eq!(c.tables().load().generation, g);
+        // Back up: as at the start.
+        assert!(c.set_peer_up(ip("10.0.0.2"), true));
+        let t2 = c.tables().load_full();
+        assert!(Arc::ptr_eq(&full.vips[3].table, &t2.vips[3].table));
+        assert_eq!(fleet(&t2), fleet(&t0));
+        assert_eq!(flags(&t2), flags(&t0));
     }
 }

@@ -140,7 +140,7 @@ fn key(v: Option<&VipStatus>) -> String {
             let mut b: Vec<String> = v
                 .backends
                 .iter()
-                .map(|b| format!("{}/{}/{}", b.address, b.weight, b.healthy))
+                .map(|b| format!("{}/{}/{}/{}", b.address, b.weight, b.healthy, b.drained))
                 .collect();
             b.sort();
             s.push_str(&b.join(","));
@@ -198,6 +198,16 @@ fn describe(
             words.push(format!(
                 "{} ({addr}) weight {} ({others}: {})",
                 b.name, b.weight, other.weight
+            ));
+        }
+        if b.drained != other.drained {
+            aspects.insert(Aspect::Weight);
+            let d = |x: bool| if x { "drained" } else { "not drained" };
+            words.push(format!(
+                "{} ({addr}) {} ({others}: {})",
+                b.name,
+                d(b.drained),
+                d(other.drained)
             ));
         }
         if b.healthy != other.healthy {
@@ -494,7 +504,7 @@ mod tests {
         let fingerprint = format!("{:016x}", fp.bytes().map(u64::from).sum::<u64>() * 7919);
         let healthy = backends
             .iter()
-            .filter(|b| b.healthy && b.weight > 0)
+            .filter(|b| b.healthy && b.weight > 0 && !b.drained)
             .count();
         // Through JSON, as the documents arrive, so that fields added later
         // with defaults need no change here.

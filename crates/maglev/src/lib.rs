@@ -394,12 +394,14 @@ impl Maglev {
     ///    free slot of lowest rank, where the rank of slot `c` is
     ///    `(c - pos) * skip^-1 mod M`. That costs `E` steps per fill.
     fn fill(&mut self) {
-        self.entry.fill(EMPTY);
         self.filled.fill(0);
         let w_max = self.turns.iter().map(|t| t.weight).max().unwrap_or(0);
         if w_max == 0 || self.turns.is_empty() {
+            self.entry.fill(EMPTY);
             return; // nothing to serve: every backend drained (or none)
         }
+        // Otherwise the two phases below write every slot: no need to
+        // clear the entries first (a whole pass over 4M bytes).
         let w_max = u64::from(w_max);
         let m = self.m;
         // Probing costs ~M/E per fill and a rank ~1 per free slot, so the
