@@ -8,7 +8,6 @@ mod common;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::fastpath;
 use lab::sample::{expected_backend, mixed_traffic, Expect, CONFIG};
@@ -115,34 +114,17 @@ fn lb_run_forwards_the_sample_capture_as_gre_to_maglev_backends() {
 
     // tshark: every frame is GRE, nothing is malformed, and the outer
     // destination is the expected backend.
-    let ts = Command::new("tshark")
-        .arg("-r")
-        .arg(&out)
-        .args([
-            "-T",
-            "fields",
-            "-E",
-            "separator=|",
-            "-e",
+    let lines = common::tshark_fields(
+        &out,
+        &[],
+        &[
             "frame.number",
-            "-e",
             "gre.proto",
-            "-e",
             "ip.dst",
-            "-e",
             "ipv6.dst",
-            "-e",
             "_ws.malformed",
-        ])
-        .output()
-        .expect("tshark must be installed: run scripts/setup.sh");
-    assert!(
-        ts.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ts.stderr)
+        ],
     );
-    let text = String::from_utf8(ts.stdout).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), frames.len(), "tshark sees every frame");
     for (i, line) in lines.iter().enumerate() {
         let cols: Vec<&str> = line.split('|').collect();

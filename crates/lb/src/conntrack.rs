@@ -35,8 +35,20 @@ pub struct Stats {
     pub expiries: u64,
     /// Flows closed by a TCP FIN or RST (their entries linger briefly).
     pub closes: u64,
-    /// Live entries (as of the last operation on them).
+    /// Live entries (as of the last operation on them): open flows and
+    /// closed ones lingering.
     pub entries: u64,
+    /// Of `entries`, those of closed flows (a FIN or RST was seen) that
+    /// linger until their entry goes.
+    pub closing: u64,
+}
+
+impl Stats {
+    /// Active connections: entries whose flow is not closed (`entries`
+    /// less `closing`).
+    pub fn active(&self) -> u64 {
+        self.entries.saturating_sub(self.closing)
+    }
 }
 
 /// The hot part of a bucket: one cache line with the four ways' tags,
@@ -137,6 +149,9 @@ impl Conntrack {
         for w in 0..WAYS {
             if h.tags[w] | OPEN == tag && self.keys[i][w] == *key {
                 if !alive(h.expires[w], now) {
+                    if h.tags[w] & OPEN == 0 {
+                        self.stats.closing -= 1;
+                    }
                     h.tags[w] = 0;
                     self.stats.expiries += 1;
                     self.stats.entries -= 1;
@@ -175,6 +190,7 @@ impl Conntrack {
                         h.expires[w] = end;
                     }
                     self.stats.closes += 1;
+                    self.stats.closing += 1;
                 }
                 return;
             }
@@ -195,6 +211,9 @@ impl Conntrack {
         for w in 0..WAYS {
             if h.tags[w] | OPEN == tag && self.keys[i][w] == *key {
                 // Replaced (a new connection on the same 5-tuple): open again.
+                if h.tags[w] & OPEN == 0 {
+                    self.stats.closing -= 1;
+                }
                 h.tags[w] = tag;
                 h.backend[w] = entry.backend;
                 h.vip[w] = entry.vip;
@@ -205,6 +224,9 @@ impl Conntrack {
                 if h.tags[w] == 0 {
                     free = Some(w);
                 } else if !alive(h.expires[w], now) {
+                    if h.tags[w] & OPEN == 0 {
+                        self.stats.closing -= 1;
+                    }
                     h.tags[w] = 0;
                     self.stats.expiries += 1;
                     self.stats.entries -= 1;
@@ -256,6 +278,34 @@ mod tests {
         ct.close(&k, h, 100_000, 2000);
         ct.close(&k, h, 101_500, 2000);
         assert_eq!(ct.lookup(&k, h, 102_001), None);
+    }
+
+    /// Active connections are the entries whose flow is not closed:
+    /// closing one moves it out of `active` but not out of `entries`, and
+    /// its expiry or a new connection on its 5-tuple settles the count.
+    #[test]
+    fn active_counts_open_entries_only() {
+        let mut ct = Conntrack::new(64, 300_000, 30_000);
+        let (a, b) = (
+            (key(1, proto::TCP), 1u64 << 40),
+            (key(2, proto::TCP), 2u64 << 40),
+        );
+        assert!(ct.insert(&a.0, a.1, Entry { vip: 0, backend: 1 }, 0));
+        assert!(ct.insert(&b.0, b.1, Entry { vip: 0, backend: 2 }, 0));
+        let s = ct.stats();
+        assert_eq!((s.entries, s.closing, s.active()), (2, 0, 2));
+        ct.close(&a.0, a.1, 10, 1000);
+        ct.close(&a.0, a.1, 20, 1000); // a second FIN counts once
+        let s = ct.stats();
+        assert_eq!((s.entries, s.closing, s.active()), (2, 1, 1));
+        // Reopened by a new connection on the same 5-tuple: active again.
+        assert!(ct.insert(&a.0, a.1, Entry { vip: 0, backend: 1 }, 30));
+        assert_eq!(ct.stats().active(), 2);
+        ct.close(&a.0, a.1, 40, 1000);
+        // The closed entry expires: gone from both.
+        assert_eq!(ct.lookup(&a.0, a.1, 2000), None);
+        let s = ct.stats();
+        assert_eq!((s.entries, s.closing, s.active()), (1, 0, 1));
     }
 
     fn key(port: u16, proto: u8) -> FlowKey {

@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use maio::{Handle, Pool};
 use netio::Packet;
-use packet::gre::{encapsulate, encapsulate_keyed, FRAGMENT_REDIRECT_KEY};
+use packet::checksum::{complete_partial, Partial};
+use packet::gre::{
+    encapsulate, encapsulate_keyed, encapsulate_spread, Spread, FRAGMENT_REDIRECT_KEY,
+};
 use packet::parse::Parsed;
 use packet::tcp::flags::{ACK as TCP_ACK, FIN as TCP_FIN, RST as TCP_RST, SYN as TCP_SYN};
 use packet::{parse_frame, FlowKey};
@@ -83,6 +86,8 @@ pub struct Worker {
     staged: Vec<(packet::Result<Parsed>, u64)>,
     /// Packet-tracer probes are reported through this, as this thread.
     trace: Option<(Arc<Tracer>, u16)>,
+    /// Per-flow outer sources and GRE keys (`[encap] source_prefix`).
+    spread: Option<Spread>,
 }
 
 impl Worker {
@@ -99,7 +104,16 @@ impl Worker {
             expired: Vec::new(),
             staged: Vec::new(),
             trace: None,
+            spread: None,
         }
+    }
+
+    /// Takes each flow's outer source from a prefix by its flow hash and
+    /// writes the flow hash into the GRE key ([`Spread`]); none: every
+    /// frame leaves from the backend's configured outer source, unkeyed.
+    pub fn with_spread(mut self, spread: Option<Spread>) -> Self {
+        self.spread = spread;
+        self
     }
 
     /// Reports packet-tracer probes through `tracer` as packet thread
@@ -362,7 +376,18 @@ impl Worker {
         let bytes = usize::from(pkt.len);
         let start = usize::from(pkt.off);
         let data = self.pool.data_mut(&mut pkt.buf);
-        match encapsulate(data, start, p, &b.outer, hash) {
+        // A checksum a local sender left for offload (the port could not
+        // say so): completed, or the backend would drop the packet.
+        if let Some(frame) = data.get_mut(start..start + bytes) {
+            if complete_partial(frame, p) == Partial::Completed {
+                self.counters.csum_completed += 1;
+            }
+        }
+        let r = match &self.spread {
+            None => encapsulate(data, start, p, &b.outer, hash),
+            Some(s) => encapsulate_spread(data, start, p, &b.outer, hash, s),
+        };
+        match r {
             Ok(r) => {
                 pkt.off = r.start as u16;
                 pkt.len = r.len() as u16;

@@ -87,6 +87,107 @@ pub fn complete_transport(frame: &mut [u8]) -> bool {
     true
 }
 
+/// What [`complete_partial`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Partial {
+    /// Not an unfragmented TCP or UDP packet whose checksum field holds
+    /// its pseudo-header sum: untouched (almost every packet).
+    No,
+    /// The field holds the pseudo-header sum, but the checksum verifies as
+    /// it is (a coincidence, once in 65,536 packets): untouched.
+    AlreadyValid,
+    /// The checksum was partial and is now complete.
+    Completed,
+}
+
+/// Folds a running sum to 16 bits, not complemented (the sum of at most
+/// a few dozen 16-bit words: two folds suffice).
+#[inline]
+fn fold(sum: u32) -> u16 {
+    let s = (sum & 0xffff) + (sum >> 16);
+    let s = (s & 0xffff) + (s >> 16);
+    s as u16
+}
+
+/// The pseudo-header sum of a parsed TCP or UDP packet over `len` bytes of
+/// segment (not folded).
+#[inline]
+fn pseudo_of(p: &crate::Parsed, len: usize) -> u32 {
+    if p.l3 == crate::parse::L3::V4 {
+        // Key form: the IPv4 address is the last 4 bytes.
+        let w = |a: &[u8; 16]| {
+            let v = u32::from_be_bytes([a[12], a[13], a[14], a[15]]);
+            (v >> 16) + (v & 0xffff)
+        };
+        w(&p.flow.src) + w(&p.flow.dst) + u32::from(p.flow.proto) + (len as u32 & 0xffff)
+    } else {
+        pseudo_v6(p.flow.src, p.flow.dst, p.flow.proto, len as u32)
+    }
+}
+
+/// Completes a TCP or UDP checksum a local sender left partial, as a NIC
+/// with transmit checksum offload would. A sender that offloads its
+/// checksum (Linux's CHECKSUM_PARTIAL: a veth, a container, a VM) writes
+/// only the folded pseudo-header sum into the field and leaves the rest to
+/// the device; a frame that reaches us through XDP or AF_XDP carries no
+/// mark saying so (AF_PACKET's `TP_STATUS_CSUMNOTREADY`), and a backend
+/// drops it as a checksum error.
+///
+/// `p` is `frame` as [`crate::parse_frame`] parsed it. The test is cheap
+/// (inlined): the pseudo-header sum from the parsed addresses, compared
+/// with the field. Only on a match is the segment summed: a checksum that
+/// verifies is left alone, and one that does not is computed. A packet
+/// whose field holds anything else, valid or corrupt, is never changed.
+#[inline]
+pub fn complete_partial(frame: &mut [u8], p: &crate::Parsed) -> Partial {
+    let field = match p.flow.proto {
+        crate::proto::TCP => crate::tcp::field::CHECKSUM,
+        crate::proto::UDP => crate::udp::field::CHECKSUM,
+        _ => return Partial::No,
+    };
+    if p.fragment.is_some() || p.icmp_quote.is_some() {
+        return Partial::No;
+    }
+    let (l4s, l4e) = (p.l4_offset, p.l3_offset + p.l3_len);
+    let Some(c) = frame.get(l4s + field.start..l4s + field.end) else {
+        return Partial::No;
+    };
+    let have = u16::from_be_bytes([c[0], c[1]]);
+    let len = l4e.saturating_sub(l4s);
+    let pseudo = pseudo_of(p, len);
+    // Exactly what Linux writes (`~csum_tcpudp_magic`); a folded sum is
+    // never 0, so UDP's "no checksum" never matches.
+    if have != fold(pseudo) {
+        return Partial::No;
+    }
+    complete_segment(frame.get_mut(l4s..l4e), p.flow.proto, pseudo)
+}
+
+/// The rare part of [`complete_partial`]: the field holds the pseudo-header
+/// sum; verify the segment and complete its checksum if it does not.
+#[cold]
+#[inline(never)]
+fn complete_segment(segment: Option<&mut [u8]>, protocol: u8, pseudo: u32) -> Partial {
+    let Some(segment) = segment else {
+        return Partial::No;
+    };
+    if finish(sum(pseudo, segment)) == 0 {
+        return Partial::AlreadyValid;
+    }
+    if protocol == crate::proto::TCP {
+        match crate::tcp::TcpPacket::new_checked(segment) {
+            Ok(mut t) => t.fill_checksum(pseudo),
+            Err(_) => return Partial::No,
+        }
+    } else {
+        match crate::udp::UdpPacket::new_checked(segment) {
+            Ok(mut u) => u.fill_checksum(pseudo),
+            Err(_) => return Partial::No,
+        }
+    }
+    Partial::Completed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

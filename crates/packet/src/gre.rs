@@ -163,6 +163,180 @@ pub struct Outer {
     pub ttl: u8,
 }
 
+/// Why a prefix cannot spread outer source addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PrefixError {
+    /// Shorter than the family allows (too many addresses).
+    #[error("/{len} is too short: use /{min} to /{max}")]
+    TooShort {
+        /// The length given.
+        len: u8,
+        /// The shortest allowed.
+        min: u8,
+        /// The longest allowed.
+        max: u8,
+    },
+    /// Longer than the family's address.
+    #[error("/{len} is longer than the address (at most /{max})")]
+    TooLong {
+        /// The length given.
+        len: u8,
+        /// The address length in bits.
+        max: u8,
+    },
+    /// Bits set after the prefix length.
+    #[error("host bits are set after /{len}: the prefix is {network}/{len}")]
+    HostBits {
+        /// The length given.
+        len: u8,
+        /// The address with its host bits cleared.
+        network: std::net::IpAddr,
+    },
+}
+
+/// The shortest IPv4 [`SourcePrefix`]: 65,536 addresses.
+pub const MIN_PREFIX_LEN_V4: u8 = 16;
+/// The shortest IPv6 [`SourcePrefix`]: the 64 host bits a flow hash fills.
+pub const MIN_PREFIX_LEN_V6: u8 = 64;
+
+/// A prefix the outer source address of each flow is taken from (as
+/// Katran does): a backend's NIC spreads GRE over its receive queues by the
+/// outer addresses alone, so one source address for every flow lands all of
+/// them on one queue. A flow's source is the network address plus its flow
+/// hash modulo the prefix's size: the same for every packet of the flow, on
+/// every load balancer of a fleet (they share the hash).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourcePrefix {
+    /// The network address, key form (IPv4-mapped for IPv4), as a number.
+    net: u128,
+    /// The host bits (the prefix's size minus one).
+    host: u128,
+    /// The prefix length (of the family's own address).
+    len: u8,
+}
+
+impl SourcePrefix {
+    /// A prefix of `addr` (its network address) and `len` bits: IPv4 /16
+    /// to /32, IPv6 /64 to /128, no host bits set.
+    pub fn new(addr: std::net::IpAddr, len: u8) -> std::result::Result<Self, PrefixError> {
+        let (bits, min) = match addr {
+            std::net::IpAddr::V4(_) => (32u8, MIN_PREFIX_LEN_V4),
+            std::net::IpAddr::V6(_) => (128u8, MIN_PREFIX_LEN_V6),
+        };
+        if len > bits {
+            return Err(PrefixError::TooLong { len, max: bits });
+        }
+        if len < min {
+            return Err(PrefixError::TooShort {
+                len,
+                min,
+                max: bits,
+            });
+        }
+        let host_bits = u32::from(bits - len);
+        let host = 1u128.checked_shl(host_bits).map_or(u128::MAX, |h| h - 1);
+        let a = u128::from_be_bytes(crate::flow::from_ip(addr));
+        if a & host != 0 {
+            return Err(PrefixError::HostBits {
+                len,
+                network: crate::flow::to_ip(&(a & !host).to_be_bytes()),
+            });
+        }
+        Ok(SourcePrefix { net: a, host, len })
+    }
+
+    /// Whether the prefix is IPv4.
+    pub fn is_v4(&self) -> bool {
+        crate::flow::unmapped(&self.net.to_be_bytes()).is_some()
+    }
+
+    /// The prefix length.
+    pub fn prefix_len(&self) -> u8 {
+        self.len
+    }
+
+    /// Addresses in the prefix (saturating at `u64::MAX`).
+    pub fn size(&self) -> u64 {
+        u64::try_from(self.host).map_or(u64::MAX, |h| h.saturating_add(1))
+    }
+
+    /// Whether `addr` (key form) lies in the prefix.
+    pub fn contains(&self, addr: &[u8; 16]) -> bool {
+        u128::from_be_bytes(*addr) & !self.host == self.net
+    }
+
+    /// The outer source of the flow whose hash is `flow_hash` (key form):
+    /// the network address plus the hash modulo the prefix's size.
+    #[inline]
+    pub fn pick(&self, flow_hash: u64) -> [u8; 16] {
+        (self.net | (u128::from(flow_hash) & self.host)).to_be_bytes()
+    }
+}
+
+/// Per-flow entropy in the outer headers (`[encap] source_prefix`): the
+/// outer source taken from a prefix by the flow hash, and the flow hash in
+/// the GRE key ([`Spread::key`]), so that a backend can spread flows over
+/// its receive queues by the outer headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Spread {
+    /// The prefix for IPv4 outer headers (none: the configured source).
+    pub v4: Option<SourcePrefix>,
+    /// The prefix for IPv6 outer headers (none: the configured source).
+    pub v6: Option<SourcePrefix>,
+}
+
+impl Spread {
+    /// The outer headers of a flow: `outer` with its source taken from the
+    /// prefix of its family, if there is one.
+    #[inline]
+    pub fn outer(&self, outer: &Outer, flow_hash: u64) -> Outer {
+        let prefix = if crate::flow::unmapped(&outer.dst).is_some() {
+            self.v4
+        } else {
+            self.v6
+        };
+        let mut o = *outer;
+        if let Some(p) = prefix {
+            o.src = p.pick(flow_hash);
+        }
+        o
+    }
+
+    /// The GRE key of a flow: its hash's low 32 bits, never
+    /// [`FRAGMENT_REDIRECT_KEY`] (whose last bit is flipped).
+    #[inline]
+    pub fn key(flow_hash: u64) -> u32 {
+        let k = flow_hash as u32;
+        if k == FRAGMENT_REDIRECT_KEY {
+            k ^ 1
+        } else {
+            k
+        }
+    }
+}
+
+/// [`encapsulate`] with per-flow entropy ([`Spread`]): the outer source
+/// from the flow's prefix, and the flow hash in a GRE key (4 bytes more:
+/// [`overhead_keyed`]). The outer IPv4 header is emitted with the chosen
+/// source, so its checksum costs nothing more than without a prefix.
+pub fn encapsulate_spread(
+    buf: &mut [u8],
+    start: usize,
+    p: &Parsed,
+    outer: &Outer,
+    flow_hash: u64,
+    spread: &Spread,
+) -> std::result::Result<std::ops::Range<usize>, EncapError> {
+    encapsulate_keyed(
+        buf,
+        start,
+        p,
+        &spread.outer(outer, flow_hash),
+        flow_hash,
+        Some(Spread::key(flow_hash)),
+    )
+}
+
 /// Why a packet could not be encapsulated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum EncapError {
