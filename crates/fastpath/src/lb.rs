@@ -80,6 +80,18 @@ pub enum LbCommand {
     /// what to check; unresolved, frames are lost although counted as
     /// forwarded.
     ///
+    /// Counters: "configuration generation" rises only when a
+    /// configuration is applied (start, reload, drain/undrain/weight);
+    /// health changes are counted apart. "reloads: N applied, M rejected"
+    /// are two separate counts. "dropped" counts frames for the load
+    /// balancer it could not forward; frames not for a VIP (the kernel's
+    /// own traffic on AF_PACKET, ARP) are counted as "not for a VIP".
+    /// "connections: A active, T tracked": active ones are not closed;
+    /// tracked entries include closed flows lingering briefly. Each backend
+    /// shows its configured weight and its state: up, DOWN, drained (takes
+    /// no new connections; `fastpath lb undrain` restores it), or
+    /// "drained, DOWN".
+    ///
     /// With several --api: asks every load balancer at once (an unreachable
     /// one is reported after a few seconds, not waited for), prints one row
     /// per load balancer with each VIP's fingerprint, and a verdict: "fleet
@@ -102,6 +114,61 @@ pub enum LbCommand {
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
+    /// Drain a backend: it takes no new connections and keeps the ones it
+    /// has; its weight is kept for `undrain`.
+    ///
+    /// Asks the running load balancer (`fastpath lb run --interface`, with
+    /// `[api] listen`) to list the backend in its pool's `drained` in the
+    /// configuration: the change is validated and applied whole like a
+    /// reload, and written back into the configuration file (comments and
+    /// layout kept) so that a restart keeps it. A backend listed in several
+    /// pools is drained in all of them (the answer names them). The daemon
+    /// refuses (and changes nothing) when no pool lists the backend, or when
+    /// the file was edited since it was loaded: reload that edit first
+    /// (SIGHUP or POST /reload), or undo it.
+    ///
+    /// BACKEND is the backend's `name`, or its address when it has none.
+    /// With `[api] token_file`, pass the same file with --token-file.
+    /// `fastpath lb status` then shows the backend as "drained".
+    ///
+    /// Examples:
+    ///   fastpath lb drain backend-1
+    ///   fastpath lb drain 10.1.0.2 --api 127.0.0.1:9180 --token-file /etc/fastpath/api.token
+    ///   fastpath lb drain backend-1 --format json | jq .pools
+    #[command(verbatim_doc_comment)]
+    Drain(BackendArgs),
+    /// Undrain a backend: its configured weight applies again.
+    ///
+    /// The reverse of `fastpath lb drain`: removes the backend from its
+    /// pools' `drained` lists, applied whole like a reload and written back
+    /// into the configuration file. Undraining a backend that is not
+    /// drained changes nothing (the answer says so).
+    ///
+    /// Examples:
+    ///   fastpath lb undrain backend-1
+    ///   fastpath lb undrain 10.1.0.2 --api 127.0.0.1:9180 --token-file /etc/fastpath/api.token
+    #[command(verbatim_doc_comment)]
+    Undrain(BackendArgs),
+    /// Set a backend's weight (its share of new connections in its pools).
+    ///
+    /// Sets `weight = N` on the backend in every pool that lists it,
+    /// applied whole like a reload (Maglev tables rebuilt, connections kept
+    /// by connection tracking) and written back into the configuration
+    /// file. A drained backend stays drained with the new weight to come
+    /// back with. Weight 0 also takes it out of the table; prefer `drain`,
+    /// which keeps the weight.
+    ///
+    /// Examples:
+    ///   fastpath lb weight backend-1 3
+    ///   fastpath lb weight 10.1.0.2 1 --api 127.0.0.1:9180 --token-file /etc/fastpath/api.token
+    #[command(verbatim_doc_comment)]
+    Weight {
+        #[command(flatten)]
+        target: BackendArgs,
+        /// The new weight.
+        #[arg(value_name = "N")]
+        weight: u32,
+    },
     /// Packet-tracer: which load balancer handled a packet, and how
     /// (paper section 4.4; needs root for the raw socket).
     ///
@@ -109,8 +176,9 @@ pub enum LbCommand {
     /// or UDP datagrams (source port +1 per probe, so they hash apart)
     /// whose payload starts with a marker naming --report-to. Each load
     /// balancer that sees one forwards it as usual and sends a report back:
-    /// its name, packet thread, connection-table hit or miss, configuration
-    /// generation, the VIP's table fingerprint, the backend, and for
+    /// its name, packet thread, connection-table hit or miss, tables
+    /// generation (`tables_generation` in /status: it also rises on health
+    /// changes), the VIP's table fingerprint, the backend, and for
     /// fragments (--fragment) whether it redirected the fragment to the
     /// fleet peer responsible or received it redirected. Reports are
     /// collected for --wait-ms and printed per probe; load balancers
@@ -246,6 +314,98 @@ pub enum LbCommand {
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
     },
+}
+
+/// A backend of a running load balancer, and how to reach its API.
+#[derive(Args)]
+pub struct BackendArgs {
+    /// The backend: its `name` in the configuration, or its address.
+    #[arg(value_name = "BACKEND")]
+    backend: String,
+    /// The API address of the load balancer (its `[api] listen`).
+    #[arg(long, default_value = "127.0.0.1:9180")]
+    api: std::net::SocketAddr,
+    /// File holding the API's bearer token (the daemon's `[api]
+    /// token_file`); needed when the daemon has one.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Output format: `table` (a sentence), or `json` (the daemon's
+    /// answer: backend, change, pools, changed, generation, file).
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+/// `fastpath lb drain|undrain|weight`: one POST to the API, its answer
+/// printed; an error status is an error with the daemon's reason.
+fn runtime_change(a: BackendArgs, change: lbd::runtime::Change) -> anyhow::Result<()> {
+    let token = a
+        .token_file
+        .as_deref()
+        .map(lbd::api::read_token)
+        .transpose()?;
+    // The name goes into the path: keep it to characters a path carries
+    // as they are.
+    if a.backend.is_empty()
+        || !a
+            .backend
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+    {
+        anyhow::bail!(
+            "backend {:?}: give a backend name (letters, digits, - _ . :) or an address",
+            a.backend
+        );
+    }
+    let path = match change {
+        lbd::runtime::Change::Drain => format!("/backends/{}/drain", a.backend),
+        lbd::runtime::Change::Undrain => format!("/backends/{}/undrain", a.backend),
+        lbd::runtime::Change::Weight(w) => format!("/backends/{}/weight/{w}", a.backend),
+    };
+    let (status, body) = lbd::daemon::api_exchange(a.api, "POST", &path, token.as_deref())?;
+    if !status.starts_with('2') {
+        let reason = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or_else(|| body.trim().to_string());
+        anyhow::bail!(
+            "{change} {}: {} answered {status}: {reason}",
+            a.backend,
+            a.api
+        );
+    }
+    if body.trim().is_empty() {
+        anyhow::bail!("{} answered {path} with an empty body", a.api);
+    }
+    let r: lbd::daemon::RuntimeChanged = serde_json::from_str(&body)
+        .with_context(|| format!("unexpected answer from {}: {body}", a.api))?;
+    match a.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
+        Format::Table => {
+            let what = match change {
+                lbd::runtime::Change::Drain => "drained".to_string(),
+                lbd::runtime::Change::Undrain => "undrained".to_string(),
+                lbd::runtime::Change::Weight(w) => format!("weight set to {w}"),
+            };
+            let pools = if r.pools.len() == 1 {
+                format!("pool {}", r.pools[0])
+            } else {
+                format!(
+                    "all {} pools that list it: {}",
+                    r.pools.len(),
+                    r.pools.join(", ")
+                )
+            };
+            if r.changed {
+                println!(
+                    "{}: {what} in {pools}; applied (configuration generation {}) and written to {}",
+                    r.backend, r.generation, r.file
+                );
+            } else {
+                println!("{}: already {what} in {pools}; nothing changed", r.backend);
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -593,6 +753,11 @@ pub fn run(c: LbCommand) -> anyhow::Result<()> {
         }
         LbCommand::Status { api, format } => status(api, format),
         LbCommand::Trace(a) => crate::trace::run(a),
+        LbCommand::Drain(a) => runtime_change(a, lbd::runtime::Change::Drain),
+        LbCommand::Undrain(a) => runtime_change(a, lbd::runtime::Change::Undrain),
+        LbCommand::Weight { target, weight } => {
+            runtime_change(target, lbd::runtime::Change::Weight(weight))
+        }
     }
 }
 

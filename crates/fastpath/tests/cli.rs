@@ -220,3 +220,47 @@ fn top_level_help_describes_what_exists() {
     }
     assert!(!help.contains("arrive"), "{help}");
 }
+
+/// The XDP generator (live frames, `--generator xdp`) drives every device
+/// under test: each row forwarded something, no row delivered more than
+/// was offered, and validity follows from the row's own figures.
+#[test]
+fn lb_bench_veth_xdp_generator_rows_are_valid() {
+    let v = common::json(&[
+        "lb",
+        "bench",
+        "--topology",
+        "veth",
+        "--generator",
+        "xdp",
+        "--seconds",
+        "0.5",
+        "--format",
+        "json",
+    ]);
+    assert!(
+        v["generator"].as_str().unwrap().contains("XDP live frames"),
+        "{v}"
+    );
+    for k in ["fastpath", "nftables", "xdp_forwarder"] {
+        let r = &v["results"][k];
+        let offered = r["offered_mpps"].as_f64().unwrap();
+        let reached = r["reached_mpps"].as_f64().unwrap();
+        let delivered = r["delivered_mpps"].as_f64().unwrap();
+        assert!(
+            delivered > 0.0,
+            "{k}: the XDP generator's frames were not forwarded: {v}"
+        );
+        assert!(reached > 0.0, "{k}: nothing reached d0: {v}");
+        assert!(
+            offered >= delivered,
+            "{k}: delivered more than offered: {v}"
+        );
+        assert_eq!(
+            r["valid"].as_bool().unwrap(),
+            offered >= 1.5 * delivered,
+            "{k}: validity disagrees with its own figures: {v}"
+        );
+    }
+    assert!(v["generator_alone"]["offered_mpps"].as_f64().unwrap() > 0.0);
+}

@@ -231,19 +231,8 @@ fn fragments_tracer_and_agreement_across_the_fleet() {
         eprintln!("skipped: python3-scapy is not installed (scripts/setup.sh installs it)");
         return;
     }
-    let tag = format!("f{}", std::process::id() % 100_000);
-    let mut t = match Topology::build_fleet(
-        std::path::Path::new(env!("CARGO_BIN_EXE_fastpath")),
-        3,
-        3,
-        &tag,
-    ) {
-        Ok(t) => t,
-        Err(lab::Error::Unavailable) => {
-            eprintln!("skipped: needs root and iproute2");
-            return;
-        }
-        Err(e) => panic!("{e}"),
+    let Some(mut t) = common::topology(3, 3, "f") else {
+        return;
     };
     t.start_udp_echo().unwrap();
     let sources = t.add_client_addresses(8).unwrap();

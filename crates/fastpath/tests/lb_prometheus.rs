@@ -4,6 +4,8 @@
 //! The shipped Grafana dashboard (dashboards/fastpath-lb.json) is valid
 //! JSON and every query in it names a metric the load balancer exports.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
@@ -50,18 +52,8 @@ fn prometheus_scrapes_the_load_balancer_and_the_dashboard_names_real_metrics() {
         eprintln!("skipped: prometheus is not installed (scripts/setup.sh installs it)");
         return;
     }
-    let tag = format!("p{}", std::process::id() % 100_000);
-    let mut t = match Topology::build(
-        std::path::Path::new(env!("CARGO_BIN_EXE_fastpath")),
-        3,
-        &tag,
-    ) {
-        Ok(t) => t,
-        Err(lab::Error::Unavailable) => {
-            eprintln!("skipped: needs root and iproute2");
-            return;
-        }
-        Err(e) => panic!("{e}"),
+    let Some(mut t) = common::topology(1, 3, "p") else {
+        return;
     };
     t.start_lb().unwrap();
     t.wait_for_vip(Duration::from_secs(30)).unwrap();

@@ -5,6 +5,8 @@
 //! still running and answering on its own address) takes that backend out
 //! within fall x interval, and only that one.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use lab::topology::Topology;
@@ -19,18 +21,8 @@ fn healthy(t: &Topology, addr: &str) -> Option<bool> {
 
 #[test]
 fn a_dead_decap_agent_is_detected_by_tunnel_checks() {
-    let tag = format!("h{}", std::process::id() % 100_000);
-    let mut t = match Topology::build(
-        std::path::Path::new(env!("CARGO_BIN_EXE_fastpath")),
-        3,
-        &tag,
-    ) {
-        Ok(t) => t,
-        Err(lab::Error::Unavailable) => {
-            eprintln!("skipped: needs root and iproute2");
-            return;
-        }
-        Err(e) => panic!("{e}"),
+    let Some(mut t) = common::topology(1, 3, "h") else {
+        return;
     };
     let conf = std::fs::read_to_string(&t.config).unwrap();
     assert!(conf.contains("fall = 2 }"), "{conf}");

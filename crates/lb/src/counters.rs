@@ -58,6 +58,18 @@ const OWN: [(&str, DropReason); 9] = [
     ),
 ];
 
+/// Frames that were not for the load balancer: not IP (ARP, LLDP...), or
+/// IP for no VIP (on AF_PACKET the kernel's own traffic: SSH, BGP, BFD...).
+/// They are counted in the drop slots like other frames the packet threads
+/// finish without forwarding ([`Counters::dropped`] keeps the accounting
+/// received = forwarded + dropped), but reported apart from drops
+/// ([`Counters::not_for_vip`], [`Counters::dropped_excluding_not_for_vip`]):
+/// they are not lost traffic.
+pub const NOT_FOR_VIP: [DropReason; 2] = [
+    DropReason::Malformed(packet::Reason::NotIp),
+    DropReason::NoVip,
+];
+
 /// Number of drop reasons.
 pub const DROP_REASONS: usize = packet::Reason::ALL.len() + OWN.len();
 
@@ -155,6 +167,9 @@ pub struct Counters {
     /// or transmit copy; packet threads rewrite in place). Over `tx`: the
     /// copies per forwarded packet, 0 on AF_XDP.
     pub user_copies: u64,
+    /// TCP and UDP checksums a local sender left partial (offloaded; the
+    /// port could not flag them), completed before forwarding.
+    pub csum_completed: u64,
 }
 
 impl Counters {
@@ -177,9 +192,28 @@ impl Counters {
         self.drops.get(r.index()).copied().unwrap_or(0)
     }
 
-    /// All drops.
+    /// All frames finished without being forwarded, frames that were not
+    /// for a VIP included (the accounting: received = forwarded + dropped +
+    /// held). What users read as drops is
+    /// [`Counters::dropped_excluding_not_for_vip`].
     pub fn dropped(&self) -> u64 {
         self.drops.iter().sum()
+    }
+
+    /// Frames that were not for a VIP ([`NOT_FOR_VIP`]): not drops.
+    pub fn not_for_vip(&self) -> u64 {
+        NOT_FOR_VIP.iter().map(|&r| self.drops_for(r)).sum()
+    }
+
+    /// Drops proper: frames for the load balancer it could not forward
+    /// (malformed, no healthy backend, ...), without [`NOT_FOR_VIP`].
+    pub fn dropped_excluding_not_for_vip(&self) -> u64 {
+        self.dropped() - self.not_for_vip()
+    }
+
+    /// Whether a drop slot ([`DropReason::index`]) is one of [`NOT_FOR_VIP`].
+    pub fn is_not_for_vip(index: usize) -> bool {
+        NOT_FOR_VIP.iter().any(|r| r.index() == index)
     }
 
     #[inline]
@@ -220,7 +254,9 @@ impl Counters {
         c.inserts += d.inserts;
         c.insert_failures += d.insert_failures;
         c.expiries += d.expiries;
+        c.closes += d.closes;
         c.entries += d.entries;
+        c.closing += d.closing;
         self.frag_held += o.frag_held;
         self.frag_released += o.frag_released;
         self.icmp_to_backend += o.icmp_to_backend;
@@ -243,6 +279,7 @@ impl Counters {
         self.trace_queue_full += o.trace_queue_full;
         self.trace_invalid += o.trace_invalid;
         self.user_copies += o.user_copies;
+        self.csum_completed += o.csum_completed;
     }
 
     /// User-space copies per forwarded packet (0 when none was forwarded).
@@ -254,13 +291,33 @@ impl Counters {
         }
     }
 
-    /// Non-zero drop counters by name.
+    /// Non-zero drop counters by name ([`NOT_FOR_VIP`] included).
     pub fn drop_table(&self) -> Vec<(&'static str, u64)> {
         self.drops
             .iter()
             .enumerate()
             .filter(|(_, &n)| n > 0)
             .map(|(i, &n)| (DropReason::name_of(i), n))
+            .collect()
+    }
+
+    /// Non-zero drop counters by name, without [`NOT_FOR_VIP`]: the drops
+    /// a user reads as lost traffic.
+    pub fn drop_table_excluding_not_for_vip(&self) -> Vec<(&'static str, u64)> {
+        self.drops
+            .iter()
+            .enumerate()
+            .filter(|(i, &n)| n > 0 && !Self::is_not_for_vip(*i))
+            .map(|(i, &n)| (DropReason::name_of(i), n))
+            .collect()
+    }
+
+    /// Non-zero [`NOT_FOR_VIP`] counters by name (`not_ip`, `no_vip`).
+    pub fn not_for_vip_table(&self) -> Vec<(&'static str, u64)> {
+        NOT_FOR_VIP
+            .iter()
+            .map(|&r| (DropReason::name_of(r.index()), self.drops_for(r)))
+            .filter(|(_, n)| *n > 0)
             .collect()
     }
 }
@@ -296,5 +353,39 @@ mod tests {
             }
         );
         assert_eq!(d.drop_table(), vec![("frag_expired", 2)]);
+    }
+
+    /// Frames not for a VIP are finished (in `dropped`, for the
+    /// accounting) but not drops a user reads: apart, by kind.
+    #[test]
+    fn not_for_vip_is_apart_from_drops() {
+        let mut c = Counters::new();
+        c.drop(DropReason::NoVip);
+        c.drop(DropReason::NoVip);
+        c.drop(DropReason::Malformed(packet::Reason::NotIp));
+        c.drop(DropReason::NoHealthyBackend);
+        c.conntrack.entries = 5;
+        c.conntrack.closing = 2;
+        c.conntrack.closes = 3;
+        let mut d = Counters::new();
+        d.merge(&c);
+        d.merge(&c);
+        assert_eq!(d.dropped(), 8);
+        assert_eq!(d.not_for_vip(), 6);
+        assert_eq!(d.dropped_excluding_not_for_vip(), 2);
+        assert_eq!(
+            d.drop_table_excluding_not_for_vip(),
+            vec![("no_healthy_backend", 2)]
+        );
+        assert_eq!(d.not_for_vip_table(), vec![("not_ip", 2), ("no_vip", 4)]);
+        assert_eq!(
+            (
+                d.conntrack.entries,
+                d.conntrack.closing,
+                d.conntrack.active()
+            ),
+            (10, 4, 6)
+        );
+        assert_eq!(d.conntrack.closes, 6);
     }
 }

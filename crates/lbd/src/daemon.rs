@@ -7,6 +7,12 @@
 //! configuration keeps serving, and the reason is logged and returned.
 //! Settings of `[forwarder]` and `[conntrack]` (threads, queue and table
 //! sizes) take effect at the next start; a reload that changes them says so.
+//!
+//! Runtime changes (`POST /backends/NAME/drain`, `/undrain`,
+//! `/weight/N`: `fastpath lb drain|undrain|weight`) are applied the same
+//! way, whole or not at all, and written back into the file
+//! ([`crate::runtime`]) so that a restart keeps them; a file edited since
+//! it was loaded is not overwritten.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -67,6 +73,20 @@ pub struct Shared {
     /// Backend names each check decides for (refreshed on reload).
     check_names: Mutex<HashMap<CheckKey, Vec<String>>>,
     reloads: AtomicU64,
+    /// The configuration generation users see: 1 at start, +1 for every
+    /// configuration applied (reload or runtime change). The tables' own
+    /// generation also rises on health, peer and gateway changes.
+    config_generation: AtomicU64,
+    /// Backend health changes applied to the tables.
+    health_changes: AtomicU64,
+    /// Runtime changes (drain, undrain, weight) applied and rejected.
+    runtime_changes: AtomicU64,
+    runtime_change_failures: AtomicU64,
+    /// The configuration file's text as last applied (at start, by a
+    /// reload or a runtime change): a runtime change refuses to overwrite
+    /// a file that differs from it. Its lock also keeps reloads and runtime
+    /// changes one at a time.
+    applied_text: Mutex<String>,
     /// Health checks whose prober ran late (not counted toward fall/rise).
     checks_inconclusive: AtomicU64,
     reload_failures: AtomicU64,
@@ -139,6 +159,75 @@ pub enum ReloadError {
     Tunnel(#[from] crate::tunnel::TunnelError),
 }
 
+/// Why a runtime change (drain, undrain, weight) was refused; nothing
+/// changed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The backend, or the file's layout (see [`crate::runtime::EditError`]).
+    #[error(transparent)]
+    Edit(#[from] crate::runtime::EditError),
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The configuration file.
+        path: PathBuf,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file on disk is not the configuration that runs.
+    #[error(
+        "{path} changed on disk since it was loaded; not overwriting that edit: \
+         apply it first (`fastpath lb reload` or SIGHUP), or undo it, then try again"
+    )]
+    FileChanged {
+        /// The configuration file.
+        path: PathBuf,
+    },
+    /// The change would make the configuration invalid.
+    #[error("the configuration after the change is invalid: {0}")]
+    Config(#[from] lb::config::ConfigError),
+    /// The change could not be applied.
+    #[error(transparent)]
+    Apply(#[from] ReloadError),
+    /// The file could not be written (nothing was applied).
+    #[error(transparent)]
+    Write(#[from] crate::runtime::WriteError),
+}
+
+impl RuntimeError {
+    /// The HTTP status of the API's answer.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            RuntimeError::Edit(crate::runtime::EditError::UnknownBackend(_)) => {
+                StatusCode::NOT_FOUND
+            }
+            RuntimeError::FileChanged { .. } => StatusCode::CONFLICT,
+            RuntimeError::Edit(_) | RuntimeError::Config(_) | RuntimeError::Apply(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            RuntimeError::Read { .. } | RuntimeError::Write(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// What a runtime change did (the API's answer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct RuntimeChanged {
+    /// The backend as asked for.
+    pub backend: String,
+    /// The change.
+    pub change: crate::runtime::Change,
+    /// The pools that list the backend: all changed.
+    pub pools: Vec<String>,
+    /// False when it already was as asked (nothing written or applied).
+    pub changed: bool,
+    /// The configuration generation after it.
+    pub generation: u64,
+    /// The configuration file written.
+    pub file: String,
+}
+
 /// Why a request to a daemon's API failed (`fastpath lb status`).
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -204,7 +293,7 @@ pub enum ApiError {
 /// What a reload applied.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Reloaded {
-    /// The tables' generation after it.
+    /// The configuration generation after it (`/status` `generation`).
     pub generation: u64,
     /// Keys that changed but take effect only at the next start (the
     /// running load balancer keeps the values it started with), as
@@ -216,31 +305,24 @@ impl Shared {
     /// Re-reads the configuration file and swaps it in, or explains why not.
     /// Keys that cannot change while running are reported, not applied.
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
-        let result = Config::load(&self.config_path)
+        let mut applied = self.applied_text.lock().unwrap_or_else(|p| p.into_inner());
+        let file = self.config_path.display().to_string();
+        let result = std::fs::read_to_string(&self.config_path)
+            .map_err(|e| lb::config::ConfigError {
+                file: file.clone(),
+                key: "(file)".into(),
+                problem: format!("cannot read: {e}"),
+            })
+            .and_then(|text| Config::parse(&text, &file).map(|c| (c, text)))
             .map_err(ReloadError::from)
-            .and_then(|mut cfg| {
-                if cfg.encap.mac.is_none() {
-                    cfg.encap.mac.clone_from(&self.interface_mac);
-                }
-                let checks = health::checks(&cfg);
-                self.ensure_tunnel(&checks)?;
-                let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
-                c.apply(cfg.clone())?;
-                *self.check_names.lock().unwrap_or_else(|p| p.into_inner()) = checks;
-                if let Some(f) = &self.xdp_vips {
-                    f.set(&vip_addresses(&cfg)).map_err(ReloadError::XdpVips)?;
-                    crate::peers::set_xdp_redirects(f, &cfg).map_err(ReloadError::XdpVips)?;
-                }
-                Ok(Reloaded {
-                    generation: c.tables().load().generation,
-                    not_applied: self.boot.restart_keys(&cfg),
-                })
+            .and_then(|(cfg, text)| {
+                let r = self.apply_config(cfg)?;
+                *applied = text;
+                Ok(r)
             });
         match &result {
             Ok(r) => {
                 self.reloads.fetch_add(1, Ordering::Relaxed);
-                // The backends or gateway_mac may have changed.
-                self.gateway.kick();
                 *self
                     .last_reload_error
                     .lock()
@@ -263,6 +345,108 @@ impl Shared {
             }
         }
         result
+    }
+
+    /// Swaps in a validated configuration (a reload's or a runtime
+    /// change's) in one step, or changes nothing; counts a generation.
+    fn apply_config(&self, mut cfg: Config) -> Result<Reloaded, ReloadError> {
+        if cfg.encap.mac.is_none() {
+            cfg.encap.mac.clone_from(&self.interface_mac);
+        }
+        let checks = health::checks(&cfg);
+        self.ensure_tunnel(&checks)?;
+        let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        c.apply(cfg.clone())?;
+        *self.check_names.lock().unwrap_or_else(|p| p.into_inner()) = checks;
+        if let Some(f) = &self.xdp_vips {
+            f.set(&vip_addresses(&cfg)).map_err(ReloadError::XdpVips)?;
+            crate::peers::set_xdp_redirects(f, &cfg).map_err(ReloadError::XdpVips)?;
+        }
+        drop(c);
+        // The backends or gateway_mac may have changed.
+        self.gateway.kick();
+        Ok(Reloaded {
+            generation: self.config_generation.fetch_add(1, Ordering::Relaxed) + 1,
+            not_applied: self.boot.restart_keys(&cfg),
+        })
+    }
+
+    /// Drains, undrains or reweighs `backend` (a name, or an address) in
+    /// every pool that lists it: the file's text is edited
+    /// ([`crate::runtime::edit`]), the result validated and applied whole
+    /// like a reload, then written back in one step. Nothing changes on
+    /// any error: an unknown backend, a file edited since it was loaded
+    /// (reload it first), a configuration the change makes invalid.
+    pub fn runtime_change(
+        &self,
+        backend: &str,
+        change: crate::runtime::Change,
+    ) -> Result<RuntimeChanged, RuntimeError> {
+        let result = self.runtime_change_inner(backend, change);
+        match &result {
+            Ok(r) => {
+                self.runtime_changes.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    backend,
+                    %change,
+                    pools = ?r.pools,
+                    generation = r.generation,
+                    changed = r.changed,
+                    "runtime change applied and written to the configuration file"
+                );
+            }
+            Err(e) => {
+                self.runtime_change_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(backend, %change, "runtime change refused: {e}");
+            }
+        }
+        result
+    }
+
+    fn runtime_change_inner(
+        &self,
+        backend: &str,
+        change: crate::runtime::Change,
+    ) -> Result<RuntimeChanged, RuntimeError> {
+        let mut applied = self.applied_text.lock().unwrap_or_else(|p| p.into_inner());
+        let path = &self.config_path;
+        let file = path.display().to_string();
+        let on_disk = std::fs::read_to_string(path).map_err(|source| RuntimeError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        if on_disk != *applied {
+            return Err(RuntimeError::FileChanged { path: path.clone() });
+        }
+        let edited = crate::runtime::edit(&on_disk, backend, change)?;
+        let generation = self.config_generation.load(Ordering::Relaxed);
+        let mut out = RuntimeChanged {
+            backend: backend.to_string(),
+            change,
+            pools: edited.pools.clone(),
+            changed: edited.changed,
+            generation,
+            file,
+        };
+        if !edited.changed {
+            return Ok(out);
+        }
+        let cfg = Config::parse(&edited.text, &out.file)?;
+        let old = self.control().config().clone();
+        crate::runtime::write_atomically(path, &edited.text)?;
+        match self.apply_config(cfg) {
+            Ok(r) => {
+                out.generation = r.generation;
+                *applied = edited.text;
+                Ok(out)
+            }
+            Err(e) => {
+                // Not applied: the file goes back to what runs.
+                let _ = crate::runtime::write_atomically(path, &on_disk);
+                let _ = self.control().apply(old);
+                Err(e.into())
+            }
+        }
     }
 
     /// Makes the health-check tunnel if `checks` need it and it is not there.
@@ -312,19 +496,25 @@ impl Shared {
     /// The `/status` document.
     pub fn status(&self) -> Status {
         let c = self.counters();
-        let tables = self
-            .control
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .tables()
-            .load_full();
+        // The tables and the configuration they were built from, together.
+        let (tables, cfg) = {
+            let control = self.control();
+            (control.tables().load_full(), control.config().clone())
+        };
         // One lock, released here: taking it twice in one expression would
         // deadlock (a guard lives to the end of its statement).
         let bgp = self.bgp.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let fleet = crate::peers::status(&tables, &c, self.control().config());
-        let backend = |id: u32, weight: u32| {
+        // The weight written in the configuration and the drain state, by
+        // backend name, per pool (the tables hold 0 for a drained backend).
+        let mut configured: HashMap<&str, HashMap<String, (u32, bool)>> = HashMap::new();
+        let backend = |id: u32, weight: u32, written: Option<&(u32, bool)>| {
             let b = &tables.backends[id as usize];
             let t = c.per_backend.get(id as usize).copied().unwrap_or_default();
+            let (weight, drained) = match written {
+                Some(&(w, d)) => (w, d || w == 0),
+                None => (weight, weight == 0),
+            };
             BackendStatus {
                 name: b.name.clone(),
                 address: packet::flow::to_ip(&b.addr).to_string(),
@@ -332,7 +522,7 @@ impl Shared {
                 packets: t.packets,
                 bytes: t.bytes,
                 weight,
-                drained: weight == 0,
+                drained,
             }
         };
         let pool = self.pool.stats();
@@ -341,7 +531,11 @@ impl Shared {
             driver: self.driver.clone(),
             pool_buffers: pool.buffers,
             pool_in_use: pool.in_use,
-            generation: tables.generation,
+            generation: self.config_generation.load(Ordering::Relaxed),
+            tables_generation: tables.generation,
+            health_changes: self.health_changes.load(Ordering::Relaxed),
+            runtime_changes: self.runtime_changes.load(Ordering::Relaxed),
+            runtime_change_failures: self.runtime_change_failures.load(Ordering::Relaxed),
             tables_bytes: memory.total as u64,
             distinct_tables: memory.distinct_tables,
             uptime_s: self.started.elapsed().as_secs_f64(),
@@ -353,13 +547,21 @@ impl Shared {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             forwarded: c.tx,
-            dropped: c.dropped(),
+            dropped: c.dropped_excluding_not_for_vip(),
             drops: c
-                .drop_table()
+                .drop_table_excluding_not_for_vip()
                 .into_iter()
                 .map(|(n, v)| (n.to_string(), v))
                 .collect(),
+            not_for_vip: c.not_for_vip(),
+            not_for_vip_by_kind: c
+                .not_for_vip_table()
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v))
+                .collect(),
+            csum_completed: c.csum_completed,
             conntrack_entries: c.conntrack.entries,
+            active_connections: Some(c.conntrack.active()),
             gateway: Some(self.gateway.status()),
             bgp_announced: bgp.as_ref().map(|b| b.0),
             bgp_error: bgp.and_then(|b| b.1),
@@ -379,6 +581,9 @@ impl Shared {
                 .enumerate()
                 .map(|(i, v)| {
                     let t = c.per_vip.get(i).copied().unwrap_or_default();
+                    let written = configured
+                        .entry(v.pool.as_str())
+                        .or_insert_with(|| crate::runtime::configured(&cfg, &v.pool));
                     VipStatus {
                         name: v.name.clone(),
                         packets: t.packets,
@@ -388,7 +593,9 @@ impl Shared {
                             .backends
                             .iter()
                             .zip(&v.weights)
-                            .map(|(&id, &w)| backend(id, w))
+                            .map(|(&id, &w)| {
+                                backend(id, w, written.get(&tables.backends[id as usize].name))
+                            })
                             .collect(),
                         fingerprint: format!("{:016x}", v.fingerprint),
                         pool: v.pool.clone(),
@@ -422,12 +629,27 @@ pub struct BackendStatus {
     pub packets: u64,
     /// Bytes forwarded to it.
     pub bytes: u64,
-    /// Its weight in the VIP's pool (absent in older documents: 0).
+    /// Its weight in the VIP's pool as configured, kept while drained
+    /// (absent in older documents: 0; older versions wrote 0 when drained).
     #[serde(default)]
     pub weight: u32,
-    /// Drained: weight 0, so it keeps its connections but takes no new ones.
+    /// Drained (listed in its pool's `drained`, or weight 0): it keeps its
+    /// connections but takes no new ones; `weight` is what undrain restores.
     #[serde(default)]
     pub drained: bool,
+}
+
+impl BackendStatus {
+    /// Its state in words that do not contradict each other: "drained"
+    /// (no new connections; health aside), "drained, DOWN", "up" or "DOWN".
+    pub fn state(&self) -> &'static str {
+        match (self.drained, self.healthy) {
+            (true, true) => "drained",
+            (true, false) => "drained, DOWN",
+            (false, true) => "up",
+            (false, false) => "DOWN",
+        }
+    }
 }
 
 /// A VIP in `/status`.
@@ -480,8 +702,23 @@ pub struct TracerStatus {
 pub struct Status {
     /// The packet I/O driver in use.
     pub driver: String,
-    /// Configuration generation.
+    /// Configuration generation: 1 at start, +1 for every configuration
+    /// applied (reload or runtime change); health changes do not count.
     pub generation: u64,
+    /// The tables' own generation: +1 for every table swap, configuration,
+    /// health, `[fleet]` peer or gateway change (packet-tracer reports carry
+    /// it; 0 in older documents).
+    #[serde(default)]
+    pub tables_generation: u64,
+    /// Backend health changes applied (0 in older documents).
+    #[serde(default)]
+    pub health_changes: u64,
+    /// Runtime changes (drain, undrain, weight) applied.
+    #[serde(default)]
+    pub runtime_changes: u64,
+    /// Runtime changes refused (nothing changed).
+    #[serde(default)]
+    pub runtime_change_failures: u64,
     /// Bytes of the running tables: the distinct Maglev tables once, every
     /// VIP's lists, the backend registry (0 in older documents).
     #[serde(default)]
@@ -491,20 +728,42 @@ pub struct Status {
     pub distinct_tables: usize,
     /// Seconds since start.
     pub uptime_s: f64,
-    /// Reloads applied.
+    /// Reloads applied (also read as `reloads_applied`).
+    #[serde(alias = "reloads_applied")]
     pub reloads: u64,
-    /// Reloads rejected.
+    /// Reloads rejected, apart from `reloads` (also read as
+    /// `reloads_rejected`).
+    #[serde(alias = "reloads_rejected")]
     pub reload_failures: u64,
     /// Why the last reload was rejected, if it was.
     pub last_reload_error: Option<String>,
     /// Packets forwarded.
     pub forwarded: u64,
-    /// Packets dropped.
+    /// Packets dropped: frames for the load balancer it could not forward
+    /// (frames that were not for a VIP are in `not_for_vip` instead; older
+    /// versions counted them here).
     pub dropped: u64,
     /// Drops by reason.
     pub drops: std::collections::BTreeMap<String, u64>,
-    /// Live connection-table entries.
+    /// Frames that were not for a VIP: not IP, or IP for no VIP (on
+    /// AF_PACKET the kernel's own traffic). Not drops (absent in older
+    /// documents).
+    #[serde(default)]
+    pub not_for_vip: u64,
+    /// The same by kind: `not_ip`, `no_vip`.
+    #[serde(default)]
+    pub not_for_vip_by_kind: std::collections::BTreeMap<String, u64>,
+    /// Transport checksums a local sender left partial (checksum offload
+    /// on a veth peer) that the packet threads completed before
+    /// encapsulating (0 in older documents).
+    #[serde(default)]
+    pub csum_completed: u64,
+    /// Connection-table entries: open flows and closed ones lingering.
     pub conntrack_entries: u64,
+    /// Active connections: entries whose flow is not closed (absent in
+    /// older documents).
+    #[serde(default)]
+    pub active_connections: Option<u64>,
     /// The next hop encapsulated frames are sent to (absent in documents
     /// from versions without it).
     #[serde(default)]
@@ -537,9 +796,46 @@ impl Status {
     pub fn to_text(&self) -> String {
         let mut out = format!("driver: {}\n", self.driver);
         out += &format!(
-            "generation {}, up {:.0} s, reloads {} (rejected {}), forwarded {}, dropped {}, connections {}\n",
-            self.generation, self.uptime_s, self.reloads, self.reload_failures, self.forwarded, self.dropped, self.conntrack_entries
+            "configuration generation {}, up {:.0} s, reloads: {} applied, {} rejected; \
+             runtime changes: {} applied, {} rejected; health changes {}\n",
+            self.generation,
+            self.uptime_s,
+            self.reloads,
+            self.reload_failures,
+            self.runtime_changes,
+            self.runtime_change_failures,
+            self.health_changes
         );
+        let not_for_vip = if self.not_for_vip_by_kind.is_empty() {
+            self.not_for_vip.to_string()
+        } else {
+            format!(
+                "{} ({})",
+                self.not_for_vip,
+                self.not_for_vip_by_kind
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        out += &format!(
+            "forwarded {}, dropped {}, not for a VIP {not_for_vip}\n",
+            self.forwarded, self.dropped
+        );
+        if self.csum_completed > 0 {
+            out += &format!(
+                "partial checksums completed: {} (a local sender offloads them; see README, deployment)\n",
+                self.csum_completed
+            );
+        }
+        out += &match self.active_connections {
+            Some(a) => format!(
+                "connections: {a} active, {} tracked (closed ones linger briefly)\n",
+                self.conntrack_entries
+            ),
+            None => format!("connections: {} tracked\n", self.conntrack_entries),
+        };
         out += &format!(
             "packet pool: {} of {} buffers in use\n",
             self.pool_in_use, self.pool_buffers
@@ -575,7 +871,7 @@ impl Status {
             ));
         }
         let mut t = measure::Table::new([
-            "vip", "backend", "address", "weight", "healthy", "packets", "bytes",
+            "vip", "backend", "address", "weight", "state", "packets", "bytes",
         ]);
         for v in &self.vips {
             t.row([
@@ -596,12 +892,8 @@ impl Status {
                     String::new(),
                     b.name.clone(),
                     b.address.clone(),
-                    if b.drained {
-                        "0 (drained)".to_string()
-                    } else {
-                        b.weight.to_string()
-                    },
-                    if b.healthy { "yes" } else { "NO" }.to_string(),
+                    b.weight.to_string(),
+                    b.state().to_string(),
                     b.packets.to_string(),
                     b.bytes.to_string(),
                 ]);
@@ -645,7 +937,9 @@ async fn health_task(shared: Arc<Shared>, key: CheckKey) {
                 .unwrap_or_default();
             let mut c = shared.control.lock().unwrap_or_else(|p| p.into_inner());
             for n in &names {
-                c.set_health(n, healthy);
+                if c.set_health(n, healthy) {
+                    shared.health_changes.fetch_add(1, Ordering::Relaxed);
+                }
             }
             tracing::warn!(check = %key, healthy, backends = ?names, "backend health changed; tables rebuilt");
         }
@@ -680,6 +974,30 @@ async fn health_manager(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     }
     for t in tasks.values() {
         t.abort();
+    }
+}
+
+/// `POST /backends/NAME/...`: a runtime change, with the token like
+/// `/reload`; 200 with what changed, or the error's status with the reason
+/// as JSON (404: no such backend, 409: the file was edited since it was
+/// loaded, 400: the result would be invalid).
+async fn change_endpoint(
+    s: Arc<Shared>,
+    headers: &axum::http::HeaderMap,
+    backend: String,
+    change: crate::runtime::Change,
+) -> axum::response::Response {
+    if !crate::api::authorized(headers, s.token.as_deref()) {
+        return crate::api::unauthorized().into_response();
+    }
+    match tokio::task::spawn_blocking(move || s.runtime_change(&backend, change)).await {
+        Ok(Ok(r)) => (StatusCode::OK, Json(r)).into_response(),
+        Ok(Err(e)) => (
+            e.status(),
+            Json(serde_json::json!({ "error": e.to_string() })),
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 
@@ -740,12 +1058,45 @@ async fn control_plane(
                     },
                 ),
             )
+            .route(
+                "/backends/{backend}/drain",
+                post(
+                    |State(s): State<Arc<Shared>>,
+                     axum::extract::Path(b): axum::extract::Path<String>,
+                     headers: axum::http::HeaderMap| async move {
+                        change_endpoint(s, &headers, b, crate::runtime::Change::Drain).await
+                    },
+                ),
+            )
+            .route(
+                "/backends/{backend}/undrain",
+                post(
+                    |State(s): State<Arc<Shared>>,
+                     axum::extract::Path(b): axum::extract::Path<String>,
+                     headers: axum::http::HeaderMap| async move {
+                        change_endpoint(s, &headers, b, crate::runtime::Change::Undrain).await
+                    },
+                ),
+            )
+            .route(
+                "/backends/{backend}/weight/{weight}",
+                post(
+                    |State(s): State<Arc<Shared>>,
+                     axum::extract::Path((b, w)): axum::extract::Path<(String, u32)>,
+                     headers: axum::http::HeaderMap| async move {
+                        change_endpoint(s, &headers, b, crate::runtime::Change::Weight(w)).await
+                    },
+                ),
+            )
             .with_state(Arc::clone(&shared));
         let addr = listener
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        tracing::info!(%addr, "HTTP API: /metrics, /status, POST /reload");
+        tracing::info!(
+            %addr,
+            "HTTP API: /metrics, /status, POST /reload, POST /backends/NAME/drain|undrain|weight/N"
+        );
         tokio::spawn(crate::api::serve(listener, app, Arc::clone(&stop)));
     }
     while !stop.load(Ordering::Relaxed) {
@@ -891,7 +1242,15 @@ pub fn run(
     threads: Option<usize>,
     stop: Arc<AtomicBool>,
 ) -> Result<(RunStats, Arc<lb::tables::Tables>), Error> {
-    let mut cfg = Config::load(config)?;
+    // The text too: a runtime change refuses to overwrite a file that
+    // differs from what runs.
+    let file = config.display().to_string();
+    let config_text = std::fs::read_to_string(config).map_err(|e| lb::config::ConfigError {
+        file: file.clone(),
+        key: "(file)".into(),
+        problem: format!("cannot read: {e}"),
+    })?;
+    let mut cfg = Config::parse(&config_text, &file)?;
     if let Some(t) = threads {
         cfg.forwarder.threads = t;
     }
@@ -913,6 +1272,7 @@ pub fn run(
     let host = Host {
         gateway,
         interface_mac,
+        config_text,
     };
     let tables = control.tables();
     let mut params = Params::from_config(&cfg);
@@ -1039,6 +1399,8 @@ struct Host {
     gateway: crate::gateway::Gateway,
     /// The interface's own MAC.
     interface_mac: Option<String>,
+    /// The configuration file's text as loaded.
+    config_text: String,
 }
 
 /// The ports the datapath serves.
@@ -1108,6 +1470,11 @@ fn serve(
         health: Mutex::new(HashMap::new()),
         check_names: Mutex::new(health::checks(&cfg)),
         reloads: AtomicU64::new(0),
+        config_generation: AtomicU64::new(1),
+        health_changes: AtomicU64::new(0),
+        runtime_changes: AtomicU64::new(0),
+        runtime_change_failures: AtomicU64::new(0),
+        applied_text: Mutex::new(host.config_text),
         checks_inconclusive: AtomicU64::new(0),
         reload_failures: AtomicU64::new(0),
         last_reload_error: Mutex::new(None),
@@ -1336,6 +1703,67 @@ mod tests {
             }
         });
         addr
+    }
+
+    /// `lb status` says what its counters mean (issue 17, finding 4):
+    /// reloads applied and rejected as two numbers, active connections
+    /// beside tracked entries, frames not for a VIP apart from drops, the
+    /// configured weight, and "drained" rather than a health word for a
+    /// drained backend. Documents from older versions still parse.
+    #[test]
+    fn status_text_says_what_the_counters_mean() {
+        let doc = serde_json::json!({
+            "driver": "AF_PACKET", "generation": 4, "uptime_s": 9.0, "reloads": 10,
+            "reload_failures": 10, "last_reload_error": null, "forwarded": 100, "dropped": 1,
+            "drops": {"no_healthy_backend": 1}, "conntrack_entries": 50, "bgp_announced": null,
+            "bgp_error": null, "health_changes": 7, "not_for_vip": 30,
+            "not_for_vip_by_kind": {"no_vip": 20, "not_ip": 10}, "active_connections": 12,
+            "vips": [{"name": "http", "packets": 100, "bytes": 1000, "healthy_backends": 1,
+                      "pool": "web", "fingerprint": "00000000000000aa", "backends": [
+                {"name": "b1", "address": "10.0.0.1", "healthy": true, "packets": 90,
+                 "bytes": 900, "weight": 2, "drained": false},
+                {"name": "b2", "address": "10.0.0.2", "healthy": true, "packets": 10,
+                 "bytes": 100, "weight": 3, "drained": true},
+                {"name": "b3", "address": "10.0.0.3", "healthy": false, "packets": 0,
+                 "bytes": 0, "weight": 1, "drained": false}]}]
+        });
+        let s: Status = serde_json::from_value(doc).unwrap();
+        let t = s.to_text();
+        for want in [
+            "configuration generation 4",
+            "reloads: 10 applied, 10 rejected",
+            "health changes 7",
+            "dropped 1, not for a VIP 30 (no_vip 20, not_ip 10)",
+            "connections: 12 active, 50 tracked",
+        ] {
+            assert!(t.contains(want), "{want:?} missing:\n{t}");
+        }
+        let row = |name: &str| {
+            t.lines()
+                .find(|l| l.split_whitespace().any(|w| w == name))
+                .unwrap()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert!(row("b1").contains("10.0.0.1 2 up 90"), "{t}");
+        assert!(row("b2").contains("10.0.0.2 3 drained 10"), "{t}");
+        assert!(
+            !row("b2").contains("yes") && !row("b2").contains("up"),
+            "{t}"
+        );
+        assert!(row("b3").contains("10.0.0.3 1 DOWN 0"), "{t}");
+        // The names of other versions' documents are read too.
+        let renamed: Status = serde_json::from_value(serde_json::json!({
+            "driver": "x", "generation": 1, "uptime_s": 0.0, "reloads_applied": 3,
+            "reloads_rejected": 2, "last_reload_error": null, "forwarded": 0, "dropped": 0,
+            "drops": {}, "conntrack_entries": 0, "bgp_announced": null, "bgp_error": null,
+            "vips": []
+        }))
+        .unwrap();
+        assert_eq!((renamed.reloads, renamed.reload_failures), (3, 2));
+        assert_eq!(renamed.active_connections, None);
+        assert!(renamed.to_text().contains("connections: 0 tracked"));
     }
 
     #[test]

@@ -19,5 +19,6 @@ pub mod health;
 pub mod lock;
 pub mod metrics;
 pub mod peers;
+pub mod runtime;
 pub mod tracer;
 pub mod tunnel;

@@ -13,7 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use lb::counters::{Counters, DropReason, DROP_REASONS};
+use lb::counters::{Counters, DropReason, DROP_REASONS, NOT_FOR_VIP};
 
 use crate::daemon::Status;
 
@@ -79,8 +79,28 @@ pub fn encode_metrics(s: &Status, c: &Counters, checks_inconclusive: u64) -> Str
     let mut f = Families { r: &mut r };
     f.gauge_at(
         "fastpath_lb_config_generation",
-        "Generation of the running tables: rises on every reload and health change",
+        "Configuration generation: 1 at start, +1 for every configuration applied (reload or runtime change); health changes do not count",
         s.generation,
+    );
+    f.gauge_at(
+        "fastpath_lb_tables_generation",
+        "Generation of the running tables: +1 for every table swap (configuration, health, fleet peer or gateway change)",
+        s.tables_generation,
+    );
+    f.counter_at(
+        "fastpath_lb_health_changes",
+        "Backend health changes applied to the tables",
+        s.health_changes,
+    );
+    f.counter_at(
+        "fastpath_lb_runtime_changes",
+        "Runtime changes (drain, undrain, weight) applied and written to the configuration file",
+        s.runtime_changes,
+    );
+    f.counter_at(
+        "fastpath_lb_runtime_change_failures",
+        "Runtime changes refused (unknown backend, file edited since loaded, invalid result); nothing changed",
+        s.runtime_change_failures,
     );
     f.counter_at(
         "fastpath_lb_reloads",
@@ -91,6 +111,11 @@ pub fn encode_metrics(s: &Status, c: &Counters, checks_inconclusive: u64) -> Str
         "fastpath_lb_reload_failures",
         "Configuration reloads rejected (the running configuration stayed)",
         s.reload_failures,
+    );
+    f.counter_at(
+        "fastpath_lb_checksums_completed",
+        "Transport checksums a local sender left partial (checksum offload) that the load balancer completed",
+        s.csum_completed,
     );
     f.counter_at(
         "fastpath_lb_health_checks_inconclusive",
@@ -109,7 +134,11 @@ pub fn encode_metrics(s: &Status, c: &Counters, checks_inconclusive: u64) -> Str
     );
     let weight = f.gauge(
         "fastpath_lb_backend_weight",
-        "The backend's weight in the VIP's pool (0: drained)",
+        "The backend's weight in the VIP's pool as configured (kept while drained; see fastpath_lb_backend_drained)",
+    );
+    let drained = f.gauge(
+        "fastpath_lb_backend_drained",
+        "1 if the backend is drained in the VIP's pool: no new connections, weight kept",
     );
     let be_packets = f.counter(
         "fastpath_lb_backend_packets",
@@ -131,15 +160,13 @@ pub fn encode_metrics(s: &Status, c: &Counters, checks_inconclusive: u64) -> Str
             1,
         );
         for b in &v.backends {
-            set(
-                &weight,
-                &[
-                    ("vip", &v.name),
-                    ("backend", &b.name),
-                    ("address", &b.address),
-                ],
-                u64::from(b.weight),
-            );
+            let l = [
+                ("vip", v.name.as_str()),
+                ("backend", b.name.as_str()),
+                ("address", b.address.as_str()),
+            ];
+            set(&weight, &l, u64::from(b.weight));
+            set(&drained, &l, u64::from(b.drained));
             if seen.insert(b.name.clone()) {
                 let l = [
                     ("backend", b.name.as_str()),
@@ -151,12 +178,26 @@ pub fn encode_metrics(s: &Status, c: &Counters, checks_inconclusive: u64) -> Str
             }
         }
     }
-    let drops = f.counter("fastpath_lb_drops", "Packets dropped, by reason");
-    for i in 0..DROP_REASONS {
+    let drops = f.counter(
+        "fastpath_lb_drops",
+        "Packets dropped, by reason (frames not for a VIP are in fastpath_lb_not_for_vip)",
+    );
+    for i in (0..DROP_REASONS).filter(|&i| !Counters::is_not_for_vip(i)) {
         count(
             &drops,
             &[("reason", DropReason::name_of(i))],
             c.drops.get(i).copied().unwrap_or(0),
+        );
+    }
+    let not_for_vip = f.counter(
+        "fastpath_lb_not_for_vip",
+        "Frames that were not for a VIP, by kind: not_ip (ARP, LLDP...), no_vip (IP for no VIP; on AF_PACKET the kernel's own traffic). Not drops",
+    );
+    for r in NOT_FOR_VIP {
+        count(
+            &not_for_vip,
+            &[("kind", DropReason::name_of(r.index()))],
+            c.drops_for(r),
         );
     }
     if let Some(t) = &s.tracer {
@@ -220,12 +261,17 @@ pub fn encode_metrics(s: &Status, c: &Counters, checks_inconclusive: u64) -> Str
     let ct = &c.conntrack;
     f.gauge_at(
         "fastpath_lb_conntrack_entries",
-        "Connection-table entries (live, including closed ones lingering)",
+        "Connection-table entries: open flows and closed ones lingering (see fastpath_lb_conntrack_active)",
         ct.entries,
+    );
+    f.gauge_at(
+        "fastpath_lb_conntrack_active",
+        "Active connections: connection-table entries whose flow is not closed (no FIN or RST seen)",
+        ct.active(),
     );
     let events = f.counter(
         "fastpath_lb_conntrack_events",
-        "Connection-table hits, misses, inserts, insert failures, expiries",
+        "Connection-table hits, misses, inserts, insert failures, expiries, closes (FIN or RST)",
     );
     for (k, v) in [
         ("hit", ct.hits),
@@ -233,8 +279,31 @@ pub fn encode_metrics(s: &Status, c: &Counters, checks_inconclusive: u64) -> Str
         ("insert", ct.inserts),
         ("insert_failure", ct.insert_failures),
         ("expiry", ct.expiries),
+        ("close", ct.closes),
     ] {
         count(&events, &[("event", k)], v);
+    }
+    if let Some(g) = &s.gateway {
+        let resolved = f.gauge(
+            "fastpath_lb_gateway_resolved",
+            "1 while encapsulated frames go to a known next hop (resolved from the kernel, or [encap] gateway_mac), 0 while unresolved (frames lost); labels: source, mac, next hop address",
+        );
+        let source = match g.source {
+            crate::gateway::Source::Resolved => "resolved",
+            crate::gateway::Source::Configured => "configured",
+            crate::gateway::Source::Unresolved => "unresolved",
+        };
+        let known = g.source != crate::gateway::Source::Unresolved && g.mac.is_some();
+        set(
+            &resolved,
+            &[
+                ("interface", g.interface.as_str()),
+                ("source", source),
+                ("mac", g.mac.as_deref().unwrap_or("")),
+                ("address", g.address.as_deref().unwrap_or("")),
+            ],
+            u64::from(known),
+        );
     }
     let mut out = String::new();
     // Writing into a String cannot fail.
@@ -248,14 +317,16 @@ mod tests {
 
     fn status() -> Status {
         serde_json::from_value(serde_json::json!({
-            "driver": "AF_XDP", "generation": 3, "uptime_s": 1.0, "reloads": 2,
+            "driver": "AF_XDP", "generation": 3, "uptime_s": 1.0, "reloads": 2, "health_changes": 5,
+            "gateway": {"mac": "02:00:00:00:00:aa", "source": "resolved", "interface": "eth0",
+                        "address": "10.0.0.254"},
             "reload_failures": 1, "last_reload_error": null, "forwarded": 10, "dropped": 1,
             "drops": {}, "conntrack_entries": 4, "bgp_announced": true, "bgp_error": null,
             "vips": [
                 {"name": "http", "packets": 7, "bytes": 700, "healthy_backends": 2, "pool": "web",
                  "fingerprint": "00000000000000aa", "backends": [
                     {"name": "b1", "address": "10.0.0.1", "healthy": true, "packets": 5, "bytes": 500, "weight": 1},
-                    {"name": "b2", "address": "10.0.0.2", "healthy": false, "packets": 2, "bytes": 200, "weight": 0}]},
+                    {"name": "b2", "address": "10.0.0.2", "healthy": false, "packets": 2, "bytes": 200, "weight": 0, "drained": true}]},
                 {"name": "http2", "packets": 0, "bytes": 0, "healthy_backends": 1, "pool": "web",
                  "fingerprint": "00000000000000bb", "backends": [
                     {"name": "b1", "address": "10.0.0.1", "healthy": true, "packets": 5, "bytes": 500, "weight": 1}]}
@@ -269,7 +340,17 @@ mod tests {
     /// samples after).
     #[test]
     fn families_are_grouped_and_named_for_prometheus() {
-        let text = encode_metrics(&status(), &Counters::new(), 9);
+        let mut c = Counters::new();
+        c.drop(DropReason::NoVip);
+        c.drop(DropReason::NoVip);
+        c.drop(DropReason::NoHealthyBackend);
+        c.conntrack.entries = 4;
+        c.conntrack.closing = 1;
+        let text = encode_metrics(&status(), &c, 9);
+        assert!(
+            !text.contains("fastpath_lb_drops_total{reason=\"no_vip\"}"),
+            "frames not for a VIP are not drops:\n{text}"
+        );
         let mut current = String::new();
         let mut done = std::collections::HashSet::new();
         for line in text.lines() {
@@ -292,7 +373,15 @@ mod tests {
             "fastpath_lb_health_checks_inconclusive_total 9",
             "fastpath_lb_backend_healthy{backend=\"b2\",address=\"10.0.0.2\"} 0",
             "fastpath_lb_backend_weight{vip=\"http\",backend=\"b2\",address=\"10.0.0.2\"} 0",
-            "fastpath_lb_drops_total{reason=\"no_vip\"} 0",
+            "fastpath_lb_drops_total{reason=\"no_healthy_backend\"} 1",
+            "fastpath_lb_not_for_vip_total{kind=\"no_vip\"} 2",
+            "fastpath_lb_not_for_vip_total{kind=\"not_ip\"} 0",
+            "fastpath_lb_conntrack_active 3",
+            "fastpath_lb_conntrack_entries 4",
+            "fastpath_lb_config_generation 3",
+            "fastpath_lb_health_changes_total 5",
+            "fastpath_lb_backend_drained{vip=\"http\",backend=\"b2\",address=\"10.0.0.2\"} 1",
+            "fastpath_lb_gateway_resolved{interface=\"eth0\",source=\"resolved\",mac=\"02:00:00:00:00:aa\",address=\"10.0.0.254\"} 1",
             "fastpath_lb_bgp_announced 1",
         ] {
             assert!(text.contains(want), "{want} missing:\n{text}");
@@ -303,6 +392,48 @@ mod tests {
                 .count(),
             1
         );
+    }
+
+    /// Every metric the shipped Grafana dashboard queries is in the
+    /// exposition (those of `[fleet]` and `[tracer]` by family name, as a
+    /// single box exports neither).
+    #[test]
+    fn the_dashboard_queries_only_metrics_that_exist() {
+        let dash: serde_json::Value =
+            serde_json::from_str(include_str!("../../../dashboards/fastpath-lb.json")).unwrap();
+        let text = encode_metrics(&status(), &Counters::new(), 0);
+        let mut names = 0;
+        for p in dash["panels"].as_array().unwrap() {
+            for q in p["targets"].as_array().unwrap() {
+                let mut rest = q["expr"].as_str().unwrap();
+                while let Some(i) = rest.find("fastpath_lb_") {
+                    let name: String = rest[i..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    let optional = [
+                        "fastpath_lb_fleet_",
+                        "fastpath_lb_fragments_redirected",
+                        "fastpath_lb_trace_",
+                    ]
+                    .iter()
+                    .any(|p| name.starts_with(p));
+                    let found = if optional {
+                        include_str!("metrics.rs")
+                            .contains(&format!("\"{}\"", name.trim_end_matches("_total")))
+                    } else {
+                        text.lines().any(|l| {
+                            l.starts_with(&format!("{name}{{"))
+                                || l.starts_with(&format!("{name} "))
+                        })
+                    };
+                    assert!(found, "the dashboard's {name} is not exported:\n{text}");
+                    names += 1;
+                    rest = &rest[i + name.len()..];
+                }
+            }
+        }
+        assert!(names >= 20, "{names}");
     }
 
     /// Python's OpenMetrics parser (prometheus_client, a parser we did not
