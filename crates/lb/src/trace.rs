@@ -38,20 +38,24 @@
 //!
 //! A packet thread looks for the magic only in TCP and UDP packets that
 //! carry a transport header; a probe costs a token from a per-load-balancer
-//! rate limiter ([`Tracer`], lock-free) and a `try_lock` push of a small
-//! [`Record`] into a bounded queue. Nothing blocks and nothing calls the
-//! system: a probe over the rate is counted (`trace_rate_limited`), one
-//! that finds the queue full or busy is counted (`trace_queue_full`). The
+//! rate limiter ([`Tracer`], lock-free) and a lock-free push of a small
+//! [`Record`] into a bounded queue (`crossbeam_queue::ArrayQueue`: packet
+//! threads never wait for each other or for the reporter, and a push
+//! between two other pushes is not lost, as a `try_lock` push was). Nothing
+//! blocks and nothing calls the system: a probe over the rate is counted
+//! (`trace_rate_limited`), one that finds the queue full is counted
+//! (`trace_queue_full`). The
 //! daemon drains the queue on its own thread, turns records into reports
 //! and sends them (non-blocking; failures are counted, never retried).
 //!
 //! [`Probe`] builds probe frames (whole or as IPv4/IPv6 fragments) for the
 //! `fastpath lb trace` command and for tests.
 
-use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use crossbeam_queue::ArrayQueue;
 
 use packet::build::{Frame, L4};
 use packet::parse::Parsed;
@@ -368,7 +372,7 @@ pub enum Offer {
     Queued,
     /// Over the rate: no report.
     RateLimited,
-    /// The queue was full or being drained: no report.
+    /// The queue was full: no report.
     QueueFull,
     /// The report address is outside `[tracer] report_to`: no report.
     NotAllowed,
@@ -436,8 +440,7 @@ pub struct Tracer {
     /// Prefixes reports may go to (all when empty: tests).
     allowed: Vec<(IpAddr, u8)>,
     bucket: Bucket,
-    queue: Mutex<VecDeque<Record>>,
-    capacity: usize,
+    queue: ArrayQueue<Record>,
     /// Reports sent (counted by the reporter).
     pub sent: AtomicU64,
     /// Reports that could not be sent (counted by the reporter; never
@@ -452,8 +455,7 @@ impl Tracer {
         Tracer {
             allowed: Vec::new(),
             bucket: Bucket::new(rate_per_s, burst),
-            queue: Mutex::new(VecDeque::with_capacity(capacity)),
-            capacity,
+            queue: ArrayQueue::new(capacity.max(1)),
             sent: AtomicU64::new(0),
             send_errors: AtomicU64::new(0),
         }
@@ -483,8 +485,8 @@ impl Tracer {
     }
 
     /// A packet thread offers a record at `now_ms` (the datapath's clock).
-    /// Never blocks: over the rate, or with the queue full or being
-    /// drained, the record is refused.
+    /// Never blocks: over the rate, or with the queue full, the record is
+    /// refused.
     pub fn offer(&self, r: Record, now_ms: u64) -> Offer {
         // Before the bucket: probes to elsewhere cost no report's token.
         if !self.may_report_to(r.marker.report_to.ip()) {
@@ -493,21 +495,17 @@ impl Tracer {
         if !self.bucket.admit(now_ms.saturating_mul(1_000_000)) {
             return Offer::RateLimited;
         }
-        match self.queue.try_lock() {
-            Ok(mut q) if q.len() < self.capacity => {
-                // Within the capacity reserved at creation: no allocation.
-                q.push_back(r);
-                Offer::Queued
-            }
-            _ => Offer::QueueFull,
+        // Into slots reserved at creation: no allocation, no lock.
+        match self.queue.push(r) {
+            Ok(()) => Offer::Queued,
+            Err(_) => Offer::QueueFull,
         }
     }
 
-    /// Moves every queued record to `out` (the reporter; holds the lock
-    /// only for the move).
+    /// Moves every queued record to `out` (the reporter). Records pushed
+    /// while this runs are moved too or left for the next call.
     pub fn take(&self, out: &mut Vec<Record>) {
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        out.extend(q.drain(..));
+        out.extend(std::iter::from_fn(|| self.queue.pop()).take(self.queue.capacity()));
     }
 }
 
@@ -663,6 +661,69 @@ mod tests {
             );
         }
     }
+    /// Packet threads offering at once lose nothing while the queue has
+    /// room (a `try_lock` queue refused a record whenever two pushes met),
+    /// and a full queue refuses exactly the overflow.
+    #[test]
+    fn concurrent_offers_are_all_queued_until_the_queue_is_full() {
+        const THREADS: u16 = 4;
+        const EACH: u64 = 2_000;
+        for capacity in [THREADS as usize * EACH as usize, 1_000] {
+            let t = Arc::new(Tracer::new(u32::MAX, u32::MAX, capacity));
+            let barrier = Arc::new(std::sync::Barrier::new(usize::from(THREADS)));
+            let outcomes: Vec<Vec<Offer>> = (0..THREADS)
+                .map(|thread| {
+                    let (t, barrier) = (Arc::clone(&t), Arc::clone(&barrier));
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        (0..EACH)
+                            .map(|i| {
+                                let r = Record {
+                                    marker: Marker {
+                                        id: u64::from(thread) << 32 | i,
+                                        report_to: "192.0.2.7:9999".parse().unwrap(),
+                                    },
+                                    thread,
+                                    flow: FlowKey::default(),
+                                    fragment: false,
+                                    conntrack: None,
+                                    generation: 1,
+                                    vip: None,
+                                    backend: None,
+                                    redirect: Redirect::No,
+                                };
+                                t.offer(r, 0)
+                            })
+                            .collect()
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect();
+            let queued = outcomes.iter().flatten().filter(|o| **o == Offer::Queued);
+            let refused = outcomes
+                .iter()
+                .flatten()
+                .filter(|o| **o == Offer::QueueFull);
+            let total = u64::from(THREADS) * EACH;
+            assert_eq!(queued.count(), capacity.min(total as usize), "{capacity}");
+            assert_eq!(
+                refused.count() as u64,
+                total - capacity.min(total as usize) as u64
+            );
+            let mut out = Vec::new();
+            t.take(&mut out);
+            assert_eq!(out.len(), capacity.min(total as usize));
+            let mut ids: Vec<u64> = out.iter().map(|r| r.marker.id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), out.len(), "no record twice");
+            t.take(&mut out);
+            assert_eq!(out.len(), capacity.min(total as usize), "drained");
+        }
+    }
+
     use proptest::prelude::*;
 
     fn marker(to: &str) -> Marker {

@@ -255,7 +255,8 @@ fn a_redirected_fragmented_probe_is_reported_by_both_load_balancers() {
     assert_eq!(
         recs_a.len(),
         probes.len(),
-        "one report per probe from the first"
+        "one report per probe from the first: {:?}",
+        stats_a.counters
     );
     let tables_a = control_a.tables().load_full();
     let peer = ip("10.0.0.2");
@@ -308,7 +309,8 @@ fn a_redirected_fragmented_probe_is_reported_by_both_load_balancers() {
     redirected.sort_unstable();
     assert_eq!(
         seen, redirected,
-        "the peer reports exactly the redirected probes"
+        "the peer reports exactly the redirected probes: {:?}",
+        stats_b.counters
     );
     assert!(
         inner(&out_b).iter().all(|(_, to)| *to != peer),
