@@ -3,9 +3,13 @@
 //! slots (default 1,000 x 100, M = 65537), generated as TOML text so that
 //! parsing is measured too. Timed, in each of `runs` runs:
 //!
-//! - parse + validate the text (`Config::parse`);
+//! - parse + validate the text (`Config::parse_with` and a fresh
+//!   [`ParseCache`], as the daemon starts: the elements parsed in
+//!   parallel);
 //! - the first load: build every table and swap them in (`Control::new`);
-//! - a reload that changes one backend of one pool (its address), beside a
+//! - a reload that changes one backend of one pool (its address), parsed
+//!   through the load's cache as the daemon's reload does (only the
+//!   changed element is parsed again), beside a
 //!   full rebuild of the same configuration by a fresh control plane in the
 //!   same run (the peer); the two must give the same fingerprints;
 //! - a health change of one backend (`Control::set_health`), down and back;
@@ -20,7 +24,7 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
-use lb::config::{Config, ConfigError};
+use lb::config::{ChunkStats, Config, ConfigError, ParseCache};
 use lb::tables::Control;
 use measure::{median, Table};
 use serde::Serialize;
@@ -220,8 +224,15 @@ pub struct Report {
     pub build_swap_ms: Spread,
     /// Both: the first load of the configuration, from text.
     pub load_ms: Spread,
-    /// The one-backend reload: parse + validate the changed text.
+    /// The one-backend reload: parse + validate the changed text through
+    /// the load's [`ParseCache`].
     pub reload_parse_ms: Spread,
+    /// What that parse did (last run): elements, and how many were parsed
+    /// again.
+    pub reload_parse: ChunkStats,
+    /// The peer: the changed text parsed whole, on one thread, no cache
+    /// (`Config::parse_whole`, what every parse was before the pieces).
+    pub reload_parse_uncached_ms: Spread,
     /// The one-backend reload: `Control::apply` (validation, rebuilding
     /// what changed, the swap).
     pub reload_apply_ms: Spread,
@@ -279,13 +290,15 @@ pub fn run(spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<Report, Error>
     let health_name = spec
         .backend(ci, if cj == 0 { 1 } else { 0 }, false)
         .to_string();
-    let mut f: [Vec<f64>; 12] = Default::default();
+    let mut f: [Vec<f64>; 13] = Default::default();
+    let mut reload_parse = ChunkStats::default();
     let mut memory = None;
     for run in 0..spec.runs {
         progress(&format!("run {} of {}: load", run + 1, spec.runs));
         let rss0 = rss_kib();
         let t = Instant::now();
-        let cfg = Config::parse(&text, "bench.toml")?;
+        let mut cache = ParseCache::new();
+        let cfg = Config::parse_with(&text, "bench.toml", &mut cache)?;
         let parse = ms(t);
         let t = Instant::now();
         let mut control = Control::new(cfg)?;
@@ -301,8 +314,18 @@ pub fn run(spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<Report, Error>
             spec.runs
         ));
         let t = Instant::now();
-        let changed = Config::parse(&changed_text, "bench.toml")?;
+        let changed = Config::parse_with(&changed_text, "bench.toml", &mut cache)?;
         let reparse = ms(t);
+        reload_parse = cache.last();
+        let t = Instant::now();
+        let uncached = Config::parse_whole(&changed_text, "bench.toml")?;
+        f[12].push(ms(t));
+        if uncached != changed {
+            return Err(Error::Spec(
+                "the changed text parsed through the cache and afresh differ".into(),
+            ));
+        }
+        drop(uncached);
         let t = Instant::now();
         control.apply(changed.clone())?;
         let apply = ms(t);
@@ -384,6 +407,8 @@ pub fn run(spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<Report, Error>
         build_swap_ms: s(1),
         load_ms: s(2),
         reload_parse_ms: s(3),
+        reload_parse,
+        reload_parse_uncached_ms: s(12),
         reload_apply_ms: s(4),
         reload_ms: s(5),
         full_rebuild_ms: s(6),
@@ -420,7 +445,14 @@ impl Report {
             ("parse + validate", &self.parse_validate_ms),
             ("build + swap (Control::new)", &self.build_swap_ms),
             ("LOAD from text (goal <= 1000 ms)", &self.load_ms),
-            ("reload: parse + validate", &self.reload_parse_ms),
+            (
+                "reload: parse + validate (changed elements only)",
+                &self.reload_parse_ms,
+            ),
+            (
+                "reload: parse + validate, whole text, 1 thread (peer)",
+                &self.reload_parse_uncached_ms,
+            ),
             ("reload: apply (one table rebuilt)", &self.reload_apply_ms),
             (
                 "RELOAD one backend from text (goal <= 100 ms)",
@@ -441,6 +473,18 @@ impl Report {
         let [a, b, c] = self.incremental_over_full.text(3);
         t.row(["reload apply / full rebuild (ratio)".to_string(), a, b, c]);
         let _ = writeln!(out, "{t}");
+        let p = &self.reload_parse;
+        let _ = writeln!(
+            out,
+            "The reload parsed {} of the file's {} [[pools]]/[[vips]] elements again{}.\n",
+            p.parsed,
+            p.chunks,
+            if p.whole {
+                " (the file could not be split: parsed whole)"
+            } else {
+                ""
+            }
+        );
         let m = &self.memory;
         let kib = |b: f64| format!("{:.1}", b / 1024.0);
         let mut t = Table::new(["memory", "KiB"]);
@@ -511,5 +555,14 @@ mod tests {
         assert!(r.load_ms.min > 0.0 && r.full_rebuild_ms.max > 0.0);
         assert!(r.peer_down_ms.min > 0.0 && r.peer_up_ms.min > 0.0);
         assert!(r.to_text().contains("RELOAD one backend"));
+        // 3 pools + 3 VIPs; the reload parsed only the changed pool.
+        assert_eq!(
+            r.reload_parse,
+            ChunkStats {
+                chunks: 6,
+                parsed: 1,
+                whole: false
+            }
+        );
     }
 }

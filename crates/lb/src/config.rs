@@ -72,6 +72,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::config_chunks::{ChunkStats, ParseCache};
+
 /// A problem found by one of [`Config::validate`]'s checks: the key and
 /// what is wrong; `validate` adds the file.
 struct Problem {
@@ -688,7 +690,38 @@ impl Config {
 
     /// Parses and validates TOML text; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| {
+        Config::parse_with(text, file, &mut ParseCache::new())
+    }
+
+    /// [`Config::parse`] in pieces through `cache` ([`crate::config_chunks`]):
+    /// a reload through the cache of the last load parses only the
+    /// `[[pools]]`, `[[vips]]` and `[[prefix_groups]]` elements whose text
+    /// changed. Same result and same errors as parsing the whole text.
+    pub fn parse_with(
+        text: &str,
+        file: &str,
+        cache: &mut ParseCache,
+    ) -> Result<Config, ConfigError> {
+        let cfg = match cache.parse(text) {
+            Some(cfg) => cfg,
+            None => Config::from_toml(text, file)?,
+        };
+        cfg.validate(file)?;
+        Ok(cfg)
+    }
+
+    /// [`Config::parse`] without splitting the text: one `toml` parse of
+    /// the whole of it on one thread (the reference the pieces are tested
+    /// against, and the benchmark's peer).
+    pub fn parse_whole(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let cfg = Config::from_toml(text, file)?;
+        cfg.validate(file)?;
+        Ok(cfg)
+    }
+
+    /// The whole text through `toml`, errors naming their line.
+    pub(crate) fn from_toml(text: &str, file: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| {
             let mut problem = e.message().trim_end().to_string();
             let key = e
                 .span()
@@ -726,9 +759,7 @@ impl Config {
                 key,
                 problem,
             }
-        })?;
-        cfg.validate(file)?;
-        Ok(cfg)
+        })
     }
 
     /// Checks everything serde cannot: references, uniqueness, ranges. The

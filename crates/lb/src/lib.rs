@@ -10,6 +10,7 @@
 //! drives this crate through [`Control`] table swaps.
 
 pub mod config;
+pub mod config_chunks;
 pub mod conntrack;
 pub mod counters;
 pub mod datapath;

@@ -85,8 +85,10 @@ pub struct Shared {
     /// The configuration file's text as last applied (at start, by a
     /// reload or a runtime change): a runtime change refuses to overwrite
     /// a file that differs from it. Its lock also keeps reloads and runtime
-    /// changes one at a time.
-    applied_text: Mutex<String>,
+    /// changes one at a time, and it holds the parsed pieces of that text
+    /// ([`lb::config::ParseCache`]): a reload parses only the elements that
+    /// changed.
+    applied_text: Mutex<Applied>,
     /// Health checks whose prober ran late (not counted toward fall/rise).
     checks_inconclusive: AtomicU64,
     reload_failures: AtomicU64,
@@ -290,6 +292,13 @@ pub enum ApiError {
     },
 }
 
+/// The configuration file's text as last applied, and its parsed pieces.
+#[derive(Debug)]
+struct Applied {
+    text: String,
+    cache: lb::config::ParseCache,
+}
+
 /// What a reload applied.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Reloaded {
@@ -306,6 +315,7 @@ impl Shared {
     /// Keys that cannot change while running are reported, not applied.
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let mut applied = self.applied_text.lock().unwrap_or_else(|p| p.into_inner());
+        let applied = &mut *applied;
         let file = self.config_path.display().to_string();
         let result = std::fs::read_to_string(&self.config_path)
             .map_err(|e| lb::config::ConfigError {
@@ -313,11 +323,13 @@ impl Shared {
                 key: "(file)".into(),
                 problem: format!("cannot read: {e}"),
             })
-            .and_then(|text| Config::parse(&text, &file).map(|c| (c, text)))
+            .and_then(|text| {
+                Config::parse_with(&text, &file, &mut applied.cache).map(|c| (c, text))
+            })
             .map_err(ReloadError::from)
             .and_then(|(cfg, text)| {
                 let r = self.apply_config(cfg)?;
-                *applied = text;
+                applied.text = text;
                 Ok(r)
             });
         match &result {
@@ -415,7 +427,7 @@ impl Shared {
             path: path.clone(),
             source,
         })?;
-        if on_disk != *applied {
+        if on_disk != applied.text {
             return Err(RuntimeError::FileChanged { path: path.clone() });
         }
         let edited = crate::runtime::edit(&on_disk, backend, change)?;
@@ -431,13 +443,13 @@ impl Shared {
         if !edited.changed {
             return Ok(out);
         }
-        let cfg = Config::parse(&edited.text, &out.file)?;
+        let cfg = Config::parse_with(&edited.text, &out.file, &mut applied.cache)?;
         let old = self.control().config().clone();
         crate::runtime::write_atomically(path, &edited.text)?;
         match self.apply_config(cfg) {
             Ok(r) => {
                 out.generation = r.generation;
-                *applied = edited.text;
+                applied.text = edited.text;
                 Ok(out)
             }
             Err(e) => {
@@ -1250,7 +1262,8 @@ pub fn run(
         key: "(file)".into(),
         problem: format!("cannot read: {e}"),
     })?;
-    let mut cfg = Config::parse(&config_text, &file)?;
+    let mut parse_cache = lb::config::ParseCache::new();
+    let mut cfg = Config::parse_with(&config_text, &file, &mut parse_cache)?;
     if let Some(t) = threads {
         cfg.forwarder.threads = t;
     }
@@ -1273,6 +1286,7 @@ pub fn run(
         gateway,
         interface_mac,
         config_text,
+        parse_cache,
     };
     let tables = control.tables();
     let mut params = Params::from_config(&cfg);
@@ -1401,6 +1415,8 @@ struct Host {
     interface_mac: Option<String>,
     /// The configuration file's text as loaded.
     config_text: String,
+    /// Its parsed pieces, for the first reload.
+    parse_cache: lb::config::ParseCache,
 }
 
 /// The ports the datapath serves.
@@ -1474,7 +1490,10 @@ fn serve(
         health_changes: AtomicU64::new(0),
         runtime_changes: AtomicU64::new(0),
         runtime_change_failures: AtomicU64::new(0),
-        applied_text: Mutex::new(host.config_text),
+        applied_text: Mutex::new(Applied {
+            text: host.config_text,
+            cache: host.parse_cache,
+        }),
         checks_inconclusive: AtomicU64::new(0),
         reload_failures: AtomicU64::new(0),
         last_reload_error: Mutex::new(None),
