@@ -57,7 +57,14 @@ fn lb_run_forwards_the_sample_capture_as_gre_to_maglev_backends() {
         }
     }
     assert_eq!(report["forwarded"].as_u64().unwrap() as usize, want.len());
-    assert_eq!(report["drops"]["no_vip"], 3);
+    // Not for a VIP: counted apart from drops, as in the daemon's /status.
+    assert_eq!(report["not_for_vip_by_kind"]["no_vip"], 3);
+    let kinds = report["not_for_vip_by_kind"].as_object().unwrap();
+    assert_eq!(
+        report["not_for_vip"].as_u64(),
+        Some(kinds.values().filter_map(|v| v.as_u64()).sum::<u64>())
+    );
+    assert!(report["drops"].get("no_vip").is_none(), "{report}");
     assert_eq!(report["drops"]["ipv4_bad_checksum"], 1);
 
     // Field by field with etherparse.

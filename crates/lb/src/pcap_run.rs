@@ -56,20 +56,31 @@ pub fn report(s: &RunStats, t: &Tables) -> String {
     ]);
     sum.row(["processed by packet threads".to_string(), c.rx.to_string()]);
     sum.row(["forwarded (GRE)".to_string(), c.tx.to_string()]);
-    sum.row(["dropped".to_string(), c.dropped().to_string()]);
+    sum.row([
+        "dropped".to_string(),
+        c.dropped_excluding_not_for_vip().to_string(),
+    ]);
+    sum.row([
+        "not for a VIP (not IP, or no VIP matches)".to_string(),
+        c.not_for_vip().to_string(),
+    ]);
     sum.row(["written to the port".to_string(), s.port.tx.to_string()]);
     sum.row([
         "user-space copies (per forwarded packet)".to_string(),
         format!("{} ({:.2})", c.user_copies, c.copies_per_forwarded()),
     ]);
     out.push_str(&format!("{sum}\n"));
-    let drops = c.drop_table();
-    if !drops.is_empty() {
-        let mut d = Table::new(["drop reason", "packets"]);
-        for (n, v) in drops {
-            d.row([n.to_string(), v.to_string()]);
+    for (title, rows) in [
+        ("drop reason", c.drop_table_excluding_not_for_vip()),
+        ("not for a VIP", c.not_for_vip_table()),
+    ] {
+        if !rows.is_empty() {
+            let mut d = Table::new([title, "packets"]);
+            for (n, v) in rows {
+                d.row([n.to_string(), v.to_string()]);
+            }
+            out.push_str(&format!("{d}\n"));
         }
-        out.push_str(&format!("{d}\n"));
     }
     let ct = &c.conntrack;
     let mut k = Table::new(["conntrack", "count"]);
@@ -123,11 +134,12 @@ pub fn report(s: &RunStats, t: &Tables) -> String {
 /// The counters as one JSON document.
 pub fn json(s: &RunStats, t: &Tables) -> serde_json::Value {
     let c = &s.counters;
-    let drops: serde_json::Map<String, serde_json::Value> = c
-        .drop_table()
-        .into_iter()
-        .map(|(n, v)| (n.to_string(), v.into()))
-        .collect();
+    let by_name = |rows: Vec<(&str, u64)>| -> serde_json::Map<String, serde_json::Value> {
+        rows.into_iter()
+            .map(|(n, v)| (n.to_string(), v.into()))
+            .collect()
+    };
+    let drops = by_name(c.drop_table_excluding_not_for_vip());
     let vips: Vec<serde_json::Value> = t
         .vips
         .iter()
@@ -151,8 +163,12 @@ pub fn json(s: &RunStats, t: &Tables) -> serde_json::Value {
         "port": {"rx": s.port.rx, "tx": s.port.tx, "rx_too_big": s.port.rx_too_big},
         "processed": c.rx,
         "forwarded": c.tx,
-        "dropped": c.dropped(),
+        // As in the daemon's /status: frames that were not for a VIP are
+        // not drops.
+        "dropped": c.dropped_excluding_not_for_vip(),
         "drops": drops,
+        "not_for_vip": c.not_for_vip(),
+        "not_for_vip_by_kind": by_name(c.not_for_vip_table()),
         "conntrack": {
             "hits": c.conntrack.hits, "misses": c.conntrack.misses, "inserts": c.conntrack.inserts,
             "insert_failures": c.conntrack.insert_failures, "expiries": c.conntrack.expiries,
