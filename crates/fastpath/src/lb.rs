@@ -29,18 +29,47 @@ pub enum LbCommand {
     HashEval(HashEvalArgs),
     // The help text is FleetSimArgs' doc comment (crates/fastpath/src/fleet_sim.rs).
     FleetSim(crate::fleet_sim::FleetSimArgs),
-    /// Forward packets through the Maglev forwarder.
+    /// Forward packets through the Maglev forwarder: the load balancer
+    /// itself (--interface), or a capture replayed through it (--pcap-in).
     ///
-    /// Reads frames from a pcap file, runs them through steering, the packet
-    /// threads (VIP matching, connection tracking, Maglev hashing, GRE
-    /// encapsulation) and muxing, writes what is forwarded to another pcap
-    /// file, and prints the counters: per VIP, per backend, drops by reason.
+    /// With --interface, the daemon: frames are received on the interface
+    /// (AF_XDP with our XDP program, or AF_PACKET; --driver), matched to a
+    /// VIP, given a backend by connection tracking or the VIP's Maglev
+    /// table, GRE-encapsulated toward it and sent back out on the same
+    /// interface to the next hop (its MAC found from the kernel's route and
+    /// neighbour tables, or [encap] gateway_mac). It runs until SIGINT or
+    /// SIGTERM (with [bgp], SIGTERM first withdraws the VIPs and waits for
+    /// traffic to stop); the configuration section by section:
+    ///   [api] listen     HTTP API: GET /status, GET /metrics (Prometheus),
+    ///                    POST /reload, POST /backends/B/drain|undrain|weight/N
+    ///                    (`fastpath lb status|reload|drain|undrain|weight`);
+    ///                    [api] token_file guards the POSTs with a bearer token
+    ///   reload           SIGHUP or `fastpath lb reload`: the file is re-read,
+    ///                    validated whole and swapped in (only changed tables
+    ///                    rebuilt, connections kept); a bad file is rejected
+    ///                    and the running configuration stays
+    ///   health = {...}   health checks per pool (tcp, http; via the tunnel
+    ///                    to the VIP or direct); a backend that fails them
+    ///                    leaves the tables until it passes again
+    ///   [bgp]            announce the VIPs through BIRD while healthy
+    ///   [fleet]          the other load balancers, for fragments
+    ///   [tracer]         packet-tracer reports (`fastpath lb trace`)
+    /// Backends decapsulate the GRE (`fastpath lb decap`) and hold the VIP on
+    /// loopback; README.md, section "Deploying the load balancer", walks
+    /// through a setup.
     ///
-    /// Example:
+    /// With --pcap-in: reads frames from a pcap file, runs them through
+    /// steering, the packet threads and muxing, writes what is forwarded to
+    /// --pcap-out, and prints the counters: per VIP, per backend, drops by
+    /// reason and frames that were not for a VIP.
+    ///
+    /// Examples:
+    ///   fastpath lb check-config examples/lb.toml
+    ///   fastpath lb run --config /etc/fastpath/lb.toml --interface eth0
     ///   fastpath lb run --config lb.toml --pcap-in in.pcap --pcap-out out.pcap
     ///
     /// The configuration format is documented in crates/lb/src/config.rs and
-    /// examples/lb.toml.
+    /// examples/lb.toml (every section, annotated).
     #[command(verbatim_doc_comment)]
     Run(RunArgs),
     /// Measure the forwarder's packet rate (paper section 5.2.2).
@@ -114,6 +143,24 @@ pub enum LbCommand {
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
+    /// Reload a running load balancer's configuration file.
+    ///
+    /// Asks the running load balancer (`fastpath lb run --interface`, with
+    /// `[api] listen`) to re-read its configuration file, as SIGHUP does,
+    /// and answers with the result: the new configuration generation, how
+    /// long it took, how many of the file's [[pools]]/[[vips]] elements
+    /// had to be parsed again (unchanged ones are remembered), and the keys
+    /// that changed but apply only at the next start. A file with any
+    /// error is rejected whole, the running configuration stays, and the
+    /// error (file, key or line, what was expected) is printed; exit
+    /// status 1.
+    ///
+    /// Examples:
+    ///   fastpath lb reload
+    ///   fastpath lb reload --api 127.0.0.1:9180 --token-file /etc/fastpath/api.token
+    ///   fastpath lb reload --format json | jq .generation
+    #[command(verbatim_doc_comment)]
+    Reload(ApiArgs),
     /// Drain a backend: it takes no new connections and keeps the ones it
     /// has; its weight is kept for `undrain`.
     ///
@@ -316,6 +363,84 @@ pub enum LbCommand {
     },
 }
 
+/// How to reach a running load balancer's API.
+#[derive(Args)]
+pub struct ApiArgs {
+    /// The API address of the load balancer (its `[api] listen`).
+    #[arg(long, default_value = "127.0.0.1:9180")]
+    api: std::net::SocketAddr,
+    /// File holding the API's bearer token (the daemon's `[api]
+    /// token_file`); needed when the daemon has one.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Output format: `table` (a sentence), or `json` (the daemon's
+    /// answer: generation, not_applied, took_us, parsed {chunks, parsed,
+    /// whole}).
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+}
+
+/// `fastpath lb reload`: POST /reload, its answer printed; a rejected file
+/// is an error with the daemon's reason.
+fn reload(a: ApiArgs) -> anyhow::Result<()> {
+    let token = a
+        .token_file
+        .as_deref()
+        .map(lbd::api::read_token)
+        .transpose()?;
+    let (status, body) = lbd::daemon::api_exchange(a.api, "POST", "/reload", token.as_deref())?;
+    if !status.starts_with('2') {
+        anyhow::bail!("reload: {} answered {status}: {}", a.api, api_reason(&body));
+    }
+    if body.trim().is_empty() {
+        anyhow::bail!("{} answered /reload with an empty body", a.api);
+    }
+    let r: serde_json::Value = serde_json::from_str(&body)
+        .with_context(|| format!("unexpected answer from {}: {body}", a.api))?;
+    match a.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
+        Format::Table => {
+            let n = |k: &str| r[k].as_u64().unwrap_or(0);
+            let parsed = &r["parsed"];
+            let pieces = if parsed["whole"].as_bool() == Some(true) {
+                "the file was parsed whole".to_string()
+            } else {
+                format!(
+                    "{} of its {} [[pools]]/[[vips]] elements parsed again",
+                    parsed["parsed"].as_u64().unwrap_or(0),
+                    parsed["chunks"].as_u64().unwrap_or(0)
+                )
+            };
+            println!(
+                "reloaded: configuration generation {} in {:.1} ms ({pieces})",
+                n("generation"),
+                n("took_us") as f64 / 1e3
+            );
+            let later: Vec<&str> = r["not_applied"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|k| k.as_str())
+                .collect();
+            if !later.is_empty() {
+                println!(
+                    "changed but applied only at the next start (the running values stay): {}",
+                    later.join(", ")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The daemon's reason in an error answer: its JSON `error`, or the body.
+fn api_reason(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_string))
+        .unwrap_or_else(|| body.trim().to_string())
+}
+
 /// A backend of a running load balancer, and how to reach its API.
 #[derive(Args)]
 pub struct BackendArgs {
@@ -363,14 +488,11 @@ fn runtime_change(a: BackendArgs, change: lbd::runtime::Change) -> anyhow::Resul
     };
     let (status, body) = lbd::daemon::api_exchange(a.api, "POST", &path, token.as_deref())?;
     if !status.starts_with('2') {
-        let reason = serde_json::from_str::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["error"].as_str().map(str::to_string))
-            .unwrap_or_else(|| body.trim().to_string());
         anyhow::bail!(
-            "{change} {}: {} answered {status}: {reason}",
+            "{change} {}: {} answered {status}: {}",
             a.backend,
-            a.api
+            a.api,
+            api_reason(&body)
         );
     }
     if body.trim().is_empty() {
@@ -590,7 +712,8 @@ pub struct RunArgs {
     /// Packet threads, overriding forwarder.threads (0: inline).
     #[arg(long)]
     threads: Option<usize>,
-    /// Output format for the counters.
+    /// Output format for the counters of a --pcap-in replay (the daemon
+    /// logs; its counters are in `fastpath lb status`).
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
 }
@@ -753,6 +876,7 @@ pub fn run(c: LbCommand) -> anyhow::Result<()> {
         }
         LbCommand::Status { api, format } => status(api, format),
         LbCommand::Trace(a) => crate::trace::run(a),
+        LbCommand::Reload(a) => reload(a),
         LbCommand::Drain(a) => runtime_change(a, lbd::runtime::Change::Drain),
         LbCommand::Undrain(a) => runtime_change(a, lbd::runtime::Change::Undrain),
         LbCommand::Weight { target, weight } => {

@@ -264,3 +264,53 @@ fn lb_bench_veth_xdp_generator_rows_are_valid() {
     }
     assert!(v["generator_alone"]["offered_mpps"].as_f64().unwrap() > 0.0);
 }
+
+/// `lb run --help` describes the daemon, not only the pcap replay (issue
+/// 17, item 5), and every `fastpath lb X` that any `lb` subcommand's help
+/// names is a subcommand that exists (an error once pointed at a missing
+/// `fastpath lb reload`).
+#[test]
+fn lb_help_describes_the_daemon_and_names_only_real_subcommands() {
+    let help = |args: &[&str]| {
+        let o = fastpath().args(args).output().unwrap();
+        assert!(o.status.success(), "{args:?}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let run = help(&["lb", "run", "--help"]);
+    for needle in [
+        "--interface",
+        "SIGHUP",
+        "SIGTERM",
+        "[api] listen",
+        "POST /reload",
+        "health checks",
+        "[bgp]",
+        "fastpath lb reload",
+        "--pcap-in",
+    ] {
+        assert!(run.contains(needle), "`lb run --help` lacks {needle:?}:\n{run}");
+    }
+    let top = help(&["lb", "--help"]);
+    let subcommands: Vec<String> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter(|l| l.starts_with("  ") && !l.starts_with("    "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    assert!(subcommands.iter().any(|s| s == "reload"), "{top}");
+    for sub in subcommands.iter().filter(|s| *s != "help") {
+        let text = help(&["lb", sub, "--help"]);
+        for (i, _) in text.match_indices("fastpath lb ") {
+            let named: String = text[i + "fastpath lb ".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            assert!(
+                subcommands.contains(&named),
+                "`lb {sub} --help` names `fastpath lb {named}`, which does not exist"
+            );
+        }
+    }
+}

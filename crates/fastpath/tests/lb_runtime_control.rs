@@ -302,7 +302,55 @@ fn drain_undrain_and_weight_through_the_cli_survive_a_restart() {
     );
     assert_eq!(std::fs::read_to_string(&config).unwrap(), edited);
     assert_eq!(backend_in(&status(&ns), "b1"), [(2, false)]);
+
+    // `lb reload` applies the hand edit: a comment after the last VIP, so
+    // only that [[vips]] element is parsed again.
+    let o = cli(&ns, &["lb", "reload", "--api", API]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("401"), "{err}");
+    let out = ok(&ns, &["lb", "reload", "--api", API, "--token-file", &tf]);
+    assert!(
+        out.contains("reloaded: configuration generation 3")
+            && out.contains("1 of its 4 [[pools]]/[[vips]] elements parsed again"),
+        "{out}"
+    );
+    // A broken file is rejected whole, naming its line; what runs stays.
+    let broken = edited.replace("port = 443", "port = \"https\"");
+    std::fs::write(&config, &broken).unwrap();
+    let o = cli(&ns, &["lb", "reload", "--api", API, "--token-file", &tf]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let line = broken.lines().position(|l| l.contains("https")).unwrap() + 1;
+    assert!(
+        !o.status.success() && err.contains(&format!("line {line}")),
+        "{err}"
+    );
+    let s = status(&ns);
+    assert_eq!(s["generation"], 3, "{s}");
+    assert_eq!(backend_in(&s, "b2"), [(3, true), (3, true)], "{s}");
+    // Back to the written file, by a reload in JSON.
     std::fs::write(&config, &written).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&ok(
+        &ns,
+        &[
+            "lb",
+            "reload",
+            "--api",
+            API,
+            "--token-file",
+            &tf,
+            "--format",
+            "json",
+        ],
+    ))
+    .unwrap();
+    assert_eq!(r["generation"], 4, "{r}");
+    // The rejected file cost nothing: the pieces of the applied one were
+    // kept, and only the last element (the comment) is parsed again.
+    assert_eq!(r["parsed"]["chunks"], 4, "{r}");
+    assert_eq!(r["parsed"]["parsed"], 1, "{r}");
+    // --threads 0 on the command line is not a change of the file's
+    // forwarder.threads waiting for a restart.
+    assert_eq!(r["not_applied"], serde_json::json!([]), "{r}");
 
     // A weight: applied, written, drained state untouched.
     ok(

@@ -1414,10 +1414,19 @@ impl Config {
     /// (pools, backends, VIPs, health checks, BGP, encapsulation) is
     /// applied by a reload.
     pub fn restart_keys(&self, new: &Config) -> Vec<String> {
-        let (old, new) = (
-            serde_json::to_value(self).unwrap_or_default(),
-            serde_json::to_value(new).unwrap_or_default(),
-        );
+        // Only the sections compared: serialising the whole configuration
+        // (100,000 backends at scale) would cost a reload tens of ms.
+        let sections = |c: &Config| {
+            serde_json::json!({
+                "fleet": c.fleet.is_some().then_some(true),
+                "encap": c.encap,
+                "forwarder": c.forwarder,
+                "conntrack": c.conntrack,
+                "api": c.api,
+                "tracer": c.tracer,
+            })
+        };
+        let (old, new) = (sections(self), sections(new));
         let mut keys = Vec::new();
         // Adding or removing [fleet] changes how the daemon opens its
         // ports (one AF_XDP socket per queue only without a fleet: a

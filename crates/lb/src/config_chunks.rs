@@ -194,12 +194,10 @@ impl ParseCache {
     /// (the caller does so, for the result or for the error). Validation
     /// is the caller's.
     pub(crate) fn parse(&mut self, text: &str) -> Option<Config> {
+        // On failure nothing was changed: the pieces of the last good text
+        // stay for the next one (a reload after a rejected edit).
         let result = self.parse_pieces(text);
         if result.is_none() {
-            // Keep nothing from a text that did not split: the next one
-            // starts afresh.
-            self.head = None;
-            self.items.clear();
             self.last = ChunkStats {
                 whole: true,
                 ..ChunkStats::default()
@@ -447,7 +445,7 @@ mod tests {
         assert_eq!(second, Config::from_toml(&changed, "t").unwrap());
         assert_ne!(first, second);
         // An error in one element is reported as the whole parse reports
-        // it, line included, and the next good text parses afresh.
+        // it, line included.
         let broken = changed.replace("name = \"p150\"", "name = 150");
         let e = Config::parse_with(&broken, "t", &mut cache).unwrap_err();
         assert!(cache.last().whole);
@@ -456,7 +454,8 @@ mod tests {
             Config::from_toml(&broken, "t").unwrap_err().to_string()
         );
         assert!(e.key.starts_with("line "), "{e}");
+        // The pieces of the last good text were kept through the error.
         assert_eq!(Config::parse_with(&text, "t", &mut cache).unwrap(), first);
-        assert_eq!(cache.last().parsed, 600);
+        assert_eq!(cache.last().parsed, 1);
     }
 }

@@ -63,8 +63,9 @@ pub struct Shared {
     tunnel: Mutex<Option<crate::tunnel::Tunnel>>,
     /// The API's bearer token for mutating requests (`[api] token_file`).
     token: Option<String>,
-    /// The configuration the daemon started with: `[forwarder]`,
-    /// `[conntrack]` and `[api]` keep its values until the next start.
+    /// The configuration file the daemon started with (before command-line
+    /// overrides): `[forwarder]`, `[conntrack]` and `[api]` keep its
+    /// values until the next start.
     boot: Config,
     control: Mutex<Control>,
     config_path: PathBuf,
@@ -308,6 +309,12 @@ pub struct Reloaded {
     /// running load balancer keeps the values it started with), as
     /// `section.key`; empty when everything was applied.
     pub not_applied: Vec<String>,
+    /// Microseconds from reading the file to the new tables swapped in
+    /// (0 for a runtime change, which reports its own).
+    pub took_us: u64,
+    /// What the parse did: the file's elements and how many were parsed
+    /// again (the others were unchanged since the last load).
+    pub parsed: lb::config::ChunkStats,
 }
 
 impl Shared {
@@ -316,6 +323,7 @@ impl Shared {
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let mut applied = self.applied_text.lock().unwrap_or_else(|p| p.into_inner());
         let applied = &mut *applied;
+        let started = std::time::Instant::now();
         let file = self.config_path.display().to_string();
         let result = std::fs::read_to_string(&self.config_path)
             .map_err(|e| lb::config::ConfigError {
@@ -328,8 +336,10 @@ impl Shared {
             })
             .map_err(ReloadError::from)
             .and_then(|(cfg, text)| {
-                let r = self.apply_config(cfg)?;
+                let mut r = self.apply_config(cfg)?;
                 applied.text = text;
+                r.took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                r.parsed = applied.cache.last();
                 Ok(r)
             });
         match &result {
@@ -339,7 +349,13 @@ impl Shared {
                     .last_reload_error
                     .lock()
                     .unwrap_or_else(|p| p.into_inner()) = None;
-                tracing::info!(generation = r.generation, "configuration reloaded");
+                tracing::info!(
+                    generation = r.generation,
+                    took_ms = r.took_us as f64 / 1e3,
+                    elements_parsed = r.parsed.parsed,
+                    elements = r.parsed.chunks,
+                    "configuration reloaded"
+                );
                 if !r.not_applied.is_empty() {
                     tracing::warn!(
                         "not applied until the next start: {} (the running values stay)",
@@ -380,6 +396,8 @@ impl Shared {
         Ok(Reloaded {
             generation: self.config_generation.fetch_add(1, Ordering::Relaxed) + 1,
             not_applied: self.boot.restart_keys(&cfg),
+            took_us: 0,
+            parsed: lb::config::ChunkStats::default(),
         })
     }
 
@@ -1264,6 +1282,10 @@ pub fn run(
     })?;
     let mut parse_cache = lb::config::ParseCache::new();
     let mut cfg = Config::parse_with(&config_text, &file, &mut parse_cache)?;
+    // What a reload compares against to name keys that wait for a restart:
+    // the file's values, not --threads (else every reload would report
+    // forwarder.threads as changed).
+    let file_config = cfg.clone();
     if let Some(t) = threads {
         cfg.forwarder.threads = t;
     }
@@ -1287,6 +1309,7 @@ pub fn run(
         interface_mac,
         config_text,
         parse_cache,
+        file_config,
     };
     let tables = control.tables();
     let mut params = Params::from_config(&cfg);
@@ -1417,6 +1440,8 @@ struct Host {
     config_text: String,
     /// Its parsed pieces, for the first reload.
     parse_cache: lb::config::ParseCache,
+    /// The file's configuration before command-line overrides.
+    file_config: Config,
 }
 
 /// The ports the datapath serves.
@@ -1479,7 +1504,7 @@ fn serve(
     let shared = Arc::new(Shared {
         tunnel: Mutex::new(None),
         token,
-        boot: cfg.clone(),
+        boot: host.file_config,
         control: Mutex::new(control),
         config_path: config.to_path_buf(),
         live: Arc::clone(&dp.live),
