@@ -270,6 +270,9 @@ pub struct Options {
     pub forwarding_burst: usize,
     /// The switch's `poll_us` in the forwarding measurement.
     pub forwarding_poll_us: u64,
+    /// Pin the forwarding measurement's threads ([`Placement::Pinned`]);
+    /// else the scheduler places them.
+    pub forwarding_pin: bool,
     /// Run the DPDK testpmd side-by-side over memif.
     pub memif: Option<MemifOptions>,
 }
@@ -712,6 +715,8 @@ pub struct Forwarding {
     pub switch_mpps_per_busy_second: f64,
     /// How long the switch polled after the last frame before sleeping.
     pub switch_poll_us: u64,
+    /// Where the three threads ran.
+    pub placement: Placement,
     /// Frames per batch the switch took from the sender's port.
     pub switch_frames_per_batch: f64,
     /// The sender set the pace: nothing was dropped or lost and the switch
@@ -745,10 +750,70 @@ fn cores() -> f64 {
     std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
 }
 
+/// Where the ring-to-ring measurement's three threads run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// The sender alone on the first CPU, the switch and the receiver on
+    /// the second (with two CPUs for three busy threads, the layout in
+    /// which the switch is preempted least by the threads it serves: left
+    /// to the scheduler, the switch spent a third of its CPU time in
+    /// context switches and its per-core rate varied 20-30 Mpps; pinned,
+    /// 33-35 in the same session). Needs two CPUs.
+    Pinned,
+    /// Wherever the scheduler puts them.
+    Scheduler,
+}
+
+/// The calling thread's CPU set.
+fn affinity() -> Option<libc::cpu_set_t> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pthread_self is the live calling thread; set is a live
+    // cpu_set_t and the size its size.
+    let rc = unsafe {
+        libc::pthread_getaffinity_np(
+            libc::pthread_self(),
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &mut set,
+        )
+    };
+    (rc == 0).then_some(set)
+}
+
+/// Sets the calling thread's CPU set.
+fn set_affinity(set: &libc::cpu_set_t) -> bool {
+    // SAFETY: pthread_self is the live calling thread; set is a live
+    // cpu_set_t and the size its size.
+    unsafe {
+        libc::pthread_setaffinity_np(
+            libc::pthread_self(),
+            std::mem::size_of::<libc::cpu_set_t>(),
+            set,
+        ) == 0
+    }
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_current(cpu: usize) -> bool {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes inside the set (bounds-checked by the macro).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    set_affinity(&set)
+}
+
 /// Two guests in CSB mode, one transmitting to the other through the switch:
 /// the switch's forwarding rate between ring ports, per second of its own
-/// CPU time and end to end, with each thread's CPU time.
-pub fn forwarding(secs: f64, size: usize, burst: usize, poll_us: u64) -> Result<Forwarding, Error> {
+/// CPU time and end to end, with each thread's CPU time, its threads placed
+/// as `placement` asks (where it can: the result says where they ran).
+pub fn forwarding(
+    secs: f64,
+    size: usize,
+    burst: usize,
+    poll_us: u64,
+    placement: Placement,
+) -> Result<Forwarding, Error> {
     let n = RUN.fetch_add(1, Ordering::Relaxed);
     let sock: PathBuf =
         std::env::temp_dir().join(format!("fp-bench-{}-{n}.sock", std::process::id()));
@@ -815,9 +880,24 @@ pub fn forwarding(secs: f64, size: usize, burst: usize, poll_us: u64) -> Result<
         dst_mac: HOST_MAC,
         ..Params::default()
     };
+    // Pinned only where there are two CPUs to pin to, and said so; the
+    // calling thread gets its own CPU set back.
+    let c = cores();
+    let saved = affinity();
+    let placement = match (placement, &saved) {
+        (Placement::Pinned, Some(_))
+            if c >= 2.0 && pin(&h, 1) && pin(&receiver, 1) && pin_current(0) =>
+        {
+            Placement::Pinned
+        }
+        _ => Placement::Scheduler,
+    };
     let sw0 = clock.as_ref().map_or(f64::NAN, ThreadClock::secs);
     let c0 = thread_cpu();
     let t = pktgen::run(&mut tx.driver, &p, &|| false);
+    if let (Placement::Pinned, Some(set)) = (placement, &saved) {
+        set_affinity(set);
+    }
     let sender_cpu = thread_cpu() - c0;
     std::thread::sleep(Duration::from_millis(20));
     done.store(true, Ordering::Relaxed);
@@ -862,7 +942,6 @@ pub fn forwarding(secs: f64, size: usize, burst: usize, poll_us: u64) -> Result<
     };
     let limit = classify(&figures);
     let wall = t.seconds + 0.02;
-    let c = cores();
     Ok(Forwarding {
         frame_bytes: size,
         seconds: t.seconds,
@@ -885,6 +964,7 @@ pub fn forwarding(secs: f64, size: usize, burst: usize, poll_us: u64) -> Result<
         switch_busy_s: busy,
         switch_mpps_per_busy_second: fwd as f64 / busy / 1e6,
         switch_poll_us: poll_us,
+        placement,
         switch_frames_per_batch: fwd as f64 / batches.max(1) as f64,
         generator_limited: limit == Limit::Generator,
         switch_dropped_at_receiver: dropped_at_receiver,
@@ -1788,6 +1868,11 @@ pub fn run(o: &Options) -> Result<Value, Error> {
             60,
             o.forwarding_burst,
             o.forwarding_poll_us,
+            if o.forwarding_pin {
+                Placement::Pinned
+            } else {
+                Placement::Scheduler
+            },
         )?;
         if let Some(p) = &o.progress {
             p(&format!(

@@ -118,6 +118,12 @@ pub struct BenchArgs {
     /// sleep) in the ring-to-ring measurement.
     #[arg(long, default_value_t = 20)]
     forwarding_poll_us: u64,
+    /// Leave the ring-to-ring measurement's threads where the scheduler
+    /// puts them (default: the sender alone on CPU 0, the switch and the
+    /// receiver on CPU 1, the layout in which the switch is preempted
+    /// least on a 2-core machine).
+    #[arg(long)]
+    forwarding_no_pin: bool,
     /// Seconds of measurement per memif row, at least 2 (testpmd reports
     /// once a second; the window holds at least two reports): default 3, 2
     /// with --quick.
@@ -391,6 +397,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         forwarding: part(PartArg::Forwarding),
         forwarding_burst: a.forwarding_burst,
         forwarding_poll_us: a.forwarding_poll_us.min(1_000_000),
+        forwarding_pin: !a.forwarding_no_pin,
         memif: (memif_wanted && !memif_skipped).then_some(bench::switch::MemifOptions {
             seconds: memif_seconds,
             ring_log2: a.memif_ring_log2,
@@ -476,8 +483,13 @@ fn print_forwarding(f: &serde_json::Value) {
     let sh = |k: &str| f["share_of_cores"][k].as_f64().unwrap_or(f64::NAN) * 100.0;
     let mut t = Table::new(["thread", "CPU s", "% of the 2 cores", "Mpps per CPU second"]).title(
         format!(
-            "switch forwarding, ring port to ring port (CSB, {}-byte frames, {:.2} s; sender, switch and receiver share {} cores)",
-            f["frame_bytes"], n("seconds"), f["share_of_cores"]["cores"]
+            "switch forwarding, ring port to ring port (CSB, {}-byte frames, {:.2} s; sender, switch and receiver share {} cores; {})",
+            f["frame_bytes"], n("seconds"), f["share_of_cores"]["cores"],
+            if f["placement"] == "pinned" {
+                "sender on CPU 0, switch and receiver on CPU 1"
+            } else {
+                "placed by the scheduler"
+            }
         ),
     );
     t.row([

@@ -288,7 +288,10 @@ fn lb_help_describes_the_daemon_and_names_only_real_subcommands() {
         "fastpath lb reload",
         "--pcap-in",
     ] {
-        assert!(run.contains(needle), "`lb run --help` lacks {needle:?}:\n{run}");
+        assert!(
+            run.contains(needle),
+            "`lb run --help` lacks {needle:?}:\n{run}"
+        );
     }
     let top = help(&["lb", "--help"]);
     let subcommands: Vec<String> = top

@@ -361,5 +361,19 @@ fn switch_bench_quick_json_document() {
         );
         assert!(f["switch_idle_pass_share"].as_f64().unwrap() > 0.5, "{f}");
     }
+    // Pinned where there are two CPUs (the default), and the CPU shares
+    // are of every CPU the process may use, not of the one it was pinned
+    // to while sending.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(
+        f["placement"],
+        if cpus >= 2 { "pinned" } else { "scheduler" },
+        "{f}"
+    );
+    assert_eq!(
+        f["share_of_cores"]["cores"].as_f64(),
+        Some(cpus as f64),
+        "{f}"
+    );
     eprintln!("switch bench --quick took {:?}", t0.elapsed());
 }
