@@ -155,6 +155,30 @@ fn split(text: &str) -> Option<Split<'_>> {
     Some(Split { head, items })
 }
 
+/// The byte ranges of the text's `[[pools]]` elements, in file order, when
+/// the text splits safely and its head has no `pools` of its own (then the
+/// i-th range is the configuration's `pools[i]`); `None` otherwise. For
+/// editing one pool without parsing the others.
+pub fn pool_elements(text: &str) -> Option<Vec<std::ops::Range<usize>>> {
+    let split = split(text)?;
+    let head: toml::Table = toml::from_str(split.head).ok()?;
+    if head.contains_key(Kind::Pools.key()) {
+        return None;
+    }
+    let base = text.as_ptr() as usize;
+    Some(
+        split
+            .items
+            .iter()
+            .filter(|(k, _)| *k == Kind::Pools)
+            .map(|(_, t)| {
+                let start = t.as_ptr() as usize - base;
+                start..start + t.len()
+            })
+            .collect(),
+    )
+}
+
 /// What the last parse through a [`ParseCache`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ChunkStats {

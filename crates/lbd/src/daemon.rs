@@ -448,7 +448,12 @@ impl Shared {
         if on_disk != applied.text {
             return Err(RuntimeError::FileChanged { path: path.clone() });
         }
-        let edited = crate::runtime::edit(&on_disk, backend, change)?;
+        // Only the pools that list the backend are parsed and edited: the
+        // running configuration was parsed from exactly this text.
+        let edited = {
+            let c = self.control();
+            crate::runtime::edit_with(&on_disk, c.config(), backend, change)?
+        };
         let generation = self.config_generation.load(Ordering::Relaxed);
         let mut out = RuntimeChanged {
             backend: backend.to_string(),

@@ -165,9 +165,75 @@ fn has_comment(t: &dyn TableLike, key: &str) -> bool {
 /// error and nothing changes.
 pub fn edit(text: &str, backend: &str, change: Change) -> Result<Edited, EditError> {
     let mut doc: DocumentMut = text.parse().map_err(EditError::Parse)?;
+    let pools = edit_doc(&mut doc, backend, change)?;
+    if pools.is_empty() {
+        return Err(EditError::UnknownBackend(backend.to_string()));
+    }
+    let new = doc.to_string();
+    Ok(Edited {
+        changed: new != text,
+        text: new,
+        pools,
+    })
+}
+
+/// [`edit`] for a text whose configuration is `cfg` (the daemon's running
+/// one, parsed from exactly this text): only the `[[pools]]` elements that
+/// list the backend are parsed and edited, the rest of the text is kept
+/// byte for byte (a runtime change of a 3.3 MB file in milliseconds, not
+/// the ~0.4 s of editing it whole). Falls back to [`edit`] where the text
+/// does not split into one element per pool of `cfg`. Same result as
+/// [`edit`].
+pub fn edit_with(
+    text: &str,
+    cfg: &lb::Config,
+    backend: &str,
+    change: Change,
+) -> Result<Edited, EditError> {
+    let Some(ranges) = lb::config_chunks::pool_elements(text)
+        .filter(|r| r.len() == cfg.pools.len() && !r.is_empty())
+    else {
+        return edit(text, backend, change);
+    };
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut last = 0;
+    let mut pools = Vec::new();
+    for (range, pool) in ranges.into_iter().zip(&cfg.pools) {
+        if !pool.backends.iter().any(|b| b.is_named(backend)) {
+            continue;
+        }
+        let mut doc: DocumentMut = text[range.clone()].parse().map_err(EditError::Parse)?;
+        let here = edit_doc(&mut doc, backend, change)?;
+        if here.len() != 1 {
+            // Not the element `cfg` says it is: edit the whole text.
+            return edit(text, backend, change);
+        }
+        pools.extend(here);
+        out.push_str(&text[last..range.start]);
+        out.push_str(&doc.to_string());
+        last = range.end;
+    }
+    if pools.is_empty() {
+        return Err(EditError::UnknownBackend(backend.to_string()));
+    }
+    out.push_str(&text[last..]);
+    Ok(Edited {
+        changed: out != text,
+        text: out,
+        pools,
+    })
+}
+
+/// Applies `change` to `backend` in every pool of `doc` that lists it;
+/// the names of those pools.
+fn edit_doc(
+    doc: &mut DocumentMut,
+    backend: &str,
+    change: Change,
+) -> Result<Vec<String>, EditError> {
     let mut pools = Vec::new();
     let mut problem = None;
-    each_pool(&mut doc, |pool| {
+    each_pool(doc, |pool| {
         let pool_name = as_str(pool, "name").unwrap_or_default();
         // The backend as this pool writes it: its name (else its address),
         // and its address.
@@ -228,18 +294,10 @@ pub fn edit(text: &str, backend: &str, change: Change) -> Result<Edited, EditErr
             }
         }
     });
-    if let Some(p) = problem {
-        return Err(p);
+    match problem {
+        Some(p) => Err(p),
+        None => Ok(pools),
     }
-    if pools.is_empty() {
-        return Err(EditError::UnknownBackend(backend.to_string()));
-    }
-    let new = doc.to_string();
-    Ok(Edited {
-        changed: new != text,
-        text: new,
-        pools,
-    })
 }
 
 /// Each backend of a pool's members (its own and its included pools'), by
@@ -490,6 +548,12 @@ mod tests {
                 _ => Change::Weight(r.below(10) as u32),
             };
             let e = edit(&text, backend, change).unwrap();
+            // Editing only the pools that list it gives the same text.
+            assert_eq!(
+                edit_with(&text, &cfg, backend, change).unwrap(),
+                e,
+                "seed {seed} {change} {backend}:\n{text}"
+            );
             let got = lb::Config::parse(&e.text, "edited.toml")
                 .unwrap_or_else(|err| panic!("seed {seed} {change} {backend}: {err}\n{}", e.text));
             assert_eq!(
