@@ -363,9 +363,9 @@ pub enum LbCommand {
     },
 }
 
-/// How to reach a running load balancer's API.
+/// Where a running load balancer's API is, and its token.
 #[derive(Args)]
-pub struct ApiArgs {
+pub struct ApiConn {
     /// The API address of the load balancer (its `[api] listen`).
     #[arg(long, default_value = "127.0.0.1:9180")]
     api: std::net::SocketAddr,
@@ -373,6 +373,24 @@ pub struct ApiArgs {
     /// token_file`); needed when the daemon has one.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+}
+
+impl ApiConn {
+    /// The bearer token from --token-file, if given.
+    fn token(&self) -> anyhow::Result<Option<String>> {
+        Ok(self
+            .token_file
+            .as_deref()
+            .map(lbd::api::read_token)
+            .transpose()?)
+    }
+}
+
+/// `fastpath lb reload`'s arguments.
+#[derive(Args)]
+pub struct ApiArgs {
+    #[command(flatten)]
+    conn: ApiConn,
     /// Output format: `table` (a sentence), or `json` (the daemon's
     /// answer: generation, not_applied, took_us, parsed {chunks, parsed,
     /// whole}).
@@ -383,20 +401,21 @@ pub struct ApiArgs {
 /// `fastpath lb reload`: POST /reload, its answer printed; a rejected file
 /// is an error with the daemon's reason.
 fn reload(a: ApiArgs) -> anyhow::Result<()> {
-    let token = a
-        .token_file
-        .as_deref()
-        .map(lbd::api::read_token)
-        .transpose()?;
-    let (status, body) = lbd::daemon::api_exchange(a.api, "POST", "/reload", token.as_deref())?;
+    let token = a.conn.token()?;
+    let (status, body) =
+        lbd::daemon::api_exchange(a.conn.api, "POST", "/reload", token.as_deref())?;
     if !status.starts_with('2') {
-        anyhow::bail!("reload: {} answered {status}: {}", a.api, api_reason(&body));
+        anyhow::bail!(
+            "reload: {} answered {status}: {}",
+            a.conn.api,
+            api_reason(&body)
+        );
     }
     if body.trim().is_empty() {
-        anyhow::bail!("{} answered /reload with an empty body", a.api);
+        anyhow::bail!("{} answered /reload with an empty body", a.conn.api);
     }
     let r: serde_json::Value = serde_json::from_str(&body)
-        .with_context(|| format!("unexpected answer from {}: {body}", a.api))?;
+        .with_context(|| format!("unexpected answer from {}: {body}", a.conn.api))?;
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
         Format::Table => {
@@ -447,13 +466,8 @@ pub struct BackendArgs {
     /// The backend: its `name` in the configuration, or its address.
     #[arg(value_name = "BACKEND")]
     backend: String,
-    /// The API address of the load balancer (its `[api] listen`).
-    #[arg(long, default_value = "127.0.0.1:9180")]
-    api: std::net::SocketAddr,
-    /// File holding the API's bearer token (the daemon's `[api]
-    /// token_file`); needed when the daemon has one.
-    #[arg(long, value_name = "FILE")]
-    token_file: Option<PathBuf>,
+    #[command(flatten)]
+    conn: ApiConn,
     /// Output format: `table` (a sentence), or `json` (the daemon's
     /// answer: backend, change, pools, changed, generation, file).
     #[arg(long, value_enum, default_value = "table")]
@@ -463,11 +477,7 @@ pub struct BackendArgs {
 /// `fastpath lb drain|undrain|weight`: one POST to the API, its answer
 /// printed; an error status is an error with the daemon's reason.
 fn runtime_change(a: BackendArgs, change: lbd::runtime::Change) -> anyhow::Result<()> {
-    let token = a
-        .token_file
-        .as_deref()
-        .map(lbd::api::read_token)
-        .transpose()?;
+    let token = a.conn.token()?;
     // The name goes into the path: keep it to characters a path carries
     // as they are.
     if a.backend.is_empty()
@@ -486,20 +496,20 @@ fn runtime_change(a: BackendArgs, change: lbd::runtime::Change) -> anyhow::Resul
         lbd::runtime::Change::Undrain => format!("/backends/{}/undrain", a.backend),
         lbd::runtime::Change::Weight(w) => format!("/backends/{}/weight/{w}", a.backend),
     };
-    let (status, body) = lbd::daemon::api_exchange(a.api, "POST", &path, token.as_deref())?;
+    let (status, body) = lbd::daemon::api_exchange(a.conn.api, "POST", &path, token.as_deref())?;
     if !status.starts_with('2') {
         anyhow::bail!(
             "{change} {}: {} answered {status}: {}",
             a.backend,
-            a.api,
+            a.conn.api,
             api_reason(&body)
         );
     }
     if body.trim().is_empty() {
-        anyhow::bail!("{} answered {path} with an empty body", a.api);
+        anyhow::bail!("{} answered {path} with an empty body", a.conn.api);
     }
     let r: lbd::daemon::RuntimeChanged = serde_json::from_str(&body)
-        .with_context(|| format!("unexpected answer from {}: {body}", a.api))?;
+        .with_context(|| format!("unexpected answer from {}: {body}", a.conn.api))?;
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
         Format::Table => {
