@@ -193,7 +193,8 @@ pub struct Encap {
     /// A prefix (IPv4 CIDR, /16 to /32) each flow's outer source address
     /// toward IPv4 backends is taken from, by its flow hash, so that the
     /// backends' NICs spread flows over their queues; GRE then carries the
-    /// flow hash in its key. None: every frame leaves from `source`.
+    /// flow hash in its key. None: every frame leaves from `source`. A
+    /// reload applies a change (flows then leave from new sources).
     pub source_prefix: Option<String>,
     /// The same for IPv6 backends (an IPv6 CIDR, /64 to /128).
     pub source_prefix6: Option<String>,
@@ -1410,9 +1411,8 @@ impl Config {
     /// The keys whose change from `self` to `new` a running load balancer
     /// cannot apply (`[forwarder]`, `[conntrack]` and `[api]`: threads,
     /// queues, pool and table sizes, the API address), as `section.key`.
-    /// `[encap] source_prefix` and `source_prefix6` too. Everything else
-    /// (pools, backends, VIPs, health checks, BGP, encapsulation) is
-    /// applied by a reload.
+    /// Everything else (pools, backends, VIPs, health checks, BGP,
+    /// encapsulation, `source_prefix` included) is applied by a reload.
     pub fn restart_keys(&self, new: &Config) -> Vec<String> {
         // Only the sections compared: serialising the whole configuration
         // (100,000 backends at scale) would cost a reload tens of ms.
@@ -1434,12 +1434,6 @@ impl Config {
         // datagram's); changes inside it apply live.
         if old["fleet"].is_null() != new["fleet"].is_null() {
             keys.push("fleet".to_string());
-        }
-        // The packet threads take the outer source prefixes when they start.
-        for k in ["source_prefix", "source_prefix6"] {
-            if old["encap"].get(k) != new["encap"].get(k) {
-                keys.push(format!("encap.{k}"));
-            }
         }
         for section in ["forwarder", "conntrack", "api", "tracer"] {
             let (a, b) = (&old[section], &new[section]);

@@ -125,9 +125,6 @@ pub struct Params {
     /// Packet-tracer reports go through this (`[tracer]`; none when
     /// disabled). Shared by every packet thread; the daemon drains it.
     pub tracer: Option<Arc<crate::trace::Tracer>>,
-    /// Per-flow outer sources and GRE keys (`[encap] source_prefix`,
-    /// `source_prefix6`; none: every frame from `source`).
-    pub spread: Option<packet::gre::Spread>,
 }
 
 impl Params {
@@ -147,7 +144,6 @@ impl Params {
             hugepages: maio::Hugepages::Auto,
             mode: Mode::Maglev,
             tracer: crate::trace::Tracer::from_config(&c.tracer),
-            spread: c.encap.spread(),
         }
     }
 
@@ -163,7 +159,6 @@ impl Params {
             ),
             FragTable::new(self.frag_table_size, self.frag_timeout_ms),
         );
-        let w = w.with_spread(self.spread);
         match &self.tracer {
             Some(t) => w.with_tracer(Arc::clone(t), thread),
             None => w,

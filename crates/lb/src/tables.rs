@@ -94,6 +94,10 @@ pub struct Tables {
     /// key form): GRE to one of them marked as a redirected fragment is
     /// taken in ([`crate::fleet`]).
     pub own: Vec<[u8; 16]>,
+    /// `[encap] source_prefix` / `source_prefix6`: per-flow outer sources
+    /// and the flow hash in the GRE key (none: every frame from `source`).
+    /// In the snapshot, so that a reload changes it between two batches.
+    pub spread: Option<packet::gre::Spread>,
 }
 
 impl Tables {
@@ -220,6 +224,7 @@ impl Control {
                 generation: 0,
                 fleet: None,
                 own: Vec::new(),
+                spread: None,
             })),
             peers: None,
             peers_down: std::collections::HashSet::new(),
@@ -310,6 +315,7 @@ impl Control {
             generation: self.generation,
             fleet,
             own: cur.own.clone(),
+            spread: cur.spread,
         }));
         true
     }
@@ -554,6 +560,7 @@ impl Control {
             generation: self.generation,
             fleet,
             own,
+            spread: cfg.encap.spread(),
         })
     }
 

@@ -8,9 +8,7 @@ use std::sync::Arc;
 use maio::{Handle, Pool};
 use netio::Packet;
 use packet::checksum::{complete_partial, Partial};
-use packet::gre::{
-    encapsulate, encapsulate_keyed, encapsulate_spread, Spread, FRAGMENT_REDIRECT_KEY,
-};
+use packet::gre::{encapsulate, encapsulate_keyed, encapsulate_spread, FRAGMENT_REDIRECT_KEY};
 use packet::parse::Parsed;
 use packet::tcp::flags::{ACK as TCP_ACK, FIN as TCP_FIN, RST as TCP_RST, SYN as TCP_SYN};
 use packet::{parse_frame, FlowKey};
@@ -86,8 +84,6 @@ pub struct Worker {
     staged: Vec<(packet::Result<Parsed>, u64)>,
     /// Packet-tracer probes are reported through this, as this thread.
     trace: Option<(Arc<Tracer>, u16)>,
-    /// Per-flow outer sources and GRE keys (`[encap] source_prefix`).
-    spread: Option<Spread>,
 }
 
 impl Worker {
@@ -104,16 +100,7 @@ impl Worker {
             expired: Vec::new(),
             staged: Vec::new(),
             trace: None,
-            spread: None,
         }
-    }
-
-    /// Takes each flow's outer source from a prefix by its flow hash and
-    /// writes the flow hash into the GRE key ([`Spread`]); none: every
-    /// frame leaves from the backend's configured outer source, unkeyed.
-    pub fn with_spread(mut self, spread: Option<Spread>) -> Self {
-        self.spread = spread;
-        self
     }
 
     /// Reports packet-tracer probes through `tracer` as packet thread
@@ -383,7 +370,7 @@ impl Worker {
                 self.counters.csum_completed += 1;
             }
         }
-        let r = match &self.spread {
+        let r = match &t.spread {
             None => encapsulate(data, start, p, &b.outer, hash),
             Some(s) => encapsulate_spread(data, start, p, &b.outer, hash, s),
         };

@@ -275,11 +275,36 @@ fn source_prefixes_are_validated_naming_the_key() {
     assert_eq!(s.v4.map(|p| p.size()), Some(65_536));
     assert_eq!(s.v6.map(|p| p.size()), Some(1));
     assert_eq!(config("").encap.spread(), None);
-    // The packet threads take the prefixes when they start.
-    assert_eq!(
-        config("").restart_keys(&ok),
-        ["encap.source_prefix", "encap.source_prefix6"]
-    );
+    // A reload applies them: nothing waits for a restart.
+    assert!(config("").restart_keys(&ok).is_empty());
+}
+
+/// A reload that sets `source_prefix` changes the outer source and key of
+/// the next frames of a running datapath (the prefixes live in the swapped
+/// snapshot), and one that removes it changes them back.
+#[test]
+fn a_reload_applies_source_prefix_to_a_running_datapath() {
+    let plain = config("");
+    let spread = config("source_prefix = \"198.18.100.0/24\"\n");
+    let v4 = SourcePrefix::new(ip("198.18.100.0"), 24).unwrap();
+    let mut control = Control::new(plain.clone()).unwrap();
+    let dp = Datapath::new(Params::from_config(&plain), control.tables()).unwrap();
+    let frame = Frame::tcp(ip("203.0.113.7"), ip("192.0.2.80"), 4000, 80, 0x02, b"x").to_bytes();
+    let once = || {
+        let mut port = MemPort::new(vec![frame.clone()], Vary::None, Some(1)).capture();
+        dp.run(&mut port, &AtomicBool::new(false)).unwrap();
+        let out = port.captured.take().unwrap();
+        assert_eq!(out.len(), 1);
+        let d = decapsulate(&out[0]).unwrap();
+        (flow::to_ip(&d.outer_src), d.key)
+    };
+    assert_eq!(once(), (ip("10.0.0.1"), None));
+    control.apply(spread).unwrap();
+    let (src, key) = once();
+    assert!(v4.contains(&flow::from_ip(src)), "{src}");
+    assert!(key.is_some());
+    control.apply(plain).unwrap();
+    assert_eq!(once(), (ip("10.0.0.1"), None));
 }
 
 #[test]
