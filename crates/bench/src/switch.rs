@@ -1177,6 +1177,12 @@ fn forward_totals(text: &str) -> Option<(u64, u64, u64, u64)> {
     ))
 }
 
+/// The share of its sends a testpmd generator could not place in its ring
+/// (TX-dropped over all it tried), from [`forward_totals`].
+fn refused_share(totals: Option<(u64, u64, u64, u64)>) -> Option<f64> {
+    totals.map(|(_, _, sent, dropped)| dropped as f64 / (sent + dropped).max(1) as f64)
+}
+
 /// utime + stime of a process, in seconds.
 fn proc_cpu(pid: i32) -> f64 {
     let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -1367,9 +1373,7 @@ fn measure_pair(
         gen: forward_totals(&gen_log),
         sink: forward_totals(&sink_log),
     };
-    let refused = totals
-        .gen
-        .map(|(_, _, sent, dropped)| dropped as f64 / (sent + dropped).max(1) as f64);
+    let refused = refused_share(totals.gen);
     let c = cores();
     Ok((
         json!({
@@ -1738,8 +1742,7 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
             .take(r1 - r0)
             .collect();
         let totals = forward_totals(&log);
-        let refused =
-            totals.map(|(_, _, sent, dropped)| dropped as f64 / (sent + dropped).max(1) as f64);
+        let refused = refused_share(totals);
         let d = |k: &str| {
             s1["switch"][k].as_u64().unwrap_or(0) as f64
                 - s0["switch"][k].as_u64().unwrap_or(0) as f64

@@ -376,13 +376,28 @@ pub struct ApiConn {
 }
 
 impl ApiConn {
-    /// The bearer token from --token-file, if given.
-    fn token(&self) -> anyhow::Result<Option<String>> {
-        Ok(self
+    /// POSTs to `path` with the token from --token-file and reads the JSON
+    /// answer; an error status is an error with the daemon's reason, after
+    /// `what` (the request in words).
+    fn post<T: serde::de::DeserializeOwned>(&self, path: &str, what: &str) -> anyhow::Result<T> {
+        let token = self
             .token_file
             .as_deref()
             .map(lbd::api::read_token)
-            .transpose()?)
+            .transpose()?;
+        let (status, body) = lbd::daemon::api_exchange(self.api, "POST", path, token.as_deref())?;
+        if !status.starts_with('2') {
+            anyhow::bail!(
+                "{what}: {} answered {status}: {}",
+                self.api,
+                api_reason(&body)
+            );
+        }
+        if body.trim().is_empty() {
+            anyhow::bail!("{} answered {path} with an empty body", self.api);
+        }
+        serde_json::from_str(&body)
+            .with_context(|| format!("unexpected answer from {}: {body}", self.api))
     }
 }
 
@@ -401,21 +416,7 @@ pub struct ApiArgs {
 /// `fastpath lb reload`: POST /reload, its answer printed; a rejected file
 /// is an error with the daemon's reason.
 fn reload(a: ApiArgs) -> anyhow::Result<()> {
-    let token = a.conn.token()?;
-    let (status, body) =
-        lbd::daemon::api_exchange(a.conn.api, "POST", "/reload", token.as_deref())?;
-    if !status.starts_with('2') {
-        anyhow::bail!(
-            "reload: {} answered {status}: {}",
-            a.conn.api,
-            api_reason(&body)
-        );
-    }
-    if body.trim().is_empty() {
-        anyhow::bail!("{} answered /reload with an empty body", a.conn.api);
-    }
-    let r: serde_json::Value = serde_json::from_str(&body)
-        .with_context(|| format!("unexpected answer from {}: {body}", a.conn.api))?;
+    let r: serde_json::Value = a.conn.post("/reload", "reload")?;
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
         Format::Table => {
@@ -477,7 +478,6 @@ pub struct BackendArgs {
 /// `fastpath lb drain|undrain|weight`: one POST to the API, its answer
 /// printed; an error status is an error with the daemon's reason.
 fn runtime_change(a: BackendArgs, change: lbd::runtime::Change) -> anyhow::Result<()> {
-    let token = a.conn.token()?;
     // The name goes into the path: keep it to characters a path carries
     // as they are.
     if a.backend.is_empty()
@@ -496,20 +496,7 @@ fn runtime_change(a: BackendArgs, change: lbd::runtime::Change) -> anyhow::Resul
         lbd::runtime::Change::Undrain => format!("/backends/{}/undrain", a.backend),
         lbd::runtime::Change::Weight(w) => format!("/backends/{}/weight/{w}", a.backend),
     };
-    let (status, body) = lbd::daemon::api_exchange(a.conn.api, "POST", &path, token.as_deref())?;
-    if !status.starts_with('2') {
-        anyhow::bail!(
-            "{change} {}: {} answered {status}: {}",
-            a.backend,
-            a.conn.api,
-            api_reason(&body)
-        );
-    }
-    if body.trim().is_empty() {
-        anyhow::bail!("{} answered {path} with an empty body", a.conn.api);
-    }
-    let r: lbd::daemon::RuntimeChanged = serde_json::from_str(&body)
-        .with_context(|| format!("unexpected answer from {}: {body}", a.conn.api))?;
+    let r: lbd::daemon::RuntimeChanged = a.conn.post(&path, &format!("{change} {}", a.backend))?;
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
         Format::Table => {

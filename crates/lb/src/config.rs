@@ -680,13 +680,16 @@ pub fn parse_prefix(s: &str) -> Option<(IpAddr, u8)> {
 impl Config {
     /// Reads and validates a file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
+        Config::parse(&Config::read(path)?, &path.display().to_string())
+    }
+
+    /// A configuration file's text, or an error naming the file.
+    pub fn read(path: &Path) -> Result<String, ConfigError> {
+        std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.display().to_string(),
             key: "(file)".into(),
             problem: format!("cannot read: {e}"),
-        })?;
-        Config::parse(&text, &file)
+        })
     }
 
     /// Parses and validates TOML text; `file` names it in errors.
@@ -994,7 +997,7 @@ impl Config {
             if let Err(err) = maglev::check_table_size(p.table_size) {
                 return problem(format!("pools[{i}].table_size"), err.to_string());
             }
-            let name_of = |b: &BackendConf| b.name.clone().unwrap_or_else(|| b.address.to_string());
+            let name_of = BackendConf::display_name;
             let mut names = HashSet::with_capacity(p.backends.len());
             let mut addresses: HashMap<IpAddr, usize> = HashMap::with_capacity(p.backends.len());
             for (j, b) in p.backends.iter().enumerate() {
@@ -1081,7 +1084,7 @@ impl Config {
             // but not an address under another name.
             let mut addresses: HashMap<IpAddr, String> = HashMap::new();
             for b in &members {
-                let name = b.name.clone().unwrap_or_else(|| b.address.to_string());
+                let name = b.display_name();
                 if let Some(other) = addresses.insert(b.address, name.clone()) {
                     return problem(
                         format!("pools[{i}].include"),
@@ -1545,12 +1548,36 @@ impl Config {
         index: &HashMap<&str, &PoolConf>,
         pool: &str,
     ) -> Result<Vec<BackendConf>, IncludeCycle> {
+        Ok(self
+            .members_as_written(index, pool)?
+            .into_iter()
+            .map(|(mut b, drained)| {
+                // Drained: no share of the table (the file keeps its
+                // weight to restore).
+                if drained {
+                    b.weight = 0;
+                }
+                b
+            })
+            .collect())
+    }
+
+    /// The backends of a pool with its included pools, each once (first
+    /// occurrence wins, depth first in include order), with the weight
+    /// written in the file and whether the pool that lists it drains it;
+    /// or the cycle that prevents it. [`Config::flatten_in`] is this with
+    /// drained weights as 0.
+    pub fn members_as_written(
+        &self,
+        index: &HashMap<&str, &PoolConf>,
+        pool: &str,
+    ) -> Result<Vec<(BackendConf, bool)>, IncludeCycle> {
         fn walk<'a>(
             index: &HashMap<&str, &'a PoolConf>,
             name: &'a str,
             path: &mut Vec<&'a str>,
             seen: &mut HashSet<String>,
-            out: &mut Vec<BackendConf>,
+            out: &mut Vec<(BackendConf, bool)>,
         ) -> Result<(), IncludeCycle> {
             if path.contains(&name) {
                 path.push(name);
@@ -1561,15 +1588,8 @@ impl Config {
             };
             path.push(name);
             for b in &p.backends {
-                let key = b.name.clone().unwrap_or_else(|| b.address.to_string());
-                if seen.insert(key) {
-                    let mut b = b.clone();
-                    // Drained: no share of the table (the file keeps its
-                    // weight to restore).
-                    if p.is_drained(&b) {
-                        b.weight = 0;
-                    }
-                    out.push(b);
+                if seen.insert(b.display_name()) {
+                    out.push((b.clone(), p.is_drained(b)));
                 }
             }
             for inc in &p.include {

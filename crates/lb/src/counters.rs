@@ -293,31 +293,27 @@ impl Counters {
 
     /// Non-zero drop counters by name ([`NOT_FOR_VIP`] included).
     pub fn drop_table(&self) -> Vec<(&'static str, u64)> {
-        self.drops
-            .iter()
-            .enumerate()
-            .filter(|(_, &n)| n > 0)
-            .map(|(i, &n)| (DropReason::name_of(i), n))
-            .collect()
+        self.table_where(|_| true)
     }
 
     /// Non-zero drop counters by name, without [`NOT_FOR_VIP`]: the drops
     /// a user reads as lost traffic.
     pub fn drop_table_excluding_not_for_vip(&self) -> Vec<(&'static str, u64)> {
-        self.drops
-            .iter()
-            .enumerate()
-            .filter(|(i, &n)| n > 0 && !Self::is_not_for_vip(*i))
-            .map(|(i, &n)| (DropReason::name_of(i), n))
-            .collect()
+        self.table_where(|i| !Self::is_not_for_vip(i))
     }
 
     /// Non-zero [`NOT_FOR_VIP`] counters by name (`not_ip`, `no_vip`).
     pub fn not_for_vip_table(&self) -> Vec<(&'static str, u64)> {
-        NOT_FOR_VIP
+        self.table_where(Self::is_not_for_vip)
+    }
+
+    /// Non-zero drop slots that `keep` keeps, by name, in slot order.
+    fn table_where(&self, keep: impl Fn(usize) -> bool) -> Vec<(&'static str, u64)> {
+        self.drops
             .iter()
-            .map(|&r| (DropReason::name_of(r.index()), self.drops_for(r)))
-            .filter(|(_, n)| *n > 0)
+            .enumerate()
+            .filter(|&(i, &n)| n > 0 && keep(i))
+            .map(|(i, &n)| (DropReason::name_of(i), n))
             .collect()
     }
 }

@@ -44,8 +44,8 @@ pub struct Backend {
     pub outer: Outer,
 }
 
-/// A VIP in a snapshot.
-#[derive(Debug)]
+/// A VIP in a snapshot (a clone shares its Maglev table).
+#[derive(Debug, Clone)]
 pub struct Vip {
     /// Name from the configuration.
     pub name: String,
@@ -294,23 +294,10 @@ impl Control {
             return false;
         };
         let cur = self.current.load_full();
-        let vips = cur
-            .vips
-            .iter()
-            .map(|v| Vip {
-                name: v.name.clone(),
-                table: Arc::clone(&v.table),
-                slots: v.slots.clone(),
-                backends: v.backends.clone(),
-                weights: v.weights.clone(),
-                pool: v.pool.clone(),
-                fingerprint: v.fingerprint,
-            })
-            .collect();
         self.generation += 1;
         self.current.store(Arc::new(Tables {
             matcher: cur.matcher.clone(),
-            vips,
+            vips: cur.vips.clone(),
             backends: cur.backends.clone(),
             generation: self.generation,
             fleet,
@@ -434,7 +421,7 @@ impl Control {
                         let id = match known {
                             Some(id) => id,
                             None => {
-                                let name = b.name.clone().unwrap_or_else(|| b.address.to_string());
+                                let name = b.display_name();
                                 if let Some(&id) = self.ids.get(&name).or_else(|| added.get(&name))
                                 {
                                     // Named by its address elsewhere.

@@ -325,12 +325,7 @@ impl Shared {
         let applied = &mut *applied;
         let started = std::time::Instant::now();
         let file = self.config_path.display().to_string();
-        let result = std::fs::read_to_string(&self.config_path)
-            .map_err(|e| lb::config::ConfigError {
-                file: file.clone(),
-                key: "(file)".into(),
-                problem: format!("cannot read: {e}"),
-            })
+        let result = Config::read(&self.config_path)
             .and_then(|text| {
                 Config::parse_with(&text, &file, &mut applied.cache).map(|c| (c, text))
             })
@@ -539,7 +534,7 @@ impl Shared {
         // One lock, released here: taking it twice in one expression would
         // deadlock (a guard lives to the end of its statement).
         let bgp = self.bgp.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let fleet = crate::peers::status(&tables, &c, self.control().config());
+        let fleet = crate::peers::status(&tables, &c, &cfg);
         // The weight written in the configuration and the drain state, by
         // backend name, per pool (the tables hold 0 for a drained backend).
         let mut configured: HashMap<&str, HashMap<String, (u32, bool)>> = HashMap::new();
@@ -1012,28 +1007,47 @@ async fn health_manager(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
     }
 }
 
-/// `POST /backends/NAME/...`: a runtime change, with the token like
-/// `/reload`; 200 with what changed, or the error's status with the reason
-/// as JSON (404: no such backend, 409: the file was edited since it was
-/// loaded, 400: the result would be invalid).
-async fn change_endpoint(
+/// A `POST` that changes the load balancer (`/reload`, the runtime
+/// changes): refused without the token, run off the async threads; 200
+/// with `apply`'s answer as JSON, or `status` of its error with the reason
+/// as JSON.
+async fn change_endpoint<T, E>(
     s: Arc<Shared>,
     headers: &axum::http::HeaderMap,
-    backend: String,
-    change: crate::runtime::Change,
-) -> axum::response::Response {
+    status: fn(&E) -> StatusCode,
+    apply: impl FnOnce(&Shared) -> Result<T, E> + Send + 'static,
+) -> axum::response::Response
+where
+    T: Serialize + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
     if !crate::api::authorized(headers, s.token.as_deref()) {
         return crate::api::unauthorized().into_response();
     }
-    match tokio::task::spawn_blocking(move || s.runtime_change(&backend, change)).await {
+    match tokio::task::spawn_blocking(move || apply(&s)).await {
         Ok(Ok(r)) => (StatusCode::OK, Json(r)).into_response(),
         Ok(Err(e)) => (
-            e.status(),
+            status(&e),
             Json(serde_json::json!({ "error": e.to_string() })),
         )
             .into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
+}
+
+/// `POST /backends/NAME/...`: a runtime change (404: no such backend,
+/// 409: the file was edited since it was loaded, 400: the result would be
+/// invalid).
+async fn runtime_endpoint(
+    s: Arc<Shared>,
+    headers: &axum::http::HeaderMap,
+    backend: String,
+    change: crate::runtime::Change,
+) -> axum::response::Response {
+    change_endpoint(s, headers, RuntimeError::status, move |s| {
+        s.runtime_change(&backend, change)
+    })
+    .await
 }
 
 async fn control_plane(
@@ -1076,20 +1090,8 @@ async fn control_plane(
                 "/reload",
                 post(
                     |State(s): State<Arc<Shared>>, headers: axum::http::HeaderMap| async move {
-                        if !crate::api::authorized(&headers, s.token.as_deref()) {
-                            return crate::api::unauthorized().into_response();
-                        }
-                        match tokio::task::spawn_blocking(move || s.reload()).await {
-                            Ok(Ok(r)) => (StatusCode::OK, Json(r)).into_response(),
-                            Ok(Err(e)) => (
-                                StatusCode::BAD_REQUEST,
-                                Json(serde_json::json!({ "error": e.to_string() })),
-                            )
-                                .into_response(),
-                            Err(e) => {
-                                (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
-                            }
-                        }
+                        change_endpoint(s, &headers, |_| StatusCode::BAD_REQUEST, Shared::reload)
+                            .await
                     },
                 ),
             )
@@ -1099,7 +1101,7 @@ async fn control_plane(
                     |State(s): State<Arc<Shared>>,
                      axum::extract::Path(b): axum::extract::Path<String>,
                      headers: axum::http::HeaderMap| async move {
-                        change_endpoint(s, &headers, b, crate::runtime::Change::Drain).await
+                        runtime_endpoint(s, &headers, b, crate::runtime::Change::Drain).await
                     },
                 ),
             )
@@ -1109,7 +1111,7 @@ async fn control_plane(
                     |State(s): State<Arc<Shared>>,
                      axum::extract::Path(b): axum::extract::Path<String>,
                      headers: axum::http::HeaderMap| async move {
-                        change_endpoint(s, &headers, b, crate::runtime::Change::Undrain).await
+                        runtime_endpoint(s, &headers, b, crate::runtime::Change::Undrain).await
                     },
                 ),
             )
@@ -1119,7 +1121,7 @@ async fn control_plane(
                     |State(s): State<Arc<Shared>>,
                      axum::extract::Path((b, w)): axum::extract::Path<(String, u32)>,
                      headers: axum::http::HeaderMap| async move {
-                        change_endpoint(s, &headers, b, crate::runtime::Change::Weight(w)).await
+                        runtime_endpoint(s, &headers, b, crate::runtime::Change::Weight(w)).await
                     },
                 ),
             )
@@ -1280,11 +1282,7 @@ pub fn run(
     // The text too: a runtime change refuses to overwrite a file that
     // differs from what runs.
     let file = config.display().to_string();
-    let config_text = std::fs::read_to_string(config).map_err(|e| lb::config::ConfigError {
-        file: file.clone(),
-        key: "(file)".into(),
-        problem: format!("cannot read: {e}"),
-    })?;
+    let config_text = Config::read(config)?;
     let mut parse_cache = lb::config::ParseCache::new();
     let mut cfg = Config::parse_with(&config_text, &file, &mut parse_cache)?;
     // What a reload compares against to name keys that wait for a restart:

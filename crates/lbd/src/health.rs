@@ -82,7 +82,7 @@ pub fn checks(cfg: &Config) -> HashMap<CheckKey, Vec<String>> {
             CheckPath::Tunnel => tunnel_vips.get(p.name.as_str()).copied(),
         };
         for b in &p.backends {
-            let name = b.name.clone().unwrap_or_else(|| b.address.to_string());
+            let name = b.display_name();
             let names = out
                 .entry(CheckKey {
                     addr: b.address,

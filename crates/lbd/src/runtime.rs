@@ -14,7 +14,7 @@
 //! then a rename), so a crash leaves the old file or the new one, never half
 //! of one.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
@@ -305,23 +305,12 @@ fn edit_doc(
 /// drains it. The tables hold the weight that applies (0 when drained);
 /// this is what `/status` shows beside it.
 pub fn configured(cfg: &lb::Config, pool: &str) -> HashMap<String, (u32, bool)> {
-    let index = cfg.pool_index();
-    let mut out = HashMap::new();
-    let mut seen: HashSet<&str> = HashSet::new();
-    let mut stack = vec![pool];
-    while let Some(name) = stack.pop() {
-        let Some(p) = index.get(name) else { continue };
-        if !seen.insert(name) {
-            continue;
-        }
-        for b in &p.backends {
-            out.entry(b.display_name())
-                .or_insert((b.weight, p.is_drained(b)));
-        }
-        // Depth first in include order, as `Config::flatten`.
-        stack.extend(p.include.iter().rev().map(String::as_str));
-    }
-    out
+    // A validated configuration has no include cycle.
+    cfg.members_as_written(&cfg.pool_index(), pool)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(b, drained)| (b.display_name(), (b.weight, drained)))
+        .collect()
 }
 
 /// Why the file could not be replaced.
