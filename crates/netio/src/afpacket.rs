@@ -148,6 +148,34 @@ pub(crate) fn poll_in(fd: BorrowedFd<'_>, timeout_ms: i32) {
     let _ = rustix::event::poll(&mut p, timeout.as_ref());
 }
 
+/// Binds an AF_PACKET socket to every protocol (`ETH_P_ALL`) on the
+/// interface with index `index`.
+pub fn bind_all(fd: BorrowedFd<'_>, index: u32) -> io::Result<()> {
+    let sll = libc::sockaddr_ll {
+        sll_family: libc::AF_PACKET as u16,
+        sll_protocol: (libc::ETH_P_ALL as u16).to_be(),
+        sll_ifindex: index as i32,
+        sll_hatype: 0,
+        sll_pkttype: 0,
+        sll_halen: 0,
+        sll_addr: [0; 8],
+    };
+    // rustix has no AF_PACKET address type.
+    // SAFETY: `sll` is a valid sockaddr_ll that lives across the call, and
+    // its size is passed.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The index of an interface in this network namespace.
 pub fn ifindex(name: &str) -> Option<u32> {
     // SIOCGIFINDEX needs some socket to carry it, as if_nametoindex(3) does.
@@ -242,28 +270,7 @@ impl AfPacketPort {
         // only after seeing TP_STATUS_USER with acquire ordering.
         let ring = unsafe { MmapOptions::new().len(len).map_mut(s.as_raw_fd()) }
             .map_err(sys("mmap ring"))?;
-        let sll = libc::sockaddr_ll {
-            sll_family: libc::AF_PACKET as u16,
-            sll_protocol: (libc::ETH_P_ALL as u16).to_be(),
-            sll_ifindex: index as i32,
-            sll_hatype: 0,
-            sll_pkttype: 0,
-            sll_halen: 0,
-            sll_addr: [0; 8],
-        };
-        // rustix has no AF_PACKET address type.
-        // SAFETY: `sll` is a valid sockaddr_ll that lives across the call,
-        // and its size is passed.
-        let r = unsafe {
-            libc::bind(
-                s.as_raw_fd(),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(sys("bind")(io::Error::last_os_error()).into());
-        }
+        bind_all(s, index).map_err(sys("bind"))?;
         if let Some(group) = cfg.fanout {
             let arg: u32 = u32::from(group) | (libc::PACKET_FANOUT_HASH << 16);
             set_packet_opt(s, PacketOpt::Fanout(arg)).map_err(sys("PACKET_FANOUT"))?;

@@ -2,8 +2,7 @@
 //! they send hand-made frames into the load balancer's interface and catch
 //! what it transmits, stamped by the kernel as it arrives.
 
-use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// The socket, bound to one interface of the namespace it was opened in.
@@ -23,10 +22,8 @@ impl RawSocket {
         assert!(raw >= 0, "socket: {}", std::io::Error::last_os_error());
         // SAFETY: `raw` is a new descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let name = CString::new(iface).unwrap();
-        // SAFETY: `name` is a NUL-terminated string that outlives the call.
-        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        assert!(index > 0, "no interface {iface}");
+        let index =
+            netio::afpacket::ifindex(iface).unwrap_or_else(|| panic!("no interface {iface}"));
         let set = |level, opt| {
             let one: libc::c_int = 1;
             // SAFETY: the option takes an int; `one` outlives the call.
@@ -43,25 +40,7 @@ impl RawSocket {
         };
         set(libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING);
         set(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS);
-        let sll = libc::sockaddr_ll {
-            sll_family: libc::AF_PACKET as u16,
-            sll_protocol: (libc::ETH_P_ALL as u16).to_be(),
-            sll_ifindex: index as i32,
-            sll_hatype: 0,
-            sll_pkttype: 0,
-            sll_halen: 0,
-            sll_addr: [0; 8],
-        };
-        // SAFETY: `sll` is a valid sockaddr_ll that outlives the call, and
-        // its size is passed.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0, "bind: {}", std::io::Error::last_os_error());
+        netio::afpacket::bind_all(fd.as_fd(), index).unwrap_or_else(|e| panic!("bind: {e}"));
         RawSocket { fd }
     }
 
