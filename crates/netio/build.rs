@@ -8,12 +8,14 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-changed=bpf/xsk.c");
     println!("cargo:rerun-if-changed=bpf/fwd.c");
+    println!("cargo:rerun-if-changed=bpf/lb.c");
+    println!("cargo:rerun-if-changed=bpf/steer.h");
     println!("cargo::rustc-check-cfg=cfg(fastpath_xdp_obj)");
     let dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     // <asm/types.h> lives in the multiarch include directory.
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into());
     let multiarch = format!("-I/usr/include/{arch}-linux-gnu");
-    let ok = ["xsk", "fwd"].iter().all(|name| {
+    let ok = ["xsk", "fwd", "lb"].iter().all(|name| {
         Command::new("clang")
             .args([
                 "-O2",

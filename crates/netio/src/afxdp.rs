@@ -189,6 +189,24 @@ const XSK: Prog = Prog {
     program: "XDP program",
 };
 
+/// The load balancer in the driver (`bpf/lb.c`), loaded by
+/// [`crate::xdplb`]; attached like the others.
+const LB: Prog = Prog {
+    obj: &[],
+    name: crate::xdplb::PROGRAM,
+    program: "XDP load balancer",
+};
+
+/// Which XDP program an AF_XDP port's interface runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    /// Steering only (`bpf/xsk.c`): every VIP frame to the socket.
+    Steer,
+    /// The load balancer's fast path (`bpf/lb.c`) with maps of these sizes:
+    /// the common case forwarded in the driver, the rest steered.
+    LoadBalancer(crate::xdplb::Sizes),
+}
+
 /// The XDP forwarder (`bpf/fwd.c`).
 const FWD: Prog = Prog {
     obj: FWD_OBJ,
@@ -661,6 +679,8 @@ pub struct AfXdpPort {
     /// Addresses from the kernel that did not name a buffer we gave it.
     pub bad_addresses: u64,
     vips: VipFilter,
+    /// The fast path's maps, when the interface runs the load balancer.
+    lb: Option<crate::xdplb::XdpLb>,
     /// Keeps the XDP program attached while any of its ports lives.
     _bpf: Arc<Mutex<Ebpf>>,
 }
@@ -689,6 +709,17 @@ impl AfXdpPort {
         vips: &[[u8; 16]],
         queues: u32,
     ) -> Result<Vec<Self>, crate::Error> {
+        Self::open_queues_with(iface, pool, vips, queues, Program::Steer)
+    }
+
+    /// [`AfXdpPort::open_queues`] with the interface running `program`.
+    pub fn open_queues_with(
+        iface: &str,
+        pool: &Pool,
+        vips: &[[u8; 16]],
+        queues: u32,
+        program: Program,
+    ) -> Result<Vec<Self>, crate::Error> {
         if XSK.obj.is_empty() {
             return Err(Error::NotBuilt {
                 iface: iface.into(),
@@ -699,8 +730,31 @@ impl AfXdpPort {
         let index = crate::afpacket::ifindex(iface).ok_or_else(|| Error::NoInterface {
             iface: iface.into(),
         })?;
-        let mut bpf = XSK.load(iface)?;
-        let mode = XSK.attach(&mut bpf, iface)?;
+        let (mut bpf, lb, prog) = match program {
+            Program::Steer => (XSK.load(iface)?, None, &XSK),
+            Program::LoadBalancer(sizes) => {
+                let (mut bpf, lb) = crate::xdplb::load(sizes)?;
+                // Forwarded frames leave by the interface itself.
+                let mut out: aya::maps::DevMap<_> =
+                    aya::maps::DevMap::try_from(bpf.map_mut("lb_out").ok_or_else(|| {
+                        Error::Missing {
+                            iface: iface.into(),
+                            what: "lb_out",
+                        }
+                    })?)
+                    .map_err(|source| Error::Map {
+                        iface: iface.into(),
+                        what: "the load balancer's device map",
+                        source: Box::new(source),
+                    })?;
+                out.set(0, index, None, 0).map_err(|source| Error::DevMap {
+                    iface: iface.into(),
+                    source: Box::new(source),
+                })?;
+                (bpf, Some(lb), &LB)
+            }
+        };
+        let mode = prog.attach(&mut bpf, iface)?;
         let map_err = |what| {
             move |source| Error::Map {
                 iface: iface.into(),
@@ -799,6 +853,7 @@ impl AfXdpPort {
                 stats: PortStats::default(),
                 bad_addresses: 0,
                 vips: filter.clone(),
+                lb: lb.clone(),
                 _bpf: Arc::clone(&shared),
             };
             let pool_err = |what| {
@@ -837,6 +892,12 @@ impl AfXdpPort {
     /// The VIP set's handle (for updates on reload).
     pub fn vip_filter(&self) -> VipFilter {
         self.vips.clone()
+    }
+
+    /// The load balancer's fast path, when the interface runs it
+    /// ([`Program::LoadBalancer`]).
+    pub fn xdp_lb(&self) -> Option<crate::xdplb::XdpLb> {
+        self.lb.clone()
     }
 
     /// The XDP attach mode in use.
@@ -1142,8 +1203,19 @@ impl AllQueues {
         vips: &[[u8; 16]],
         queues: u32,
     ) -> Result<Self, crate::Error> {
+        Self::open_with(iface, pool, vips, queues, Program::Steer)
+    }
+
+    /// [`AllQueues::open`] with the interface running `program`.
+    pub fn open_with(
+        iface: &str,
+        pool: &Pool,
+        vips: &[[u8; 16]],
+        queues: u32,
+        program: Program,
+    ) -> Result<Self, crate::Error> {
         Ok(AllQueues {
-            ports: AfXdpPort::open_queues(iface, pool, vips, queues.max(1))?,
+            ports: AfXdpPort::open_queues_with(iface, pool, vips, queues.max(1), program)?,
             next: 0,
         })
     }
@@ -1496,6 +1568,48 @@ struct XdpMd {
     egress_ifindex: u32,
 }
 
+/// Runs the XDP program `prog_fd` once over `frame` (`BPF_PROG_TEST_RUN`,
+/// not live: nothing is sent) and returns what it did and the frame as it
+/// left it.
+pub(crate) fn test_run(prog_fd: i32, frame: &[u8]) -> io::Result<crate::xdplb::Verdict> {
+    // Room for the frame grown by any headers the program may push.
+    let mut out = vec![0u8; frame.len() + 512];
+    let attr = TestRunAttr {
+        prog_fd: prog_fd as u32,
+        data_size_in: frame.len() as u32,
+        data_size_out: out.len() as u32,
+        data_in: frame.as_ptr() as u64,
+        data_out: out.as_mut_ptr() as u64,
+        repeat: 1,
+        ..TestRunAttr::default()
+    };
+    // SAFETY: `bpf(BPF_PROG_TEST_RUN)` with an attribute of its layout (the
+    // rest of the union zero) and its size; the kernel reads `frame` and
+    // writes at most `data_size_out` bytes into `out`, and both live until
+    // the call returns.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            std::ptr::from_ref(&attr),
+            std::mem::size_of::<TestRunAttr>(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel wrote `data_size_out` back into the attribute
+    // (read through a volatile read: the compiler did not see the write).
+    let (action, len) = unsafe {
+        (
+            std::ptr::from_ref(&attr.retval).read_volatile(),
+            std::ptr::from_ref(&attr.data_size_out).read_volatile(),
+        )
+    };
+    out.truncate(len as usize);
+    Ok(crate::xdplb::Verdict { action, frame: out })
+}
+
 /// A traffic generator in the kernel: the XDP generator program run by
 /// `BPF_PROG_TEST_RUN` in live-frames mode (as `xdp-trafficgen` does),
 /// which sends a 64-byte UDP template out of an interface as many flows,
@@ -1599,7 +1713,7 @@ mod tests {
     /// writes into the map and what load balancers put in redirects.
     #[test]
     fn the_xdp_program_agrees_on_map_values_and_the_redirect_key() {
-        let src = include_str!("../bpf/xsk.c");
+        let src = include_str!("../bpf/steer.h");
         for want in [
             format!(
                 "#define FRAGMENT_REDIRECT_KEY {:#010x}",
@@ -1609,7 +1723,7 @@ mod tests {
             format!("#define VIP_REDIRECTS {VIP_REDIRECTS}"),
             format!("#define GRE_FLAG_KEY {:#06x}", packet::gre::flags::KEY),
         ] {
-            assert!(src.contains(&want), "bpf/xsk.c lacks {want:?}");
+            assert!(src.contains(&want), "bpf/steer.h lacks {want:?}");
         }
     }
 }

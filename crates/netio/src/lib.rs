@@ -9,6 +9,7 @@ pub mod mem;
 pub mod neigh;
 pub mod pcap;
 pub mod tap;
+pub mod xdplb;
 
 use maio::{Buf, Pool};
 
@@ -70,6 +71,9 @@ pub enum Error {
     /// A pcap file could not be read or written.
     #[error(transparent)]
     Pcap(#[from] pcap::Error),
+    /// The XDP load balancer could not be set up or used.
+    #[error(transparent)]
+    XdpLb(#[from] xdplb::Error),
 }
 
 impl Error {

@@ -1,0 +1,476 @@
+// The load balancer in the driver (`lb run --driver xdp`), Katran's way:
+// the common case is forwarded here, before the kernel builds anything for
+// the frame, and everything else goes to the AF_XDP socket (`steer.h`),
+// where the user-space packet threads handle it as before.
+//
+// The common case: IPv4 without options, not a fragment, with a valid
+// header checksum, TCP or UDP whose header is whole, to a VIP in `lb_vips`
+// (exact port, then any port), not a packet-tracer probe and without a
+// checksum left partial by a local sender, to an IPv4 backend. For it this
+// program does what lb's worker does (crates/lb/src/worker.rs): the same
+// flow hash (packet::FlowKey::hash with lb's FLOW_SEED), a connection
+// table with the same rules (a SYN re-chooses unless its backend accepts,
+// a FIN or RST lingers, idle timeouts per protocol), the VIP's Maglev table
+// (maglev's flow_slot) and the same GRE encapsulation, then back out of
+// the interface (one-armed; `lb_out`). netio's tests run both on the same frames
+// and compare the bytes.
+//
+// Everything the tables say lives in maps the daemon writes (netio's
+// `xdplb` module): the VIPs, the backends and the Maglev tables (these two
+// memory-mapped, so a reload writes only what changed at memory speed),
+// the configuration. The connection table is this program's own (an LRU
+// hash: a full table forgets its least recently used flows, which Maglev
+// then sends to the same backend unless the tables changed).
+#include "steer.h"
+#include <linux/in.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+
+// Values netio's `xdplb` writes (its tests check they agree).
+#define LB_ANY_PORT 65536
+#define LB_EMPTY 0xffffffffu
+#define LB_HEALTHY 1
+#define LB_ACCEPTING 2
+#define LB_V4 4
+// lb::worker::FLOW_SEED.
+#define LB_FLOW_SEED 0x6d61676c6576ULL
+// packet's IPv4 GRE key flag and lb's tracer magic ("FPTRACE1").
+#define LB_TRACE_MAGIC 0x3145434152545046ULL
+
+#define TCP_FIN_ 0x01
+#define TCP_SYN_ 0x02
+#define TCP_RST_ 0x04
+#define TCP_ACK_ 0x10
+
+struct lb_conf {
+	__u32 enabled;
+	// [encap] source_prefix or source_prefix6 set: the flow hash in a GRE
+	// key (packet::gre::Spread::key).
+	__u32 keyed;
+	// source_prefix set: IPv4 outer sources net | (hash & host), host order.
+	__u32 spread_v4;
+	__u32 spread_net;
+	__u32 spread_host;
+	__u32 tcp_timeout_ms;
+	__u32 udp_timeout_ms;
+	__u32 linger_ms;
+	// lb_traffic: per CPU, `stride` entries: VIPs, then backends from `vip_cap`.
+	__u32 stride;
+	__u32 vip_cap;
+};
+
+struct lb_vip_key {
+	__u32 addr; // network order
+	__u32 port; // host order, or LB_ANY_PORT
+	__u32 proto;
+};
+
+struct lb_vip {
+	__u32 index;
+	// First slot of its Maglev table in lb_ring, and the table's size M.
+	__u32 table;
+	__u32 m;
+	__u32 _pad;
+};
+
+struct lb_backend {
+	__u32 dst; // outer destination, network order
+	__u32 src; // outer source, network order
+	__u8 dmac[ETH_ALEN];
+	__u8 smac[ETH_ALEN];
+	__u8 flags;
+	__u8 ttl;
+	__u8 _pad[2];
+};
+
+// Two slots per element: array elements are 8-byte aligned when mapped.
+struct lb_pair {
+	__u32 b[2];
+};
+
+struct lb_ct_key {
+	__u32 src;
+	__u32 dst;
+	__u16 sport;
+	__u16 dport;
+	__u32 proto;
+};
+
+struct lb_ct {
+	__u32 backend;
+	__u32 vip;
+	__u32 expires; // ms, modulo 2^32
+	__u32 open;
+};
+
+struct lb_traffic {
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct lb_stats {
+	__u64 forwarded;
+	__u64 ct_hits;
+	__u64 ct_misses;
+	__u64 ct_inserts;
+	__u64 ct_closes;
+	__u64 to_socket; // VIP frames left to user space
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_conf);
+} lb_conf SEC(".maps");
+
+// Sizes below are the loader's defaults; the daemon sets them at load.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct lb_vip_key);
+	__type(value, struct lb_vip);
+} lb_vips SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_backend);
+} lb_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_pair);
+} lb_ring SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_traffic);
+} lb_traffic SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__uint(max_entries, 65536);
+	__type(key, struct lb_ct_key);
+	__type(value, struct lb_ct);
+} lb_conns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_stats);
+} lb_stats SEC(".maps");
+
+// Entry 0: the interface the program runs on. Frames leave by a redirect
+// to it rather than XDP_TX: the same wire on a NIC, and on a veth the one
+// way that reaches a peer without an XDP program of its own (in NAPI mode:
+// GRO on). Without the entry (a test run), XDP_TX.
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} lb_out SEC(".maps");
+
+// A 64x64 -> 128-bit multiply folded to 64 bits (low ^ high), in 32-bit
+// halves (BPF has no 128-bit product).
+static __always_inline __u64 fold_mul(__u64 a, __u64 b)
+{
+	__u64 a0 = a & 0xffffffffULL, a1 = a >> 32;
+	__u64 b0 = b & 0xffffffffULL, b1 = b >> 32;
+	__u64 p00 = a0 * b0, p01 = a0 * b1, p10 = a1 * b0, p11 = a1 * b1;
+	__u64 mid = (p00 >> 32) + (p01 & 0xffffffffULL) + (p10 & 0xffffffffULL);
+	__u64 lo = (mid << 32) | (p00 & 0xffffffffULL);
+	__u64 hi = p11 + (p01 >> 32) + (p10 >> 32) + (mid >> 32);
+
+	return lo ^ hi;
+}
+
+// packet::FlowKey::hash(LB_FLOW_SEED) of an IPv4 flow. Its addresses are
+// IPv4-mapped: bytes 0..8 zero, bytes 8..16 read little-endian are
+// 0xffff0000 with the address's bytes (as loaded) above. Ports in host
+// order.
+static __always_inline __u64 flow_hash4(__u32 saddr, __u32 daddr, __u16 sport, __u16 dport,
+					__u8 proto)
+{
+	const __u64 seed = LB_FLOW_SEED;
+	__u64 s8 = ((__u64)saddr << 32) | 0xffff0000ULL;
+	__u64 d8 = ((__u64)daddr << 32) | 0xffff0000ULL;
+	__u64 tail = ((__u64)sport << 24) | ((__u64)dport << 8) | proto;
+	__u64 a = fold_mul(0xa0761d6478bd642fULL ^ seed, s8 ^ 0xe7037ed1a0b428dbULL);
+	__u64 b = fold_mul(0x8ebc6af09c88c6e3ULL, d8 ^ 0x589965cc75374cc3ULL ^ seed);
+
+	return fold_mul(a ^ tail ^ 0x1d8e4e27c47d124fULL,
+			b ^ ((seed << 32) | (seed >> 32)) ^ 0x9e3779b97f4a7c15ULL);
+}
+
+// maglev's flow_slot: (hash * m) >> 64, in 32-bit halves.
+static __always_inline __u32 flow_slot(__u64 hash, __u32 m)
+{
+	__u64 lo = (hash & 0xffffffffULL) * m;
+	__u64 hi = (hash >> 32) * m;
+
+	return (hi + (lo >> 32)) >> 32;
+}
+
+static __always_inline __u16 fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return sum;
+}
+
+static __always_inline int alive(__u32 expires, __u32 now)
+{
+	return (__s32)(expires - now) > 0;
+}
+
+static __always_inline void close_flow(struct lb_ct *e, __u32 now, __u32 linger,
+				       struct lb_stats *st)
+{
+	__u32 end = now + linger;
+
+	if (e->open && alive(e->expires, now)) {
+		e->open = 0;
+		if (alive(e->expires, end))
+			e->expires = end;
+		st->ct_closes++;
+	}
+}
+
+// The backend lb's worker would choose (`Worker::select`), remembered the
+// same way; LB_EMPTY when the VIP has no backend to take the flow.
+static __always_inline __u32 select_backend(struct lb_conf *conf, struct lb_ct_key *k,
+					    struct lb_vip *vip, __u64 hash, __u8 flags,
+					    struct lb_stats *st)
+{
+	__u32 now = bpf_ktime_get_ns() / 1000000;
+	__u32 timeout = k->proto == IPPROTO_TCP ? conf->tcp_timeout_ms : conf->udp_timeout_ms;
+	int syn = (flags & (TCP_SYN_ | TCP_ACK_)) == TCP_SYN_;
+	int ends = flags & (TCP_FIN_ | TCP_RST_);
+	struct lb_ct *e = bpf_map_lookup_elem(&lb_conns, k);
+	struct lb_ct fresh = {};
+	struct lb_pair *pair;
+	__u32 at, backend;
+
+	if (e && alive(e->expires, now)) {
+		st->ct_hits++;
+		if (e->open)
+			e->expires = now + timeout;
+		backend = e->backend;
+		struct lb_backend *b = bpf_map_lookup_elem(&lb_backends, &backend);
+		int ok = b && (b->flags & (syn ? LB_ACCEPTING : LB_HEALTHY));
+		if (e->vip == vip->index && ok) {
+			if (syn) {
+				e->open = 1;
+				e->expires = now + timeout;
+			}
+			if (ends)
+				close_flow(e, now, conf->linger_ms, st);
+			return backend;
+		}
+	} else {
+		st->ct_misses++;
+	}
+	if (vip->m == 0)
+		return LB_EMPTY;
+	at = vip->table + flow_slot(hash, vip->m);
+	__u32 elem = at >> 1;
+	pair = bpf_map_lookup_elem(&lb_ring, &elem);
+	if (!pair)
+		return LB_EMPTY;
+	backend = pair->b[at & 1];
+	if (backend == LB_EMPTY)
+		return LB_EMPTY;
+	fresh.backend = backend;
+	fresh.vip = vip->index;
+	fresh.expires = now + timeout;
+	fresh.open = 1;
+	if (ends)
+		close_flow(&fresh, now, conf->linger_ms, st);
+	if (bpf_map_update_elem(&lb_conns, k, &fresh, BPF_ANY) == 0)
+		st->ct_inserts++;
+	return backend;
+}
+
+static __always_inline void count(struct lb_conf *conf, __u32 index, __u64 bytes)
+{
+	__u32 key = bpf_get_smp_processor_id() * conf->stride + index;
+	struct lb_traffic *t = bpf_map_lookup_elem(&lb_traffic, &key);
+
+	if (t) {
+		t->packets++;
+		t->bytes += bytes;
+	}
+}
+
+SEC("xdp")
+int fastpath_lb(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	__u32 zero = 0, sum = 0, l4len, backend, frame_len;
+	struct lb_conf *conf;
+	struct lb_stats *st;
+	struct lb_vip_key vk = {};
+	struct lb_ct_key ck = {};
+	struct lb_vip *vip;
+	struct lb_backend *b;
+	__u16 tot_len, sport, dport, *field, *w;
+	__u8 flags = 0, tos, df;
+	void *payload;
+	__u64 hash;
+	int i, keyed, gre_len;
+
+	conf = bpf_map_lookup_elem(&lb_conf, &zero);
+	st = bpf_map_lookup_elem(&lb_stats, &zero);
+	if (!conf || !st || !conf->enabled)
+		return steer(ctx);
+	if ((void *)(ip + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return steer(ctx);
+	if (ip->version != 4 || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
+		return steer(ctx);
+	tot_len = bpf_ntohs(ip->tot_len);
+	frame_len = end - data;
+	if (tot_len < sizeof(*ip) + sizeof(struct udphdr) || sizeof(*eth) + tot_len > frame_len)
+		return steer(ctx);
+	w = (__u16 *)ip;
+#pragma unroll
+	for (i = 0; i < 10; i++)
+		sum += w[i];
+	if (fold(sum) != 0xffff)
+		return steer(ctx);
+	l4len = tot_len - sizeof(*ip);
+	if (ip->protocol == IPPROTO_UDP) {
+		struct udphdr *udp = (void *)(ip + 1);
+		if ((void *)(udp + 1) > end)
+			return steer(ctx);
+		__u16 ulen = bpf_ntohs(udp->len);
+		if (ulen < sizeof(*udp) || ulen > l4len)
+			return steer(ctx);
+		sport = bpf_ntohs(udp->source);
+		dport = bpf_ntohs(udp->dest);
+		field = &udp->check;
+		payload = udp + 1;
+	} else if (ip->protocol == IPPROTO_TCP) {
+		struct tcphdr *tcp = (void *)(ip + 1);
+		if ((void *)(tcp + 1) > end)
+			return steer(ctx);
+		__u32 doff = tcp->doff * 4;
+		if (doff < sizeof(*tcp) || doff > l4len)
+			return steer(ctx);
+		sport = bpf_ntohs(tcp->source);
+		dport = bpf_ntohs(tcp->dest);
+		flags = ((__u8 *)tcp)[13];
+		field = &tcp->check;
+		doff &= 0x3c;
+		payload = (void *)tcp + doff;
+	} else {
+		return steer(ctx);
+	}
+	vk.addr = ip->daddr;
+	vk.port = dport;
+	vk.proto = ip->protocol;
+	vip = bpf_map_lookup_elem(&lb_vips, &vk);
+	if (!vip) {
+		vk.port = LB_ANY_PORT;
+		vip = bpf_map_lookup_elem(&lb_vips, &vk);
+		if (!vip)
+			return steer(ctx);
+	}
+	// A packet-tracer probe (its payload begins with the magic), within
+	// the packet: reported by user space.
+	if (payload + 8 <= end && payload + 8 <= (void *)ip + tot_len &&
+	    *(__u64 *)payload == LB_TRACE_MAGIC)
+		goto to_socket;
+	// A checksum a local sender left for offload: the field holds the
+	// pseudo-header sum (as packet::checksum::complete_partial tests).
+	sum = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
+	      (ip->daddr >> 16) + bpf_htons(ip->protocol) + bpf_htons(l4len);
+	if (*field == fold(sum))
+		goto to_socket;
+
+	ck.src = ip->saddr;
+	ck.dst = ip->daddr;
+	ck.sport = sport;
+	ck.dport = dport;
+	ck.proto = ip->protocol;
+	hash = flow_hash4(ip->saddr, ip->daddr, sport, dport, ip->protocol);
+	backend = select_backend(conf, &ck, vip, hash, flags, st);
+	if (backend == LB_EMPTY)
+		goto to_socket;
+	b = bpf_map_lookup_elem(&lb_backends, &backend);
+	if (!b || !(b->flags & LB_V4))
+		goto to_socket;
+
+	count(conf, vip->index, frame_len);
+	count(conf, conf->vip_cap + backend, frame_len);
+	tos = ip->tos;
+	df = !!(ip->frag_off & bpf_htons(0x4000));
+	// Ethernet padding goes: the inner packet is `tot_len` bytes.
+	if (frame_len > sizeof(*eth) + tot_len) {
+		if (bpf_xdp_adjust_tail(ctx, (int)(sizeof(*eth) + tot_len) - (int)frame_len))
+			goto to_socket;
+	}
+	keyed = conf->keyed != 0;
+	gre_len = keyed ? 8 : 4;
+	if (bpf_xdp_adjust_head(ctx, -(int)(sizeof(struct iphdr) + gre_len)))
+		goto to_socket;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	ip = (void *)(eth + 1);
+	__u16 *gre = (void *)(ip + 1);
+	if ((void *)gre + 8 > end)
+		return XDP_ABORTED;
+	__builtin_memcpy(eth->h_dest, b->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, b->smac, ETH_ALEN);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->tos = tos;
+	ip->tot_len = bpf_htons(sizeof(struct iphdr) + gre_len + tot_len);
+	ip->id = 0;
+	ip->frag_off = df ? bpf_htons(0x4000) : 0;
+	ip->ttl = b->ttl;
+	ip->protocol = IPPROTO_GRE_;
+	ip->check = 0;
+	ip->daddr = b->dst;
+	ip->saddr = conf->spread_v4
+			    ? bpf_htonl(conf->spread_net | ((__u32)hash & conf->spread_host))
+			    : b->src;
+	gre[0] = keyed ? bpf_htons(GRE_FLAG_KEY) : 0;
+	gre[1] = bpf_htons(ETH_P_IP);
+	if (keyed) {
+		__u32 key = (__u32)hash;
+		if (key == FRAGMENT_REDIRECT_KEY)
+			key ^= 1;
+		*(__u32 *)(gre + 2) = bpf_htonl(key);
+	}
+	w = (__u16 *)ip;
+	sum = 0;
+#pragma unroll
+	for (i = 0; i < 10; i++)
+		sum += w[i];
+	ip->check = ~fold(sum);
+	st->forwarded++;
+	return bpf_redirect_map(&lb_out, 0, XDP_TX);
+
+to_socket:
+	st->to_socket++;
+	return steer(ctx);
+}
+
+char _license[] SEC("license") = "GPL";

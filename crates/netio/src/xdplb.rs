@@ -1,0 +1,610 @@
+//! The load balancer's XDP fast path (`bpf/lb.c`): what user space writes
+//! into its maps and reads back. The program forwards the common case in
+//! the driver (GRE out of the same interface, `XDP_TX`) and steers the rest
+//! to the AF_XDP socket like `bpf/xsk.c`; the load balancer's crate decides
+//! what the maps hold (`lb::xdp`), this module only knows their layout.
+//!
+//! The backends, the Maglev slots and the traffic counters are array maps
+//! the kernel lets us map (`BPF_F_MMAPABLE`): a reload writes what changed
+//! at memory speed, without a system call per entry, and counters are read
+//! the same way. The program reads them while we write: a backend entry or
+//! slot is one aligned word the program reads whole, and a VIP only points
+//! at a table once the table is written ([`XdpLb::set_vips`] after
+//! [`XdpLb::write_slots`]).
+
+use std::collections::HashSet;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Mutex};
+
+use aya::maps::{Map, MapData, MapError};
+use aya::programs::{ProgramError, Xdp};
+use aya::{Ebpf, EbpfError, EbpfLoader};
+use memmap2::{MmapMut, MmapOptions};
+
+#[cfg(fastpath_xdp_obj)]
+// Aligned: the ELF parser reads the object in place.
+static LB_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb.o"));
+#[cfg(not(fastpath_xdp_obj))]
+static LB_OBJ: &[u8] = &[];
+
+/// The program's name in the object.
+pub(crate) const PROGRAM: &str = "fastpath_lb";
+
+/// `lb_vip_key.port` of a VIP that takes every port.
+pub const ANY_PORT: u32 = 65_536;
+/// A Maglev slot without a backend (every backend drained).
+pub const EMPTY: u32 = u32::MAX;
+/// [`BackendEntry::flags`]: existing flows may go to it.
+pub const HEALTHY: u8 = 1;
+/// [`BackendEntry::flags`]: new connections may go to it.
+pub const ACCEPTING: u8 = 2;
+/// [`BackendEntry::flags`]: its outer headers are IPv4 (the only kind the
+/// program writes; others go to user space).
+pub const V4: u8 = 4;
+
+/// Why the XDP fast path could not be set up or used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The program was not compiled into this binary.
+    #[error("the XDP load balancer was not built: clang and libbpf-dev were missing at build time (run scripts/setup.sh and rebuild)")]
+    NotBuilt,
+    /// The object could not be loaded (maps created).
+    #[error("loading the XDP load balancer: {0}")]
+    Load(#[source] Box<EbpfError>),
+    /// A program or map is not in the object.
+    #[error("the XDP load balancer's object has no {0}")]
+    Missing(&'static str),
+    /// The program could not be found, verified or attached.
+    #[error("{step} the XDP load balancer: {source}")]
+    Program {
+        /// What was being done.
+        step: &'static str,
+        /// aya's answer.
+        #[source]
+        source: Box<ProgramError>,
+    },
+    /// A map could not be read or changed.
+    #[error("the XDP load balancer's {what}: {source}")]
+    Map {
+        /// Which map, doing what.
+        what: &'static str,
+        /// aya's answer.
+        #[source]
+        source: Box<MapError>,
+    },
+    /// A map could not be mapped into memory.
+    #[error("mapping the XDP load balancer's {what}: {source}")]
+    Mmap {
+        /// Which map.
+        what: &'static str,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A test run of the program failed.
+    #[error("BPF_PROG_TEST_RUN of the XDP load balancer: {0}")]
+    TestRun(#[source] std::io::Error),
+    /// An index beyond what the maps were made for.
+    #[error("the XDP load balancer's {what} has room for {cap}, {asked} asked")]
+    Full {
+        /// Which map.
+        what: &'static str,
+        /// Its capacity.
+        cap: usize,
+        /// What was asked for.
+        asked: usize,
+    },
+}
+
+/// `struct lb_conf`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Conf {
+    /// 0: every frame goes to the socket (steering only).
+    pub enabled: u32,
+    /// Non-zero: the flow hash in a GRE key (`[encap] source_prefix` or
+    /// `source_prefix6` set).
+    pub keyed: u32,
+    /// Non-zero: IPv4 outer sources are `spread_net | (hash & spread_host)`.
+    pub spread_v4: u32,
+    /// The IPv4 source prefix's network, host order.
+    pub spread_net: u32,
+    /// Its host bits, host order.
+    pub spread_host: u32,
+    /// Idle timeout of TCP flows, ms.
+    pub tcp_timeout_ms: u32,
+    /// Idle timeout of other flows, ms.
+    pub udp_timeout_ms: u32,
+    /// How long a closed TCP flow's entry lingers, ms.
+    pub linger_ms: u32,
+    /// Traffic entries per CPU (set by [`XdpLb::set_conf`], whatever is given).
+    pub stride: u32,
+    /// The first backend's traffic entry (set by [`XdpLb::set_conf`]).
+    pub vip_cap: u32,
+}
+
+// SAFETY: ten u32 fields, no padding, any bit pattern valid.
+unsafe impl aya::Pod for Conf {}
+
+/// `struct lb_vip_key`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct VipKey {
+    /// The VIP's IPv4 address, network order (as in the packet).
+    pub addr: [u8; 4],
+    /// Its port, or [`ANY_PORT`].
+    pub port: u32,
+    /// Its IP protocol.
+    pub proto: u32,
+}
+
+// SAFETY: 4 + 4 + 4 bytes, no padding, any bit pattern valid.
+unsafe impl aya::Pod for VipKey {}
+
+/// `struct lb_vip`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VipEntry {
+    /// Its index (the worker's VIP index, for counters and connections).
+    pub index: u32,
+    /// The first slot of its Maglev table in the slot array.
+    pub table: u32,
+    /// The table's size M (0: no table; its frames go to the socket).
+    pub m: u32,
+    _pad: u32,
+}
+
+impl VipEntry {
+    /// A VIP entry.
+    pub fn new(index: u32, table: u32, m: u32) -> Self {
+        VipEntry {
+            index,
+            table,
+            m,
+            _pad: 0,
+        }
+    }
+}
+
+// SAFETY: four u32 fields, no padding, any bit pattern valid.
+unsafe impl aya::Pod for VipEntry {}
+
+/// `struct lb_backend`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BackendEntry {
+    /// Outer destination (the backend), network order.
+    pub dst: [u8; 4],
+    /// Outer source, network order.
+    pub src: [u8; 4],
+    /// Destination MAC (the next hop).
+    pub dmac: [u8; 6],
+    /// Source MAC (ours).
+    pub smac: [u8; 6],
+    /// [`HEALTHY`], [`ACCEPTING`], [`V4`].
+    pub flags: u8,
+    /// Outer TTL.
+    pub ttl: u8,
+    /// Padding (zero).
+    pub pad: [u8; 2],
+}
+
+/// `struct lb_stats`, summed over CPUs.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Frames forwarded in the driver.
+    pub forwarded: u64,
+    /// Connection-table lookups that found a live entry.
+    pub ct_hits: u64,
+    /// Lookups that found none.
+    pub ct_misses: u64,
+    /// Entries written.
+    pub ct_inserts: u64,
+    /// Flows closed by a FIN or RST.
+    pub ct_closes: u64,
+    /// Frames for a VIP left to user space (probes, partial checksums, no
+    /// backend, an IPv6 backend).
+    pub to_socket: u64,
+}
+
+// SAFETY: six u64 fields, no padding, any bit pattern valid.
+unsafe impl aya::Pod for Stats {}
+
+/// Packets and bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes of the received frames.
+    pub bytes: u64,
+}
+
+/// How big the maps are made (fixed when the program is loaded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// VIPs (entries of the VIP map, and their counters).
+    pub vips: u32,
+    /// Backend ids.
+    pub backends: u32,
+    /// Maglev slots, all tables together (rounded up to even).
+    pub slots: u32,
+    /// Connection-table entries.
+    pub conns: u32,
+}
+
+/// The CPUs the kernel may run the program on (`nr_cpu_ids`): the
+/// per-CPU rows of the traffic counters.
+fn possible_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| {
+            s.trim()
+                .split(',')
+                .filter_map(|r| r.rsplit('-').next()?.parse::<usize>().ok())
+                .max()
+        })
+        .map(|m| m + 1)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// An array map mapped into memory, as `T`s.
+struct Mapped<T> {
+    map: MmapMut,
+    len: usize,
+    /// The map: the mapping holds it too, kept for clarity of ownership.
+    _data: MapData,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: Copy> Mapped<T> {
+    fn new(bpf: &mut Ebpf, name: &'static str, len: usize) -> Result<Self, Error> {
+        let data = match bpf.take_map(name).ok_or(Error::Missing(name))? {
+            Map::Array(d) => d,
+            _ => return Err(Error::Missing(name)),
+        };
+        let bytes = (len * std::mem::size_of::<T>()).next_multiple_of(4096);
+        let fd = data.fd().as_fd().as_raw_fd();
+        // SAFETY: the map is an array of `len` elements of
+        // `size_of::<T>()` bytes (a multiple of 8, so no padding between
+        // elements) created BPF_F_MMAPABLE; the kernel allows a shared
+        // mapping of its page-rounded size, and keeps the map alive while
+        // mapped.
+        let map = unsafe { MmapOptions::new().len(bytes).map_mut(fd) }
+            .map_err(|source| Error::Mmap { what: name, source })?;
+        Ok(Mapped {
+            map,
+            len,
+            _data: data,
+            _t: std::marker::PhantomData,
+        })
+    }
+
+    fn ptr(&self) -> *mut T {
+        self.map.as_ptr().cast::<T>().cast_mut()
+    }
+
+    fn write(&mut self, at: usize, v: T) {
+        if at < self.len {
+            // SAFETY: `at` is in bounds; the mapping is page-aligned, and
+            // `T`'s alignment divides its element size. The program reads
+            // the element concurrently: a volatile write of a whole value.
+            unsafe { self.ptr().add(at).write_volatile(v) }
+        }
+    }
+
+    fn read(&self, at: usize) -> Option<T> {
+        // SAFETY: as in `write`; the program may be writing it (counters):
+        // a volatile read of aligned words.
+        (at < self.len).then(|| unsafe { self.ptr().add(at).read_volatile() })
+    }
+}
+
+/// The maps of a loaded XDP load balancer. Cloneable (one set of maps);
+/// the daemon's control plane writes them when the tables change.
+#[derive(Clone)]
+pub struct XdpLb {
+    inner: Arc<Mutex<Inner>>,
+    sizes: Sizes,
+    cpus: usize,
+}
+
+struct Inner {
+    conf: aya::maps::Array<MapData, Conf>,
+    vips: aya::maps::HashMap<MapData, VipKey, VipEntry>,
+    vip_set: HashSet<VipKey>,
+    backends: Mapped<BackendEntry>,
+    slots: Mapped<u32>,
+    traffic: Mapped<[u64; 2]>,
+    stats: aya::maps::PerCpuArray<MapData, Stats>,
+}
+
+/// Loads the object with maps of `sizes` and verifies the program (not
+/// attached). The `xsks` and `vips` maps of the steering stay in the
+/// returned [`Ebpf`] for the AF_XDP port; the load balancer's own are in
+/// the [`XdpLb`].
+pub(crate) fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
+    if LB_OBJ.is_empty() {
+        return Err(Error::NotBuilt);
+    }
+    let cpus = possible_cpus();
+    let sizes = Sizes {
+        vips: sizes.vips.max(1),
+        backends: sizes.backends.max(1),
+        slots: sizes.slots.max(2).next_multiple_of(2),
+        conns: sizes.conns.max(64),
+    };
+    let stride = sizes.vips as usize + sizes.backends as usize;
+    let traffic = stride * cpus;
+    let too_big = |what, asked: usize| Error::Full {
+        what,
+        cap: u32::MAX as usize,
+        asked,
+    };
+    let mut bpf = EbpfLoader::new()
+        .set_max_entries("lb_vips", sizes.vips)
+        .set_max_entries("lb_backends", sizes.backends)
+        .set_max_entries("lb_ring", sizes.slots / 2)
+        .set_max_entries(
+            "lb_traffic",
+            u32::try_from(traffic).map_err(|_| too_big("traffic counters", traffic))?,
+        )
+        .set_max_entries("lb_conns", sizes.conns)
+        .load(LB_OBJ)
+        .map_err(|e| Error::Load(Box::new(e)))?;
+    let prog: &mut Xdp = bpf
+        .program_mut(PROGRAM)
+        .ok_or(Error::Missing(PROGRAM))?
+        .try_into()
+        .map_err(|e| Error::Program {
+            step: "finding",
+            source: Box::new(e),
+        })?;
+    prog.load().map_err(|e| Error::Program {
+        step: "verifying",
+        source: Box::new(e),
+    })?;
+    let map = |what| {
+        move |e| Error::Map {
+            what,
+            source: Box::new(e),
+        }
+    };
+    let conf =
+        aya::maps::Array::try_from(bpf.take_map("lb_conf").ok_or(Error::Missing("lb_conf"))?)
+            .map_err(map("configuration"))?;
+    let vips =
+        aya::maps::HashMap::try_from(bpf.take_map("lb_vips").ok_or(Error::Missing("lb_vips"))?)
+            .map_err(map("VIP map"))?;
+    let stats = aya::maps::PerCpuArray::try_from(
+        bpf.take_map("lb_stats").ok_or(Error::Missing("lb_stats"))?,
+    )
+    .map_err(map("counters"))?;
+    let inner = Inner {
+        conf,
+        vips,
+        vip_set: HashSet::new(),
+        backends: Mapped::new(&mut bpf, "lb_backends", sizes.backends as usize)?,
+        slots: Mapped::new(&mut bpf, "lb_ring", sizes.slots as usize)?,
+        traffic: Mapped::new(&mut bpf, "lb_traffic", traffic)?,
+        stats,
+    };
+    let lb = XdpLb {
+        inner: Arc::new(Mutex::new(inner)),
+        sizes,
+        cpus,
+    };
+    lb.set_conf(Conf::default())?;
+    Ok((bpf, lb))
+}
+
+impl XdpLb {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What the maps were made for.
+    pub fn sizes(&self) -> Sizes {
+        self.sizes
+    }
+
+    /// Writes the configuration (its `enabled` turns the fast path on or
+    /// off as a whole).
+    pub fn set_conf(&self, mut conf: Conf) -> Result<(), Error> {
+        conf.stride = self.sizes.vips + self.sizes.backends;
+        conf.vip_cap = self.sizes.vips;
+        self.lock().conf.set(0, conf, 0).map_err(|e| Error::Map {
+            what: "configuration",
+            source: Box::new(e),
+        })
+    }
+
+    /// Writes backend `id`'s entry.
+    pub fn write_backend(&self, id: u32, e: BackendEntry) -> Result<(), Error> {
+        let cap = self.sizes.backends as usize;
+        if id as usize >= cap {
+            return Err(Error::Full {
+                what: "backend array",
+                cap,
+                asked: id as usize + 1,
+            });
+        }
+        self.lock().backends.write(id as usize, e);
+        Ok(())
+    }
+
+    /// Writes Maglev slots from slot index `at` on (backend ids, or
+    /// [`EMPTY`]).
+    pub fn write_slots(
+        &self,
+        at: u32,
+        slots: impl ExactSizeIterator<Item = u32>,
+    ) -> Result<(), Error> {
+        let cap = self.sizes.slots as usize;
+        let end = at as usize + slots.len();
+        if end > cap {
+            return Err(Error::Full {
+                what: "slot array",
+                cap,
+                asked: end,
+            });
+        }
+        let mut g = self.lock();
+        for (i, b) in slots.enumerate() {
+            g.slots.write(at as usize + i, b);
+        }
+        Ok(())
+    }
+
+    /// Makes the VIP map exactly `vips` (entries written or replaced, the
+    /// rest removed). Slots and backends written before are visible to the
+    /// program before any entry that points at them.
+    pub fn set_vips(&self, vips: &[(VipKey, VipEntry)]) -> Result<(), Error> {
+        let cap = self.sizes.vips as usize;
+        if vips.len() > cap {
+            return Err(Error::Full {
+                what: "VIP map",
+                cap,
+                asked: vips.len(),
+            });
+        }
+        if let Some((_, e)) = vips.iter().find(|(_, e)| e.index as usize >= cap) {
+            return Err(Error::Full {
+                what: "VIP counters",
+                cap,
+                asked: e.index as usize + 1,
+            });
+        }
+        fence(Ordering::SeqCst);
+        let map = |e| Error::Map {
+            what: "VIP map",
+            source: Box::new(e),
+        };
+        let mut g = self.lock();
+        let want: HashSet<VipKey> = vips.iter().map(|(k, _)| *k).collect();
+        for (k, e) in vips {
+            g.vips.insert(k, e, 0).map_err(map)?;
+        }
+        let stale: Vec<VipKey> = g.vip_set.difference(&want).copied().collect();
+        for k in &stale {
+            g.vips.remove(k).map_err(map)?;
+        }
+        g.vip_set = want;
+        Ok(())
+    }
+
+    /// The program's counters, summed over CPUs.
+    pub fn stats(&self) -> Result<Stats, Error> {
+        let g = self.lock();
+        let per = g.stats.get(&0, 0).map_err(|e| Error::Map {
+            what: "counters",
+            source: Box::new(e),
+        })?;
+        let mut s = Stats::default();
+        for c in per.iter() {
+            s.forwarded += c.forwarded;
+            s.ct_hits += c.ct_hits;
+            s.ct_misses += c.ct_misses;
+            s.ct_inserts += c.ct_inserts;
+            s.ct_closes += c.ct_closes;
+            s.to_socket += c.to_socket;
+        }
+        Ok(s)
+    }
+
+    /// Traffic forwarded per VIP index and per backend id, summed over CPUs.
+    pub fn traffic(&self) -> (Vec<Traffic>, Vec<Traffic>) {
+        let g = self.lock();
+        let (nv, nb) = (self.sizes.vips as usize, self.sizes.backends as usize);
+        let mut vips = vec![Traffic::default(); nv];
+        let mut backends = vec![Traffic::default(); nb];
+        for cpu in 0..self.cpus {
+            let row = cpu * (nv + nb);
+            for (i, t) in vips.iter_mut().chain(backends.iter_mut()).enumerate() {
+                if let Some([p, b]) = g.traffic.read(row + i) {
+                    t.packets += p;
+                    t.bytes += b;
+                }
+            }
+        }
+        (vips, backends)
+    }
+}
+
+/// A loaded program, attached nowhere, that frames can be run through
+/// (`BPF_PROG_TEST_RUN`): for checking it against the load balancer's own
+/// worker, frame by frame.
+pub struct Detached {
+    bpf: Ebpf,
+    /// Its maps.
+    pub lb: XdpLb,
+}
+
+/// What a test run did with a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The program's return: 1 drop, 2 pass, 3 transmit, 4 redirect.
+    pub action: u32,
+    /// The frame as the program left it.
+    pub frame: Vec<u8>,
+}
+
+/// `XDP_TX`.
+pub const XDP_TX: u32 = 3;
+
+impl Detached {
+    /// Loads the program with maps of `sizes`.
+    pub fn load(sizes: Sizes) -> Result<Self, Error> {
+        let (bpf, lb) = load(sizes)?;
+        Ok(Detached { bpf, lb })
+    }
+
+    /// Runs the program once over `frame`.
+    pub fn run(&self, frame: &[u8]) -> Result<Verdict, Error> {
+        let prog: &Xdp = self
+            .bpf
+            .program(PROGRAM)
+            .ok_or(Error::Missing(PROGRAM))?
+            .try_into()
+            .map_err(|e| Error::Program {
+                step: "finding",
+                source: Box::new(e),
+            })?;
+        let fd = prog
+            .fd()
+            .map_err(|e| Error::Program {
+                step: "finding",
+                source: Box::new(e),
+            })?
+            .as_fd()
+            .as_raw_fd();
+        crate::afxdp::test_run(fd, frame).map_err(Error::TestRun)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The program is C: its constants must say what this module writes.
+    #[test]
+    fn the_program_agrees_on_the_values_written_into_its_maps() {
+        let src = include_str!("../bpf/lb.c");
+        for want in [
+            format!("#define LB_ANY_PORT {ANY_PORT}"),
+            format!("#define LB_EMPTY {EMPTY:#x}u"),
+            format!("#define LB_HEALTHY {HEALTHY}"),
+            format!("#define LB_ACCEPTING {ACCEPTING}"),
+            format!("#define LB_V4 {V4}"),
+        ] {
+            assert!(src.contains(&want), "bpf/lb.c lacks {want:?}");
+        }
+        // The shapes the program reads (its structs, in order).
+        assert_eq!(std::mem::size_of::<Conf>(), 40);
+        assert_eq!(std::mem::size_of::<VipKey>(), 12);
+        assert_eq!(std::mem::size_of::<VipEntry>(), 16);
+        assert_eq!(std::mem::size_of::<BackendEntry>(), 24);
+        assert_eq!(std::mem::size_of::<Stats>(), 48);
+    }
+}
