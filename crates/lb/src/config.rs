@@ -111,6 +111,9 @@ pub enum DriverConf {
     Auto,
     /// AF_XDP only.
     AfXdp,
+    /// The load balancer in the driver (XDP) for IPv4 TCP and UDP to
+    /// exactly matched IPv4 VIPs, AF_XDP for the rest ([`crate::xdp`]).
+    Xdp,
     /// AF_PACKET only.
     AfPacket,
 }
@@ -119,7 +122,8 @@ pub enum DriverConf {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Forwarder {
-    /// Packet I/O driver on an interface: "auto", "af-xdp" or "af-packet".
+    /// Packet I/O driver on an interface: "auto", "af-xdp", "xdp" or
+    /// "af-packet".
     pub driver: DriverConf,
     /// Packet threads; 0 processes packets in the I/O thread.
     pub threads: usize,

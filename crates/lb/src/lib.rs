@@ -22,6 +22,7 @@ pub mod tables;
 pub mod trace;
 pub mod vip;
 pub mod worker;
+pub mod xdp;
 
 pub use config::Config;
 pub use tables::Control;

@@ -90,6 +90,17 @@ impl VipMatcher {
         m
     }
 
+    /// The exactly matched IPv4 VIPs: address, port (`None`: any port),
+    /// protocol and VIP index (what the XDP fast path matches; prefix-group
+    /// and IPv6 VIPs stay in user space).
+    pub fn exact_v4(&self) -> impl Iterator<Item = ([u8; 4], Option<u16>, u8, u32)> + '_ {
+        self.exact.iter().filter_map(|(&(a, port, proto), &i)| {
+            let v4 = packet::flow::unmapped(&a.to_be_bytes())?;
+            let port = u16::try_from(port).ok();
+            Some((v4, port, proto, i))
+        })
+    }
+
     /// The VIP a packet to `dst:port` over `proto` is for, if any.
     #[inline]
     pub fn lookup(&self, dst: &[u8; 16], port: u16, proto: u8) -> Option<u32> {

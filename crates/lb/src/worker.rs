@@ -24,7 +24,8 @@ use crate::trace::{self, Lookup, Marker, Offer, Record, Redirect, Tracer};
 /// reaches the same backend.
 pub const CLOSE_LINGER_MS: u64 = 5_000;
 
-/// Seed of the 5-tuple hash used by connection tracking and Maglev.
+/// Seed of the 5-tuple hash used by connection tracking and Maglev (the
+/// XDP program, `netio/bpf/lb.c`, has it too: `lb::xdp`'s tests run both).
 pub const FLOW_SEED: u64 = 0x6d61_676c_6576;
 /// Seed of the steering hash (independent of the flow hash, as the paper
 /// recomputes it in the packet thread rather than sharing it).

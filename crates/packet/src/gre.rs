@@ -245,6 +245,12 @@ impl SourcePrefix {
         Ok(SourcePrefix { net: a, host, len })
     }
 
+    /// An IPv4 prefix's network address and host bits as numbers (`None`
+    /// for IPv6): the outer source of a flow is `net | (hash & host)`.
+    pub fn v4_bits(&self) -> Option<(u32, u32)> {
+        self.is_v4().then_some((self.net as u32, self.host as u32))
+    }
+
     /// Whether the prefix is IPv4.
     pub fn is_v4(&self) -> bool {
         crate::flow::unmapped(&self.net.to_be_bytes()).is_some()

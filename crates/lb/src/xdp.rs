@@ -1,0 +1,312 @@
+//! The load balancer in the driver (`lb run --driver xdp`): the XDP fast
+//! path's maps (`netio::xdplb`, program `netio/bpf/lb.c`) kept equal to the
+//! running [`Tables`], and its counters read back as [`Counters`].
+//!
+//! The program forwards what a packet thread would forward the same way
+//! (same flow hash, same Maglev slot, same connection rules, same GRE
+//! bytes) for IPv4 TCP and UDP to exactly matched IPv4 VIPs; the rest
+//! (fragments, ICMP, IPv6, probes, partial checksums, redirects among a
+//! fleet) reaches the packet threads through AF_XDP as before. Its
+//! connection table is its own: a flow it forwarded and whose next packet
+//! goes to user space (an ICMP error quoting it, say) is looked up by
+//! Maglev there, which agrees unless the tables changed in between.
+//!
+//! Tables are placed by content: a Maglev table (with its slots' backend
+//! ids) is written once into the slot array and shared by every VIP over
+//! it, like [`Tables`] shares them; a sync writes only tables it has not
+//! placed before, points the VIPs at them, then frees the ranges of tables
+//! no VIP uses any more (reused by a later sync, by which time no packet
+//! that read the old VIP entry is still running).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use maglev::Maglev;
+use netio::xdplb::{self, BackendEntry, Conf, Sizes, VipEntry, VipKey, XdpLb};
+
+use crate::config::{Config, Conntrack};
+use crate::counters::{Counters, Traffic};
+use crate::tables::Tables;
+
+/// Why the fast path's maps could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A map operation failed.
+    #[error(transparent)]
+    Maps(#[from] xdplb::Error),
+}
+
+/// The map sizes for a configuration: room for twice its VIPs, backends
+/// and Maglev slots (a reload that changes every table places the new ones
+/// before freeing the old), and its connection tables.
+pub fn sizes(cfg: &Config, t: &Tables) -> Sizes {
+    let slots: u64 = distinct(t)
+        .values()
+        .map(|(tab, _)| u64::from(tab.size()))
+        .sum();
+    let threads = cfg.forwarder.threads.max(1) as u64;
+    let clamp = |v: u64| v.min(u64::from(u32::MAX / 4)) as u32;
+    Sizes {
+        vips: clamp((2 * t.vips.len() as u64).max(64)),
+        backends: clamp((2 * t.backends.len() as u64).max(256)),
+        slots: clamp((2 * slots).max(1 << 18)),
+        conns: clamp((cfg.conntrack.size as u64 * threads).max(4096)),
+    }
+}
+
+/// A table by what it forwards: its identity and its slots' backend ids.
+type TableKey = (usize, Vec<u32>);
+
+/// The distinct tables of a snapshot, with a VIP index over each.
+fn distinct(t: &Tables) -> HashMap<TableKey, (Arc<Maglev>, usize)> {
+    let mut d = HashMap::new();
+    for (i, v) in t.vips.iter().enumerate() {
+        d.entry((Arc::as_ptr(&v.table) as usize, v.slots.clone()))
+            .or_insert_with(|| (Arc::clone(&v.table), i));
+    }
+    d
+}
+
+/// A table in the slot array.
+struct Placed {
+    /// Held so that its address is not reused by another table while its
+    /// key is in use.
+    _table: Arc<Maglev>,
+    at: u32,
+    m: u32,
+}
+
+/// What one sync did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Sync {
+    /// Whether the fast path forwards (else every frame goes to user space).
+    pub enabled: bool,
+    /// Why it does not, when it does not.
+    pub reason: Option<String>,
+    /// VIPs forwarded in the driver.
+    pub vips: usize,
+    /// VIPs left to user space (prefix groups, IPv6).
+    pub vips_in_user_space: usize,
+    /// Tables written by this sync.
+    pub tables_written: usize,
+    /// Slots written by this sync.
+    pub slots_written: u64,
+}
+
+/// The fast path's maps and what is placed in them.
+pub struct XdpTables {
+    lb: XdpLb,
+    base: Conf,
+    placed: HashMap<TableKey, Placed>,
+    /// Free ranges of the slot array (start, length), by start.
+    free: Vec<(u32, u32)>,
+}
+
+impl XdpTables {
+    /// Over the maps of a loaded program, with the connection table's
+    /// timeouts from `[conntrack]`. Forwards nothing until [`XdpTables::sync`].
+    pub fn new(lb: XdpLb, ct: &Conntrack) -> Self {
+        let ms = |s: f64| (s * 1000.0).clamp(1.0, crate::conntrack::MAX_TIMEOUT_MS as f64) as u32;
+        let base = Conf {
+            tcp_timeout_ms: ms(ct.tcp_timeout_s),
+            udp_timeout_ms: ms(ct.udp_timeout_s),
+            linger_ms: crate::worker::CLOSE_LINGER_MS as u32,
+            ..Conf::default()
+        };
+        let slots = lb.sizes().slots;
+        XdpTables {
+            lb,
+            base,
+            placed: HashMap::new(),
+            free: vec![(0, slots)],
+        }
+    }
+
+    /// The maps.
+    pub fn maps(&self) -> &XdpLb {
+        &self.lb
+    }
+
+    fn alloc(&mut self, m: u32) -> Option<u32> {
+        let i = self.free.iter().position(|&(_, len)| len >= m)?;
+        let (at, len) = self.free[i];
+        if len == m {
+            self.free.remove(i);
+        } else {
+            self.free[i] = (at + m, len - m);
+        }
+        Some(at)
+    }
+
+    fn release(&mut self, at: u32, m: u32) {
+        let i = self.free.partition_point(|&(s, _)| s < at);
+        self.free.insert(i, (at, m));
+        // Merge with the neighbours.
+        if i + 1 < self.free.len() && self.free[i].0 + self.free[i].1 == self.free[i + 1].0 {
+            self.free[i].1 += self.free[i + 1].1;
+            self.free.remove(i + 1);
+        }
+        if i > 0 && self.free[i - 1].0 + self.free[i - 1].1 == self.free[i].0 {
+            self.free[i - 1].1 += self.free[i].1;
+            self.free.remove(i);
+        }
+    }
+
+    /// Turns the fast path off (every frame to user space), saying why.
+    fn off(&self, reason: String, mut s: Sync) -> Result<Sync, Error> {
+        self.lb.set_conf(Conf {
+            enabled: 0,
+            ..self.base
+        })?;
+        s.enabled = false;
+        s.reason = Some(reason);
+        Ok(s)
+    }
+
+    /// Makes the maps forward as `t` does. Where they cannot (a map too
+    /// small for a reload that grew), the fast path is turned off and every
+    /// frame goes to user space, which forwards with `t`: nothing is lost,
+    /// and [`Sync::reason`] says why.
+    pub fn sync(&mut self, t: &Tables) -> Result<Sync, Error> {
+        let mut s = Sync::default();
+        let sizes = self.lb.sizes();
+        if t.backends.len() > sizes.backends as usize {
+            let why = format!(
+                "{} backends, room for {} (restart to grow)",
+                t.backends.len(),
+                sizes.backends
+            );
+            return self.off(why, s);
+        }
+        for (id, b) in t.backends.iter().enumerate() {
+            let v4 = (
+                packet::flow::unmapped(&b.outer.src),
+                packet::flow::unmapped(&b.outer.dst),
+            );
+            let mut e = BackendEntry {
+                dmac: b.outer.eth_dst,
+                smac: b.outer.eth_src,
+                ttl: b.outer.ttl,
+                ..BackendEntry::default()
+            };
+            if let (Some(src), Some(dst)) = v4 {
+                e.src = src;
+                e.dst = dst;
+                e.flags |= xdplb::V4;
+            }
+            if b.healthy {
+                e.flags |= xdplb::HEALTHY;
+            }
+            if b.accepting {
+                e.flags |= xdplb::ACCEPTING;
+            }
+            self.lb.write_backend(id as u32, e)?;
+        }
+        let mut used: HashMap<TableKey, ()> = HashMap::new();
+        let mut vips = Vec::new();
+        for (addr, port, proto, index) in t.matcher.exact_v4() {
+            let Some(v) = t.vips.get(index as usize) else {
+                continue;
+            };
+            let key = (Arc::as_ptr(&v.table) as usize, v.slots.clone());
+            let at = match self.placed.get(&key) {
+                Some(p) => p.at,
+                None => {
+                    let m = v.table.size();
+                    let Some(at) = self.alloc(m) else {
+                        let why = format!(
+                            "no room for a table of {m} slots ({} slots in all; restart to grow)",
+                            sizes.slots
+                        );
+                        return self.off(why, s);
+                    };
+                    let slots = (0..m as usize).map(|i| {
+                        v.table
+                            .slot(i)
+                            .map_or(xdplb::EMPTY, |j| v.slots[j as usize])
+                    });
+                    self.lb.write_slots(at, slots)?;
+                    s.tables_written += 1;
+                    s.slots_written += u64::from(m);
+                    self.placed.insert(
+                        key.clone(),
+                        Placed {
+                            _table: Arc::clone(&v.table),
+                            at,
+                            m,
+                        },
+                    );
+                    at
+                }
+            };
+            used.insert(key, ());
+            vips.push((
+                VipKey {
+                    addr,
+                    port: port.map_or(xdplb::ANY_PORT, u32::from),
+                    proto: u32::from(proto),
+                },
+                VipEntry::new(index, at, v.table.size()),
+            ));
+        }
+        if let Err(e) = self.lb.set_vips(&vips) {
+            return self.off(e.to_string(), s);
+        }
+        let gone: Vec<TableKey> = self
+            .placed
+            .keys()
+            .filter(|k| !used.contains_key(*k))
+            .cloned()
+            .collect();
+        for k in gone {
+            if let Some(p) = self.placed.remove(&k) {
+                self.release(p.at, p.m);
+            }
+        }
+        let mut conf = Conf {
+            enabled: 1,
+            ..self.base
+        };
+        if let Some(sp) = &t.spread {
+            conf.keyed = 1;
+            if let Some((net, host)) = sp.v4.and_then(|p| p.v4_bits()) {
+                conf.spread_v4 = 1;
+                conf.spread_net = net;
+                conf.spread_host = host;
+            }
+        }
+        self.lb.set_conf(conf)?;
+        s.enabled = true;
+        s.vips = vips.len();
+        s.vips_in_user_space = t.vips.len().saturating_sub(vips.len());
+        Ok(s)
+    }
+
+    /// What the program forwarded, as packet-thread counters (forwarded
+    /// frames are both received and sent; connection-table entries are not
+    /// counted, the kernel's LRU map keeps no count).
+    pub fn counters(&self) -> Result<Counters, Error> {
+        let st = self.lb.stats()?;
+        let (vips, backends) = self.lb.traffic();
+        let conv = |v: Vec<xdplb::Traffic>| -> Vec<Traffic> {
+            let last = v.iter().rposition(|t| t.packets > 0).map_or(0, |i| i + 1);
+            v[..last]
+                .iter()
+                .map(|t| Traffic {
+                    packets: t.packets,
+                    bytes: t.bytes,
+                })
+                .collect()
+        };
+        let mut c = Counters::new();
+        c.rx = st.forwarded;
+        c.tx = st.forwarded;
+        c.per_vip = conv(vips);
+        c.per_backend = conv(backends);
+        c.conntrack.hits = st.ct_hits;
+        c.conntrack.misses = st.ct_misses;
+        c.conntrack.inserts = st.ct_inserts;
+        c.conntrack.closes = st.ct_closes;
+        Ok(c)
+    }
+}
