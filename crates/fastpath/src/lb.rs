@@ -682,6 +682,11 @@ pub enum DriverArg {
     Auto,
     /// AF_XDP only.
     AfXdp,
+    /// The load balancer in the driver: IPv4 TCP and UDP to exactly
+    /// matched IPv4 VIPs forwarded by an XDP program (XDP_TX, no copy, no
+    /// socket), everything else (fragments, ICMP, IPv6, probes) through
+    /// AF_XDP to the packet threads. Same backends, same bytes.
+    Xdp,
     /// AF_PACKET with a TPACKET_V3 ring.
     AfPacket,
 }
@@ -732,6 +737,7 @@ fn lb_run(a: RunArgs) -> anyhow::Result<()> {
             let driver = a.driver.map(|d| match d {
                 DriverArg::Auto => lbd::daemon::Driver::Auto,
                 DriverArg::AfXdp => lbd::daemon::Driver::AfXdp,
+                DriverArg::Xdp => lbd::daemon::Driver::Xdp,
                 DriverArg::AfPacket => lbd::daemon::Driver::AfPacket,
             });
             eprintln!(

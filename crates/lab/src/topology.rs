@@ -335,6 +335,10 @@ impl Topology {
                 &Self::router_mac(k),
                 2,
             )?;
+            // A veth takes frames its peer sends with XDP_TX (the load
+            // balancer in the driver) only in NAPI mode, which GRO turns on
+            // (a real NIC's link partner needs nothing).
+            self.router.exec(&["ethtool", "-K", &rif, "gro", "on"])?;
             // Point to point: the router keeps 10.10.2.1 on every load
             // balancer's link, each load balancer its own address.
             let me = Self::lb_address(k);

@@ -42,6 +42,9 @@ pub enum Driver {
     AfPacket,
     /// AF_XDP: our XDP program steers VIP frames into pool buffers.
     AfXdp,
+    /// The load balancer in the driver (`lb::xdp`) with AF_XDP for the
+    /// rest.
+    Xdp,
     /// AF_XDP if it can be had, else AF_PACKET (saying why).
     Auto,
 }
@@ -98,6 +101,9 @@ pub struct Shared {
     bgp: Mutex<Option<(bool, Option<String>)>>,
     /// With AF_XDP: the XDP program's VIP set, updated on reload.
     xdp_vips: Option<netio::afxdp::VipFilter>,
+    /// With the load balancer in the driver: what it forwarded (published
+    /// by the `xdp` thread, added to the packet threads' counters).
+    xdp_live: Option<Arc<Mutex<Counters>>>,
     /// Which packet I/O driver is in use, in words.
     driver: String,
     /// The forwarder's packet pool, for its occupancy in `/status`.
@@ -520,6 +526,9 @@ impl Shared {
         for c in self.live.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             sum.merge(c);
         }
+        if let Some(x) = &self.xdp_live {
+            sum.merge(&x.lock().unwrap_or_else(|p| p.into_inner()));
+        }
         sum
     }
 
@@ -577,6 +586,10 @@ impl Shared {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             forwarded: c.tx,
+            forwarded_in_driver: self
+                .xdp_live
+                .as_ref()
+                .map(|x| x.lock().unwrap_or_else(|p| p.into_inner()).tx),
             dropped: c.dropped_excluding_not_for_vip(),
             drops: c
                 .drop_table_excluding_not_for_vip()
@@ -769,6 +782,10 @@ pub struct Status {
     pub last_reload_error: Option<String>,
     /// Packets forwarded.
     pub forwarded: u64,
+    /// Of `forwarded`, those the load balancer in the driver forwarded
+    /// (absent unless `driver = "xdp"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarded_in_driver: Option<u64>,
     /// Packets dropped: frames for the load balancer it could not forward
     /// (frames that were not for a VIP are in `not_for_vip` instead; older
     /// versions counted them here).
@@ -1297,6 +1314,7 @@ pub fn run(
     let driver = driver.unwrap_or(match cfg.forwarder.driver {
         lb::config::DriverConf::Auto => Driver::Auto,
         lb::config::DriverConf::AfXdp => Driver::AfXdp,
+        lb::config::DriverConf::Xdp => Driver::Xdp,
         lb::config::DriverConf::AfPacket => Driver::AfPacket,
     });
     let interface_mac = afpacket::mac_address(interface).map(|m| netio::neigh::format_mac(&m));
@@ -1338,17 +1356,32 @@ pub fn run(
             sockets * (netio::afxdp::BUFFERS_NEEDED + 4 * cfg.forwarder.queue_size as u32);
     }
     let dp = Datapath::new(params, Arc::clone(&tables))?;
+    let program = if driver == Driver::Xdp {
+        netio::afxdp::Program::LoadBalancer(lb::xdp::sizes(&cfg, &tables.load()))
+    } else {
+        netio::afxdp::Program::Steer
+    };
+    let in_driver = |lb: &Option<netio::xdplb::XdpLb>| {
+        if lb.is_some() {
+            "the load balancer in the driver (XDP) for IPv4 TCP/UDP, "
+        } else {
+            ""
+        }
+    };
     if per_queue {
-        match AfXdpPort::open_queues(
+        match AfXdpPort::open_queues_with(
             interface,
             dp.pool(),
             &vip_addresses(&cfg),
             cfg.forwarder.threads as u32,
+            program,
         ) {
             Ok(ports) => {
                 let filter = ports[0].vip_filter();
+                let xdp_lb = ports[0].xdp_lb();
                 let desc = format!(
-                    "AF_XDP ({:?} XDP, copy mode), one socket per queue on {} queues",
+                    "{}AF_XDP ({:?} XDP, copy mode), one socket per queue on {} queues",
+                    in_driver(&xdp_lb),
                     ports[0].mode(),
                     ports.len()
                 );
@@ -1364,6 +1397,7 @@ pub fn run(
                     dp,
                     Ports::Queues(boxed),
                     Some(filter),
+                    xdp_lb,
                     desc,
                     config,
                     interface,
@@ -1382,23 +1416,31 @@ pub fn run(
             .map(|p| Box::new(p) as Box<dyn netio::Nic>)
     };
     let driver_desc: String;
-    let (port, xdp_vips): (Box<dyn netio::Nic>, _) = match driver {
+    let (port, xdp_vips, xdp_lb): (Box<dyn netio::Nic>, _, _) = match driver {
         Driver::AfPacket => {
             driver_desc = "AF_PACKET (asked for)".into();
-            (open_packet()?, None)
+            (open_packet()?, None, None)
         }
-        Driver::AfXdp | Driver::Auto => {
+        Driver::AfXdp | Driver::Xdp | Driver::Auto => {
             let prefix_vips = cfg.vips.iter().any(|v| v.address.is_none());
             let xdp = if prefix_vips {
                 Err(Error::PrefixVipsNeedAfPacket)
             } else {
-                netio::afxdp::AllQueues::open(interface, dp.pool(), &vip_addresses(&cfg), queues)
-                    .map_err(Error::from)
+                netio::afxdp::AllQueues::open_with(
+                    interface,
+                    dp.pool(),
+                    &vip_addresses(&cfg),
+                    queues,
+                    program,
+                )
+                .map_err(Error::from)
             };
             match (xdp, driver) {
                 (Ok(p), _) => {
+                    let xdp_lb = p.first().xdp_lb();
                     driver_desc = format!(
-                        "AF_XDP ({:?} XDP, copy mode){}",
+                        "{}AF_XDP ({:?} XDP, copy mode){}",
+                        in_driver(&xdp_lb),
                         p.first().mode(),
                         if p.queues() > 1 {
                             format!(", {} queues into one I/O loop", p.queues())
@@ -1407,11 +1449,11 @@ pub fn run(
                         }
                     );
                     let f = p.first().vip_filter();
-                    (Box::new(p) as Box<dyn netio::Nic>, Some(f))
+                    (Box::new(p) as Box<dyn netio::Nic>, Some(f), xdp_lb)
                 }
                 (Err(e), Driver::Auto) => {
                     driver_desc = format!("AF_PACKET, because AF_XDP is unavailable: {e}");
-                    (open_packet()?, None)
+                    (open_packet()?, None, None)
                 }
                 (Err(e), _) => return Err(e),
             }
@@ -1425,6 +1467,7 @@ pub fn run(
         dp,
         Ports::One(port),
         xdp_vips,
+        xdp_lb,
         driver_desc,
         config,
         interface,
@@ -1488,6 +1531,7 @@ fn serve(
     dp: Datapath,
     ports: Ports,
     xdp_vips: Option<netio::afxdp::VipFilter>,
+    xdp_lb: Option<netio::xdplb::XdpLb>,
     driver_desc: String,
     config: &Path,
     interface: &str,
@@ -1527,6 +1571,9 @@ fn serve(
         last_reload_error: Mutex::new(None),
         bgp: Mutex::new(None),
         xdp_vips,
+        xdp_live: xdp_lb
+            .as_ref()
+            .map(|_| Arc::new(Mutex::new(Counters::new()))),
         driver: driver_desc.clone(),
         pool: dp.pool().clone(),
         tracer: dp.tracer().cloned(),
@@ -1545,6 +1592,27 @@ fn serve(
     // health checks running until the router has moved the traffic away,
     // and only then sets `dp_stop`, which ends them.
     let dp_stop = Arc::new(AtomicBool::new(false));
+    // The load balancer in the driver: its maps follow the tables.
+    let xdp = match (xdp_lb, &shared.xdp_live) {
+        (Some(lb), Some(live)) => {
+            let (tables, live, stop, ct) = (
+                Arc::clone(&tables),
+                Arc::clone(live),
+                Arc::clone(&dp_stop),
+                cfg.conntrack.clone(),
+            );
+            Some(
+                std::thread::Builder::new()
+                    .name("xdp".into())
+                    .spawn(move || xdp_sync(lb, &ct, &tables, &live, &stop))
+                    .map_err(|source| Error::Spawn {
+                        what: "XDP table sync",
+                        source,
+                    })?,
+            )
+        }
+        _ => None,
+    };
     let cp = {
         let (shared, stop, listen) = (Arc::clone(&shared), Arc::clone(&dp_stop), api_listener);
         std::thread::Builder::new()
@@ -1636,9 +1704,76 @@ fn serve(
     if let Some(r) = reporter {
         let _ = r.join();
     }
-    let stats = res?;
+    let in_driver = xdp.and_then(|j| j.join().ok());
+    let mut stats = res?;
+    if let Some(c) = in_driver {
+        stats.counters.merge(&c);
+    }
     let t = tables.load_full();
     Ok((stats, t))
+}
+
+/// How often the `xdp` thread looks for a new tables snapshot.
+const XDP_SYNC_MS: u64 = 5;
+
+/// Keeps the driver's maps equal to the running tables (a new snapshot is
+/// written within [`XDP_SYNC_MS`]; until then the driver forwards by the
+/// previous one, as a packet thread does until its next batch) and
+/// publishes what it forwarded every [`lb::datapath::LIVE_INTERVAL_MS`].
+/// Returns its last counters when `stop` is set.
+fn xdp_sync(
+    lb: netio::xdplb::XdpLb,
+    ct: &lb::config::Conntrack,
+    tables: &arc_swap::ArcSwap<lb::tables::Tables>,
+    live: &Mutex<Counters>,
+    stop: &AtomicBool,
+) -> Counters {
+    let mut maps = lb::xdp::XdpTables::new(lb, ct);
+    let mut generation = None;
+    let mut state: Option<(bool, Option<String>)> = None;
+    let mut published: Option<Instant> = None;
+    loop {
+        let t = tables.load();
+        if generation != Some(t.generation) {
+            generation = Some(t.generation);
+            match maps.sync(&t) {
+                Ok(s) => {
+                    let now = (s.enabled, s.reason.clone());
+                    if state.as_ref() != Some(&now) {
+                        match &s.reason {
+                            None => tracing::info!(
+                                "XDP: {} VIPs forwarded in the driver, {} in user space; {} tables written",
+                                s.vips,
+                                s.vips_in_user_space,
+                                s.tables_written
+                            ),
+                            Some(why) => tracing::warn!(
+                                "XDP: the driver forwards nothing, every frame goes to the packet threads: {why}"
+                            ),
+                        }
+                        state = Some(now);
+                    }
+                }
+                Err(e) => tracing::warn!("XDP: writing the tables into the driver: {e}"),
+            }
+        }
+        let done = stop.load(Ordering::Acquire);
+        if done
+            || published.is_none_or(|p| {
+                p.elapsed() >= Duration::from_millis(lb::datapath::LIVE_INTERVAL_MS)
+            })
+        {
+            match maps.counters() {
+                Ok(c) => *live.lock().unwrap_or_else(|p| p.into_inner()) = c,
+                Err(e) => tracing::warn!("XDP: reading the driver's counters: {e}"),
+            }
+            published = Some(Instant::now());
+        }
+        if done {
+            return live.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        }
+        std::thread::sleep(Duration::from_millis(XDP_SYNC_MS));
+    }
 }
 
 /// One request to a daemon's HTTP API; the answer's body.
