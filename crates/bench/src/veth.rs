@@ -615,88 +615,12 @@ pub fn run(
     let backends = ["10.20.0.1", "10.20.0.2", "10.20.0.3", "10.20.0.4"];
     let mut results = BTreeMap::new();
 
-    // fastpath.
-    progress("fastpath (lb run --interface, driver auto)");
-    let (gen, dut, sink) = pair(&tag, queues, cpus.as_ref())?;
-    let dir = std::env::temp_dir().join(format!("fastpath-vethbench-{tag}"));
-    std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
-    let cfg = dir.join("lb.toml");
-    let list: Vec<String> = backends
-        .iter()
-        .map(|b| format!("{{ address = \"{b}\" }}"))
-        .collect();
-    std::fs::write(
-        &cfg,
-        format!(
-            "[forwarder]\nthreads = 0\nqueue_size = 1024\npool_buffers = 8192\n[conntrack]\nsize = 65536\n[api]\nlisten = \"127.0.0.1:9181\"\n\
-             [encap]\nsource = \"10.30.0.2\"\ngateway_mac = \"{GEN_MAC}\"\n[[pools]]\nname = \"p\"\nbackends = [{}]\n\
-             [[vips]]\nname = \"v\"\naddress = \"198.18.0.1\"\nport = 9\nprotocol = \"udp\"\npool = \"p\"\n",
-            list.join(", ")
-        ),
-    )
-    .map_err(Error::io(format!("writing {}", cfg.display())))?;
-    let polling = if prefer_busy_poll {
-        busy_poll(&dut)
-    } else {
-        "no busy polling".to_string()
-    };
-    // The load balancer's threads start on the device under test's CPUs:
-    // a child inherits the affinity of the thread that starts it.
-    let mine = rustix::thread::sched_getaffinity(None).ok();
-    if let Some(c) = &cpus {
-        pin(None, &c.device_under_test);
+    // fastpath: the load balancer in the driver (XDP), then AF_XDP alone.
+    for (row, driver) in [("fastpath", "xdp"), ("fastpath_af_xdp", "af-xdp")] {
+        progress(&format!("{row} (lb run --interface --driver {driver})"));
+        let c = fastpath_row(fastpath, driver, &tag, &backends, &drive, prefer_busy_poll)?;
+        results.insert(row.to_string(), c);
     }
-    let lb = dut
-        .command(&fastpath.to_string_lossy())
-        .args([
-            "lb",
-            "run",
-            "--config",
-            &cfg.to_string_lossy(),
-            "--interface",
-            "d0",
-            "--format",
-            "json",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    if let Some(set) = &mine {
-        let _ = rustix::thread::sched_setaffinity(None, set);
-    }
-    let lb = lb.map_err(Error::io("starting the load balancer"))?;
-    std::thread::sleep(Duration::from_millis(1500));
-    if let Some(c) = &cpus {
-        // Also threads it may have had before the affinity was set (none
-        // expected: it is inherited).
-        pin_process(rustix::process::Pid::from_child(&lb), &c.device_under_test);
-    }
-    let napi = threaded_napi(&dut, drive.cpus.as_ref());
-    let m = measure(&gen, &dut, &drive);
-    // The child is ours and not yet reaped, so its pid is still its own.
-    let _ = rustix::process::kill_process(
-        rustix::process::Pid::from_child(&lb),
-        rustix::process::Signal::TERM,
-    );
-    let out = lb.wait_with_output();
-    let (log, stats) = match &out {
-        Ok(o) => (
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-            serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap_or_default(),
-        ),
-        Err(_) => (String::new(), serde_json::Value::Null),
-    };
-    let driver = log
-        .lines()
-        .find(|l| l.contains("driver:"))
-        .map(|l| l[l.find("driver:").unwrap_or(0)..].trim().to_string())
-        .unwrap_or_default();
-    let (mut c, generator) = m?;
-    c.copies_per_packet = stats["user_copies_per_forwarded"].as_f64();
-    c.note = format!("{driver}; {napi}; {polling}");
-    results.insert("fastpath".to_string(), c);
-    drop((sink, gen, dut));
-    let _ = std::fs::remove_dir_all(&dir);
 
     // nftables: DNAT with jhash over the same backends, forwarded.
     progress("nftables (DNAT, jhash)");
@@ -726,7 +650,7 @@ pub fn run(
             })
     })?;
     let napi = threaded_napi(&dut, drive.cpus.as_ref());
-    let (mut c, _) = measure(&gen, &dut, &drive)?;
+    let (mut c, generator) = measure(&gen, &dut, &drive)?;
     c.note = format!("kernel forwarding with DNAT, conntrack (XDP_PASS on d0); {napi}");
     results.insert("nftables".to_string(), c);
     drop((pass, sink, gen, dut));
@@ -796,6 +720,100 @@ pub fn run(
     })
 }
 
+/// One fastpath row: `lb run --interface d0 --driver {driver}` as the
+/// device under test.
+fn fastpath_row(
+    fastpath: &Path,
+    driver: &str,
+    tag: &str,
+    backends: &[&str],
+    drive: &Drive,
+    prefer_busy_poll: bool,
+) -> Result<Cell, Error> {
+    let (gen, dut, sink) = pair(tag, drive.queues, drive.cpus.as_ref())?;
+    let dir = std::env::temp_dir().join(format!("fastpath-vethbench-{tag}"));
+    std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    let cfg = dir.join("lb.toml");
+    let list: Vec<String> = backends
+        .iter()
+        .map(|b| format!("{{ address = \"{b}\" }}"))
+        .collect();
+    std::fs::write(
+        &cfg,
+        format!(
+            "[forwarder]\nthreads = 0\nqueue_size = 1024\npool_buffers = 8192\n[conntrack]\nsize = 65536\n[api]\nlisten = \"127.0.0.1:9181\"\n\
+             [encap]\nsource = \"10.30.0.2\"\ngateway_mac = \"{GEN_MAC}\"\n[[pools]]\nname = \"p\"\nbackends = [{}]\n\
+             [[vips]]\nname = \"v\"\naddress = \"198.18.0.1\"\nport = 9\nprotocol = \"udp\"\npool = \"p\"\n",
+            list.join(", ")
+        ),
+    )
+    .map_err(Error::io(format!("writing {}", cfg.display())))?;
+    let polling = if prefer_busy_poll {
+        busy_poll(&dut)
+    } else {
+        "no busy polling".to_string()
+    };
+    // The load balancer's threads start on the device under test's CPUs:
+    // a child inherits the affinity of the thread that starts it.
+    let mine = rustix::thread::sched_getaffinity(None).ok();
+    if let Some(c) = &drive.cpus {
+        pin(None, &c.device_under_test);
+    }
+    let lb = dut
+        .command(&fastpath.to_string_lossy())
+        .args([
+            "lb",
+            "run",
+            "--config",
+            &cfg.to_string_lossy(),
+            "--interface",
+            "d0",
+            "--driver",
+            driver,
+            "--format",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    if let Some(set) = &mine {
+        let _ = rustix::thread::sched_setaffinity(None, set);
+    }
+    let lb = lb.map_err(Error::io("starting the load balancer"))?;
+    std::thread::sleep(Duration::from_millis(1500));
+    if let Some(c) = &drive.cpus {
+        // Also threads it may have had before the affinity was set (none
+        // expected: it is inherited).
+        pin_process(rustix::process::Pid::from_child(&lb), &c.device_under_test);
+    }
+    let napi = threaded_napi(&dut, drive.cpus.as_ref());
+    let m = measure(&gen, &dut, drive);
+    // The child is ours and not yet reaped, so its pid is still its own.
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_child(&lb),
+        rustix::process::Signal::TERM,
+    );
+    let out = lb.wait_with_output();
+    let (log, stats) = match &out {
+        Ok(o) => (
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+            serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap_or_default(),
+        ),
+        Err(_) => (String::new(), serde_json::Value::Null),
+    };
+    let driver = log
+        .lines()
+        .find(|l| l.contains("driver:"))
+        .map(|l| l[l.find("driver:").unwrap_or(0)..].trim().to_string())
+        .unwrap_or_default();
+    let (mut c, _) = m?;
+    c.copies_per_packet = stats["user_copies_per_forwarded"].as_f64();
+    c.note = format!("{driver}; {napi}; {polling}");
+    drop((sink, gen, dut));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(c)
+}
+
 impl Report {
     /// As a table.
     pub fn to_text(&self) -> String {
@@ -813,7 +831,7 @@ impl Report {
             "64-byte UDP through a veth pair from an AF_XDP generator, {} s each (all on this machine's cores)",
             self.seconds
         ));
-        for k in ["fastpath", "nftables", "xdp_forwarder"] {
+        for k in ["fastpath", "fastpath_af_xdp", "nftables", "xdp_forwarder"] {
             if let Some(c) = self.results.get(k) {
                 t.row([
                     k.to_string(),
