@@ -1568,13 +1568,37 @@ struct XdpMd {
     egress_ifindex: u32,
 }
 
+/// `bpf(BPF_PROG_TEST_RUN, attr)`.
+///
+/// # Safety
+/// Every buffer `attr` points to (input, output, context) must be valid
+/// for its given size until the call returns.
+unsafe fn prog_test_run(attr: &mut TestRunAttr) -> io::Result<()> {
+    // SAFETY: an attribute of the command's layout (the rest of the union
+    // zero) and its size, which the kernel may write back into (the
+    // program's return, the output size); the buffers are the caller's
+    // contract.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            std::ptr::from_mut(attr),
+            std::mem::size_of::<TestRunAttr>(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Runs the XDP program `prog_fd` once over `frame` (`BPF_PROG_TEST_RUN`,
 /// not live: nothing is sent) and returns what it did and the frame as it
 /// left it.
 pub(crate) fn test_run(prog_fd: i32, frame: &[u8]) -> io::Result<crate::xdplb::Verdict> {
     // Room for the frame grown by any headers the program may push.
     let mut out = vec![0u8; frame.len() + 512];
-    let attr = TestRunAttr {
+    let mut attr = TestRunAttr {
         prog_fd: prog_fd as u32,
         data_size_in: frame.len() as u32,
         data_size_out: out.len() as u32,
@@ -1583,31 +1607,14 @@ pub(crate) fn test_run(prog_fd: i32, frame: &[u8]) -> io::Result<crate::xdplb::V
         repeat: 1,
         ..TestRunAttr::default()
     };
-    // SAFETY: `bpf(BPF_PROG_TEST_RUN)` with an attribute of its layout (the
-    // rest of the union zero) and its size; the kernel reads `frame` and
-    // writes at most `data_size_out` bytes into `out`, and both live until
-    // the call returns.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_TEST_RUN,
-            std::ptr::from_ref(&attr),
-            std::mem::size_of::<TestRunAttr>(),
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel wrote `data_size_out` back into the attribute
-    // (read through a volatile read: the compiler did not see the write).
-    let (action, len) = unsafe {
-        (
-            std::ptr::from_ref(&attr.retval).read_volatile(),
-            std::ptr::from_ref(&attr.data_size_out).read_volatile(),
-        )
-    };
-    out.truncate(len as usize);
-    Ok(crate::xdplb::Verdict { action, frame: out })
+    // SAFETY: the kernel reads `frame` and writes at most `data_size_out`
+    // bytes into `out`, and both live until the call returns.
+    unsafe { prog_test_run(&mut attr) }?;
+    out.truncate(attr.data_size_out as usize);
+    Ok(crate::xdplb::Verdict {
+        action: attr.retval,
+        frame: out,
+    })
 }
 
 /// A traffic generator in the kernel: the XDP generator program run by
@@ -1664,7 +1671,7 @@ impl XdpGenerator {
             rx_queue_index: self.queue,
             ..XdpMd::default()
         };
-        let attr = TestRunAttr {
+        let mut attr = TestRunAttr {
             prog_fd: self.prog_fd as u32,
             data_size_in: self.template.len() as u32,
             data_in: self.template.as_ptr() as u64,
@@ -1675,26 +1682,14 @@ impl XdpGenerator {
             batch_size: GEN_BATCH,
             ..TestRunAttr::default()
         };
-        // SAFETY: `bpf(BPF_PROG_TEST_RUN)` with an attribute of its layout
-        // (the rest of the union zero) and its size; the template and the
-        // context it points to live until the call returns, and in live
-        // mode the kernel writes into neither (no output buffers given).
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_PROG_TEST_RUN,
-                std::ptr::from_ref(&attr),
-                std::mem::size_of::<TestRunAttr>(),
-            )
-        };
-        if r < 0 {
-            return Err(Error::Sys {
-                iface: format!("ifindex {}", self.ifindex),
-                op: "BPF_PROG_TEST_RUN (live frames)",
-                source: io::Error::last_os_error(),
-            }
-            .into());
-        }
+        // SAFETY: the template and the context it points to live until the
+        // call returns, and in live mode the kernel writes into neither (no
+        // output buffers given).
+        unsafe { prog_test_run(&mut attr) }.map_err(|source| Error::Sys {
+            iface: format!("ifindex {}", self.ifindex),
+            op: "BPF_PROG_TEST_RUN (live frames)",
+            source,
+        })?;
         self.offered += u64::from(frames);
         Ok(frames)
     }
