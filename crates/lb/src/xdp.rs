@@ -16,7 +16,10 @@
 //! it, like [`Tables`] shares them; a sync writes only tables it has not
 //! placed before, points the VIPs at them, then frees the ranges of tables
 //! no VIP uses any more (reused by a later sync, by which time no packet
-//! that read the old VIP entry is still running).
+//! that read the old VIP entry is still running). When a table finds no
+//! room (the array full of tables the new snapshot drops, or fragmented),
+//! the driver is turned off, placement starts over empty, and the driver
+//! comes back on if the snapshot fits at all.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -91,6 +94,14 @@ pub struct Sync {
     pub tables_written: usize,
     /// Slots written by this sync.
     pub slots_written: u64,
+}
+
+/// How placing a snapshot went.
+enum Placement {
+    /// Placed (or turned off for a reason starting over cannot change).
+    Done(Sync),
+    /// A table found no room in the slot array: why.
+    NoRoom(String, Sync),
 }
 
 /// The fast path's maps and what is placed in them.
@@ -168,6 +179,25 @@ impl XdpTables {
     /// frame goes to user space, which forwards with `t`: nothing is lost,
     /// and [`Sync::reason`] says why.
     pub fn sync(&mut self, t: &Tables) -> Result<Sync, Error> {
+        match self.place(t)? {
+            Placement::Done(s) => Ok(s),
+            Placement::NoRoom(_, s) => {
+                // The slot array may be full of tables no VIP will use once
+                // this snapshot is in, or fragmented. With the driver off
+                // (the program reads no slot then), start it over empty.
+                self.off(String::new(), s)?;
+                self.placed.clear();
+                self.free = vec![(0, self.lb.sizes().slots)];
+                match self.place(t)? {
+                    Placement::Done(s) => Ok(s),
+                    Placement::NoRoom(why, s) => self.off(why, s),
+                }
+            }
+        }
+    }
+
+    /// [`XdpTables::sync`] without starting over.
+    fn place(&mut self, t: &Tables) -> Result<Placement, Error> {
         let mut s = Sync::default();
         let sizes = self.lb.sizes();
         if t.backends.len() > sizes.backends as usize {
@@ -176,7 +206,7 @@ impl XdpTables {
                 t.backends.len(),
                 sizes.backends
             );
-            return self.off(why, s);
+            return self.off(why, s).map(Placement::Done);
         }
         for (id, b) in t.backends.iter().enumerate() {
             let v4 = (
@@ -218,7 +248,7 @@ impl XdpTables {
                             "no room for a table of {m} slots ({} slots in all; restart to grow)",
                             sizes.slots
                         );
-                        return self.off(why, s);
+                        return Ok(Placement::NoRoom(why, s));
                     };
                     let slots = (0..m as usize).map(|i| {
                         v.table
@@ -250,7 +280,7 @@ impl XdpTables {
             ));
         }
         if let Err(e) = self.lb.set_vips(&vips) {
-            return self.off(e.to_string(), s);
+            return self.off(e.to_string(), s).map(Placement::Done);
         }
         let gone: Vec<TableKey> = self
             .placed
@@ -279,7 +309,7 @@ impl XdpTables {
         s.enabled = true;
         s.vips = vips.len();
         s.vips_in_user_space = t.vips.len().saturating_sub(vips.len());
-        Ok(s)
+        Ok(Placement::Done(s))
     }
 
     /// What the program forwarded, as packet-thread counters (forwarded

@@ -394,3 +394,46 @@ fn the_driver_counts_what_it_forwards() {
     assert_eq!(c.per_backend.iter().map(|t| t.packets).sum::<u64>(), 50);
     assert_eq!(c.conntrack.inserts, 50);
 }
+
+/// A slot array too small for the tables: the driver turns itself off
+/// (frames go to user space) and says why; once a reload drops a VIP so
+/// that the rest fits, it starts over and forwards again.
+#[test]
+fn maps_too_small_turn_the_driver_off_until_the_tables_fit() {
+    let cfg = config("");
+    let mut control = Control::new(cfg.clone()).unwrap();
+    let t = control.tables().load_full();
+    let mut sizes = lb::xdp::sizes(&cfg, &t);
+    // The IPv4 VIPs' tables: 65,537 (web) and 1,009 (dns) slots.
+    // (Rounded up to even by the loader.)
+    sizes.slots = 65_537 + 1_009 - 2;
+    let xdp = Detached::load(sizes).unwrap();
+    let mut tables = XdpTables::new(xdp.lb.clone(), &cfg.conntrack);
+    let s = tables.sync(&t).unwrap();
+    assert!(!s.enabled, "{s:?}");
+    assert!(
+        s.reason.as_deref().unwrap_or("").contains("no room"),
+        "{s:?}"
+    );
+    let f = frame(
+        [198, 51, 100, 1],
+        [192, 0, 2, 80],
+        true,
+        1024,
+        80,
+        0x02,
+        0,
+        true,
+        &[],
+        0,
+    );
+    assert_ne!(xdp.run(&f).unwrap().action, XDP_TX);
+    // Without the DNS VIP the web table fits (after starting over: the
+    // DNS table may have taken its room).
+    let mut smaller = cfg.clone();
+    smaller.vips.retain(|v| v.name != "dns-any-port");
+    control.apply(smaller).unwrap();
+    let s = tables.sync(&control.tables().load_full()).unwrap();
+    assert!(s.enabled && s.reason.is_none(), "{s:?}");
+    assert_eq!(xdp.run(&f).unwrap().action, XDP_TX);
+}
