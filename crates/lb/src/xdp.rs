@@ -21,7 +21,7 @@
 //! the driver is turned off, placement starts over empty, and the driver
 //! comes back on if the snapshot fits at all.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use maglev::Maglev;
@@ -208,7 +208,7 @@ impl XdpTables {
             );
             return self.off(why, s).map(Placement::Done);
         }
-        for (id, b) in t.backends.iter().enumerate() {
+        self.lb.write_backends(t.backends.iter().map(|b| {
             let v4 = (
                 packet::flow::unmapped(&b.outer.src),
                 packet::flow::unmapped(&b.outer.dst),
@@ -230,9 +230,9 @@ impl XdpTables {
             if b.accepting {
                 e.flags |= xdplb::ACCEPTING;
             }
-            self.lb.write_backend(id as u32, e)?;
-        }
-        let mut used: HashMap<TableKey, ()> = HashMap::new();
+            e
+        }))?;
+        let mut used: HashSet<TableKey> = HashSet::new();
         let mut vips = Vec::new();
         for (addr, port, proto, index) in t.matcher.exact_v4() {
             let Some(v) = t.vips.get(index as usize) else {
@@ -269,7 +269,7 @@ impl XdpTables {
                     at
                 }
             };
-            used.insert(key, ());
+            used.insert(key);
             vips.push((
                 VipKey {
                     addr,
@@ -285,7 +285,7 @@ impl XdpTables {
         let gone: Vec<TableKey> = self
             .placed
             .keys()
-            .filter(|k| !used.contains_key(*k))
+            .filter(|k| !used.contains(*k))
             .cloned()
             .collect();
         for k in gone {

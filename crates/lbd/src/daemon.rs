@@ -522,19 +522,27 @@ impl Shared {
     }
 
     fn counters(&self) -> Counters {
+        self.counters_and_driver().0
+    }
+
+    /// Every counter summed, and what the load balancer in the driver
+    /// forwarded (when it runs), from one reading of its counters.
+    fn counters_and_driver(&self) -> (Counters, Option<u64>) {
         let mut sum = Counters::new();
         for c in self.live.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             sum.merge(c);
         }
-        if let Some(x) = &self.xdp_live {
-            sum.merge(&x.lock().unwrap_or_else(|p| p.into_inner()));
-        }
-        sum
+        let in_driver = self.xdp_live.as_ref().map(|x| {
+            let x = x.lock().unwrap_or_else(|p| p.into_inner());
+            sum.merge(&x);
+            x.tx
+        });
+        (sum, in_driver)
     }
 
     /// The `/status` document.
     pub fn status(&self) -> Status {
-        let c = self.counters();
+        let (c, forwarded_in_driver) = self.counters_and_driver();
         // The tables and the configuration they were built from, together.
         let (tables, cfg) = {
             let control = self.control();
@@ -586,10 +594,7 @@ impl Shared {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             forwarded: c.tx,
-            forwarded_in_driver: self
-                .xdp_live
-                .as_ref()
-                .map(|x| x.lock().unwrap_or_else(|p| p.into_inner()).tx),
+            forwarded_in_driver,
             dropped: c.dropped_excluding_not_for_vip(),
             drops: c
                 .drop_table_excluding_not_for_vip()

@@ -420,17 +420,23 @@ impl XdpLb {
         })
     }
 
-    /// Writes backend `id`'s entry.
-    pub fn write_backend(&self, id: u32, e: BackendEntry) -> Result<(), Error> {
+    /// Writes the entries of backend ids `0..` (one lock for all).
+    pub fn write_backends(
+        &self,
+        entries: impl ExactSizeIterator<Item = BackendEntry>,
+    ) -> Result<(), Error> {
         let cap = self.sizes.backends as usize;
-        if id as usize >= cap {
+        if entries.len() > cap {
             return Err(Error::Full {
                 what: "backend array",
                 cap,
-                asked: id as usize + 1,
+                asked: entries.len(),
             });
         }
-        self.lock().backends.write(id as usize, e);
+        let mut g = self.lock();
+        for (id, e) in entries.enumerate() {
+            g.backends.write(id, e);
+        }
         Ok(())
     }
 
