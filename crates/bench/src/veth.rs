@@ -156,6 +156,8 @@ pub struct Report {
     pub generator_alone: Cell,
     /// Generator threads (veth queues).
     pub generator_queues: u32,
+    /// Which generator.
+    pub generator_kind: GeneratorKind,
     /// How the generator sent.
     pub generator: String,
     /// Where the generator and the device under test ran (`None`: one
@@ -415,8 +417,15 @@ fn generate(gen: &Netns, d: &Drive) -> Result<(u64, f64, String), Error> {
                             g.send(XDP_GEN_CHUNK).map_err(Error::Generator)?;
                         }
                         let el = t.elapsed().as_secs_f64();
-                        let note =
-                            "XDP live frames (BPF_PROG_TEST_RUN), batches of 256".to_string();
+                        let note = format!(
+                            "XDP live frames (BPF_PROG_TEST_RUN), batches of 256{}",
+                            if g.pinned() {
+                                ""
+                            } else {
+                                " (not pinned in the XDP dispatcher: each call waits out \
+                                 two RCU grace periods)"
+                            }
+                        );
                         Ok((g.offered(), el, note))
                     }
                 }
@@ -715,6 +724,7 @@ pub fn run(
         results,
         generator_alone: alone,
         generator_queues: queues,
+        generator_kind: kind,
         generator,
         cpus,
     })
@@ -828,7 +838,11 @@ impl Report {
             "how",
         ])
         .title(format!(
-            "64-byte UDP through a veth pair from an AF_XDP generator, {} s each (all on this machine's cores)",
+            "64-byte UDP through a veth pair from {}, {} s each (all on this machine's cores)",
+            match self.generator_kind {
+                GeneratorKind::AfXdp => "an AF_XDP generator",
+                GeneratorKind::Xdp => "an XDP generator",
+            },
             self.seconds
         ));
         for k in ["fastpath", "fastpath_af_xdp", "nftables", "xdp_forwarder"] {

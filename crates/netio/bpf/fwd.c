@@ -104,7 +104,32 @@ int fastpath_sink(struct xdp_md *ctx)
 // (n % 256), source port 1024 + n, as the AF_XDP generator's frames) and
 // sends it out of the interface the run names (XDP_TX: the kernel
 // redirects it there, in batches, as a driver would).
+//
+// A frame's bytes persist from one run of its page to the next, and a
+// device under test that forwards the frame in the kernel (nftables) edits
+// them in place (TTL, addresses, MACs) before the page comes back: so each
+// run first writes the template's headers (gen_tmpl) over the frame.
+//
+// The program is also attached (generic mode) to the namespace's loopback,
+// so that it stays in the kernel's XDP dispatcher between test runs (each
+// run otherwise adds and removes it, waiting out two RCU grace periods):
+// frames anywhere but the interface the runs name are passed untouched.
 #define GEN_FLOWS 4096
+// Ethernet, IPv4 (no options) and UDP headers.
+#define GEN_HEAD 42
+
+struct gen_tmpl {
+	__u32 ifindex;
+	__u16 head[GEN_HEAD / 2];
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct gen_tmpl);
+} gen_tmpl SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -122,10 +147,19 @@ int fastpath_gen(struct xdp_md *ctx)
 	struct iphdr *ip = (void *)(eth + 1);
 	struct udphdr *udp = (void *)(ip + 1);
 	__u32 key = 0, n, sum = 0, *seq;
-	__u16 *w = (__u16 *)ip;
+	struct gen_tmpl *t;
+	__u16 *w = (__u16 *)ip, *f = data;
 	int i;
 
-	if ((void *)(udp + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5)
+	t = bpf_map_lookup_elem(&gen_tmpl, &key);
+	if (!t || ctx->ingress_ifindex != t->ifindex)
+		return XDP_PASS;
+	if ((void *)(udp + 1) > end)
+		return XDP_ABORTED;
+#pragma unroll
+	for (i = 0; i < GEN_HEAD / 2; i++)
+		f[i] = t->head[i];
+	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5)
 		return XDP_ABORTED;
 	seq = bpf_map_lookup_elem(&gen_seq, &key);
 	if (!seq)
@@ -134,8 +168,7 @@ int fastpath_gen(struct xdp_md *ctx)
 	*seq += 1;
 	ip->saddr = bpf_htonl(0x0a1e0100 + ((n / 256) << 8) + (n % 256));
 	udp->source = bpf_htons(1024 + n);
-	// No UDP checksum (allowed over IPv4); the IP header's afresh: the
-	// frame's bytes persist from one run of the page to the next.
+	// No UDP checksum (allowed over IPv4); the IP header's afresh.
 	udp->check = 0;
 	ip->check = 0;
 #pragma unroll

@@ -64,6 +64,16 @@ pub enum Error {
         /// The interface.
         iface: String,
     },
+    /// The XDP generator's template is shorter than its headers.
+    #[error(
+        "XDP generator on {iface}: a {len}-byte template has no Ethernet, IPv4 and UDP headers"
+    )]
+    Template {
+        /// The interface.
+        iface: String,
+        /// The template's length.
+        len: usize,
+    },
     /// The object file could not be loaded.
     #[error("AF_XDP on {iface}: loading the {program}: {source}")]
     Load {
@@ -1626,8 +1636,11 @@ pub(crate) fn test_run(prog_fd: i32, frame: &[u8]) -> io::Result<crate::xdplb::V
 /// `sk_buff` first. It reports what it offered: every frame its program
 /// sent (those the peer's full ring refused included).
 pub struct XdpGenerator {
-    /// Holds the loaded program (not attached anywhere).
+    /// Holds the loaded program (and its attachment to `lo`, if any).
     _bpf: Ebpf,
+    /// Whether the program stays in the kernel's XDP dispatcher between
+    /// runs (see [`XdpGenerator::pinned`]).
+    pinned: bool,
     /// The program's descriptor, owned by `_bpf`.
     prog_fd: i32,
     ifindex: u32,
@@ -1639,13 +1652,61 @@ pub struct XdpGenerator {
 impl XdpGenerator {
     /// Loads the generator for `iface` (of the calling thread's namespace)
     /// and queue `queue`, sending `template` (a 64-byte UDP over IPv4 frame
-    /// whose source address and port it varies). The interface's peer must
-    /// run an XDP program (a veth accepts XDP frames only then).
+    /// whose source address and port it varies; its headers are written
+    /// over every frame before it leaves, so that a receiver that edits
+    /// frames in place does not change what is sent next). The interface's
+    /// peer must run an XDP program (a veth accepts XDP frames only then).
+    ///
+    /// It also attaches the program in generic mode to the namespace's
+    /// `lo`, where it passes every frame: that keeps it in the kernel's XDP
+    /// dispatcher, which a test run otherwise rebuilds twice (on entry and
+    /// exit), each time waiting for an RCU grace period, so that the
+    /// generator would sleep most of the time. Best effort (one program per
+    /// interface: a second generator in the namespace runs unpinned); see
+    /// [`XdpGenerator::pinned`].
     pub fn open(iface: &str, queue: u32, template: &[u8]) -> Result<Self, crate::Error> {
         let ifindex = crate::afpacket::ifindex(iface).ok_or_else(|| Error::NoInterface {
             iface: iface.into(),
         })?;
+        let mut head = [0u8; GEN_HEAD];
+        match template.get(..GEN_HEAD) {
+            Some(h) => head.copy_from_slice(h),
+            None => {
+                return Err(Error::Template {
+                    iface: iface.into(),
+                    len: template.len(),
+                }
+                .into())
+            }
+        }
         let mut bpf = GEN.load(iface)?;
+        let mut tmpl = GenTmpl {
+            ifindex,
+            head: [0; GEN_HEAD / 2],
+            pad: 0,
+        };
+        for (w, b) in tmpl.head.iter_mut().zip(head.chunks_exact(2)) {
+            *w = u16::from_ne_bytes([b[0], b[1]]);
+        }
+        let mut map: aya::maps::Array<_, GenTmpl> =
+            aya::maps::Array::try_from(bpf.map_mut("gen_tmpl").ok_or_else(|| Error::Missing {
+                iface: iface.into(),
+                what: "gen_tmpl",
+            })?)
+            .map_err(|source| Error::Map {
+                iface: iface.into(),
+                what: "generator template",
+                source: Box::new(source),
+            })?;
+        map.set(0, tmpl, 0).map_err(|source| Error::Map {
+            iface: iface.into(),
+            what: "generator template",
+            source: Box::new(source),
+        })?;
+        let pinned = GEN
+            .find(&mut bpf, iface)?
+            .attach("lo", XdpFlags::SKB_MODE)
+            .is_ok();
         let prog_fd = GEN
             .find(&mut bpf, iface)?
             .fd()
@@ -1654,6 +1715,7 @@ impl XdpGenerator {
             .as_raw_fd();
         Ok(XdpGenerator {
             _bpf: bpf,
+            pinned,
             prog_fd,
             ifindex,
             queue,
@@ -1698,7 +1760,33 @@ impl XdpGenerator {
     pub fn offered(&self) -> u64 {
         self.offered
     }
+
+    /// Whether the program stays in the kernel's XDP dispatcher between
+    /// runs (attached to `lo`); if not, every [`XdpGenerator::send`] waits
+    /// out two RCU grace periods besides sending.
+    pub fn pinned(&self) -> bool {
+        self.pinned
+    }
 }
+
+/// Ethernet, IPv4 and UDP headers of the generator's template (`GEN_HEAD`
+/// of `bpf/fwd.c`).
+const GEN_HEAD: usize = 42;
+
+/// The generator's template (`struct gen_tmpl` of `bpf/fwd.c`): the
+/// interface its test runs name (frames seen anywhere else pass) and the
+/// headers written over each frame.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GenTmpl {
+    ifindex: u32,
+    head: [u16; GEN_HEAD / 2],
+    pad: u16,
+}
+
+// SAFETY: plain old data with no padding (4 + 42 + 2 bytes, 2-aligned
+// after the u32), as the kernel's copy of the map value expects.
+unsafe impl aya::Pod for GenTmpl {}
 
 #[cfg(test)]
 mod tests {
