@@ -871,7 +871,7 @@ impl Report {
         format!(
             "{t}\n{}\ngenerator: {}\ngenerator alone ({} thread(s), into an XDP sink on d0): offered {:.3} Mpps, reached d0 {:.3} Mpps\n\
              fastpath / nftables = {:.2}x (goal >= 2)   fastpath / XDP forwarder = {:.2} (goal >= 0.7)\n\
-             valid rows: offered >= {VALID_OFFER_RATIO} x delivered (the generator was not the limit){}\n",
+             valid rows: offered >= {VALID_OFFER_RATIO} x delivered (the generator was not the limit){}\n{}",
             Cpus::describe(self.cpus.as_ref()),
             self.generator,
             self.generator_queues,
@@ -883,6 +883,13 @@ impl Report {
                 ""
             } else {
                 "; a row marked NO measured the generator, not the device under test"
+            },
+            if self.ratio_to_xdp_forwarder > 1.0 {
+                "note: fastpath delivered more than the XDP forwarder, so in this run that row is a \
+                 reference, not a ceiling: both spend most of the device under test's core in veth's \
+                 receive and redirect, not in their programs\n"
+            } else {
+                ""
             }
         )
     }
