@@ -986,6 +986,9 @@ pub struct MemifOptions {
     pub ring_log2: u8,
     /// Pin the switch thread to this CPU (none: the scheduler decides).
     pub switch_cpu: Option<usize>,
+    /// memif interrupt moderation of the switch, microseconds (0: off; see
+    /// `vswitch::Config::memif_moderation`).
+    pub moderation_us: u64,
 }
 
 /// The testpmd binary, if DPDK is installed.
@@ -1528,10 +1531,19 @@ fn with_memif_switch(
     let pid = std::process::id();
     let sock = std::env::temp_dir().join(format!("fp-swbench-{pid}-{n}.memif"));
     let ctl = std::env::temp_dir().join(format!("fp-swbench-{pid}-{n}.sock"));
+    let moderation = std::time::Duration::from_micros(o.moderation_us);
     let sw = Switch::new(Config {
         socket: Some(ctl.clone()),
         memif_socket: Some(sock.clone()),
         log_ports: false,
+        memif_moderation: moderation,
+        // Moderated, the switch shares its core with a sender that never
+        // yields: polling an empty ring there only delays that sender.
+        poll_us: if moderation.is_zero() {
+            Config::default().poll_us
+        } else {
+            0
+        },
         ..Config::default()
     })
     .map_err(Error::Switch)?;
@@ -1810,6 +1822,8 @@ pub fn memif_compare(o: &MemifOptions) -> Result<Value, Error> {
         "frame_bytes": 60,
         "ring_log2": o.ring_log2,
         "seconds": o.seconds,
+        "switch_moderation_us": o.moderation_us,
+        "switch_cpu": o.switch_cpu,
         "switched_over_direct": ratio(&switched, &direct),
         "direct": direct,
         "switched": switched,

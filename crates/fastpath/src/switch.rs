@@ -132,9 +132,18 @@ pub struct BenchArgs {
     /// log2 of the memif ring size (DPDK's rsize).
     #[arg(long, default_value_t = 10)]
     memif_ring_log2: u8,
-    /// Pin the switch thread to this CPU in the memif rows.
-    #[arg(long)]
-    switch_cpu: Option<usize>,
+    /// Pin the switch thread to this CPU in the memif rows, or "none" (the
+    /// scheduler places it). The default, 1, is the generator testpmd's
+    /// forwarding core: the switch then takes turns with the sender it
+    /// waits for, while the receiving testpmd drains on the other core.
+    #[arg(long, default_value = "1")]
+    switch_cpu: String,
+    /// The switch's memif interrupt moderation in the memif rows,
+    /// microseconds (0: off, the switch is woken per burst once it
+    /// sleeps). On a core it shares with a busy sender, moderation lets the
+    /// sender fill a ring's worth before the switch takes the core back.
+    #[arg(long, default_value_t = 10)]
+    memif_moderation_us: u64,
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
 }
@@ -372,6 +381,20 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     if a.forwarding_burst == 0 || a.forwarding_burst > 1024 {
         bail!("--forwarding-burst must be 1..=1024");
     }
+    let switch_cpu = match a.switch_cpu.as_str() {
+        "none" => None,
+        n => Some(
+            n.parse::<usize>()
+                .ok()
+                .filter(|&c| c < 1024)
+                .with_context(|| {
+                    format!("--switch-cpu must be a CPU number or \"none\", got {n:?}")
+                })?,
+        ),
+    };
+    if a.memif_moderation_us > 1_000_000 {
+        bail!("--memif-moderation-us must be at most 1000000");
+    }
     if !(1..=14).contains(&a.memif_ring_log2) {
         bail!("--memif-ring-log2 must be 1..=14 (DPDK's memif limit)");
     }
@@ -401,7 +424,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         memif: (memif_wanted && !memif_skipped).then_some(bench::switch::MemifOptions {
             seconds: memif_seconds,
             ring_log2: a.memif_ring_log2,
-            switch_cpu: a.switch_cpu,
+            switch_cpu,
+            moderation_us: a.memif_moderation_us,
         }),
         seconds,
         backends,
@@ -562,8 +586,10 @@ fn print_memif(m: &serde_json::Value) {
         "limit",
     ])
     .title(format!(
-        "DPDK testpmd over memif ({}-byte frames, ring 2^{}, {} s; medians of testpmd's per-second Rx-pps/Tx-pps)",
-        m["frame_bytes"], m["ring_log2"], m["seconds"]
+        "DPDK testpmd over memif ({}-byte frames, ring 2^{}, {} s; medians of testpmd's per-second Rx-pps/Tx-pps; switch on CPU {}, memif moderation {} us)",
+        m["frame_bytes"], m["ring_log2"], m["seconds"],
+        m["switch_cpu"].as_u64().map_or("any".to_string(), |c| c.to_string()),
+        m["switch_moderation_us"]
     ));
     for (label, r) in [
         ("testpmd -> testpmd (direct)", &m["direct"]),

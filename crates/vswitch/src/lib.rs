@@ -93,7 +93,7 @@ pub enum ConfigError {
         source: toml::de::Error,
     },
     /// `poll_us` is above one second.
-    #[error("{}: poll_us must be at most 1000000", path.display())]
+    #[error("{}: poll_us and memif_moderation_us must be at most 1000000", path.display())]
     PollUs {
         /// The file.
         path: PathBuf,
@@ -202,6 +202,16 @@ pub struct Config {
     pub max_macs: usize,
     /// Log ports as they come and go.
     pub log_ports: bool,
+    /// memif interrupt moderation (zero: off). Off, a memif client
+    /// signals the switch after every burst it sends once the switch has
+    /// gone to sleep. On, a sleeping switch masks those interrupts and looks
+    /// at its memif rings again this long after it fell asleep, so a busy
+    /// client fills a batch instead of waking it per burst; after
+    /// [`memif::QUIET_WAKES`] empty looks in a row it unmasks them and
+    /// sleeps until one comes. For a switch that shares its core with the
+    /// peers it serves: a wake-up per burst there preempts the sender it is
+    /// waiting for.
+    pub memif_moderation: Duration,
 }
 
 impl Default for Config {
@@ -213,6 +223,7 @@ impl Default for Config {
             aging: Duration::from_secs(300),
             max_macs: 65536,
             log_ports: true,
+            memif_moderation: Duration::ZERO,
         }
     }
 }
@@ -748,7 +759,8 @@ impl Switch {
         };
         match m.serve(id) {
             memif::Event::None => {}
-            memif::Event::Connected(port) => {
+            memif::Event::Connected(mut port) => {
+                port.set_moderation(self.cfg.memif_moderation);
                 if let Err(e) = self.add_owned(port, Some(u32::MAX - id)) {
                     tracing::warn!("memif port refused: {}", chain(&e));
                     if let Some(fd) = self.memif.as_mut().and_then(|m| m.close(id)) {
@@ -815,6 +827,7 @@ pub fn spawn(mut sw: Switch) -> (Arc<AtomicBool>, std::thread::JoinHandle<Switch
 /// memif_socket = "/run/fastpath/memif.sock"
 /// taps = ["fptap0"]                      # TAP ports to create
 /// poll_us = 20                           # poll this long before sleeping
+/// memif_moderation_us = 0                # > 0: memif interrupt moderation
 /// aging_s = 300                          # MAC aging
 /// max_macs = 65536
 /// ```
@@ -830,6 +843,8 @@ pub struct FileConfig {
     pub taps: Vec<String>,
     /// Keep polling this long (microseconds) before sleeping; at most 1 s.
     pub poll_us: Option<u64>,
+    /// memif interrupt moderation in microseconds (0: off); at most 1 s.
+    pub memif_moderation_us: Option<u64>,
     /// MAC aging in seconds; at least 1.
     pub aging_s: Option<u64>,
     /// Addresses learned at most.
@@ -847,7 +862,9 @@ impl FileConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        if c.poll_us.is_some_and(|p| p > 1_000_000) {
+        if c.poll_us.is_some_and(|p| p > 1_000_000)
+            || c.memif_moderation_us.is_some_and(|p| p > 1_000_000)
+        {
             return Err(ConfigError::PollUs {
                 path: path.to_path_buf(),
             });
@@ -870,6 +887,10 @@ impl FileConfig {
             aging: self.aging_s.map(Duration::from_secs).unwrap_or(d.aging),
             max_macs: self.max_macs.unwrap_or(d.max_macs),
             log_ports: true,
+            memif_moderation: self
+                .memif_moderation_us
+                .map(Duration::from_micros)
+                .unwrap_or(d.memif_moderation),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! An outside program attaches over memif: DPDK's testpmd (net_memif, client
 //! role) forwards with MAC swap, and pktgen on a ring port of the same switch
-//! exchanges frames with it.
+//! exchanges frames with it, with the switch's memif interrupts as they come
+//! and moderated.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -29,21 +30,60 @@ impl Drop for Kill {
 
 #[test]
 fn testpmd_exchanges_traffic_with_pktgen_through_the_switch() {
+    exchange("irq", Config::default());
+}
+
+/// Moderated (and never polling while idle, so that every idle moment is
+/// a moderated sleep): nothing is lost or stuck, the switch did sleep
+/// moderated, and once the traffic stops it unmasks testpmd's interrupts
+/// (after `QUIET_WAKES` empty looks), so that the next frame wakes it.
+#[test]
+fn testpmd_exchanges_traffic_through_a_moderated_switch() {
+    let s = exchange(
+        "mod",
+        Config {
+            poll_us: 0,
+            memif_moderation: Duration::from_micros(50),
+            ..Config::default()
+        },
+    );
+    let memif = s["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["kind"] == "memif")
+        .unwrap()
+        .clone();
+    assert!(
+        memif["detail"]["moderated_sleeps"].as_u64().unwrap() > 0,
+        "{memif}"
+    );
+    assert_eq!(
+        memif["detail"]["interrupts_masked"].as_bool(),
+        Some(false),
+        "idle for 300 ms and still masked: {memif}"
+    );
+}
+
+/// Exchanges 10,000 frames with testpmd through a switch set up by `cfg`,
+/// checks that every one came back mirrored, waits 300 ms idle and
+/// returns the switch's status then.
+fn exchange(tag: &str, cfg: Config) -> serde_json::Value {
     let Some(pmd) = testpmd() else {
         panic!("dpdk-testpmd not found: scripts/setup.sh installs dpdk-dev and librte-net-memif23");
     };
     let pid = std::process::id();
-    let ctl = std::env::temp_dir().join(format!("fp-memif-ctl-{pid}.sock"));
-    let msock = std::env::temp_dir().join(format!("fp-memif-{pid}.sock"));
+    let ctl = std::env::temp_dir().join(format!("fp-memif-ctl-{pid}-{tag}.sock"));
+    let msock = std::env::temp_dir().join(format!("fp-memif-{pid}-{tag}.sock"));
     let sw = Switch::new(Config {
         socket: Some(ctl.clone()),
         memif_socket: Some(msock.clone()),
-        ..Config::default()
+        ..cfg
     })
     .unwrap();
     let (stop, h) = spawn(sw);
 
-    let log = std::env::temp_dir().join(format!("fp-testpmd-{pid}.log"));
+    let log = std::env::temp_dir().join(format!("fp-testpmd-{pid}-{tag}.log"));
     let child = Command::new(pmd)
         .args([
             "-l",
@@ -54,7 +94,7 @@ fn testpmd_exchanges_traffic_with_pktgen_through_the_switch() {
             "--no-pci",
             "--log-level=pmd.net.memif:info",
         ])
-        .arg(format!("--file-prefix=fp-{pid}"))
+        .arg(format!("--file-prefix=fp-{pid}-{tag}"))
         .arg(format!(
             "--vdev=net_memif0,role=client,id=0,socket-abstract=no,socket={}",
             msock.display()
@@ -137,6 +177,7 @@ fn testpmd_exchanges_traffic_with_pktgen_through_the_switch() {
             a.driver.wait_rx(Duration::from_millis(1));
         }
     }
+    std::thread::sleep(Duration::from_millis(300));
     let s = status(&ctl).unwrap();
     stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
@@ -174,4 +215,5 @@ fn testpmd_exchanges_traffic_with_pktgen_through_the_switch() {
         Some(0),
         "{memif}"
     );
+    s
 }

@@ -17,7 +17,6 @@ use ring::notify::EventFd;
 
 use super::datapath::{MemifPort, Region, RingError, RingInfo};
 use super::Error;
-use crate::ports::Port;
 
 /// Protocol version 2.0, the only one spoken.
 pub const VERSION: u16 = 0x0200;
@@ -370,7 +369,7 @@ pub enum Event {
     /// Nothing for the switch to do.
     None,
     /// The client connected: a new port.
-    Connected(Box<dyn Port>),
+    Connected(Box<MemifPort>),
     /// The connection ended: its descriptor, for the switch to stop watching
     /// before it drops (closes) it.
     Closed(OwnedFd),

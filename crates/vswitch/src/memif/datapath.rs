@@ -9,8 +9,8 @@
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::time::Instant;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
 use ring::device::FrameRef;
@@ -154,7 +154,19 @@ pub struct MemifPort {
     c: Counters,
     bad_desc: u64,
     too_long: u64,
+    /// Interrupt moderation (zero: off; see `Config::memif_moderation`).
+    moderation: Duration,
+    /// While the switch sleeps moderated: when to look again.
+    look_at: Option<Instant>,
+    /// Moderated looks in a row that found nothing.
+    quiet: u32,
+    /// Moderated sleeps so far, for the status document.
+    moderated_sleeps: u64,
 }
+
+/// Moderated looks in a row that find nothing before a memif port unmasks
+/// its client's interrupts and lets the switch sleep until one comes.
+pub const QUIET_WAKES: u32 = 64;
 
 // SAFETY: the ring pointers point into mappings this port owns; the port
 // is used by one thread at a time.
@@ -186,7 +198,35 @@ impl MemifPort {
             c: Counters::default(),
             bad_desc: 0,
             too_long: 0,
+            moderation: Duration::ZERO,
+            look_at: None,
+            quiet: 0,
+            moderated_sleeps: 0,
         })
+    }
+
+    /// Sets interrupt moderation (zero: off, the client's interrupts stay
+    /// unmasked).
+    pub fn set_moderation(&mut self, every: Duration) {
+        self.moderation = every;
+    }
+
+    /// Masks or unmasks the client's interrupts on the ring the switch
+    /// receives from (the flags are the ring receiver's to write).
+    fn mask(&self, masked: bool) {
+        let f = &self.c2s.hdr().client.flags;
+        let old = f.load(Relaxed);
+        let new = if masked {
+            old | RING_FLAG_MASK_INT
+        } else {
+            old & !RING_FLAG_MASK_INT
+        };
+        if new != old {
+            // SeqCst: the store must be visible before the switch looks at
+            // head again (prepare_sleep), or a frame sent in between would
+            // neither be seen nor signalled.
+            f.store(new, SeqCst);
+        }
     }
 
     /// The buffer a descriptor names, if its region, offset and length are
@@ -215,6 +255,37 @@ impl Port for MemifPort {
     }
     fn pending(&mut self) -> bool {
         self.broken.is_none() && self.c2s.hdr().client.head.load(Acquire) != self.c2s_next
+    }
+    fn deadline(&self) -> Option<Instant> {
+        self.look_at
+    }
+    fn prepare_sleep(&mut self) -> bool {
+        if self.moderation.is_zero() || self.broken.is_some() {
+            return true;
+        }
+        let moderated = self.quiet < QUIET_WAKES;
+        self.mask(moderated);
+        if moderated {
+            self.look_at = Some(Instant::now() + self.moderation);
+            self.moderated_sleeps += 1;
+            true
+        } else {
+            self.look_at = None;
+            // Unmasked now: a frame sent before the client saw that was not
+            // signalled, so look once more before sleeping.
+            !self.pending()
+        }
+    }
+    fn wake(&mut self) {
+        if self.look_at.take().is_some() {
+            if self.pending() {
+                self.quiet = 0;
+            } else {
+                self.quiet = self.quiet.saturating_add(1);
+            }
+        } else if self.pending() {
+            self.quiet = 0;
+        }
     }
     fn rx(&mut self, max: u32, out: &mut Vec<FrameRef>) -> u32 {
         let head = self.c2s.hdr().client.head.load(Acquire);
@@ -357,6 +428,9 @@ impl Port for MemifPort {
             "ring_size": self.c2s.size,
             "bad_descriptors": self.bad_desc,
             "too_long": self.too_long,
+            "moderation_us": self.moderation.as_micros() as u64,
+            "moderated_sleeps": self.moderated_sleeps,
+            "interrupts_masked": self.c2s.hdr().client.flags.load(Relaxed) & RING_FLAG_MASK_INT != 0,
             "broken": self.broken,
         })
     }

@@ -20,7 +20,7 @@ pub mod layout;
 use std::path::PathBuf;
 
 pub use control::{Event, Refusal, Server, VERSION};
-pub use datapath::{MemifPort, RingError};
+pub use datapath::{MemifPort, RingError, QUIET_WAKES};
 pub use layout::COOKIE;
 
 /// Errors setting up the memif server.
