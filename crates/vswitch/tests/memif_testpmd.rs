@@ -47,13 +47,7 @@ fn testpmd_exchanges_traffic_through_a_moderated_switch() {
             ..Config::default()
         },
     );
-    let memif = s["ports"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["kind"] == "memif")
-        .unwrap()
-        .clone();
+    let memif = memif_port(&s);
     assert!(
         memif["detail"]["moderated_sleeps"].as_u64().unwrap() > 0,
         "{memif}"
@@ -63,6 +57,17 @@ fn testpmd_exchanges_traffic_through_a_moderated_switch() {
         Some(false),
         "idle for 300 ms and still masked: {memif}"
     );
+}
+
+/// The memif port in a switch status document.
+fn memif_port(s: &serde_json::Value) -> serde_json::Value {
+    s["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["kind"] == "memif")
+        .unwrap()
+        .clone()
 }
 
 /// Exchanges 10,000 frames with testpmd through a switch set up by `cfg`,
@@ -199,13 +204,7 @@ fn exchange(tag: &str, cfg: Config) -> serde_json::Value {
         replies.iter().all(|r| r[..] == want[..]),
         "a reply was not our frame mirrored"
     );
-    let memif = s["ports"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["kind"] == "memif")
-        .unwrap()
-        .clone();
+    let memif = memif_port(&s);
     assert!(
         memif["from_port"].as_u64().unwrap() >= replies.len() as u64,
         "{memif}"
