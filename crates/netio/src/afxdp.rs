@@ -357,31 +357,46 @@ pub fn attach_forwarder(
     for (slot, b) in conf.backend.iter_mut().zip(backends) {
         *slot = b.octets();
     }
-    let map = |what| {
-        move |source| Error::Map {
-            iface: iface.into(),
-            what,
-            source: Box::new(source),
-        }
-    };
-    let missing = |what| Error::Missing {
-        iface: iface.into(),
-        what,
-    };
-    let mut arr: aya::maps::Array<_, FwdConf> =
-        aya::maps::Array::try_from(bpf.map_mut("fwd_conf").ok_or_else(|| missing("fwd_conf"))?)
-            .map_err(map("forwarder configuration"))?;
-    arr.set(0, conf, 0)
-        .map_err(map("forwarder configuration"))?;
+    set_first(&mut bpf, iface, "fwd_conf", "forwarder configuration", conf)?;
     let mut out: aya::maps::DevMap<_> =
-        aya::maps::DevMap::try_from(bpf.map_mut("fwd_out").ok_or_else(|| missing("fwd_out"))?)
-            .map_err(map("forwarder device map"))?;
+        aya::maps::DevMap::try_from(bpf.map_mut("fwd_out").ok_or_else(|| Error::Missing {
+            iface: iface.into(),
+            what: "fwd_out",
+        })?)
+        .map_err(|source| Error::Map {
+            iface: iface.into(),
+            what: "forwarder device map",
+            source: Box::new(source),
+        })?;
     out.set(0, index, None, 0).map_err(|source| Error::DevMap {
         iface: iface.into(),
         source: Box::new(source),
     })?;
     let mode = FWD.attach(&mut bpf, iface)?;
     Ok((bpf, mode))
+}
+
+/// Writes `value` into entry 0 of the array map `name` of `bpf` (a
+/// program's configuration); `what` names it in errors.
+fn set_first<T: aya::Pod>(
+    bpf: &mut Ebpf,
+    iface: &str,
+    name: &'static str,
+    what: &'static str,
+    value: T,
+) -> Result<(), Error> {
+    let map = |source| Error::Map {
+        iface: iface.into(),
+        what,
+        source: Box::new(source),
+    };
+    let mut arr: aya::maps::Array<_, T> =
+        aya::maps::Array::try_from(bpf.map_mut(name).ok_or_else(|| Error::Missing {
+            iface: iface.into(),
+            what: name,
+        })?)
+        .map_err(map)?;
+    arr.set(0, value, 0).map_err(map)
 }
 
 /// The set of VIP addresses the XDP program sends to the socket (IPv4
@@ -1688,27 +1703,10 @@ impl XdpGenerator {
         for (w, b) in tmpl.head.iter_mut().zip(head.chunks_exact(2)) {
             *w = u16::from_ne_bytes([b[0], b[1]]);
         }
-        let mut map: aya::maps::Array<_, GenTmpl> =
-            aya::maps::Array::try_from(bpf.map_mut("gen_tmpl").ok_or_else(|| Error::Missing {
-                iface: iface.into(),
-                what: "gen_tmpl",
-            })?)
-            .map_err(|source| Error::Map {
-                iface: iface.into(),
-                what: "generator template",
-                source: Box::new(source),
-            })?;
-        map.set(0, tmpl, 0).map_err(|source| Error::Map {
-            iface: iface.into(),
-            what: "generator template",
-            source: Box::new(source),
-        })?;
-        let pinned = GEN
-            .find(&mut bpf, iface)?
-            .attach("lo", XdpFlags::SKB_MODE)
-            .is_ok();
-        let prog_fd = GEN
-            .find(&mut bpf, iface)?
+        set_first(&mut bpf, iface, "gen_tmpl", "generator template", tmpl)?;
+        let prog = GEN.find(&mut bpf, iface)?;
+        let pinned = prog.attach("lo", XdpFlags::SKB_MODE).is_ok();
+        let prog_fd = prog
             .fd()
             .map_err(|e| GEN.failed(iface, "finding", e))?
             .as_fd()

@@ -542,7 +542,10 @@ impl XdpLb {
 /// (`BPF_PROG_TEST_RUN`): for checking it against the load balancer's own
 /// worker, frame by frame.
 pub struct Detached {
-    bpf: Ebpf,
+    /// Holds the program (and so `prog_fd`) and its maps.
+    _bpf: Ebpf,
+    /// The program's descriptor, owned by `_bpf`.
+    prog_fd: i32,
     /// Its maps.
     pub lb: XdpLb,
 }
@@ -563,29 +566,26 @@ impl Detached {
     /// Loads the program with maps of `sizes`.
     pub fn load(sizes: Sizes) -> Result<Self, Error> {
         let (bpf, lb) = load(sizes)?;
-        Ok(Detached { bpf, lb })
+        let finding = |e| Error::Program {
+            step: "finding",
+            source: Box::new(e),
+        };
+        let prog: &Xdp = bpf
+            .program(PROGRAM)
+            .ok_or(Error::Missing(PROGRAM))?
+            .try_into()
+            .map_err(finding)?;
+        let prog_fd = prog.fd().map_err(finding)?.as_fd().as_raw_fd();
+        Ok(Detached {
+            _bpf: bpf,
+            prog_fd,
+            lb,
+        })
     }
 
     /// Runs the program once over `frame`.
     pub fn run(&self, frame: &[u8]) -> Result<Verdict, Error> {
-        let prog: &Xdp = self
-            .bpf
-            .program(PROGRAM)
-            .ok_or(Error::Missing(PROGRAM))?
-            .try_into()
-            .map_err(|e| Error::Program {
-                step: "finding",
-                source: Box::new(e),
-            })?;
-        let fd = prog
-            .fd()
-            .map_err(|e| Error::Program {
-                step: "finding",
-                source: Box::new(e),
-            })?
-            .as_fd()
-            .as_raw_fd();
-        crate::afxdp::test_run(fd, frame).map_err(Error::TestRun)
+        crate::afxdp::test_run(self.prog_fd, frame).map_err(Error::TestRun)
     }
 }
 

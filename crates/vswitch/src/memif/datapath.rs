@@ -277,14 +277,11 @@ impl Port for MemifPort {
         }
     }
     fn wake(&mut self) {
-        if self.look_at.take().is_some() {
-            if self.pending() {
-                self.quiet = 0;
-            } else {
-                self.quiet = self.quiet.saturating_add(1);
-            }
-        } else if self.pending() {
+        let looked = self.look_at.take().is_some();
+        if self.pending() {
             self.quiet = 0;
+        } else if looked {
+            self.quiet = self.quiet.saturating_add(1);
         }
     }
     fn rx(&mut self, max: u32, out: &mut Vec<FrameRef>) -> u32 {
