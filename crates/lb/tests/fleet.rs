@@ -7,6 +7,8 @@
 //! disagree; a down peer's fragments are dropped by reason. Outputs are
 //! read with etherparse.
 
+mod common;
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::AtomicBool;
 
@@ -20,7 +22,6 @@ use lb::worker::{Mode, Worker};
 use lb::Control;
 use maio::{Hugepages, Pool};
 use netio::mem::{MemPort, Vary};
-use netio::{Packet, HEADROOM};
 use packet::build::{Frame, L4};
 use packet::gre::{Outer, FRAGMENT_REDIRECT_KEY};
 use packet::{flow, parse_frame, proto, FlowKey};
@@ -95,13 +96,7 @@ impl Lb {
     /// Runs one frame through the packet thread; returns what it sent.
     fn step(&mut self, pool: &Pool, frame: &[u8], now: u64) -> Vec<Vec<u8>> {
         let mut h = pool.handle();
-        let mut b = h.alloc().unwrap();
-        pool.data_mut(&mut b)[HEADROOM..HEADROOM + frame.len()].copy_from_slice(frame);
-        let mut batch = vec![Packet {
-            buf: b,
-            off: HEADROOM as u16,
-            len: frame.len() as u16,
-        }];
+        let mut batch = vec![common::packet(pool, &mut h, frame)];
         let mut out = Vec::new();
         let t = self.control.tables().load_full();
         self.worker.process(&t, &mut batch, &mut out, now);

@@ -3,6 +3,8 @@
 //! Maglev computation; connection persistence across backend changes;
 //! conntrack full; a SYN flood; malformed input counted by reason.
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
@@ -16,7 +18,6 @@ use lb::worker::{Mode, Worker};
 use lb::Control;
 use maio::{Hugepages, Pool};
 use netio::mem::{MemPort, Vary};
-use netio::{Packet, HEADROOM};
 use packet::build::Frame;
 use packet::gre::decapsulate;
 use packet::{flow, parse_frame, FlowKey};
@@ -150,13 +151,7 @@ fn through(
     let t = control.tables().load_full();
     let mut res = Vec::new();
     for f in frames {
-        let mut b = h.alloc().unwrap();
-        pool.data_mut(&mut b)[HEADROOM..HEADROOM + f.len()].copy_from_slice(f);
-        let mut batch = vec![Packet {
-            buf: b,
-            off: HEADROOM as u16,
-            len: f.len() as u16,
-        }];
+        let mut batch = vec![common::packet(pool, &mut h, f)];
         let mut out = Vec::new();
         w.process(&t, &mut batch, &mut out, now);
         res.push(out.pop().map(|p| {

@@ -10,6 +10,8 @@
 //! The program runs through `BPF_PROG_TEST_RUN` (no interface needed);
 //! that needs root, as every XDP test here.
 
+mod common;
+
 use std::time::Instant;
 
 use etherparse::{IpHeaders, Ipv4Dscp, Ipv4Ecn, Ipv4Header, PacketBuilder};
@@ -21,7 +23,6 @@ use lb::xdp::XdpTables;
 use lb::{Control, Mode};
 use maio::{Hugepages, Pool};
 use netio::xdplb::{Detached, XDP_TX};
-use netio::{Packet, HEADROOM};
 use proptest::prelude::*;
 
 fn config(extra_encap: &str) -> Config {
@@ -90,13 +91,7 @@ impl Both {
     /// What the packet thread sends for `frame` (none: dropped or held).
     fn worker(&mut self, frame: &[u8]) -> Option<Vec<u8>> {
         let mut h = self.pool.handle();
-        let mut b = h.alloc().unwrap();
-        self.pool.data_mut(&mut b)[HEADROOM..HEADROOM + frame.len()].copy_from_slice(frame);
-        let mut batch = vec![Packet {
-            buf: b,
-            off: HEADROOM as u16,
-            len: frame.len() as u16,
-        }];
+        let mut batch = vec![common::packet(&self.pool, &mut h, frame)];
         let mut out = Vec::new();
         let t = self.control.tables().load_full();
         let now = self.start.elapsed().as_millis() as u64;
