@@ -72,6 +72,10 @@ struct Run {
     copied: Option<bool>,
     /// System calls per operation (MAIO: SQPOLL wake-ups per send).
     syscalls_per_op: Option<f64>,
+    /// Frames the dropping veth's far end counted per datagram sent (Figure
+    /// 2 into the veth): 1 when every datagram reached the device as a
+    /// frame of its own, segmented sends included.
+    frames_per_op: Option<f64>,
 }
 
 /// Where a measurement started: wall clock, process CPU, thread CPU.
@@ -239,6 +243,39 @@ fn fig2_sendmmsg(d: Duration, dest: Dest) -> Run {
     m.count(n)
 }
 
+/// `sendmsg` with the kernel's UDP segmentation (`UDP_SEGMENT` = 64 on the
+/// socket): one call carries 32 datagrams, which the kernel cuts apart
+/// after one trip down the UDP/IP send path. The peer that shows what MAIO's
+/// segmented sends owe to the kernel.
+fn fig2_sendmsg_gso(d: Duration, dest: Dest) -> Run {
+    let (tx, _sink) = fig2_socket(dest);
+    let seg: libc::c_int = 64;
+    // SAFETY: setsockopt reads one c_int that lives across the call.
+    let r = unsafe {
+        libc::setsockopt(
+            tx.as_raw_fd(),
+            libc::SOL_UDP,
+            UDP_SEGMENT,
+            (&seg as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    let buf = [0x5au8; 64 * 32];
+    let m = Meter::start();
+    let mut n = 0u64;
+    while r == 0 && m.elapsed() < d {
+        for _ in 0..2 {
+            if tx.send(&buf).is_ok() {
+                n += 32;
+            }
+        }
+    }
+    m.count(n)
+}
+
+/// `UDP_SEGMENT` (linux/udp.h).
+const UDP_SEGMENT: libc::c_int = 103;
+
 fn fig2_uring(d: Duration, dest: Dest) -> Run {
     let (tx, _sink) = fig2_socket(dest);
     let buf = [0x5au8; 64];
@@ -316,7 +353,7 @@ impl Drop for Pin {
 /// datagram copied into a pool buffer and posted; with SQPOLL the polling
 /// thread is pinned to another CPU than the application thread (where the
 /// machine has two), as the paper's kernel thread has a core of its own.
-fn fig2_maio(d: Duration, dest: Dest, pool: &Pool, submit: Submit) -> Run {
+fn fig2_maio(d: Duration, dest: Dest, pool: &Pool, submit: Submit, udp_gso: bool) -> Run {
     let (tx, _sink) = fig2_socket(dest);
     let (_pin, poll_cpu) = match submit {
         Submit::Sqpoll => Pin::apart(),
@@ -328,6 +365,7 @@ fn fig2_maio(d: Duration, dest: Dest, pool: &Pool, submit: Submit) -> Run {
             sqpoll: submit == Submit::Sqpoll,
             sqpoll_cpu: poll_cpu,
             batch_submit: true,
+            udp_gso,
             ..RingConfig::default()
         },
     )
@@ -362,8 +400,8 @@ fn fig2_maio(d: Duration, dest: Dest, pool: &Pool, submit: Submit) -> Run {
 fn fig2_choose(dest: Dest, pool: &Pool) -> (Submit, f64, f64) {
     let probe = Duration::from_millis(150);
     let rate = |r: Run| r.units / r.cpu.max(1e-9);
-    let sq = rate(fig2_maio(probe, dest, pool, Submit::Sqpoll));
-    let batched = rate(fig2_maio(probe, dest, pool, Submit::Batched));
+    let sq = rate(fig2_maio(probe, dest, pool, Submit::Sqpoll, true));
+    let batched = rate(fig2_maio(probe, dest, pool, Submit::Batched, true));
     let pick = if sq > batched {
         Submit::Sqpoll
     } else {
@@ -726,9 +764,14 @@ impl VethSink {
             "dev",
             "za",
         ])?;
+        // Segmented sends (UDP GSO) are cut into datagrams before `za`, not
+        // carried whole across the pair: each datagram reaches `zb` as a
+        // frame of its own and is dropped there alone, as on a NIC without
+        // segmentation offload. The counter checks it.
+        ns.exec(&["ethtool", "-K", "za", "tx-udp-segmentation", "off"])?;
         ns.exec_input(
             &["nft", "-f", "-"],
-            b"table netdev sink {\n  chain in {\n    type filter hook ingress device zb priority 0; policy drop;\n  }\n}\n",
+            b"table netdev sink {\n  chain in {\n    type filter hook ingress device zb priority 0; policy drop;\n    counter\n  }\n}\n",
         )?;
         Ok(VethSink { ns })
     }
@@ -740,6 +783,35 @@ impl VethSink {
     ) -> Result<T, lab::Error> {
         self.ns.inside(f)
     }
+}
+
+/// Frames the sink's far end has dropped so far (call from inside its
+/// namespace); `None` elsewhere.
+fn sink_frames() -> Option<u64> {
+    let out = std::process::Command::new("nft")
+        .args(["list", "chain", "netdev", "sink", "in"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == "packets")?;
+    words.next()?.parse().ok()
+}
+
+/// Runs `f` and, into the dropping veth, records how many frames reached
+/// its far end per datagram sent.
+fn counting_frames(dest: Dest, f: impl Fn() -> Run) -> Run {
+    if !matches!(dest, Dest::Veth) {
+        return f();
+    }
+    let before = sink_frames();
+    let r = f();
+    let after = sink_frames();
+    let frames_per_op = match (before, after) {
+        (Some(b), Some(a)) => Some((a - b) as f64 / r.units.max(1.0)),
+        _ => None,
+    };
+    Run { frames_per_op, ..r }
 }
 
 /// The MAC of the sink's sending end, `za`.
@@ -1060,6 +1132,10 @@ fn figure(
         if !sc.is_empty() {
             v["syscalls_per_send"] = spread(sc)["median"].clone();
         }
+        let fr: Vec<f64> = runs[i].iter().filter_map(|r| r.frames_per_op).collect();
+        if !fr.is_empty() {
+            v["frames_per_send"] = spread(fr);
+        }
         progress(&format!("  {name}: {}", summarize(&v, baseline)));
         out.insert(name.to_string(), v);
     }
@@ -1101,6 +1177,14 @@ pub fn summarize(e: &Value, baseline: &str) -> String {
         }
         if let Some(x) = e["syscalls_per_send"].as_f64() {
             s += &format!(" | {x:.4} system calls per send");
+        }
+        if e["frames_per_send"].is_object() {
+            let f = &e["frames_per_send"];
+            s += &format!(" | frames at the sink per send {}", mmm(f, 1.0, 3));
+            let off = |k: &str| (f[k].as_f64().unwrap_or(0.0) - 1.0).abs() > 0.01;
+            if off("min") || off("max") {
+                s += " (NOT 1: the figure counts datagrams the device did not see)";
+            }
         }
         s
     } else {
@@ -1146,7 +1230,15 @@ fn load_line(f: &Value) -> String {
 }
 
 /// Figure 2's methods, in the order they run.
-const FIG2_METHODS: [&str; 5] = ["sendmsg", "sendmmsg", "io_uring", "maio", "maio_no_sqpoll"];
+const FIG2_METHODS: [&str; 7] = [
+    "sendmsg",
+    "sendmmsg",
+    "sendmsg_udp_gso",
+    "io_uring",
+    "maio",
+    "maio_no_sqpoll",
+    "maio_no_sqpoll_unsegmented",
+];
 
 /// Figure 2 towards one destination: every method, then the run-time
 /// choice of MAIO's submission mode.
@@ -1155,16 +1247,39 @@ fn figure2(d: Duration, dest: Dest, reps: usize, hz: f64, progress: &dyn Fn(&str
     let (pick, sq, batched) = fig2_choose(dest, &small);
     let mut f = figure(
         vec![
-            ("sendmsg", Box::new(|| fig2_sendmsg(d, dest))),
-            ("sendmmsg", Box::new(|| fig2_sendmmsg(d, dest))),
-            ("io_uring", Box::new(|| fig2_uring(d, dest))),
+            (
+                "sendmsg",
+                Box::new(|| counting_frames(dest, || fig2_sendmsg(d, dest))),
+            ),
+            (
+                "sendmmsg",
+                Box::new(|| counting_frames(dest, || fig2_sendmmsg(d, dest))),
+            ),
+            (
+                "sendmsg_udp_gso",
+                Box::new(|| counting_frames(dest, || fig2_sendmsg_gso(d, dest))),
+            ),
+            (
+                "io_uring",
+                Box::new(|| counting_frames(dest, || fig2_uring(d, dest))),
+            ),
             (
                 "maio",
-                Box::new(|| fig2_maio(d, dest, &small, Submit::Sqpoll)),
+                Box::new(|| {
+                    counting_frames(dest, || fig2_maio(d, dest, &small, Submit::Sqpoll, true))
+                }),
             ),
             (
                 "maio_no_sqpoll",
-                Box::new(|| fig2_maio(d, dest, &small, Submit::Batched)),
+                Box::new(|| {
+                    counting_frames(dest, || fig2_maio(d, dest, &small, Submit::Batched, true))
+                }),
+            ),
+            (
+                "maio_no_sqpoll_unsegmented",
+                Box::new(|| {
+                    counting_frames(dest, || fig2_maio(d, dest, &small, Submit::Batched, false))
+                }),
             ),
         ],
         reps,

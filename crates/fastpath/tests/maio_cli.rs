@@ -25,7 +25,15 @@ fn maio_bench_quick_json_document() {
         x
     };
     for f in ["figure2", "figure2_veth"] {
-        for m in ["sendmsg", "sendmmsg", "io_uring", "maio", "maio_no_sqpoll"] {
+        for m in [
+            "sendmsg",
+            "sendmmsg",
+            "sendmsg_udp_gso",
+            "io_uring",
+            "maio",
+            "maio_no_sqpoll",
+            "maio_no_sqpoll_unsegmented",
+        ] {
             let pps = spread(f, m, "pps");
             assert!(pps[0] > 1000.0, "{f}.{m} = {pps:?}");
             // The application thread is part of every thread.
@@ -39,6 +47,15 @@ fn maio_bench_quick_json_document() {
         let chosen = v[f]["maio_choice"]["method"].as_str().unwrap();
         assert!(["maio", "maio_no_sqpoll"].contains(&chosen), "{chosen}");
         assert!(v[f]["load_average"]["before"][0].is_number());
+    }
+    // Into the veth every datagram reached the far end as a frame of its
+    // own, segmented sends included (the kernel segments before the device).
+    for m in ["sendmsg", "sendmsg_udp_gso", "maio_no_sqpoll"] {
+        let fr = spread("figure2_veth", m, "frames_per_send");
+        assert!(
+            (0.999..=1.001).contains(&fr[0]) && (0.999..=1.001).contains(&fr[2]),
+            "{m}: frames at the sink per datagram {fr:?}"
+        );
     }
     // Without SQPOLL the sends are batched: far fewer system calls than sends.
     let sc = v["figure2"]["maio_no_sqpoll"]["syscalls_per_send"]

@@ -394,3 +394,138 @@ fn batched_submission_sends_a_batch_per_system_call() {
         }
     }
 }
+
+/// A batched ring and a connected UDP pair on loopback (the receiver waits
+/// up to 2 s per datagram).
+fn batched_udp(pool: &Pool) -> (Ring, maio::uring::SockId, UdpSocket, UdpSocket) {
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    tx.connect(rx.local_addr().unwrap()).unwrap();
+    let mut ring = Ring::new(
+        pool,
+        Config {
+            sqpoll: false,
+            batch_submit: true,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let s = ring
+        .add_socket(OwnedFd::from(tx.try_clone().unwrap()))
+        .unwrap();
+    (ring, s, rx, tx)
+}
+
+/// Send `batches` of datagrams (their lengths) through `ring`, reading
+/// each batch back before the next: every datagram arrives whole, in
+/// order, exactly once, and every send completes with its length.
+fn send_and_check(ring: &mut Ring, s: maio::uring::SockId, rx: &UdpSocket, batches: &[Vec<usize>]) {
+    let mut buf = vec![0u8; 65536];
+    let mut k = 0;
+    for batch in batches {
+        for (i, &n) in batch.iter().enumerate() {
+            ring.send_copy(s, &pattern(k + i, n)).unwrap();
+        }
+        let mut done = ring.completions();
+        let end = std::time::Instant::now() + Duration::from_secs(5);
+        while done.len() < batch.len() && std::time::Instant::now() < end {
+            ring.wait_for(batch.len() - done.len(), Duration::from_millis(100));
+            done.extend(ring.completions());
+        }
+        let results: Vec<i32> = done.iter().map(|c| c.result).collect();
+        let want: Vec<i32> = batch.iter().map(|&n| n as i32).collect();
+        assert_eq!(results, want, "completions, in order, with each length");
+        for (i, &n) in batch.iter().enumerate() {
+            let got = rx.recv(&mut buf).expect("a datagram that never came");
+            assert_eq!(
+                &buf[..got],
+                &pattern(k + i, n)[..],
+                "datagram {i} of {batch:?}"
+            );
+        }
+        k += batch.len();
+    }
+    rx.set_nonblocking(true).unwrap();
+    assert!(rx.recv(&mut buf).is_err(), "a datagram arrived twice");
+    rx.set_nonblocking(false).unwrap();
+}
+
+#[test]
+fn batched_datagrams_of_one_size_go_segmented_and_arrive_one_by_one() {
+    let pool = pool();
+    let (mut ring, s, rx, _tx) = batched_udp(&pool);
+    // Runs of 64-byte datagrams (one short last one), then one of 100
+    // (larger than the run: a new run), then 100 datagrams (more than one
+    // segmented send can carry).
+    let mut batch = vec![64; 10];
+    batch.push(20);
+    batch.extend([100, 100, 7]);
+    send_and_check(&mut ring, s, &rx, &[batch, vec![64; 100]]);
+    assert!(
+        ring.gso_sends >= 3,
+        "{} segmented sends for runs of 11, 3 and 100 datagrams",
+        ring.gso_sends
+    );
+    assert_eq!(ring.gso_datagrams, 114);
+    assert_eq!(ring.gso_refused, 0);
+    assert_eq!(ring.in_flight(), 0);
+}
+
+#[test]
+fn a_socket_that_refuses_segmentation_loses_nothing() {
+    let pool = pool();
+    let (mut ring, s, rx, tx) = batched_udp(&pool);
+    // SO_NO_CHECK (no UDP checksums) makes the kernel refuse UDP_SEGMENT
+    // with EINVAL: the refused batch is resent datagram by datagram.
+    let one: libc::c_int = 1;
+    // SAFETY: a setsockopt with a c_int option value that lives across the call.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&tx),
+            libc::SOL_SOCKET,
+            libc::SO_NO_CHECK,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as u32,
+        )
+    };
+    assert_eq!(r, 0, "SO_NO_CHECK");
+    send_and_check(&mut ring, s, &rx, &[vec![64; 16], vec![64; 16]]);
+    assert_eq!(ring.gso_refused, 1, "refused once, then not asked again");
+    assert_eq!(ring.gso_sends, 1);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+    /// Any sequence of datagram lengths (runs of repeats, as a sender of
+    /// fixed-size messages makes them, broken by other lengths) arrives as
+    /// sent.
+    #[test]
+    fn any_datagram_lengths_arrive_as_sent(
+        batches in proptest::collection::vec(
+            proptest::collection::vec((0usize..1500, 1usize..40), 1..6),
+            1..4,
+        )
+    ) {
+        let pool = pool();
+        let (mut ring, s, rx, _tx) = batched_udp(&pool);
+        let batches: Vec<Vec<usize>> = batches
+            .iter()
+            .map(|runs| {
+                // Within the receiver's default buffer (each datagram costs
+                // it about twice its length plus a kilobyte).
+                let mut room = 180_000usize;
+                runs.iter()
+                    .flat_map(|&(n, k)| std::iter::repeat_n(n, k))
+                    .take_while(|&n| {
+                        room = room.saturating_sub(2 * n + 1024);
+                        room > 0
+                    })
+                    .collect()
+            })
+            .collect();
+        send_and_check(&mut ring, s, &rx, &batches);
+        proptest::prop_assert_eq!(ring.in_flight(), 0);
+        proptest::prop_assert_eq!(ring.gso_refused, 0);
+    }
+}
