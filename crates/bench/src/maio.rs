@@ -255,7 +255,7 @@ fn fig2_sendmsg_gso(d: Duration, dest: Dest) -> Run {
         libc::setsockopt(
             tx.as_raw_fd(),
             libc::SOL_UDP,
-            UDP_SEGMENT,
+            libc::UDP_SEGMENT,
             (&seg as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
@@ -272,9 +272,6 @@ fn fig2_sendmsg_gso(d: Duration, dest: Dest) -> Run {
     }
     m.count(n)
 }
-
-/// `UDP_SEGMENT` (linux/udp.h).
-const UDP_SEGMENT: libc::c_int = 103;
 
 fn fig2_uring(d: Duration, dest: Dest) -> Run {
     let (tx, _sink) = fig2_socket(dest);

@@ -135,15 +135,12 @@ pub struct Config {
     pub udp_gso: bool,
 }
 
-/// Most datagrams in one segmented send (the kernel's `UDP_MAX_SEGMENTS`
-/// was 64 before Linux 6.12).
+/// Most datagrams in one segmented send (the kernel's `UDP_MAX_SEGMENTS`:
+/// 64 in older kernels, more in newer ones; 64 works on all).
 pub const GSO_MAX_SEGMENTS: usize = 64;
 /// Most payload bytes in one segmented send (an IPv4 datagram's limit,
 /// less headers).
 const GSO_MAX_BYTES: u32 = 65_000;
-/// `UDP_SEGMENT` (linux/udp.h): the control message that asks for
-/// segmentation, its data the segment size as a u16.
-const UDP_SEGMENT: libc::c_int = 103;
 
 /// On a socket whose zero-copy sends the kernel copied, one send in this
 /// many is still sent zero-copy, to find out whether it still copies.
@@ -880,6 +877,12 @@ impl Ring {
     fn copy_out(&mut self, data: &[u8]) -> Result<u32> {
         let mut b = self.handle.alloc()?;
         self.pool.data_mut(&mut b)[..data.len()].copy_from_slice(data);
+        self.lend(b)
+    }
+
+    /// Hand pool buffer `b` to the kernel: `InFlight`, counted in flight,
+    /// known by its index until its completion.
+    fn lend(&mut self, b: Buf) -> Result<u32> {
         self.pool.transition(&b, State::User, State::InFlight)?;
         self.in_flight += 1;
         Ok(b.into_raw())
@@ -913,9 +916,7 @@ impl Ring {
             Some(&(idx, used)) if used + len <= bs => (idx, used),
             _ => {
                 let b = self.handle.alloc()?;
-                self.pool.transition(&b, State::User, State::InFlight)?;
-                self.in_flight += 1;
-                let idx = b.into_raw();
+                let idx = self.lend(b)?;
                 self.sock(s)?.run.bufs.push((idx, 0));
                 (idx, 0)
             }
@@ -981,7 +982,8 @@ impl Ring {
                     m.hdr.msg_controllen = libc::CMSG_SPACE(2) as usize;
                     let c = libc::CMSG_FIRSTHDR(&m.hdr);
                     (*c).cmsg_level = libc::SOL_UDP;
-                    (*c).cmsg_type = UDP_SEGMENT;
+                    // UDP_SEGMENT's data is the segment size as a u16.
+                    (*c).cmsg_type = libc::UDP_SEGMENT;
                     (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
                     libc::CMSG_DATA(c).cast::<u16>().write_unaligned(seg);
                 }
@@ -1097,6 +1099,11 @@ impl Ring {
     /// to the pool, the caller gets a completion without it.
     fn free_sent(&mut self, sock: u32, idx: u32, result: i32) {
         self.release_sent(idx);
+        self.copy_done(sock, result);
+    }
+
+    /// A copy-mode send's completion (its buffer went back to the pool).
+    fn copy_done(&mut self, sock: u32, result: i32) {
         self.done.push_back(Sent {
             sock: SockId(sock),
             buf: None,
@@ -1150,12 +1157,7 @@ impl Ring {
                                 self.free_sent(sock, idx, -libc::EBUSY);
                             }
                         }
-                        Err(_) => self.done.push_back(Sent {
-                            sock: SockId(sock),
-                            buf: None,
-                            result: -libc::ENOBUFS,
-                            copied: true,
-                        }),
+                        Err(_) => self.copy_done(sock, -libc::ENOBUFS),
                     }
                 }
                 return;
@@ -1383,12 +1385,7 @@ impl Ring {
                     } else {
                         seg.min(total - k * seg) as i32
                     };
-                    self.done.push_back(Sent {
-                        sock: SockId(sock),
-                        buf: None,
-                        result: r,
-                        copied: true,
-                    });
+                    self.copy_done(sock, r);
                 }
                 for idx in idxs {
                     self.release_sent(idx);
