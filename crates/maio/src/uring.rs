@@ -847,10 +847,15 @@ impl Ring {
 
     /// Copy-mode send (the paper's standard mode, for small messages): the
     /// bytes are copied into pool buffers and sent; those buffers go back to
-    /// the pool on completion.
+    /// the pool on completion. On a datagram socket each buffer's worth is a
+    /// datagram, and an empty message an empty datagram.
     pub fn send_copy(&mut self, s: SockId, data: &[u8]) -> Result<()> {
-        let gso = self.sock(s)?.gso;
-        for chunk in data.chunks(self.pool.buf_size()) {
+        let sock = self.sock(s)?;
+        let gso = sock.gso;
+        // On a datagram socket an empty message is an empty datagram (which
+        // `chunks` would not yield); on a stream it is nothing.
+        let empty_datagram = (data.is_empty() && !sock.stream).then_some(data);
+        for chunk in data.chunks(self.pool.buf_size()).chain(empty_datagram) {
             if gso && !chunk.is_empty() {
                 self.add_to_run(s, chunk)?;
                 continue;

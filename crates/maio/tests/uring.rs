@@ -529,3 +529,26 @@ proptest::proptest! {
         proptest::prop_assert_eq!(ring.gso_refused, 0);
     }
 }
+
+/// An empty message on a datagram socket is an empty datagram, alone or
+/// between segmented runs, batched or not.
+#[test]
+fn an_empty_copy_mode_send_is_an_empty_datagram() {
+    let pool = pool();
+    let (mut ring, s, rx, _tx) = batched_udp(&pool);
+    send_and_check(&mut ring, s, &rx, &[vec![0], vec![64, 64, 0, 64, 64]]);
+    let rx2 = UdpSocket::bind("127.0.0.1:0").unwrap();
+    rx2.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let tx2 = UdpSocket::bind("127.0.0.1:0").unwrap();
+    tx2.connect(rx2.local_addr().unwrap()).unwrap();
+    let mut plain = Ring::new(
+        &pool,
+        Config {
+            sqpoll: false,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let s2 = plain.add_socket(OwnedFd::from(tx2)).unwrap();
+    send_and_check(&mut plain, s2, &rx2, &[vec![0, 10, 0]]);
+}
