@@ -249,21 +249,11 @@ fn fig2_sendmmsg(d: Duration, dest: Dest) -> Run {
 /// segmented sends owe to the kernel.
 fn fig2_sendmsg_gso(d: Duration, dest: Dest) -> Run {
     let (tx, _sink) = fig2_socket(dest);
-    let seg: libc::c_int = 64;
-    // SAFETY: setsockopt reads one c_int that lives across the call.
-    let r = unsafe {
-        libc::setsockopt(
-            tx.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_SEGMENT,
-            (&seg as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
+    let segmented = netio::set_int_option(tx.as_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, 64);
     let buf = [0x5au8; 64 * 32];
     let m = Meter::start();
     let mut n = 0u64;
-    while r == 0 && m.elapsed() < d {
+    while segmented && m.elapsed() < d {
         for _ in 0..2 {
             if tx.send(&buf).is_ok() {
                 n += 32;
@@ -532,22 +522,11 @@ fn zc_errqueue(fd: BorrowedFd<'_>, block: bool) -> (u64, bool) {
 }
 
 /// MSG_ZEROCOPY sends of `len` bytes on `fd` for `d`: (bytes, whether the
-/// kernel copied). SO_ZEROCOPY and MSG_ZEROCOPY are raw libc: rustix has
-/// neither, and a zero-copy send must not look like a safe call (the
-/// kernel reads the buffer after it returns).
+/// kernel copied). MSG_ZEROCOPY is raw libc: rustix lacks it, and a
+/// zero-copy send must not look like a safe call (the kernel reads the
+/// buffer after it returns).
 fn zerocopy_loop(fd: BorrowedFd<'_>, d: Duration, len: usize) -> (u64, bool) {
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt(2) reads one c_int from a live local, with its
-    // size.
-    unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ZEROCOPY,
-            &one as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
+    let _ = netio::set_int_option(fd, libc::SOL_SOCKET, libc::SO_ZEROCOPY, 1);
     let bufs: Vec<Vec<u8>> = (0..64).map(|_| vec![0x5au8; len]).collect();
     let t0 = Instant::now();
     let (mut sent, mut completed, mut bytes) = (0u64, 0u64, 0u64);

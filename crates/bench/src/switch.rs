@@ -335,18 +335,12 @@ impl PacketSock {
         }
         // Our own transmissions must not come back to us. rustix has no
         // PACKET_IGNORE_OUTGOING.
-        let one: libc::c_int = 1;
-        // SAFETY: the option value is a live c_int and the length its size.
-        let r = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_IGNORE_OUTGOING,
-                &one as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
+        if !netio::set_int_option(
+            fd.as_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_IGNORE_OUTGOING,
+            1,
+        ) {
             return Err(Error::PacketSocket {
                 name: ifname.to_string(),
                 what: "setsockopt(PACKET_IGNORE_OUTGOING)",

@@ -488,25 +488,7 @@ const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
 /// of thirty-two. Returns whether the kernel took it; older kernels keep
 /// their 32, which only costs more wake-ups.
 fn raise_tx_budget(fd: BorrowedFd<'_>, budget: u32) -> bool {
-    set_int_option(fd, libc::SOL_XDP, XDP_MAX_TX_SKB_BUDGET, budget)
-}
-
-/// Sets an integer socket option; whether the kernel took it.
-fn set_int_option(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: u32) -> bool {
-    let v: libc::c_uint = value;
-    // SAFETY: `fd` is a live socket; the option value is a `c_uint` (the
-    // kernel reads an int for each option set here) that outlives the
-    // call, passed with its exact size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            std::ptr::from_ref(&v).cast(),
-            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
-        )
-    };
-    r == 0
+    crate::set_int_option(fd, libc::SOL_XDP, XDP_MAX_TX_SKB_BUDGET, budget)
 }
 
 /// `SO_BUSY_POLL` (microseconds a blocking receive busy-polls; any value
@@ -542,9 +524,9 @@ fn busy_poll_configured(iface: &str) -> bool {
 /// Has the socket busy-poll its queue's NAPI in preference to the kernel;
 /// whether the kernel took every option.
 fn prefer_busy_poll(fd: BorrowedFd<'_>) -> bool {
-    set_int_option(fd, libc::SOL_SOCKET, SO_PREFER_BUSY_POLL, 1)
-        && set_int_option(fd, libc::SOL_SOCKET, SO_BUSY_POLL, 20)
-        && set_int_option(fd, libc::SOL_SOCKET, SO_BUSY_POLL_BUDGET, BUSY_POLL_BUDGET)
+    crate::set_int_option(fd, libc::SOL_SOCKET, SO_PREFER_BUSY_POLL, 1)
+        && crate::set_int_option(fd, libc::SOL_SOCKET, SO_BUSY_POLL, 20)
+        && crate::set_int_option(fd, libc::SOL_SOCKET, SO_BUSY_POLL_BUDGET, BUSY_POLL_BUDGET)
 }
 
 /// Room for `frames` frames of the TX ring in flight at once: in copy

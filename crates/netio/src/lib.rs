@@ -11,6 +11,8 @@ pub mod pcap;
 pub mod tap;
 pub mod xdplb;
 
+use std::os::fd::BorrowedFd;
+
 use maio::{Buf, Pool};
 
 /// Bytes left free in front of every received frame.
@@ -213,6 +215,30 @@ pub trait Nic {
 
     /// Counters.
     fn stats(&self) -> PortStats;
+}
+
+/// Sets an integer socket option (one rustix lacks); whether the kernel
+/// took it (errno says why not).
+pub fn set_int_option(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: u32,
+) -> bool {
+    let v: libc::c_uint = value;
+    // SAFETY: `fd` is a live socket; the option value is a `c_uint` (the
+    // kernel reads an int for each option set here) that outlives the
+    // call, passed with its exact size.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            level,
+            name,
+            std::ptr::from_ref(&v).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+    r == 0
 }
 
 #[cfg(test)]
