@@ -116,6 +116,26 @@ proptest! {
         prop_assert_eq!(Ipv4Repr::parse(&p), r);
     }
 
+    /// The emitted header as etherparse reads it: every field, and the
+    /// checksum etherparse computes over the same bytes.
+    #[test]
+    fn ipv4_emit_matches_etherparse(r in ipv4_repr()) {
+        let mut b = vec![0u8; r.header_len()];
+        r.emit(&mut b);
+        let h = etherparse::Ipv4HeaderSlice::from_slice(&b).unwrap().to_header();
+        prop_assert_eq!(h.source, r.src);
+        prop_assert_eq!(h.destination, r.dst);
+        prop_assert_eq!(h.protocol.0, r.protocol);
+        prop_assert_eq!(h.time_to_live, r.ttl);
+        prop_assert_eq!(h.identification, r.ident);
+        prop_assert_eq!((h.dont_fragment, h.more_fragments), (r.dont_frag, r.more_frags));
+        prop_assert_eq!(h.fragment_offset.value(), r.frag_offset >> 3);
+        prop_assert_eq!(usize::from(h.total_len), r.header_len() + r.payload_len);
+        prop_assert_eq!(h.options.as_slice(), &r.options[..]);
+        prop_assert_eq!((h.dscp.value() << 2) | h.ecn.value(), r.tos);
+        prop_assert_eq!(h.header_checksum, h.calc_header_checksum());
+    }
+
     #[test]
     fn ipv6_round_trip(r in ipv6_repr()) {
         let mut b = vec![0u8; r.header_len() + r.upper_len];
