@@ -1442,6 +1442,12 @@ impl Ring {
     /// Wait until at least `want` completions are waiting (one system
     /// call), up to `timeout`: a sender with many requests in flight sleeps
     /// through a whole batch of them instead of waking for each.
+    ///
+    /// `want` counts the kernel's completion entries, not [`Sent`]s: a
+    /// segmented run of datagrams (see [`Config::udp_gso`]) is one entry
+    /// that [`Ring::completions`] turns into a `Sent` per datagram, so a
+    /// caller waiting for "n datagrams" after batched sends should ask for
+    /// one entry and count what `completions` yields.
     pub fn wait_for(&mut self, want: usize, timeout: Duration) {
         self.flush_batch();
         if self.ring.completion().len() >= want.max(1) {
