@@ -82,8 +82,16 @@ pub struct RunArgs {
     #[arg(long)]
     tap: Vec<String>,
     /// Keep polling this long (microseconds) after the last work before sleeping.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     poll_us: Option<u64>,
+    /// memif interrupt moderation, microseconds (0: off). Asleep, the
+    /// switch masks its memif clients' interrupts and looks at their rings
+    /// again after this long, so a busy client fills a batch instead of
+    /// waking it per burst: for a switch sharing its core with the programs
+    /// it serves (10 is a good start). Overrides the file's
+    /// memif_moderation_us.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    memif_moderation_us: Option<u64>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -225,6 +233,9 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     cfg.memif_socket = a.memif.or(cfg.memif_socket);
     if let Some(p) = a.poll_us {
         cfg.poll_us = p;
+    }
+    if let Some(m) = a.memif_moderation_us {
+        cfg.memif_moderation = std::time::Duration::from_micros(m);
     }
     for p in [&cfg.socket, &cfg.memif_socket].into_iter().flatten() {
         if let Some(dir) = p.parent() {

@@ -251,6 +251,26 @@ fn switch_rejects_a_bad_config_and_pktgen_bad_arguments() {
         "{err}"
     );
 
+    // The flags hold to the file's bounds (at most a second). (The missing
+    // file makes a run that accepted the flag end at once instead of
+    // serving for ever; its error would not name the flag.)
+    for flag in ["--memif-moderation-us", "--poll-us"] {
+        let out = fastpath()
+            .args([
+                "switch",
+                "run",
+                "--config",
+                "/nonexistent/sw.toml",
+                flag,
+                "2000000",
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag} 2000000 was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag) && err.contains("1000000"), "{err}");
+    }
+
     let out = fastpath()
         .args(["pktgen", "--size", "9000"])
         .output()
