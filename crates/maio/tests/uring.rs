@@ -176,12 +176,7 @@ fn receive_into_pool_buffers_as_a_scatter_gather_list() {
 #[test]
 fn copy_mode_and_udp() {
     let pool = pool();
-    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
-    rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-    tx.connect(rx.local_addr().unwrap()).unwrap();
-    let mut ring = Ring::new(&pool, Config::default()).unwrap();
-    let s = ring.add_socket(OwnedFd::from(tx)).unwrap();
+    let (mut ring, s, rx, _tx) = udp_ring(&pool, Config::default());
     let before = pool.stats().in_use;
     // Zero-copy datagram. Read it before sending the next: delivered
     // locally, a zero-copy datagram is charged to the receiver for the
@@ -348,21 +343,8 @@ fn proxy(adaptive_zc: bool) -> Ring {
 #[test]
 fn batched_submission_sends_a_batch_per_system_call() {
     let pool = pool();
-    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
-    rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-    tx.connect(rx.local_addr().unwrap()).unwrap();
-    let mut ring = Ring::new(
-        &pool,
-        Config {
-            sqpoll: false,
-            batch_submit: true,
-            ..Config::default()
-        },
-    )
-    .unwrap();
+    let (mut ring, s, rx, _tx) = batched_udp(&pool);
     assert!(ring.batch_submit() && !ring.sqpoll());
-    let s = ring.add_socket(OwnedFd::from(tx)).unwrap();
     let mut buf = [0u8; 2048];
     let (batches, per_batch) = (4, 16);
     for b in 0..batches {
@@ -395,14 +377,24 @@ fn batched_submission_sends_a_batch_per_system_call() {
     }
 }
 
-/// A batched ring and a connected UDP pair on loopback (the receiver waits
-/// up to 2 s per datagram).
-fn batched_udp(pool: &Pool) -> (Ring, maio::uring::SockId, UdpSocket, UdpSocket) {
+/// A ring configured by `cfg` and a connected UDP pair on loopback (the
+/// receiver waits up to 2 s per datagram); the sender is registered with
+/// the ring, and a second handle on it returned.
+fn udp_ring(pool: &Pool, cfg: Config) -> (Ring, maio::uring::SockId, UdpSocket, UdpSocket) {
     let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
     rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
     tx.connect(rx.local_addr().unwrap()).unwrap();
-    let mut ring = Ring::new(
+    let mut ring = Ring::new(pool, cfg).unwrap();
+    let s = ring
+        .add_socket(OwnedFd::from(tx.try_clone().unwrap()))
+        .unwrap();
+    (ring, s, rx, tx)
+}
+
+/// [`udp_ring`] with batched submission and no polling thread.
+fn batched_udp(pool: &Pool) -> (Ring, maio::uring::SockId, UdpSocket, UdpSocket) {
+    udp_ring(
         pool,
         Config {
             sqpoll: false,
@@ -410,11 +402,6 @@ fn batched_udp(pool: &Pool) -> (Ring, maio::uring::SockId, UdpSocket, UdpSocket)
             ..Config::default()
         },
     )
-    .unwrap();
-    let s = ring
-        .add_socket(OwnedFd::from(tx.try_clone().unwrap()))
-        .unwrap();
-    (ring, s, rx, tx)
 }
 
 /// Send `batches` of datagrams (their lengths) through `ring`, reading
@@ -537,18 +524,12 @@ fn an_empty_copy_mode_send_is_an_empty_datagram() {
     let pool = pool();
     let (mut ring, s, rx, _tx) = batched_udp(&pool);
     send_and_check(&mut ring, s, &rx, &[vec![0], vec![64, 64, 0, 64, 64]]);
-    let rx2 = UdpSocket::bind("127.0.0.1:0").unwrap();
-    rx2.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let tx2 = UdpSocket::bind("127.0.0.1:0").unwrap();
-    tx2.connect(rx2.local_addr().unwrap()).unwrap();
-    let mut plain = Ring::new(
+    let (mut plain, s2, rx2, _tx2) = udp_ring(
         &pool,
         Config {
             sqpoll: false,
             ..Config::default()
         },
-    )
-    .unwrap();
-    let s2 = plain.add_socket(OwnedFd::from(tx2)).unwrap();
+    );
     send_and_check(&mut plain, s2, &rx2, &[vec![0, 10, 0]]);
 }
