@@ -82,7 +82,7 @@ pub struct RunArgs {
     #[arg(long)]
     tap: Vec<String>,
     /// Keep polling this long (microseconds) after the last work before sleeping.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=vswitch::MAX_INTERVAL_US))]
     poll_us: Option<u64>,
     /// memif interrupt moderation, microseconds (0: off). Asleep, the
     /// switch masks its memif clients' interrupts and looks at their rings
@@ -90,7 +90,7 @@ pub struct RunArgs {
     /// waking it per burst: for a switch sharing its core with the programs
     /// it serves (10 is a good start). Overrides the file's
     /// memif_moderation_us.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=vswitch::MAX_INTERVAL_US))]
     memif_moderation_us: Option<u64>,
 }
 
@@ -403,8 +403,11 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
                 })?,
         ),
     };
-    if a.memif_moderation_us > 1_000_000 {
-        bail!("--memif-moderation-us must be at most 1000000");
+    if a.memif_moderation_us > vswitch::MAX_INTERVAL_US {
+        bail!(
+            "--memif-moderation-us must be at most {}",
+            vswitch::MAX_INTERVAL_US
+        );
     }
     if !(1..=14).contains(&a.memif_ring_log2) {
         bail!("--memif-ring-log2 must be 1..=14 (DPDK's memif limit)");
@@ -430,7 +433,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let o = Options {
         forwarding: part(PartArg::Forwarding),
         forwarding_burst: a.forwarding_burst,
-        forwarding_poll_us: a.forwarding_poll_us.min(1_000_000),
+        forwarding_poll_us: a.forwarding_poll_us.min(vswitch::MAX_INTERVAL_US),
         forwarding_pin: !a.forwarding_no_pin,
         memif: (memif_wanted && !memif_skipped).then_some(bench::switch::MemifOptions {
             seconds: memif_seconds,

@@ -38,6 +38,9 @@ const FLOOD: u16 = u16::MAX;
 const DROP: u16 = u16::MAX - 1;
 /// The most ports one switch serves.
 pub const MAX_PORTS: usize = 1024;
+/// The longest `poll_us` and `memif_moderation_us` a switch takes, from
+/// its file or the command line: one second.
+pub const MAX_INTERVAL_US: u64 = 1_000_000;
 /// While busy (or idle with only polled ports), the switch looks for events
 /// (kicks, control messages) at least this often.
 const BUSY_EPOLL_EVERY: Duration = Duration::from_micros(10);
@@ -862,8 +865,8 @@ impl FileConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        if c.poll_us.is_some_and(|p| p > 1_000_000)
-            || c.memif_moderation_us.is_some_and(|p| p > 1_000_000)
+        if c.poll_us.is_some_and(|p| p > MAX_INTERVAL_US)
+            || c.memif_moderation_us.is_some_and(|p| p > MAX_INTERVAL_US)
         {
             return Err(ConfigError::PollUs {
                 path: path.to_path_buf(),
