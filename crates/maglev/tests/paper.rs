@@ -59,6 +59,31 @@ proptest! {
     }
 
     #[test]
+    fn weighted_equals_literal_weighted_turns(
+        mi in 0..PRIMES.len(),
+        weights in prop::collection::vec(0u32..6, 1..80),
+        salt in 0u32..1000,
+    ) {
+        // Weights, zeros included, through every phase (probing with and
+        // without the first-step select, the ranked tail) against the
+        // literal credit scheme.
+        let m = PRIMES[mi];
+        let weights = &weights[..weights.len().min(m as usize)];
+        let input: Vec<(Permutation, u32)> = names(weights.len(), salt)
+            .iter()
+            .zip(weights)
+            .map(|(b, &w)| (Permutation::from_name(&b.name, m as u32), w))
+            .collect();
+        let mut t = Maglev::new(m).unwrap();
+        t.populate_ordered(&input).unwrap();
+        let want = reference::populate_weighted(&input, m as u32);
+        for (slot, (&a, &b)) in t.entries().iter().zip(&want).enumerate() {
+            let a = if a == u32::MAX { -1 } else { i64::from(a) };
+            prop_assert_eq!(a, b, "slot {} of M = {}", slot, m);
+        }
+    }
+
+    #[test]
     fn every_backend_gets_floor_or_ceil(mi in 0..PRIMES.len(), n in 1usize..300, salt in 0u32..1000) {
         let m = PRIMES[mi];
         let n = n.min(m as usize);
