@@ -353,25 +353,41 @@ impl Ipv4Repr {
     /// Writes the header, checksum included, at the start of `buf`.
     /// `buf` must hold [`Ipv4Repr::header_len`] bytes; options must be a
     /// multiple of 4 bytes and at most 40.
+    ///
+    /// The checksum is summed from the same values as they are written,
+    /// not read back from `buf`: reading the freshly written header with
+    /// wide loads over its narrow stores stalls the CPU (no store-to-load
+    /// forwarding), which was a fifth of the time `lb bench` spent here.
+    #[inline(always)]
     pub fn emit(&self, buf: &mut [u8]) {
         let hl = self.header_len();
         debug_assert!(self.options.len().is_multiple_of(4) && hl <= MAX_HEADER_LEN);
-        let mut p = Ipv4Packet::new_unchecked(buf);
-        p.set_version(4);
-        p.set_header_len(hl);
-        p.set_tos(self.tos);
-        p.set_total_len((hl + self.payload_len) as u16);
-        p.set_ident(self.ident);
-        p.clear_flags();
-        p.set_dont_frag(self.dont_frag);
-        p.set_more_frags(self.more_frags);
-        p.set_frag_offset(self.frag_offset);
-        p.set_ttl(self.ttl);
-        p.set_protocol(self.protocol);
-        p.set_src(self.src);
-        p.set_dst(self.dst);
-        p.options_mut().copy_from_slice(&self.options);
-        p.fill_checksum();
+        let be = |b: [u8; 2]| u16::from_be_bytes(b);
+        let mut words = [
+            be([0x40 | (hl / 4) as u8, self.tos]),
+            (hl + self.payload_len) as u16,
+            self.ident,
+            (if self.dont_frag { flags::DONT_FRAG } else { 0 })
+                | (if self.more_frags {
+                    flags::MORE_FRAGS
+                } else {
+                    0
+                })
+                | (self.frag_offset >> 3),
+            be([self.ttl, self.protocol]),
+            0, // the checksum, below
+            be([self.src[0], self.src[1]]),
+            be([self.src[2], self.src[3]]),
+            be([self.dst[0], self.dst[1]]),
+            be([self.dst[2], self.dst[3]]),
+        ];
+        let sum = words.iter().map(|&w| u32::from(w)).sum::<u32>();
+        words[field::CHECKSUM.start / 2] = checksum::finish(checksum::sum(sum, &self.options));
+        let (fixed, options) = buf[..hl].split_at_mut(MIN_HEADER_LEN);
+        for (out, w) in fixed.chunks_exact_mut(2).zip(words) {
+            out.copy_from_slice(&w.to_be_bytes());
+        }
+        options.copy_from_slice(&self.options);
     }
 }
 

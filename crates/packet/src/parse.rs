@@ -117,27 +117,26 @@ fn parse_v4(frame: &[u8], l3_offset: usize) -> Result<Parsed> {
     let hl = ip.header_len();
     let l3_len = ip.total_len();
     let l4 = &frame[l3_offset + hl..l3_offset + l3_len];
-    let flow = FlowKey {
-        src: mapped(ip.src()),
-        dst: mapped(ip.dst()),
-        src_port: 0,
-        dst_port: 0,
-        proto: ip.protocol(),
-    };
-    let mut p = Parsed {
+    let proto = ip.protocol();
+    let (src_port, dst_port, tcp_flags, icmp_quote) = transport(L3::V4, proto, fragment, l4)?;
+    Ok(Parsed {
         l3_offset,
         l3_len,
         l3: L3::V4,
         l4_offset: l3_offset + hl,
-        flow,
+        flow: FlowKey {
+            src: mapped(ip.src()),
+            dst: mapped(ip.dst()),
+            src_port,
+            dst_port,
+            proto,
+        },
         tos: ip.tos(),
         ttl: ip.ttl(),
         fragment,
-        tcp_flags: 0,
-        icmp_quote: None,
-    };
-    transport(&mut p, l4)?;
-    Ok(p)
+        tcp_flags,
+        icmp_quote,
+    })
 }
 
 fn parse_v6(frame: &[u8], l3_offset: usize) -> Result<Parsed> {
@@ -150,7 +149,14 @@ fn parse_v6(frame: &[u8], l3_offset: usize) -> Result<Parsed> {
         offset: f.offset,
         more: f.more,
     });
-    let mut p = Parsed {
+    let proto = chain.protocol;
+    let (src_port, dst_port, tcp_flags, icmp_quote) = transport(
+        L3::V6,
+        proto,
+        fragment,
+        &frame[l4_offset..l3_offset + l3_len],
+    )?;
+    Ok(Parsed {
         l3_offset,
         l3_len,
         l3: L3::V6,
@@ -158,58 +164,70 @@ fn parse_v6(frame: &[u8], l3_offset: usize) -> Result<Parsed> {
         flow: FlowKey {
             src: ip.src(),
             dst: ip.dst(),
-            src_port: 0,
-            dst_port: 0,
-            proto: chain.protocol,
+            src_port,
+            dst_port,
+            proto,
         },
         tos: ip.traffic_class(),
         ttl: ip.hop_limit(),
         fragment,
-        tcp_flags: 0,
-        icmp_quote: None,
-    };
-    transport(&mut p, &frame[l4_offset..l3_offset + l3_len])?;
-    Ok(p)
+        tcp_flags,
+        icmp_quote,
+    })
 }
 
+/// What [`transport`] read: ports, TCP flags and an ICMP quote.
+type Transport = (u16, u16, u8, Option<FlowKey>);
+
 /// Reads ports, flags and ICMP quotes from the transport header `l4`.
-fn transport(p: &mut Parsed, l4: &[u8]) -> Result<()> {
-    if let Some(f) = p.fragment {
-        if !f.is_first() {
-            return Ok(()); // no transport header in this fragment
-        }
+///
+/// Returned, not written into a `Parsed` its caller had already stored:
+/// the caller then copied that struct out with wide loads over these
+/// narrow stores, which the CPU cannot forward (a stall that was half of
+/// `parse_v4`'s samples in `lb bench`). Inlined so that the ports and
+/// flags stay in registers; the rare ICMP quote is read out of line.
+#[inline(always)]
+fn transport(l3: L3, proto: u8, fragment: Option<FragInfo>, l4: &[u8]) -> Result<Transport> {
+    if fragment.is_some_and(|f| !f.is_first()) {
+        return Ok((0, 0, 0, None)); // no transport header in this fragment
     }
-    match p.flow.proto {
+    match proto {
         proto::TCP => {
-            let t = TcpPacket::new_checked(l4)?;
-            p.flow.src_port = t.src_port();
-            p.flow.dst_port = t.dst_port();
-            p.tcp_flags = t.flags();
+            let h = TcpPacket::new_checked(l4)?;
+            Ok((h.src_port(), h.dst_port(), h.flags(), None))
         }
         proto::UDP => {
-            let u = if p.fragment.is_some() {
+            let u = if fragment.is_some() {
                 UdpPacket::new_checked_fragment(l4)?
             } else {
                 UdpPacket::new_checked(l4)?
             };
-            p.flow.src_port = u.src_port();
-            p.flow.dst_port = u.dst_port();
+            Ok((u.src_port(), u.dst_port(), 0, None))
         }
-        proto::ICMP if p.l3 == L3::V4 => {
+        _ => Ok((0, 0, 0, icmp_quote(l3, proto, l4)?)),
+    }
+}
+
+/// The flow quoted by an ICMP "fragmentation needed" or ICMPv6 "packet too
+/// big" message, if `l4` is one.
+#[inline(never)]
+fn icmp_quote(l3: L3, proto: u8, l4: &[u8]) -> Result<Option<FlowKey>> {
+    match proto {
+        proto::ICMP if l3 == L3::V4 => {
             let m = IcmpPacket::new_checked(l4)?;
             if m.kind() == icmp::V4_DEST_UNREACHABLE && m.code() == icmp::V4_FRAG_NEEDED {
-                p.icmp_quote = Some(quote_v4(m.payload())?.reversed());
+                return Ok(Some(quote_v4(m.payload())?.reversed()));
             }
         }
-        proto::ICMPV6 if p.l3 == L3::V6 => {
+        proto::ICMPV6 if l3 == L3::V6 => {
             let m = IcmpPacket::new_checked(l4)?;
             if m.kind() == icmp::V6_PACKET_TOO_BIG {
-                p.icmp_quote = Some(quote_v6(m.payload())?.reversed());
+                return Ok(Some(quote_v6(m.payload())?.reversed()));
             }
         }
         _ => {}
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The 5-tuple of the common case, read with bounds checks only: an
