@@ -161,7 +161,8 @@ impl Worker {
             let h = match &r {
                 Ok(pp) if pp.fragment.is_none() && pp.icmp_quote.is_none() => {
                     let h = flow_hash(&pp.flow);
-                    self.ct.prefetch(h);
+                    self.ct
+                        .prefetch(h, pp.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN);
                     h
                 }
                 _ => 0,
