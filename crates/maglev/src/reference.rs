@@ -17,19 +17,25 @@ pub fn populate(perms: &[Permutation], m: u32) -> Vec<i64> {
     let mut n = 0u32;
     loop {
         for (i, p) in perms.iter().enumerate() {
-            let mut c = p.nth(next[i], m);
-            while entry[c as usize] >= 0 {
-                next[i] += 1;
-                c = p.nth(next[i], m);
-            }
-            entry[c as usize] = i as i64;
-            next[i] += 1;
+            take_turn(&mut entry, p, &mut next[i], i, m);
             n += 1;
             if n == m {
                 return entry;
             }
         }
     }
+}
+
+/// Backend `i` claims the next free slot of its permutation `p`, where
+/// `next` counts the slots it has tried.
+fn take_turn(entry: &mut [i64], p: &Permutation, next: &mut u64, i: usize, m: u32) {
+    let mut c = p.nth(*next, m);
+    while entry[c as usize] >= 0 {
+        *next += 1;
+        c = p.nth(*next, m);
+    }
+    entry[c as usize] = i as i64;
+    *next += 1;
 }
 
 /// Pseudocode 1 with the crate's weighted turns, literally: every round each
@@ -55,13 +61,7 @@ pub fn populate_weighted(backends: &[(Permutation, u32)], m: u32) -> Vec<i64> {
                 continue;
             }
             credit[i] -= w_max;
-            let mut c = p.nth(next[i], m);
-            while entry[c as usize] >= 0 {
-                next[i] += 1;
-                c = p.nth(next[i], m);
-            }
-            entry[c as usize] = i as i64;
-            next[i] += 1;
+            take_turn(&mut entry, &p, &mut next[i], i, m);
             n += 1;
             if n == m {
                 return entry;
