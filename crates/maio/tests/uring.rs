@@ -24,32 +24,33 @@ fn pattern(i: usize, n: usize) -> Vec<u8> {
 
 #[test]
 fn zero_copy_tcp_send_returns_every_buffer_and_reports_the_copy() {
-    let ring = tcp_sends(true);
-    // The first send asked for zero copy and was copied (local delivery):
-    // from then on the socket's sends are ordinary ones, bar the probes.
+    let (ring, (zc_half, plain_half)) = tcp_sends(true);
+    // The first send asked for zero copy and was copied (local delivery).
+    // Until its notification says so, later batches may still ask for zero
+    // copy (how many depends on when the notification comes: two under a
+    // loaded CI run); once it has come, the socket's sends are ordinary
+    // ones, bar the probes. Half way every notification was in.
     assert!(ring.zc_sends >= 1, "never tried zero copy");
+    let (zc, plain) = (ring.zc_sends - zc_half, ring.plain_sends - plain_half);
+    assert!(plain > 0, "kept asking for zero copy on a copying route");
     assert!(
-        ring.plain_sends > 0,
-        "kept asking for zero copy on a copying route"
-    );
-    assert!(
-        ring.zc_sends <= 1 + ring.plain_sends / (ZC_PROBE_EVERY as u64 - 1),
-        "{} zero-copy sends for {} ordinary ones",
-        ring.zc_sends,
-        ring.plain_sends
+        zc <= 1 + plain / (ZC_PROBE_EVERY as u64 - 1),
+        "{zc} zero-copy sends for {plain} ordinary ones after the route was known to copy",
     );
 }
 
 #[test]
 fn without_adaptation_every_send_asks_for_zero_copy() {
-    let ring = tcp_sends(false);
+    let (ring, _) = tcp_sends(false);
     assert_eq!(ring.plain_sends, 0);
     assert!(ring.zc_sends > 0);
 }
 
 /// 200 pool buffers sent on a local TCP connection: every one comes back,
-/// reported copied, and the receiver gets every byte in order.
-fn tcp_sends(adaptive_zc: bool) -> Ring {
+/// reported copied, and the receiver gets every byte in order. Returns the
+/// ring and its (zero-copy, ordinary) send counts when the first half had
+/// been sent and notified.
+fn tcp_sends(adaptive_zc: bool) -> (Ring, (u64, u64)) {
     let pool = pool();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
@@ -74,6 +75,7 @@ fn tcp_sends(adaptive_zc: bool) -> Ring {
     let mut returned = 0;
     let mut copied = 0;
     let mut first = None;
+    let mut half = (0, 0);
     for i in 0..N {
         let mut b = ring.handle().alloc().unwrap();
         let data = pattern(i, 4096);
@@ -86,6 +88,7 @@ fn tcp_sends(adaptive_zc: bool) -> Ring {
             // Let the first half be notified: the ring then knows whether
             // the kernel copies on this route.
             assert!(ring.drain(Duration::from_secs(5)));
+            half = (ring.zc_sends, ring.plain_sends);
         }
         if i == 0 {
             assert_eq!(
@@ -132,7 +135,7 @@ fn tcp_sends(adaptive_zc: bool) -> Ring {
         "{} io_uring_enter calls for {N} sends",
         ring.enters
     );
-    ring
+    (ring, half)
 }
 
 #[test]
