@@ -236,6 +236,37 @@ struct Turn {
     credit: u64,
 }
 
+impl Turn {
+    /// This round's turn: adds the weight to the credit and says whether
+    /// the backend claims a slot now (the credit reached `w_max`).
+    #[inline(always)]
+    fn due(&mut self, w_max: u64) -> bool {
+        self.credit += u64::from(self.weight);
+        if self.credit < w_max {
+            return false;
+        }
+        self.credit -= w_max;
+        true
+    }
+
+    /// Having claimed slot `c`, the next candidate is the one after it.
+    #[inline(always)]
+    fn advance_past(&mut self, c: u32, m: u32) {
+        self.pos = step(c, self.skip, m);
+    }
+}
+
+/// `c + skip mod m` for `c, skip < m < 2^31` (no overflow, no division).
+#[inline(always)]
+fn step(c: u32, skip: u32, m: u32) -> u32 {
+    let x = c + skip;
+    if x >= m {
+        x - m
+    } else {
+        x
+    }
+}
+
 /// A Maglev lookup table of `M` slots, each naming a backend by the index the
 /// caller gave it. Regenerating reuses every buffer.
 #[derive(Debug, Clone)]
@@ -465,11 +496,9 @@ impl Maglev {
             if i == k {
                 i = 0;
             }
-            t.credit += u64::from(t.weight);
-            if t.credit < w_max {
+            if !t.due(w_max) {
                 continue;
             }
-            t.credit -= w_max;
             // rank(c) = (c - pos) * inv mod M, by Shoup's multiplication
             // with a precomputed quotient: no division in the loop, so the
             // compiler can vectorize it. Ranks are distinct (the map is a
@@ -494,8 +523,7 @@ impl Maglev {
             let c = free.swap_remove(at);
             entry[c as usize] = t.id;
             // Keep the position exact for anyone reading it later.
-            let x = c + t.skip;
-            t.pos = if x >= m { x - m } else { x };
+            t.advance_past(c, m);
         }
     }
 
@@ -539,41 +567,28 @@ impl Probe<'_> {
         let (turns, filled, entry) = (&mut *self.turns, &mut *self.filled, &mut *self.entry);
         let k = turns.len();
         let claimed = |filled: &[u64], c: u32| filled[(c >> 6) as usize] & (1 << (c & 63)) != 0;
-        // c, skip < M < 2^31: no overflow.
-        let step = |c: u32, skip: u32| {
-            let x = c + skip;
-            if x >= m {
-                x - m
-            } else {
-                x
-            }
-        };
         while m - n > free {
             let t = &mut turns[i];
             i += 1;
             if i == k {
                 i = 0;
             }
-            if WEIGHTED {
-                t.credit += u64::from(t.weight);
-                if t.credit < w_max {
-                    continue;
-                }
-                t.credit -= w_max;
+            if WEIGHTED && !t.due(w_max) {
+                continue;
             }
             // This backend's permutation visits every slot (skip is coprime
             // with the prime M) and a slot is free, so this ends.
             let mut c = t.pos;
             if SELECT {
-                let next = step(c, t.skip);
+                let next = step(c, t.skip, m);
                 c = if claimed(filled, c) { next } else { c };
             }
             while claimed(filled, c) {
-                c = step(c, t.skip);
+                c = step(c, t.skip, m);
             }
             filled[(c >> 6) as usize] |= 1 << (c & 63);
             entry[c as usize] = t.id;
-            t.pos = step(c, t.skip);
+            t.advance_past(c, m);
             n += 1;
         }
         (self.n, self.i) = (n, i);
