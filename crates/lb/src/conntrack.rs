@@ -117,13 +117,13 @@ impl Conntrack {
 
     /// Starts fetching the bucket a flow hash falls in (batched callers do
     /// this for a whole batch before looking anything up).
-    #[inline]
     ///
     /// `hit_likely`: also fetch the bucket's keys (which way is not known
     /// yet), for a packet of an established flow, whose hit compares one:
     /// fetching it then was the slowest load in the forwarder's profile
     /// (+5% non-SYN in `lb bench`). For a SYN, which misses, the extra
     /// lines cost more than the insert gains (-13%).
+    #[inline]
     pub fn prefetch(&self, hash: u64, hit_likely: bool) {
         let i = hash as usize & self.mask;
         maio::prefetch(&self.heads[i]);

@@ -19,6 +19,12 @@ use crate::frag::{Decision, FragKey, FragTable};
 use crate::tables::Tables;
 use crate::trace::{self, Lookup, Marker, Offer, Record, Redirect, Tracer};
 
+/// Whether TCP `flags` open a connection (SYN without ACK).
+#[inline]
+fn opens(flags: u8) -> bool {
+    flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+}
+
 /// How long a TCP flow's entry outlives its FIN or RST, so that the rest of
 /// the close (the other side's FIN, the last ACKs, retransmissions) still
 /// reaches the same backend.
@@ -161,8 +167,7 @@ impl Worker {
             let h = match &r {
                 Ok(pp) if pp.fragment.is_none() && pp.icmp_quote.is_none() => {
                     let h = flow_hash(&pp.flow);
-                    self.ct
-                        .prefetch(h, pp.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN);
+                    self.ct.prefetch(h, !opens(pp.tcp_flags));
                     h
                 }
                 _ => 0,
@@ -526,7 +531,7 @@ impl Worker {
         tcp_flags: u8,
     ) -> Result<(u32, u64), DropReason> {
         let hash = if hash != 0 { hash } else { flow_hash(flow) };
-        let syn = tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+        let syn = opens(tcp_flags);
         if let Some(e) = self.ct.lookup(flow, hash, now) {
             let ok = t.backends.get(e.backend as usize).is_some_and(|b| {
                 if syn {
