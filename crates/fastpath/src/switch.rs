@@ -150,7 +150,8 @@ pub struct BenchArgs {
     /// microseconds (0: off, the switch is woken per burst once it
     /// sleeps). On a core it shares with a busy sender, moderation lets the
     /// sender fill a ring's worth before the switch takes the core back.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=vswitch::MAX_INTERVAL_US))]
     memif_moderation_us: u64,
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -403,12 +404,6 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
                 })?,
         ),
     };
-    if a.memif_moderation_us > vswitch::MAX_INTERVAL_US {
-        bail!(
-            "--memif-moderation-us must be at most {}",
-            vswitch::MAX_INTERVAL_US
-        );
-    }
     if !(1..=14).contains(&a.memif_ring_log2) {
         bail!("--memif-ring-log2 must be 1..=14 (DPDK's memif limit)");
     }

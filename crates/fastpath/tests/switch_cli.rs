@@ -270,6 +270,18 @@ fn switch_rejects_a_bad_config_and_pktgen_bad_arguments() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(flag) && err.contains("1000000"), "{err}");
     }
+    // And the bench's moderation flag the same way (refused before any
+    // row runs).
+    let out = fastpath()
+        .args(["switch", "bench", "--memif-moderation-us", "2000000"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "bench took 2000000");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--memif-moderation-us") && err.contains("1000000"),
+        "{err}"
+    );
 
     let out = fastpath()
         .args(["pktgen", "--size", "9000"])
