@@ -1217,13 +1217,20 @@ impl Ring {
                 }
             }
         }
+        // Our head is the kernel's once this completion is taken: entries
+        // between it and the tail were given back since the kernel found
+        // the ring empty (those sends may have been reaped just before this
+        // completion, their publish_rx already done).
+        let ring_empty = self.bufring.head == self.bufring.tail;
         let Some(s) = self.socks.get_mut(sock as usize) else {
             return;
         };
         if res == 0 {
             s.eof = true;
         } else if res == -libc::ENOBUFS {
-            s.starved = true;
+            // Starved only while nothing came back: otherwise nothing would
+            // ever call publish_rx again and the receive would stay off.
+            s.starved = ring_empty;
         } else if res < 0 {
             if res == -libc::EINVAL && self.bundles {
                 // No bundles on this kernel: plain multishot instead.
