@@ -69,6 +69,11 @@ struct Run {
     /// processing on the sender's), so `cpu + peer_cpu` is the figure that
     /// does not depend on that split.
     peer_cpu: f64,
+    /// CPU seconds every CPU of the machine was busy (user, system, hard
+    /// and soft interrupts; `/proc/stat`): what `cpu + peer_cpu` misses,
+    /// protocol work the kernel deferred to `ksoftirqd` or a worker,
+    /// included. Exact only on an otherwise quiet machine.
+    all_cpu: f64,
     copied: Option<bool>,
     /// System calls per operation (MAIO: SQPOLL wake-ups per send).
     syscalls_per_op: Option<f64>,
@@ -84,6 +89,7 @@ struct Meter {
     t0: Instant,
     cpu0: f64,
     app0: f64,
+    all0: f64,
 }
 
 impl Meter {
@@ -92,6 +98,7 @@ impl Meter {
             t0: Instant::now(),
             cpu0: cpu_process(),
             app0: cpu_thread(),
+            all0: cpu_machine(),
         }
     }
 
@@ -106,6 +113,7 @@ impl Meter {
             wall: self.t0.elapsed().as_secs_f64(),
             cpu: cpu_process() - self.cpu0,
             app_cpu: cpu_thread() - self.app0,
+            all_cpu: cpu_machine() - self.all0,
             ..Default::default()
         }
     }
@@ -140,6 +148,29 @@ fn cpu_process() -> f64 {
 
 fn cpu_thread() -> f64 {
     rusage(libc::RUSAGE_THREAD)
+}
+
+/// CPU seconds the whole machine has been busy since boot, summed over
+/// CPUs: the first line of `/proc/stat` less idle and I/O wait (guest time
+/// is already inside user time). NaN where it cannot be read.
+fn cpu_machine() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    busy_ticks(&stat).map_or(f64::NAN, |t| {
+        t as f64 / rustix::param::clock_ticks_per_second() as f64
+    })
+}
+
+/// Busy clock ticks from the text of `/proc/stat`: user, nice, system,
+/// irq, softirq and steal of the `cpu` line.
+fn busy_ticks(stat: &str) -> Option<u64> {
+    let line = stat.lines().next()?;
+    let mut f = line.split_whitespace();
+    if f.next()? != "cpu" {
+        return None;
+    }
+    let v: Vec<u64> = f.take(8).map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal
+    (v.len() == 8).then(|| v[0] + v[1] + v[2] + v[5] + v[6] + v[7])
 }
 
 /// The clock rate, from /proc/cpuinfo (cycles = CPU seconds x this).
@@ -860,11 +891,41 @@ fn proxied(
     let outbound = TcpStream::connect(saddr).expect("connect server");
     let m = Meter::start();
     let (bytes, copied) = proxy(inbound, outbound, m.t0);
-    let r = m.volume(bytes, copied);
+    // The server drains what the proxy sent last before the measurement
+    // ends: the machine-wide figure then covers every byte counted.
     let helpers = client.join().unwrap_or(0.0) + sink.join().unwrap_or(0.0);
+    let r = m.volume(bytes, copied);
     Run {
         cpu: (r.cpu - helpers).max(1e-9),
         peer_cpu: helpers,
+        ..r
+    }
+}
+
+/// The client writing straight to the server, no proxy between them: what
+/// the two peers and one loopback TCP connection cost the machine. A
+/// proxy's machine-wide cycles per byte less this, in the same round, is
+/// what the proxy added, wherever the kernel ran it (on loopback a socket's
+/// protocol work runs on whichever thread's system call or soft interrupt
+/// reached it, so the proxy thread's own CPU time is only part of its cost,
+/// and a varying part).
+fn fig4_no_proxy(d: Duration) -> Run {
+    let (saddr, sink) = tcp_sink();
+    let mut c = TcpStream::connect(saddr).expect("connect server");
+    let buf = vec![0x5au8; PROXY_BUF];
+    let m = Meter::start();
+    let mut bytes = 0u64;
+    while m.elapsed() < d && c.write_all(&buf).is_ok() {
+        bytes += PROXY_BUF as u64;
+    }
+    drop(c);
+    let _ = sink.join();
+    let r = m.volume(bytes, None);
+    // Everything here is the peers' work: no proxy, no proxy cycles.
+    Run {
+        cpu: 0.0,
+        app_cpu: 0.0,
+        peer_cpu: r.cpu,
         ..r
     }
 }
@@ -965,14 +1026,20 @@ enum ProxySubmit {
 /// batch.
 fn fig4_maio(d: Duration, pool: Pool, submit: ProxySubmit) -> Run {
     proxied(d, move |i, o, _| {
-        let (sqpoll, idle) = match submit {
-            ProxySubmit::Sqpoll { idle_ms } => (true, idle_ms),
-            ProxySubmit::Batched => (false, 0),
+        // Batched: 1 MiB of receive buffers, four client bursts, so the
+        // bytes are copied in and read out again while still in cache (512
+        // buffers, 32 MiB, cost 0.1-0.15 cycles per byte more in the
+        // machine-wide figure: the plain io_uring proxy's 256 KiB buffer's
+        // advantage). With SQPOLL 16 buffers starve the receive (1.3-1.5
+        // cycles per byte in the proxy, against 0.97-1.01 with 512).
+        let (sqpoll, idle, rx_buffers) = match submit {
+            ProxySubmit::Sqpoll { idle_ms } => (true, idle_ms, 512),
+            ProxySubmit::Batched => (false, 0, 16),
         };
         let mut ring = Ring::new(
             &pool,
             RingConfig {
-                rx_buffers: 512,
+                rx_buffers,
                 sqpoll,
                 sqpoll_idle_ms: idle,
                 batch_submit: true,
@@ -1036,13 +1103,16 @@ const PPS_MEASURES: [Measure; 3] = [
     ("pps_per_cpu", |r, _| r.units / r.cpu.max(1e-9)),
 ];
 
-const CPB_MEASURES: [Measure; 4] = [
+const CPB_MEASURES: [Measure; 5] = [
     ("cycles_per_byte", |r, hz| r.cpu * hz / r.bytes.max(1.0)),
     ("app_cycles_per_byte", |r, hz| {
         r.app_cpu * hz / r.bytes.max(1.0)
     }),
     ("with_peers_cycles_per_byte", |r, hz| {
         (r.cpu + r.peer_cpu) * hz / r.bytes.max(1.0)
+    }),
+    ("machine_cycles_per_byte", |r, hz| {
+        r.all_cpu * hz / r.bytes.max(1.0)
     }),
     ("gbps", |r, _| r.bytes * 8.0 / r.wall.max(1e-9) / 1e9),
 ];
@@ -1063,11 +1133,16 @@ pub fn loadavg() -> [f64; 3] {
 /// Runs every method once per round for `reps` rounds and reports, per
 /// method, min/median/max of each measure and of its ratio to `baseline`'s
 /// run in the same round.
+/// Every method `reps` times in rounds; spreads of each measure, ratios to
+/// `baseline` within a round. With `floor` (a method that does the peers'
+/// work alone), each method's machine-wide cycles per byte less the
+/// floor's in the same round are reported as `added_cycles_per_byte`.
 fn figure(
     methods: Vec<Method<'_>>,
     reps: usize,
     metric: Metric,
     baseline: &str,
+    floor: Option<&str>,
     hz: f64,
     progress: &dyn Fn(&str),
 ) -> Value {
@@ -1083,10 +1158,30 @@ fn figure(
         Metric::CyclesPerByte => &CPB_MEASURES,
     };
     let base = methods.iter().position(|(n, _)| *n == baseline);
+    let floor = floor.and_then(|f| methods.iter().position(|(n, _)| *n == f));
+    let machine = |r: &Run| r.all_cpu * hz / r.bytes.max(1.0);
+    // Per round: a method's machine-wide cycles per byte above the floor's.
+    let added = |i: usize| -> Option<Vec<f64>> {
+        let f = floor?;
+        Some(
+            runs[i]
+                .iter()
+                .zip(&runs[f])
+                .map(|(a, b)| machine(a) - machine(b))
+                .collect(),
+        )
+    };
     let mut out = serde_json::Map::new();
     for (i, (name, _)) in methods.iter().enumerate() {
         let mut v = json!({ "rounds": reps });
         let mut ratios = serde_json::Map::new();
+        if let Some(a) = added(i).filter(|_| Some(i) != floor) {
+            if let Some(b) = base.and_then(added) {
+                let r = a.iter().zip(&b).map(|(x, y)| x / y).collect();
+                ratios.insert("added_cycles_per_byte".into(), spread(r));
+            }
+            v["added_cycles_per_byte"] = spread(a);
+        }
         for &(k, f) in measures {
             v[k] = spread(runs[i].iter().map(|r| f(r, hz)).collect());
             if let Some(b) = base {
@@ -1171,12 +1266,26 @@ pub fn summarize(e: &Value, baseline: &str) -> String {
             mmm(&e["with_peers_cycles_per_byte"], 1.0, 3),
             mmm(&e["gbps"], 1.0, 1),
         );
+        if e["added_cycles_per_byte"].is_object() {
+            s += &format!(
+                " | machine-wide {}, added by the proxy {}",
+                mmm(&e["machine_cycles_per_byte"], 1.0, 3),
+                mmm(&e["added_cycles_per_byte"], 1.0, 3),
+            );
+        }
         if !vs.is_null() {
             s += &format!(
-                " | x {baseline}: {} (with peers {})",
+                " | x {baseline}: {} (with peers {}",
                 mmm(&vs["cycles_per_byte"], 1.0, 2),
                 mmm(&vs["with_peers_cycles_per_byte"], 1.0, 2)
             );
+            if vs["added_cycles_per_byte"].is_object() {
+                s += &format!(
+                    "; added by the proxy {}",
+                    mmm(&vs["added_cycles_per_byte"], 1.0, 2)
+                );
+            }
+            s += ")";
         }
         s
     };
@@ -1261,6 +1370,7 @@ fn figure2(d: Duration, dest: Dest, reps: usize, hz: f64, progress: &dyn Fn(&str
         reps,
         Metric::Pps,
         "sendmsg",
+        None,
         hz,
         progress,
     );
@@ -1343,6 +1453,7 @@ pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
             reps,
             Metric::CyclesPerByte,
             "send",
+            None,
             hz,
             progress,
         );
@@ -1370,6 +1481,7 @@ pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
                             reps,
                             Metric::CyclesPerByte,
                             "send",
+                            None,
                             hz,
                             &quiet,
                         )
@@ -1396,6 +1508,7 @@ pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
         progress("Figure 4: TCP splicing proxy, CPU cycles per byte moved (proxy thread + SQPOLL thread)");
         let fig4 = figure(
             vec![
+                ("no_proxy", Box::new(|| fig4_no_proxy(d))),
                 ("read_write", Box::new(|| fig4_copy(d))),
                 ("splice", Box::new(|| fig4_splice(d))),
                 ("io_uring", Box::new(|| fig4_uring(d))),
@@ -1415,6 +1528,7 @@ pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
             reps,
             Metric::CyclesPerByte,
             "splice",
+            Some("no_proxy"),
             hz,
             progress,
         );
@@ -1425,8 +1539,29 @@ pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
         "seconds_per_run": o.seconds,
         "repetitions": reps,
         "cpu_hz": hz,
-        "cycles": "estimated: CPU seconds (getrusage, all threads incl. SQPOLL, minus the peer threads) x clock rate; app: the application thread alone",
+        "cycles": "estimated: CPU seconds (getrusage, all threads incl. SQPOLL, minus the peer threads) x clock rate; app: the application thread alone; machine: every CPU's busy time in /proc/stat (needs a quiet machine); added (Figure 4): machine less no_proxy's in the same round",
     });
     out.as_object_mut().expect("object").extend(doc);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::busy_ticks;
+
+    #[test]
+    fn busy_time_counts_interrupts_not_idle_or_guest_twice() {
+        // The example line of proc(5), then per-CPU lines the sum ignores.
+        let stat = "cpu  10132153 290696 3084719 46828483 16683 0 25195 0 175628 0\n\
+                    cpu0 1393280 32966 572056 13343292 6130 0 17875 0 23933 0\n";
+        // user + nice + system + irq + softirq + steal; guest is in user.
+        assert_eq!(busy_ticks(stat), Some(10132153 + 290696 + 3084719 + 25195));
+        // A kernel before steal time (2.6.11) has seven fields: unknown.
+        assert_eq!(busy_ticks("cpu  1 2 3 4 5 6 7\n"), None);
+        assert_eq!(busy_ticks("cpu0 1 2 3 4 5 6 7 8\n"), None);
+        assert_eq!(busy_ticks("cpu  1 2 x 4 5 6 7 8\n"), None);
+        assert_eq!(busy_ticks(""), None);
+        let live = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+        assert!(busy_ticks(&live).is_some_and(|t| t > 0), "{live}");
+    }
 }
