@@ -88,7 +88,19 @@ fn maio_bench_quick_json_document() {
         "maio_no_sqpoll",
     ] {
         cpb("figure4", m);
+        // Every proxy's machine-wide cost less the no-proxy pipeline's in
+        // the same round, and its ratio to splice's.
+        let added = spread("figure4", m, "added_cycles_per_byte")[1];
+        assert!(added.is_finite(), "figure4.{m} added {added}");
+        assert!(v["figure4"][m]["vs_splice"]["added_cycles_per_byte"]["median"].is_f64());
     }
+    // The pipeline without a proxy: the peers' work, no proxy cycles.
+    let floor = spread("figure4", "no_proxy", "machine_cycles_per_byte")[1];
+    assert!(floor.is_finite() && floor > 0.0, "no_proxy machine {floor}");
+    assert_eq!(spread("figure4", "no_proxy", "cycles_per_byte")[1], 0.0);
+    assert!(v["figure4"]["no_proxy"]
+        .get("added_cycles_per_byte")
+        .is_none());
     for m in ["send", "msg_zerocopy", "io_uring_send_zc", "maio"] {
         cpb("figure3_udp_veth", m);
     }
