@@ -1,11 +1,12 @@
 //! MAIO socket I/O over io_uring against local TCP and UDP peers.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, UdpSocket};
+use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::os::fd::OwnedFd;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
-use maio::uring::{Config, Ring, RxBuf, UringError, ZC_PROBE_EVERY};
+use maio::uring::{Config, Ring, RxBuf, SockId, UringError, ZC_PROBE_EVERY};
 use maio::{Hugepages, Pool, State};
 
 fn pool() -> Pool {
@@ -259,6 +260,78 @@ fn a_proxy_on_a_copying_route_forwards_with_ordinary_sends_in_order() {
     );
 }
 
+/// Loopback TCP ends for a proxy under test: the proxy's socket from the
+/// client and its socket to the server; the client thread runs `client` on
+/// its connection, the server thread reads everything until end of file.
+struct ProxyEnds {
+    inbound: TcpStream,
+    outbound: TcpStream,
+    client: JoinHandle<()>,
+    server: JoinHandle<Vec<u8>>,
+}
+
+fn proxy_ends(client: impl FnOnce(TcpStream) + Send + 'static) -> ProxyEnds {
+    let server = TcpListener::bind("127.0.0.1:0").unwrap();
+    let saddr = server.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut c, _) = server.accept().unwrap();
+        let mut all = Vec::new();
+        c.read_to_end(&mut all).unwrap();
+        all
+    });
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let faddr = front.local_addr().unwrap();
+    let client = std::thread::spawn(move || client(TcpStream::connect(faddr).unwrap()));
+    let (inbound, _) = front.accept().unwrap();
+    let outbound = TcpStream::connect(saddr).unwrap();
+    ProxyEnds {
+        inbound,
+        outbound,
+        client,
+        server,
+    }
+}
+
+/// The proxy's loop: received buffers forwarded from `si` to `so` until the
+/// client's end of file, every completion checked; `after` runs after each
+/// forward with the bytes moved so far. Fails when it takes over 30 s.
+fn forward_until_eof(
+    ring: &mut Ring,
+    si: SockId,
+    so: SockId,
+    what: &str,
+    mut after: impl FnMut(&mut Ring, usize),
+) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut sg = Vec::new();
+    let mut moved = 0;
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: receiving stopped after {moved} bytes"
+        );
+        sg.clear();
+        let n = ring
+            .recv_sg_wait(si, 64, &mut sg, Duration::from_millis(50))
+            .unwrap();
+        if n > 0 {
+            moved += ring.forward_sg(&mut sg, so).unwrap();
+            after(ring, moved);
+        }
+        for c in ring.completions() {
+            assert!(c.result > 0, "{what}: {c:?}");
+        }
+        if n == 0 && ring.eof(si) {
+            break;
+        }
+    }
+    assert!(
+        ring.drain(Duration::from_secs(5)),
+        "{what}: sends not drained"
+    );
+    moved
+}
+
 /// 8 MB through a MAIO proxy between two local TCP connections: the same
 /// bytes arrive in order and every buffer returns to the receive ring. The
 /// client sends the second half only when the first has been forwarded and
@@ -272,29 +345,21 @@ fn proxy(adaptive_zc: bool) -> Ring {
     })
     .unwrap();
     let data = pattern(9, 8_000_000);
-    let server = TcpListener::bind("127.0.0.1:0").unwrap();
-    let saddr = server.local_addr().unwrap();
-    let sink = std::thread::spawn(move || {
-        let (mut c, _) = server.accept().unwrap();
-        let mut all = Vec::new();
-        c.read_to_end(&mut all).unwrap();
-        all
-    });
-    let front = TcpListener::bind("127.0.0.1:0").unwrap();
-    let faddr = front.local_addr().unwrap();
     let d2 = data.clone();
     let half = data.len() / 2;
     let (go, wait_go) = std::sync::mpsc::channel::<()>();
-    let client = std::thread::spawn(move || {
-        let mut c = std::net::TcpStream::connect(faddr).unwrap();
+    let ProxyEnds {
+        inbound,
+        outbound,
+        client,
+        server: sink,
+    } = proxy_ends(move |mut c| {
         c.write_all(&d2[..half]).unwrap();
         wait_go.recv_timeout(Duration::from_secs(10)).unwrap();
         for chunk in d2[half..].chunks(100_000) {
             c.write_all(chunk).unwrap();
         }
     });
-    let (inbound, _) = front.accept().unwrap();
-    let outbound = std::net::TcpStream::connect(saddr).unwrap();
     let mut ring = Ring::new(
         &pool,
         Config {
@@ -307,28 +372,12 @@ fn proxy(adaptive_zc: bool) -> Ring {
     let si = ring.add_socket(OwnedFd::from(inbound)).unwrap();
     let so = ring.add_socket(OwnedFd::from(outbound)).unwrap();
     let before = pool.stats().in_use;
-    let mut sg = Vec::new();
-    let mut moved = 0;
-    for _ in 0..100_000 {
-        sg.clear();
-        let n = ring
-            .recv_sg_wait(si, 64, &mut sg, Duration::from_millis(100))
-            .unwrap();
-        if n > 0 {
-            moved += ring.forward_sg(&mut sg, so).unwrap();
-            if moved == half {
-                assert!(ring.drain(Duration::from_secs(5)));
-                go.send(()).unwrap();
-            }
+    let moved = forward_until_eof(&mut ring, si, so, "the proxy", |ring, moved| {
+        if moved == half {
+            assert!(ring.drain(Duration::from_secs(5)));
+            go.send(()).unwrap();
         }
-        for c in ring.completions() {
-            assert!(c.result > 0, "{c:?}");
-        }
-        if n == 0 && ring.eof(si) {
-            break;
-        }
-    }
-    assert!(ring.drain(Duration::from_secs(5)));
+    });
     assert_eq!(moved, data.len());
     ring.close(so).unwrap();
     client.join().unwrap();
@@ -543,7 +592,7 @@ fn an_empty_copy_mode_send_is_an_empty_datagram() {
 /// reaped in the same batch as (and before) that ENOBUFS, the ring used to
 /// believe it was still starved with every buffer back, never received
 /// again, and the proxy waited for ever with megabytes in the socket (the
-/// Figure 4 benchmark hung with 16 and 64 buffers). Each configuration
+/// Figure 4 benchmark hung with 64 buffers, stalled with 16). Each configuration
 /// must move all of its bytes, in order, before a deadline.
 #[test]
 fn a_proxy_with_few_receive_buffers_never_stops_receiving() {
@@ -556,25 +605,17 @@ fn a_proxy_with_few_receive_buffers_never_stops_receiving() {
     .unwrap();
     let data = std::sync::Arc::new(pattern(5, 24 << 20));
     for (rx_buffers, batch_submit) in [(2, true), (4, true), (8, true), (4, false), (16, true)] {
-        let server = TcpListener::bind("127.0.0.1:0").unwrap();
-        let saddr = server.local_addr().unwrap();
-        let sink = std::thread::spawn(move || {
-            let (mut c, _) = server.accept().unwrap();
-            let mut all = Vec::new();
-            c.read_to_end(&mut all).unwrap();
-            all
-        });
-        let front = TcpListener::bind("127.0.0.1:0").unwrap();
-        let faddr = front.local_addr().unwrap();
         let d2 = data.clone();
-        let client = std::thread::spawn(move || {
-            let mut c = std::net::TcpStream::connect(faddr).unwrap();
+        let ProxyEnds {
+            inbound,
+            outbound,
+            client,
+            server: sink,
+        } = proxy_ends(move |mut c| {
             for chunk in d2.chunks(256 << 10) {
                 c.write_all(chunk).unwrap();
             }
         });
-        let (inbound, _) = front.accept().unwrap();
-        let outbound = std::net::TcpStream::connect(saddr).unwrap();
         let mut ring = Ring::new(
             &pool,
             Config {
@@ -586,30 +627,9 @@ fn a_proxy_with_few_receive_buffers_never_stops_receiving() {
         .unwrap();
         let si = ring.add_socket(OwnedFd::from(inbound)).unwrap();
         let so = ring.add_socket(OwnedFd::from(outbound)).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let mut sg = Vec::new();
-        let mut moved = 0;
-        loop {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{rx_buffers} receive buffers (batched {batch_submit}): receiving stopped \
-                 after {moved} of {} bytes",
-                data.len()
-            );
-            sg.clear();
-            let n = ring
-                .recv_sg_wait(si, 64, &mut sg, Duration::from_millis(50))
-                .unwrap();
-            moved += ring.forward_sg(&mut sg, so).unwrap();
-            for c in ring.completions() {
-                assert!(c.result > 0, "{c:?}");
-            }
-            if n == 0 && ring.eof(si) {
-                break;
-            }
-        }
-        assert!(ring.drain(Duration::from_secs(5)));
-        assert_eq!(moved, data.len());
+        let label = format!("{rx_buffers} receive buffers (batched {batch_submit})");
+        let moved = forward_until_eof(&mut ring, si, so, &label, |_, _| {});
+        assert_eq!(moved, data.len(), "{label}");
         ring.close(so).unwrap();
         client.join().unwrap();
         let got = sink.join().unwrap();
