@@ -865,6 +865,9 @@ fn fig3u_maio(d: Duration, pool: Pool) -> Run {
 
 const PROXY_BUF: usize = 256 * 1024;
 
+/// How long the MAIO proxy may go without receiving before its run fails.
+const PROXY_STALL: Duration = Duration::from_secs(10);
+
 /// Client -> proxy -> server over loopback TCP. The client writes as fast as
 /// it can, the server discards (MSG_TRUNC); `proxy` moves bytes from its
 /// first socket to its second. Returns the proxy's cost.
@@ -1051,11 +1054,22 @@ fn fig4_maio(d: Duration, pool: Pool, submit: ProxySubmit) -> Run {
         let so = ring.add_socket(OwnedFd::from(o)).expect("register");
         let mut sg: Vec<RxBuf> = Vec::new();
         let (mut bytes, mut copied) = (0u64, false);
+        let mut last_data = Instant::now();
         loop {
             sg.clear();
             let n = ring
                 .recv_sg_wait(si, 64, &mut sg, Duration::from_millis(200))
-                .unwrap_or(0);
+                .unwrap_or_else(|e| panic!("MAIO proxy: receive failed: {e}"));
+            // The client writes until it closes: a receive that goes quiet
+            // before its end of file is a stuck ring, not a measurement.
+            if n > 0 {
+                last_data = Instant::now();
+            } else if last_data.elapsed() > PROXY_STALL {
+                panic!(
+                    "MAIO proxy: nothing received for {PROXY_STALL:?} before the client's end \
+                     of file ({bytes} bytes forwarded)"
+                );
+            }
             let _ = ring.forward_sg(&mut sg, so);
             for c in ring.completions() {
                 if c.result > 0 {
