@@ -1117,6 +1117,11 @@ const PPS_MEASURES: [Measure; 3] = [
     ("pps_per_cpu", |r, _| r.units / r.cpu.max(1e-9)),
 ];
 
+/// Every CPU's busy cycles per byte moved.
+fn machine_cycles_per_byte(r: &Run, hz: f64) -> f64 {
+    r.all_cpu * hz / r.bytes.max(1.0)
+}
+
 const CPB_MEASURES: [Measure; 5] = [
     ("cycles_per_byte", |r, hz| r.cpu * hz / r.bytes.max(1.0)),
     ("app_cycles_per_byte", |r, hz| {
@@ -1125,9 +1130,7 @@ const CPB_MEASURES: [Measure; 5] = [
     ("with_peers_cycles_per_byte", |r, hz| {
         (r.cpu + r.peer_cpu) * hz / r.bytes.max(1.0)
     }),
-    ("machine_cycles_per_byte", |r, hz| {
-        r.all_cpu * hz / r.bytes.max(1.0)
-    }),
+    ("machine_cycles_per_byte", machine_cycles_per_byte),
     ("gbps", |r, _| r.bytes * 8.0 / r.wall.max(1e-9) / 1e9),
 ];
 
@@ -1146,11 +1149,9 @@ pub fn loadavg() -> [f64; 3] {
 
 /// Runs every method once per round for `reps` rounds and reports, per
 /// method, min/median/max of each measure and of its ratio to `baseline`'s
-/// run in the same round.
-/// Every method `reps` times in rounds; spreads of each measure, ratios to
-/// `baseline` within a round. With `floor` (a method that does the peers'
-/// work alone), each method's machine-wide cycles per byte less the
-/// floor's in the same round are reported as `added_cycles_per_byte`.
+/// run in the same round. With `floor` (a method that does the peers' work
+/// alone), each method's machine-wide cycles per byte less the floor's in
+/// the same round are reported too, as `added_cycles_per_byte`.
 fn figure(
     methods: Vec<Method<'_>>,
     reps: usize,
@@ -1173,7 +1174,7 @@ fn figure(
     };
     let base = methods.iter().position(|(n, _)| *n == baseline);
     let floor = floor.and_then(|f| methods.iter().position(|(n, _)| *n == f));
-    let machine = |r: &Run| r.all_cpu * hz / r.bytes.max(1.0);
+    let machine = |r: &Run| machine_cycles_per_byte(r, hz);
     // Per round: a method's machine-wide cycles per byte above the floor's.
     let added = |i: usize| -> Option<Vec<f64>> {
         let f = floor?;
