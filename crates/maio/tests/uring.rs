@@ -10,9 +10,13 @@ use maio::uring::{Config, Ring, RxBuf, SockId, UringError, ZC_PROBE_EVERY};
 use maio::{Hugepages, Pool, State};
 
 fn pool() -> Pool {
+    pool_of(2048, 4096)
+}
+
+fn pool_of(buffers: u32, buf_size: usize) -> Pool {
     Pool::new(maio::Config {
-        buffers: 2048,
-        buf_size: 4096,
+        buffers,
+        buf_size,
         hugepages: Hugepages::Auto,
         ..Default::default()
     })
@@ -337,13 +341,7 @@ fn forward_until_eof(
 /// client sends the second half only when the first has been forwarded and
 /// its sends notified, so the ring knows by then whether the kernel copies.
 fn proxy(adaptive_zc: bool) -> Ring {
-    let pool = Pool::new(maio::Config {
-        buffers: 1024,
-        buf_size: 16384,
-        hugepages: Hugepages::Auto,
-        ..Default::default()
-    })
-    .unwrap();
+    let pool = pool_of(1024, 16384);
     let data = pattern(9, 8_000_000);
     let d2 = data.clone();
     let half = data.len() / 2;
@@ -596,13 +594,7 @@ fn an_empty_copy_mode_send_is_an_empty_datagram() {
 /// must move all of its bytes, in order, before a deadline.
 #[test]
 fn a_proxy_with_few_receive_buffers_never_stops_receiving() {
-    let pool = Pool::new(maio::Config {
-        buffers: 256,
-        buf_size: 65536,
-        hugepages: Hugepages::Auto,
-        ..Default::default()
-    })
-    .unwrap();
+    let pool = pool_of(256, 65536);
     let data = std::sync::Arc::new(pattern(5, 24 << 20));
     for (rx_buffers, batch_submit) in [(2, true), (4, true), (8, true), (4, false), (16, true)] {
         let d2 = data.clone();
