@@ -481,17 +481,24 @@ fn finish(m: Meter, bytes: u64, sink: std::thread::JoinHandle<f64>, copied: Opti
     }
 }
 
-fn fig3_send(d: Duration) -> Run {
+/// Plain `write`s of `chunk` bytes into a fresh [`tcp_sink`] for `d`, then
+/// the connection closed: the meter (started once connected), the bytes
+/// written, and the sink to join.
+fn write_to_sink(d: Duration, chunk: usize) -> (Meter, u64, std::thread::JoinHandle<f64>) {
     let (addr, sink) = tcp_sink();
     let mut s = TcpStream::connect(addr).expect("connect");
-    let buf = vec![0x5au8; CHUNK];
+    let buf = vec![0x5au8; chunk];
     let m = Meter::start();
     let mut bytes = 0u64;
     while m.elapsed() < d {
         s.write_all(&buf).expect("send");
-        bytes += CHUNK as u64;
+        bytes += chunk as u64;
     }
-    drop(s);
+    (m, bytes, sink)
+}
+
+fn fig3_send(d: Duration) -> Run {
+    let (m, bytes, sink) = write_to_sink(d, CHUNK);
     finish(m, bytes, sink, Some(true))
 }
 
@@ -865,6 +872,9 @@ fn fig3u_maio(d: Duration, pool: Pool) -> Run {
 
 const PROXY_BUF: usize = 256 * 1024;
 
+/// Figure 4's row without a proxy: the floor of `added_cycles_per_byte`.
+pub const NO_PROXY: &str = "no_proxy";
+
 /// How long the MAIO proxy may go without receiving before its run fails.
 const PROXY_STALL: Duration = Duration::from_secs(10);
 
@@ -913,15 +923,7 @@ fn proxied(
 /// reached it, so the proxy thread's own CPU time is only part of its cost,
 /// and a varying part).
 fn fig4_no_proxy(d: Duration) -> Run {
-    let (saddr, sink) = tcp_sink();
-    let mut c = TcpStream::connect(saddr).expect("connect server");
-    let buf = vec![0x5au8; PROXY_BUF];
-    let m = Meter::start();
-    let mut bytes = 0u64;
-    while m.elapsed() < d && c.write_all(&buf).is_ok() {
-        bytes += PROXY_BUF as u64;
-    }
-    drop(c);
+    let (m, bytes, sink) = write_to_sink(d, PROXY_BUF);
     let _ = sink.join();
     let r = m.volume(bytes, None);
     // Everything here is the peers' work: no proxy, no proxy cycles.
@@ -1523,7 +1525,7 @@ pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
         progress("Figure 4: TCP splicing proxy, CPU cycles per byte moved (proxy thread + SQPOLL thread)");
         let fig4 = figure(
             vec![
-                ("no_proxy", Box::new(|| fig4_no_proxy(d))),
+                (NO_PROXY, Box::new(|| fig4_no_proxy(d))),
                 ("read_write", Box::new(|| fig4_copy(d))),
                 ("splice", Box::new(|| fig4_splice(d))),
                 ("io_uring", Box::new(|| fig4_uring(d))),
@@ -1543,7 +1545,7 @@ pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
             reps,
             Metric::CyclesPerByte,
             "splice",
-            Some("no_proxy"),
+            Some(NO_PROXY),
             hz,
             progress,
         );

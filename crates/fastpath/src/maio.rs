@@ -152,7 +152,7 @@ fn maio_bench(
             // cycles to compare.
             let lowest = |key: &str| {
                 m.iter()
-                    .filter(|(k, _)| k.as_str() != "no_proxy")
+                    .filter(|(k, _)| k.as_str() != bench::maio::NO_PROXY)
                     .filter_map(|(k, v)| Some((k, median(&v[key])?)))
                     .min_by(|a, b| a.1.total_cmp(&b.1))
             };
