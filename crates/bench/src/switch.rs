@@ -978,11 +978,53 @@ pub struct MemifOptions {
     pub seconds: f64,
     /// log2 of the memif ring size (DPDK's `rsize`; 10 is its default).
     pub ring_log2: u8,
-    /// Pin the switch thread to this CPU (none: the scheduler decides).
-    pub switch_cpu: Option<usize>,
+    /// Where the switch thread runs in each row.
+    pub switch_cpu: SwitchPlacement,
     /// memif interrupt moderation of the switch, microseconds (0: off; see
     /// `vswitch::Config::memif_moderation`).
     pub moderation_us: u64,
+}
+
+/// Where the memif rows put the switch thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwitchPlacement {
+    /// Per row, the core that leaves each busy thread the most: with two
+    /// testpmds (both cores busy-polling) the sending testpmd's forwarding
+    /// core, where the switch takes turns with the sender it waits for;
+    /// with one testpmd (one core busy-polling) the core testpmd leaves
+    /// free, so that each busy thread has a core, as in the direct pair.
+    Auto,
+    /// This CPU in every row.
+    Cpu(usize),
+    /// Wherever the scheduler puts it.
+    Unpinned,
+}
+
+impl SwitchPlacement {
+    /// The CPU for a row whose busiest testpmd forwards on `busy`, with
+    /// `free` the core no testpmd forwards on, if there is one.
+    fn cpu(self, busy: usize, free: Option<usize>) -> Option<usize> {
+        match self {
+            SwitchPlacement::Auto => Some(free.unwrap_or(busy)),
+            SwitchPlacement::Cpu(c) => Some(c),
+            SwitchPlacement::Unpinned => None,
+        }
+    }
+
+    /// For the JSON document: "auto", "none" or the CPU's number.
+    fn key(self) -> Value {
+        match self {
+            SwitchPlacement::Auto => json!("auto"),
+            SwitchPlacement::Cpu(c) => json!(c),
+            SwitchPlacement::Unpinned => json!("none"),
+        }
+    }
+}
+
+/// The CPU testpmd forwards on when its main lcore is `main_lcore`
+/// ([`Pmd::start`] gives it CPUs 0 and 1).
+fn forwarding_cpu(main_lcore: u32) -> usize {
+    1 - main_lcore.min(1) as usize
 }
 
 /// The testpmd binary, if DPDK is installed.
@@ -1501,7 +1543,7 @@ fn memif_direct(o: &MemifOptions) -> Result<Value, Error> {
 }
 
 /// A switch with a memif listener and a control socket of its own, on a
-/// thread (pinned to `switch_cpu` if given), for the memif rows.
+/// thread (pinned to a CPU if given), for the memif rows.
 struct MemifSwitch {
     /// This run's number (names testpmd's file prefix).
     n: u32,
@@ -1511,7 +1553,9 @@ struct MemifSwitch {
     ctl: std::path::PathBuf,
     /// The switch thread's CPU clock.
     clock: Option<ThreadClock>,
-    /// Whether pinning to `switch_cpu` took (None: not asked).
+    /// The CPU it was to be pinned to (None: not asked).
+    cpu: Option<usize>,
+    /// Whether pinning to `cpu` took (None: not asked).
     pinned: Option<bool>,
 }
 
@@ -1519,6 +1563,7 @@ struct MemifSwitch {
 /// and removes its sockets, whatever `body` returned.
 fn with_memif_switch(
     o: &MemifOptions,
+    cpu: Option<usize>,
     body: impl FnOnce(&MemifSwitch) -> Result<Value, Error>,
 ) -> Result<Value, Error> {
     let n = RUN.fetch_add(1, Ordering::Relaxed);
@@ -1544,7 +1589,8 @@ fn with_memif_switch(
     let (stop, h) = spawn(sw);
     let m = MemifSwitch {
         n,
-        pinned: o.switch_cpu.map(|c| pin(&h, c)),
+        cpu,
+        pinned: cpu.map(|c| pin(&h, c)),
         clock: ThreadClock::of(&h),
         sock,
         ctl,
@@ -1569,12 +1615,15 @@ fn dropped_full_total(status: &Value) -> u64 {
 
 /// testpmd txonly -> memif -> switch -> memif -> testpmd rxonly.
 fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
-    with_memif_switch(o, |m| {
+    // Both cores busy-poll (a testpmd each): the switch shares the sender's.
+    let cpu = o.switch_cpu.cpu(forwarding_cpu(0), None);
+    with_memif_switch(o, cpu, |m| {
         let MemifSwitch {
             n,
             ref sock,
             ref ctl,
             ref clock,
+            cpu: pinned_cpu,
             pinned,
         } = *m;
         let vdev = |id: u32, mac: &str| {
@@ -1653,7 +1702,7 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
         });
         verdict(&mut v, figures, "sink_rx_pps_samples");
         v["path"] = json!("testpmd txonly -> memif -> switch -> memif -> testpmd rxonly");
-        v["switch_pinned_cpu"] = json!(o.switch_cpu);
+        v["switch_pinned_cpu"] = json!(pinned_cpu);
         v["switch_pinned"] = json!(pinned);
         Ok(v)
     })
@@ -1670,13 +1719,17 @@ fn per_report(v: &[f64], ports: usize) -> Vec<f64> {
 /// the switch and one forwarding core: generator and sink in one thread, so
 /// that it and the switch are the only busy threads on the 2 cores.
 fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
-    with_memif_switch(o, |m| {
+    // One core busy-polls (testpmd's forwarding lcore); its main lcore's
+    // core is free for the switch.
+    let cpu = o.switch_cpu.cpu(forwarding_cpu(0), Some(forwarding_cpu(1)));
+    with_memif_switch(o, cpu, |m| {
         let MemifSwitch {
             n,
             ref sock,
             ref ctl,
             ref clock,
-            pinned: other,
+            cpu: pinned_cpu,
+            pinned,
         } = *m;
         let vdev = |i: u32, mac: &str| {
             format!(
@@ -1773,8 +1826,8 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
             "switch_dropped_full_total": dropped_full,
             "share_of_cores": {"cores": c, "generator": pc / (wall * c), "sink": 0.0, "switch": cpu / (wall * c)},
             "testpmd_totals": totals.map(|(r, rd, t, td)| json!({"rx_packets": r, "rx_dropped": rd, "tx_packets": t, "tx_dropped": td})),
-            "switch_pinned_cpu": o.switch_cpu,
-            "switch_pinned": other,
+            "switch_pinned_cpu": pinned_cpu,
+            "switch_pinned": pinned,
         });
         let figures = totals.map(|(r, rd, t, td)| PathFigures {
             offered: t,
@@ -1787,6 +1840,15 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
             in_flight_allowance: memif_in_flight(o, 2),
         });
         verdict(&mut v, figures, "sink_rx_pps_samples");
+        // Generator and receiver are one testpmd thread here: either verdict
+        // names that thread.
+        if matches!(v["limit"].as_str(), Some("receiver" | "generator")) {
+            v["why"] = json!(format!(
+                "{} (testpmd's one forwarding thread both sends and receives)",
+                v["limit"].as_str().unwrap_or("?")
+            ));
+            v["limit"] = json!("testpmd");
+        }
         Ok(v)
     })
 }
@@ -1817,7 +1879,7 @@ pub fn memif_compare(o: &MemifOptions) -> Result<Value, Error> {
         "ring_log2": o.ring_log2,
         "seconds": o.seconds,
         "switch_moderation_us": o.moderation_us,
-        "switch_cpu": o.switch_cpu,
+        "switch_cpu": o.switch_cpu.key(),
         "switched_over_direct": ratio(&switched, &direct),
         "direct": direct,
         "switched": switched,
@@ -2141,5 +2203,22 @@ mod tests {
         let mut v = json!({"delivered_mpps": 1.5, "sink_rx_pps_samples": [1.5e6]});
         verdict(&mut v, None, "sink_rx_pps_samples");
         assert_eq!(v["valid"], false);
+    }
+
+    #[test]
+    fn auto_placement_gives_the_switch_a_free_core_when_there_is_one() {
+        // testpmd's main lcore on CPU 0 forwards on CPU 1, and back.
+        assert_eq!((forwarding_cpu(0), forwarding_cpu(1)), (1, 0));
+        let auto = SwitchPlacement::Auto;
+        // Two testpmds: both cores busy, the switch joins the sender's.
+        assert_eq!(auto.cpu(forwarding_cpu(0), None), Some(1));
+        // One testpmd forwarding on CPU 1: the switch takes CPU 0.
+        assert_eq!(auto.cpu(1, Some(0)), Some(0));
+        // Asked for, a CPU or the scheduler holds in every row.
+        assert_eq!(SwitchPlacement::Cpu(1).cpu(1, Some(0)), Some(1));
+        assert_eq!(SwitchPlacement::Unpinned.cpu(1, Some(0)), None);
+        assert_eq!(auto.key(), json!("auto"));
+        assert_eq!(SwitchPlacement::Cpu(3).key(), json!(3));
+        assert_eq!(SwitchPlacement::Unpinned.key(), json!("none"));
     }
 }

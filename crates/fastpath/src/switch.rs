@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use bench::switch::{Backend, Options};
+use bench::switch::{Backend, Options, SwitchPlacement};
 use clap::{Args, Subcommand, ValueEnum};
 use measure::Table;
 use ring::control::AttachRequest;
@@ -140,11 +140,14 @@ pub struct BenchArgs {
     /// log2 of the memif ring size (DPDK's rsize).
     #[arg(long, default_value_t = 10)]
     memif_ring_log2: u8,
-    /// Pin the switch thread to this CPU in the memif rows, or "none" (the
-    /// scheduler places it). The default, 1, is the generator testpmd's
-    /// forwarding core: the switch then takes turns with the sender it
-    /// waits for, while the receiving testpmd drains on the other core.
-    #[arg(long, default_value = "1")]
+    /// Where the switch thread runs in the memif rows: "auto", a CPU
+    /// number (every row), or "none" (the scheduler places it). auto picks
+    /// per row: with two testpmds, which busy-poll both cores, the sending
+    /// testpmd's forwarding core (CPU 1), so the switch takes turns with
+    /// the sender it waits for while the receiver drains on the other;
+    /// with one testpmd, which busy-polls CPU 1, the free CPU 0, so each
+    /// busy thread has a core, as in the direct pair.
+    #[arg(long, default_value = "auto")]
     switch_cpu: String,
     /// The switch's memif interrupt moderation in the memif rows,
     /// microseconds (0: off, the switch is woken per burst once it
@@ -394,15 +397,11 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         bail!("--forwarding-burst must be 1..=1024");
     }
     let switch_cpu = match a.switch_cpu.as_str() {
-        "none" => None,
-        n => Some(
-            n.parse::<usize>()
-                .ok()
-                .filter(|&c| c < 1024)
-                .with_context(|| {
-                    format!("--switch-cpu must be a CPU number or \"none\", got {n:?}")
-                })?,
-        ),
+        "auto" => SwitchPlacement::Auto,
+        "none" => SwitchPlacement::Unpinned,
+        n => SwitchPlacement::Cpu(n.parse::<usize>().ok().filter(|&c| c < 1024).with_context(
+            || format!("--switch-cpu must be \"auto\", a CPU number or \"none\", got {n:?}"),
+        )?),
     };
     if !(1..=14).contains(&a.memif_ring_log2) {
         bail!("--memif-ring-log2 must be 1..=14 (DPDK's memif limit)");
@@ -504,7 +503,9 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     }
     print_forwarding(&doc["forwarding"]);
     print_memif(&doc["memif"]);
-    println!("ratios: {}", doc["ratios"]);
+    if doc["ratios"].as_object().is_some_and(|r| !r.is_empty()) {
+        println!("ratios: {}", doc["ratios"]);
+    }
     Ok(())
 }
 
@@ -592,12 +593,13 @@ fn print_memif(m: &serde_json::Value) {
         "sink CPU %",
         "switch CPU %",
         "switch Mpps/core",
+        "switch on CPU",
         "limit",
     ])
     .title(format!(
-        "DPDK testpmd over memif ({}-byte frames, ring 2^{}, {} s; medians of testpmd's per-second Rx-pps/Tx-pps; switch on CPU {}, memif moderation {} us)",
+        "DPDK testpmd over memif ({}-byte frames, ring 2^{}, {} s; medians of testpmd's per-second Rx-pps/Tx-pps; switch placement {}, memif moderation {} us)",
         m["frame_bytes"], m["ring_log2"], m["seconds"],
-        m["switch_cpu"].as_u64().map_or("any".to_string(), |c| c.to_string()),
+        m["switch_cpu"].as_u64().map_or_else(|| m["switch_cpu"].as_str().unwrap_or("?").to_string(), |c| c.to_string()),
         m["switch_moderation_us"]
     ));
     for (label, r) in [
@@ -623,6 +625,12 @@ fn print_memif(m: &serde_json::Value) {
             pc("sink"),
             pc("switch"),
             f("switch_mpps_per_core", 2),
+            match (&r["switch_pinned_cpu"], &r["switch_pinned"]) {
+                (serde_json::Value::Null, _) if r.get("switch_pinned").is_none() => "-".to_string(),
+                (serde_json::Value::Null, _) => "any".to_string(),
+                (c, serde_json::Value::Bool(false)) => format!("{c} (pin failed)"),
+                (c, _) => c.to_string(),
+            },
             r["limit"].as_str().unwrap_or("?").to_string(),
         ]);
     }

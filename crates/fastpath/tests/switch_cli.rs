@@ -220,10 +220,11 @@ fn switch_and_pktgen_processes() {
     assert!(!sock.exists(), "socket left behind");
 }
 
-/// A memif window too short for testpmd's once-a-second reports is
-/// refused before anything starts, with the minimum stated.
+/// A memif window too short for testpmd's once-a-second reports, or a
+/// switch placement the bench does not know, is refused before anything
+/// starts, with the minimum stated.
 #[test]
-fn switch_bench_refuses_a_memif_window_too_short_to_measure() {
+fn switch_bench_refuses_a_short_memif_window_and_an_unknown_placement() {
     let out = fastpath()
         .args(["switch", "bench", "--part", "memif", "--memif-seconds", "1"])
         .output()
@@ -232,6 +233,17 @@ fn switch_bench_refuses_a_memif_window_too_short_to_measure() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--memif-seconds must be 2..=60"), "{err}");
     assert!(err.contains("once a second"), "{err}");
+    // A placement that is neither auto, none nor a CPU, the same way.
+    let out = fastpath()
+        .args(["switch", "bench", "--part", "memif", "--switch-cpu", "fast"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--switch-cpu") && err.contains("\"fast\""),
+        "{err}"
+    );
 }
 
 #[test]
