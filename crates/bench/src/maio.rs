@@ -471,9 +471,13 @@ fn tcp_sink() -> (std::net::SocketAddr, std::thread::JoinHandle<f64>) {
     (addr, h)
 }
 
+/// Closes a Figure 3 run: the sink is joined first (it has read the last
+/// byte and seen the end of file), so that the meter's window, the
+/// machine-wide figure included, holds the whole transfer, as Figure 4's
+/// does.
 fn finish(m: Meter, bytes: u64, sink: std::thread::JoinHandle<f64>, copied: Option<bool>) -> Run {
-    let r = m.volume(bytes, copied);
     let helper = sink.join().unwrap_or(0.0);
+    let r = m.volume(bytes, copied);
     Run {
         cpu: (r.cpu - helper).max(1e-9),
         peer_cpu: helper,
@@ -1191,6 +1195,12 @@ fn figure(
     let mut out = serde_json::Map::new();
     for (i, (name, _)) in methods.iter().enumerate() {
         let mut v = json!({ "rounds": reps });
+        // The floor runs no proxy: its proxy cycles are 0 by construction,
+        // so ratios of them to the baseline's say nothing.
+        let is_floor = Some(i) == floor;
+        if is_floor {
+            v["floor"] = json!(true);
+        }
         let mut ratios = serde_json::Map::new();
         if let Some(a) = added(i).filter(|_| Some(i) != floor) {
             if let Some(b) = base.and_then(added) {
@@ -1210,7 +1220,7 @@ fn figure(
                 ratios.insert(k.to_string(), spread(r));
             }
         }
-        if base.is_some() {
+        if base.is_some() && !is_floor {
             v[format!("vs_{baseline}")] = Value::Object(ratios);
         }
         if runs[i].iter().any(|r| r.copied.is_some()) {
@@ -1276,6 +1286,14 @@ pub fn summarize(e: &Value, baseline: &str) -> String {
         }
         s
     } else {
+        if e["floor"] == true {
+            return format!(
+                "no proxy, the floor every 'added by the proxy' subtracts: machine-wide cycles/byte {} (peers {}) | Gbit/s {}",
+                mmm(&e["machine_cycles_per_byte"], 1.0, 3),
+                mmm(&e["with_peers_cycles_per_byte"], 1.0, 3),
+                mmm(&e["gbps"], 1.0, 1),
+            );
+        }
         let mut s = format!(
             "cycles/byte {} (app thread {}; with peers {}) | Gbit/s {}",
             mmm(&e["cycles_per_byte"], 1.0, 3),

@@ -101,6 +101,10 @@ fn maio_bench_quick_json_document() {
     assert!(v["figure4"]["no_proxy"]
         .get("added_cycles_per_byte")
         .is_none());
+    // No ratios of its zero proxy cycles to splice's: it is the floor.
+    assert_eq!(v["figure4"]["no_proxy"]["floor"], true);
+    assert!(v["figure4"]["no_proxy"].get("vs_splice").is_none());
+    assert!(v["figure4"]["splice"].get("floor").is_none());
     for m in ["send", "msg_zerocopy", "io_uring_send_zc", "maio"] {
         cpb("figure3_udp_veth", m);
     }
