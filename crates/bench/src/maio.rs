@@ -879,8 +879,19 @@ const PROXY_BUF: usize = 256 * 1024;
 /// Figure 4's row without a proxy: the floor of `added_cycles_per_byte`.
 pub const NO_PROXY: &str = "no_proxy";
 
-/// How long the MAIO proxy may go without receiving before its run fails.
+/// How long a proxy may go without progress before its run fails (the
+/// client writes until it closes, so a quiet proxy is stuck, and a short
+/// run would read as a measurement).
 const PROXY_STALL: Duration = Duration::from_secs(10);
+
+/// A Figure 4 proxy's receive or send failed (a timeout included): the run
+/// cannot be a measurement.
+fn proxy_failed(proxy: &str, what: &str, e: impl std::fmt::Display, bytes: u64) -> ! {
+    panic!(
+        "{proxy} proxy: {what} failed after {bytes} bytes forwarded: {e} (a proxy fails after \
+         {PROXY_STALL:?} without progress; the client writes until it closes)"
+    )
+}
 
 /// Client -> proxy -> server over loopback TCP. The client writes as fast as
 /// it can, the server discards (MSG_TRUNC); `proxy` moves bytes from its
@@ -906,6 +917,12 @@ fn proxied(
     });
     let (inbound, _) = l.accept().expect("accept");
     let outbound = TcpStream::connect(saddr).expect("connect server");
+    // Blocking proxies fail after PROXY_STALL without progress instead of
+    // waiting for ever (std's timeouts; splice honours them too).
+    for s in [&inbound, &outbound] {
+        s.set_read_timeout(Some(PROXY_STALL)).expect("SO_RCVTIMEO");
+        s.set_write_timeout(Some(PROXY_STALL)).expect("SO_SNDTIMEO");
+    }
     let m = Meter::start();
     let (bytes, copied) = proxy(inbound, outbound, m.t0);
     // The server drains what the proxy sent last before the measurement
@@ -945,11 +962,12 @@ fn fig4_copy(d: Duration) -> Run {
         let mut bytes = 0u64;
         loop {
             let n = match i.read(&mut buf) {
-                Ok(0) | Err(_) => break,
+                Ok(0) => break,
                 Ok(n) => n,
+                Err(e) => proxy_failed("read/write", "read", e, bytes),
             };
-            if o.write_all(&buf[..n]).is_err() {
-                break;
+            if let Err(e) = o.write_all(&buf[..n]) {
+                proxy_failed("read/write", "write", e, bytes);
             }
             bytes += n as u64;
         }
@@ -965,14 +983,16 @@ fn fig4_splice(d: Duration) -> Run {
         let mut bytes = 0u64;
         loop {
             let n = match splice(&i, None, &wr, None, PROXY_BUF, SpliceFlags::MOVE) {
-                Ok(0) | Err(_) => break,
+                Ok(0) => break,
                 Ok(n) => n,
+                Err(e) => proxy_failed("splice", "splice from the client", e, bytes),
             };
             let mut left = n;
             while left > 0 {
                 match splice(&rd, None, &o, None, left, SpliceFlags::MOVE) {
-                    Ok(0) | Err(_) => break,
+                    Ok(0) => proxy_failed("splice", "splice to the server", "wrote 0", bytes),
                     Ok(m) => left -= m,
+                    Err(e) => proxy_failed("splice", "splice to the server", e, bytes),
                 }
             }
             bytes += n as u64;
@@ -986,26 +1006,45 @@ fn fig4_uring(d: Duration) -> Run {
         let mut ring = IoUring::new(8).expect("io_uring");
         let mut buf = vec![0u8; PROXY_BUF];
         let mut bytes = 0u64;
+        // One request at a time: submit it and wait at most PROXY_STALL.
+        // Err(true): no completion came, the request may still write into
+        // buf, so buf must not be freed.
+        let ts = types::Timespec::from(PROXY_STALL);
+        let args = types::SubmitArgs::new().timespec(&ts);
+        let one = |ring: &mut IoUring, e: io_uring::squeue::Entry| -> Result<u32, (bool, String)> {
+            // SAFETY: buf outlives the request: it is dropped only after its
+            // completion was reaped, or leaked when none came.
+            let _ = unsafe { ring.submission().push(&e) };
+            let _ = ring.submitter().submit_with_args(1, &args);
+            match ring.completion().next().map(|c| c.result()) {
+                Some(r) if r >= 0 => Ok(r as u32),
+                Some(r) => Err((false, std::io::Error::from_raw_os_error(-r).to_string())),
+                None => Err((true, format!("no completion in {PROXY_STALL:?}"))),
+            }
+        };
+        let failed = |buf: Vec<u8>, what: &str, (pending, e): (bool, String), bytes: u64| -> ! {
+            if pending {
+                std::mem::forget(buf);
+            }
+            proxy_failed("io_uring", what, e, bytes)
+        };
         loop {
             let e = opcode::Recv::new(types::Fd(i.as_raw_fd()), buf.as_mut_ptr(), PROXY_BUF as u32)
                 .build();
-            // SAFETY: buf outlives the wait for this one request.
-            let _ = unsafe { ring.submission().push(&e) };
-            let _ = ring.submit_and_wait(1);
-            let n = ring.completion().next().map(|c| c.result()).unwrap_or(-1);
-            if n <= 0 {
-                break;
-            }
-            let e = opcode::Send::new(types::Fd(o.as_raw_fd()), buf.as_ptr(), n as u32)
+            let n = match one(&mut ring, e) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) => failed(buf, "receive", e, bytes),
+            };
+            let e = opcode::Send::new(types::Fd(o.as_raw_fd()), buf.as_ptr(), n)
                 .flags(libc::MSG_WAITALL)
                 .build();
-            // SAFETY: as above.
-            let _ = unsafe { ring.submission().push(&e) };
-            let _ = ring.submit_and_wait(1);
-            if ring.completion().next().map(|c| c.result()).unwrap_or(-1) <= 0 {
-                break;
+            match one(&mut ring, e) {
+                Ok(m) if m == n => {}
+                Ok(_) => failed(buf, "send", (false, "short with MSG_WAITALL".into()), bytes),
+                Err(e) => failed(buf, "send", e, bytes),
             }
-            bytes += n as u64;
+            bytes += u64::from(n);
         }
         (bytes, Some(true))
     })
