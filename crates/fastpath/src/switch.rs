@@ -55,13 +55,16 @@ pub enum SwitchCommand {
     /// paper's own numbers beside ours. Then the switch's forwarding rate
     /// between two ring ports, per second of the switch thread's CPU time and
     /// end to end, with each thread's CPU time; then DPDK testpmd (txonly) ->
-    /// memif -> switch -> memif -> testpmd (rxonly) beside the two testpmds
-    /// over memif directly, with testpmd's own counters (skipped if DPDK is
-    /// not installed).
+    /// memif -> switch -> memif -> testpmd (rxonly), and one testpmd
+    /// (flowgen) sending and receiving through the switch, beside the two
+    /// testpmds over memif directly, with testpmd's own counters (skipped
+    /// if DPDK is not installed). Where the switch thread runs decides the
+    /// memif rows on a small machine: see --switch-cpu.
     ///
     /// Examples:
     ///   fastpath switch bench --quick
     ///   fastpath switch bench --part forwarding --part memif
+    ///   fastpath switch bench --part memif --switch-cpu none
     ///   fastpath switch bench --quick --format json | jq .backends.switch.csb_itr0
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
