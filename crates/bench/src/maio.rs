@@ -1240,8 +1240,10 @@ fn figure(
         if is_floor {
             v["floor"] = json!(true);
         }
+        // The baseline this row is compared with: none for the floor.
+        let base = base.filter(|_| !is_floor);
         let mut ratios = serde_json::Map::new();
-        if let Some(a) = added(i).filter(|_| Some(i) != floor) {
+        if let Some(a) = added(i).filter(|_| !is_floor) {
             if let Some(b) = base.and_then(added) {
                 let r = a.iter().zip(&b).map(|(x, y)| x / y).collect();
                 ratios.insert("added_cycles_per_byte".into(), spread(r));
@@ -1259,7 +1261,7 @@ fn figure(
                 ratios.insert(k.to_string(), spread(r));
             }
         }
-        if base.is_some() && !is_floor {
+        if base.is_some() {
             v[format!("vs_{baseline}")] = Value::Object(ratios);
         }
         if runs[i].iter().any(|r| r.copied.is_some()) {

@@ -233,6 +233,16 @@ impl MemifPort {
         }
     }
 
+    /// Prefetches the buffer of the server-to-client slot `ahead` slots
+    /// past the next one, if its descriptor names a possible one.
+    #[inline]
+    fn prefetch_s2c(&self, ahead: u16) {
+        let d = self.s2c.desc(self.s2c_next.wrapping_add(ahead)).read();
+        if let Some(p) = self.buffer(d) {
+            maio::prefetch(p.as_ptr());
+        }
+    }
+
     /// The buffer a descriptor names, if its region, offset and length are
     /// possible.
     #[inline]
@@ -380,23 +390,16 @@ impl Port for MemifPort {
         // into the buffers were most of the time forwarding took. The
         // descriptor read for a prefetch only aims the hint; the copy uses
         // its own read, checked.
-        const D: u16 = TX_AHEAD;
-        for k in 0..D.min(left) {
-            let d = self.s2c.desc(self.s2c_next.wrapping_add(k)).read();
-            if let Some(p) = self.buffer(d) {
-                maio::prefetch(p.as_ptr());
-            }
+        for k in 0..TX_AHEAD.min(left) {
+            self.prefetch_s2c(k);
         }
         for f in frames {
             if left == 0 {
                 dropped += 1;
                 continue;
             }
-            if left > D {
-                let d = self.s2c.desc(self.s2c_next.wrapping_add(D)).read();
-                if let Some(p) = self.buffer(d) {
-                    maio::prefetch(p.as_ptr());
-                }
+            if left > TX_AHEAD {
+                self.prefetch_s2c(TX_AHEAD);
             }
             let desc = self.s2c.desc(self.s2c_next);
             let d = desc.read();
