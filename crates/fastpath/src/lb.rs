@@ -608,7 +608,10 @@ pub struct BenchArgs {
     /// With --topology veth: set d0 up for preferred busy polling
     /// (napi_defer_hard_irqs, gro_flush_timeout), so that the load
     /// balancer runs d0's receive processing itself when its ring is empty
-    /// instead of sharing its core with d0's NAPI thread.
+    /// instead of sharing its core with d0's NAPI thread. No effect on
+    /// veth as of Linux 6.18: veth gives its XDP receive queue no NAPI id,
+    /// so the socket has none to poll (SO_INCOMING_NAPI_ID reads 0); kept
+    /// for interfaces that do.
     #[arg(long)]
     busy_poll: bool,
     /// A run of a few seconds (fewer packets, one repetition).

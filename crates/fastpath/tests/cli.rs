@@ -278,6 +278,13 @@ fn lb_bench_veth_xdp_generator_rows_are_valid() {
         );
     }
     assert!(v["generator_alone"]["offered_mpps"].as_f64().unwrap() > 0.0);
+    // The load balancer runs as a daemon would, in a session of its own:
+    // in the bench's, its autogroup shared one CPU weight with the
+    // generator, and d0's NAPI thread took four fifths of its core.
+    for k in ["fastpath", "fastpath_af_xdp"] {
+        let note = v["results"][k]["note"].as_str().unwrap();
+        assert!(note.contains("; own session;"), "{k}: {note}");
+    }
 }
 
 /// `lb run --help` describes the daemon, not only the pcap replay (issue
