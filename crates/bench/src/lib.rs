@@ -22,5 +22,6 @@ pub mod fleet_sim;
 pub mod forwarder;
 pub mod hash_eval;
 pub mod maio;
+mod proc;
 pub mod switch;
 pub mod veth;

@@ -1121,13 +1121,7 @@ impl Pmd {
 
     /// Whether the process still runs (not exited, not a zombie).
     fn alive(&self) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
-            .ok()
-            .and_then(|s| {
-                s.rfind(')')
-                    .and_then(|i| s[i + 1..].split_whitespace().next().map(|x| x != "Z"))
-            })
-            .unwrap_or(false)
+        crate::proc::alive(self.pid())
     }
 
     /// The last lines of its log.
@@ -1152,7 +1146,7 @@ impl Pmd {
 
     /// CPU seconds the whole process has used.
     fn cpu(&self) -> f64 {
-        proc_cpu(self.pid())
+        crate::proc::cpu_seconds(self.pid())
     }
 
     /// SIGINT (testpmd stops forwarding and prints its totals), then wait
@@ -1220,26 +1214,6 @@ fn forward_totals(text: &str) -> Option<(u64, u64, u64, u64)> {
 /// (TX-dropped over all it tried), from [`forward_totals`].
 fn refused_share(totals: Option<(u64, u64, u64, u64)>) -> Option<f64> {
     totals.map(|(_, _, sent, dropped)| dropped as f64 / (sent + dropped).max(1) as f64)
-}
-
-/// utime + stime of a process, in seconds.
-fn proc_cpu(pid: i32) -> f64 {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return f64::NAN;
-    };
-    let Some(rest) = s.rfind(')').map(|i| &s[i + 1..]) else {
-        return f64::NAN;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // After the command: state is field 3, utime 14, stime 15.
-    let tick = |i: usize| {
-        f.get(i)
-            .and_then(|x| x.parse::<f64>().ok())
-            .unwrap_or(f64::NAN)
-    };
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (tick(11) + tick(12)) / hz
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -804,9 +804,10 @@ fn fastpath_row(
         // expected: it is inherited).
         pin_process(rustix::process::Pid::from_child(&lb), &c.device_under_test);
     }
-    let own = rustix::process::getsid(None).ok();
-    let session = match rustix::process::getsid(Some(rustix::process::Pid::from_child(&lb))) {
-        Ok(s) if Some(s) != own => "own session",
+    // From /proc, not getsid(2): see crate::proc on why.
+    let own = crate::proc::session("self");
+    let session = match crate::proc::session(lb.id()) {
+        Some(s) if Some(s) != own => "own session",
         _ => "in the bench's session (its CPU weight shared with the generator)",
     };
     let napi = threaded_napi(&dut, drive.cpus.as_ref());

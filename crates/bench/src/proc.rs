@@ -1,0 +1,86 @@
+//! One reader of `/proc/<pid>/stat`, shared by the benchmarks that watch
+//! the processes they start.
+//!
+//! Session ids are read here rather than with `getsid(2)`: inside a PID
+//! namespace whose session leader lives outside it (a container, a CI
+//! runner) the kernel answers 0, which rustix's `getsid` turns into a
+//! panic (`Pid` must be positive). `/proc` gives the same 0 as a number.
+
+/// The fields of `/proc/<pid>/stat` after the command name, so that index
+/// 0 is the state, 3 the session, 11 utime and 12 stime (`proc(5)` numbers
+/// them 3, 6, 14 and 15). `None` when the process is gone or the file
+/// cannot be parsed. `pid` is a number or `self`.
+pub(crate) fn stat_fields(pid: impl std::fmt::Display) -> Option<Vec<String>> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command may hold spaces and parentheses: it ends at the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// The session id of a process as this PID namespace sees it (0 when the
+/// session's leader is outside it).
+pub(crate) fn session(pid: impl std::fmt::Display) -> Option<i64> {
+    stat_fields(pid)?.get(3)?.parse().ok()
+}
+
+/// Whether the process still runs (exists and is not a zombie).
+pub(crate) fn alive(pid: impl std::fmt::Display) -> bool {
+    stat_fields(pid)
+        .and_then(|f| f.first().map(|s| s != "Z"))
+        .unwrap_or(false)
+}
+
+/// utime + stime of a process in seconds; NaN when it cannot be read.
+pub(crate) fn cpu_seconds(pid: impl std::fmt::Display) -> f64 {
+    let Some(f) = stat_fields(pid) else {
+        return f64::NAN;
+    };
+    let tick = |i: usize| {
+        f.get(i)
+            .and_then(|x| x.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    // SAFETY: sysconf reads a constant and has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (tick(11) + tick(12)) / hz
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_started_with_setsid_has_a_session_other_than_ours() {
+        let own = session("self").expect("own stat");
+        let mut child = std::process::Command::new("setsid")
+            .args(["sleep", "5"])
+            .spawn()
+            .expect("setsid sleep");
+        // setsid(1) forks only when the caller leads a process group; give
+        // it a moment to exec.
+        let mut theirs = None;
+        for _ in 0..100 {
+            theirs = session(child.id()).filter(|&s| s != own);
+            if theirs.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(alive(child.id()));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(
+            theirs,
+            Some(child.id() as i64),
+            "a new session is led by its process"
+        );
+        assert!(!alive(child.id()), "reaped");
+    }
+
+    #[test]
+    fn a_missing_process_reads_as_nothing() {
+        assert_eq!(stat_fields(i32::MAX), None);
+        assert!(cpu_seconds(i32::MAX).is_nan());
+        assert!(!alive(i32::MAX));
+    }
+}
