@@ -610,8 +610,9 @@ pub struct BenchArgs {
     /// balancer runs d0's receive processing itself when its ring is empty
     /// instead of sharing its core with d0's NAPI thread. No effect on
     /// veth as of Linux 6.18: veth gives its XDP receive queue no NAPI id,
-    /// so the socket has none to poll (SO_INCOMING_NAPI_ID reads 0); kept
-    /// for interfaces that do.
+    /// so the socket has none to poll (SO_INCOMING_NAPI_ID reads 0), and
+    /// the load balancer stops polling at its first frames; kept for
+    /// interfaces that have one.
     #[arg(long)]
     busy_poll: bool,
     /// A run of a few seconds (fewer packets, one repetition).

@@ -521,6 +521,11 @@ fn busy_poll_configured(iface: &str) -> bool {
     read("napi_defer_hard_irqs") > 0 && read("gro_flush_timeout") > 0
 }
 
+/// `SO_INCOMING_NAPI_ID`: the NAPI instance the socket's frames came
+/// through, set by the first frame received; 0 where the driver gives its
+/// XDP receive queue none (veth), so that there is nothing to busy-poll.
+const SO_INCOMING_NAPI_ID: libc::c_int = 56;
+
 /// Has the socket busy-poll its queue's NAPI in preference to the kernel;
 /// whether the kernel took every option.
 fn prefer_busy_poll(fd: BorrowedFd<'_>) -> bool {
@@ -682,6 +687,10 @@ pub struct AfXdpPort {
     /// The socket busy-polls the interface's receive processing itself
     /// (preferred busy polling, see [`busy_poll_configured`]).
     busy_poll: bool,
+    /// Whether the first frames have told whether the queue has a NAPI
+    /// instance to busy-poll (see [`SO_INCOMING_NAPI_ID`]); until then a
+    /// port set up for busy polling polls.
+    napi_known: bool,
     stats: PortStats,
     /// Addresses from the kernel that did not name a buffer we gave it.
     pub bad_addresses: u64,
@@ -857,6 +866,7 @@ impl AfXdpPort {
                 mode,
                 tx_budget,
                 busy_poll,
+                napi_known: false,
                 stats: PortStats::default(),
                 bad_addresses: 0,
                 vips: filter.clone(),
@@ -921,9 +931,24 @@ impl AfXdpPort {
 
     /// Whether the port runs the interface's receive processing itself
     /// when its RX ring is empty (preferred busy polling: the interface
-    /// has `napi_defer_hard_irqs` and `gro_flush_timeout` set).
+    /// has `napi_defer_hard_irqs` and `gro_flush_timeout` set). It stops
+    /// at the first frames if they show the queue has no NAPI instance to
+    /// poll (veth): each poll would be a system call that does nothing.
     pub fn busy_polls(&self) -> bool {
         self.busy_poll
+    }
+
+    /// Once frames have arrived: stops busy polling if the socket's
+    /// frames came through no NAPI instance.
+    #[cold]
+    fn learn_napi(&mut self) {
+        self.napi_known = true;
+        let id = self
+            .fd()
+            .and_then(|fd| crate::get_int_option(fd, libc::SOL_SOCKET, SO_INCOMING_NAPI_ID));
+        if id == Some(0) {
+            self.busy_poll = false;
+        }
     }
 
     fn chunk(&self) -> u64 {
@@ -1071,6 +1096,9 @@ impl Nic for AfXdpPort {
         self.fill
             .prod()
             .store(fill_prod.wrapping_add(pushed), Ordering::Release);
+        if n > 0 && self.busy_poll && !self.napi_known {
+            self.learn_napi();
+        }
         if pushed > 0 && self.fill.needs_wakeup() {
             // A zero-length, non-blocking receive only wakes the kernel's
             // receive processing.

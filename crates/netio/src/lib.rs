@@ -241,6 +241,26 @@ pub fn set_int_option(
     r == 0
 }
 
+/// Reads an integer socket option (one rustix lacks); `None` where the
+/// kernel refused (errno says why).
+pub fn get_int_option(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> Option<u32> {
+    let mut v: libc::c_uint = 0;
+    let mut len = std::mem::size_of::<libc::c_uint>() as libc::socklen_t;
+    // SAFETY: `fd` is a live socket; the kernel writes at most `len` bytes
+    // (the size of the `c_uint` it points at, which outlives the call) and
+    // stores the length it wrote in `len`.
+    let r = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            level,
+            name,
+            std::ptr::from_mut(&mut v).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

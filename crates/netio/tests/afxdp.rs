@@ -513,3 +513,90 @@ fn the_xdp_forwarder_rewrites_and_sends_back_out() {
         },
     );
 }
+
+#[test]
+fn busy_polling_stops_where_the_queue_has_no_napi_instance() {
+    let tag = "fp-bpoll";
+    let name = format!("{tag}-{}", std::process::id());
+    in_veth_ns(
+        tag,
+        ("y0", "02:00:00:00:0d:01"),
+        ("y1", "02:00:00:00:0d:02"),
+        1,
+        move |pool| {
+            // Set y0 up for preferred busy polling, as `lb bench --busy-poll`
+            // does, and let this thread see the namespace's interfaces in
+            // sysfs, where the port reads that setting, as a process
+            // started by `ip netns exec` would.
+            let ns = std::mem::ManuallyDrop::new(Netns::new_handle(&name));
+            ns.exec(&[
+                "sh",
+                "-c",
+                "echo 2 > /sys/class/net/y0/napi_defer_hard_irqs && \
+                 echo 200000 > /sys/class/net/y0/gro_flush_timeout",
+            ])
+            .unwrap();
+            namespace_sysfs();
+            assert!(std::path::Path::new("/sys/class/net/y0").exists());
+            let mut h = pool.handle();
+            let vip = packet::flow::mapped([10, 9, 0, 2]);
+            let mut xdp = AfXdpPort::open("y0", &pool, &[vip]).unwrap();
+            assert!(
+                xdp.busy_polls(),
+                "set up for busy polling, the port polls until frames say otherwise"
+            );
+            let mut peer = AfPacketPort::open(afpacket::Config::new("y1")).unwrap();
+            let sent = frames(50, 1000);
+            let ours: HashSet<Vec<u8>> = sent.iter().cloned().collect();
+            let slots = slots_with(&pool, &mut h, &sent);
+            send_all(&mut peer, &pool, &slots);
+            let got = receive_all(&mut xdp, &pool, &mut h, &ours);
+            assert_eq!(got.len(), sent.len(), "every frame arrives");
+            // veth gives its XDP receive queue no NAPI id: nothing to poll.
+            assert!(
+                !xdp.busy_polls(),
+                "a veth queue has no NAPI instance, so polling it would do nothing"
+            );
+            for mut s in slots {
+                h.free(s.buf.take().unwrap()).unwrap();
+            }
+        },
+    );
+}
+
+/// Gives the calling thread a mount namespace of its own with sysfs
+/// mounted anew on /sys, so that /sys/class/net lists the interfaces of
+/// the network namespace the thread is in (what `ip netns exec` does for a
+/// process). Other threads keep the host's mounts.
+fn namespace_sysfs() {
+    // SAFETY: unshare takes no pointers; CLONE_NEWNS (which implies
+    // CLONE_FS) gives only this thread a copy of the mount table.
+    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNS) }, 0, "unshare");
+    // SAFETY: the strings are NUL-terminated literals that outlive the
+    // calls; the data arguments are null, which both mounts allow. The
+    // first keeps what follows from propagating to the host's mounts.
+    unsafe {
+        assert_eq!(
+            libc::mount(
+                c"none".as_ptr(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null()
+            ),
+            0,
+            "making / private"
+        );
+        assert_eq!(
+            libc::mount(
+                c"sysfs".as_ptr(),
+                c"/sys".as_ptr(),
+                c"sysfs".as_ptr(),
+                0,
+                std::ptr::null()
+            ),
+            0,
+            "mounting sysfs"
+        );
+    }
+}
