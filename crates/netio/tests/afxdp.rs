@@ -42,6 +42,11 @@ fn receive_all_once(
     got
 }
 
+/// The name [`in_veth_ns`] gives the namespace it makes for `tag`.
+fn veth_ns_name(tag: &str) -> String {
+    format!("{tag}-{}", std::process::id())
+}
+
 /// Run `f` on a thread inside a namespace this test creates, holding the
 /// veth pair `a`-`b` (name, MAC; `queues` queues each, both up), with a
 /// fresh pool. The namespace is removed when `f` has returned.
@@ -56,7 +61,7 @@ fn in_veth_ns(
         netns::available(),
         "this test needs root and iproute2 (run scripts/setup.sh as root)"
     );
-    let ns = Netns::new(&format!("{tag}-{}", std::process::id())).unwrap();
+    let ns = Netns::new(&veth_ns_name(tag)).unwrap();
     ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
         .unwrap();
     netns::veth_multiqueue(&ns, a.0, a.1, &ns, b.0, b.1, queues).unwrap();
@@ -517,7 +522,7 @@ fn the_xdp_forwarder_rewrites_and_sends_back_out() {
 #[test]
 fn busy_polling_stops_where_the_queue_has_no_napi_instance() {
     let tag = "fp-bpoll";
-    let name = format!("{tag}-{}", std::process::id());
+    let name = veth_ns_name(tag);
     in_veth_ns(
         tag,
         ("y0", "02:00:00:00:0d:01"),
@@ -557,9 +562,7 @@ fn busy_polling_stops_where_the_queue_has_no_napi_instance() {
                 !xdp.busy_polls(),
                 "a veth queue has no NAPI instance, so polling it would do nothing"
             );
-            for mut s in slots {
-                h.free(s.buf.take().unwrap()).unwrap();
-            }
+            common::free_slots(&mut h, slots);
         },
     );
 }
