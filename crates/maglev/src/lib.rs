@@ -50,6 +50,25 @@
 //! table, so [`Maglev::populate`] orders turns by backend name (names must be
 //! unique). [`Maglev::populate_ordered`] keeps the caller's order, for callers
 //! that supply permutations directly (the paper's Table 1).
+//!
+//! # Example
+//!
+//! ```
+//! use maglev::{mix64, Backend, Maglev};
+//!
+//! let backends = [Backend::new("10.1.0.1:80"), Backend::weighted("10.1.0.2:80", 2)];
+//! let mut table = Maglev::new(65_537)?;
+//! table.populate(&backends)?;
+//! // A flow's hash picks a slot; the slot names a backend by its index.
+//! let backend = table.lookup(mix64(0xc633_6407_9c40)).expect("a backend has weight");
+//! println!("flow -> {}", backends[backend as usize].name);
+//! // The heavier backend holds two thirds of the slots, give or take two.
+//! assert!(table.counts(2)[1].abs_diff(65_537 * 2 / 3) <= 2);
+//! # Ok::<(), maglev::Error>(())
+//! ```
+//!
+//! `cargo run -p maglev --example table` goes further: named backends with
+//! weights, a drained one, lookups, and what removing a backend moves.
 
 pub mod eval;
 mod hash;
