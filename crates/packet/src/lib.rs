@@ -11,6 +11,27 @@
 //! and the flow key, or an [`Error`] whose [`Reason`] is counted by the
 //! caller. No input, however malformed, makes this crate panic (fuzzed, and
 //! property-tested on arbitrary bytes).
+//!
+//! # Example
+//!
+//! ```
+//! use packet::{build::Frame, ipv4::Ipv4Packet, parse_frame, proto};
+//!
+//! let (client, vip) = ("198.51.100.7".parse()?, "198.18.0.80".parse()?);
+//! let mut frame = Frame::udp(client, vip, 5353, 53, b"query").to_bytes();
+//! let p = parse_frame(&frame)?;
+//! assert_eq!((p.flow.proto, p.flow.dst_port, p.ttl), (proto::UDP, 53, 64));
+//! // Rewrite in place through a view: one hop less, the checksum refilled.
+//! let mut ip = Ipv4Packet::new_checked(&mut frame[p.l3_offset..])?;
+//! ip.set_ttl(ip.ttl() - 1);
+//! ip.fill_checksum();
+//! assert_eq!(parse_frame(&frame)?.ttl, 63);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! `cargo run -p packet --example rewrite` goes further: views and reprs of
+//! each header, a destination rewritten with both checksums fixed, GRE
+//! encapsulation ([`gre`]) and back.
 
 pub mod build;
 pub mod checksum;
