@@ -21,6 +21,46 @@
 //!
 //! Buffers are named by [`Buf`], a token that is not `Clone`: holding it is
 //! owning the buffer, which is what makes [`Pool::data_mut`] sound.
+//!
+//! # Example
+//!
+//! ```
+//! use maio::{Config, Pool, State};
+//!
+//! // Hugepages if some are reserved, else normal memory (with a warning).
+//! let pool = Pool::new(Config { buffers: 256, buf_size: 2048, ..Config::default() })?;
+//! let mut handle = pool.handle(); // one per thread
+//! let mut buf = handle.alloc()?;
+//! pool.data_mut(&mut buf)[..5].copy_from_slice(b"hello");
+//! assert_eq!(pool.state(buf.index()), Some(State::User));
+//! handle.free(buf)?;
+//! assert_eq!(pool.stats().in_use, 0);
+//! # Ok::<(), maio::Error>(())
+//! ```
+//!
+//! Sending from the pool with [`uring`] (where the kernel has io_uring):
+//!
+//! ```
+//! use std::net::UdpSocket;
+//! use std::time::Duration;
+//! use maio::uring::{self, Ring};
+//!
+//! let pool = maio::Pool::new(maio::Config { buffers: 256, ..Default::default() })?;
+//! let cfg = uring::Config { rx_buffers: 16, ..Default::default() };
+//! let Ok(mut ring) = Ring::new(&pool, cfg) else { return Ok(()) }; // no io_uring here
+//! let (rx, tx) = (UdpSocket::bind("127.0.0.1:0")?, UdpSocket::bind("127.0.0.1:0")?);
+//! tx.connect(rx.local_addr()?)?;
+//! let s = ring.add_socket(tx.into())?;
+//! ring.send_copy(s, b"hello")?; // copied into a pool buffer, sent by the kernel
+//! assert!(ring.drain(Duration::from_secs(2)));
+//! let mut got = [0; 16];
+//! assert_eq!(rx.recv(&mut got)?, 5);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! `cargo run -p maio --example pool_send` goes further: zero-copy sends of
+//! pool buffers on TCP, each handed back when the kernel is done with it,
+//! and the plain path where io_uring is missing.
 
 pub mod uring;
 
