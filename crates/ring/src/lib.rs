@@ -20,6 +20,34 @@
 //!   while `tail - head < slots`.
 //!
 //! Nothing the peer writes is trusted by the device: see [`device`].
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Instant;
+//! use ring::{device::DevicePort, driver::Driver, Geometry, Mode};
+//!
+//! // The device creates the port; the driver adopts its three descriptors
+//! // (which `control`'s attach protocol passes between processes).
+//! let mut dev = DevicePort::create("doc", Geometry::default(), Mode::Csb, 0)?;
+//! let [region, kick, irq] = dev.driver_fds()?;
+//! let mut drv = Driver::new(region, kick, irq, Mode::Csb)?;
+//! let queued = drv.send(1, |_, buf| {
+//!     buf[..5].copy_from_slice(b"hello");
+//!     5
+//! });
+//! let waiting = dev.poll(); // with a CSB the device reads the driver's counters
+//! let mut frames = Vec::new();
+//! let taken = dev.tx_peek(waiting, &mut frames);
+//! assert_eq!((queued, taken, frames[0].len), (1, 1, 5));
+//! dev.tx_complete(taken, 1, Instant::now());
+//! assert_eq!(drv.tx_space(), Geometry::default().slots);
+//! # Ok::<(), ring::Error>(())
+//! ```
+//!
+//! `cargo run -p ring --example exchange` goes further: a switch thread and
+//! an application attached over the control socket, frames both ways in
+//! each notification mode, and the kicks and interrupts each one cost.
 
 pub mod control;
 pub mod device;
