@@ -3,7 +3,7 @@
 CARGO ?= cargo
 OUT ?= out
 
-.PHONY: setup demo test bench lint fuzz soak install
+.PHONY: setup demo test examples bench lint fuzz soak install
 
 setup:
 	@scripts/setup.sh
@@ -31,8 +31,17 @@ demo: setup
 ## Every test, after the conventions: formatting, then clippy with every
 ## warning an error (the workspace lints deny missing docs and unsafe blocks
 ## without a SAFETY comment).
-test: setup lint
+test: setup lint examples
 	$(CARGO) test --workspace --locked --no-fail-fast
+
+## The runnable examples of the libraries a program embeds (README, "Library
+## examples"): each prints what it did and exits non-zero if its own check
+## fails, so `make test` keeps them working as well as compiling.
+examples:
+	$(CARGO) run --locked -p maglev --example table
+	$(CARGO) run --locked -p packet --example rewrite
+	$(CARGO) run --locked -p maio --example pool_send
+	$(CARGO) run --locked -p ring --example exchange
 
 ## The load balancer soaked for ten minutes in the demo's namespaces: wrk
 ## with and without keep-alive through the VIP while nginx is stopped, a
