@@ -27,7 +27,7 @@
 //! ```
 //! use maio::{Config, Pool, State};
 //!
-//! // Hugepages if some are reserved, else normal memory (with a warning).
+//! // Hugepages if some are reserved, else normal memory and a `tracing` warning.
 //! let pool = Pool::new(Config { buffers: 256, buf_size: 2048, ..Config::default() })?;
 //! let mut handle = pool.handle(); // one per thread
 //! let mut buf = handle.alloc()?;
