@@ -682,22 +682,6 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-pub enum DriverArg {
-    /// AF_XDP if it can be had (our XDP program, native or generic), else
-    /// AF_PACKET; says which and why.
-    Auto,
-    /// AF_XDP only.
-    AfXdp,
-    /// The load balancer in the driver: IPv4 TCP and UDP to exactly
-    /// matched IPv4 VIPs forwarded by an XDP program (XDP_TX, no copy, no
-    /// socket), everything else (fragments, ICMP, IPv6, probes) through
-    /// AF_XDP to the packet threads. Same backends, same bytes.
-    Xdp,
-    /// AF_PACKET with a TPACKET_V3 ring.
-    AfPacket,
-}
-
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["pcap_in", "interface"])))]
 pub struct RunArgs {
@@ -717,7 +701,7 @@ pub struct RunArgs {
     /// Packet I/O driver for --interface (default: the configuration's
     /// [forwarder] driver, itself "auto" by default).
     #[arg(long, value_enum)]
-    driver: Option<DriverArg>,
+    driver: Option<lb::config::Driver>,
     /// Packet threads, overriding forwarder.threads (0: inline).
     #[arg(long)]
     threads: Option<usize>,
@@ -741,16 +725,10 @@ fn lb_run(a: RunArgs) -> anyhow::Result<()> {
                 signal_hook::flag::register(sig, Arc::clone(&stop))
                     .context("installing a signal handler")?;
             }
-            let driver = a.driver.map(|d| match d {
-                DriverArg::Auto => lbd::daemon::Driver::Auto,
-                DriverArg::AfXdp => lbd::daemon::Driver::AfXdp,
-                DriverArg::Xdp => lbd::daemon::Driver::Xdp,
-                DriverArg::AfPacket => lbd::daemon::Driver::AfPacket,
-            });
             eprintln!(
                 "forwarding on {iface}; stop with Ctrl-C (SIGINT) or SIGTERM, reload with SIGHUP"
             );
-            lbd::daemon::run(&a.config, iface, driver, a.threads, stop)?
+            lbd::daemon::run(&a.config, iface, a.driver, a.threads, stop)?
         }
         (None, Some(inp), Some(out)) => lb::pcap_run::run(&a.config, inp, out, a.threads)?,
         _ => anyhow::bail!("give --interface, or --pcap-in with --pcap-out"),

@@ -2,7 +2,8 @@
 //!
 //! ```toml
 //! [forwarder]
-//! driver = "auto"          # on an interface: "auto" (AF_XDP, else AF_PACKET), "af-xdp", "af-packet"
+//! driver = "auto"          # on an interface: "auto" (AF_XDP, else AF_PACKET), "af-xdp",
+//!                          # "xdp" (IPv4 TCP/UDP in the driver, the rest AF_XDP), "af-packet"
 //! threads = 2              # packet threads (0: process in the I/O thread)
 //! batch = 32               # packets per batch
 //! batch_timeout_us = 50    # a partial batch is handed over after this long
@@ -102,19 +103,28 @@ pub struct ConfigError {
     pub problem: String,
 }
 
-/// Packet I/O driver for `lb run --interface`.
+/// Packet I/O driver for `lb run --interface`: `[forwarder] driver` in
+/// the file, `--driver` on the command line (which overrides it). The
+/// names are the same in both places: `auto`, `af-xdp`, `xdp`,
+/// `af-packet`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
-pub enum DriverConf {
-    /// AF_XDP if it can be had, else AF_PACKET (says which and why).
+pub enum Driver {
+    /// AF_XDP if it can be had (our XDP program, native or generic), else
+    /// AF_PACKET; says which and why.
     #[default]
     Auto,
-    /// AF_XDP only.
+    /// AF_XDP only: our XDP program steers VIP frames into the pool's
+    /// buffers, the rest goes on to the kernel.
     AfXdp,
-    /// The load balancer in the driver (XDP) for IPv4 TCP and UDP to
-    /// exactly matched IPv4 VIPs, AF_XDP for the rest ([`crate::xdp`]).
+    /// The load balancer in the driver: IPv4 TCP and UDP to exactly
+    /// matched IPv4 VIPs forwarded by an XDP program (XDP_TX, no copy, no
+    /// socket), everything else (fragments, ICMP, IPv6, probes) through
+    /// AF_XDP to the packet threads. Same backends, same bytes
+    /// ([`crate::xdp`]).
     Xdp,
-    /// AF_PACKET only.
+    /// AF_PACKET only, with a TPACKET_V3 receive ring.
     AfPacket,
 }
 
@@ -124,7 +134,7 @@ pub enum DriverConf {
 pub struct Forwarder {
     /// Packet I/O driver on an interface: "auto", "af-xdp", "xdp" or
     /// "af-packet".
-    pub driver: DriverConf,
+    pub driver: Driver,
     /// Packet threads; 0 processes packets in the I/O thread.
     pub threads: usize,
     /// Packets per batch.
@@ -144,7 +154,7 @@ pub struct Forwarder {
 impl Default for Forwarder {
     fn default() -> Self {
         Forwarder {
-            driver: DriverConf::Auto,
+            driver: Driver::Auto,
             threads: 2,
             batch: 32,
             batch_timeout_us: 50,
@@ -1839,10 +1849,10 @@ pool = "web"
             "t",
         )
         .unwrap();
-        assert_eq!(c.forwarder.driver, DriverConf::AfPacket);
+        assert_eq!(c.forwarder.driver, Driver::AfPacket);
         assert_eq!(
             Config::parse(GOOD, "t").unwrap().forwarder.driver,
-            DriverConf::Auto
+            Driver::Auto
         );
         let e = err(&GOOD.replace("[encap]", "[forwarder]\ndriver = \"dpdk\"\n[encap]"));
         assert!(

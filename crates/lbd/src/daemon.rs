@@ -30,24 +30,11 @@ use netio::afxdp::AfXdpPort;
 use serde::Serialize;
 
 use crate::health::{self, CheckKey, Tracker};
+use lb::config::Driver;
 use lb::counters::Counters;
 use lb::datapath::{Datapath, Params, RunStats};
 use lb::tables::Control;
 use lb::Config;
-
-/// Packet I/O drivers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Driver {
-    /// AF_PACKET with a TPACKET_V3 receive ring.
-    AfPacket,
-    /// AF_XDP: our XDP program steers VIP frames into pool buffers.
-    AfXdp,
-    /// The load balancer in the driver (`lb::xdp`) with AF_XDP for the
-    /// rest.
-    Xdp,
-    /// AF_XDP if it can be had, else AF_PACKET (saying why).
-    Auto,
-}
 
 /// The VIP addresses the XDP program steers (prefix-group VIPs cannot be
 /// listed: their addresses are not known in advance).
@@ -1316,12 +1303,8 @@ pub fn run(
     }
     // Held until this function returns: the process serves the interface.
     let _claim = crate::lock::InterfaceLock::claim(interface)?;
-    let driver = driver.unwrap_or(match cfg.forwarder.driver {
-        lb::config::DriverConf::Auto => Driver::Auto,
-        lb::config::DriverConf::AfXdp => Driver::AfXdp,
-        lb::config::DriverConf::Xdp => Driver::Xdp,
-        lb::config::DriverConf::AfPacket => Driver::AfPacket,
-    });
+    // The command line's choice, else the file's.
+    let driver = driver.unwrap_or(cfg.forwarder.driver);
     let interface_mac = afpacket::mac_address(interface).map(|m| netio::neigh::format_mac(&m));
     if cfg.encap.mac.is_none() {
         cfg.encap.mac.clone_from(&interface_mac);
