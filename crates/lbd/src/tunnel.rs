@@ -1,4 +1,4 @@
-//! Health checks through the tunnel (issue 13, finding 2): a check that
+//! Health checks through the tunnel: a check that
 //! goes the way client traffic goes, GRE-encapsulated to the backend with
 //! the VIP as inner destination, so it passes through the backend's
 //! decapsulation agent and reaches the service on the VIP. A backend whose
@@ -28,6 +28,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use netio::tap::Tun;
+use packet::ethertype;
+use packet::gre::{GreRepr, HEADER_LEN as GRE_LEN};
+use packet::ipv4::Ipv4Packet;
+use packet::ipv6::Ipv6Packet;
+use packet::tcp;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 /// The TUN device's name (one load balancer per network namespace).
@@ -127,8 +132,12 @@ impl Tunnel {
             ])?;
         }
         let raw = |domain, what| {
-            Socket::new(domain, Type::RAW, Some(Protocol::from(47)))
-                .map_err(|source| TunnelError::Socket { what, source })
+            Socket::new(
+                domain,
+                Type::RAW,
+                Some(Protocol::from(i32::from(packet::proto::GRE))),
+            )
+            .map_err(|source| TunnelError::Socket { what, source })
         };
         let (raw4, raw6) = (
             raw(Domain::IPV4, "raw GRE socket (IPv4)")?,
@@ -191,7 +200,7 @@ fn forward(
     stop: &AtomicBool,
     stats: &TunnelStats,
 ) {
-    let mut buf = vec![0u8; 4 + 65_536];
+    let mut buf = vec![0u8; GRE_LEN + 65_536];
     while !stop.load(Ordering::Relaxed) {
         let fd = tun.as_fd();
         let mut fds = [rustix::event::PollFd::new(
@@ -205,10 +214,10 @@ fn forward(
         if !matches!(rustix::event::poll(&mut fds, Some(&timeout)), Ok(n) if n > 0) {
             continue;
         }
-        let Some(n) = tun.recv(&mut buf[4..]) else {
+        let Some(n) = tun.recv(&mut buf[GRE_LEN..]) else {
             continue;
         };
-        let packet = &buf[4..4 + n];
+        let packet = &buf[GRE_LEN..GRE_LEN + n];
         let Some((port, ethertype)) = source_port(packet) else {
             stats.unknown.fetch_add(1, Ordering::Relaxed);
             continue;
@@ -222,27 +231,42 @@ fn forward(
             stats.unknown.fetch_add(1, Ordering::Relaxed);
             continue;
         };
-        // GRE (RFC 2784): no flags, version 0, the inner protocol.
-        buf[..2].copy_from_slice(&[0, 0]);
-        buf[2..4].copy_from_slice(&ethertype.to_be_bytes());
+        // The kernel writes the outer IP header of a raw socket's datagram;
+        // the GRE header goes into the room left in front of the packet.
+        GreRepr {
+            protocol: ethertype,
+            key: None,
+        }
+        .emit(&mut buf[..GRE_LEN]);
         let to = SockAddr::from(SocketAddr::new(backend, 0));
         let raw = if backend.is_ipv4() { raw4 } else { raw6 };
-        if raw.send_to(&buf[..4 + n], &to).is_ok() {
+        if raw.send_to(&buf[..GRE_LEN + n], &to).is_ok() {
             stats.sent.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
-/// The TCP source port of an IP packet and its GRE protocol type.
+/// The TCP source port of an IP packet and its GRE protocol type (the
+/// packet's ethertype); `None` for anything but a well-formed IPv4 or IPv6
+/// packet that carries TCP.
 fn source_port(p: &[u8]) -> Option<(u16, u16)> {
-    let (l4, proto, ethertype) = match p.first()? >> 4 {
-        4 => (usize::from(p[0] & 0x0f) * 4, *p.get(9)?, 0x0800),
-        6 => (40, *p.get(6)?, 0x86dd),
-        _ => return None,
+    let port = |transport: &[u8]| {
+        let b = transport.get(tcp::field::SRC_PORT)?;
+        Some(u16::from_be_bytes([b[0], b[1]]))
     };
-    (proto == 6).then_some(())?;
-    let b = p.get(l4..l4 + 2)?;
-    Some((u16::from_be_bytes([b[0], b[1]]), ethertype))
+    match p.first()? >> 4 {
+        4 => {
+            let ip = Ipv4Packet::new_checked(p).ok()?;
+            (ip.protocol() == packet::proto::TCP).then_some(())?;
+            Some((port(ip.payload())?, ethertype::IPV4))
+        }
+        6 => {
+            let ip = Ipv6Packet::new_checked(p).ok()?;
+            (ip.next_header() == packet::proto::TCP).then_some(())?;
+            Some((port(ip.payload())?, ethertype::IPV6))
+        }
+        _ => None,
+    }
 }
 
 /// A TCP connection to `vip:port` that goes through the tunnel to
@@ -319,8 +343,10 @@ mod tests {
 
     #[test]
     fn source_ports_of_tcp_packets_only() {
+        // Packets as the kernel writes them: the views check the lengths.
         let mut v4 = vec![0u8; 40];
         v4[0] = 0x45;
+        v4[2..4].copy_from_slice(&40u16.to_be_bytes());
         v4[9] = 6;
         v4[20..22].copy_from_slice(&4242u16.to_be_bytes());
         assert_eq!(source_port(&v4), Some((4242, 0x0800)));
@@ -328,6 +354,7 @@ mod tests {
         assert_eq!(source_port(&v4), None);
         let mut v6 = vec![0u8; 60];
         v6[0] = 0x60;
+        v6[4..6].copy_from_slice(&20u16.to_be_bytes());
         v6[6] = 6;
         v6[40..42].copy_from_slice(&7u16.to_be_bytes());
         assert_eq!(source_port(&v6), Some((7, 0x86dd)));

@@ -148,6 +148,40 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> GrePacket<T> {
     }
 }
 
+/// A GRE header to write: version 0, no checksum or sequence number, and
+/// a key (RFC 2890) when one is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GreRepr {
+    /// Ethertype of the encapsulated packet.
+    pub protocol: u16,
+    /// The key field, if any.
+    pub key: Option<u32>,
+}
+
+impl GreRepr {
+    /// Header length [`GreRepr::emit`] writes: [`HEADER_LEN`], or
+    /// [`KEYED_HEADER_LEN`] with a key.
+    pub fn header_len(&self) -> usize {
+        if self.key.is_some() {
+            KEYED_HEADER_LEN
+        } else {
+            HEADER_LEN
+        }
+    }
+
+    /// Writes the header at the start of `buf`, which must hold
+    /// [`GreRepr::header_len`] bytes.
+    #[inline(always)]
+    pub fn emit(&self, buf: &mut [u8]) {
+        let mut gre = GrePacket::new_unchecked(&mut *buf);
+        gre.set_flags(if self.key.is_some() { flags::KEY } else { 0 });
+        gre.set_protocol(self.protocol);
+        if let Some(k) = self.key {
+            buf[HEADER_LEN..KEYED_HEADER_LEN].copy_from_slice(&k.to_be_bytes());
+        }
+    }
+}
+
 /// Where encapsulated packets go: the outer Ethernet and IP headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outer {
@@ -479,18 +513,15 @@ pub fn encapsulate_keyed(
         }
         .emit(ip);
     }
-    let gre_hdr = &mut hdr[need - gre_len..];
-    let mut gre = GrePacket::new_unchecked(&mut *gre_hdr);
-    // No checksum or sequence; version 0; a key if asked for.
-    gre.set_flags(if key.is_some() { flags::KEY } else { 0 });
-    gre.set_protocol(if p.l3 == L3::V4 {
-        ethertype::IPV4
-    } else {
-        ethertype::IPV6
-    });
-    if let Some(k) = key {
-        gre_hdr[HEADER_LEN..KEYED_HEADER_LEN].copy_from_slice(&k.to_be_bytes());
+    GreRepr {
+        protocol: if p.l3 == L3::V4 {
+            ethertype::IPV4
+        } else {
+            ethertype::IPV6
+        },
+        key,
     }
+    .emit(&mut hdr[need - gre_len..]);
     Ok(begin..inner_at + inner_len)
 }
 

@@ -302,6 +302,21 @@ proptest! {
             prop_assert!(GrePacket::new_checked(&b[..]).is_err());
         }
     }
+
+    #[test]
+    fn gre_repr_reads_back(protocol in any::<u16>(), key in any::<Option<u32>>(),
+                           payload in prop::collection::vec(any::<u8>(), 0..40)) {
+        let repr = gre::GreRepr { protocol, key };
+        // Whatever the buffer held before, the header written is exactly
+        // the one asked for.
+        let mut b = vec![0xffu8; repr.header_len()];
+        b.extend_from_slice(&payload);
+        repr.emit(&mut b);
+        let g = GrePacket::new_checked(&b[..]).unwrap();
+        prop_assert_eq!((g.protocol(), g.key()), (protocol, key));
+        prop_assert_eq!(g.header_len(), repr.header_len());
+        prop_assert_eq!(g.payload(), &payload[..]);
+    }
 }
 
 /// A checked IPv4 view whose total length is set beyond its buffer is
