@@ -1,4 +1,4 @@
-//! The next hop's MAC, found rather than typed (issue 17, finding 1).
+//! The next hop's MAC, found rather than typed.
 //!
 //! Every encapsulated frame leaves the interface for one next hop: the
 //! router towards the backends, or the backend itself when it is on the

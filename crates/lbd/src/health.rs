@@ -293,7 +293,7 @@ health = { kind = "tcp", port = 443 }
     /// A server that accepts but never answers: with the prober running on
     /// time, that is a failure; with the prober starved (its thread blocked
     /// past the timeout, as packet threads can do on 2 cores), the same
-    /// silence is inconclusive, not a dead backend (issue 13, finding 4).
+    /// silence is inconclusive, not a dead backend.
     #[tokio::test(flavor = "current_thread")]
     async fn a_starved_prober_does_not_declare_a_backend_dead() {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -336,8 +336,8 @@ mod tests {
     }
 
     /// Every sample follows its own family's TYPE line, and each family's
-    /// lines are together (the defect issue 17 found: all HELP/TYPE first,
-    /// samples after).
+    /// lines are together, as the OpenMetrics format wants (not all
+    /// HELP/TYPE lines first and the samples after).
     #[test]
     fn families_are_grouped_and_named_for_prometheus() {
         let mut c = Counters::new();
