@@ -379,29 +379,23 @@ pub struct ApiConn {
 }
 
 impl ApiConn {
-    /// POSTs to `path` with the token from --token-file and reads the JSON
-    /// answer; an error status is an error with the daemon's reason, after
-    /// `what` (the request in words).
-    fn post<T: serde::de::DeserializeOwned>(&self, path: &str, what: &str) -> anyhow::Result<T> {
-        let token = self
+    /// The token from --token-file, if given.
+    fn token(&self) -> anyhow::Result<Option<String>> {
+        Ok(self
             .token_file
             .as_deref()
-            .map(lbd::api::read_token)
-            .transpose()?;
-        let (status, body) = lbd::daemon::api_exchange(self.api, "POST", path, token.as_deref())?;
-        if !status.starts_with('2') {
-            anyhow::bail!(
-                "{what}: {} answered {status}: {}",
-                self.api,
-                api_reason(&body)
-            );
-        }
-        if body.trim().is_empty() {
-            anyhow::bail!("{} answered {path} with an empty body", self.api);
-        }
-        serde_json::from_str(&body)
-            .with_context(|| format!("unexpected answer from {}: {body}", self.api))
+            .map(lbd::http::read_token)
+            .transpose()?)
     }
+}
+
+/// A change's answer, or its error; a refusal is said after `what` (the
+/// request in words).
+fn refused<T>(r: Result<T, lbd::client::ApiError>, what: &str) -> anyhow::Result<T> {
+    r.map_err(|e| match e {
+        e @ lbd::client::ApiError::Status { .. } => anyhow::Error::new(e).context(what.to_string()),
+        e => e.into(),
+    })
 }
 
 /// `fastpath lb reload`'s arguments.
@@ -419,49 +413,35 @@ pub struct ApiArgs {
 /// `fastpath lb reload`: POST /reload, its answer printed; a rejected file
 /// is an error with the daemon's reason.
 fn reload(a: ApiArgs) -> anyhow::Result<()> {
-    let r: serde_json::Value = a.conn.post("/reload", "reload")?;
+    let r = refused(
+        lbd::client::reload(a.conn.api, a.conn.token()?.as_deref()),
+        "reload",
+    )?;
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
         Format::Table => {
-            let n = |k: &str| r[k].as_u64().unwrap_or(0);
-            let parsed = &r["parsed"];
-            let pieces = if parsed["whole"].as_bool() == Some(true) {
+            let pieces = if r.parsed.whole {
                 "the file was parsed whole".to_string()
             } else {
                 format!(
                     "{} of its {} [[pools]]/[[vips]] elements parsed again",
-                    parsed["parsed"].as_u64().unwrap_or(0),
-                    parsed["chunks"].as_u64().unwrap_or(0)
+                    r.parsed.parsed, r.parsed.chunks
                 )
             };
             println!(
                 "reloaded: configuration generation {} in {:.1} ms ({pieces})",
-                n("generation"),
-                n("took_us") as f64 / 1e3
+                r.generation,
+                r.took_us as f64 / 1e3
             );
-            let later: Vec<&str> = r["not_applied"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|k| k.as_str())
-                .collect();
-            if !later.is_empty() {
+            if !r.not_applied.is_empty() {
                 println!(
                     "changed but applied only at the next start (the running values stay): {}",
-                    later.join(", ")
+                    r.not_applied.join(", ")
                 );
             }
         }
     }
     Ok(())
-}
-
-/// The daemon's reason in an error answer: its JSON `error`, or the body.
-fn api_reason(body: &str) -> String {
-    serde_json::from_str::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| v["error"].as_str().map(str::to_string))
-        .unwrap_or_else(|| body.trim().to_string())
 }
 
 /// A backend of a running load balancer, and how to reach its API.
@@ -481,25 +461,10 @@ pub struct BackendArgs {
 /// `fastpath lb drain|undrain|weight`: one POST to the API, its answer
 /// printed; an error status is an error with the daemon's reason.
 fn runtime_change(a: BackendArgs, change: lbd::runtime::Change) -> anyhow::Result<()> {
-    // The name goes into the path: keep it to characters a path carries
-    // as they are.
-    if a.backend.is_empty()
-        || !a
-            .backend
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
-    {
-        anyhow::bail!(
-            "backend {:?}: give a backend name (letters, digits, - _ . :) or an address",
-            a.backend
-        );
-    }
-    let path = match change {
-        lbd::runtime::Change::Drain => format!("/backends/{}/drain", a.backend),
-        lbd::runtime::Change::Undrain => format!("/backends/{}/undrain", a.backend),
-        lbd::runtime::Change::Weight(w) => format!("/backends/{}/weight/{w}", a.backend),
-    };
-    let r: lbd::daemon::RuntimeChanged = a.conn.post(&path, &format!("{change} {}", a.backend))?;
+    let r = refused(
+        lbd::client::change(a.conn.api, &a.backend, change, a.conn.token()?.as_deref()),
+        &format!("{change} {}", a.backend),
+    )?;
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
         Format::Table => {
@@ -877,7 +842,7 @@ fn status(apis: Vec<std::net::SocketAddr>, format: Format) -> anyhow::Result<()>
     let [api] = apis[..] else {
         return fleet_status(&apis, format);
     };
-    let s = lbd::daemon::fetch_status(api)?;
+    let s = lbd::client::fetch_status(api)?;
     match format {
         Format::Table => print!("{}", s.to_text()),
         Format::Json => println!("{}", serde_json::to_string_pretty(&s)?),

@@ -607,7 +607,7 @@ pub fn run(opts: &Options, stop: Arc<AtomicBool>) -> Result<FleetReport> {
     for k in 1..=lbs {
         statuses.push(t.status_of(k)?);
     }
-    let named: Vec<(String, lbd::daemon::Status)> =
+    let named: Vec<(String, lbd::status::Status)> =
         (1..=lbs).map(|k| format!("lb{k}")).zip(statuses).collect();
     let agreement = lbd::fleet::compare(&named);
     report.agree = agreement.agree;

@@ -958,7 +958,7 @@ fn reload(t: &Topology, slowest_ms: &mut f64) -> Result<std::result::Result<u64,
 /// What a reload could change, from `/status`: reloads applied, reloads
 /// rejected, and each VIP's backends by name.
 fn applied_state(t: &Topology) -> Option<(u64, u64, Vec<Vec<String>>)> {
-    let s: lbd::daemon::Status = serde_json::from_str(&t.api("GET", "/status").ok()?).ok()?;
+    let s: lbd::status::Status = serde_json::from_str(&t.api("GET", "/status").ok()?).ok()?;
     let names = s
         .vips
         .iter()
@@ -1065,7 +1065,7 @@ pub fn run(
     let driver = t
         .api("GET", "/status")
         .ok()
-        .and_then(|s| serde_json::from_str::<lbd::daemon::Status>(&s).ok())
+        .and_then(|s| serde_json::from_str::<lbd::status::Status>(&s).ok())
         .map(|s| s.driver)
         .unwrap_or_default();
     progress(&format!("load balancer up ({driver}); VIP {VIP} answers"));
@@ -1342,7 +1342,7 @@ pub fn run(
     if let Some(s) = t
         .api("GET", "/status")
         .ok()
-        .and_then(|s| serde_json::from_str::<lbd::daemon::Status>(&s).ok())
+        .and_then(|s| serde_json::from_str::<lbd::status::Status>(&s).ok())
     {
         report.drops = s.drops.into_iter().filter(|(_, v)| *v > 0).collect();
     }

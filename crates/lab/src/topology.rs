@@ -910,7 +910,7 @@ pool = "web"
                 addr: api.clone(),
                 source,
             })?;
-            lbd::daemon::api_request_with(addr, &method, &path, token).map_err(|e| Error::Api {
+            lbd::client::api_request_with(addr, &method, &path, token).map_err(|e| Error::Api {
                 request: format!("{method} {path}"),
                 source: e.into(),
             })
@@ -929,7 +929,7 @@ pool = "web"
     }
 
     /// Load balancer `k`'s `/status`.
-    pub fn status_of(&self, k: usize) -> Result<lbd::daemon::Status> {
+    pub fn status_of(&self, k: usize) -> Result<lbd::status::Status> {
         let body = self.api_on(k, "GET", "/status")?;
         serde_json::from_str(&body).map_err(|e| Error::Api {
             request: format!("GET /status of load balancer {k}"),

@@ -179,8 +179,9 @@ pub fn pool_elements(text: &str) -> Option<Vec<std::ops::Range<usize>>> {
     )
 }
 
-/// What the last parse through a [`ParseCache`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+/// What the last parse through a [`ParseCache`] did (in a reload's
+/// answer, which the command line reads back).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChunkStats {
     /// Elements the text was split into (0 when it was parsed whole).
     pub chunks: usize,

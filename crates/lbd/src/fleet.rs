@@ -14,7 +14,8 @@ use std::net::SocketAddr;
 
 use serde::Serialize;
 
-use crate::daemon::{fetch_status, BackendStatus, Status, VipStatus};
+use crate::client::fetch_status;
+use crate::status::{BackendStatus, Status, VipStatus};
 
 /// What differs between load balancers for one VIP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]

@@ -1,24 +1,45 @@
 //! The Maglev load balancer's control plane (paper: Maglev, NSDI'16,
 //! sections 2-4): the daemon that runs the `lb` forwarder on a real
-//! interface ([`daemon`]), its HTTP API and atomic reloads, health checks
-//! ([`health`]), VIP announcements through BIRD ([`bgp`]) and the check
-//! that a fleet of load balancers agrees on its tables ([`fleet`]), and
-//! the liveness of the peers fragments are redirected to ([`peers`]), and
-//! the next hop's MAC resolved from the kernel ([`gateway`]).
+//! interface, one module per concern:
+//!
+//! - [`daemon`]: the lifecycle only: start, serve, graceful stop.
+//! - [`ports`]: the driver, the socket layout and pool size it needs, and
+//!   opening the interface with the fall-back `auto` promises.
+//! - [`state`]: what the lifecycle, the tasks and the API share
+//!   ([`state::Shared`]), in named parts.
+//! - [`reload`]: reloads and runtime changes (drain, undrain, weight),
+//!   applied whole or not at all; [`runtime`] edits the file for the latter.
+//! - [`status`]: the `/status` document; [`metrics`]: `/metrics`.
+//! - [`http`]: the API's routes and their listener; [`paths`]: its paths,
+//!   written once for the routes and the [`client`] the command line uses.
+//! - [`tasks`]: the work beside the datapath: health checks, the BGP
+//!   controller (VIP announcements through BIRD), the `[fleet]` peers'
+//!   liveness, the sync of the load balancer in the driver, the
+//!   packet-tracer's reporter.
+//! - [`health`]: what a health check is and how its verdict is reached;
+//!   [`tunnel`]: checks that go through GRE as client traffic does.
+//! - [`gateway`]: the next hop's MAC resolved from the kernel; [`lock`]: one
+//!   load balancer per interface.
+//! - [`fleet`]: the check that a fleet of load balancers agrees on its
+//!   tables.
 //!
 //! This is the only crate of the load balancer that depends on tokio and
 //! axum; it drives the forwarder through atomic table swaps and never sits
 //! on the packet path.
 
-pub mod api;
-pub mod bgp;
+pub mod client;
 pub mod daemon;
 pub mod fleet;
 pub mod gateway;
 pub mod health;
+pub mod http;
 pub mod lock;
 pub mod metrics;
-pub mod peers;
+pub mod paths;
+pub mod ports;
+pub mod reload;
 pub mod runtime;
-pub mod tracer;
+pub mod state;
+pub mod status;
+pub mod tasks;
 pub mod tunnel;

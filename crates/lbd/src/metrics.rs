@@ -15,7 +15,8 @@ use prometheus_client::registry::Registry;
 
 use lb::counters::{Counters, DropReason, DROP_REASONS, NOT_FOR_VIP};
 
-use crate::daemon::Status;
+use crate::state::Shared;
+use crate::status::Status;
 
 /// The content type of [`encode_metrics`]' output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -69,6 +70,19 @@ fn count(f: &Family<Labels, Counter>, l: &[(&str, &str)], v: u64) {
 fn set(f: &Family<Labels, Gauge>, l: &[(&str, &str)], v: u64) {
     f.get_or_create(&labels(l))
         .set(i64::try_from(v).unwrap_or(i64::MAX));
+}
+
+impl Shared {
+    /// Prometheus text exposition.
+    pub fn metrics(&self) -> String {
+        encode_metrics(
+            &self.status(),
+            &self.datapath.counters(),
+            self.health
+                .inconclusive
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
 }
 
 /// The exposition of one snapshot: `s` (the `/status` document), `c` (the

@@ -2,12 +2,17 @@
 //! announces or withdraws every VIP through a real BGP daemon (BIRD). No BGP
 //! is spoken here: BIRD holds the sessions; fastpath writes the VIP routes
 //! into a file BIRD includes and enables or disables the static protocol
-//! that holds them.
+//! that holds them. The controller is a thread of the daemon
+//! ([`controller`]); the [`Announcer`] is what it drives.
 
 use std::fmt::Write as _;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use lb::config::{Bgp, Config};
+
+use crate::state::{BgpState, Shared};
 
 /// Why talking to BIRD failed.
 #[derive(Debug, thiserror::Error)]
@@ -154,6 +159,61 @@ impl Announcer {
     /// Whether the VIPs are announced as far as we know.
     pub fn announced(&self) -> bool {
         self.announced == Some(true)
+    }
+}
+
+/// Announces the VIPs while the datapath's heartbeat advances; withdraws
+/// them when it stalls, when `[bgp]` goes away, and on the way out.
+pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
+    let mut ann = Announcer::default();
+    let mut last_beat = 0u64;
+    let mut stale = 0u32;
+    let mut last_conf = None;
+    while !stop.load(Ordering::Relaxed) {
+        let cfg = shared
+            .control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .config()
+            .clone();
+        let Some(b) = cfg.bgp.clone() else {
+            if let Some(old) = last_conf.take() {
+                ann.withdraw(&old);
+            }
+            *shared.bgp.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        };
+        // Withdraw only after three polls without progress: one quiet
+        // poll is a scheduling hiccup, not a dead forwarder.
+        let beat = heartbeat.load(Ordering::Relaxed);
+        stale = if beat == last_beat { stale + 1 } else { 0 };
+        let alive = beat != 0 && stale < 3;
+        last_beat = beat;
+        // Announce only VIPs that can be served: a VIP whose backends are
+        // all down would attract traffic only to drop it.
+        let tables = shared
+            .control
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tables()
+            .load_full();
+        ann.step(&b, &cfg, alive, &|i| {
+            tables.vips.get(i).is_some_and(|v| !v.slots.is_empty())
+        });
+        *shared.bgp.lock().unwrap_or_else(|p| p.into_inner()) = Some(BgpState {
+            announced: ann.announced(),
+            error: ann.last_error.clone(),
+        });
+        last_conf = Some(b.clone());
+        // Sleep in small steps so a stop is acted on quickly.
+        let until = Instant::now() + Duration::from_millis(b.poll_ms);
+        while Instant::now() < until && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    if let Some(b) = last_conf {
+        ann.withdraw(&b);
     }
 }
 

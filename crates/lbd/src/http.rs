@@ -1,8 +1,10 @@
-//! Serving the HTTP API safely: the listener is bound before the daemon
-//! forwards (a port in use stops the start instead of leaving a daemon
-//! without its API), mutating endpoints need a bearer token when one is
-//! configured, request bodies are bounded, and connections that sit idle
-//! are closed.
+//! The HTTP API: its routes ([`router`]: `/metrics`, `/status`,
+//! `POST /reload` and the runtime changes, at the paths of
+//! [`crate::paths`]) and serving them safely: the listener is bound before
+//! the daemon forwards (a port in use stops the start instead of leaving a
+//! daemon without its API), mutating endpoints need a bearer token when
+//! one is configured, request bodies are bounded, and connections that sit
+//! idle are closed.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -10,8 +12,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::Router;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+
+use crate::paths;
+use crate::reload::RuntimeError;
+use crate::runtime::Change;
+use crate::state::Shared;
 
 /// A connection that has not sent a complete request head within this long
 /// (including the wait between requests on a kept-alive connection) is
@@ -139,6 +150,135 @@ pub async fn serve(listener: std::net::TcpListener, app: Router, stop: Arc<Atomi
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
             let _ = tokio::time::timeout(MAX_CONNECTION, conn).await;
         });
+    }
+}
+
+/// What the API serves, in words (for the log).
+pub fn summary() -> String {
+    format!(
+        "GET {}, {}; POST {}, {}, {}, {}",
+        paths::METRICS,
+        paths::STATUS,
+        paths::RELOAD,
+        paths::DRAIN,
+        paths::UNDRAIN,
+        paths::WEIGHT
+    )
+}
+
+/// The API's routes over the shared state.
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route(
+            paths::METRICS,
+            get(|State(s): State<Arc<Shared>>| async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        crate::metrics::CONTENT_TYPE,
+                    )],
+                    s.metrics(),
+                )
+            }),
+        )
+        .route(
+            paths::STATUS,
+            get(|State(s): State<Arc<Shared>>| async move { Json(s.status()) }),
+        )
+        .route(
+            paths::RELOAD,
+            post(
+                |State(s): State<Arc<Shared>>, headers: HeaderMap| async move {
+                    change_endpoint(s, &headers, |_| StatusCode::BAD_REQUEST, Shared::reload)
+                        .await
+                },
+            ),
+        )
+        .route(
+            paths::DRAIN,
+            post(
+                |State(s): State<Arc<Shared>>,
+                 UrlPath(b): UrlPath<String>,
+                 headers: HeaderMap| async move {
+                    runtime_endpoint(s, &headers, b, Change::Drain).await
+                },
+            ),
+        )
+        .route(
+            paths::UNDRAIN,
+            post(
+                |State(s): State<Arc<Shared>>,
+                 UrlPath(b): UrlPath<String>,
+                 headers: HeaderMap| async move {
+                    runtime_endpoint(s, &headers, b, Change::Undrain).await
+                },
+            ),
+        )
+        .route(
+            paths::WEIGHT,
+            post(
+                |State(s): State<Arc<Shared>>,
+                 UrlPath((b, w)): UrlPath<(String, u32)>,
+                 headers: HeaderMap| async move {
+                    runtime_endpoint(s, &headers, b, Change::Weight(w)).await
+                },
+            ),
+        )
+        .with_state(shared)
+}
+
+/// A `POST` that changes the load balancer (`/reload`, the runtime
+/// changes): refused without the token, run off the async threads; 200
+/// with `apply`'s answer as JSON, or `status` of its error with the reason
+/// as JSON.
+async fn change_endpoint<T, E>(
+    s: Arc<Shared>,
+    headers: &HeaderMap,
+    status: fn(&E) -> StatusCode,
+    apply: impl FnOnce(&Shared) -> Result<T, E> + Send + 'static,
+) -> axum::response::Response
+where
+    T: Serialize + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    if !authorized(headers, s.api_token.as_deref()) {
+        return unauthorized().into_response();
+    }
+    match tokio::task::spawn_blocking(move || apply(&s)).await {
+        Ok(Ok(r)) => (StatusCode::OK, Json(r)).into_response(),
+        Ok(Err(e)) => (
+            status(&e),
+            Json(serde_json::json!({ "error": e.to_string() })),
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// `POST /backends/NAME/...`: a runtime change (404: no such backend,
+/// 409: the file was edited since it was loaded, 400: the result would be
+/// invalid).
+async fn runtime_endpoint(
+    s: Arc<Shared>,
+    headers: &HeaderMap,
+    backend: String,
+    change: Change,
+) -> axum::response::Response {
+    change_endpoint(s, headers, runtime_status, move |s| {
+        s.runtime_change(&backend, change)
+    })
+    .await
+}
+
+/// The HTTP status of the answer to a refused runtime change.
+fn runtime_status(e: &RuntimeError) -> StatusCode {
+    match e {
+        RuntimeError::Edit(crate::runtime::EditError::UnknownBackend(_)) => StatusCode::NOT_FOUND,
+        RuntimeError::FileChanged { .. } => StatusCode::CONFLICT,
+        RuntimeError::Edit(_) | RuntimeError::Config(_) | RuntimeError::Apply(_) => {
+            StatusCode::BAD_REQUEST
+        }
+        RuntimeError::Read { .. } | RuntimeError::Write(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

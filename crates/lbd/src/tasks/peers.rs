@@ -19,8 +19,8 @@ use lb::counters::{Counters, DropReason};
 use lb::tables::Tables;
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::Shared;
 use crate::health::{self, CheckKey, Tracker};
+use crate::state::Shared;
 
 /// The peers to check: `[fleet] peers` but this load balancer.
 fn others(cfg: &Config) -> Vec<IpAddr> {

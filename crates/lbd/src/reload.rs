@@ -1,0 +1,275 @@
+//! Changing the running configuration: a reload (SIGHUP, `POST /reload`)
+//! re-reads the file; a runtime change (`POST /backends/NAME/drain`,
+//! `/undrain`, `/weight/N`) edits it ([`crate::runtime`]). Either is
+//! validated whole, built aside and swapped in in one step, or refused
+//! with nothing changed: the running configuration keeps serving and the
+//! reason is logged and returned.
+//!
+//! A runtime change is written back into the file so that a restart keeps
+//! it; a file edited since it was loaded is not overwritten.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+
+use lb::Config;
+
+use crate::health;
+use crate::state::Shared;
+
+/// Why a reload was refused (the running configuration stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The new file is invalid.
+    #[error(transparent)]
+    Config(#[from] lb::config::ConfigError),
+    /// The XDP program's VIP set could not be updated.
+    #[error("updating the XDP VIP set: {0}")]
+    XdpVips(#[source] netio::Error),
+    /// Tunnel health checks were asked for and the tunnel cannot be made.
+    #[error(transparent)]
+    Tunnel(#[from] crate::tunnel::TunnelError),
+}
+
+/// Why a runtime change (drain, undrain, weight) was refused; nothing
+/// changed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The backend, or the file's layout (see [`crate::runtime::EditError`]).
+    #[error(transparent)]
+    Edit(#[from] crate::runtime::EditError),
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The configuration file.
+        path: PathBuf,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file on disk is not the configuration that runs.
+    #[error(
+        "{path} changed on disk since it was loaded; not overwriting that edit: \
+         apply it first (`fastpath lb reload` or SIGHUP), or undo it, then try again"
+    )]
+    FileChanged {
+        /// The configuration file.
+        path: PathBuf,
+    },
+    /// The change would make the configuration invalid.
+    #[error("the configuration after the change is invalid: {0}")]
+    Config(#[from] lb::config::ConfigError),
+    /// The change could not be applied.
+    #[error(transparent)]
+    Apply(#[from] ReloadError),
+    /// The file could not be written (nothing was applied).
+    #[error(transparent)]
+    Write(#[from] crate::runtime::WriteError),
+}
+
+/// What a runtime change did (the API's answer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct RuntimeChanged {
+    /// The backend as asked for.
+    pub backend: String,
+    /// The change.
+    pub change: crate::runtime::Change,
+    /// The pools that list the backend: all changed.
+    pub pools: Vec<String>,
+    /// False when it already was as asked (nothing written or applied).
+    pub changed: bool,
+    /// The configuration generation after it.
+    pub generation: u64,
+    /// The configuration file written.
+    pub file: String,
+}
+
+/// What a reload applied (the API's answer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Reloaded {
+    /// The configuration generation after it (`/status` `generation`).
+    pub generation: u64,
+    /// Keys that changed but take effect only at the next start (the
+    /// running load balancer keeps the values it started with), as
+    /// `section.key`; empty when everything was applied.
+    pub not_applied: Vec<String>,
+    /// Microseconds from reading the file to the new tables swapped in
+    /// (0 for a runtime change, which reports its own).
+    pub took_us: u64,
+    /// What the parse did: the file's elements and how many were parsed
+    /// again (the others were unchanged since the last load).
+    pub parsed: lb::config::ChunkStats,
+}
+
+impl Shared {
+    /// Re-reads the configuration file and swaps it in, or explains why not.
+    /// Keys that cannot change while running are reported, not applied.
+    pub fn reload(&self) -> Result<Reloaded, ReloadError> {
+        let mut applied = self.file.applied.lock().unwrap_or_else(|p| p.into_inner());
+        let applied = &mut *applied;
+        let started = std::time::Instant::now();
+        let file = self.file.path.display().to_string();
+        let result = Config::read(&self.file.path)
+            .and_then(|text| {
+                Config::parse_with(&text, &file, &mut applied.cache).map(|c| (c, text))
+            })
+            .map_err(ReloadError::from)
+            .and_then(|(cfg, text)| {
+                let mut r = self.apply_config(cfg)?;
+                applied.text = text;
+                r.took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                r.parsed = applied.cache.last();
+                Ok(r)
+            });
+        match &result {
+            Ok(r) => {
+                self.changes.reloads.fetch_add(1, Ordering::Relaxed);
+                *self
+                    .changes
+                    .last_reload_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = None;
+                tracing::info!(
+                    generation = r.generation,
+                    took_ms = r.took_us as f64 / 1e3,
+                    elements_parsed = r.parsed.parsed,
+                    elements = r.parsed.chunks,
+                    "configuration reloaded"
+                );
+                if !r.not_applied.is_empty() {
+                    tracing::warn!(
+                        "not applied until the next start: {} (the running values stay)",
+                        r.not_applied.join(", ")
+                    );
+                }
+            }
+            Err(e) => {
+                self.changes.reload_failures.fetch_add(1, Ordering::Relaxed);
+                *self
+                    .changes
+                    .last_reload_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                tracing::error!("reload rejected, the running configuration stays: {e}");
+            }
+        }
+        result
+    }
+
+    /// Swaps in a validated configuration (a reload's or a runtime
+    /// change's) in one step, or changes nothing; counts a generation.
+    fn apply_config(&self, mut cfg: Config) -> Result<Reloaded, ReloadError> {
+        if cfg.encap.mac.is_none() {
+            cfg.encap.mac.clone_from(&self.file.interface_mac);
+        }
+        let checks = health::checks(&cfg);
+        self.health.ensure_tunnel(&checks)?;
+        let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
+        c.apply(cfg.clone())?;
+        *self
+            .health
+            .check_names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = checks;
+        if let Some(f) = &self.datapath.xdp_vips {
+            f.set(&crate::ports::vip_addresses(&cfg))
+                .map_err(ReloadError::XdpVips)?;
+            crate::tasks::peers::set_xdp_redirects(f, &cfg).map_err(ReloadError::XdpVips)?;
+        }
+        drop(c);
+        // The backends or gateway_mac may have changed.
+        self.gateway.kick();
+        Ok(Reloaded {
+            generation: self.file.generation.fetch_add(1, Ordering::Relaxed) + 1,
+            not_applied: self.file.boot.restart_keys(&cfg),
+            took_us: 0,
+            parsed: lb::config::ChunkStats::default(),
+        })
+    }
+
+    /// Drains, undrains or reweighs `backend` (a name, or an address) in
+    /// every pool that lists it: the file's text is edited
+    /// ([`crate::runtime::edit`]), the result validated and applied whole
+    /// like a reload, then written back in one step. Nothing changes on
+    /// any error: an unknown backend, a file edited since it was loaded
+    /// (reload it first), a configuration the change makes invalid.
+    pub fn runtime_change(
+        &self,
+        backend: &str,
+        change: crate::runtime::Change,
+    ) -> Result<RuntimeChanged, RuntimeError> {
+        let result = self.runtime_change_inner(backend, change);
+        match &result {
+            Ok(r) => {
+                self.changes.runtime_changes.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    backend,
+                    %change,
+                    pools = ?r.pools,
+                    generation = r.generation,
+                    changed = r.changed,
+                    "runtime change applied and written to the configuration file"
+                );
+            }
+            Err(e) => {
+                self.changes
+                    .runtime_change_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(backend, %change, "runtime change refused: {e}");
+            }
+        }
+        result
+    }
+
+    fn runtime_change_inner(
+        &self,
+        backend: &str,
+        change: crate::runtime::Change,
+    ) -> Result<RuntimeChanged, RuntimeError> {
+        let mut applied = self.file.applied.lock().unwrap_or_else(|p| p.into_inner());
+        let path = &self.file.path;
+        let file = path.display().to_string();
+        let on_disk = std::fs::read_to_string(path).map_err(|source| RuntimeError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        if on_disk != applied.text {
+            return Err(RuntimeError::FileChanged { path: path.clone() });
+        }
+        // Only the pools that list the backend are parsed and edited: the
+        // running configuration was parsed from exactly this text.
+        let edited = {
+            let c = self.control();
+            crate::runtime::edit_with(&on_disk, c.config(), backend, change)?
+        };
+        let generation = self.file.generation.load(Ordering::Relaxed);
+        let mut out = RuntimeChanged {
+            backend: backend.to_string(),
+            change,
+            pools: edited.pools.clone(),
+            changed: edited.changed,
+            generation,
+            file,
+        };
+        if !edited.changed {
+            return Ok(out);
+        }
+        let cfg = Config::parse_with(&edited.text, &out.file, &mut applied.cache)?;
+        let old = self.control().config().clone();
+        crate::runtime::write_atomically(path, &edited.text)?;
+        match self.apply_config(cfg) {
+            Ok(r) => {
+                out.generation = r.generation;
+                applied.text = edited.text;
+                Ok(out)
+            }
+            Err(e) => {
+                // Not applied: the file goes back to what runs.
+                let _ = crate::runtime::write_atomically(path, &on_disk);
+                let _ = self.control().apply(old);
+                Err(e.into())
+            }
+        }
+    }
+}

@@ -1,0 +1,495 @@
+//! The `/status` document: what the daemon runs and has done, as JSON for
+//! programs ([`Status`]) and as tables for people ([`Status::to_text`]),
+//! built from one look at the shared state ([`Shared::status`]).
+//!
+//! Documents from older versions still parse: fields added since default,
+//! renamed ones are read under their old names too.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+
+use crate::state::Shared;
+
+impl Shared {
+    /// The `/status` document.
+    pub fn status(&self) -> Status {
+        let (c, forwarded_in_driver) = self.datapath.counters_and_driver();
+        // The tables and the configuration they were built from, together.
+        let (tables, cfg) = {
+            let control = self.control();
+            (control.tables().load_full(), control.config().clone())
+        };
+        // One lock, released here: taking it twice in one expression would
+        // deadlock (a guard lives to the end of its statement).
+        let bgp = self.bgp.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let fleet = crate::tasks::peers::status(&tables, &c, &cfg);
+        // The weight written in the configuration and the drain state, by
+        // backend name, per pool (the tables hold 0 for a drained backend).
+        let mut configured: HashMap<&str, HashMap<String, (u32, bool)>> = HashMap::new();
+        let backend = |id: u32, weight: u32, written: Option<&(u32, bool)>| {
+            let b = &tables.backends[id as usize];
+            let t = c.per_backend.get(id as usize).copied().unwrap_or_default();
+            let (weight, drained) = match written {
+                Some(&(w, d)) => (w, d || w == 0),
+                None => (weight, weight == 0),
+            };
+            BackendStatus {
+                name: b.name.clone(),
+                address: packet::flow::to_ip(&b.addr).to_string(),
+                healthy: b.healthy,
+                packets: t.packets,
+                bytes: t.bytes,
+                weight,
+                drained,
+            }
+        };
+        let pool = self.datapath.pool.stats();
+        let memory = tables.memory();
+        Status {
+            driver: self.datapath.driver.clone(),
+            pool_buffers: pool.buffers,
+            pool_in_use: pool.in_use,
+            generation: self.file.generation.load(Ordering::Relaxed),
+            tables_generation: tables.generation,
+            health_changes: self.health.changes.load(Ordering::Relaxed),
+            runtime_changes: self.changes.runtime_changes.load(Ordering::Relaxed),
+            runtime_change_failures: self.changes.runtime_change_failures.load(Ordering::Relaxed),
+            tables_bytes: memory.total as u64,
+            distinct_tables: memory.distinct_tables,
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            reloads: self.changes.reloads.load(Ordering::Relaxed),
+            reload_failures: self.changes.reload_failures.load(Ordering::Relaxed),
+            last_reload_error: self
+                .changes
+                .last_reload_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            forwarded: c.tx,
+            forwarded_in_driver,
+            dropped: c.dropped_excluding_not_for_vip(),
+            drops: c
+                .drop_table_excluding_not_for_vip()
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v))
+                .collect(),
+            not_for_vip: c.not_for_vip(),
+            not_for_vip_by_kind: c
+                .not_for_vip_table()
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v))
+                .collect(),
+            csum_completed: c.csum_completed,
+            conntrack_entries: c.conntrack.entries,
+            active_connections: Some(c.conntrack.active()),
+            gateway: Some(self.gateway.status()),
+            bgp_announced: bgp.as_ref().map(|b| b.announced),
+            bgp_error: bgp.and_then(|b| b.error),
+            fleet,
+            tracer: self.datapath.tracer.as_ref().map(|t| TracerStatus {
+                reports: c.trace_reports,
+                rate_limited: c.trace_rate_limited,
+                queue_full: c.trace_queue_full,
+                invalid: c.trace_invalid,
+                sent: t.sent.load(Ordering::Relaxed),
+                send_errors: t.send_errors.load(Ordering::Relaxed),
+            }),
+
+            vips: tables
+                .vips
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let t = c.per_vip.get(i).copied().unwrap_or_default();
+                    let written = configured
+                        .entry(v.pool.as_str())
+                        .or_insert_with(|| crate::runtime::configured(&cfg, &v.pool));
+                    VipStatus {
+                        name: v.name.clone(),
+                        packets: t.packets,
+                        bytes: t.bytes,
+                        healthy_backends: v.slots.len(),
+                        backends: v
+                            .backends
+                            .iter()
+                            .zip(&v.weights)
+                            .map(|(&id, &w)| {
+                                backend(id, w, written.get(&tables.backends[id as usize].name))
+                            })
+                            .collect(),
+                        fingerprint: format!("{:016x}", v.fingerprint),
+                        pool: v.pool.clone(),
+                        table_bytes: memory.per_vip.get(i).map_or(0, |&b| b as u64),
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A backend in `/status`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct BackendStatus {
+    /// Name.
+    pub name: String,
+    /// Address.
+    pub address: String,
+    /// Health.
+    pub healthy: bool,
+    /// Packets forwarded to it.
+    pub packets: u64,
+    /// Bytes forwarded to it.
+    pub bytes: u64,
+    /// Its weight in the VIP's pool as configured, kept while drained
+    /// (absent in older documents: 0; older versions wrote 0 when drained).
+    #[serde(default)]
+    pub weight: u32,
+    /// Drained (listed in its pool's `drained`, or weight 0): it keeps its
+    /// connections but takes no new ones; `weight` is what undrain restores.
+    #[serde(default)]
+    pub drained: bool,
+}
+
+impl BackendStatus {
+    /// Its state in words that do not contradict each other: "drained"
+    /// (no new connections; health aside), "drained, DOWN", "up" or "DOWN".
+    pub fn state(&self) -> &'static str {
+        match (self.drained, self.healthy) {
+            (true, true) => "drained",
+            (true, false) => "drained, DOWN",
+            (false, true) => "up",
+            (false, false) => "DOWN",
+        }
+    }
+}
+
+/// A VIP in `/status`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct VipStatus {
+    /// Name.
+    pub name: String,
+    /// Packets forwarded for it.
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// Backends in its Maglev table now.
+    pub healthy_backends: usize,
+    /// All its backends.
+    pub backends: Vec<BackendStatus>,
+    /// The table fingerprint, 16 hex digits: a stable hash of its Maglev
+    /// table and backends (`lb::tables::Vip::fingerprint`). Load balancers
+    /// with the same fingerprint pick the same backend for every flow.
+    /// Empty in documents from versions without it.
+    #[serde(default)]
+    pub fingerprint: String,
+    /// Its pool (empty in older documents).
+    #[serde(default)]
+    pub pool: String,
+    /// Bytes of its Maglev table and backend lists (a table it shares
+    /// with other VIPs counted here too; 0 in older documents).
+    #[serde(default)]
+    pub table_bytes: u64,
+}
+
+/// Packet-tracer counters in `/status` (see [`lb::trace`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct TracerStatus {
+    /// Probes queued for a report.
+    pub reports: u64,
+    /// Probes over `[tracer] rate_per_s`: forwarded, not reported.
+    pub rate_limited: u64,
+    /// Probes whose report found the queue full or busy.
+    pub queue_full: u64,
+    /// Payloads with the marker's magic but a malformed marker.
+    pub invalid: u64,
+    /// Reports sent.
+    pub sent: u64,
+    /// Reports that could not be sent (never retried).
+    pub send_errors: u64,
+}
+
+/// The `/status` document.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Status {
+    /// The packet I/O driver in use.
+    pub driver: String,
+    /// Configuration generation: 1 at start, +1 for every configuration
+    /// applied (reload or runtime change); health changes do not count.
+    pub generation: u64,
+    /// The tables' own generation: +1 for every table swap, configuration,
+    /// health, `[fleet]` peer or gateway change (packet-tracer reports carry
+    /// it; 0 in older documents).
+    #[serde(default)]
+    pub tables_generation: u64,
+    /// Backend health changes applied (0 in older documents).
+    #[serde(default)]
+    pub health_changes: u64,
+    /// Runtime changes (drain, undrain, weight) applied.
+    #[serde(default)]
+    pub runtime_changes: u64,
+    /// Runtime changes refused (nothing changed).
+    #[serde(default)]
+    pub runtime_change_failures: u64,
+    /// Bytes of the running tables: the distinct Maglev tables once, every
+    /// VIP's lists, the backend registry (0 in older documents).
+    #[serde(default)]
+    pub tables_bytes: u64,
+    /// Distinct Maglev tables: VIPs over equal pools share one.
+    #[serde(default)]
+    pub distinct_tables: usize,
+    /// Seconds since start.
+    pub uptime_s: f64,
+    /// Reloads applied (also read as `reloads_applied`).
+    #[serde(alias = "reloads_applied")]
+    pub reloads: u64,
+    /// Reloads rejected, apart from `reloads` (also read as
+    /// `reloads_rejected`).
+    #[serde(alias = "reloads_rejected")]
+    pub reload_failures: u64,
+    /// Why the last reload was rejected, if it was.
+    pub last_reload_error: Option<String>,
+    /// Packets forwarded.
+    pub forwarded: u64,
+    /// Of `forwarded`, those the load balancer in the driver forwarded
+    /// (absent unless `driver = "xdp"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarded_in_driver: Option<u64>,
+    /// Packets dropped: frames for the load balancer it could not forward
+    /// (frames that were not for a VIP are in `not_for_vip` instead; older
+    /// versions counted them here).
+    pub dropped: u64,
+    /// Drops by reason.
+    pub drops: std::collections::BTreeMap<String, u64>,
+    /// Frames that were not for a VIP: not IP, or IP for no VIP (on
+    /// AF_PACKET the kernel's own traffic). Not drops (absent in older
+    /// documents).
+    #[serde(default)]
+    pub not_for_vip: u64,
+    /// The same by kind: `not_ip`, `no_vip`.
+    #[serde(default)]
+    pub not_for_vip_by_kind: std::collections::BTreeMap<String, u64>,
+    /// Transport checksums a local sender left partial (checksum offload
+    /// on a veth peer) that the packet threads completed before
+    /// encapsulating (0 in older documents).
+    #[serde(default)]
+    pub csum_completed: u64,
+    /// Connection-table entries: open flows and closed ones lingering.
+    pub conntrack_entries: u64,
+    /// Active connections: entries whose flow is not closed (absent in
+    /// older documents).
+    #[serde(default)]
+    pub active_connections: Option<u64>,
+    /// The next hop encapsulated frames are sent to (absent in documents
+    /// from versions without it).
+    #[serde(default)]
+    pub gateway: Option<crate::gateway::GatewayStatus>,
+    /// Packet buffers in the forwarder's pool.
+    #[serde(default)]
+    pub pool_buffers: u32,
+    /// Pool buffers not free now: in the receive and fill rings, queues or
+    /// in flight. Steady under steady load; growth means buffers leak.
+    #[serde(default)]
+    pub pool_in_use: u32,
+    /// BGP: whether the VIPs are announced (absent without `[bgp]`).
+    pub bgp_announced: Option<bool>,
+    /// BGP: the last error talking to BIRD.
+    pub bgp_error: Option<String>,
+    /// `[fleet]`: peers, their liveness and redirected fragments (absent
+    /// without `[fleet]`, and in documents from versions without it).
+    #[serde(default)]
+    pub fleet: Option<crate::tasks::peers::FleetStatus>,
+    /// Packet-tracer counters (absent when `[tracer]` is disabled, and in
+    /// documents from versions without it).
+    #[serde(default)]
+    pub tracer: Option<TracerStatus>,
+    /// VIPs.
+    pub vips: Vec<VipStatus>,
+}
+
+impl Status {
+    /// As tables for people (`fastpath lb status`).
+    pub fn to_text(&self) -> String {
+        let mut out = format!("driver: {}\n", self.driver);
+        out += &format!(
+            "configuration generation {}, up {:.0} s, reloads: {} applied, {} rejected; \
+             runtime changes: {} applied, {} rejected; health changes {}\n",
+            self.generation,
+            self.uptime_s,
+            self.reloads,
+            self.reload_failures,
+            self.runtime_changes,
+            self.runtime_change_failures,
+            self.health_changes
+        );
+        let not_for_vip = if self.not_for_vip_by_kind.is_empty() {
+            self.not_for_vip.to_string()
+        } else {
+            format!(
+                "{} ({})",
+                self.not_for_vip,
+                self.not_for_vip_by_kind
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        out += &format!(
+            "forwarded {}, dropped {}, not for a VIP {not_for_vip}\n",
+            self.forwarded, self.dropped
+        );
+        if self.csum_completed > 0 {
+            out += &format!(
+                "partial checksums completed: {} (a local sender offloads them; see README, deployment)\n",
+                self.csum_completed
+            );
+        }
+        out += &match self.active_connections {
+            Some(a) => format!(
+                "connections: {a} active, {} tracked (closed ones linger briefly)\n",
+                self.conntrack_entries
+            ),
+            None => format!("connections: {} tracked\n", self.conntrack_entries),
+        };
+        out += &format!(
+            "packet pool: {} of {} buffers in use\n",
+            self.pool_in_use, self.pool_buffers
+        );
+        out += &format!(
+            "tables: {} VIPs, {} distinct Maglev tables, {:.1} MiB in all\n",
+            self.vips.len(),
+            self.distinct_tables,
+            self.tables_bytes as f64 / (1024.0 * 1024.0)
+        );
+        if let Some(g) = &self.gateway {
+            out.push_str(&g.to_text());
+        }
+        if let Some(e) = &self.last_reload_error {
+            out.push_str(&format!("last reload rejected: {e}\n"));
+        }
+        match (self.bgp_announced, &self.bgp_error) {
+            (Some(a), None) => out.push_str(&format!(
+                "BGP: VIPs {}\n",
+                if a { "announced" } else { "withdrawn" }
+            )),
+            (Some(_), Some(e)) => out.push_str(&format!("BGP: error: {e}\n")),
+            _ => {}
+        }
+        if let Some(f) = &self.fleet {
+            out.push_str(&f.to_text());
+        }
+        if let Some(t) = &self.tracer {
+            out.push_str(&format!(
+                "packet tracer: {} probes reported, {} rate-limited, {} queue full, {} invalid; \
+                 {} reports sent, {} not sent\n",
+                t.reports, t.rate_limited, t.queue_full, t.invalid, t.sent, t.send_errors
+            ));
+        }
+        let mut t = measure::Table::new([
+            "vip", "backend", "address", "weight", "state", "packets", "bytes",
+        ]);
+        for v in &self.vips {
+            t.row([
+                v.name.clone(),
+                format!("pool {}", v.pool),
+                format!(
+                    "table {}, {} KiB",
+                    v.fingerprint,
+                    v.table_bytes.div_ceil(1024)
+                ),
+                String::new(),
+                format!("{} in table", v.healthy_backends),
+                v.packets.to_string(),
+                v.bytes.to_string(),
+            ]);
+            for b in &v.backends {
+                t.row([
+                    String::new(),
+                    b.name.clone(),
+                    b.address.clone(),
+                    b.weight.to_string(),
+                    b.state().to_string(),
+                    b.packets.to_string(),
+                    b.bytes.to_string(),
+                ]);
+            }
+        }
+        out.push_str(&t.to_string());
+        if !self.drops.is_empty() {
+            let mut d = measure::Table::new(["drop reason", "packets"]);
+            for (k, v) in &self.drops {
+                d.row([k.clone(), v.to_string()]);
+            }
+            out.push_str(&format!("\n{d}"));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `lb status` says what its counters mean :
+    /// reloads applied and rejected as two numbers, active connections
+    /// beside tracked entries, frames not for a VIP apart from drops, the
+    /// configured weight, and "drained" rather than a health word for a
+    /// drained backend. Documents from older versions still parse.
+    #[test]
+    fn status_text_says_what_the_counters_mean() {
+        let doc = serde_json::json!({
+            "driver": "AF_PACKET", "generation": 4, "uptime_s": 9.0, "reloads": 10,
+            "reload_failures": 10, "last_reload_error": null, "forwarded": 100, "dropped": 1,
+            "drops": {"no_healthy_backend": 1}, "conntrack_entries": 50, "bgp_announced": null,
+            "bgp_error": null, "health_changes": 7, "not_for_vip": 30,
+            "not_for_vip_by_kind": {"no_vip": 20, "not_ip": 10}, "active_connections": 12,
+            "vips": [{"name": "http", "packets": 100, "bytes": 1000, "healthy_backends": 1,
+                      "pool": "web", "fingerprint": "00000000000000aa", "backends": [
+                {"name": "b1", "address": "10.0.0.1", "healthy": true, "packets": 90,
+                 "bytes": 900, "weight": 2, "drained": false},
+                {"name": "b2", "address": "10.0.0.2", "healthy": true, "packets": 10,
+                 "bytes": 100, "weight": 3, "drained": true},
+                {"name": "b3", "address": "10.0.0.3", "healthy": false, "packets": 0,
+                 "bytes": 0, "weight": 1, "drained": false}]}]
+        });
+        let s: Status = serde_json::from_value(doc).unwrap();
+        let t = s.to_text();
+        for want in [
+            "configuration generation 4",
+            "reloads: 10 applied, 10 rejected",
+            "health changes 7",
+            "dropped 1, not for a VIP 30 (no_vip 20, not_ip 10)",
+            "connections: 12 active, 50 tracked",
+        ] {
+            assert!(t.contains(want), "{want:?} missing:\n{t}");
+        }
+        let row = |name: &str| {
+            t.lines()
+                .find(|l| l.split_whitespace().any(|w| w == name))
+                .unwrap()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert!(row("b1").contains("10.0.0.1 2 up 90"), "{t}");
+        assert!(row("b2").contains("10.0.0.2 3 drained 10"), "{t}");
+        assert!(
+            !row("b2").contains("yes") && !row("b2").contains("up"),
+            "{t}"
+        );
+        assert!(row("b3").contains("10.0.0.3 1 DOWN 0"), "{t}");
+        // The names of other versions' documents are read too.
+        let renamed: Status = serde_json::from_value(serde_json::json!({
+            "driver": "x", "generation": 1, "uptime_s": 0.0, "reloads_applied": 3,
+            "reloads_rejected": 2, "last_reload_error": null, "forwarded": 0, "dropped": 0,
+            "drops": {}, "conntrack_entries": 0, "bgp_announced": null, "bgp_error": null,
+            "vips": []
+        }))
+        .unwrap();
+        assert_eq!((renamed.reloads, renamed.reload_failures), (3, 2));
+        assert_eq!(renamed.active_connections, None);
+        assert!(renamed.to_text().contains("connections: 0 tracked"));
+    }
+}

@@ -1,0 +1,11 @@
+//! The work the daemon runs beside the datapath, each started by the
+//! lifecycle ([`crate::daemon`]) and ended by its stop: the health checks'
+//! tasks ([`health`]), the BGP controller ([`bgp`]), the `[fleet]` peers'
+//! liveness ([`peers`]), the sync of the load balancer in the driver
+//! ([`xdp_sync`]) and the packet-tracer's reporter ([`tracer`]).
+
+pub mod bgp;
+pub mod health;
+pub mod peers;
+pub mod tracer;
+pub mod xdp_sync;
