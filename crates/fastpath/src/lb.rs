@@ -33,7 +33,8 @@ pub enum LbCommand {
     /// itself (--interface), or a capture replayed through it (--pcap-in).
     ///
     /// With --interface, the daemon: frames are received on the interface
-    /// (AF_XDP with our XDP program, or AF_PACKET; --driver), matched to a
+    /// (--driver: AF_XDP with our XDP program, AF_PACKET, or `xdp`, which
+    /// forwards IPv4 TCP and UDP in the driver itself), matched to a
     /// VIP, given a backend by connection tracking or the VIP's Maglev
     /// table, GRE-encapsulated toward it and sent back out on the same
     /// interface to the next hop (its MAC found from the kernel's route and

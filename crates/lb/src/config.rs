@@ -105,8 +105,9 @@ pub struct ConfigError {
 
 /// Packet I/O driver for `lb run --interface`: `[forwarder] driver` in
 /// the file, `--driver` on the command line (which overrides it). The
-/// names are the same in both places: `auto`, `af-xdp`, `xdp`,
-/// `af-packet`.
+/// names are the same in both places: `auto`, `af-xdp`, `xdp` (the
+/// forwarder's XDP part is [`crate::xdp`]), `af-packet`. The variants'
+/// comments are also the command line's help for each value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
@@ -121,8 +122,7 @@ pub enum Driver {
     /// The load balancer in the driver: IPv4 TCP and UDP to exactly
     /// matched IPv4 VIPs forwarded by an XDP program (XDP_TX, no copy, no
     /// socket), everything else (fragments, ICMP, IPv6, probes) through
-    /// AF_XDP to the packet threads. Same backends, same bytes
-    /// ([`crate::xdp`]).
+    /// AF_XDP to the packet threads. Same backends, same bytes.
     Xdp,
     /// AF_PACKET only, with a TPACKET_V3 receive ring.
     AfPacket,
