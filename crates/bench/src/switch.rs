@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use measure::upper_median;
 use ring::control::{attach, AttachRequest};
 use ring::Mode;
 use serde::Serialize;
@@ -1216,14 +1217,6 @@ fn refused_share(totals: Option<(u64, u64, u64, u64)>) -> Option<f64> {
     totals.map(|(_, _, sent, dropped)| dropped as f64 / (sent + dropped).max(1) as f64)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// testpmd's reports a memif window must hold (it prints once a second).
 pub const MEMIF_MIN_REPORTS: usize = 2;
 /// The shortest memif window, seconds: [`MEMIF_MIN_REPORTS`] reports.
@@ -1390,8 +1383,8 @@ fn measure_pair(
     let c = cores();
     Ok((
         json!({
-            "delivered_mpps": median(rx.clone()) / 1e6,
-            "generator_mpps": median(tx.clone()) / 1e6,
+            "delivered_mpps": upper_median(&mut rx.clone()).unwrap_or(0.0) / 1e6,
+            "generator_mpps": upper_median(&mut tx.clone()).unwrap_or(0.0) / 1e6,
             "sink_rx_pps_samples": rx,
             "generator_tx_pps_samples": tx,
             "generator_refused_share": refused,
@@ -1502,7 +1495,13 @@ fn memif_direct(o: &MemifOptions) -> Result<Value, Error> {
         let why = v["invalid_reason"].take();
         v["delivered_mpps"] = v["sink_rx_pps_samples"]
             .as_array()
-            .map(|a| json!(median(a.iter().filter_map(Value::as_f64).collect()) / 1e6))
+            .map(|a| {
+                json!(
+                    upper_median(&mut a.iter().filter_map(Value::as_f64).collect::<Vec<_>>())
+                        .unwrap_or(0.0)
+                        / 1e6
+                )
+            })
             .unwrap_or(Value::Null);
         v["valid"] = json!(true);
         v["limit"] = json!("unclassified");
@@ -1785,8 +1784,8 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
         let c = cores();
         let mut v = json!({
             "path": "testpmd flowgen port 0 -> memif -> switch -> memif -> port 1 (and back), one testpmd forwarding core",
-            "delivered_mpps": median(rxs.clone()) / 1e6,
-            "generator_mpps": median(txs.clone()) / 1e6,
+            "delivered_mpps": upper_median(&mut rxs.clone()).unwrap_or(0.0) / 1e6,
+            "generator_mpps": upper_median(&mut txs.clone()).unwrap_or(0.0) / 1e6,
             "sink_rx_pps_samples": rxs,
             "generator_tx_pps_samples": txs,
             "generator_refused_share": refused,

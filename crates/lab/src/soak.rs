@@ -936,11 +936,6 @@ fn metric(metrics: &str, name: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-fn median(v: &mut [u64]) -> u64 {
-    v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or(0)
-}
-
 /// Posts a reload; Ok(generation) when applied, Err(answer) when refused.
 fn reload(t: &Topology, slowest_ms: &mut f64) -> Result<std::result::Result<u64, String>> {
     let started = Instant::now();
@@ -1369,9 +1364,9 @@ pub fn run(
             .map(pick)
             .collect();
         StartEnd {
-            start: median(&mut start),
-            middle: median(&mut middle),
-            end: median(&mut endv),
+            start: measure::upper_median(&mut start).unwrap_or(0),
+            middle: measure::upper_median(&mut middle).unwrap_or(0),
+            end: measure::upper_median(&mut endv).unwrap_or(0),
             max: samples.iter().map(pick).max().unwrap_or(0),
         }
     };
