@@ -1,7 +1,8 @@
 //! The backends' side of GRE: `fastpath lb decap`. This kernel has no GRE
 //! module, so a backend cannot simply add a GRE tunnel. Instead: a raw
 //! socket receives IP protocol 47 (the kernel delivers raw protocols to raw
-//! sockets without a module), the GRE header is checked and removed, and the
+//! sockets without a module), the GRE header is checked and removed (with
+//! `packet::gre`, the codec the load balancer encapsulates with), and the
 //! inner packet is written into a TUN device, where the kernel receives it
 //! as if it had arrived on an interface. With the VIP on the backend's
 //! loopback, the kernel's own TCP stack serves it, and replies go straight
@@ -12,6 +13,9 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use netio::tap::Tun;
+use packet::ethertype;
+use packet::gre::GrePacket;
+use packet::ipv4::Ipv4Packet;
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::net::{AddressFamily, RecvFlags, SocketFlags, SocketType};
 
@@ -79,37 +83,51 @@ fn raw_gre(family: AddressFamily) -> Result<OwnedFd, DecapError> {
 }
 
 /// The inner packet of a GRE payload (`g` starts at the GRE header), or why
-/// not.
+/// not. The header is read with [`packet::gre`]: version 0, no routing, and
+/// the optional fields its flags announce present. Of the inner packet only
+/// the IP version is looked at (it must agree with the GRE protocol type);
+/// the kernel checks the rest when it takes the packet from the TUN device.
 pub fn gre_inner(g: &[u8], stats: &mut DecapStats) -> Option<std::ops::Range<usize>> {
-    if g.len() < 4 {
-        stats.malformed += 1;
+    let Ok(gre) = GrePacket::new_checked(g) else {
+        stats.malformed += 1; // truncated, routing present or version != 0
         return None;
-    }
-    let flags = u16::from_be_bytes([g[0], g[1]]);
-    if flags & 0x4007 != 0 {
-        stats.malformed += 1; // routing present or version != 0
+    };
+    // IPv4 and IPv6 both carry their version in the first byte's high
+    // nibble.
+    let Some(&first) = gre.payload().first() else {
+        stats.malformed += 1; // nothing inside
         return None;
-    }
-    let opt = 4
-        * (usize::from(flags & 0x8000 != 0)
-            + usize::from(flags & 0x2000 != 0)
-            + usize::from(flags & 0x1000 != 0));
-    let start = 4 + opt;
-    if g.len() <= start {
-        stats.malformed += 1;
-        return None;
-    }
-    let proto = u16::from_be_bytes([g[2], g[3]]);
-    let version = g[start] >> 4;
-    match (proto, version) {
-        (0x0800, 4) => stats.inner_v4 += 1,
-        (0x86dd, 6) => stats.inner_v6 += 1,
+    };
+    match (gre.protocol(), first >> 4) {
+        (ethertype::IPV4, 4) => stats.inner_v4 += 1,
+        (ethertype::IPV6, 6) => stats.inner_v6 += 1,
         _ => {
             stats.not_ip += 1;
             return None;
         }
     }
-    Some(start..g.len())
+    Some(gre.header_len()..g.len())
+}
+
+/// The inner packet of what a raw GRE socket delivered, as a range of
+/// `pkt`, or why not (counted in `stats`). IPv4 raw sockets deliver the IP
+/// header (`ip_header`), read with [`Ipv4Packet`]; IPv6 ones start at the
+/// GRE header.
+fn raw_inner(
+    pkt: &[u8],
+    ip_header: bool,
+    stats: &mut DecapStats,
+) -> Option<std::ops::Range<usize>> {
+    if !ip_header {
+        return gre_inner(pkt, stats);
+    }
+    let Ok(ip) = Ipv4Packet::new_checked(pkt) else {
+        stats.malformed += 1;
+        return None;
+    };
+    let gre_at = ip.header_len();
+    let inner = gre_inner(ip.payload(), stats)?;
+    Some(gre_at + inner.start..gre_at + inner.end)
 }
 
 /// Runs until `stop`: GRE over IPv4 and IPv6 into TUN device `tun`.
@@ -157,21 +175,10 @@ pub fn run(tun: &str, stop: &AtomicBool) -> Result<DecapStats, DecapError> {
             };
             let pkt = &buf[..n];
             stats.received += 1;
-            let gre_at = if *ip_header {
-                let hl = usize::from(pkt[0] & 0x0f) * 4;
-                if pkt.len() < hl || hl < 20 {
-                    stats.malformed += 1;
-                    continue;
-                }
-                hl
-            } else {
-                0
-            };
-            let g = &pkt[gre_at..];
-            let Some(inner) = gre_inner(g, &mut stats) else {
+            let Some(inner) = raw_inner(pkt, *ip_header, &mut stats) else {
                 continue;
             };
-            if t.send(&g[inner]) {
+            if t.send(&pkt[inner]) {
                 stats.delivered += 1;
             } else {
                 stats.tun_errors += 1;
@@ -202,6 +209,76 @@ mod tests {
         assert_eq!(gre_inner(&[0x80, 0, 8, 0], &mut s), None);
         assert_eq!(gre_inner(&[0, 0, 0x86, 0xdd, 0x45], &mut s), None);
         assert_eq!((s.malformed, s.not_ip, s.inner_v4), (3, 1, 2));
+    }
+
+    /// Frames encapsulated by `packet::gre` (the load balancer's own
+    /// encapsulation), with and without a key, over IPv4 (whose raw socket
+    /// delivers the IP header) and IPv6 (whose raw socket does not): the
+    /// inner packet comes back byte for byte.
+    #[test]
+    fn decapsulates_what_the_load_balancer_encapsulates() {
+        use packet::build::Frame;
+        use packet::gre::{encapsulate_keyed, Outer};
+        use std::net::IpAddr;
+
+        let mut s = DecapStats::default();
+        let inners: [(IpAddr, IpAddr); 2] = [
+            (
+                "203.0.113.1".parse().unwrap(),
+                "192.0.2.80".parse().unwrap(),
+            ),
+            (
+                "2001:db8::1".parse().unwrap(),
+                "2001:db8::80".parse().unwrap(),
+            ),
+        ];
+        let outers: [(IpAddr, IpAddr); 2] = [
+            ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap()),
+            ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap()),
+        ];
+        let mut cases = 0;
+        for (is, id) in inners {
+            for (os, od) in outers {
+                for key in [None, Some(0x0102_0304)] {
+                    let frame = Frame::udp(is, id, 4000, 53, b"hello, backend").to_bytes();
+                    let p = packet::parse_frame(&frame).unwrap();
+                    let inner = frame[p.l3_offset..p.l3_offset + p.l3_len].to_vec();
+                    let headroom = 64;
+                    let mut buf = vec![0u8; headroom];
+                    buf.extend_from_slice(&frame);
+                    let outer = Outer {
+                        eth_src: [2, 0, 0, 0, 0, 9],
+                        eth_dst: [2, 0, 0, 0, 0, 10],
+                        src: packet::flow::from_ip(os),
+                        dst: packet::flow::from_ip(od),
+                        ttl: 64,
+                    };
+                    let r = encapsulate_keyed(&mut buf, headroom, &p, &outer, 7, key).unwrap();
+                    let out = &buf[r];
+                    // What the raw socket delivers: the IP packet (IPv4), or
+                    // its payload (IPv6).
+                    let (pkt, ip_header) = if os.is_ipv4() {
+                        (&out[packet::ethernet::HEADER_LEN..], true)
+                    } else {
+                        (
+                            &out[packet::ethernet::HEADER_LEN + packet::ipv6::HEADER_LEN..],
+                            false,
+                        )
+                    };
+                    let got = raw_inner(pkt, ip_header, &mut s).unwrap();
+                    assert_eq!(&pkt[got], &inner[..], "{is} in {os}, key {key:?}");
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(
+            (s.inner_v4, s.inner_v6, s.malformed, s.not_ip),
+            (4, 4, 0, 0)
+        );
+        assert_eq!(cases, 8);
+        // A truncated outer IPv4 header is malformed.
+        assert_eq!(raw_inner(&[0x45, 0, 0, 20], true, &mut s), None);
+        assert_eq!(s.malformed, 1);
     }
 
     #[test]
