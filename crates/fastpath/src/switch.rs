@@ -25,7 +25,7 @@ pub enum SwitchCommand {
     /// or any program using the `ring` crate); DPDK, VPP and libmemif
     /// programs attach over memif (--memif); --tap adds TAP devices (the
     /// kernel path). Settings may also come from a TOML file (--config; the
-    /// keys are documented in crates/vswitch/src/lib.rs, FileConfig).
+    /// keys are documented in crates/vswitch/src/config.rs, FileConfig).
     ///
     /// Status: `fastpath switch status`, or send SIGUSR1 and the switch
     /// prints it to stderr. SIGINT or SIGTERM stop it.

@@ -462,7 +462,7 @@ impl Port for MemifPort {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memif::layout::COOKIE;
+    use crate::ports::memif::layout::COOKIE;
     use proptest::prelude::*;
     use std::os::fd::FromRawFd;
 

@@ -12,12 +12,19 @@
 //!   connect, disconnect) and the [`Server`] that speaks it.
 //! - [`datapath`]: the mapped regions, the checked rings, and the
 //!   [`MemifPort`] that copies frames in and out.
+//!
+//! This file plugs the [`Server`] into the switch as the server of a port
+//! kind that outside programs attach (registered in `ports::servers`).
 
 pub mod control;
 pub mod datapath;
 pub mod layout;
 
+use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
+
+use crate::ports::{Attach, Owner, Served};
+use crate::{chain, Switch};
 
 pub use control::{Event, Refusal, Server, VERSION};
 pub use datapath::{MemifPort, RingError, QUIET_WAKES};
@@ -35,4 +42,33 @@ pub enum Error {
         #[source]
         source: ring::Error,
     },
+}
+
+impl Attach for Server {
+    fn listen_fd(&self) -> BorrowedFd<'_> {
+        Server::listen_fd(self)
+    }
+
+    fn accept_all(&mut self, watch: &mut dyn FnMut(u32, BorrowedFd<'_>) -> bool) {
+        while let Some((id, fd)) = self.accept() {
+            let _ = watch(id, fd);
+        }
+    }
+
+    fn serve_conn(&mut self, id: u32, owner: Owner, sw: &mut Switch) -> Served {
+        match self.serve(id) {
+            Event::None => Served::Open,
+            Event::Connected(mut port) => {
+                port.set_moderation(sw.cfg.memif_moderation);
+                if let Err(e) = sw.add_owned(port, Some(owner)) {
+                    tracing::warn!("memif port refused: {}", chain(&e));
+                    if let Some(fd) = self.close(id) {
+                        return Served::Closed(fd);
+                    }
+                }
+                Served::Open
+            }
+            Event::Closed(fd) => Served::Closed(fd),
+        }
+    }
 }

@@ -1,0 +1,178 @@
+//! The kinds of switch port, and where a kind that outside programs attach
+//! is registered.
+//!
+//! Every port implements [`Port`]; the switch holds them as `Box<dyn Port>`
+//! and knows nothing of their kind beyond that trait.
+//!
+//! - [`ring`]: the device side of the paravirtual NIC, attached through the
+//!   control socket.
+//! - [`tap`]: a TAP device (the kernel's stack).
+//! - [`memif`]: memif clients (DPDK, VPP) attached through the memif socket.
+//! - [`gen`], [`sink`], [`echo`]: ports inside the switch that make, count
+//!   or reflect frames; only benchmarks and tests use them.
+//!
+//! A kind whose ports outside programs attach through a socket of its own
+//! has a server implementing `Attach`, bound in `servers`: the one
+//! registration such a kind needs. The event loop watches each server's
+//! listening socket and connections under epoll tokens of their own, and
+//! removes the ports a connection brought when the server says it closed.
+
+pub mod echo;
+pub mod gen;
+pub mod memif;
+pub mod ring;
+pub mod sink;
+pub mod tap;
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::time::Instant;
+
+use ::ring::device::FrameRef;
+use serde_json::{json, Value};
+
+use crate::{Config, Error, Switch};
+
+pub use echo::EchoPort;
+pub use gen::GenPort;
+pub use ring::RingPort;
+pub use sink::SinkPort;
+pub use tap::TapPort;
+
+/// Counters every port keeps (frames into the switch from the port, and out
+/// of the switch to the port).
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Counters {
+    /// Frames the port handed the switch.
+    pub from_port: u64,
+    /// Frames the switch gave the port.
+    pub to_port: u64,
+    /// Bytes of those frames.
+    pub to_port_bytes: u64,
+    /// Frames for this port dropped because it could not take them.
+    pub dropped_full: u64,
+}
+
+/// A switch port. Frames a port hands the switch stay where they are (in the
+/// port's own memory) until `rx_done`: the switch copies each one straight
+/// into its destination, one copy per frame as in VALE.
+pub trait Port: Send {
+    /// The port's name, unique in its switch.
+    fn name(&self) -> &str;
+    /// What kind of port it is, for the status document (`ring`, `tap`, ...).
+    fn kind(&self) -> &'static str;
+    /// The descriptor whose readability means "look at me", if any.
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// The descriptor became readable.
+    fn on_event(&mut self) {}
+    /// Frames waiting to enter the switch (a hint; may poll shared memory).
+    fn pending(&mut self) -> bool;
+    /// Whether [`Port::pending`] sees new frames without the port's
+    /// descriptor becoming readable first (shared-memory counters polled,
+    /// or a port inside the switch). Ports that learn of frames only through
+    /// an event (TAP, ring ports without a CSB) say false.
+    fn polled(&self) -> bool {
+        true
+    }
+    /// Append up to `max` frames to `out`; returns a token for `rx_done`.
+    fn rx(&mut self, max: u32, out: &mut Vec<FrameRef>) -> u32;
+    /// The frames of the last `rx` have been forwarded.
+    fn rx_done(&mut self, token: u32, frames: u64, now: Instant);
+    /// Take one frame (copy it); false if the port cannot take it now.
+    ///
+    /// # Safety
+    /// `f` must be readable for `f.len` bytes.
+    unsafe fn tx(&mut self, f: FrameRef) -> bool;
+    /// Take `frames` in order (copy them), as [`Port::tx`] on each; returns
+    /// how many were taken. Ports with rings override it to look at their
+    /// ring and update their counters once per batch instead of per frame.
+    ///
+    /// # Safety
+    /// Every frame must be readable for its `len` bytes.
+    unsafe fn tx_batch(&mut self, frames: &[FrameRef]) -> u64 {
+        let mut ok = 0;
+        for f in frames {
+            // SAFETY: forwarded from the caller's contract.
+            if unsafe { self.tx(*f) } {
+                ok += 1;
+            }
+        }
+        ok
+    }
+    /// End of a batch of `tx`: publish and notify.
+    fn tx_flush(&mut self, _now: Instant) {}
+    /// When the port next needs [`Port::timer`] (interrupt moderation).
+    fn deadline(&self) -> Option<Instant> {
+        None
+    }
+    /// Called on every pass: fire what is due by `now`.
+    fn timer(&mut self, _now: Instant) {}
+    /// About to sleep in epoll: false if work appeared (stay awake).
+    fn prepare_sleep(&mut self) -> bool {
+        true
+    }
+    /// The switch woke up after [`Port::prepare_sleep`].
+    fn wake(&mut self) {}
+    /// Broken ports are no longer served.
+    fn broken(&self) -> Option<&str> {
+        None
+    }
+    /// The port's counters (the switch updates some of them).
+    fn counters(&mut self) -> &mut Counters;
+    /// Port-specific details for the status document.
+    fn status(&self) -> Value {
+        json!({})
+    }
+}
+
+/// Which connection brought a port: the index of its server in
+/// [`servers`]' list and the connection's id there. The port goes when the
+/// connection closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owner {
+    /// The server's index.
+    pub(crate) server: u8,
+    /// The connection's id on that server.
+    pub(crate) conn: u32,
+}
+
+/// What serving a connection left behind.
+pub(crate) enum Served {
+    /// The connection stays open.
+    Open,
+    /// The connection ended: its descriptor, for the event loop to stop
+    /// watching before it drops (closes) it; the ports it brought go.
+    Closed(OwnedFd),
+}
+
+/// The server of a kind of port that outside programs attach through a
+/// socket of its own: it owns the listening socket and the connections, and
+/// speaks the kind's protocol; the event loop calls it when they are
+/// readable.
+pub(crate) trait Attach: Send {
+    /// The listening socket, readable when a client is waiting.
+    fn listen_fd(&self) -> BorrowedFd<'_>;
+    /// Accept every waiting connection. `watch` starts watching a new
+    /// connection's descriptor under its id (ids below 2^24) and says
+    /// whether it could.
+    fn accept_all(&mut self, watch: &mut dyn FnMut(u32, BorrowedFd<'_>) -> bool);
+    /// Handle what arrived on connection `id`, which brings its ports to
+    /// `sw` as `owner` ([`Switch::add_owned`]).
+    fn serve_conn(&mut self, id: u32, owner: Owner, sw: &mut Switch) -> Served;
+}
+
+/// The servers of the kinds of port that outside programs attach, bound to
+/// the sockets `cfg` names, in a fixed order (a server's index is part of
+/// its epoll tokens and of its ports' [`Owner`]). A new kind that attaches
+/// through a socket registers here: one line that binds its server.
+pub(crate) fn servers(cfg: &Config) -> Result<Vec<Box<dyn Attach>>, Error> {
+    let mut servers: Vec<Box<dyn Attach>> = Vec::new();
+    if let Some(p) = &cfg.socket {
+        servers.push(Box::new(crate::control::ControlServer::bind(p)?));
+    }
+    if let Some(p) = &cfg.memif_socket {
+        servers.push(Box::new(memif::Server::bind(p)?));
+    }
+    Ok(servers)
+}

@@ -1,0 +1,410 @@
+//! The switch core: the port slots, the MAC table, the forwarding pass, and
+//! the status document. The loop that drives it is in
+//! [`crate::event_loop`]; ports come from [`crate::ports`].
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ring::device::FrameRef;
+use serde_json::{json, Value};
+
+use crate::bridge::{Mac, MacTable};
+use crate::event_loop::{Poller, Token};
+use crate::ports::{self, memif, Attach, Owner, Port};
+use crate::Config;
+
+/// Frames taken from one port per pass.
+pub const BATCH: u32 = 256;
+const FLOOD: u16 = u16::MAX;
+const DROP: u16 = u16::MAX - 1;
+/// The most ports one switch serves.
+pub const MAX_PORTS: usize = 1024;
+
+/// Errors starting the switch or adding a port.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The epoll instance the switch sleeps in could not be created.
+    #[error("creating the switch's epoll instance")]
+    Epoll(#[source] std::io::Error),
+    /// A descriptor could not be added to the switch's epoll instance.
+    #[error("watching a descriptor in epoll")]
+    Watch(#[source] std::io::Error),
+    /// The control socket could not be bound.
+    #[error("control socket {}", path.display())]
+    Control {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: ring::Error,
+    },
+    /// The memif socket could not be bound.
+    #[error(transparent)]
+    Memif(#[from] memif::Error),
+    /// Port names are unique.
+    #[error("a port named {0:?} exists")]
+    PortExists(String),
+    /// All [`MAX_PORTS`] ports are in use.
+    #[error("too many ports (at most {MAX_PORTS})")]
+    TooManyPorts,
+}
+
+/// Switch-wide counters.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct SwitchStats {
+    /// Frames delivered to at least one port.
+    pub forwarded: u64,
+    /// Frames sent to every port (unknown or group destination).
+    pub flooded: u64,
+    /// Frames shorter than an Ethernet header.
+    pub runts: u64,
+    /// Frames whose destination is the port they came from.
+    pub same_port: u64,
+    /// Frames no port received (flooded with no other port, or all full).
+    pub no_destination: u64,
+    /// Batches forwarded (one per port with frames, per pass).
+    pub batches: u64,
+    /// Times the switch slept in epoll.
+    pub sleeps: u64,
+    /// Passes over the ports (each looks at every port once).
+    pub passes: u64,
+    /// Passes that found no frames anywhere (polling while idle).
+    pub idle_passes: u64,
+    /// Wall-clock nanoseconds spent in passes that found frames (the
+    /// forwarding itself; idle polling and sleeping excluded).
+    pub busy_ns: u64,
+}
+
+/// A port and the connection that brought it, if one did.
+pub(crate) struct Slot {
+    pub(crate) port: Box<dyn Port>,
+    /// The connection that owns the port (closing it detaches).
+    pub(crate) owner: Option<Owner>,
+}
+
+/// The switch.
+pub struct Switch {
+    pub(crate) ports: Vec<Option<Slot>>,
+    macs: MacTable,
+    pub(crate) poller: Poller,
+    /// The servers of the port kinds outside programs attach
+    /// ([`ports::servers`]), in their registration order.
+    pub(crate) servers: Vec<Box<dyn Attach>>,
+    pub(crate) cfg: Config,
+    /// Switch-wide counters.
+    pub stats: SwitchStats,
+    frames: Vec<FrameRef>,
+    dst: Vec<u16>,
+    pub(crate) last_aging: Instant,
+}
+
+impl Switch {
+    /// A switch with no ports, listening on the sockets `cfg` names.
+    pub fn new(cfg: Config) -> Result<Switch, Error> {
+        let poller = Poller::new().map_err(Error::Epoll)?;
+        let servers = ports::servers(&cfg)?;
+        for (k, server) in servers.iter().enumerate() {
+            poller.watch(server.listen_fd(), Token::Listen(k as u8))?;
+        }
+        Ok(Switch {
+            ports: Vec::new(),
+            macs: MacTable::new(cfg.aging, cfg.max_macs),
+            poller,
+            servers,
+            stats: SwitchStats::default(),
+            frames: Vec::with_capacity(BATCH as usize),
+            dst: Vec::with_capacity(BATCH as usize),
+            last_aging: Instant::now(),
+            cfg,
+        })
+    }
+
+    /// Add a port; returns its index.
+    pub fn add_port(&mut self, port: Box<dyn Port>) -> Result<u16, Error> {
+        self.add_owned(port, None)
+    }
+
+    /// Add a port that connection `owner` brought (none: the caller's);
+    /// returns its index.
+    pub(crate) fn add_owned(
+        &mut self,
+        port: Box<dyn Port>,
+        owner: Option<Owner>,
+    ) -> Result<u16, Error> {
+        if self.find(port.name()).is_some() {
+            return Err(Error::PortExists(port.name().to_string()));
+        }
+        let idx = match self.ports.iter().position(|p| p.is_none()) {
+            Some(i) => i,
+            None if self.ports.len() < MAX_PORTS => {
+                self.ports.push(None);
+                self.ports.len() - 1
+            }
+            None => return Err(Error::TooManyPorts),
+        };
+        if let Some(fd) = port.fd() {
+            self.poller.watch(fd, Token::Port(idx as u16))?;
+        }
+        if self.cfg.log_ports {
+            tracing::info!(port = port.name(), kind = port.kind(), "port attached");
+        }
+        self.ports[idx] = Some(Slot { port, owner });
+        Ok(idx as u16)
+    }
+
+    /// Remove a port; its addresses are forgotten.
+    pub fn remove_port(&mut self, idx: u16) -> Option<Box<dyn Port>> {
+        let slot = self.ports.get_mut(idx as usize)?.take()?;
+        if let Some(fd) = slot.port.fd() {
+            self.poller.unwatch(fd);
+        }
+        self.macs.forget_port(idx);
+        if self.cfg.log_ports {
+            tracing::info!(port = slot.port.name(), "port detached");
+        }
+        Some(slot.port)
+    }
+
+    /// Whether connection `owner` brought a port that is still here.
+    pub(crate) fn owns(&self, owner: Owner) -> bool {
+        self.ports.iter().flatten().any(|p| p.owner == Some(owner))
+    }
+
+    /// Remove every port the connection `owner` brought.
+    pub(crate) fn remove_owned(&mut self, owner: Owner) {
+        let owned: Vec<u16> = self
+            .ports
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.as_ref().is_some_and(|s| s.owner == Some(owner)))
+            .map(|(i, _)| i as u16)
+            .collect();
+        for i in owned {
+            self.remove_port(i);
+        }
+    }
+
+    /// The index of the port named `name`.
+    pub fn find(&self, name: &str) -> Option<u16> {
+        self.ports
+            .iter()
+            .position(|p| p.as_ref().is_some_and(|s| s.port.name() == name))
+            .map(|i| i as u16)
+    }
+
+    /// The port at `idx`, if there is one.
+    pub fn port_mut(&mut self, idx: u16) -> Option<&mut dyn Port> {
+        match self.ports.get_mut(idx as usize) {
+            Some(Some(s)) => Some(s.port.as_mut()),
+            _ => None,
+        }
+    }
+
+    /// Forget addresses not seen for the aging time.
+    pub(crate) fn age(&mut self, now: Instant) {
+        self.macs.age(now);
+        self.last_aging = now;
+    }
+
+    /// Forward one batch from port `s`; returns frames taken.
+    pub(crate) fn forward(&mut self, s: usize, now: Instant) -> usize {
+        self.frames.clear();
+        self.dst.clear();
+        let token = {
+            let Some(Some(src)) = self.ports.get_mut(s) else {
+                return 0;
+            };
+            src.port.rx(BATCH, &mut self.frames)
+        };
+        let n = self.frames.len();
+        // Lookup pass. The frames' first bytes were written by another core:
+        // start fetching them a few frames ahead of reading their addresses.
+        const AHEAD: usize = 8;
+        for f in self.frames.iter().take(AHEAD) {
+            ring::device::prefetch(f.ptr);
+        }
+        let mut flood = false;
+        // All frames to one unicast port (bulk traffic): one batched copy.
+        let mut uniform: Option<u16> = None;
+        let mut mixed = false;
+        // Bulk traffic repeats its addresses: remember the last pair so a
+        // batch of one flow costs one learn and one lookup, not one per frame.
+        let mut last_src: Option<Mac> = None;
+        let mut last_dst: Option<(Mac, u16)> = None;
+        for i in 0..n {
+            if let Some(a) = self.frames.get(i + AHEAD) {
+                ring::device::prefetch(a.ptr);
+            }
+            let f = self.frames[i];
+            if f.len < 14 {
+                self.stats.runts += 1;
+                self.dst.push(DROP);
+                mixed = true;
+                continue;
+            }
+            let mut hdr = [0u8; 12];
+            // SAFETY: the port guarantees f.ptr is readable for f.len >= 14
+            // bytes until rx_done; we copy the addresses out once.
+            unsafe { std::ptr::copy_nonoverlapping(f.ptr, hdr.as_mut_ptr(), 12) };
+            let dmac: Mac = hdr[..6].try_into().expect("6 bytes");
+            let smac: Mac = hdr[6..].try_into().expect("6 bytes");
+            if last_src != Some(smac) {
+                self.macs.learn(smac, s as u16, now);
+                last_src = Some(smac);
+            }
+            let d = match last_dst {
+                Some((m, d)) if m == dmac => d,
+                _ => {
+                    let d = if dmac[0] & 1 != 0 {
+                        FLOOD
+                    } else {
+                        self.macs.lookup(&dmac, now).unwrap_or(FLOOD)
+                    };
+                    last_dst = Some((dmac, d));
+                    d
+                }
+            };
+            let d = if d == s as u16 {
+                self.stats.same_port += 1;
+                DROP
+            } else {
+                d
+            };
+            flood |= d == FLOOD;
+            match uniform {
+                None if i == 0 => uniform = Some(d),
+                Some(u) if u == d => {}
+                _ => mixed = true,
+            }
+            self.dst.push(d);
+        }
+        let mut any_unicast_ok = 0u64;
+        let mut delivered = vec![false; 0];
+        // A flooded batch with one other port to reach: that port is its
+        // only destination (two-port switches with unlearned addresses).
+        let mut flood_single: Option<u64> = None;
+        if uniform == Some(FLOOD) && !mixed {
+            let mut others = self
+                .ports
+                .iter()
+                .enumerate()
+                .filter(|(p, slot)| {
+                    *p != s && slot.as_ref().is_some_and(|x| x.port.broken().is_none())
+                })
+                .map(|(p, _)| p);
+            if let (Some(p), None) = (others.next(), others.next()) {
+                if let Some(Some(dst)) = self.ports.get_mut(p) {
+                    // SAFETY: the frames are valid until the source's
+                    // rx_done below.
+                    flood_single = Some(unsafe { dst.port.tx_batch(&self.frames) });
+                    dst.port.tx_flush(now);
+                }
+            }
+        }
+        match uniform {
+            _ if flood_single.is_some() => {}
+            // The common case: the whole batch goes to one port.
+            Some(d) if !mixed && d != FLOOD && d != DROP => {
+                if let Some(Some(dst)) = self.ports.get_mut(d as usize) {
+                    if dst.port.broken().is_none() {
+                        // SAFETY: the frames are valid until the source's
+                        // rx_done below.
+                        any_unicast_ok = unsafe { dst.port.tx_batch(&self.frames) };
+                        dst.port.tx_flush(now);
+                    }
+                }
+            }
+            _ => {
+                // One pass per destination.
+                if flood {
+                    delivered = vec![false; n];
+                }
+                for p in 0..self.ports.len() {
+                    if p == s {
+                        continue;
+                    }
+                    let Some(Some(dst)) = self.ports.get_mut(p) else {
+                        continue;
+                    };
+                    if dst.port.broken().is_some() {
+                        continue;
+                    }
+                    let mut touched = false;
+                    for (i, f) in self.frames.iter().enumerate() {
+                        let d = self.dst[i];
+                        if d == p as u16 || d == FLOOD {
+                            touched = true;
+                            // SAFETY: f is valid until the source's rx_done below.
+                            let ok = unsafe { dst.port.tx(*f) };
+                            if d == FLOOD {
+                                delivered[i] |= ok;
+                            } else if ok {
+                                any_unicast_ok += 1;
+                            }
+                        }
+                    }
+                    if touched {
+                        dst.port.tx_flush(now);
+                    }
+                }
+            }
+        }
+        let mut flooded = 0;
+        let mut lost = 0;
+        if let Some(ok) = flood_single {
+            flooded = n as u64;
+            lost = n as u64 - ok;
+        }
+        for (i, &d) in self.dst.iter().enumerate() {
+            if flood_single.is_some() {
+                break;
+            }
+            if d == FLOOD {
+                flooded += 1;
+                if !delivered[i] {
+                    lost += 1;
+                }
+            } else if d != DROP && self.ports.get(d as usize).is_none_or(|p| p.is_none()) {
+                lost += 1;
+            }
+        }
+        self.stats.forwarded += any_unicast_ok + (flooded - lost.min(flooded));
+        self.stats.flooded += flooded;
+        self.stats.no_destination += lost;
+        self.stats.batches += 1;
+        if let Some(Some(src)) = self.ports.get_mut(s) {
+            src.port.rx_done(token, n as u64, now);
+        }
+        n
+    }
+
+    /// The status document (also the control socket's `status` reply).
+    pub fn status(&mut self) -> Value {
+        let mut ports = Vec::new();
+        for (i, p) in self.ports.iter_mut().enumerate() {
+            if let Some(s) = p {
+                let c = *s.port.counters();
+                ports.push(json!({
+                    "index": i,
+                    "name": s.port.name(),
+                    "kind": s.port.kind(),
+                    "from_port": c.from_port,
+                    "to_port": c.to_port,
+                    "to_port_bytes": c.to_port_bytes,
+                    "dropped_full": c.dropped_full,
+                    "detail": s.port.status(),
+                }));
+            }
+        }
+        json!({
+            "switch": self.stats,
+            "macs": self.macs.len(),
+            "ports": ports,
+        })
+    }
+
+    /// The control socket's path, if it has one.
+    pub fn socket_path(&self) -> Option<&Path> {
+        self.cfg.socket.as_deref()
+    }
+}
