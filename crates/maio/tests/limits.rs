@@ -1,4 +1,4 @@
-//! MAIO's limit errors, exercised for real (issue 13, finding 11): a child
+//! MAIO's limit errors, exercised for real: a child
 //! process without CAP_IPC_LOCK and with RLIMIT_MEMLOCK lowered to 64 KiB
 //! must get `UringError::Memlock`, naming the limit and the fix, when it
 //! registers a pool larger than that, and never a crash or a bare errno.

@@ -8,7 +8,7 @@
 //!   control socket.
 //! - [`tap`]: a TAP device (the kernel's stack).
 //! - [`memif`]: memif clients (DPDK, VPP) attached through the memif socket.
-//! - [`gen`], [`sink`], [`echo`]: ports inside the switch that make, count
+//! - [`generator`], [`sink`], [`echo`]: ports inside the switch that make, count
 //!   or reflect frames; only benchmarks and tests use them.
 //!
 //! A kind whose ports outside programs attach through a socket of its own
@@ -18,7 +18,7 @@
 //! removes the ports a connection brought when the server says it closed.
 
 pub mod echo;
-pub mod gen;
+pub mod generator;
 pub mod memif;
 pub mod ring;
 pub mod sink;
@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 use crate::{Config, Error, Switch};
 
 pub use echo::EchoPort;
-pub use gen::GenPort;
+pub use generator::GenPort;
 pub use ring::RingPort;
 pub use sink::SinkPort;
 pub use tap::TapPort;
