@@ -508,6 +508,30 @@ impl Ring {
         self.in_flight
     }
 
+    /// An eventfd the kernel signals for every completion it posts to this
+    /// ring, for a thread that must wait for completions without holding
+    /// the ring (behind a lock shared with other threads, say): read it to
+    /// reset it, take the ring and [`Ring::reap`] (or `recv_sg`), release
+    /// the ring, and `poll` the eventfd until it is readable again. A
+    /// completion posted after the read leaves it readable, so no wake-up
+    /// is lost. The descriptor is the caller's; the kernel keeps its own
+    /// reference for as long as the ring lives.
+    pub fn completion_eventfd(&mut self) -> Result<OwnedFd> {
+        let fd = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .map_err(|e| UringError::Sys {
+            what: "eventfd",
+            source: e.into(),
+        })?;
+        self.ring
+            .submitter()
+            .register_eventfd(fd.as_raw_fd())
+            .map_err(sys("IORING_REGISTER_EVENTFD"))?;
+        Ok(fd)
+    }
+
     /// Wait for at least one completion (a system call), up to `timeout`.
     pub fn wait(&mut self, timeout: Duration) {
         self.wait_for(1, timeout);
