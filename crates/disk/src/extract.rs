@@ -47,9 +47,11 @@
 //! A curve without a big drop, or that no sawtooth folds, has no
 //! rotational signature (flash, or a cache): then nothing is invented.
 
+use measure::stats::median;
 use serde::Serialize;
 
-use crate::bench::{Point, ZonePoint};
+use crate::skippy::Point;
+use crate::zoned::ZonePoint;
 
 /// Parameter names, as [`Uncertain::param`] and the validation use them.
 pub mod param {
@@ -248,19 +250,6 @@ pub enum Extraction {
         /// What in the curve showed it, for the user.
         reason: String,
     },
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// Group sorted values into clusters separated by gaps larger than `gap`.
@@ -1254,12 +1243,12 @@ mod tests {
         spec.noise_ms = noise;
         spec.timing_noise_ms = noise;
         let mut d = crate::sim::Disk::new(spec.clone());
-        let o = crate::bench::SkippyOpts {
+        let o = crate::skippy::SkippyOpts {
             start,
             budget_ms: 1300.0,
             ..Default::default()
         };
-        let pts = crate::bench::skippy(&mut d, &o).unwrap();
+        let pts = crate::skippy::run(&mut d, &o).unwrap();
         (spec, rotational(skippy(&pts)))
     }
 

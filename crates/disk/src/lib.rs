@@ -13,8 +13,9 @@
 //! - [`device`]: real block devices and files, O_DIRECT, with the safety
 //!   rules (writes need `--allow-destructive`; mounted or busy devices are
 //!   refused whatever the flag).
-//! - [`bench`]: SKIPPY (write, read, backward read), ZONED and SEEKER over
-//!   either.
+//! - [`skippy`], [`zoned`], [`seeker`]: the paper's three
+//!   microbenchmarks over either: SKIPPY (write, read, backward read) with
+//!   the delayed probes that place MTM, ZONED and SEEKER.
 //! - [`extract`]: parameters from the SKIPPY curve, forward or backwards
 //!   (rotation and sectors per track fitted jointly over every tooth of the
 //!   sawtooth and cross-checked against the first steps, MTM, the head and
@@ -30,13 +31,15 @@
 //!   trace's positions.
 //! - [`plots`]: SVG plots of the three curves with the fits.
 
-pub mod bench;
 pub mod device;
 pub mod extract;
 pub mod plots;
+pub mod seeker;
 pub mod sim;
+pub mod skippy;
 pub mod trace;
 pub mod validate;
+pub mod zoned;
 
 /// Reading or writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

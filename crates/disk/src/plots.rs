@@ -4,8 +4,10 @@ use std::path::Path;
 
 use measure::plot::{chart, Labels, PlotError, Series, Style};
 
-use crate::bench::{Point, SeekPoint, ZonePoint};
 use crate::extract::{Extraction, Line, ZoneFits};
+use crate::seeker::SeekPoint;
+use crate::skippy::Point;
+use crate::zoned::ZonePoint;
 
 fn line(label: &str, l: &Line, x0: f64, x1: f64) -> (Series, Style) {
     (

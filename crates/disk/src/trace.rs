@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::bench::Point;
+use crate::skippy::Point;
 
 /// The first line of a written trace.
 pub const HEADER: &str = "step,latency_ms,lba";

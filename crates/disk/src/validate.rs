@@ -11,9 +11,10 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::bench::{self, Point, SkippyMode, SkippyOpts};
 use crate::extract::{self, param as P, Extraction, Skippy};
 use crate::sim::{Disk, Spec};
+use crate::skippy::{self, Point, SkippyMode, SkippyOpts};
+use crate::{seeker, zoned};
 use crate::{Op, Target};
 
 /// One compared parameter.
@@ -128,13 +129,13 @@ pub fn skippy_run(
         mode,
         ..SkippyOpts::default()
     };
-    let pts = bench::skippy(&mut disk, &opts)?;
+    let pts = skippy::run(&mut disk, &opts)?;
     let mut ex = extract::skippy(&pts);
     if let (Extraction::Rotational(e), false) = (&mut ex, mode == SkippyMode::Backward) {
         // Repeated probes around STM get whatever is left of 2 s of disk
         // time (less one slow access).
         let left = 1970.0 - (disk.elapsed_ms() - t0);
-        bench::refine_mtm(&mut disk, mode, &pts, e, left - 2.0 * spec.rotation_ms())?;
+        skippy::refine_mtm(&mut disk, mode, &pts, e, left - 2.0 * spec.rotation_ms())?;
         e.check_plausible();
     }
     Ok((pts, ex, disk.elapsed_ms() - t0))
@@ -215,7 +216,7 @@ pub fn preset(spec: &Spec, plot_dir: Option<&Path>) -> Result<PresetResult, crat
     // ZONED over the whole simulated disk.
     let mut quiet = |_: u64, _: u64| {};
     let mut zd = Disk::new(spec.clone());
-    let zp = bench::zoned(&mut zd, 1 << 20, 100, None, &mut quiet)?;
+    let zp = zoned::run(&mut zd, 1 << 20, 100, None, &mut quiet)?;
     let fits = extract::zone_fits(&zp);
     if let Some(f) = &fits {
         params.push(param(
@@ -235,7 +236,7 @@ pub fn preset(spec: &Spec, plot_dir: Option<&Path>) -> Result<PresetResult, crat
     // SEEKER: walk a full rotation at each of 40 places.
     let mut sd = Disk::new(spec.clone());
     let walk = spec.zones.iter().map(|z| z.spt).max().unwrap_or(64) + 8;
-    let sp = bench::seeker(&mut sd, Op::Write, 40, walk, &mut quiet)?;
+    let sp = seeker::run(&mut sd, Op::Write, 40, walk, &mut quiet)?;
     let mtm = e.as_ref().map_or(spec.overhead_ms, |e| e.mtm_ms);
     let max_seek = sp
         .iter()

@@ -1,9 +1,10 @@
 //! The simulator, the extraction and the validation, end to end.
 
-use disk::bench::{self, SkippyMode, SkippyOpts};
 use disk::extract::{self, param, Extraction};
 use disk::sim::{presets, Disk};
+use disk::skippy::{self, SkippyMode, SkippyOpts};
 use disk::validate;
+use disk::{seeker, zoned};
 use proptest::prelude::*;
 
 #[test]
@@ -122,7 +123,7 @@ fn a_write_cached_disk_has_no_rotational_signature() {
     let mut spec = disk::sim::preset_named("barracuda").unwrap();
     spec.write_cache = true;
     let mut d = Disk::new(spec);
-    let pts = bench::skippy(&mut d, &SkippyOpts::default()).unwrap();
+    let pts = skippy::run(&mut d, &SkippyOpts::default()).unwrap();
     // Writes complete from the cache: latencies are the overhead plus the
     // noise model's outliers, and nothing rotational may be reported.
     if let Extraction::Rotational(e) = extract::skippy(&pts) {
@@ -136,7 +137,7 @@ fn a_write_buffer_is_named_and_its_values_flagged() {
     // once, then each waits for an older one to reach the platter.
     let spec = disk::sim::preset_named("9zx-wcache").unwrap().quiet();
     let mut d = Disk::new(spec);
-    let pts = bench::skippy(
+    let pts = skippy::run(
         &mut d,
         &SkippyOpts {
             budget_ms: 1300.0,
@@ -181,7 +182,7 @@ fn backwards_reads_give_rotation_and_sectors_per_track() {
 fn read_ahead_hides_small_steps_and_backwards_reads_avoid_it() {
     let spec = disk::sim::preset_named("dtta-readahead").unwrap().quiet();
     let mut d = Disk::new(spec.clone());
-    let fwd = bench::skippy(
+    let fwd = skippy::run(
         &mut d,
         &SkippyOpts {
             mode: SkippyMode::Read,
@@ -200,7 +201,7 @@ fn read_ahead_hides_small_steps_and_backwards_reads_avoid_it() {
         &fwd[..10]
     );
     let mut d = Disk::new(spec.clone());
-    let back = bench::skippy(
+    let back = skippy::run(
         &mut d,
         &SkippyOpts {
             mode: SkippyMode::Backward,
@@ -221,7 +222,7 @@ fn read_ahead_hides_small_steps_and_backwards_reads_avoid_it() {
 fn zoned_sees_the_zones_and_fits_them() {
     let spec = disk::sim::preset_named("ultrastar").unwrap().quiet();
     let mut d = Disk::new(spec.clone());
-    let z = bench::zoned(&mut d, 1 << 20, 80, None, &mut |_, _| {}).unwrap();
+    let z = zoned::run(&mut d, 1 << 20, 80, None, &mut |_, _| {}).unwrap();
     let f = extract::zone_fits(&z).unwrap();
     assert!(f.outer_mbps > 1.4 * f.inner_mbps, "{f:?}");
     for fit in [
@@ -242,7 +243,7 @@ fn zoned_sees_the_zones_and_fits_them() {
 fn seeker_grows_with_distance() {
     let spec = disk::sim::preset_named("hp97560").unwrap().quiet();
     let mut d = Disk::new(spec.clone());
-    let s = bench::seeker(&mut d, disk::Op::Write, 10, 80, &mut |_, _| {}).unwrap();
+    let s = seeker::run(&mut d, disk::Op::Write, 10, 80, &mut |_, _| {}).unwrap();
     assert!(
         s.windows(2).all(|w| w[1].min_ms > w[0].min_ms - 0.01),
         "{s:?}"

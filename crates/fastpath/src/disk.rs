@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use clap::{Args, Subcommand};
-use disk::bench::{SkippyMode, SkippyOpts};
 use disk::extract::{Extraction, ZoneFits};
+use disk::skippy::{SkippyMode, SkippyOpts};
 use disk::validate::PresetResult;
 use disk::{Op, Target};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -321,7 +321,7 @@ fn skippy(
     let mode = opts.mode;
     let mut t = target.open(mode == SkippyMode::Write)?;
     eprintln!("SKIPPY ({mode:?}) on {}", t.describe());
-    let pts = disk::bench::skippy(t.as_mut(), opts)?;
+    let pts = disk::skippy::run(t.as_mut(), opts)?;
     if let Some(p) = csv {
         disk::trace::write(p, &pts)?;
     }
@@ -329,7 +329,7 @@ fn skippy(
     if let (Extraction::Rotational(e), false) = (&mut ex, mode == SkippyMode::Backward) {
         // Repeated probes around STM place MTM between steps; if the
         // device cannot take them, the run's own estimate stands.
-        let _ = disk::bench::refine_mtm(t.as_mut(), mode, &pts, e, 600.0);
+        let _ = disk::skippy::refine_mtm(t.as_mut(), mode, &pts, e, 600.0);
         e.check_plausible();
     }
     if let Some(p) = plot {
@@ -381,7 +381,7 @@ fn zoned(
     eprintln!("ZONED on {}", t.describe());
     let bar = ProgressBar::new(100);
     bar.set_style(ProgressStyle::with_template("{bar:40} {percent}% {msg}").expect("template"));
-    let z = disk::bench::zoned(t.as_mut(), block, regions, limit, &mut |d, tot| {
+    let z = disk::zoned::run(t.as_mut(), block, regions, limit, &mut |d, tot| {
         bar.set_position(d * 100 / tot.max(1));
     })?;
     bar.finish_and_clear();
@@ -433,7 +433,7 @@ fn seeker(
     let mut t = target.open(op == Op::Write)?;
     eprintln!("SEEKER on {}", t.describe());
     let bar = ProgressBar::new(bases as u64);
-    let s = disk::bench::seeker(t.as_mut(), op, bases, measurements, &mut |d, _| {
+    let s = disk::seeker::run(t.as_mut(), op, bases, measurements, &mut |d, _| {
         bar.set_position(d)
     })?;
     bar.finish_and_clear();

@@ -1,4 +1,6 @@
-//! The three microbenchmarks, over any [`Target`].
+//! SKIPPY (the paper's section 4.1, Figure 1): one-sector accesses, each
+//! a growing step past the last, over any [`Target`]; and the delayed
+//! probes that place MTM between two steps.
 
 use serde::Serialize;
 
@@ -81,7 +83,7 @@ impl Default for SkippyOpts {
 
 /// SKIPPY (the paper's Figure 1): after each one-sector access the position
 /// moves on by `step` more sectors, `step` growing by one each time.
-pub fn skippy(t: &mut dyn Target, o: &SkippyOpts) -> Result<Vec<Point>, Error> {
+pub fn run(t: &mut dyn Target, o: &SkippyOpts) -> Result<Vec<Point>, Error> {
     let n = o.steps as u64;
     let span = n * (n + 1) / 2 + n + 2;
     if span + o.start > t.sectors() {
@@ -132,87 +134,6 @@ pub fn skippy(t: &mut dyn Target, o: &SkippyOpts) -> Result<Vec<Point>, Error> {
                 }
             }
         }
-    }
-    Ok(out)
-}
-
-/// One ZONED report: bandwidth over a region.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct ZonePoint {
-    /// Start of the region, bytes.
-    pub offset: u64,
-    /// MB/s (10^6 bytes per second) over the region.
-    pub mbps: f64,
-}
-
-/// ZONED (the paper's Figure 9): read everything in large blocks, report the
-/// bandwidth of each region. `progress(done, total)` is called per region.
-pub fn zoned(
-    t: &mut dyn Target,
-    block_bytes: u64,
-    regions: u32,
-    limit_bytes: Option<u64>,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<Vec<ZonePoint>, Error> {
-    let ss = t.sector_size();
-    let block = (block_bytes / ss).max(1);
-    let total = limit_bytes.map_or(t.sectors(), |l| (l / ss).min(t.sectors()));
-    let regions = regions.max(2) as u64;
-    let per_region = (total / regions / block).max(1) * block;
-    let mut out = Vec::new();
-    let mut lba = 0;
-    while lba + per_region <= total {
-        let mut ms = 0.0;
-        let mut done = 0;
-        while done < per_region {
-            let n = block.min(per_region - done);
-            ms += t.access(Op::Read, lba + done, n as u32)?;
-            done += n;
-        }
-        out.push(ZonePoint {
-            offset: lba * ss,
-            mbps: (per_region * ss) as f64 / ms / 1000.0,
-        });
-        lba += per_region;
-        progress(lba * ss, total * ss);
-    }
-    Ok(out)
-}
-
-/// One SEEKER result: the shortest time seen to reach a location from the
-/// start of the disk.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct SeekPoint {
-    /// The location (sector).
-    pub lba: u64,
-    /// The shortest access time to it seen (ms; includes MTM).
-    pub min_ms: f64,
-}
-
-/// SEEKER (the paper's Figure 11): for each of `bases` locations, alternate
-/// a one-sector access at sector 0 with one at the location (plus 0, 1, 2
-/// ... sectors, to walk the rotation), keeping the shortest timed access.
-pub fn seeker(
-    t: &mut dyn Target,
-    op: Op,
-    bases: u32,
-    measurements: u32,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<Vec<SeekPoint>, Error> {
-    let last = t.sectors().saturating_sub(measurements as u64 + 1);
-    let mut out = Vec::new();
-    for b in 1..=bases as u64 {
-        let base = last * b / bases as u64;
-        let mut best = f64::INFINITY;
-        for i in 0..measurements as u64 {
-            t.access(op, 0, 1)?;
-            best = best.min(t.access(op, base + i, 1)?);
-        }
-        out.push(SeekPoint {
-            lba: base,
-            min_ms: best,
-        });
-        progress(b, bases as u64);
     }
     Ok(out)
 }
