@@ -33,7 +33,21 @@
 //!    do not mislead it;
 //! 6. nothing impossible is printed as fact: a rotation outside 2-30 ms, MTM
 //!    above the rotation, a cache signature, surfaces no boundary pattern
-//!    supports are each flagged [`Uncertain`] with the reason.
+//!    supports are each flagged [`Uncertain`] with the reason;
+//! 7. the part of the run that follows the sawtooth: every point lies on
+//!    it, or above it (modulo the rotation) by the skews of the head and
+//!    cylinder boundaries a step of its length crosses, however long the
+//!    step. A long run stops following it somewhere (steps that seek
+//!    further than the skews cover, remapped sectors, a zone with another
+//!    number of sectors per track): where most points of a window lie
+//!    nowhere the model puts them, or where the points drift off it as
+//!    another slope makes them (past a zone boundary they can still lie
+//!    within the tolerance of a wrong count of boundaries for dozens of
+//!    steps), the run is cut, and the extraction runs again on the part
+//!    before the cut. A zone boundary is told from the rest by the period
+//!    the points after it fold with. The notes say which steps were used
+//!    and why the rest was not; a run that leaves the sawtooth among the
+//!    steps the values rest on has them flagged.
 //!
 //! The switch times are what SKIPPY can see: the *skew cost*, the time a
 //! stream loses at a boundary (the track skew in sectors times a sector's
@@ -165,6 +179,9 @@ pub struct Skippy {
     pub noise_ms: f64,
     /// Requests a cache answered, if some were.
     pub cache: Option<CacheSignature>,
+    /// The first and last step of the run the values come from: the part
+    /// that follows the sawtooth (the notes say why the rest does not).
+    pub steps_used: (u32, u32),
     /// Values printed that may be wrong, with the reason.
     pub uncertain: Vec<Uncertain>,
     /// What the extraction could not separate or did in another way, for
@@ -395,6 +412,14 @@ fn coarse(s: &[f64], y: &[f64]) -> Result<(usize, f64, f64), String> {
     if r0.is_nan() || r0 <= 0.0 {
         return Err("the curve does not fall by a rotation at its largest drop".into());
     }
+    // The sawtooth's period in steps is the sectors per track: a curve
+    // that climbs a whole drop in a few steps is not a sector at a time.
+    if r0 / a0 < 8.0 {
+        return Err(format!(
+            "the curve climbs {a0:.3} ms per step and falls {r0:.3} ms: a period of {:.1} steps, not a track's sectors",
+            r0 / a0
+        ));
+    }
     Ok((k, a0, r0))
 }
 
@@ -565,8 +590,81 @@ fn solve3(mut m: [[f64; 3]; 3], mut v: [f64; 3]) -> Option<[f64; 3]> {
 
 /// Extract the parameters from a SKIPPY run: forward (write or read) or
 /// backwards reads, told apart by the positions.
+///
+/// The values come from the longest part of the run, from its start, that
+/// follows the sawtooth: a point lies on it, or above it by the switch
+/// costs of the boundaries a step of its length crosses. Past a point a
+/// long run stops following it (steps span several tracks and cylinders
+/// and seek further than the skews cover, the run crosses into a zone with
+/// another number of sectors per track, remapped sectors); the steps from
+/// there on are left out, and the notes say which steps were used and why
+/// the rest was not ([`Skippy::steps_used`]).
 pub fn skippy(points: &[Point]) -> Extraction {
-    let no = |r: String| Extraction::NoRotation { reason: r };
+    let whole = match fit(points) {
+        Ok(f) => f,
+        Err(reason) => return Extraction::NoRotation { reason },
+    };
+    let Some(cut) = whole.cut else {
+        return Extraction::Rotational(Box::new(whole.e));
+    };
+    let last = points.last().map_or(0, |p| p.step);
+    let (from, to) = (points[cut.at].step, last);
+    match fit(&points[..cut.at]) {
+        Ok(part) => {
+            let mut e = part.e;
+            e.notes.insert(
+                0,
+                format!(
+                    "steps {}-{} used; steps {from}-{to} not: {}",
+                    e.steps_used.0, e.steps_used.1, cut.why
+                ),
+            );
+            Extraction::Rotational(Box::new(e))
+        }
+        Err(why) => {
+            // The part that follows the sawtooth does not extract on its
+            // own: the whole run's values stand, none of them as fact
+            // where the rest of the run may have moved it.
+            let mut e = whole.e;
+            let why = format!(
+                "from step {from} on the run leaves the sawtooth ({}), and the steps before it alone give none ({why})",
+                cut.why
+            );
+            for p in [
+                param::ROTATION,
+                param::SPT,
+                param::MTM,
+                param::HEAD,
+                param::CYL,
+                param::SURFACES,
+            ] {
+                e.flag(p, why.clone());
+            }
+            Extraction::Rotational(Box::new(e))
+        }
+    }
+}
+
+/// Where a run stops following the sawtooth, and why.
+struct Cut {
+    /// The index (into the run's points) of the first point left out.
+    at: usize,
+    /// For the user.
+    why: String,
+}
+
+/// One extraction over all of `points`.
+struct Fitted {
+    e: Skippy,
+    /// Where the run stops following the sawtooth, if it does.
+    cut: Option<Cut>,
+}
+
+/// The extraction proper (the module's steps 1 to 6) over every point,
+/// and where the run stops following the sawtooth; `Err` says why it has
+/// no rotational signature.
+fn fit(points: &[Point]) -> Result<Fitted, String> {
+    let no = |r: String| -> Result<Fitted, String> { Err(r) };
     if points.len() < 30 {
         return no(format!("only {} points: need at least 30", points.len()));
     }
@@ -618,7 +716,11 @@ pub fn skippy(points: &[Point]) -> Extraction {
     // Backwards, the sawtooth is mirrored: fit the negated curve.
     let sign = if backward { -1.0 } else { 1.0 };
     let y: Vec<f64> = pts.iter().map(|p| sign * p.latency_ms).collect();
-    let (k, a0, r0) = match coarse(&s, &y) {
+    // The transition and the first estimates come from the first steps: a
+    // long run's later steps, several tracks long, seek and may take longer
+    // than a rotation, which no drop of the sawtooth does.
+    let head = s.len().min(300);
+    let (k, a0, r0) = match coarse(&s[..head], &y[..head]) {
         Ok(x) => x,
         Err(why) => {
             return no(match &cache {
@@ -661,11 +763,14 @@ pub fn skippy(points: &[Point]) -> Extraction {
     // fold together). Everything else is judged against the fit.
     let p0 = 0.5 * (rlo + rhi) / a0;
     let reach = (0.6 * p0).max(s[k] + 0.3 * p0);
+    // (Never more than the first 400 points: a run whose first estimates
+    // put a track further is not a sawtooth the fit can fold, and the
+    // search grows with the points.)
     let near_idx: Vec<usize> = (0..s.len()).filter(|&i| s[i] <= reach).collect();
     let (sf, yf): (Vec<f64>, Vec<f64>) = if near_idx.len() >= 20 {
-        near_idx.iter().map(|&i| (s[i], y[i])).unzip()
+        near_idx.iter().take(400).map(|&i| (s[i], y[i])).unzip()
     } else {
-        (s.clone(), y.clone())
+        s.iter().zip(&y).take(400).map(|(&a, &b)| (a, b)).unzip()
     };
     let Some(mut f) = fit_fold(&sf, &yf, a0, rlo, rhi) else {
         return no("no slope and rotation fold the curve onto a sawtooth".into());
@@ -678,13 +783,18 @@ pub fn skippy(points: &[Point]) -> Extraction {
             (e.abs() < (4.0 * f.sigma).clamp(0.02, 0.1)).then_some(t as i64)
         })
         .collect();
-    let on = f.tooth.iter().filter(|t| t.is_some()).count();
+    // Judged over the steps shorter than a track, which cross one boundary
+    // at most: about half of them cross none and lie on the sawtooth. (A
+    // longer step crosses one or more, and lies above it by their skews.)
+    let track = f.r / f.a;
+    let short: Vec<usize> = (0..s.len()).filter(|&i| s[i] + 1.0 < track).collect();
+    let on = short.iter().filter(|&&i| f.tooth[i].is_some()).count();
     // Half as many points fold by chance on a random phase of width 4 sigma.
-    let chance = s.len() as f64 * (8.0 * f.sigma).max(0.1) / f.r;
-    if (on as f64) < (0.12 * s.len() as f64).max(10.0).max(4.0 * chance) {
+    let chance = short.len() as f64 * (8.0 * f.sigma).max(0.1) / f.r;
+    if (on as f64) < (0.12 * short.len() as f64).max(10.0).max(4.0 * chance) {
         return no(format!(
-            "only {on} of {} points lie on any sawtooth: no rotational signature",
-            s.len()
+            "only {on} of the {} steps shorter than a track ({track:.0} steps) lie on any sawtooth: no rotational signature",
+            short.len()
         ));
     }
     let (a, r) = (f.a, f.r);
@@ -767,10 +877,32 @@ pub fn skippy(points: &[Point]) -> Extraction {
         point3: stm,
         noise_ms: noise,
         cache,
+        steps_used: (pts[0].step, pts[len - 1].step),
         uncertain: Vec::new(),
         notes: Vec::new(),
     };
     let (hs, cs, surfaces) = switches(&pts, &rmod, &contiguous, spt, noise, r, &mut e);
+    let cut = match cut(&pts, &s, &y, &rmod, spt, hs, cs, (a, r, noise), first_l2) {
+        Some(Leaves::At(i, why)) => Some(Cut { at: keep[i], why }),
+        Some(Leaves::Early(i, why)) => {
+            let why = format!(
+                "from step {} on the run leaves the sawtooth, among the steps these values rest on ({why})",
+                pts[i].step
+            );
+            for p in [
+                param::ROTATION,
+                param::SPT,
+                param::MTM,
+                param::HEAD,
+                param::CYL,
+                param::SURFACES,
+            ] {
+                e.flag(p, why.clone());
+            }
+            None
+        }
+        None => None,
+    };
     e.head_switch_ms = hs;
     e.cyl_switch_ms = cs;
     e.surfaces = surfaces;
@@ -883,7 +1015,236 @@ pub fn skippy(points: &[Point]) -> Extraction {
         }
     }
     e.check_plausible();
-    Extraction::Rotational(Box::new(e))
+    Ok(Fitted { e, cut })
+}
+
+/// Points a window of the run holds; where fewer than half of a window's
+/// points follow the sawtooth, the run has stopped following it.
+const WINDOW: usize = 20;
+
+/// How far each point lies from where the sawtooth and the switch costs
+/// put it (signed, ms), if it lies within `tol` of it: on the sawtooth, or
+/// above it (modulo the rotation) by the skews of the head and cylinder
+/// boundaries that a step of its length can cross; `None` for a point that
+/// lies nowhere the model puts it.
+fn follows(
+    pts: &[Point],
+    rmod: &[f64],
+    spt: f64,
+    h: Option<f64>,
+    c: Option<f64>,
+    r: f64,
+    tol: f64,
+) -> Vec<Option<f64>> {
+    let off = |x: f64, want: f64| {
+        let d = (x - want).rem_euclid(r);
+        if d > r / 2.0 {
+            d - r
+        } else {
+            d
+        }
+    };
+    (0..pts.len())
+        .map(|i| {
+            if rmod[i].abs() < tol {
+                return Some(rmod[i]);
+            }
+            let h = h?;
+            let span = pts[i].step as f64 + 1.0;
+            let n_lo = (span / spt).floor() as u32;
+            let n_hi = (span / (0.85 * spt)).floor() as u32 + 1;
+            (n_lo.max(1)..=n_hi)
+                .flat_map(|n| {
+                    let cyls = if c.is_some() { n.min(2) } else { 0 };
+                    (0..=cyls).map(move |m| (n - m) as f64 * h + m as f64 * c.unwrap_or(0.0))
+                })
+                .map(|want| off(rmod[i], want))
+                .filter(|d| d.abs() < tol)
+                .min_by(|x, y| x.abs().total_cmp(&y.abs()))
+        })
+        .collect()
+}
+
+/// Whether the points of `s[i0..i1]` that follow the model drift away
+/// from it: the slope of their offsets against the step, when it is over
+/// 0.4% of the sawtooth's slope `a` and four times its own standard error
+/// (a slope the model's is short of: another zone's).
+fn drifts(s: &[f64], off: &[Option<f64>], a: f64, (i0, i1): (usize, usize)) -> bool {
+    let p: Vec<(f64, f64)> = (i0..i1).filter_map(|i| off[i].map(|o| (s[i], o))).collect();
+    if p.len() < WINDOW {
+        return false;
+    }
+    let n = p.len() as f64;
+    let mx = p.iter().map(|q| q.0).sum::<f64>() / n;
+    let my = p.iter().map(|q| q.1).sum::<f64>() / n;
+    let sxx: f64 = p.iter().map(|q| (q.0 - mx).powi(2)).sum();
+    let sxy: f64 = p.iter().map(|q| (q.0 - mx) * (q.1 - my)).sum();
+    if sxx <= 0.0 {
+        return false;
+    }
+    let slope = sxy / sxx;
+    let rss: f64 = p
+        .iter()
+        .map(|q| (q.1 - my - slope * (q.0 - mx)).powi(2))
+        .sum();
+    let se = (rss / (n - 2.0) / sxx).sqrt();
+    slope.abs() > (0.004 * a).max(4.0 * se)
+}
+
+/// Where a run stops following the sawtooth.
+enum Leaves {
+    /// At this point (an index into the points fitted), past the steps the
+    /// values rest on: the points from there on are left out.
+    At(usize, String),
+    /// At this point, among the steps the values rest on: they are in
+    /// doubt.
+    Early(usize, String),
+}
+
+/// Where the run stops following the sawtooth, if it does before its end,
+/// and why: where most of a window's points stop lying where the sawtooth
+/// and the switch costs put them, or where the sawtooth's period changes
+/// (a zone boundary).
+#[allow(clippy::too_many_arguments)]
+fn cut(
+    pts: &[Point],
+    s: &[f64],
+    y: &[f64],
+    rmod: &[f64],
+    spt: f64,
+    h: Option<f64>,
+    c: Option<f64>,
+    (a, r, noise): (f64, f64, f64),
+    first_l2: usize,
+) -> Option<Leaves> {
+    let tol = (4.0 * noise).max(0.06);
+    let off = follows(pts, rmod, spt, h, c, r, tol);
+    let ok: Vec<bool> = off.iter().map(Option::is_some).collect();
+    let n = ok.len();
+    if n < WINDOW {
+        return None;
+    }
+    // The values rest on the transition and a window or two past it.
+    let floor = first_l2 + 2 * WINDOW;
+    // Where most of a window's points stop lying where the model puts
+    // them; the window may be cut short by the run's end. The last point
+    // that still did may be the one that met what changed, landing there
+    // by chance: it is left out too.
+    let leaves = (0..n.saturating_sub(WINDOW / 2))
+        .find(|&i| {
+            let w = &ok[i..(i + WINDOW).min(n)];
+            w.iter().filter(|&&x| x).count() * 2 < w.len()
+        })
+        .and_then(|bad| (bad..(bad + WINDOW).min(n)).find(|&i| !ok[i]))
+        .map(|at| at.saturating_sub(1));
+    // Past a zone boundary points can go on lying where the model puts
+    // them for dozens of steps, by a wrong count of head and cylinder
+    // boundaries (their skews differ by what the new slope adds over that
+    // many steps), but drifting from it by the difference of the slopes:
+    // the run is cut at the first window whose points drift. (A run that
+    // starts in one zone and goes on in the next before the values' steps
+    // end drifts in its first window: the fit took the next zone's slope.)
+    let drift = (0..n.saturating_sub(DRIFT_WINDOW - 1))
+        .step_by(DRIFT_WINDOW / 3)
+        .chain(std::iter::once(n.saturating_sub(DRIFT_WINDOW)))
+        .find(|&i| drifts(s, &off, a, (i, (i + DRIFT_WINDOW).min(n))))
+        .filter(|&i| leaves.is_none_or(|l| i < l));
+    if let Some(i) = drift {
+        let why = "from there on the points drift off the sawtooth, as another zone's slope makes them: the run crossed a zone boundary, whose other side's values are not mixed in".to_string();
+        return Some(if i == 0 {
+            Leaves::Early(
+                0,
+                "its first steps drift off the sawtooth that the rest fits: the run starts near a zone boundary".into(),
+            )
+        } else if i.saturating_sub(1) < floor {
+            Leaves::Early(i - 1, why)
+        } else {
+            Leaves::At(i - 1, why)
+        });
+    }
+    let at = leaves?;
+    let to = (at + ZONE_WINDOW).min(n);
+    let (at, why) = match period(&s[at..to], &y[at..to], a, r, noise)
+        .filter(|other| ((other - spt) / spt).abs() > 0.01)
+    {
+        Some(other) => (
+            zone_start(s, y, at, r / other, r, tol),
+            format!(
+                "from there on the sawtooth's period is {other:.1} sectors, not {spt:.1}: the run crossed into another zone, whose values are not mixed in"
+            ),
+        ),
+        None => (
+            at,
+            "from there on fewer than half of the points lie where the sawtooth and the switch costs put them (steps that long cross several tracks and cylinders and seek further than the skews cover; a zone boundary or remapped sectors do the same)".to_string(),
+        ),
+    };
+    Some(if at < floor {
+        Leaves::Early(at, why)
+    } else {
+        Leaves::At(at, why)
+    })
+}
+
+/// Where the zone that the points from `at` on are in begins (the index
+/// of the last point left out of the zone before it). Past a boundary,
+/// points can go on lying where the old zone's model puts them for dozens
+/// of steps, by a wrong count of head and cylinder boundaries (their
+/// skews differ by what the new slope adds over that many steps); with
+/// the new slope `a2` they fold onto the phases that the points just
+/// after `at` share. Walking back from `at`, the zone begins after the
+/// first two points in a row that do not; the point before that, which
+/// went from a sector of one zone to a sector of the other, is left out
+/// with it.
+fn zone_start(s: &[f64], y: &[f64], at: usize, a2: f64, r: f64, tol: f64) -> usize {
+    let phase = |i: usize| (y[i] - a2 * s[i]).rem_euclid(r);
+    let to = (at + WINDOW).min(s.len());
+    let shared: Vec<f64> = (at..to).map(phase).collect();
+    let fits = |i: usize| {
+        let p = phase(i);
+        shared.iter().filter(|&&q| circ(p, q, r) < tol).count() >= 2
+    };
+    let mut b = at;
+    while b >= 2 && (fits(b - 1) || fits(b - 2)) {
+        b -= 1;
+    }
+    b.saturating_sub(1)
+}
+
+/// Points over which [`cut`] measures the sawtooth's period.
+const ZONE_WINDOW: usize = 120;
+
+/// Points over which [`cut`] watches for a drift off the sawtooth.
+const DRIFT_WINDOW: usize = 60;
+
+/// The sawtooth's period (sectors per track) over the points given, with
+/// the rotation `r` held: the slope that folds most of them onto a few
+/// phases (steps of a similar length cross the same number of boundaries,
+/// so they share a phase), searched within 20% of `a`. `None` when no
+/// slope folds an eighth of them, or none folds clearly more than `a`
+/// does.
+fn period(s: &[f64], y: &[f64], a: f64, r: f64, noise: f64) -> Option<f64> {
+    if s.len() < WINDOW {
+        return None;
+    }
+    let w = (4.0 * noise).max(0.04);
+    let span = (s[s.len() - 1] - s[0]).max(1.0);
+    let da = w / (4.0 * span);
+    let steps = ((0.4 * a / da).ceil() as usize).clamp(1, 4000);
+    let (mut best, mut at) = (i64::MIN, a);
+    for i in 0..=steps {
+        let x = 0.8 * a + 0.4 * a * i as f64 / steps as f64;
+        let (sc, _) = fold_score(s, y, x, r, w);
+        if sc > best {
+            (best, at) = (sc, x);
+        }
+    }
+    let (here, _) = fold_score(s, y, a, r, w);
+    // Steps of a window cross a few different numbers of boundaries, so
+    // even the right slope folds only a share of them onto one phase;
+    // a wrong one spreads them all.
+    let strong = best as f64 >= (s.len() as f64 / 8.0).max(10.0);
+    let clearly = best as f64 >= 2.5 * here.max(2) as f64;
+    (strong && clearly).then_some(r / at)
 }
 
 /// The most common value of a sorted slice.
