@@ -6,11 +6,25 @@
 //! monotonic clock, and the size from the kernel (BLKGETSIZE64 for block
 //! devices).
 //!
-//! Safety: a block device is opened for writing only with
-//! `allow_destructive`, and never when it is mounted or otherwise in use
-//! (the kernel's O_EXCL open of a block device fails with EBUSY then; the
-//! mount table is checked too, for a clearer message). Regular files are
-//! always allowed: they are the user's own scratch space.
+//! Safety by construction: the path is resolved once and opened once
+//! (O_NOFOLLOW on the resolved path, so a symlink swapped in afterwards is
+//! refused), and every decision is made on that descriptor, the one the
+//! benchmarks then write through: `fstat` says what it is, and
+//! [`crate::holders`] who holds it. Whatever the path pointed to while it
+//! was being checked, what is written is what was checked.
+//!
+//! - A block device (whole disk, partition, loop device) is written only
+//!   with `allow_destructive`, and never while it, one of its partitions or
+//!   its disk is mounted, swapped to or held by another driver: it is
+//!   opened exclusively (the kernel refuses that with EBUSY while it is
+//!   mounted or claimed, in any mount namespace), and the mounts, swap
+//!   areas and holders are checked to say which.
+//! - A regular file is the user's scratch space and needs no flag, unless
+//!   it is not only that: a file backing a loop device that is mounted or
+//!   in use, a file mounted somewhere (a bind mount) or swapped to is
+//!   refused whatever the flag; a file backing an idle loop device needs
+//!   the flag.
+//! - Anything else (a directory, a character device) is refused.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -22,6 +36,7 @@ use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use rustix::ioctl::{opcode, Getter, Opcode};
 
+use crate::holders::{self, FileUse};
 use crate::{Error, Op, Target};
 
 /// The block-device ioctl group of `<linux/fs.h>`.
@@ -95,96 +110,100 @@ fn io(path: &str, what: &'static str, err: impl Into<io::Error>) -> Error {
     }
 }
 
-/// Why a block device must not be written, if it must not.
-pub fn in_use(path: &Path) -> Option<String> {
-    let canon = std::fs::canonicalize(path).ok()?;
-    let name = canon.file_name()?.to_string_lossy().to_string();
-    // Mounted directly?
-    if let Ok(m) = std::fs::read_to_string("/proc/self/mounts") {
-        for line in m.lines() {
-            let dev = line.split_whitespace().next().unwrap_or("");
-            if let Ok(c) = std::fs::canonicalize(dev) {
-                if c == canon {
-                    let at = line.split_whitespace().nth(1).unwrap_or("?");
-                    return Some(format!("mounted on {at}"));
-                }
-            }
-        }
-    }
-    // A partition of it mounted, or a holder (device-mapper, md, ...)?
-    let sys = Path::new("/sys/class/block").join(&name);
-    if let Ok(entries) = std::fs::read_dir(sys.join("holders")) {
-        if let Some(h) = entries.flatten().next() {
-            return Some(format!("held by {}", h.file_name().to_string_lossy()));
-        }
-    }
-    if let Ok(entries) = std::fs::read_dir(&sys) {
-        for e in entries.flatten() {
-            let part = e.file_name().to_string_lossy().to_string();
-            if part.starts_with(&name) {
-                if let Some(why) = in_use(&Path::new("/dev").join(&part)) {
-                    return Some(format!("partition {part} is {why}"));
-                }
-            }
-        }
-    }
-    None
+/// What an open descriptor is.
+enum Kind {
+    /// A block device, with its number.
+    Block { rdev: u64 },
+    /// A regular file: its device and inode, and its length.
+    File { dev: u64, ino: u64, len: u64 },
 }
 
-/// What `open` found out about a path before opening it.
-struct Kind {
-    block_device: bool,
-    /// The length of a regular file.
-    file_len: u64,
-}
-
-/// Stat `path` and apply the safety rules for writing it.
-fn check(path: &Path, p: &str, write: bool, allow_destructive: bool) -> Result<Kind, Error> {
-    let meta = std::fs::metadata(path).map_err(|e| io(p, "stat", e))?;
-    let block_device = meta.file_type().is_block_device();
-    if !block_device && !meta.is_file() {
-        return Err(Error::Invalid(format!(
+/// What `fd` is (from `fstat`): a block device or a regular file.
+fn kind(fd: BorrowedFd<'_>, p: &str) -> Result<Kind, Error> {
+    let st = rustix::fs::fstat(fd).map_err(|e| io(p, "fstat", e))?;
+    match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+        rustix::fs::FileType::BlockDevice => Ok(Kind::Block { rdev: st.st_rdev }),
+        rustix::fs::FileType::RegularFile => Ok(Kind::File {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            len: st.st_size.max(0) as u64,
+        }),
+        _ => Err(Error::Invalid(format!(
             "{p} is neither a block device nor a regular file"
-        )));
+        ))),
     }
-    if write && block_device {
-        if let Some(why) = in_use(path) {
-            return Err(Error::InUse {
-                path: p.into(),
-                why,
-            });
-        }
-        if !allow_destructive {
-            return Err(Error::NeedsDestructive(p.into()));
-        }
-    }
-    Ok(Kind {
-        block_device,
-        file_len: meta.len(),
-    })
 }
 
-/// Open with O_DIRECT (and O_DSYNC to write); a block device opened for
-/// writing is opened exclusively, which the kernel refuses (EBUSY) while
-/// it is mounted or claimed.
-fn open_direct(path: &Path, p: &str, write: bool, block_device: bool) -> Result<OwnedFd, Error> {
-    let mut flags = OFlags::DIRECT | OFlags::CLOEXEC;
+/// Apply the safety rules for writing to what `fd` is.
+fn may_write(kind: &Kind, p: &str, allow_destructive: bool) -> Result<(), Error> {
+    match *kind {
+        Kind::Block { rdev } => {
+            if let Some(why) = holders::block(rdev)? {
+                return Err(Error::InUse {
+                    path: p.into(),
+                    why: format!("it is {why}"),
+                });
+            }
+            if !allow_destructive {
+                return Err(Error::NeedsDestructive(p.into()));
+            }
+        }
+        Kind::File { dev, ino, .. } => match holders::file(dev, ino)? {
+            Some(FileUse::Busy(why)) => {
+                return Err(Error::InUse {
+                    path: p.into(),
+                    why,
+                })
+            }
+            Some(FileUse::Backs(device)) if !allow_destructive => {
+                return Err(Error::BacksLoop {
+                    path: p.into(),
+                    device,
+                })
+            }
+            _ => {}
+        },
+    }
+    Ok(())
+}
+
+/// Open `real` (the resolved path; `p` as the user gave it) with O_DIRECT,
+/// and O_RDWR | O_DSYNC | O_EXCL to write: a block device is then opened
+/// exclusively, which the kernel refuses (EBUSY) while it is mounted or
+/// claimed (on a regular file O_EXCL without O_CREAT does nothing).
+/// O_NOFOLLOW: a symlink put in the resolved path's place is refused.
+fn open_direct(real: &Path, p: &str, write: bool) -> Result<OwnedFd, Error> {
+    let mut flags = OFlags::DIRECT | OFlags::CLOEXEC | OFlags::NOFOLLOW;
     if write {
         // rustix's OFlags::DSYNC is O_SYNC on Linux (data and metadata);
         // the benchmarks want O_DSYNC (the data only), so take libc's bit.
-        flags |= OFlags::RDWR | OFlags::from_bits_retain(libc::O_DSYNC as u32);
+        flags |= OFlags::RDWR | OFlags::EXCL | OFlags::from_bits_retain(libc::O_DSYNC as u32);
     } else {
         flags |= OFlags::RDONLY;
     }
-    if block_device && write {
-        // The kernel refuses an exclusive open of a mounted or claimed device.
-        flags |= OFlags::EXCL;
-    }
-    rustix::fs::open(path, flags, Mode::empty()).map_err(|e| match e {
-        Errno::BUSY => Error::InUse {
-            path: p.into(),
-            why: "in use (the kernel refused exclusive access)".into(),
-        },
+    rustix::fs::open(real, flags, Mode::empty()).map_err(|e| match e {
+        Errno::BUSY => {
+            // Nothing was opened. Which holder, for the message: looked up
+            // by the path, which only words the refusal.
+            let detail = std::fs::metadata(real)
+                .ok()
+                .filter(|m| m.file_type().is_block_device())
+                .and_then(|m| {
+                    use std::os::unix::fs::MetadataExt;
+                    holders::block(m.rdev()).ok().flatten()
+                });
+            Error::InUse {
+                path: p.into(),
+                why: match detail {
+                    Some(d) => format!("it is {d} (the kernel refused exclusive access)"),
+                    None => "it is in use (the kernel refused exclusive access)".into(),
+                },
+            }
+        }
+        Errno::LOOP => Error::Invalid(format!(
+            "{p}: it resolved to {}, which was a symbolic link by the time it was opened: the path changed while being opened",
+            real.display()
+        )),
         Errno::INVAL => Error::Invalid(format!(
             "{p}: the file system does not support O_DIRECT (the benchmarks must bypass the page cache)"
         )),
@@ -202,15 +221,36 @@ fn block_geometry(fd: BorrowedFd<'_>, p: &str) -> Result<(u64, u64), Error> {
 
 impl Device {
     /// Open `path` for the benchmarks. Writing needs `allow_destructive`
-    /// for block devices and is refused for devices in use.
+    /// for block devices (and files backing a loop device) and is refused
+    /// for anything in use (see the module's rules), decided on the
+    /// descriptor opened.
     pub fn open(path: &Path, write: bool, allow_destructive: bool) -> Result<Device, Error> {
         let p = path.display().to_string();
-        let kind = check(path, &p, write, allow_destructive)?;
-        let fd = open_direct(path, &p, write, kind.block_device)?;
-        let (sector, bytes) = if kind.block_device {
-            block_geometry(fd.as_fd(), &p)?
-        } else {
-            (4096, kind.file_len)
+        // Symlinks resolved once; from here on only the descriptor counts.
+        let real = std::fs::canonicalize(path).map_err(|e| io(&p, "resolve", e))?;
+        if write {
+            // A block device that is in use, or is to be written without
+            // the flag, is refused before it is even opened for writing.
+            // Looked up by the path: a refusal needs no protection from a
+            // race; what is allowed is decided on the descriptor below.
+            if let Ok(m) = std::fs::metadata(&real) {
+                if m.file_type().is_block_device() {
+                    use std::os::unix::fs::MetadataExt;
+                    may_write(&Kind::Block { rdev: m.rdev() }, &p, allow_destructive)?;
+                }
+            }
+        }
+        let fd = open_direct(&real, &p, write)?;
+        let kind = kind(fd.as_fd(), &p)?;
+        if write {
+            may_write(&kind, &p, allow_destructive)?;
+        }
+        let (sector, bytes, block_device) = match kind {
+            Kind::Block { .. } => {
+                let (s, b) = block_geometry(fd.as_fd(), &p)?;
+                (s, b, true)
+            }
+            Kind::File { len, .. } => (4096, len, false),
         };
         if bytes < sector * 64 {
             return Err(Error::Invalid(format!(
@@ -225,7 +265,7 @@ impl Device {
             writable: write,
             buf: AlignedBuf::new(16 << 20, sector.max(4096) as usize),
             t0: Instant::now(),
-            block_device: kind.block_device,
+            block_device,
         })
     }
 

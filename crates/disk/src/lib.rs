@@ -11,8 +11,10 @@
 //!   feature, and the eleven drive models DiskSim validated against real
 //!   drives, transcribed from their published parameter files.
 //! - [`device`]: real block devices and files, O_DIRECT, with the safety
-//!   rules (writes need `--allow-destructive`; mounted or busy devices are
-//!   refused whatever the flag).
+//!   rules, decided on the descriptor written through (writes to a block
+//!   device need `--allow-destructive`; anything mounted, swapped to or
+//!   held, and files backing a loop device in use, are refused whatever
+//!   the flag); [`holders`] finds who holds a device or file.
 //! - [`skippy`], [`zoned`], [`seeker`]: the paper's three
 //!   microbenchmarks over either: SKIPPY (write, read, backward read) with
 //!   the delayed probes that place MTM, ZONED and SEEKER.
@@ -33,6 +35,7 @@
 
 pub mod device;
 pub mod extract;
+pub mod holders;
 pub mod plots;
 pub mod seeker;
 pub mod sim;
@@ -92,15 +95,29 @@ pub enum Error {
     /// Writing a block device without `--allow-destructive`.
     #[error("refusing to write to {0}: writing destroys its data; pass --allow-destructive if you mean it")]
     NeedsDestructive(String),
-    /// Writing a block device that is mounted, holds a mounted partition
-    /// or is claimed by another driver; no flag overrides this.
-    #[error("refusing to write to {path}: it is {why}; unmount it / stop using it first (--allow-destructive does not override this)")]
+    /// Writing something in use: a block device that is mounted, swapped
+    /// to or claimed (or whose partition or disk is), a file backing a
+    /// loop device in use, mounted somewhere or swapped to; no flag
+    /// overrides this.
+    #[error("refusing to write to {path}: {why}; unmount it / stop using it first (--allow-destructive does not override this)")]
     InUse {
-        /// The block device.
+        /// The device or file, as given.
         path: String,
-        /// Where it is mounted, or what holds it.
+        /// What holds it (a whole clause, naming the holder).
         why: String,
     },
+    /// Writing a file that backs a loop device nothing uses now, without
+    /// `--allow-destructive`.
+    #[error("refusing to write to {path}: it backs {device} (not mounted or in use), whose data writing it destroys; detach it (losetup -d {device}) or pass --allow-destructive")]
+    BacksLoop {
+        /// The file, as given.
+        path: String,
+        /// The loop device.
+        device: String,
+    },
+    /// Whether a device or file is in use could not be told.
+    #[error(transparent)]
+    Holders(#[from] holders::Error),
     /// Settings or a target the benchmarks cannot use (the text says which
     /// and what to change).
     #[error("{0}")]

@@ -1,6 +1,11 @@
-//! Writing is destructive: a block device needs --allow-destructive, and a
-//! mounted one is refused whatever the flag. Files are always allowed.
-//! (Uses a loop device over a scratch file; needs root, skips otherwise.)
+//! Writing is destructive: a block device needs --allow-destructive, and
+//! anything in use is refused whatever the flag: a mounted (or partly
+//! mounted) device, swap, a file backing a loop device in use, a file with
+//! a bind mount; a file that is only the user's scratch space needs no
+//! flag. The decision is made on the descriptor written through, so a
+//! symlink swapped under the path cannot send a write elsewhere. (Loop
+//! devices, mounts in a mount namespace of each test's own, swap; needs
+//! root, skips otherwise. Run these with `flock /tmp/fastpath-ns.lock`.)
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -128,4 +133,404 @@ fn block_devices_need_the_flag_and_mounted_ones_are_refused() {
     // Reading a mounted device is harmless and allowed.
     assert!(Device::open(p, false, false).is_ok());
     drop(lo);
+}
+
+/// Runs the calling test again in a mount namespace of its own (`unshare
+/// -m`, private propagation), so that what it mounts is seen by nothing
+/// else and goes when it ends; `true` in the copy that is to do the work.
+/// (Loop devices are not namespaced: each test detaches its own.)
+fn in_private_mounts(test: &str) -> bool {
+    if std::env::var_os("FP_DISK_PRIVATE_MOUNTS").is_some() {
+        return true;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private"])
+        .arg(&exe)
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env("FP_DISK_PRIVATE_MOUNTS", "1")
+        .output();
+    match out {
+        Ok(o) => {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            println!("{text}");
+            assert!(
+                o.status.success(),
+                "{test} in its own mount namespace failed"
+            );
+            assert!(text.contains("1 passed"), "{test} did not run: {text}");
+            false
+        }
+        Err(e) => {
+            eprintln!("unshare: {e}: mounting in this namespace instead");
+            true
+        }
+    }
+}
+
+fn root() -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipped: needs root for loop devices and mounts");
+    false
+}
+
+/// A scratch directory, removed with what is left in it.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(what: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("fp-disk-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+    fn file(&self, name: &str, bytes: usize) -> PathBuf {
+        let f = self.0.join(name);
+        std::fs::write(&f, vec![0u8; bytes]).unwrap();
+        f
+    }
+    fn dir(&self, name: &str) -> PathBuf {
+        let d = self.0.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A loop device over a file, detached (by its name) when dropped.
+struct LoopDev(String);
+
+impl LoopDev {
+    fn over(file: &Path, partitions: bool) -> LoopDev {
+        let mut args = vec!["losetup", "-f", "--show"];
+        if partitions {
+            args.push("-P");
+        }
+        args.push(file.to_str().unwrap());
+        LoopDev(sh(&args).expect("losetup (util-linux)"))
+    }
+    fn path(&self) -> &Path {
+        Path::new(&self.0)
+    }
+    fn name(&self) -> &str {
+        self.0.trim_start_matches("/dev/")
+    }
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        if let Err(e) = sh(&["losetup", "-d", &self.0]) {
+            eprintln!("{e}");
+        }
+    }
+}
+
+/// A mount, unmounted (by its mount point) when dropped.
+struct Mounted(PathBuf);
+
+impl Mounted {
+    fn new(args: &[&str], at: &Path) -> Mounted {
+        let mut a = vec!["mount"];
+        a.extend_from_slice(args);
+        a.push(at.to_str().unwrap());
+        sh(&a).expect("mount");
+        Mounted(at.to_path_buf())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Err(e) = sh(&["umount", self.0.to_str().unwrap()]) {
+            eprintln!("{e}");
+        }
+    }
+}
+
+/// A swap area, turned off (by its path) when dropped.
+struct Swap(String);
+
+impl Drop for Swap {
+    fn drop(&mut self) {
+        if let Err(e) = sh(&["swapoff", &self.0]) {
+            eprintln!("{e}");
+        }
+    }
+}
+
+/// An ext4 file system on `dev` with a file of known bytes in it, mounted
+/// at `at`; the bytes, to check it afterwards.
+fn ext4_with_data(dev: &str, at: &Path) -> (Mounted, Vec<u8>) {
+    sh(&["mkfs.ext4", "-q", "-F", dev]).expect("mkfs.ext4 (e2fsprogs)");
+    let m = Mounted::new(&[dev], at);
+    let data: Vec<u8> = (0..1_000_000u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) as u8)
+        .collect();
+    std::fs::write(at.join("data"), &data).unwrap();
+    sh(&["sync"]).unwrap();
+    (m, data)
+}
+
+/// The file system on `dev` is intact: e2fsck finds nothing to fix, and the
+/// known bytes read back (mounted read-only at `at`).
+fn intact(dev: &str, at: &Path, data: &[u8]) {
+    sh(&["e2fsck", "-f", "-n", dev]).expect("e2fsck found damage");
+    let _m = Mounted::new(&["-o", "ro", dev], at);
+    assert_eq!(
+        std::fs::read(at.join("data")).unwrap(),
+        data,
+        "data changed"
+    );
+}
+
+fn refusal(r: Result<Device, Error>) -> String {
+    match r {
+        Err(e @ Error::InUse { .. }) => e.to_string(),
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(d) => panic!("opened for writing: {}", d.describe()),
+    }
+}
+
+#[test]
+fn a_file_backing_a_mounted_loop_device_is_refused() {
+    if !root() || !in_private_mounts("a_file_backing_a_mounted_loop_device_is_refused") {
+        return;
+    }
+    let s = Scratch::new("backing");
+    let img = s.file("fs.img", 32 << 20);
+    let lo = LoopDev::over(&img, false);
+    let mnt = s.dir("mnt");
+    let (m, data) = ext4_with_data(&lo.0, &mnt);
+    for flag in [false, true] {
+        let why = refusal(Device::open(&img, true, flag));
+        let want = format!(
+            "{} (mounted at {}) is backed by this file",
+            lo.0,
+            mnt.display()
+        );
+        assert!(why.contains(&want), "{why}");
+    }
+    // Through another name for the same file too: a hard link.
+    let other = s.0.join("other-name.img");
+    std::fs::hard_link(&img, &other).unwrap();
+    assert!(refusal(Device::open(&other, true, true)).contains("is backed by this file"));
+    // Reading it is harmless.
+    assert!(Device::open(&img, false, false).is_ok());
+    drop(m);
+    // Attached, not mounted: the flag is needed.
+    match Device::open(&img, true, false) {
+        Err(e @ Error::BacksLoop { .. }) => {
+            assert!(e.to_string().contains(&lo.0), "{e}")
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    intact(&lo.0, &mnt, &data);
+}
+
+#[test]
+fn a_file_with_a_bind_mount_is_refused() {
+    if !root() || !in_private_mounts("a_file_with_a_bind_mount_is_refused") {
+        return;
+    }
+    let s = Scratch::new("bind");
+    let scratch = s.file("scratch.img", 4 << 20);
+    let target = s.file("target.img", 4 << 20);
+    let _m = Mounted::new(&["--bind", scratch.to_str().unwrap()], &target);
+    for path in [&scratch, &target] {
+        for flag in [false, true] {
+            let why = refusal(Device::open(path, true, flag));
+            assert!(
+                why.contains(&format!("mounted at {}", target.display())),
+                "{why}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_mounted_loop_device_and_its_file_are_refused() {
+    if !root() || !in_private_mounts("a_mounted_loop_device_and_its_file_are_refused") {
+        return;
+    }
+    let s = Scratch::new("mounted");
+    let img = s.file("fs.img", 32 << 20);
+    let lo = LoopDev::over(&img, false);
+    let mnt = s.dir("mnt");
+    let (m, data) = ext4_with_data(&lo.0, &mnt);
+    for flag in [false, true] {
+        let why = refusal(Device::open(lo.path(), true, flag));
+        assert!(
+            why.contains(&format!("it is mounted at {}", mnt.display())),
+            "{why}"
+        );
+    }
+    drop(m);
+    intact(&lo.0, &mnt, &data);
+}
+
+/// An MBR with one Linux partition from sector 2048 to the end.
+fn mbr(sectors: u32) -> [u8; 512] {
+    let mut b = [0u8; 512];
+    let e = &mut b[446..462];
+    e[4] = 0x83;
+    e[8..12].copy_from_slice(&2048u32.to_le_bytes());
+    e[12..16].copy_from_slice(&(sectors - 2048).to_le_bytes());
+    b[510] = 0x55;
+    b[511] = 0xaa;
+    b
+}
+
+#[test]
+fn a_loop_device_with_a_mounted_partition_is_refused() {
+    if !root() || !in_private_mounts("a_loop_device_with_a_mounted_partition_is_refused") {
+        return;
+    }
+    let s = Scratch::new("part");
+    let img = s.file("disk.img", 32 << 20);
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+        f.write_all(&mbr((32 << 20) / 512)).unwrap();
+    }
+    let lo = LoopDev::over(&img, true);
+    let part = format!("{}p1", lo.name());
+    let sys = Path::new("/sys/class/block").join(&part);
+    if !sys.exists() {
+        // The loop driver's own scan may be off here: add them by hand.
+        let _ = sh(&["partx", "-a", &lo.0]);
+    }
+    if !sys.exists() {
+        eprintln!(
+            "skipped: the kernel made no partition device for {} here",
+            lo.0
+        );
+        return;
+    }
+    // No udev in a container: the partition's node is made here.
+    let dev = std::fs::read_to_string(sys.join("dev")).unwrap();
+    let node = s.0.join(&part);
+    let (maj, min) = dev.trim().split_once(':').unwrap();
+    sh(&["mknod", node.to_str().unwrap(), "b", maj, min]).expect("mknod");
+    let mnt = s.dir("mnt");
+    let (m, data) = ext4_with_data(node.to_str().unwrap(), &mnt);
+    for flag in [false, true] {
+        let why = refusal(Device::open(lo.path(), true, flag));
+        assert!(
+            why.contains(&format!(
+                "partition {part}, which is mounted at {}",
+                mnt.display()
+            )),
+            "{why}"
+        );
+        let why = refusal(Device::open(&img, true, flag));
+        assert!(
+            why.contains("is backed by this file") && why.contains(&part),
+            "{why}"
+        );
+    }
+    drop(m);
+    intact(node.to_str().unwrap(), &mnt, &data);
+}
+
+#[test]
+fn swap_is_refused() {
+    if !root() {
+        return;
+    }
+    let s = Scratch::new("swap");
+    let img = s.file("swap.img", 16 << 20);
+    let lo = LoopDev::over(&img, false);
+    sh(&["mkswap", &lo.0]).expect("mkswap");
+    let on = match sh(&["swapon", &lo.0]) {
+        Ok(_) => Swap(lo.0.clone()),
+        Err(e) => {
+            eprintln!("skipped: swapon is refused here ({e})");
+            return;
+        }
+    };
+    for flag in [false, true] {
+        let why = refusal(Device::open(lo.path(), true, flag));
+        assert!(why.contains("swap"), "{why}");
+        let why = refusal(Device::open(&img, true, flag));
+        assert!(why.contains("swap") && why.contains(&lo.0), "{why}");
+    }
+    drop(on);
+}
+
+#[test]
+fn a_symlink_swapped_to_a_mounted_device_never_gets_written() {
+    if !root() || !in_private_mounts("a_symlink_swapped_to_a_mounted_device_never_gets_written") {
+        return;
+    }
+    let s = Scratch::new("race");
+    let img = s.file("fs.img", 32 << 20);
+    let scratch = s.file("scratch.img", 4 << 20);
+    let lo = LoopDev::over(&img, false);
+    let mnt = s.dir("mnt");
+    let (m, data) = ext4_with_data(&lo.0, &mnt);
+    let link = s.0.join("target");
+    std::os::unix::fs::symlink(&scratch, &link).unwrap();
+    // Flip the link between the scratch file and the mounted device as
+    // fast as it goes (rename over it: the link always exists).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flipper = {
+        let (stop, link, dir) = (stop.clone(), link.clone(), s.0.clone());
+        let targets = [scratch.clone(), lo.path().to_path_buf()];
+        std::thread::spawn(move || {
+            let mut flips = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let tmp = dir.join("target.new");
+                let _ = std::fs::remove_file(&tmp);
+                std::os::unix::fs::symlink(&targets[(flips % 2) as usize], &tmp).unwrap();
+                std::fs::rename(&tmp, &link).unwrap();
+                flips += 1;
+            }
+            flips
+        })
+    };
+    let (mut to_file, mut refused, mut to_device) = (0u32, 0u32, 0u32);
+    let runs = 600;
+    let mut reasons = std::collections::BTreeMap::new();
+    for i in 0..runs {
+        // With the flag too: a mounted device is refused whatever it says.
+        match Device::open(&link, true, i % 2 == 0) {
+            Ok(mut d) => {
+                if d.is_block_device() {
+                    to_device += 1;
+                }
+                // Sector 2 of the device is the ext4 superblock.
+                d.access(Op::Write, 2, 1).unwrap();
+                to_file += 1;
+            }
+            Err(e) => {
+                refused += 1;
+                let kind = match e {
+                    Error::InUse { .. } => "in use",
+                    Error::NeedsDestructive(_) => "needs the flag",
+                    Error::Invalid(_) => "path changed while opening",
+                    _ => "other",
+                };
+                *reasons.entry(kind).or_insert(0u32) += 1;
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let flips = flipper.join().unwrap();
+    println!(
+        "{runs} runs, {flips} flips: {to_file} opened (the scratch file), {refused} refused ({reasons:?}), {to_device} reached the mounted device"
+    );
+    assert_eq!(to_device, 0);
+    assert!(to_file > 0 && refused > 0, "the race was not run both ways");
+    drop(m);
+    intact(&lo.0, &mnt, &data);
 }
