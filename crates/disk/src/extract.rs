@@ -1606,7 +1606,7 @@ mod tests {
         let mut d = crate::sim::Disk::new(spec.clone());
         let o = crate::skippy::SkippyOpts {
             start,
-            budget_ms: 1300.0,
+            budget_ms: Some(1300.0),
             ..Default::default()
         };
         let pts = crate::skippy::run(&mut d, &o).unwrap();

@@ -62,12 +62,13 @@ pub struct Point {
 pub struct SkippyOpts {
     /// Which variant to run.
     pub mode: SkippyMode,
-    /// Largest step (in sectors).
+    /// How many steps: step 0 to `steps - 1` (sectors skipped).
     pub steps: u32,
     /// Where to start (sectors).
     pub start: u64,
-    /// Stop early after this much device time (ms).
-    pub budget_ms: f64,
+    /// Stop early after this much device time (ms); `None` runs every
+    /// step.
+    pub budget_ms: Option<f64>,
 }
 
 impl Default for SkippyOpts {
@@ -76,13 +77,15 @@ impl Default for SkippyOpts {
             mode: SkippyMode::Write,
             steps: 400,
             start: 0,
-            budget_ms: 2000.0,
+            budget_ms: Some(2000.0),
         }
     }
 }
 
 /// SKIPPY (the paper's Figure 1): after each one-sector access the position
-/// moves on by `step` more sectors, `step` growing by one each time.
+/// moves on by `step` more sectors, `step` growing by one each time. Every
+/// step is run, unless the device-time budget is spent first: then the
+/// points are fewer than `steps` (see [`stopped_early`]).
 pub fn run(t: &mut dyn Target, o: &SkippyOpts) -> Result<Vec<Point>, Error> {
     let n = o.steps as u64;
     let span = n * (n + 1) / 2 + n + 2;
@@ -111,7 +114,7 @@ pub fn run(t: &mut dyn Target, o: &SkippyOpts) -> Result<Vec<Point>, Error> {
                     latency_ms: l,
                 });
                 pos = lba + 1;
-                if t.elapsed_ms() - t0 > o.budget_ms {
+                if o.budget_ms.is_some_and(|b| t.elapsed_ms() - t0 > b) {
                     break;
                 }
             }
@@ -129,13 +132,26 @@ pub fn run(t: &mut dyn Target, o: &SkippyOpts) -> Result<Vec<Point>, Error> {
                     latency_ms: l,
                 });
                 pos = lba;
-                if t.elapsed_ms() - t0 > o.budget_ms {
+                if o.budget_ms.is_some_and(|b| t.elapsed_ms() - t0 > b) {
                     break;
                 }
             }
         }
     }
     Ok(out)
+}
+
+/// Why a run of `o` stopped before its last step, if it did (`points`
+/// is what it returned): for the user.
+pub fn stopped_early(o: &SkippyOpts, points: &[Point]) -> Option<String> {
+    let done = points.len() as u32;
+    (done < o.steps).then(|| {
+        format!(
+            "SKIPPY stopped after {done} of {} steps: the device-time budget ({} ms, --budget-ms) was spent",
+            o.steps,
+            o.budget_ms.map_or_else(|| "none".to_string(), |b| format!("{b:.0}"))
+        )
+    })
 }
 
 /// One probe at `pos`: a priming one-sector access, `delay_ms` of idle

@@ -120,11 +120,11 @@ pub fn skippy_run(
     // Backwards the first wrap comes after nearly a track of steps, each
     // waiting most of a rotation: give it the whole 2 s.
     let opts = SkippyOpts {
-        budget_ms: if mode == SkippyMode::Backward {
+        budget_ms: Some(if mode == SkippyMode::Backward {
             1960.0
         } else {
             1300.0
-        },
+        }),
         start,
         mode,
         ..SkippyOpts::default()

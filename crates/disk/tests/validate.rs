@@ -140,7 +140,7 @@ fn a_write_buffer_is_named_and_its_values_flagged() {
     let pts = skippy::run(
         &mut d,
         &SkippyOpts {
-            budget_ms: 1300.0,
+            budget_ms: Some(1300.0),
             ..SkippyOpts::default()
         },
     )

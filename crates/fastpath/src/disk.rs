@@ -16,9 +16,11 @@ use crate::Format;
 
 #[derive(Args, Clone)]
 pub struct TargetArgs {
-    /// A block device or a file to measure (files are always writable; a
-    /// block device needs --allow-destructive to be written, and is refused
-    /// when mounted or in use).
+    /// A block device or a file to measure. Writing a block device needs
+    /// --allow-destructive; anything in use is refused whatever the flag
+    /// (a mounted device or one with a mounted partition, swap, a file
+    /// backing a loop device in use, a file with a bind mount), and the
+    /// refusal names the holder. A plain file is scratch space: no flag.
     #[arg(long, conflicts_with = "sim")]
     device: Option<PathBuf>,
     /// A simulated drive instead: a preset name (`fastpath disk presets`).
@@ -69,15 +71,17 @@ pub enum DiskCommand {
         /// write (the paper's), read, or backward (reads walking backwards).
         #[arg(long, default_value = "write")]
         mode: SkippyMode,
-        /// Largest step, in sectors.
+        /// How many steps (step 0 to N-1 sectors skipped). All are run,
+        /// unless --budget-ms stops the run first, which is then said.
         #[arg(long, default_value_t = 400)]
         steps: u32,
         /// First sector.
         #[arg(long, default_value_t = 0)]
         start: u64,
-        /// Stop after this many milliseconds of device time.
-        #[arg(long, default_value_t = 2000.0)]
-        budget_ms: f64,
+        /// Stop after this many milliseconds of device time (default: no
+        /// limit).
+        #[arg(long)]
+        budget_ms: Option<f64>,
         /// Write the trace (step, latency) as CSV.
         #[arg(long)]
         csv: Option<PathBuf>,
@@ -212,6 +216,11 @@ fn print_extraction(ex: &Extraction, format: Format) -> anyhow::Result<()> {
             ]);
             t.row(["STM, sectors".to_string(), e.stm.to_string(), String::new()]);
             t.row([
+                "steps used".to_string(),
+                format!("{}-{}", e.steps_used.0, e.steps_used.1),
+                "the part that follows the sawtooth (see the notes)".to_string(),
+            ]);
+            t.row([
                 "sectors per track".to_string(),
                 format!("{:.2}", e.sectors_per_track),
                 flag(P::SPT),
@@ -322,6 +331,9 @@ fn skippy(
     let mut t = target.open(mode == SkippyMode::Write)?;
     eprintln!("SKIPPY ({mode:?}) on {}", t.describe());
     let pts = disk::skippy::run(t.as_mut(), opts)?;
+    if let Some(why) = disk::skippy::stopped_early(opts, &pts) {
+        eprintln!("{why}");
+    }
     if let Some(p) = csv {
         disk::trace::write(p, &pts)?;
     }

@@ -224,3 +224,130 @@ fn trace_and_mode_errors_say_what_is_wrong() {
         "{err}"
     );
 }
+
+#[test]
+fn skippy_runs_every_step_asked_for_or_says_why_it_stopped() {
+    let dir = std::env::temp_dir().join(format!("fp-disk-steps-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("trace.csv");
+    // 900 steps: past the two seconds of disk time the run used to stop at.
+    let out = fastpath()
+        .args([
+            "disk",
+            "skippy",
+            "--sim",
+            "barracuda",
+            "--steps",
+            "900",
+            "--csv",
+        ])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(text.lines().count(), 1 + 900, "a header and 900 points");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("steps used"), "{stdout}");
+    // A budget that runs out first: fewer points, and the reason.
+    let out = fastpath()
+        .args([
+            "disk",
+            "skippy",
+            "--sim",
+            "barracuda",
+            "--steps",
+            "900",
+            "--budget-ms",
+            "500",
+            "--csv",
+        ])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let points = std::fs::read_to_string(&csv).unwrap().lines().count() - 1;
+    assert!(points < 900, "{points}");
+    assert!(
+        err.contains(&format!("SKIPPY stopped after {points} of 900 steps"))
+            && err.contains("--budget-ms"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Run a command; its trimmed standard output, or what went wrong.
+fn sh(args: &[&str]) -> Result<String, String> {
+    let o = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{}: {e}", args[0]))?;
+    if o.status.success() {
+        Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+    } else {
+        Err(format!(
+            "{}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
+    }
+}
+
+/// A loop device, detached by its name when dropped.
+struct LoopDev(String);
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        if let Err(e) = sh(&["losetup", "-d", &self.0]) {
+            eprintln!("{e}");
+        }
+    }
+}
+
+#[test]
+fn the_file_behind_a_mounted_loop_device_is_refused_by_the_cli() {
+    // Needs root (loop devices, a mount); run with flock
+    // /tmp/fastpath-ns.lock. The mount is made in a mount namespace of its
+    // own, which ends with the command.
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("fp-disk-cli-loop-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("mnt")).unwrap();
+    let img = dir.join("fs.img");
+    std::fs::write(&img, vec![0u8; 32 << 20]).unwrap();
+    let lo = LoopDev(sh(&["losetup", "-f", "--show", img.to_str().unwrap()]).expect("losetup"));
+    sh(&["mkfs.ext4", "-q", "-F", &lo.0]).expect("mkfs.ext4");
+    let mnt = dir.join("mnt");
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount "$1" "$2" && "$3" disk skippy --device "$4" --steps 50 --allow-destructive"#)
+        .args([
+            "sh",
+            &lo.0,
+            mnt.to_str().unwrap(),
+            env!("CARGO_BIN_EXE_fastpath"),
+        ])
+        .arg(&img)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{} (mounted at {}) is backed by this file",
+            lo.0,
+            mnt.display()
+        )),
+        "{err}"
+    );
+    sh(&["e2fsck", "-f", "-n", &lo.0]).expect("the file system is intact");
+    drop(lo);
+    let _ = std::fs::remove_dir_all(&dir);
+}
