@@ -1749,6 +1749,60 @@ mod tests {
     }
 
     #[test]
+    fn a_run_into_the_next_zone_keeps_to_the_first() {
+        // The published HP C2247A model, 700 steps from 300 steps before
+        // the end of its first zone (96 sectors per track; 92 after). The
+        // values come from the first zone's steps, and the note says where
+        // the run was cut and why.
+        let mut spec = crate::sim::preset_named("ds-hp-c2247a").unwrap().quiet();
+        spec.seed = 1;
+        let (first, len) = spec.zone_range(0);
+        let boundary = first + len;
+        let start = boundary - crate::trace::skippy_lba(300) - 1;
+        let mut d = crate::sim::Disk::new(spec.clone());
+        let o = crate::skippy::SkippyOpts {
+            start,
+            steps: 700,
+            budget_ms: None,
+            ..Default::default()
+        };
+        let pts = crate::skippy::run(&mut d, &o).unwrap();
+        let e = rotational(skippy(&pts));
+        let crossing = pts.iter().position(|p| p.lba >= boundary).unwrap() as u32;
+        assert!(
+            e.steps_used.1 < crossing,
+            "{:?} {crossing} {:?}",
+            e.steps_used,
+            e.notes
+        );
+        assert!(e.notes[0].contains("zone"), "{:?}", e.notes);
+        let spt = spec.zones[0].spt as f64;
+        assert!(
+            e.uncertain(param::SPT).is_some() || (e.sectors_per_track - spt).abs() < 0.02 * spt,
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_long_run_inside_one_zone_is_used_whole() {
+        // 900 steps: the last ones span five tracks and cross a cylinder
+        // boundary each; they still lie where the skews put them.
+        let spec = crate::sim::preset_named("ds-st32171w").unwrap().quiet();
+        let mut d = crate::sim::Disk::new(spec.clone());
+        let o = crate::skippy::SkippyOpts {
+            start: 100_000,
+            steps: 900,
+            budget_ms: None,
+            ..Default::default()
+        };
+        let pts = crate::skippy::run(&mut d, &o).unwrap();
+        let e = rotational(skippy(&pts));
+        assert_eq!(e.steps_used, (0, 899), "{:?}", e.notes);
+        assert!((e.sectors_per_track - 186.0).abs() < 0.5, "{e:?}");
+        assert!(e.uncertain(param::ROTATION).is_none(), "{e:?}");
+    }
+
+    #[test]
     fn zone_fits_prefer_the_parabola_for_a_parabola() {
         let z: Vec<ZonePoint> = (0..50)
             .map(|i| {
