@@ -74,10 +74,15 @@ impl fmt::Display for Table {
                 if i > 0 {
                     out.push_str("  ");
                 }
+                // Padded by hand: `format!`'s width is a u16 and panics
+                // past 65,535, and a cell may be any length (a name).
+                let pad = w.saturating_sub(c.chars().count());
                 if align_numbers && numeric(c) {
-                    out.push_str(&format!("{c:>w$}"));
+                    out.extend(std::iter::repeat_n(' ', pad));
+                    out.push_str(c);
                 } else {
-                    out.push_str(&format!("{c:<w$}"));
+                    out.push_str(c);
+                    out.extend(std::iter::repeat_n(' ', pad));
                 }
             }
             writeln!(f, "{}", out.trim_end())
@@ -108,5 +113,23 @@ mod tests {
         assert_eq!(lines[3], "maglev        0.1%");
         assert_eq!(lines[4], "karger-long  12.25");
         assert_eq!(t.len(), 2);
+    }
+
+    /// A cell wider than `format!` can pad (65,535) is printed whole, its
+    /// column as wide, numbers still right-aligned under it.
+    #[test]
+    fn cells_wider_than_a_u16_are_printed() {
+        let long = "n".repeat(70_000);
+        let mut t = Table::new(["name", "packets"]);
+        t.row([long.as_str(), "1"]).row(["a", "22"]);
+        t.row(["b".to_string(), "3".repeat(70_001)]);
+        let s = t.to_string();
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(lines[1].len(), 70_000 + 2 + 70_001);
+        assert_eq!(lines[2], format!("{long}  {}1", " ".repeat(70_000)));
+        assert_eq!(
+            lines[3],
+            format!("a{}  {}22", " ".repeat(69_999), " ".repeat(69_999))
+        );
     }
 }
