@@ -11,13 +11,17 @@ use crate::Format;
 
 /// Check a load balancer configuration without running it.
 ///
-/// Loads FILE the way `lb run` and a reload do (every section, every
-/// cross-reference: pools that exist, include cycles, duplicate addresses,
-/// table sizes, health checks, [api] tokens, [bgp], [fleet], [tracer]),
-/// builds the Maglev tables, and prints the VIPs, the pools with their
-/// backends as they resolve (includes flattened), and the daemon's
-/// sections. Exit status 0 when the file is valid, 1 with the file, the key
-/// and the problem when it is not: for scripts and CI before a reload.
+/// Loads FILE through the same function as `lb run` and every reload
+/// (every section, every cross-reference: pools that exist, include cycles
+/// and depth, duplicate addresses, sizes and names within their bounds,
+/// address classes, health checks, [api] token_file read as the daemon
+/// reads it, [bgp] vips_file, [fleet], [tracer]; and the memory the
+/// forwarder would allocate against what this machine has), builds the
+/// Maglev tables, and prints the VIPs, the pools with their backends as
+/// they resolve (includes flattened), the daemon's sections and the memory
+/// estimate part by part. Exit status 0 when the file is valid, 1 with the
+/// file, the key and the problem when it is not: for scripts and CI before
+/// a reload.
 ///
 /// Examples:
 ///   fastpath lb check-config examples/lb.toml
@@ -73,11 +77,20 @@ struct Summary {
     fleet_peers: Vec<String>,
     tracer: bool,
     table_memory_bytes: u64,
+    /// What the forwarder would allocate, in all.
+    memory_bytes: u64,
+    /// The same, part by part.
+    memory: Vec<lb::config::MemoryPart>,
+    /// What this process may allocate, and which limit says so.
+    machine_memory: Option<lb::config::MachineMemory>,
+    /// What deserves a look but does not stop a start.
+    warnings: Vec<String>,
 }
 
 /// Runs `lb check-config`.
 pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
-    let cfg = lb::config::Config::load(&a.file)?;
+    let checked = lb::config::Config::load(&a.file)?;
+    let cfg = &checked.config;
     let control = lb::tables::Control::new(cfg.clone())
         .with_context(|| format!("building the tables of {}", a.file.display()))?;
     let tables = control.tables().load_full();
@@ -163,6 +176,10 @@ pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
             .unwrap_or_default(),
         tracer: cfg.tracer.enabled,
         table_memory_bytes: memory,
+        memory_bytes: checked.memory.total(),
+        memory: checked.memory.parts.clone(),
+        machine_memory: checked.machine.clone(),
+        warnings: checked.warnings.clone(),
     };
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&s)?),
@@ -229,4 +246,25 @@ fn print_summary(s: &Summary) {
         if s.tracer { "on" } else { "off" },
         s.table_memory_bytes as f64 / (1 << 20) as f64
     );
+    println!(
+        "memory: about {:.1} MiB for the forwarder{}",
+        s.memory_bytes as f64 / (1 << 20) as f64,
+        s.machine_memory.as_ref().map_or(String::new(), |m| format!(
+            ", of {:.1} MiB this process may have ({})",
+            m.bytes as f64 / (1 << 20) as f64,
+            m.source
+        ))
+    );
+    let mut m = measure::Table::new(["key", "MiB", "what"]);
+    for part in &s.memory {
+        m.row([
+            part.key.to_string(),
+            format!("{:.1}", part.bytes as f64 / (1 << 20) as f64),
+            part.what.clone(),
+        ]);
+    }
+    println!("{m}");
+    for w in &s.warnings {
+        println!("warning: {w}");
+    }
 }

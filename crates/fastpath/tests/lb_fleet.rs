@@ -245,7 +245,7 @@ fn fragments_tracer_and_agreement_across_the_fleet() {
     let flows: Vec<(String, u16)> = (0..20)
         .map(|j| ("10.10.1.2".to_string(), 41_000 + j))
         .collect();
-    let cfg = lb::config::Config::load(&t.config).unwrap();
+    let cfg = lb::config::Config::load(&t.config).unwrap().config;
     let mut seen: BTreeMap<u16, Vec<String>> = BTreeMap::new();
     for k in 1..=3 {
         let socks = listeners(&t, &flows);

@@ -305,7 +305,7 @@ fn recheck(t: &Topology, conns: &mut [Conn]) -> Result<(usize, usize, usize)> {
 /// The Maglev backend of the client's TCP flow from `port` to the VIP's
 /// port 80 under the configuration in `file` (pool `web`).
 fn predicted_backend(file: &std::path::Path, port: u16) -> Option<IpAddr> {
-    let cfg = lb::config::Config::load(file).ok()?;
+    let cfg = lb::config::Config::load(file).ok()?.config;
     let flow = packet::FlowKey {
         src: packet::flow::mapped([10, 10, 1, 2]),
         dst: VIP

@@ -105,6 +105,20 @@ impl Conntrack {
         }
     }
 
+    /// The bytes a table of `size` entries allocates, as [`Conntrack::new`]
+    /// rounds it (for a configuration's memory estimate).
+    pub fn bytes_for(size: usize) -> u64 {
+        let buckets = (size
+            .max(WAYS)
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX)
+            / WAYS)
+            .max(1);
+        (buckets as u64).saturating_mul(
+            (std::mem::size_of::<Head>() + std::mem::size_of::<[FlowKey; WAYS]>()) as u64,
+        )
+    }
+
     /// Capacity in entries.
     pub fn capacity(&self) -> usize {
         self.heads.len() * WAYS

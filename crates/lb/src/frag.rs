@@ -82,6 +82,12 @@ impl FragTable {
         }
     }
 
+    /// The bytes a table of `size` entries allocates, held fragments apart
+    /// (they are pool buffers), for a configuration's memory estimate.
+    pub fn bytes_for(size: usize) -> u64 {
+        (size.max(PROBE) as u64).saturating_mul(std::mem::size_of::<Entry>() as u64)
+    }
+
     fn find(&self, key: &FragKey) -> Option<usize> {
         let n = self.entries.len();
         let h = key.hash() as usize;

@@ -32,7 +32,7 @@ pub fn run(
     output: &Path,
     threads: Option<usize>,
 ) -> Result<(RunStats, std::sync::Arc<Tables>), Error> {
-    let mut cfg = Config::load(config)?;
+    let mut cfg = Config::load(config)?.config;
     if let Some(t) = threads {
         cfg.forwarder.threads = t;
     }
