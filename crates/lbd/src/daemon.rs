@@ -75,10 +75,12 @@ pub fn run(
 ) -> Result<(RunStats, Arc<lb::tables::Tables>), Error> {
     // The text too: a runtime change refuses to overwrite a file that
     // differs from what runs.
-    let file = config.display().to_string();
-    let config_text = Config::read(config)?;
     let mut parse_cache = lb::config::ParseCache::new();
-    let mut cfg = Config::parse_with(&config_text, &file, &mut parse_cache)?;
+    let lb::config::Checked {
+        config: mut cfg,
+        text: config_text,
+        ..
+    } = Config::load_with(config, &mut parse_cache)?;
     // What a reload compares against to name keys that wait for a restart:
     // the file's values, not --threads (else every reload would report
     // forwarder.threads as changed).

@@ -109,11 +109,8 @@ impl Shared {
         let mut applied = self.file.applied.lock().unwrap_or_else(|p| p.into_inner());
         let applied = &mut *applied;
         let started = std::time::Instant::now();
-        let file = self.file.path.display().to_string();
-        let result = Config::read(&self.file.path)
-            .and_then(|text| {
-                Config::parse_with(&text, &file, &mut applied.cache).map(|c| (c, text))
-            })
+        let result = Config::load_with(&self.file.path, &mut applied.cache)
+            .map(|c| (c.config, c.text))
             .map_err(ReloadError::from)
             .and_then(|(cfg, text)| {
                 let mut r = self.apply_config(cfg)?;
@@ -255,7 +252,7 @@ impl Shared {
         if !edited.changed {
             return Ok(out);
         }
-        let cfg = Config::parse_with(&edited.text, &out.file, &mut applied.cache)?;
+        let cfg = Config::check_text(edited.text.clone(), &out.file, &mut applied.cache)?.config;
         let old = self.control().config().clone();
         crate::runtime::write_atomically(path, &edited.text)?;
         match self.apply_config(cfg) {

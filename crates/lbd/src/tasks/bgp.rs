@@ -94,7 +94,7 @@ pub fn routes(cfg: &Config, ipv6: bool, serving: &dyn Fn(usize) -> bool) -> Stri
         .collect();
     addrs.sort();
     addrs.dedup();
-    let mut s = String::from("# Written by fastpath: the VIPs it announces. Do not edit.\n");
+    let mut s = String::from(lb::config::VIPS_FILE_HEADER);
     for a in addrs {
         let len = if a.is_ipv4() { 32 } else { 128 };
         let _ = writeln!(s, "route {a}/{len} blackhole;");

@@ -230,7 +230,7 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         let cfg = Config::parse(
             &format!(
-                "[encap]\nsource = \"127.0.0.2\"\n[fleet]\npeers = [\"127.0.0.1\", \"127.0.0.2\"]\n\
+                "[encap]\nsource = \"10.0.0.2\"\n[fleet]\npeers = [\"127.0.0.1\", \"10.0.0.2\"]\n\
                  health = {{ kind = \"tcp\", port = {port}, interval_ms = 50, timeout_ms = 200, rise = 1, fall = 1 }}\n"
             ),
             "t",
