@@ -372,7 +372,9 @@ fn the_next_hop_is_resolved_followed_and_reported() {
 /// Logs carry colour only on a terminal, and not even there with NO_COLOR
 /// set (issue 17, CLI habits). The daemon runs under `script`, which gives
 /// it a pseudo-terminal: it logs the unresolvable gateway, then stops at
-/// once on a missing API token file.
+/// once on an API address it cannot bind (the namespace does not have it;
+/// a missing token file no longer gets that far: the configuration is
+/// refused before the gateway is looked for).
 #[test]
 fn logs_have_colour_only_on_a_terminal_without_no_color() {
     if !netns::available()
@@ -386,11 +388,16 @@ fn logs_have_colour_only_on_a_terminal_without_no_color() {
     }
     let ns = Netns::new(&format!("fpgw-c-{}", std::process::id() % 100_000)).unwrap();
     let path = std::env::temp_dir().join(format!("fpgw-colour-{}.toml", std::process::id()));
+    let token = std::env::temp_dir().join(format!("fpgw-colour-{}.token", std::process::id()));
+    std::fs::write(&token, "a-token-long-enough-to-pass\n").unwrap();
     std::fs::write(
         &path,
         config(&["10.205.8.5"]).replace(
-            "[encap]",
-            "token_file = \"/nonexistent/fastpath-token\"\n[encap]",
+            &format!("listen = \"{API}\""),
+            &format!(
+                "listen = \"10.205.99.1:9185\"\ntoken_file = \"{}\"",
+                token.display()
+            ),
         ),
     )
     .unwrap();
@@ -409,7 +416,8 @@ fn logs_have_colour_only_on_a_terminal_without_no_color() {
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
-            text.contains("cannot resolve the next hop's MAC") && text.contains("fastpath-token"),
+            text.contains("cannot resolve the next hop's MAC")
+                && text.contains("cannot serve the HTTP API on 10.205.99.1:9185"),
             "{text}"
         );
         text
@@ -424,4 +432,5 @@ fn logs_have_colour_only_on_a_terminal_without_no_color() {
         assert!(!plain.contains("\u{1b}["), "NO_COLOR={v}: {plain}");
     }
     let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&token);
 }
