@@ -1010,6 +1010,26 @@ impl Config {
     /// `[forwarder]`: thread count, batch, queue and pool sizes, waits.
     fn check_forwarder(&self) -> Result<(), Problem> {
         let f = &self.forwarder;
+        // The XDP program steers listed VIP addresses; a prefix group's
+        // addresses are not known in advance. `auto` falls back to
+        // AF_PACKET for such a configuration; an explicit XDP driver would
+        // be refused by the daemon at start, so it is refused here.
+        if matches!(f.driver, Driver::AfXdp | Driver::Xdp)
+            && self.vips.iter().any(|v| v.address.is_none())
+        {
+            return problem(
+                "forwarder.driver".into(),
+                format!(
+                    "\"{}\" cannot serve prefix-group VIPs (the XDP program lists VIP \
+                     addresses); use driver = \"af-packet\" or \"auto\"",
+                    if f.driver == Driver::Xdp {
+                        "xdp"
+                    } else {
+                        "af-xdp"
+                    }
+                ),
+            );
+        }
         if f.threads > 64 {
             return problem(
                 "forwarder.threads".into(),
@@ -2610,6 +2630,27 @@ pool = "web"
 
     /// check-config once accepted what the daemon refuses or should
     /// never accept. Each is now refused by the text's validation.
+    #[test]
+    fn an_xdp_driver_with_prefix_group_vips_is_refused_as_the_daemon_would() {
+        let groups = "[[prefix_groups]]\nname = \"g\"\nprefixes = [\"74.125.0.0/16\"]\n\
+                      cluster_prefix_len = 24\n[[vips]]\nname = \"svc\"\nprefix_group = \"g\"\n\
+                      suffix = \"0.0.0.1\"\nport = 443\nprotocol = \"tcp\"\npool = \"web\"\n";
+        let with = |driver: &str| {
+            format!("{GOOD}\n{groups}").replace(
+                "[encap]",
+                &format!("[forwarder]\ndriver = \"{driver}\"\n[encap]"),
+            )
+        };
+        for d in ["af-xdp", "xdp"] {
+            let e = err(&with(d));
+            assert_eq!(e.key, "forwarder.driver", "{e}");
+            assert!(e.problem.contains("prefix-group"), "{e}");
+        }
+        for d in ["auto", "af-packet"] {
+            Config::parse(&with(d), "t").unwrap();
+        }
+    }
+
     #[test]
     fn addresses_are_of_the_right_class() {
         for bad in ["0.0.0.0", "255.255.255.255", "224.0.0.1", "127.0.0.1"] {

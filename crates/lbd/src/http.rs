@@ -45,36 +45,15 @@ pub enum ApiSetupError {
         #[source]
         source: std::io::Error,
     },
-    /// The token file could not be read.
-    #[error("reading the API token {path}: {source} ([api] token_file)")]
-    TokenRead {
-        /// `[api] token_file`.
-        path: PathBuf,
-        /// The system's answer.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The token file is empty or too short to be a secret.
-    #[error("the API token in {path} is shorter than 16 characters ([api] token_file)")]
-    TokenTooShort {
-        /// `[api] token_file`.
-        path: PathBuf,
-    },
+    /// The token file is missing, not a regular file, too large or too
+    /// short to be a secret (the rule validation applies too).
+    #[error(transparent)]
+    Token(#[from] lb::config::TokenError),
 }
 
 /// Reads a bearer token: the file's first line, trimmed.
 pub fn read_token(path: &Path) -> Result<String, ApiSetupError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ApiSetupError::TokenRead {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let token = text.lines().next().unwrap_or("").trim().to_string();
-    if token.len() < 16 {
-        return Err(ApiSetupError::TokenTooShort {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(token)
+    Ok(lb::config::read_token(path)?)
 }
 
 /// Binds the API's listener now, so that a failure stops the start.
@@ -314,13 +293,15 @@ mod tests {
         std::fs::write(&f, "short\n").unwrap();
         assert!(matches!(
             read_token(&f),
-            Err(ApiSetupError::TokenTooShort { .. })
+            Err(ApiSetupError::Token(
+                lb::config::TokenError::TooShort { .. }
+            ))
         ));
         std::fs::write(&f, "  a-long-enough-secret-token  \nignored\n").unwrap();
         assert_eq!(read_token(&f).unwrap(), "a-long-enough-secret-token");
         assert!(matches!(
             read_token(&dir.join("missing")),
-            Err(ApiSetupError::TokenRead { .. })
+            Err(ApiSetupError::Token(lb::config::TokenError::Open { .. }))
         ));
         let _ = std::fs::remove_dir_all(&dir);
     }
