@@ -1887,6 +1887,7 @@ impl Config {
         let sections = |c: &Config| {
             serde_json::json!({
                 "fleet": c.fleet.is_some().then_some(true),
+                "bgp": c.bgp.is_some().then_some(true),
                 "encap": c.encap,
                 "forwarder": c.forwarder,
                 "conntrack": c.conntrack,
@@ -1902,6 +1903,12 @@ impl Config {
         // datagram's); changes inside it apply live.
         if old["fleet"].is_null() != new["fleet"].is_null() {
             keys.push("fleet".to_string());
+        }
+        // Without [bgp] at start the daemon runs no BGP controller, so
+        // adding the section waits for a restart (removing it withdraws
+        // the VIPs at once).
+        if old["bgp"].is_null() && !new["bgp"].is_null() {
+            keys.push("bgp".to_string());
         }
         for section in ["forwarder", "conntrack", "api", "tracer"] {
             let (a, b) = (&old[section], &new[section]);

@@ -132,11 +132,19 @@ impl Announcer {
                     b,
                     &[if healthy { "enable" } else { "disable" }, &b.protocol],
                 )?;
-                tracing::warn!(
-                    announced = healthy,
-                    "BGP: VIPs {}",
-                    if healthy { "announced" } else { "withdrawn" }
-                );
+                // Announcing is the normal course (INFO); withdrawing what
+                // was announced means the datapath stopped beating (WARN).
+                match (healthy, self.announced) {
+                    (true, _) => tracing::info!(announced = true, "BGP: VIPs announced"),
+                    (false, Some(true)) => tracing::warn!(
+                        announced = false,
+                        "BGP: VIPs withdrawn: the datapath stopped beating"
+                    ),
+                    (false, _) => tracing::info!(
+                        announced = false,
+                        "BGP: VIPs not announced until the datapath forwards"
+                    ),
+                }
                 self.announced = Some(healthy);
             }
             Ok::<(), BgpError>(())
@@ -150,7 +158,7 @@ impl Announcer {
     /// Withdraws every VIP (on shutdown).
     pub fn withdraw(&mut self, b: &Bgp) {
         match birdc(b, &["disable", &b.protocol]) {
-            Ok(_) => tracing::warn!("BGP: VIPs withdrawn"),
+            Ok(_) => tracing::info!("BGP: VIPs withdrawn"),
             Err(e) => tracing::error!("BGP controller: could not withdraw: {e}"),
         }
         self.announced = Some(false);
@@ -165,6 +173,11 @@ impl Announcer {
 /// Announces the VIPs while the datapath's heartbeat advances; withdraws
 /// them when it stalls, when `[bgp]` goes away, and on the way out.
 pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
+    // Without [bgp] at start nothing is announced, and adding it later
+    // needs a restart (Config::restart_keys): no thread stays for it.
+    if shared.control().config().bgp.is_none() {
+        return;
+    }
     let mut ann = Announcer::default();
     let mut last_beat = 0u64;
     let mut stale = 0u32;
