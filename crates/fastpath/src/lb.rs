@@ -71,6 +71,14 @@ pub enum LbCommand {
     ///
     /// The configuration format is documented in crates/lb/src/config.rs and
     /// examples/lb.toml (every section, annotated).
+    ///
+    /// Logs go to stderr, one line per event: text, or JSON objects with
+    /// --log-format json (for journald or a log shipper). RUST_LOG sets what
+    /// is logged (default "info"): RUST_LOG=debug for more, RUST_LOG=warn
+    /// for problems only, or per module, e.g. RUST_LOG=info,lbd::health=debug.
+    /// Under systemd (dist/systemd/fastpath-lb@.service) the daemon says
+    /// when it is ready and, while its datapath beats, feeds the unit's
+    /// watchdog; outside systemd it does neither.
     #[command(verbatim_doc_comment)]
     Run(RunArgs),
     /// Measure the forwarder's packet rate (paper section 5.2.2).
@@ -219,6 +227,32 @@ pub enum LbCommand {
         /// The new weight.
         #[arg(value_name = "N")]
         weight: u32,
+    },
+    /// Withdraw a load balancer's VIP routes from BIRD, whether it runs or
+    /// not: what its service unit runs once it has stopped.
+    ///
+    /// A killed or frozen `fastpath lb run` cannot withdraw for itself, and
+    /// its BIRD goes on announcing the VIPs; this is the `ExecStopPost=` of
+    /// dist/systemd/fastpath-lb@.service. It reads only [bgp] of the
+    /// configuration, leniently (a file edited since the daemon started
+    /// still names its protocols), and runs `birdc disable` (with [bgp]
+    /// birdc) for each protocol that holds the VIP routes: every key of
+    /// [bgp] whose name starts with "protocol", and the names
+    /// dist/bird/fastpath.conf ships (fastpath_vips, fastpath_vips6) for
+    /// what the file leaves out. Prints per protocol: disabled, already
+    /// disabled (a graceful stop withdraws by itself), BIRD not running
+    /// (then nothing is announced), or not in BIRD (a shipped name this
+    /// BIRD has no protocol of). Exits 1 if BIRD refused a protocol the
+    /// file names.
+    ///
+    /// Examples:
+    ///   fastpath lb withdraw --config /etc/fastpath/edge.toml
+    ///   ExecStopPost=/usr/bin/fastpath lb withdraw --config /etc/fastpath/%i.toml
+    #[command(verbatim_doc_comment)]
+    Withdraw {
+        /// The load balancer's configuration file.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
     },
     /// Packet-tracer: which load balancer handled a packet, and how
     /// (paper section 4.4; needs root for the raw socket).
@@ -496,6 +530,27 @@ fn runtime_change(a: BackendArgs, change: lbd::runtime::Change) -> anyhow::Resul
     Ok(())
 }
 
+/// `fastpath lb withdraw`: one line per protocol.
+fn withdraw(config: &std::path::Path) -> anyhow::Result<()> {
+    let done = lbd::withdraw::withdraw(config)?;
+    if done.is_empty() {
+        println!(
+            "{}: no [bgp]: nothing is announced, nothing to withdraw",
+            config.display()
+        );
+    }
+    for (protocol, outcome) in done {
+        let what = match outcome {
+            lbd::withdraw::Outcome::Disabled => "disabled: its VIP routes are withdrawn",
+            lbd::withdraw::Outcome::AlreadyDisabled => "already disabled",
+            lbd::withdraw::Outcome::BirdNotRunning => "BIRD is not running: it announces nothing",
+            lbd::withdraw::Outcome::NotInBird => "not in BIRD's configuration",
+        };
+        println!("{protocol}: {what}");
+    }
+    Ok(())
+}
+
 #[derive(Args)]
 pub struct SoakArgs {
     /// Seconds of the measured run, after a 5 s warm-up (one cycle of
@@ -675,6 +730,20 @@ pub struct RunArgs {
     /// logs; its counters are in `fastpath lb status`).
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
+    /// How log lines are written to stderr: `text` for people, `json` for
+    /// journald or a log shipper (one object a line: timestamp, level,
+    /// fields, target, threadName). What is logged: RUST_LOG.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line.
+    Json,
 }
 
 fn lb_run(a: RunArgs) -> anyhow::Result<()> {
@@ -691,9 +760,6 @@ fn lb_run(a: RunArgs) -> anyhow::Result<()> {
                 signal_hook::flag::register(sig, Arc::clone(&stop))
                     .context("installing a signal handler")?;
             }
-            eprintln!(
-                "forwarding on {iface}; stop with Ctrl-C (SIGINT) or SIGTERM, reload with SIGHUP"
-            );
             lbd::daemon::run(&a.config, iface, a.driver, a.threads, stop)?
         }
         (None, Some(inp), Some(out)) => lb::pcap_run::run(&a.config, inp, out, a.threads)?,
@@ -798,6 +864,7 @@ pub fn run(c: LbCommand) -> anyhow::Result<()> {
         LbCommand::BenchControl(a) => crate::bench_control::run(a),
         LbCommand::SamplePcap { out } => sample_pcap(&out),
         LbCommand::Decap { tun } => decap(&tun),
+        LbCommand::Withdraw { config } => withdraw(&config),
         LbCommand::Soak(a) => soak(a),
         LbCommand::Demo {
             lbs,

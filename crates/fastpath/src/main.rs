@@ -106,6 +106,17 @@ enum Command {
     },
 }
 
+impl Cli {
+    /// How log lines are written: JSON only where a command asks for it
+    /// (`lb run --log-format json`).
+    fn log_format(&self) -> lb::LogFormat {
+        match &self.command {
+            Command::Lb(lb::LbCommand::Run(a)) => a.log_format,
+            _ => lb::LogFormat::Text,
+        }
+    }
+}
+
 /// Output format of the commands that report results.
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Format {
@@ -212,17 +223,20 @@ fn main() -> ExitCode {
     // Logs to stderr; RUST_LOG=debug (or warn...) changes the level.
     // Colour only on a terminal: a log file or a pipe gets plain text, and
     // so does anyone who sets NO_COLOR (clap's help honours it too).
-    tracing_subscriber::fmt()
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(log_colour(
-            std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            std::env::var_os("NO_COLOR").as_deref(),
-        ))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+        .with_env_filter(filter);
+    match cli.log_format() {
+        lb::LogFormat::Json => logs.json().with_thread_names(true).init(),
+        lb::LogFormat::Text => logs
+            .with_ansi(log_colour(
+                std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                std::env::var_os("NO_COLOR").as_deref(),
+            ))
+            .init(),
+    }
     // A closed output pipe ends the command quietly: the panic it causes in
     // print! is silenced here and unwinds (so namespaces, files and child
     // processes are still cleaned up by their destructors), then fastpath

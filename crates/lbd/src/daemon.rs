@@ -295,6 +295,7 @@ fn serve(
             what: "packet-tracer reporter",
             source,
         })?;
+    crate::notify::spawn(&dp.heartbeat, &stop);
     tracing::info!(
         interface,
         ?driver,

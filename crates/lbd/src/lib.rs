@@ -22,6 +22,9 @@
 //!   load balancer per interface.
 //! - [`fleet`]: the check that a fleet of load balancers agrees on its
 //!   tables.
+//! - [`notify`]: what the daemon tells systemd (ready, alive while the
+//!   datapath beats, stopping); [`withdraw`]: the withdrawal the service
+//!   unit runs once the daemon has stopped.
 //!
 //! This is the only crate of the load balancer that depends on tokio and
 //! axum; it drives the forwarder through atomic table swaps and never sits
@@ -35,6 +38,7 @@ pub mod health;
 pub mod http;
 pub mod lock;
 pub mod metrics;
+pub mod notify;
 pub mod paths;
 pub mod ports;
 pub mod reload;
@@ -43,3 +47,4 @@ pub mod state;
 pub mod status;
 pub mod tasks;
 pub mod tunnel;
+pub mod withdraw;
