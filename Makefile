@@ -3,7 +3,7 @@
 CARGO ?= cargo
 OUT ?= out
 
-.PHONY: setup demo test examples bench lint fuzz soak install
+.PHONY: setup demo test examples bench lint fuzz soak install deb
 
 setup:
 	@scripts/setup.sh
@@ -81,9 +81,12 @@ lint:
 ## Installs the fastpath binary, its man pages (fastpath(1) and one per
 ## subcommand) and its bash, zsh and fish completions under PREFIX
 ## (/usr/local by default), staged under DESTDIR for packaging, e.g.
-## `make install PREFIX=/usr DESTDIR=$(pwd)/pkg`. Builds PROFILE (release);
-## the pages and completions come from the built binary's own CLI
-## definition. Needs only cargo (no setup: nothing else is installed).
+## `make install PREFIX=/usr DESTDIR=$(pwd)/pkg`. Builds PROFILE (release)
+## only when a source is newer than the binary (so `sudo make install`
+## after a build compiles nothing); the pages and completions come from the
+## built binary's own CLI definition, written into a temporary directory
+## outside the source tree (scripts/stage.sh, which `make deb` shares).
+## Needs only cargo (no setup: nothing else is installed).
 PREFIX ?= /usr/local
 DESTDIR ?=
 PROFILE ?= release
@@ -94,18 +97,22 @@ ZSH_COMPLETION_DIR ?= $(PREFIX)/share/zsh/site-functions
 FISH_COMPLETION_DIR ?= $(PREFIX)/share/fish/vendor_completions.d
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 BUILT := $(TARGET_DIR)/$(if $(filter dev test,$(PROFILE)),debug,$(PROFILE))/fastpath
-install:
+SOURCES := Cargo.toml Cargo.lock $(shell find crates dist -type f -not -path '*/target/*' 2>/dev/null)
+# cargo decides what to rebuild; the touch tells make that the binary is
+# current even when cargo found nothing to relink.
+$(BUILT): $(SOURCES)
 	$(CARGO) build --profile $(PROFILE) --locked -p fastpath
-	rm -rf $(OUT)/install && mkdir -p $(OUT)/install/man
-	$(BUILT) man --out $(OUT)/install/man >/dev/null
-	$(BUILT) completions bash > $(OUT)/install/fastpath.bash
-	$(BUILT) completions zsh > $(OUT)/install/_fastpath
-	$(BUILT) completions fish > $(OUT)/install/fastpath.fish
-	install -d "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(MANDIR)" "$(DESTDIR)$(BASH_COMPLETION_DIR)" \
-		"$(DESTDIR)$(ZSH_COMPLETION_DIR)" "$(DESTDIR)$(FISH_COMPLETION_DIR)"
-	install -m 755 $(BUILT) "$(DESTDIR)$(BINDIR)/fastpath"
-	install -m 644 $(OUT)/install/man/*.1 "$(DESTDIR)$(MANDIR)/"
-	install -m 644 $(OUT)/install/fastpath.bash "$(DESTDIR)$(BASH_COMPLETION_DIR)/fastpath"
-	install -m 644 $(OUT)/install/_fastpath "$(DESTDIR)$(ZSH_COMPLETION_DIR)/_fastpath"
-	install -m 644 $(OUT)/install/fastpath.fish "$(DESTDIR)$(FISH_COMPLETION_DIR)/fastpath.fish"
-	@echo "installed $(DESTDIR)$(BINDIR)/fastpath, $$(ls $(OUT)/install/man | wc -l) man pages in $(DESTDIR)$(MANDIR), completions for bash, zsh and fish"
+	@touch $@
+install: $(BUILT)
+	DESTDIR="$(DESTDIR)" PREFIX="$(PREFIX)" BINDIR="$(BINDIR)" MANDIR="$(MANDIR)" \
+		BASH_COMPLETION_DIR="$(BASH_COMPLETION_DIR)" ZSH_COMPLETION_DIR="$(ZSH_COMPLETION_DIR)" \
+		FISH_COMPLETION_DIR="$(FISH_COMPLETION_DIR)" scripts/stage.sh $(BUILT)
+
+## The Debian package: $(OUT)/fastpath_VERSION_ARCH.deb with the binary,
+## man pages, completions, the systemd units (dist/systemd), the annotated
+## example configuration and the BIRD configuration the load balancers
+## include (dist/bird), built by dpkg-deb from PROFILE's binary
+## (scripts/build-deb.sh). `make test` builds and installs one from the
+## test build (crates/fastpath/tests/package.rs).
+deb: $(BUILT)
+	scripts/build-deb.sh $(BUILT) $(OUT)

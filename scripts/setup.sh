@@ -25,6 +25,9 @@ APT_PACKAGES=(
   librte-net-memif23 # testpmd's memif driver
   prometheus         # a real Prometheus server scrapes the load balancer's /metrics in the tests
   python3-prometheus-client # Python's OpenMetrics parser checks the exposition
+  systemd            # systemd-analyze verify of the shipped units; the private systemd that runs them (crates/lab/src/systemd.rs)
+  binutils           # readelf/objdump/strip: the package's dependencies and stripped binary (scripts/build-deb.sh)
+  util-linux         # unshare, nsenter, setpriv: the private systemd's namespaces
 )
 
 need_cmd() { command -v "$1" >/dev/null 2>&1; }
