@@ -3,7 +3,8 @@
 //! veth pairs ([`netns`]), the load balancer's namespace topology with BIRD
 //! and nginx ([`topology`]), the demo that shows it to a person ([`demo`]),
 //! sample traffic for the forwarder ([`sample`]), and the soak that runs
-//! the load balancer under load while faults are injected ([`soak`]).
+//! the load balancer under load while faults are injected ([`soak`]), and a
+//! private systemd that runs the shipped service units ([`systemd`]).
 //!
 //! Everything here creates what it needs and removes it again when dropped,
 //! also when a test panics. Addresses live only inside the namespaces it
@@ -13,6 +14,7 @@ pub mod demo;
 pub mod netns;
 pub mod sample;
 pub mod soak;
+pub mod systemd;
 pub mod topology;
 
 use std::io;

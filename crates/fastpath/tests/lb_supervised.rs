@@ -1,0 +1,361 @@
+//! The shipped supervision, run for real: the .deb that `make deb` builds
+//! (from this test build) is installed with dpkg into a private systemd
+//! (lab::systemd: its own PID and mount namespaces over an overlay of /,
+//! in the load balancer's network namespace), and `fastpath-lb@test` runs
+//! as shipped, announcing its VIP through the packaged BIRD with the
+//! shipped BIRD configuration to a router's BIRD. A load balancer that
+//! dies or freezes must leave the router's ECMP set within 1 s: after
+//! `kill -9` of its main process (ExecStopPost withdraws) and after
+//! SIGSTOP (the watchdog, fed only by a beating datapath, kills it, then
+//! the same withdrawal), the router's route to the VIP is watched every
+//! 10 ms until it is gone. The figures are printed.
+//!
+//! Needs root, bird2, systemd, dpkg-deb and util-linux (scripts/setup.sh);
+//! run it under `flock /tmp/fastpath-ns.lock` as every namespace test.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lab::netns::{self, Netns};
+use lab::systemd::Systemd;
+use lab::topology::Procs;
+
+const VIP: &str = "198.18.0.80";
+const UNIT: &str = "fastpath-lb@test.service";
+/// The goal: out of the router's ECMP set within a second.
+const GOAL: Duration = Duration::from_secs(1);
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A scratch file or directory, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The load balancer's configuration, in /etc/fastpath/test.toml of the
+/// private system: one VIP whose pool is always up (no health check), the
+/// shipped routes file and protocol, BIRD's default control socket.
+const CONFIG: &str = r#"
+[forwarder]
+threads = 1
+queue_size = 256
+pool_buffers = 4096
+[api]
+listen = "127.0.0.1:9180"
+[bgp]
+vips_file = "/run/fastpath/vips.conf"
+protocol = "fastpath_vips"
+birdc = ["birdc", "-s", "/run/bird/bird.ctl"]
+poll_ms = 200
+drain_ms = 500
+drain_quiet_ms = 200
+[encap]
+source = "10.10.9.2"
+gateway_mac = "02:00:00:00:09:01"
+[[pools]]
+name = "web"
+backends = [{ address = "10.10.8.2" }]
+[[vips]]
+name = "http"
+address = "198.18.0.80"
+port = 80
+protocol = "tcp"
+pool = "web"
+"#;
+
+/// The router: BIRD learning the VIP from the load balancer, with the
+/// fleet's BFD and BGP timers.
+const ROUTER: &str = r#"
+router id 10.10.9.1;
+protocol device {}
+protocol bfd { interface "*" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }; }
+protocol bgp lb {
+  local 10.10.9.1 as 65000;
+  neighbor 10.10.9.2 as 65001;
+  bfd on; hold time 3; keepalive time 1; connect delay time 1; connect retry time 1; error wait time 1,5;
+  ipv4 { import all; export none; };
+}
+"#;
+
+/// Whether the router has a route to the VIP (BIRD's table, asked over
+/// its control socket).
+fn router_has_vip(sock: &Path) -> bool {
+    Command::new("birdc")
+        .arg("-s")
+        .arg(sock)
+        .args(["show", "route", "for", VIP])
+        .stdin(Stdio::null())
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!("{VIP}/32")))
+}
+
+/// Polls the router every 10 ms until it has (or has not) the route,
+/// at most `limit`; how long it took, or `None`.
+fn until_route(sock: &Path, present: bool, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if router_has_vip(sock) == present {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+fn signal(pid: i32, sig: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(pid).expect("a process id");
+    rustix::process::kill_process(pid, sig).expect("signal to the load balancer");
+}
+
+/// Waits for the unit to run again under a new main process (after a
+/// restart) and for the router to have the route again.
+fn restarted(sd: &Systemd, sock: &Path, old: i32) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let active = sd.systemctl(&["is-active", UNIT]).unwrap_or_default();
+        let pid = sd.main_pid(UNIT).ok().flatten();
+        if active.trim() == "active" && pid.is_some_and(|p| p != old) {
+            assert!(
+                until_route(sock, true, Duration::from_secs(15)).is_some(),
+                "restarted, but the route did not come back:\n{}",
+                sd.journal(UNIT)
+            );
+            return pid.unwrap_or_default();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{UNIT} was not restarted: {}\n{}",
+            active.trim(),
+            sd.journal(UNIT)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_killed_or_frozen_load_balancer_leaves_the_routers_ecmp_set_within_a_second() {
+    if !netns::available() {
+        eprintln!("skipped: needs root and iproute2");
+        return;
+    }
+    for tool in [
+        "bird",
+        "birdc",
+        "dpkg-deb",
+        "nsenter",
+        "unshare",
+        "setpriv",
+        "systemctl",
+    ] {
+        if !have(tool) {
+            eprintln!("skipped: needs {tool} (scripts/setup.sh)");
+            return;
+        }
+    }
+    let tag = std::process::id() % 100_000;
+    // The private systemd must leave the host's /tmp alone.
+    let canary = Scratch(std::env::temp_dir().join(format!("fastpath-canary-{tag}")));
+    std::fs::write(&canary.0, "still here").unwrap();
+    let work = Scratch(std::env::temp_dir().join(format!("fastpath-supervised-{tag}")));
+    let _ = std::fs::remove_dir_all(&work.0);
+    let debs = work.0.join("out");
+    std::fs::create_dir_all(&debs).unwrap();
+    let built = Command::new(repo().join("scripts/build-deb.sh"))
+        .arg(env!("CARGO_BIN_EXE_fastpath"))
+        .arg(&debs)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let deb = String::from_utf8_lossy(&built.stdout).trim().to_string();
+
+    // The router and the load balancer's machine, one link between them.
+    let router = Netns::new(&format!("fpsr-{tag}")).unwrap();
+    let lbns = Netns::new(&format!("fpsl-{tag}")).unwrap();
+    netns::veth(
+        &lbns,
+        "l0",
+        "02:00:00:00:09:02",
+        &router,
+        "r0",
+        "02:00:00:00:09:01",
+    )
+    .unwrap();
+    lbns.ip(&["addr", "add", "10.10.9.2/24", "dev", "l0"])
+        .unwrap();
+    router
+        .ip(&["addr", "add", "10.10.9.1/24", "dev", "r0"])
+        .unwrap();
+    let sock = work.0.join("router.ctl");
+    let router_conf = work.0.join("router.conf");
+    std::fs::write(&router_conf, ROUTER).unwrap();
+    let mut procs = Procs::default();
+    let bird = router
+        .command("bird")
+        .arg("-f")
+        .arg("-c")
+        .arg(&router_conf)
+        .arg("-s")
+        .arg(&sock)
+        .arg("-P")
+        .arg(work.0.join("router.pid"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    procs.push("router-bird", bird);
+
+    // The load balancer's machine: the package installed, the site's
+    // files written, the rest as shipped.
+    let sd = Systemd::boot(&lbns, &[&debs], &format!("sup-{tag}")).unwrap();
+    sd.run(&["dpkg", "-i", &deb]).unwrap();
+    let verify = sd
+        .exec(&["systemd-analyze", "verify", "--man=no", UNIT])
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "systemd-analyze verify in the private system: {}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    sd.write("/etc/fastpath/test.toml", CONFIG).unwrap();
+    sd.write("/etc/fastpath/test.env", "INTERFACE=l0\n")
+        .unwrap();
+    // BIRD: the shipped example with this site's values, and the shipped
+    // fastpath.conf as it is.
+    let example = std::fs::read_to_string(
+        sd.root()
+            .join("usr/share/doc/fastpath/examples/bird.conf.example"),
+    )
+    .unwrap();
+    let site = [
+        ("router id 10.0.0.10;", "router id 10.10.9.2;"),
+        ("interface \"eth1\"", "interface \"l0\""),
+        ("local 10.0.0.10 as 65001;", "local 10.10.9.2 as 65001;"),
+        (
+            "neighbor 10.0.0.1 as 65000;",
+            "neighbor 10.10.9.1 as 65000;",
+        ),
+    ];
+    let mut bird_conf = example.clone();
+    for (shipped, ours) in site {
+        assert!(
+            bird_conf.contains(shipped),
+            "bird.conf.example: no {shipped:?}"
+        );
+        bird_conf = bird_conf.replace(shipped, ours);
+    }
+    sd.write("/etc/bird/bird.conf", &bird_conf).unwrap();
+    sd.run(&[
+        "cp",
+        "/usr/share/doc/fastpath/examples/fastpath.conf",
+        "/etc/bird/fastpath.conf",
+    ])
+    .unwrap();
+    // The boot recipe masks BIRD's unit (nothing of the host's starts by
+    // itself); this one is ours to run.
+    sd.systemctl(&["unmask", "bird.service"]).unwrap();
+
+    // Type=notify: `systemctl start` returns once the daemon said READY=1.
+    let start = Instant::now();
+    if let Err(e) = sd.systemctl(&["start", UNIT]) {
+        panic!("{e}\n{}\n{}", sd.journal(UNIT), sd.journal("bird.service"));
+    }
+    let started = start.elapsed();
+    assert_eq!(sd.systemctl(&["is-active", UNIT]).unwrap().trim(), "active");
+    let journal = sd.journal(UNIT);
+    assert!(
+        journal.contains("driver: ") && journal.contains("AF_XDP"),
+        "the unit's hardening left AF_XDP unusable:\n{journal}"
+    );
+    let announced = until_route(&sock, true, Duration::from_secs(20)).unwrap_or_else(|| {
+        panic!(
+            "the router never learned {VIP}:\n{}\n{}",
+            journal,
+            sd.journal("bird.service")
+        )
+    });
+
+    // Killed: systemd sees it exit, ExecStopPost withdraws.
+    let pid = sd.main_pid(UNIT).unwrap().expect("a main process");
+    signal(pid, rustix::process::Signal::KILL);
+    let killed = until_route(&sock, false, Duration::from_secs(5));
+    let pid = restarted(&sd, &sock, pid);
+
+    // Frozen: the watchdog's deadline passes, systemd kills it, and the
+    // same withdrawal follows.
+    signal(pid, rustix::process::Signal::STOP);
+    let frozen = until_route(&sock, false, Duration::from_secs(5));
+    let pid = restarted(&sd, &sock, pid);
+
+    // Stopped: the daemon withdraws by itself, and the withdrawal after
+    // it finds nothing left to do.
+    let stop = Instant::now();
+    sd.systemctl(&["stop", UNIT]).unwrap();
+    let stopped = stop.elapsed();
+    let journal = sd.journal(UNIT);
+    assert!(!router_has_vip(&sock), "still routed after a stop");
+
+    eprintln!(
+        "supervised load balancer: started (READY=1) in {:.0} ms, announced {:.0} ms later; \
+         out of the router's table {} after kill -9, {} after SIGSTOP (goal {} ms); \
+         graceful stop took {:.0} ms (last pid {pid})",
+        started.as_secs_f64() * 1e3,
+        announced.as_secs_f64() * 1e3,
+        killed.map_or("never".into(), |d| format!(
+            "{:.0} ms",
+            d.as_secs_f64() * 1e3
+        )),
+        frozen.map_or("never".into(), |d| format!(
+            "{:.0} ms",
+            d.as_secs_f64() * 1e3
+        )),
+        GOAL.as_millis(),
+        stopped.as_secs_f64() * 1e3
+    );
+    assert!(
+        killed.is_some_and(|d| d <= GOAL),
+        "after kill -9: {killed:?}\n{journal}"
+    );
+    assert!(
+        frozen.is_some_and(|d| d <= GOAL),
+        "after SIGSTOP: {frozen:?}\n{journal}"
+    );
+    assert!(
+        journal.contains(&format!("{UNIT}: Watchdog timeout")),
+        "the freeze was not ended by the watchdog:\n{journal}"
+    );
+    assert!(
+        journal.contains("fastpath_vips: already disabled"),
+        "ExecStopPost after a graceful stop:\n{journal}"
+    );
+
+    drop(sd);
+    // Nothing of the private system is left: its /tmp was its own, and
+    // its mounts went with it.
+    assert_eq!(std::fs::read_to_string(&canary.0).unwrap(), "still here");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&format!("fastpath-systemd-sup-{tag}")),
+        "mounts left behind"
+    );
+    drop(procs);
+}
