@@ -176,6 +176,16 @@ fn spawn(ns: &Netns, args: &[&str]) -> Result<Child> {
 /// dead peer in about 0.3 s (BIRD's defaults need minutes), and a session
 /// that failed may come back after a second instead of a minute.
 const BGP_TIMERS: &str = "bfd on; hold time 3; keepalive time 1; connect delay time 1; connect retry time 1; error wait time 1,5;";
+/// The shipped part of BIRD's configuration that fastpath drives
+/// (`dist/bird/fastpath.conf`): every load balancer's BIRD includes it as
+/// it is, so the namespace tests and `make demo` run what the package
+/// installs.
+pub const SHIPPED_BIRD_CONF: &str = include_str!("../../../dist/bird/fastpath.conf");
+/// The IPv4 routes file [`SHIPPED_BIRD_CONF`] includes (a `[bgp]
+/// vips_file` must name it).
+pub const SHIPPED_VIPS_FILE: &str = "/run/fastpath/vips.conf";
+/// Where the shipped files put fastpath's runtime files.
+const SHIPPED_RUN_DIR: &str = "/run/fastpath";
 /// BFD at 100 ms, 3 missed packets.
 const BFD: &str = "protocol bfd { interface \"*\" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }; }";
 
@@ -415,13 +425,41 @@ impl Topology {
         Self::lb_proc(k)
     }
 
-    /// The routes file load balancer `k` writes for its BIRD.
-    fn vips_file(&self, k: usize) -> PathBuf {
-        if k == 1 {
-            self.dir.join("vips.conf")
-        } else {
-            self.dir.join(format!("vips{k}.conf"))
-        }
+    /// Load balancer `k`'s /run/fastpath: a directory of the scratch
+    /// directory, mounted there for its BIRD and its fastpath (see
+    /// [`Topology::lb_machine`]), where the routes file of the shipped
+    /// BIRD configuration lies.
+    fn run_dir(&self, k: usize) -> PathBuf {
+        self.dir.join(format!("run-{}", Self::bird_name(k)))
+    }
+
+    /// The routes files load balancer `k` writes for its BIRD, as this
+    /// machine sees them (inside its namespace they are in /run/fastpath).
+    fn vips_files(&self, k: usize) -> [PathBuf; 2] {
+        let run = self.run_dir(k);
+        [run.join("vips.conf"), run.join("vips6.conf")]
+    }
+
+    /// The command line that runs `args` on load balancer `k`'s machine:
+    /// its own /run/fastpath mounted in a mount namespace of the command's
+    /// own (`ip netns exec` makes one whose mounts do not reach this
+    /// machine's), so that every load balancer's BIRD includes the shipped
+    /// `dist/bird/fastpath.conf` as it is, with its fixed paths, and sees
+    /// only the routes its own fastpath wrote.
+    fn lb_machine(&self, k: usize, args: &[&str]) -> Result<Vec<String>> {
+        let run = self.run_dir(k);
+        std::fs::create_dir_all(&run).map_err(Error::io(run.display()))?;
+        // The mount point, once, on this machine (empty: fastpath's own
+        // runtime directory, where it also keeps its interface locks).
+        std::fs::create_dir_all(SHIPPED_RUN_DIR).map_err(Error::io(SHIPPED_RUN_DIR))?;
+        let mut line = vec![
+            "sh".to_string(),
+            "-c".to_string(),
+            format!("mount --bind \"$0\" {SHIPPED_RUN_DIR} && exec \"$@\""),
+            run.to_string_lossy().into_owned(),
+        ];
+        line.extend(args.iter().map(|a| a.to_string()));
+        Ok(line)
     }
 
     fn start_bird(&mut self) -> Result<()> {
@@ -438,18 +476,19 @@ impl Topology {
             );
         }
         let mut confs = vec![("rtr".to_string(), rtr, None)];
+        // The load balancers' static protocols are the shipped ones, as
+        // they are (dist/bird/fastpath.conf, which the package installs).
+        let shipped = self.dir.join("fastpath.conf");
+        std::fs::write(&shipped, SHIPPED_BIRD_CONF).map_err(Error::io(shipped.display()))?;
         for k in 1..=self.lbs.len() {
-            let vips_file = self.vips_file(k);
-            std::fs::write(&vips_file, "# filled in by fastpath\n")
-                .map_err(Error::io(vips_file.display()))?;
             let me = Self::lb_address(k);
             confs.push((
                 Self::bird_name(k),
                 // BIRD reads `include` only at the start of a line.
                 format!(
-                    "router id {me};\nprotocol device {{}}\n{BFD}\nprotocol static fastpath_vips {{\n  disabled;\n  ipv4;\ninclude \"{}\";\n}}\n\
+                    "router id {me};\nprotocol device {{}}\n{BFD}\ninclude \"{}\";\n\
                      protocol bgp uplink {{ local {me} as 65001; neighbor 10.10.2.1 as 65000; {BGP_TIMERS} ipv4 {{ import none; export where proto = \"fastpath_vips\"; }}; }}\n",
-                    vips_file.display()
+                    shipped.display()
                 ),
                 Some(k),
             ));
@@ -472,19 +511,19 @@ impl Topology {
         };
         let sock = self.bird_socket(which);
         let pid = self.dir.join(format!("bird-{which}.pid"));
-        let c = spawn(
-            ns,
-            &[
-                "bird",
-                "-f",
-                "-c",
-                &path.to_string_lossy(),
-                "-s",
-                &sock.to_string_lossy(),
-                "-P",
-                &pid.to_string_lossy(),
-            ],
-        )?;
+        let (path, sock, pid) = (
+            path.to_string_lossy(),
+            sock.to_string_lossy(),
+            pid.to_string_lossy(),
+        );
+        let args = ["bird", "-f", "-c", &path, "-s", &sock, "-P", &pid];
+        let c = match k {
+            None => spawn(ns, &args)?,
+            Some(k) => {
+                let line = self.lb_machine(k, &args)?;
+                spawn(ns, &line.iter().map(String::as_str).collect::<Vec<_>>())?
+            }
+        };
         self.procs.push(&format!("bird-{which}"), c);
         Ok(())
     }
@@ -528,9 +567,17 @@ impl Topology {
     /// (logging to `lbK.log`).
     pub fn boot_lb_machine(&mut self, k: usize) -> Result<()> {
         // A fresh BIRD starts with the VIPs' protocol disabled, as the
-        // configuration says; fastpath enables it once it forwards.
-        let vips = self.vips_file(k);
-        std::fs::write(&vips, "# filled in by fastpath\n").map_err(Error::io(vips.display()))?;
+        // configuration says, and a booted machine's /run is empty;
+        // fastpath writes the routes and enables the protocol once it
+        // forwards.
+        for vips in self.vips_files(k) {
+            match std::fs::remove_file(&vips) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(Error::io(vips.display())(e))
+                }
+                _ => {}
+            }
+        }
         let _ = std::fs::remove_file(self.bird_socket(&Self::bird_name(k)));
         self.spawn_bird(&Self::bird_name(k), Some(k))?;
         self.start_lb_k(k)
@@ -731,7 +778,7 @@ pool_buffers = 4096
 [api]
 {api}
 [bgp]
-vips_file = "{vips}"
+vips_file = "{SHIPPED_VIPS_FILE}"
 birdc = ["birdc", "-s", "{sock}"]
 poll_ms = 200
 [encap]
@@ -748,7 +795,6 @@ port = 80
 protocol = "tcp"
 pool = "web"
 {udp}"#,
-                vips = self.vips_file(k).display(),
                 sock = self.bird_socket(&Self::bird_name(k)).display(),
                 me = Self::lb_address(k),
                 gw = Self::router_mac(k),
@@ -796,17 +842,20 @@ pool = "web"
             .get(k.wrapping_sub(1))
             .map(|c| c.to_string_lossy().to_string())
             .unwrap_or_default();
-        let args = [
-            fp.as_str(),
-            "lb",
-            "run",
-            "--config",
-            &config,
-            "--interface",
-            "l0",
-        ];
+        let args = self.lb_machine(
+            k,
+            &[
+                fp.as_str(),
+                "lb",
+                "run",
+                "--config",
+                &config,
+                "--interface",
+                "l0",
+            ],
+        )?;
         let ns = self.lb_ns(k)?;
-        let mut c = ns.command(args[0]);
+        let mut c = ns.command(&args[0]);
         c.args(&args[1..]).stdin(Stdio::null());
         match log {
             Some(log) => {
@@ -1199,5 +1248,23 @@ impl HttpConn {
                 return Err(Error::Http("answer too long".into()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_bird_configuration_includes_the_routes_file_the_lab_names() {
+        // A pattern, so that BIRD starts before the file and its
+        // directory exist.
+        let pattern = SHIPPED_VIPS_FILE.replace("/fastpath/", "/fastpat[h]/");
+        assert!(
+            SHIPPED_BIRD_CONF.contains(&format!("\ninclude \"{pattern}\";")),
+            "dist/bird/fastpath.conf no longer includes {SHIPPED_VIPS_FILE}"
+        );
+        assert!(SHIPPED_VIPS_FILE.starts_with(SHIPPED_RUN_DIR));
+        assert!(SHIPPED_BIRD_CONF.contains("protocol static fastpath_vips {"));
     }
 }
