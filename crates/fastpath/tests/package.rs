@@ -188,7 +188,7 @@ fn the_package_builds_installs_into_a_scratch_root_and_removes() {
     }
 
     // The installed binary runs, and is the one this test was built from.
-    let v = run(&mut Command::new(root.join("usr/bin/fastpath")).arg("--version"));
+    let v = run(Command::new(root.join("usr/bin/fastpath")).arg("--version"));
     assert_eq!(v.trim(), format!("fastpath {version}"));
 
     // The units, as installed. The scratch root lacks systemd's own units
