@@ -28,9 +28,9 @@ use io_uring::{cqueue, opcode, types, IoUring};
 use rustix::net::{MMsgHdr, SendAncillaryBuffer, SendFlags};
 use serde_json::{json, Value};
 
-use lab::netns::{self, Netns};
 use maio::uring::{Config as RingConfig, Ring, RxBuf};
 use maio::{Hugepages, Pool};
+use netns::Netns;
 
 /// Why the benchmark could not run.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +38,7 @@ pub enum Error {
     /// Figure 3's UDP variant could not run inside its namespace (its
     /// thread could not enter it, or panicked).
     #[error("Figure 3 (UDP into a dropping veth): {0}")]
-    Namespace(#[source] lab::Error),
+    Namespace(#[source] netns::Error),
 }
 
 /// Bench settings.
@@ -767,7 +767,7 @@ impl VethSink {
     /// 10.201.0.2 (`zb`'s MAC), so datagrams leave without ARP; `zb` drops
     /// them at ingress. Both ends have a 65000-byte MTU, so a 16 KiB
     /// datagram is one frame.
-    fn new() -> Result<VethSink, lab::Error> {
+    fn new() -> Result<VethSink, netns::Error> {
         let ns = Netns::new(&format!("fpmaio{}", std::process::id()))?;
         netns::veth(&ns, "za", SINK_SRC_MAC, &ns, "zb", SINK_DST_MAC)?;
         ns.ip(&["addr", "add", "10.201.0.1/30", "dev", "za"])?;
@@ -798,7 +798,7 @@ impl VethSink {
     fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T, lab::Error> {
+    ) -> Result<T, netns::Error> {
         self.ns.inside(f)
     }
 }

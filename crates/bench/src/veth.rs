@@ -36,8 +36,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use lab::netns::{self, Netns};
 use netio::afxdp::{Generator, XdpGenerator};
+use netns::Netns;
 use packet::build::Frame;
 use serde::Serialize;
 
@@ -53,9 +53,12 @@ pub const VALID_OFFER_RATIO: f64 = 1.5;
 /// Why the veth bench could not measure.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A namespace, the veth pair or an address could not be set up.
+    /// This machine cannot build the namespaces.
     #[error(transparent)]
     Lab(#[from] lab::Error),
+    /// A namespace, the veth pair or an address could not be set up.
+    #[error(transparent)]
+    Netns(#[from] netns::Error),
     /// The generator's AF_XDP socket failed.
     #[error("the generator's AF_XDP socket on g0: {0}")]
     Generator(#[source] netio::Error),
@@ -70,7 +73,7 @@ pub enum Error {
     },
     /// The nftables rules could not be loaded.
     #[error("loading the nftables rules (is nftables installed?): {0}")]
-    Nft(#[source] lab::Error),
+    Nft(#[source] netns::Error),
     /// A file or process of the bench could not be made.
     #[error("{what}: {source}")]
     Io {

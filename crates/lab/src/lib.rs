@@ -1,6 +1,7 @@
 //! Throwaway networks: what fastpath's tests, demos and benchmarks build
 //! around the libraries, and never part of them. Network namespaces and
-//! veth pairs ([`netns`]), the load balancer's namespace topology with BIRD
+//! veth pairs ([`netns`], a crate of its own re-exported here), the load
+//! balancer's namespace topology with BIRD
 //! and nginx ([`topology`]), the demo that shows it to a person ([`demo`]),
 //! sample traffic for the forwarder ([`sample`]), and the soak that runs
 //! the load balancer under load while faults are injected ([`soak`]), and a
@@ -11,11 +12,12 @@
 //! creates.
 
 pub mod demo;
-pub mod netns;
 pub mod sample;
 pub mod soak;
 pub mod systemd;
 pub mod topology;
+
+pub use netns;
 
 use std::io;
 
@@ -25,6 +27,9 @@ pub enum Error {
     /// This machine cannot build namespaces (not root, or no iproute2).
     #[error("needs root and iproute2 (network namespaces): run as root after scripts/setup.sh")]
     Unavailable,
+    /// A namespace, a veth pair or a command inside one failed.
+    #[error(transparent)]
+    Netns(#[from] netns::Error),
     /// A program could not be started.
     #[error("starting {program}: {source}")]
     Spawn {

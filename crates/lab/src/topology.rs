@@ -916,7 +916,7 @@ pool = "web"
         ns: &Netns,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T> {
-        ns.inside(f)
+        Ok(ns.inside(f)?)
     }
 
     /// One HTTP request from the client through the VIP on a new connection;

@@ -5,10 +5,10 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use lab::netns::{self, Netns};
 use maio::{Hugepages, Pool};
 use netio::afpacket::{AfPacketPort, Config};
 use netio::Nic;
+use netns::Netns;
 
 mod common;
 use common::{

@@ -6,11 +6,11 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use lab::netns::{self, Netns};
 use maio::{Hugepages, Pool};
 use netio::afpacket::{self, AfPacketPort};
 use netio::afxdp::AfXdpPort;
 use netio::{Nic, Slot};
+use netns::Netns;
 use packet::build::Frame;
 
 mod common;

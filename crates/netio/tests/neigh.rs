@@ -15,8 +15,8 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use lab::netns::{self, Netns};
 use netio::neigh::{self, Error};
+use netns::Netns;
 
 const N0_MAC: &str = "02:00:00:00:5a:01";
 const G0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x5a, 0xfe];

@@ -1,8 +1,8 @@
 //! TAP and TUN devices open, come up and take what is written into them, in
 //! a namespace this test creates.
 
-use lab::netns::{self, Netns};
 use netio::tap::{Tap, Tun};
+use netns::Netns;
 
 /// `ip -o link show dev` inside namespace `ns`.
 fn link(ns: &str, dev: &str) -> String {

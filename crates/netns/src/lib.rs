@@ -1,12 +1,59 @@
-//! Throwaway network namespaces for tests and demos, built with iproute2.
-//! Each [`Netns`] deletes itself (and so its interfaces) when dropped, also
-//! when a test panics.
+//! Throwaway network namespaces for tests, demos and benchmarks, built with
+//! iproute2. Each [`Netns`] deletes itself (and so its interfaces) when
+//! dropped, also when a test panics.
+//!
+//! A crate of its own, with no async runtime and nothing of the load
+//! balancer's, so that a port's tests can build a veth pair without
+//! building the daemon.
 
-use std::io::Write as _;
+use std::io::{self, Write as _};
 use std::os::fd::AsFd;
 use std::process::{Command, Output, Stdio};
 
-use crate::{Error, Result};
+/// Why a namespace, a veth pair or a command inside could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A program could not be started.
+    #[error("starting {program}: {source}")]
+    Spawn {
+        /// The program (and where it was to run).
+        program: String,
+        /// The system's answer.
+        #[source]
+        source: io::Error,
+    },
+    /// A command ran and exited with a failure.
+    #[error("`{command}` failed: {stderr}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// What it printed on stderr.
+        stderr: String,
+    },
+    /// A file or system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The system's answer.
+        #[source]
+        source: io::Error,
+    },
+    /// A thread sent into a namespace panicked.
+    #[error("a thread inside namespace {0} panicked")]
+    ThreadPanicked(String),
+}
+
+/// What this crate's fallible functions return.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An [`Error::Io`] saying what was being done.
+    fn io(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> Error {
+        let what = what.to_string();
+        move |source| Error::Io { what, source }
+    }
+}
 
 /// A network namespace that is deleted on drop.
 #[derive(Debug)]
