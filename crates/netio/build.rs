@@ -6,7 +6,7 @@
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(fastpath_xdp_obj)");
-    if bpf_build::Programs::new(&["bpf/xsk.c", "bpf/fwd.c", "bpf/lb.c"], "AF_XDP").compile() {
+    if bpf_build::Programs::new(&["bpf/xsk.c", "bpf/lb.c"], "AF_XDP").compile() {
         println!("cargo:rustc-cfg=fastpath_xdp_obj");
     }
 }

@@ -14,6 +14,8 @@
 //! - [`switch`]: the switch's Figure 1 (packet I/O in VMs) beside the TAP
 //!   backend.
 //! - [`maio`]: MAIO's Figures 2-4 beside the kernel's own interfaces.
+//! - [`xdp`]: the veth bench's traffic generators and XDP programs (the
+//!   forwarder of its limit row, the sink, the pass).
 //! - [`control`]: the control plane at 1,000 VIPs x 100 backends: load,
 //!   a one-backend reload beside a full rebuild, table memory.
 
@@ -25,3 +27,4 @@ pub mod maio;
 mod proc;
 pub mod switch;
 pub mod veth;
+pub mod xdp;

@@ -7,7 +7,7 @@
 //! - **nftables**: the kernel doing the same job: DNAT with `jhash` over the
 //!   same backends, forwarded back out;
 //! - **xdp_forwarder**: the limit: the same hop done in the driver by an XDP
-//!   program (`netio/bpf/fwd.c`: one header rewrite, `bpf_redirect_map` back
+//!   program (`bench/bpf/fwd.c`: one header rewrite, `bpf_redirect_map` back
 //!   out of the interface).
 //!
 //! ```text
@@ -36,10 +36,11 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use netio::afxdp::{Generator, XdpGenerator};
 use netns::Netns;
 use packet::build::Frame;
 use serde::Serialize;
+
+use crate::xdp::{Generator, XdpGenerator};
 
 const VIP: [u8; 4] = [198, 18, 0, 1];
 const GEN_MAC: &str = "02:00:00:00:0e:01";
@@ -60,8 +61,8 @@ pub enum Error {
     #[error(transparent)]
     Netns(#[from] netns::Error),
     /// The generator's AF_XDP socket failed.
-    #[error("the generator's AF_XDP socket on g0: {0}")]
-    Generator(#[source] netio::Error),
+    #[error("the generator on g0: {0}")]
+    Generator(#[source] crate::xdp::Error),
     /// An XDP program could not be attached.
     #[error("attaching an XDP program to {iface}: {source}")]
     Xdp {
@@ -69,7 +70,7 @@ pub enum Error {
         iface: &'static str,
         /// What the attach said.
         #[source]
-        source: netio::Error,
+        source: crate::xdp::Error,
     },
     /// The nftables rules could not be loaded.
     #[error("loading the nftables rules (is nftables installed?): {0}")]
@@ -511,7 +512,7 @@ fn pair(tag: &str, queues: u32, cpus: Option<&Cpus>) -> Result<(Netns, Netns, Xd
     // cheapest receiver, alike for every variant (and veth accepts frames
     // its peer redirects only when it runs an XDP program itself).
     let (hold, _) = XdpHold::new(&gen, || {
-        netio::afxdp::attach_sink("g0")
+        crate::xdp::attach_sink("g0")
             .map(|b| (b, String::new()))
             .map_err(|source| Error::Xdp {
                 iface: "g0",
@@ -654,7 +655,7 @@ pub fn run(
     // An XDP program that passes everything puts d0's receive into NAPI
     // (and so into its thread), as for the other two.
     let (pass, _) = XdpHold::new(&dut, || {
-        netio::afxdp::attach_pass("d0")
+        crate::xdp::attach_pass("d0")
             .map(|b| (b, String::new()))
             .map_err(|source| Error::Xdp {
                 iface: "d0",
@@ -674,7 +675,7 @@ pub fn run(
     let me = lb::config::parse_mac(DUT_MAC).unwrap_or_default();
     let to: Vec<Ipv4Addr> = backends.iter().filter_map(|b| b.parse().ok()).collect();
     let (fwd, note) = XdpHold::new(&dut, move || {
-        netio::afxdp::attach_forwarder("d0", gw, me, &to)
+        crate::xdp::attach_forwarder("d0", gw, me, &to)
             .map(|(b, mode)| (b, format!("{mode:?} XDP, rewrite + bpf_redirect_map")))
             .map_err(|source| Error::Xdp {
                 iface: "d0",
@@ -694,7 +695,7 @@ pub fn run(
     progress("the generator alone (XDP sink on d0)");
     let (gen, dut, sink) = pair(&tag, queues, cpus.as_ref())?;
     let (dsink, _) = XdpHold::new(&dut, || {
-        netio::afxdp::attach_sink("d0")
+        crate::xdp::attach_sink("d0")
             .map(|b| (b, String::new()))
             .map_err(|source| Error::Xdp {
                 iface: "d0",

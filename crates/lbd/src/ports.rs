@@ -129,8 +129,9 @@ impl Plan {
         tables: &Tables,
     ) -> Result<Opened, OpenError> {
         let driver = self.driver;
+        let loader = netio::xdplb::Loader::new(lb::xdp::sizes(cfg, tables));
         let program = if driver == Driver::Xdp {
-            Program::LoadBalancer(lb::xdp::sizes(cfg, tables))
+            Program::Custom(&loader)
         } else {
             Program::Steer
         };
@@ -151,7 +152,7 @@ impl Plan {
             ) {
                 Ok(ports) => {
                     let filter = ports[0].vip_filter();
-                    let xdp_lb = ports[0].xdp_lb();
+                    let xdp_lb = loader.maps();
                     let description = format!(
                         "{}AF_XDP ({:?} XDP, copy mode), one socket per queue on {} queues",
                         in_driver(&xdp_lb),
@@ -195,7 +196,7 @@ impl Plan {
                 };
                 match (xdp, driver) {
                     (Ok(p), _) => {
-                        let xdp_lb = p.first().xdp_lb();
+                        let xdp_lb = loader.maps();
                         description = format!(
                             "{}AF_XDP ({:?} XDP, copy mode){}",
                             in_driver(&xdp_lb),

@@ -1,6 +1,7 @@
-//! AF_XDP ports: an XDP program (ours, `bpf/xsk.c`, built by `build.rs`)
-//! redirects the interface's frames to an AF_XDP socket whose UMEM is the
-//! whole `maio` pool, so received frames land directly in pool buffers.
+//! AF_XDP ports: an XDP program (ours, `bpf/xsk.c`, built by `build.rs`,
+//! or one the caller brings, [`Program::Custom`]) redirects the
+//! interface's frames to an AF_XDP socket whose UMEM is the whole `maio`
+//! pool, so received frames land directly in pool buffers.
 //!
 //! - Receive is zero-copy into the pool: for each frame taken from the RX
 //!   ring, the slot's reserved buffer goes to the fill ring in its place.
@@ -18,6 +19,12 @@
 //! are read and written atomically (acquire/release), descriptors are read
 //! only below an acquired producer index, and every address the kernel
 //! hands back is checked against the pool before it is used.
+//!
+//! The pieces a port is made of are public for programs and sockets of
+//! other kinds: [`XdpProgram`] (an XDP object loaded, attached native else
+//! generic, run over frames without an interface by `BPF_PROG_TEST_RUN`)
+//! and [`XskSocket`] (an AF_XDP socket over a UMEM of the caller's, its
+//! rings mapped).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -30,8 +37,9 @@ use aya::{Ebpf, EbpfError};
 use maio::{Buf, Handle, Pool, State};
 use memmap2::{MmapMut, MmapOptions};
 use rustix::net::xdp::{
-    SocketAddrXdp, SocketAddrXdpFlags, XdpRingFlags, XdpRingOffset, XdpUmemReg, XdpUmemRegFlags,
-    XDP_PGOFF_RX_RING, XDP_PGOFF_TX_RING, XDP_UMEM_PGOFF_COMPLETION_RING, XDP_UMEM_PGOFF_FILL_RING,
+    SocketAddrXdp, SocketAddrXdpFlags, XdpMmapOffsets, XdpRingFlags, XdpRingOffset, XdpUmemReg,
+    XdpUmemRegFlags, XDP_PGOFF_RX_RING, XDP_PGOFF_TX_RING, XDP_UMEM_PGOFF_COMPLETION_RING,
+    XDP_UMEM_PGOFF_FILL_RING,
 };
 use rustix::net::{sockopt, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 
@@ -42,10 +50,6 @@ use crate::{Hint, Nic, PortStats, Slot};
 static XSK_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xsk.o"));
 #[cfg(not(fastpath_xdp_obj))]
 static XSK_OBJ: &[u8] = &[];
-#[cfg(fastpath_xdp_obj)]
-static FWD_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/fwd.o"));
-#[cfg(not(fastpath_xdp_obj))]
-static FWD_OBJ: &[u8] = &[];
 
 /// Why an AF_XDP port, or one of its XDP programs, failed.
 #[derive(Debug, thiserror::Error)]
@@ -64,16 +68,6 @@ pub enum Error {
         /// The interface.
         iface: String,
     },
-    /// The XDP generator's template is shorter than its headers.
-    #[error(
-        "XDP generator on {iface}: a {len}-byte template has no Ethernet, IPv4 and UDP headers"
-    )]
-    Template {
-        /// The interface.
-        iface: String,
-        /// The template's length.
-        len: usize,
-    },
     /// The object file could not be loaded.
     #[error("AF_XDP on {iface}: loading the {program}: {source}")]
     Load {
@@ -84,6 +78,15 @@ pub enum Error {
         /// aya's answer.
         #[source]
         source: Box<EbpfError>,
+    },
+    /// The caller's program ([`Program::Custom`]) could not be loaded.
+    #[error("AF_XDP on {iface}: {source}")]
+    Custom {
+        /// The interface.
+        iface: String,
+        /// The loader's answer.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A program or map is not in the object file.
     #[error("AF_XDP on {iface}: {what} missing from the object")]
@@ -130,11 +133,15 @@ pub enum Error {
         #[source]
         source: Box<MapError>,
     },
-    /// The XDP forwarder's device map could not be set.
-    #[error("AF_XDP on {iface}: the forwarder's device map: {source}")]
+    /// A device map of the program could not be set to the interface.
+    #[error("AF_XDP on {iface}: the {program}'s device map {map}: {source}")]
     DevMap {
         /// The interface.
         iface: String,
+        /// Which program.
+        program: &'static str,
+        /// The map.
+        map: &'static str,
         /// aya's answer.
         #[source]
         source: Box<aya::maps::xdp::XdpMapError>,
@@ -184,95 +191,146 @@ fn hint(e: &io::Error) -> Hint {
     })
 }
 
-/// One of the XDP programs of `build.rs`: its object, its name in the
-/// object, and how errors call it.
-struct Prog {
-    obj: &'static [u8],
+/// The interface index of `iface` in the calling thread's namespace.
+fn ifindex(iface: &str) -> Result<u32, Error> {
+    crate::afpacket::ifindex(iface).ok_or_else(|| Error::NoInterface {
+        iface: iface.into(),
+    })
+}
+
+/// An XDP program, loaded (its maps created), with what an AF_XDP port's
+/// interface needs of it: the program's name in its object, the XSK map
+/// the port puts its sockets in (by queue; `xsks` unless said otherwise),
+/// the VIP map its [`VipFilter`] writes (`vips`: `bpf/steer.h`'s layout),
+/// and the device maps whose entry 0 becomes the interface (where frames
+/// the program redirects leave; none unless said). netio's steering
+/// program ([`XdpProgram::steering`]) is one; a program that handles some
+/// frames itself and steers the rest by including `steer.h` is another.
+///
+/// Attached, the program stays attached until this drops.
+pub struct XdpProgram {
+    bpf: Ebpf,
     name: &'static str,
-    program: &'static str,
+    what: &'static str,
+    xsk_map: &'static str,
+    vip_map: &'static str,
+    egress_maps: Vec<&'static str>,
 }
 
-/// The steering program (`bpf/xsk.c`).
-const XSK: Prog = Prog {
-    obj: XSK_OBJ,
-    name: "fastpath_xsk",
-    program: "XDP program",
-};
-
-/// The load balancer in the driver (`bpf/lb.c`), loaded by
-/// [`crate::xdplb`]; attached like the others.
-const LB: Prog = Prog {
-    obj: &[],
-    name: crate::xdplb::PROGRAM,
-    program: "XDP load balancer",
-};
-
-/// Which XDP program an AF_XDP port's interface runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Program {
-    /// Steering only (`bpf/xsk.c`): every VIP frame to the socket.
-    Steer,
-    /// The load balancer's fast path (`bpf/lb.c`) with maps of these sizes:
-    /// the common case forwarded in the driver, the rest steered.
-    LoadBalancer(crate::xdplb::Sizes),
-}
-
-/// The XDP forwarder (`bpf/fwd.c`).
-const FWD: Prog = Prog {
-    obj: FWD_OBJ,
-    name: "fastpath_fwd",
-    program: "XDP forwarder",
-};
-
-/// The sink (`bpf/fwd.c`): drops every frame.
-const SINK: Prog = Prog {
-    obj: FWD_OBJ,
-    name: "fastpath_sink",
-    program: "XDP sink",
-};
-
-impl Prog {
-    /// Loads the object and verifies the program.
-    fn load(&self, iface: &str) -> Result<Ebpf, Error> {
-        if self.obj.is_empty() {
+impl XdpProgram {
+    /// Loads the object `obj` (as clang writes it) and verifies its XDP
+    /// program `name`; `what` names the program in errors, which name
+    /// `iface` too. An empty object is one the build could not compile.
+    pub fn load(
+        obj: &[u8],
+        name: &'static str,
+        what: &'static str,
+        iface: &str,
+    ) -> Result<Self, Error> {
+        if obj.is_empty() {
             return Err(Error::NotBuilt {
                 iface: iface.into(),
-                what: self.program,
+                what,
             });
         }
-        let mut bpf = Ebpf::load(self.obj).map_err(|source| Error::Load {
+        let bpf = Ebpf::load(obj).map_err(|source| Error::Load {
             iface: iface.into(),
-            program: self.program,
+            program: what,
             source: Box::new(source),
         })?;
-        self.find(&mut bpf, iface)?
-            .load()
-            .map_err(|e| self.failed(iface, "verifying", e))?;
-        Ok(bpf)
+        let mut p = Self::from_loaded(bpf, name, what);
+        p.verify(iface)?;
+        Ok(p)
     }
 
-    /// The program in `bpf` (from [`Prog::load`]).
-    fn find<'a>(&self, bpf: &'a mut Ebpf, iface: &str) -> Result<&'a mut Xdp, Error> {
-        bpf.program_mut(self.name)
+    /// An object the caller loaded (with its own map sizes, say, and the
+    /// maps it keeps for itself taken out), holding the XDP program `name`,
+    /// verified or not; `what` names the program in errors.
+    pub fn from_loaded(bpf: Ebpf, name: &'static str, what: &'static str) -> Self {
+        XdpProgram {
+            bpf,
+            name,
+            what,
+            xsk_map: "xsks",
+            vip_map: "vips",
+            egress_maps: Vec::new(),
+        }
+    }
+
+    /// netio's steering program (`bpf/xsk.c`): frames for a VIP to the
+    /// socket of their queue, the rest to the kernel (see `bpf/steer.h`).
+    /// With an empty VIP set it passes every frame, which also makes a
+    /// veth accept frames its peer sends with `XDP_TX` or a redirect.
+    pub fn steering(iface: &str) -> Result<Self, Error> {
+        Self::load(XSK_OBJ, "fastpath_xsk", "XDP program", iface)
+    }
+
+    /// The XSK map is called `name`.
+    pub fn xsk_map(mut self, name: &'static str) -> Self {
+        self.xsk_map = name;
+        self
+    }
+
+    /// The VIP map is called `name`.
+    pub fn vip_map(mut self, name: &'static str) -> Self {
+        self.vip_map = name;
+        self
+    }
+
+    /// The device map `name` gets the interface as its entry 0 when ports
+    /// are opened.
+    pub fn egress_map(mut self, name: &'static str) -> Self {
+        self.egress_maps.push(name);
+        self
+    }
+
+    /// How errors name the program.
+    pub fn what(&self) -> &'static str {
+        self.what
+    }
+
+    /// The object, for the program's own maps.
+    pub fn object(&mut self) -> &mut Ebpf {
+        &mut self.bpf
+    }
+
+    /// The program.
+    fn program(&mut self, iface: &str) -> Result<&mut Xdp, Error> {
+        let (name, what) = (self.name, self.what);
+        self.bpf
+            .program_mut(name)
             .ok_or_else(|| Error::Missing {
                 iface: iface.into(),
-                what: self.name,
+                what: name,
             })?
             .try_into()
-            .map_err(|e| self.failed(iface, "finding", e))
+            .map_err(|e| failed(what, iface, "finding", e))
     }
 
-    /// Attaches the program to `iface` in native mode, else in generic mode;
-    /// says which.
-    fn attach(&self, bpf: &mut Ebpf, iface: &str) -> Result<XdpMode, Error> {
-        let prog = self.find(bpf, iface)?;
+    /// Verifies the program (loads it into the kernel) unless it is.
+    fn verify(&mut self, iface: &str) -> Result<(), Error> {
+        let what = self.what;
+        let prog = self.program(iface)?;
+        if prog.fd().is_err() {
+            prog.load()
+                .map_err(|e| failed(what, iface, "verifying", e))?;
+        }
+        Ok(())
+    }
+
+    /// Attaches the program to `iface` in native mode, else in generic
+    /// mode; says which.
+    pub fn attach(&mut self, iface: &str) -> Result<XdpMode, Error> {
+        self.verify(iface)?;
+        let what = self.what;
+        let prog = self.program(iface)?;
         match prog.attach(iface, XdpFlags::DRV_MODE) {
             Ok(_) => Ok(XdpMode::Native),
             Err(native) => match prog.attach(iface, XdpFlags::SKB_MODE) {
                 Ok(_) => Ok(XdpMode::Generic),
                 Err(generic) => Err(Error::Attach {
                     iface: iface.into(),
-                    program: self.program,
+                    program: what,
                     native: Box::new(native),
                     source: Box::new(generic),
                 }),
@@ -280,123 +338,142 @@ impl Prog {
         }
     }
 
-    fn failed(&self, iface: &str, step: &'static str, e: ProgramError) -> Error {
-        Error::Program {
+    /// Attaches the program to `iface` in native mode only (on veth, what
+    /// makes the interface accept frames its peer redirects).
+    pub fn attach_native(&mut self, iface: &str) -> Result<(), Error> {
+        self.attach_in(iface, XdpFlags::DRV_MODE)
+    }
+
+    /// Attaches the program to `iface` in generic (SKB) mode only.
+    pub fn attach_generic(&mut self, iface: &str) -> Result<(), Error> {
+        self.attach_in(iface, XdpFlags::SKB_MODE)
+    }
+
+    fn attach_in(&mut self, iface: &str, flags: XdpFlags) -> Result<(), Error> {
+        self.verify(iface)?;
+        let what = self.what;
+        self.program(iface)?
+            .attach(iface, flags)
+            .map(|_| ())
+            .map_err(|e| failed(what, iface, "attaching", e))
+    }
+
+    /// Writes `value` into entry 0 of the program's array map `map` (a
+    /// program's configuration); `what` names it in errors.
+    pub fn set_config<T: aya::Pod>(
+        &mut self,
+        iface: &str,
+        map: &'static str,
+        what: &'static str,
+        value: T,
+    ) -> Result<(), Error> {
+        let map_err = |source| Error::Map {
             iface: iface.into(),
-            program: self.program,
-            step,
-            source: Box::new(e),
+            what,
+            source: Box::new(source),
+        };
+        let mut arr: aya::maps::Array<_, T> =
+            aya::maps::Array::try_from(self.bpf.map_mut(map).ok_or_else(|| Error::Missing {
+                iface: iface.into(),
+                what: map,
+            })?)
+            .map_err(map_err)?;
+        arr.set(0, value, 0).map_err(map_err)
+    }
+
+    /// Makes `iface` (index `index`) entry 0 of the device map `map`.
+    pub fn set_egress(&mut self, iface: &str, index: u32, map: &'static str) -> Result<(), Error> {
+        let what = self.what;
+        let mut out: aya::maps::DevMap<_> =
+            aya::maps::DevMap::try_from(self.bpf.map_mut(map).ok_or_else(|| Error::Missing {
+                iface: iface.into(),
+                what: map,
+            })?)
+            .map_err(|source| Error::Map {
+                iface: iface.into(),
+                what: "device map",
+                source: Box::new(source),
+            })?;
+        out.set(0, index, None, 0).map_err(|source| Error::DevMap {
+            iface: iface.into(),
+            program: what,
+            map,
+            source: Box::new(source),
+        })
+    }
+
+    /// Runs the program once over `frame` (`BPF_PROG_TEST_RUN`, not live:
+    /// nothing is sent, no interface needed) and returns what it did and
+    /// the frame as it left it. The program must be verified (loaded).
+    pub fn test_run(&self, frame: &[u8]) -> io::Result<Verdict> {
+        test_run(self.fd()?, frame)
+    }
+
+    /// Runs the program `repeat` times over `frame` in live-frames mode
+    /// (`BPF_F_TEST_XDP_LIVE_FRAMES`, Linux 5.18), as if the frames came in
+    /// on queue `queue` of interface `ifindex`: those it returns `XDP_TX`
+    /// or a redirect for are really sent, in batches of `batch` (256 at
+    /// most) flushed together. Returns when they are sent.
+    pub fn test_run_live(
+        &self,
+        frame: &[u8],
+        ifindex: u32,
+        queue: u32,
+        repeat: u32,
+        batch: u32,
+    ) -> io::Result<()> {
+        test_run_live(self.fd()?, frame, ifindex, queue, repeat, batch)
+    }
+
+    /// The verified program's descriptor.
+    fn fd(&self) -> io::Result<BorrowedFd<'_>> {
+        let not_loaded = |what: &str| io::Error::new(io::ErrorKind::NotFound, what.to_string());
+        let prog: &Xdp = self
+            .bpf
+            .program(self.name)
+            .ok_or_else(|| not_loaded("no such program in the object"))?
+            .try_into()
+            .map_err(|_| not_loaded("not an XDP program"))?;
+        prog.fd()
+            .map(|fd| fd.as_fd())
+            .map_err(|_| not_loaded("the program is not verified"))
+    }
+}
+
+/// An [`Error::Program`].
+fn failed(program: &'static str, iface: &str, step: &'static str, e: ProgramError) -> Error {
+    Error::Program {
+        iface: iface.into(),
+        program,
+        step,
+        source: Box::new(e),
+    }
+}
+
+/// Loads the XDP program an interface's AF_XDP ports run, each time ports
+/// are opened ([`Program::Custom`]).
+pub trait LoadProgram {
+    /// Loads the program, its maps created, for ports on `iface`.
+    fn load(&self, iface: &str) -> Result<XdpProgram, Box<dyn std::error::Error + Send + Sync>>;
+}
+
+/// Which XDP program an AF_XDP port's interface runs.
+#[derive(Clone, Copy)]
+pub enum Program<'a> {
+    /// Steering only ([`XdpProgram::steering`]): every VIP frame to the
+    /// socket.
+    Steer,
+    /// The caller's program, loaded by this when the ports are opened.
+    Custom(&'a dyn LoadProgram),
+}
+
+impl std::fmt::Debug for Program<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Program::Steer => f.write_str("Steer"),
+            Program::Custom(_) => f.write_str("Custom"),
         }
     }
-}
-
-/// Attaches our steering program with an empty VIP set, which passes every
-/// frame to the kernel: on veth, an XDP program is what makes an interface
-/// accept frames its peer sends with XDP_TX or redirect. Detached when the
-/// returned handle drops.
-pub fn attach_pass(iface: &str) -> Result<Ebpf, crate::Error> {
-    let mut bpf = XSK.load(iface)?;
-    XSK.find(&mut bpf, iface)?
-        .attach(iface, XdpFlags::DRV_MODE)
-        .map_err(|e| XSK.failed(iface, "attaching", e))?;
-    Ok(bpf)
-}
-
-/// Attaches the sink (every frame dropped in the driver, after the
-/// interface counted it) in native mode: the cheapest receiver, which also
-/// makes a veth accept frames its peer redirects. Detached when the
-/// returned handle drops.
-pub fn attach_sink(iface: &str) -> Result<Ebpf, crate::Error> {
-    let mut bpf = SINK.load(iface)?;
-    SINK.find(&mut bpf, iface)?
-        .attach(iface, XdpFlags::DRV_MODE)
-        .map_err(|e| SINK.failed(iface, "attaching", e))?;
-    Ok(bpf)
-}
-
-/// Backends the XDP forwarder takes at most (`FWD_MAX_BACKENDS` of
-/// `bpf/fwd.c`).
-pub const FWD_MAX_BACKENDS: usize = 16;
-
-/// The XDP forwarder's configuration (`struct fwd_conf` of `bpf/fwd.c`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct FwdConf {
-    dmac: [u8; 6],
-    smac: [u8; 6],
-    n: u32,
-    backend: [[u8; 4]; FWD_MAX_BACKENDS],
-}
-
-// SAFETY: plain old data with no padding (6 + 6 bytes, then 4-byte fields
-// at offset 12), as the kernel's copy of the map value expects.
-unsafe impl aya::Pod for FwdConf {}
-
-/// Attaches the XDP forwarder (`bpf/fwd.c`) to an interface of the calling
-/// thread's namespace: each IPv4 frame's destination becomes one of
-/// `backends` (by source address and port), its MACs `gateway` and `ours`,
-/// and it leaves through the same interface by `bpf_redirect_map`. The
-/// load balancer's hop done in the driver: the limit a forwarder on this
-/// interface can reach. Detached when the returned handle drops.
-pub fn attach_forwarder(
-    iface: &str,
-    gateway: [u8; 6],
-    ours: [u8; 6],
-    backends: &[std::net::Ipv4Addr],
-) -> Result<(Ebpf, XdpMode), crate::Error> {
-    let index = crate::afpacket::ifindex(iface).ok_or_else(|| Error::NoInterface {
-        iface: iface.into(),
-    })?;
-    let mut bpf = FWD.load(iface)?;
-    let mut conf = FwdConf {
-        dmac: gateway,
-        smac: ours,
-        n: backends.len().min(FWD_MAX_BACKENDS) as u32,
-        backend: [[0; 4]; FWD_MAX_BACKENDS],
-    };
-    for (slot, b) in conf.backend.iter_mut().zip(backends) {
-        *slot = b.octets();
-    }
-    set_first(&mut bpf, iface, "fwd_conf", "forwarder configuration", conf)?;
-    let mut out: aya::maps::DevMap<_> =
-        aya::maps::DevMap::try_from(bpf.map_mut("fwd_out").ok_or_else(|| Error::Missing {
-            iface: iface.into(),
-            what: "fwd_out",
-        })?)
-        .map_err(|source| Error::Map {
-            iface: iface.into(),
-            what: "forwarder device map",
-            source: Box::new(source),
-        })?;
-    out.set(0, index, None, 0).map_err(|source| Error::DevMap {
-        iface: iface.into(),
-        source: Box::new(source),
-    })?;
-    let mode = FWD.attach(&mut bpf, iface)?;
-    Ok((bpf, mode))
-}
-
-/// Writes `value` into entry 0 of the array map `name` of `bpf` (a
-/// program's configuration); `what` names it in errors.
-fn set_first<T: aya::Pod>(
-    bpf: &mut Ebpf,
-    iface: &str,
-    name: &'static str,
-    what: &'static str,
-    value: T,
-) -> Result<(), Error> {
-    let map = |source| Error::Map {
-        iface: iface.into(),
-        what,
-        source: Box::new(source),
-    };
-    let mut arr: aya::maps::Array<_, T> =
-        aya::maps::Array::try_from(bpf.map_mut(name).ok_or_else(|| Error::Missing {
-            iface: iface.into(),
-            what: name,
-        })?)
-        .map_err(map)?;
-    arr.set(0, value, 0).map_err(map)
 }
 
 /// The set of VIP addresses the XDP program sends to the socket (IPv4
@@ -468,6 +545,7 @@ impl VipFilter {
 }
 
 /// Entries in the TX and completion rings (and the generator's).
+/// Entries in a port's TX and completion rings.
 const RING: u32 = 1024;
 
 /// Entries in a port's RX and fill rings: frames the kernel can receive
@@ -559,8 +637,55 @@ pub enum XdpMode {
     Generic,
 }
 
-/// One of the four rings.
-struct XRing {
+/// Which of an AF_XDP socket's four rings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingKind {
+    /// Buffers (UMEM addresses) given to the kernel to receive into.
+    Fill,
+    /// Buffers (UMEM addresses) the kernel is done sending from.
+    Completion,
+    /// Received frames (descriptors).
+    Rx,
+    /// Frames to send (descriptors).
+    Tx,
+}
+
+impl RingKind {
+    /// Bytes per entry: an address, or a descriptor (address, length,
+    /// options).
+    fn entry(self) -> usize {
+        match self {
+            RingKind::Fill | RingKind::Completion => 8,
+            RingKind::Rx | RingKind::Tx => 16,
+        }
+    }
+
+    /// Where the socket maps it.
+    fn pgoff(self) -> u64 {
+        match self {
+            RingKind::Fill => XDP_UMEM_PGOFF_FILL_RING,
+            RingKind::Completion => XDP_UMEM_PGOFF_COMPLETION_RING,
+            RingKind::Rx => XDP_PGOFF_RX_RING,
+            RingKind::Tx => XDP_PGOFF_TX_RING,
+        }
+    }
+
+    /// Its offsets among the socket's.
+    fn offsets(self, off: &XdpMmapOffsets) -> &XdpRingOffset {
+        match self {
+            RingKind::Fill => &off.fr,
+            RingKind::Completion => &off.cr,
+            RingKind::Rx => &off.rx,
+            RingKind::Tx => &off.tx,
+        }
+    }
+}
+
+/// One of an AF_XDP socket's rings, mapped: the producer and consumer
+/// words it shares with the kernel (to be read and written atomically,
+/// with acquire and release), its flags, and its entries, addressed by a
+/// free-running index (wrapped to the ring's size here).
+pub struct XskRing {
     map: MmapMut,
     producer: usize,
     consumer: usize,
@@ -571,7 +696,7 @@ struct XRing {
     entry: usize,
 }
 
-impl XRing {
+impl XskRing {
     fn map(
         fd: BorrowedFd<'_>,
         off: &XdpRingOffset,
@@ -579,7 +704,7 @@ impl XRing {
         entry: usize,
         entries: u32,
         iface: &str,
-    ) -> Result<XRing, Error> {
+    ) -> Result<XskRing, Error> {
         let flags = off.flags.ok_or_else(|| Error::NoRingFlags {
             iface: iface.into(),
         })?;
@@ -600,7 +725,7 @@ impl XRing {
             op: "mmap ring",
             source,
         })?;
-        Ok(XRing {
+        Ok(XskRing {
             map,
             producer: off.producer as usize,
             consumer: off.consumer as usize,
@@ -619,46 +744,180 @@ impl XRing {
         unsafe { &*p.cast::<AtomicU32>() }
     }
 
-    fn prod(&self) -> &AtomicU32 {
+    /// The producer index (entries produced so far, wrapping).
+    pub fn prod(&self) -> &AtomicU32 {
         self.word(self.producer)
     }
 
-    fn cons(&self) -> &AtomicU32 {
+    /// The consumer index (entries consumed so far, wrapping).
+    pub fn cons(&self) -> &AtomicU32 {
         self.word(self.consumer)
     }
 
-    fn needs_wakeup(&self) -> bool {
+    /// Whether the kernel asks to be woken to process the ring (the
+    /// socket was bound with need_wakeup).
+    pub fn needs_wakeup(&self) -> bool {
         self.word(self.flags).load(Ordering::Acquire) & XdpRingFlags::XDP_RING_NEED_WAKEUP.bits()
             != 0
+    }
+
+    /// Entries in the ring.
+    pub fn entries(&self) -> u32 {
+        self.mask + 1
     }
 
     fn at(&self, i: u32) -> usize {
         self.desc + (i & self.mask) as usize * self.entry
     }
 
-    fn put_u64(&mut self, i: u32, v: u64) {
+    /// Writes the address entry `i` (fill ring).
+    pub fn put_u64(&mut self, i: u32, v: u64) {
         let a = self.at(i);
         self.map[a..a + 8].copy_from_slice(&v.to_ne_bytes());
     }
 
-    fn get_u64(&self, i: u32) -> u64 {
+    /// Reads the address entry `i` (completion ring).
+    pub fn get_u64(&self, i: u32) -> u64 {
         let a = self.at(i);
         u64::from_ne_bytes(self.map[a..a + 8].try_into().expect("8 bytes"))
     }
 
-    fn put_desc(&mut self, i: u32, addr: u64, len: u32) {
+    /// Writes the descriptor entry `i` (TX ring): a frame of `len` bytes
+    /// at UMEM address `addr`.
+    pub fn put_desc(&mut self, i: u32, addr: u64, len: u32) {
         let a = self.at(i);
         self.map[a..a + 8].copy_from_slice(&addr.to_ne_bytes());
         self.map[a + 8..a + 12].copy_from_slice(&len.to_ne_bytes());
         self.map[a + 12..a + 16].copy_from_slice(&0u32.to_ne_bytes());
     }
 
-    fn get_desc(&self, i: u32) -> (u64, u32) {
+    /// Reads the descriptor entry `i` (RX ring): UMEM address and length.
+    pub fn get_desc(&self, i: u32) -> (u64, u32) {
         let a = self.at(i);
         (
             u64::from_ne_bytes(self.map[a..a + 8].try_into().expect("8 bytes")),
             u32::from_ne_bytes(self.map[a + 8..a + 12].try_into().expect("4 bytes")),
         )
+    }
+}
+
+/// An AF_XDP socket over a UMEM the caller owns: its rings made and mapped
+/// by [`XskSocket::ring`], bound by [`XskSocket::bind`] to one queue of an
+/// interface, in copy mode with need_wakeup. What an [`AfXdpPort`] is made
+/// of, for a socket of another kind (a transmit-only one with a UMEM of its
+/// own, say).
+pub struct XskSocket {
+    fd: OwnedFd,
+    iface: String,
+    offsets: XdpMmapOffsets,
+}
+
+impl XskSocket {
+    /// A socket for `iface` whose UMEM is the `len` bytes at `addr`, in
+    /// chunks of `chunk` bytes (one frame each).
+    ///
+    /// # Safety
+    /// The memory must stay mapped while the socket is open, and be used
+    /// only as the rings say: the kernel writes received frames into the
+    /// chunks the fill ring gives it, and reads frames to send from those
+    /// the TX ring names, until they come back on the RX and completion
+    /// rings.
+    pub unsafe fn new(iface: &str, addr: *mut u8, len: usize, chunk: u32) -> Result<Self, Error> {
+        let sys = |op| sys(iface, op);
+        let fd = rustix::net::socket_with(
+            AddressFamily::XDP,
+            SocketType::RAW,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(sys("socket"))?;
+        let reg = XdpUmemReg {
+            addr: addr as u64,
+            len: len as u64,
+            chunk_size: chunk,
+            headroom: 0,
+            flags: XdpUmemRegFlags::empty(),
+            tx_metadata_len: 0,
+        };
+        sockopt::set_xdp_umem_reg(fd.as_fd(), reg).map_err(sys("registering the UMEM"))?;
+        let offsets = sockopt::xdp_mmap_offsets(fd.as_fd()).map_err(sys("XDP_MMAP_OFFSETS"))?;
+        Ok(XskSocket {
+            fd,
+            iface: iface.into(),
+            offsets,
+        })
+    }
+
+    /// Makes the ring `kind` with `entries` entries (a power of two) and
+    /// maps it.
+    pub fn ring(&self, kind: RingKind, entries: u32) -> Result<XskRing, Error> {
+        let sys = |op| sys(&self.iface, op);
+        let s = self.fd.as_fd();
+        match kind {
+            RingKind::Fill => {
+                sockopt::set_xdp_umem_fill_ring_size(s, entries).map_err(sys("fill ring size"))?
+            }
+            RingKind::Completion => sockopt::set_xdp_umem_completion_ring_size(s, entries)
+                .map_err(sys("completion ring size"))?,
+            RingKind::Rx => {
+                sockopt::set_xdp_rx_ring_size(s, entries).map_err(sys("RX ring size"))?
+            }
+            RingKind::Tx => {
+                sockopt::set_xdp_tx_ring_size(s, entries).map_err(sys("TX ring size"))?
+            }
+        }
+        XskRing::map(
+            s,
+            kind.offsets(&self.offsets),
+            kind.pgoff(),
+            kind.entry(),
+            entries,
+            &self.iface,
+        )
+    }
+
+    /// Binds the socket to queue `queue` of the interface (index
+    /// `ifindex`), in copy mode with need_wakeup.
+    pub fn bind(&self, ifindex: u32, queue: u32) -> Result<(), Error> {
+        let addr = SocketAddrXdp::new(
+            SocketAddrXdpFlags::XDP_COPY | SocketAddrXdpFlags::XDP_USE_NEED_WAKEUP,
+            ifindex,
+            queue,
+        );
+        rustix::net::bind(self.fd.as_fd(), &addr).map_err(sys(&self.iface, "bind"))
+    }
+
+    /// Readies the socket to have `frames` frames of its TX ring in flight
+    /// and lets one wake-up send them all where the kernel can (see
+    /// [`raise_tx_budget`]); returns how many one wake-up sends.
+    pub fn prepare_tx(&self, frames: u32) -> u32 {
+        let budget = if raise_tx_budget(self.fd.as_fd(), frames) {
+            frames
+        } else {
+            32
+        };
+        room_in_flight(self.fd.as_fd(), frames);
+        budget
+    }
+
+    /// The socket.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The socket, owned.
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+}
+
+/// Turns a failed system call `op` on `iface`'s socket into an
+/// [`Error::Sys`].
+fn sys<'a>(iface: &'a str, op: &'static str) -> impl FnOnce(rustix::io::Errno) -> Error + 'a {
+    move |e| Error::Sys {
+        iface: iface.into(),
+        op,
+        source: e.into(),
     }
 }
 
@@ -669,10 +928,10 @@ pub struct AfXdpPort {
     iface: String,
     pool: Pool,
     handle: Handle,
-    fill: XRing,
-    comp: XRing,
-    rx: XRing,
-    tx: XRing,
+    fill: XskRing,
+    comp: XskRing,
+    rx: XskRing,
+    tx: XskRing,
     /// Tokens of buffers the kernel holds (fill ring or in flight), by index.
     kernel: Vec<Option<Buf>>,
     /// Our transmit buffers not in flight.
@@ -695,10 +954,8 @@ pub struct AfXdpPort {
     /// Addresses from the kernel that did not name a buffer we gave it.
     pub bad_addresses: u64,
     vips: VipFilter,
-    /// The fast path's maps, when the interface runs the load balancer.
-    lb: Option<crate::xdplb::XdpLb>,
     /// Keeps the XDP program attached while any of its ports lives.
-    _bpf: Arc<Mutex<Ebpf>>,
+    _program: Arc<Mutex<XdpProgram>>,
 }
 
 // SAFETY: the rings' mappings and the tokens are owned by the port, which is
@@ -734,43 +991,28 @@ impl AfXdpPort {
         pool: &Pool,
         vips: &[[u8; 16]],
         queues: u32,
-        program: Program,
+        program: Program<'_>,
     ) -> Result<Vec<Self>, crate::Error> {
-        if XSK.obj.is_empty() {
+        if matches!(program, Program::Steer) && XSK_OBJ.is_empty() {
             return Err(Error::NotBuilt {
                 iface: iface.into(),
-                what: XSK.program,
+                what: "XDP program",
             }
             .into());
         }
-        let index = crate::afpacket::ifindex(iface).ok_or_else(|| Error::NoInterface {
-            iface: iface.into(),
-        })?;
-        let (mut bpf, lb, prog) = match program {
-            Program::Steer => (XSK.load(iface)?, None, &XSK),
-            Program::LoadBalancer(sizes) => {
-                let (mut bpf, lb) = crate::xdplb::load(sizes)?;
-                // Forwarded frames leave by the interface itself.
-                let mut out: aya::maps::DevMap<_> =
-                    aya::maps::DevMap::try_from(bpf.map_mut("lb_out").ok_or_else(|| {
-                        Error::Missing {
-                            iface: iface.into(),
-                            what: "lb_out",
-                        }
-                    })?)
-                    .map_err(|source| Error::Map {
-                        iface: iface.into(),
-                        what: "the load balancer's device map",
-                        source: Box::new(source),
-                    })?;
-                out.set(0, index, None, 0).map_err(|source| Error::DevMap {
-                    iface: iface.into(),
-                    source: Box::new(source),
-                })?;
-                (bpf, Some(lb), &LB)
-            }
+        let index = ifindex(iface)?;
+        let mut prog = match program {
+            Program::Steer => XdpProgram::steering(iface)?,
+            Program::Custom(loader) => loader.load(iface).map_err(|source| Error::Custom {
+                iface: iface.into(),
+                source,
+            })?,
         };
-        let mode = prog.attach(&mut bpf, iface)?;
+        // Frames the program redirects leave by the interface itself.
+        for map in prog.egress_maps.clone() {
+            prog.set_egress(iface, index, map)?;
+        }
+        let mode = prog.attach(iface)?;
         let map_err = |what| {
             move |source| Error::Map {
                 iface: iface.into(),
@@ -779,9 +1021,11 @@ impl AfXdpPort {
             }
         };
         let vip_map =
-            aya::maps::HashMap::try_from(bpf.take_map("vips").ok_or_else(|| Error::Missing {
-                iface: iface.into(),
-                what: "VIP map",
+            aya::maps::HashMap::try_from(prog.bpf.take_map(prog.vip_map).ok_or_else(|| {
+                Error::Missing {
+                    iface: iface.into(),
+                    what: "VIP map",
+                }
             })?)
             .map_err(map_err("VIP map"))?;
         let filter = VipFilter {
@@ -791,68 +1035,38 @@ impl AfXdpPort {
         };
         filter.set(vips)?;
 
-        let sys = |op| {
-            move |e: rustix::io::Errno| Error::Sys {
-                iface: iface.into(),
-                op,
-                source: e.into(),
-            }
-        };
-        let shared = Arc::new(Mutex::new(bpf));
+        let shared = Arc::new(Mutex::new(prog));
         let mut ports = Vec::new();
         for queue in 0..queues.max(1) {
-            let mut bpf_guard = shared.lock().unwrap_or_else(|p| p.into_inner());
-            let fd = rustix::net::socket_with(
-                AddressFamily::XDP,
-                SocketType::RAW,
-                SocketFlags::CLOEXEC,
-                None,
-            )
-            .map_err(sys("socket"))?;
-            let s = fd.as_fd();
+            let mut prog_guard = shared.lock().unwrap_or_else(|p| p.into_inner());
             let (base, len) = pool.region();
             let chunk = pool.buf_size() as u32;
-            let reg = XdpUmemReg {
-                addr: base as u64,
-                len: len as u64,
-                chunk_size: chunk,
-                headroom: 0,
-                flags: XdpUmemRegFlags::empty(),
-                tx_metadata_len: 0,
-            };
-            sockopt::set_xdp_umem_reg(s, reg).map_err(sys("registering the pool as UMEM"))?;
-            sockopt::set_xdp_umem_fill_ring_size(s, RX_RING).map_err(sys("fill ring size"))?;
-            sockopt::set_xdp_umem_completion_ring_size(s, RING)
-                .map_err(sys("completion ring size"))?;
-            sockopt::set_xdp_rx_ring_size(s, RX_RING).map_err(sys("RX ring size"))?;
-            sockopt::set_xdp_tx_ring_size(s, RING).map_err(sys("TX ring size"))?;
-            let off = sockopt::xdp_mmap_offsets(s).map_err(sys("XDP_MMAP_OFFSETS"))?;
-            let fill = XRing::map(s, &off.fr, XDP_UMEM_PGOFF_FILL_RING, 8, RX_RING, iface)?;
-            let comp = XRing::map(s, &off.cr, XDP_UMEM_PGOFF_COMPLETION_RING, 8, RING, iface)?;
-            let rx = XRing::map(s, &off.rx, XDP_PGOFF_RX_RING, 16, RX_RING, iface)?;
-            let tx = XRing::map(s, &off.tx, XDP_PGOFF_TX_RING, 16, RING, iface)?;
-            let addr = SocketAddrXdp::new(
-                SocketAddrXdpFlags::XDP_COPY | SocketAddrXdpFlags::XDP_USE_NEED_WAKEUP,
-                index,
-                queue,
-            );
-            rustix::net::bind(s, &addr).map_err(sys("bind"))?;
-            let tx_budget = if raise_tx_budget(s, RING) { RING } else { 32 };
-            room_in_flight(s, RING);
-            let busy_poll = busy_poll_configured(iface) && prefer_busy_poll(s);
+            // SAFETY: the pool's region stays mapped while the port holds
+            // the pool (a clone of it, below), and its buffers are lent to
+            // the kernel only through the rings: the fill ring's buffers
+            // and the transmit buffers are the port's until they come back.
+            let sock = unsafe { XskSocket::new(iface, base, len, chunk) }?;
+            let fill = sock.ring(RingKind::Fill, RX_RING)?;
+            let comp = sock.ring(RingKind::Completion, RING)?;
+            let rx = sock.ring(RingKind::Rx, RX_RING)?;
+            let tx = sock.ring(RingKind::Tx, RING)?;
+            sock.bind(index, queue)?;
+            let tx_budget = sock.prepare_tx(RING);
+            let busy_poll = busy_poll_configured(iface) && prefer_busy_poll(sock.fd());
+            let xsk_map = prog_guard.xsk_map;
             let mut xsks: aya::maps::XskMap<_> =
-                aya::maps::XskMap::try_from(bpf_guard.map_mut("xsks").ok_or_else(|| {
+                aya::maps::XskMap::try_from(prog_guard.bpf.map_mut(xsk_map).ok_or_else(|| {
                     Error::Missing {
                         iface: iface.into(),
                         what: "XSK map",
                     }
                 })?)
                 .map_err(map_err("XSK map"))?;
-            xsks.set(queue, s.as_raw_fd(), 0)
+            xsks.set(queue, sock.fd().as_raw_fd(), 0)
                 .map_err(map_err("inserting the socket into the XSK map"))?;
-            drop(bpf_guard);
+            drop(prog_guard);
             let mut port = AfXdpPort {
-                fd: Some(fd),
+                fd: Some(sock.into_fd()),
                 iface: iface.to_string(),
                 pool: pool.clone(),
                 handle: pool.handle(),
@@ -870,8 +1084,7 @@ impl AfXdpPort {
                 stats: PortStats::default(),
                 bad_addresses: 0,
                 vips: filter.clone(),
-                lb: lb.clone(),
-                _bpf: Arc::clone(&shared),
+                _program: Arc::clone(&shared),
             };
             let pool_err = |what| {
                 move |source| Error::Pool {
@@ -909,12 +1122,6 @@ impl AfXdpPort {
     /// The VIP set's handle (for updates on reload).
     pub fn vip_filter(&self) -> VipFilter {
         self.vips.clone()
-    }
-
-    /// The load balancer's fast path, when the interface runs it
-    /// ([`Program::LoadBalancer`]).
-    pub fn xdp_lb(&self) -> Option<crate::xdplb::XdpLb> {
-        self.lb.clone()
     }
 
     /// The XDP attach mode in use.
@@ -1247,7 +1454,7 @@ impl AllQueues {
         pool: &Pool,
         vips: &[[u8; 16]],
         queues: u32,
-        program: Program,
+        program: Program<'_>,
     ) -> Result<Self, crate::Error> {
         Ok(AllQueues {
             ports: AfXdpPort::open_queues_with(iface, pool, vips, queues.max(1), program)?,
@@ -1345,223 +1552,11 @@ impl Nic for AllQueues {
     }
 }
 
-/// Bytes of the generator's UMEM per frame.
-const GEN_CHUNK: usize = 2048;
-
-/// A transmit-only AF_XDP socket for a traffic generator: frames prepared
-/// once in a UMEM of its own are sent again and again by descriptor (no
-/// write per frame), as many as the TX ring has room for at a time, and the
-/// kernel is woken only when the ring's need_wakeup flag asks (in copy mode
-/// it takes up to [`Generator::tx_budget`] frames per wake-up: the whole
-/// ring where the kernel allows, else 32). It reports what it offered:
-/// frames the kernel took from the ring and completed (sent, or dropped by
-/// a full receiver: offered either way).
-pub struct Generator {
-    /// The socket; closed first on drop, before the UMEM is unmapped.
-    fd: OwnedFd,
-    iface: String,
-    tx: XRing,
-    comp: XRing,
-    /// The frames' memory, registered as the socket's UMEM.
-    _umem: MmapMut,
-    /// Each frame's UMEM address and length.
-    frames: Vec<(u64, u32)>,
-    /// The frame sent next.
-    next: usize,
-    /// Descriptors queued on the TX ring.
-    queued: u64,
-    /// Descriptors the kernel completed.
-    completed: u64,
-    /// Wake-ups (`sendto` calls).
-    kicks: u64,
-    /// Descriptors one wake-up sends.
-    tx_budget: u32,
-}
-
-impl Generator {
-    /// A socket on queue `queue` of `iface` whose UMEM holds `frames`
-    /// (each at most 2048 bytes), sent in turn, round and round.
-    pub fn open(iface: &str, queue: u32, frames: &[Vec<u8>]) -> Result<Self, crate::Error> {
-        let sys = |op| {
-            move |e: rustix::io::Errno| Error::Sys {
-                iface: iface.into(),
-                op,
-                source: e.into(),
-            }
-        };
-        let index = crate::afpacket::ifindex(iface).ok_or_else(|| Error::NoInterface {
-            iface: iface.into(),
-        })?;
-        let len = (frames.len().max(1) * GEN_CHUNK).next_multiple_of(4096);
-        let mut umem = MmapOptions::new()
-            .len(len)
-            .populate()
-            .map_anon()
-            .map_err(|source| Error::Sys {
-                iface: iface.into(),
-                op: "mapping the generator's UMEM",
-                source,
-            })?;
-        let mut descs = Vec::with_capacity(frames.len());
-        for (i, f) in frames.iter().enumerate() {
-            let at = i * GEN_CHUNK;
-            let n = f.len().min(GEN_CHUNK);
-            umem[at..at + n].copy_from_slice(&f[..n]);
-            descs.push((at as u64, n as u32));
-        }
-        let fd = rustix::net::socket_with(
-            AddressFamily::XDP,
-            SocketType::RAW,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(sys("socket"))?;
-        let s = fd.as_fd();
-        let reg = XdpUmemReg {
-            addr: umem.as_mut_ptr() as u64,
-            len: len as u64,
-            chunk_size: GEN_CHUNK as u32,
-            headroom: 0,
-            flags: XdpUmemRegFlags::empty(),
-            tx_metadata_len: 0,
-        };
-        sockopt::set_xdp_umem_reg(s, reg).map_err(sys("registering the generator's UMEM"))?;
-        sockopt::set_xdp_umem_fill_ring_size(s, RING).map_err(sys("fill ring size"))?;
-        sockopt::set_xdp_umem_completion_ring_size(s, RING).map_err(sys("completion ring size"))?;
-        sockopt::set_xdp_tx_ring_size(s, RING).map_err(sys("TX ring size"))?;
-        let off = sockopt::xdp_mmap_offsets(s).map_err(sys("XDP_MMAP_OFFSETS"))?;
-        let comp = XRing::map(s, &off.cr, XDP_UMEM_PGOFF_COMPLETION_RING, 8, RING, iface)?;
-        let tx = XRing::map(s, &off.tx, XDP_PGOFF_TX_RING, 16, RING, iface)?;
-        let addr = SocketAddrXdp::new(
-            SocketAddrXdpFlags::XDP_COPY | SocketAddrXdpFlags::XDP_USE_NEED_WAKEUP,
-            index,
-            queue,
-        );
-        rustix::net::bind(s, &addr).map_err(sys("bind"))?;
-        let tx_budget = if raise_tx_budget(s, RING) { RING } else { 32 };
-        room_in_flight(s, RING);
-        Ok(Generator {
-            fd,
-            iface: iface.into(),
-            tx,
-            comp,
-            _umem: umem,
-            frames: descs,
-            next: 0,
-            queued: 0,
-            completed: 0,
-            kicks: 0,
-            tx_budget,
-        })
-    }
-
-    /// The interface.
-    pub fn iface(&self) -> &str {
-        &self.iface
-    }
-
-    /// Fills the TX ring's free entries with the next frames, wakes the
-    /// kernel if the ring asks, and takes in completions; returns how many
-    /// frames were queued.
-    pub fn send(&mut self) -> u32 {
-        self.reap();
-        let prod = self.tx.prod().load(Ordering::Relaxed);
-        let cons = self.tx.cons().load(Ordering::Acquire);
-        let room = RING - prod.wrapping_sub(cons);
-        if self.frames.is_empty() {
-            return 0;
-        }
-        for i in 0..room {
-            let (addr, len) = self.frames[self.next];
-            self.next = if self.next + 1 == self.frames.len() {
-                0
-            } else {
-                self.next + 1
-            };
-            self.tx.put_desc(prod.wrapping_add(i), addr, len);
-        }
-        if room > 0 {
-            self.tx
-                .prod()
-                .store(prod.wrapping_add(room), Ordering::Release);
-            self.queued += u64::from(room);
-        }
-        if self.tx.needs_wakeup() && prod.wrapping_add(room) != cons {
-            self.kicks += 1;
-            // A zero-length send only wakes the kernel's transmit
-            // processing; a full receiver (EBUSY) or a full socket buffer
-            // (EAGAIN) is retried by the next call.
-            let _ = rustix::net::send(&self.fd, &[], SendFlags::DONTWAIT);
-        }
-        room
-    }
-
-    /// Takes in completions.
-    fn reap(&mut self) {
-        let prod = self.comp.prod().load(Ordering::Acquire);
-        let cons = self.comp.cons().load(Ordering::Relaxed);
-        self.completed += u64::from(prod.wrapping_sub(cons));
-        self.comp.cons().store(prod, Ordering::Release);
-    }
-
-    /// Wakes the kernel until it has taken what is queued, for at most
-    /// `timeout`, and takes in the completions; returns how many are left.
-    pub fn flush(&mut self, timeout: std::time::Duration) -> u64 {
-        let deadline = std::time::Instant::now() + timeout;
-        while self.completed < self.queued && std::time::Instant::now() < deadline {
-            let _ = rustix::net::send(&self.fd, &[], SendFlags::DONTWAIT);
-            self.kicks += 1;
-            self.reap();
-            std::thread::yield_now();
-        }
-        self.queued - self.completed
-    }
-
-    /// Frames the kernel completed: what was offered.
-    pub fn completed(&self) -> u64 {
-        self.reap_peek()
-    }
-
-    /// Completions taken in plus those waiting on the ring.
-    fn reap_peek(&self) -> u64 {
-        let prod = self.comp.prod().load(Ordering::Acquire);
-        let cons = self.comp.cons().load(Ordering::Relaxed);
-        self.completed + u64::from(prod.wrapping_sub(cons))
-    }
-
-    /// Wake-ups so far (`sendto` calls).
-    pub fn kicks(&self) -> u64 {
-        self.kicks
-    }
-
-    /// Descriptors one wake-up sends: the whole TX ring where the kernel
-    /// takes `XDP_MAX_TX_SKB_BUDGET` (Linux 6.17), else 32.
-    pub fn tx_budget(&self) -> u32 {
-        self.tx_budget
-    }
-}
-
-// SAFETY: the rings' and the UMEM's mappings are owned by the generator,
-// which is used by one thread at a time (Send, not Sync); the kernel side is
-// synchronized through the ring words.
-unsafe impl Send for Generator {}
-
-/// The XDP generator (`bpf/fwd.c`): rewrites a template frame into one of
-/// many flows and sends it (XDP_TX).
-const GEN: Prog = Prog {
-    obj: FWD_OBJ,
-    name: "fastpath_gen",
-    program: "XDP generator",
-};
-
 /// `BPF_PROG_TEST_RUN`, the `bpf(2)` command.
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 /// `BPF_F_TEST_XDP_LIVE_FRAMES` (Linux 5.18): the frames a test run's
 /// program returns XDP_TX or XDP_REDIRECT for are really sent.
 const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
-/// Frames per batch of a live test run (the kernel's most, 256): the
-/// redirects of a batch are flushed together.
-const GEN_BATCH: u32 = 256;
 
 /// `union bpf_attr` as `BPF_PROG_TEST_RUN` reads it.
 #[repr(C)]
@@ -1627,14 +1622,24 @@ unsafe fn prog_test_run(attr: &mut TestRunAttr) -> io::Result<()> {
     Ok(())
 }
 
-/// Runs the XDP program `prog_fd` once over `frame` (`BPF_PROG_TEST_RUN`,
-/// not live: nothing is sent) and returns what it did and the frame as it
-/// left it.
-pub(crate) fn test_run(prog_fd: i32, frame: &[u8]) -> io::Result<crate::xdplb::Verdict> {
+/// What a test run of an XDP program did with a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The program's return: 1 drop, 2 pass, 3 transmit, 4 redirect.
+    pub action: u32,
+    /// The frame as the program left it.
+    pub frame: Vec<u8>,
+}
+
+/// `XDP_TX`, a [`Verdict::action`].
+pub const XDP_TX: u32 = 3;
+
+/// Runs the XDP program `prog` once over `frame` ([`XdpProgram::test_run`]).
+fn test_run(prog: BorrowedFd<'_>, frame: &[u8]) -> io::Result<Verdict> {
     // Room for the frame grown by any headers the program may push.
     let mut out = vec![0u8; frame.len() + 512];
     let mut attr = TestRunAttr {
-        prog_fd: prog_fd as u32,
+        prog_fd: prog.as_raw_fd() as u32,
         data_size_in: frame.len() as u32,
         data_size_out: out.len() as u32,
         data_in: frame.as_ptr() as u64,
@@ -1646,155 +1651,44 @@ pub(crate) fn test_run(prog_fd: i32, frame: &[u8]) -> io::Result<crate::xdplb::V
     // bytes into `out`, and both live until the call returns.
     unsafe { prog_test_run(&mut attr) }?;
     out.truncate(attr.data_size_out as usize);
-    Ok(crate::xdplb::Verdict {
+    Ok(Verdict {
         action: attr.retval,
         frame: out,
     })
 }
 
-/// A traffic generator in the kernel: the XDP generator program run by
-/// `BPF_PROG_TEST_RUN` in live-frames mode (as `xdp-trafficgen` does),
-/// which sends a 64-byte UDP template out of an interface as many flows,
-/// in batches of 256, with no system call, socket buffer or `sk_buff` per
-/// frame. On a veth, the frames reach the peer as XDP frames, which its
-/// XDP program (each device under test runs one) takes without building an
-/// `sk_buff` first. It reports what it offered: every frame its program
-/// sent (those the peer's full ring refused included).
-pub struct XdpGenerator {
-    /// Holds the loaded program (and its attachment to `lo`, if any).
-    _bpf: Ebpf,
-    /// Whether the program stays in the kernel's XDP dispatcher between
-    /// runs (see [`XdpGenerator::pinned`]).
-    pinned: bool,
-    /// The program's descriptor, owned by `_bpf`.
-    prog_fd: i32,
+/// Runs `prog` over `frame` in live-frames mode
+/// ([`XdpProgram::test_run_live`]).
+fn test_run_live(
+    prog: BorrowedFd<'_>,
+    frame: &[u8],
     ifindex: u32,
     queue: u32,
-    template: Vec<u8>,
-    offered: u64,
+    repeat: u32,
+    batch: u32,
+) -> io::Result<()> {
+    let ctx = XdpMd {
+        data_end: frame.len() as u32,
+        ingress_ifindex: ifindex,
+        rx_queue_index: queue,
+        ..XdpMd::default()
+    };
+    let mut attr = TestRunAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        data_size_in: frame.len() as u32,
+        data_in: frame.as_ptr() as u64,
+        repeat,
+        ctx_size_in: std::mem::size_of::<XdpMd>() as u32,
+        ctx_in: std::ptr::from_ref(&ctx) as u64,
+        flags: BPF_F_TEST_XDP_LIVE_FRAMES,
+        batch_size: batch,
+        ..TestRunAttr::default()
+    };
+    // SAFETY: the frame and the context it points to live until the call
+    // returns, and in live mode the kernel writes into neither (no output
+    // buffers given).
+    unsafe { prog_test_run(&mut attr) }
 }
-
-impl XdpGenerator {
-    /// Loads the generator for `iface` (of the calling thread's namespace)
-    /// and queue `queue`, sending `template` (a 64-byte UDP over IPv4 frame
-    /// whose source address and port it varies; its headers are written
-    /// over every frame before it leaves, so that a receiver that edits
-    /// frames in place does not change what is sent next). The interface's
-    /// peer must run an XDP program (a veth accepts XDP frames only then).
-    ///
-    /// It also attaches the program in generic mode to the namespace's
-    /// `lo`, where it passes every frame: that keeps it in the kernel's XDP
-    /// dispatcher, which a test run otherwise rebuilds twice (on entry and
-    /// exit), each time waiting for an RCU grace period, so that the
-    /// generator would sleep most of the time. Best effort (one program per
-    /// interface: a second generator in the namespace runs unpinned); see
-    /// [`XdpGenerator::pinned`].
-    pub fn open(iface: &str, queue: u32, template: &[u8]) -> Result<Self, crate::Error> {
-        let ifindex = crate::afpacket::ifindex(iface).ok_or_else(|| Error::NoInterface {
-            iface: iface.into(),
-        })?;
-        let mut head = [0u8; GEN_HEAD];
-        match template.get(..GEN_HEAD) {
-            Some(h) => head.copy_from_slice(h),
-            None => {
-                return Err(Error::Template {
-                    iface: iface.into(),
-                    len: template.len(),
-                }
-                .into())
-            }
-        }
-        let mut bpf = GEN.load(iface)?;
-        let mut tmpl = GenTmpl {
-            ifindex,
-            head: [0; GEN_HEAD / 2],
-            pad: 0,
-        };
-        for (w, b) in tmpl.head.iter_mut().zip(head.chunks_exact(2)) {
-            *w = u16::from_ne_bytes([b[0], b[1]]);
-        }
-        set_first(&mut bpf, iface, "gen_tmpl", "generator template", tmpl)?;
-        let prog = GEN.find(&mut bpf, iface)?;
-        let pinned = prog.attach("lo", XdpFlags::SKB_MODE).is_ok();
-        let prog_fd = prog
-            .fd()
-            .map_err(|e| GEN.failed(iface, "finding", e))?
-            .as_fd()
-            .as_raw_fd();
-        Ok(XdpGenerator {
-            _bpf: bpf,
-            pinned,
-            prog_fd,
-            ifindex,
-            queue,
-            template: template.to_vec(),
-            offered: 0,
-        })
-    }
-
-    /// Sends `frames` frames (one system call, which returns when they are
-    /// sent); returns how many.
-    pub fn send(&mut self, frames: u32) -> Result<u32, crate::Error> {
-        let ctx = XdpMd {
-            data_end: self.template.len() as u32,
-            ingress_ifindex: self.ifindex,
-            rx_queue_index: self.queue,
-            ..XdpMd::default()
-        };
-        let mut attr = TestRunAttr {
-            prog_fd: self.prog_fd as u32,
-            data_size_in: self.template.len() as u32,
-            data_in: self.template.as_ptr() as u64,
-            repeat: frames,
-            ctx_size_in: std::mem::size_of::<XdpMd>() as u32,
-            ctx_in: std::ptr::from_ref(&ctx) as u64,
-            flags: BPF_F_TEST_XDP_LIVE_FRAMES,
-            batch_size: GEN_BATCH,
-            ..TestRunAttr::default()
-        };
-        // SAFETY: the template and the context it points to live until the
-        // call returns, and in live mode the kernel writes into neither (no
-        // output buffers given).
-        unsafe { prog_test_run(&mut attr) }.map_err(|source| Error::Sys {
-            iface: format!("ifindex {}", self.ifindex),
-            op: "BPF_PROG_TEST_RUN (live frames)",
-            source,
-        })?;
-        self.offered += u64::from(frames);
-        Ok(frames)
-    }
-
-    /// Frames sent so far: what was offered.
-    pub fn offered(&self) -> u64 {
-        self.offered
-    }
-
-    /// Whether the program stays in the kernel's XDP dispatcher between
-    /// runs (attached to `lo`); if not, every [`XdpGenerator::send`] waits
-    /// out two RCU grace periods besides sending.
-    pub fn pinned(&self) -> bool {
-        self.pinned
-    }
-}
-
-/// Ethernet, IPv4 and UDP headers of the generator's template (`GEN_HEAD`
-/// of `bpf/fwd.c`).
-const GEN_HEAD: usize = 42;
-
-/// The generator's template (`struct gen_tmpl` of `bpf/fwd.c`): the
-/// interface its test runs name (frames seen anywhere else pass) and the
-/// headers written over each frame.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct GenTmpl {
-    ifindex: u32,
-    head: [u16; GEN_HEAD / 2],
-    pad: u16,
-}
-
-// SAFETY: plain old data with no padding (4 + 42 + 2 bytes, 2-aligned
-// after the u32), as the kernel's copy of the map value expects.
-unsafe impl aya::Pod for GenTmpl {}
 
 #[cfg(test)]
 mod tests {

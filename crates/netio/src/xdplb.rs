@@ -29,7 +29,7 @@ static LB_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb
 static LB_OBJ: &[u8] = &[];
 
 /// The program's name in the object.
-pub(crate) const PROGRAM: &str = "fastpath_lb";
+const PROGRAM: &str = "fastpath_lb";
 
 /// `lb_vip_key.port` of a VIP that takes every port.
 pub const ANY_PORT: u32 = 65_536;
@@ -321,10 +321,10 @@ struct Inner {
 }
 
 /// Loads the object with maps of `sizes` and verifies the program (not
-/// attached). The `xsks` and `vips` maps of the steering stay in the
-/// returned [`Ebpf`] for the AF_XDP port; the load balancer's own are in
-/// the [`XdpLb`].
-pub(crate) fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
+/// attached). The `xsks` and `vips` maps of the steering and the `lb_out`
+/// device map stay in the returned [`Ebpf`] for the AF_XDP port; the load
+/// balancer's own are in the [`XdpLb`].
+fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
     if LB_OBJ.is_empty() {
         return Err(Error::NotBuilt);
     }
@@ -538,54 +538,70 @@ impl XdpLb {
     }
 }
 
+/// The load balancer's program for AF_XDP ports
+/// ([`crate::afxdp::Program::Custom`]): loaded with maps of its sizes each
+/// time ports are opened, frames it forwards leaving by the interface
+/// (`lb_out`). The maps of the last one loaded are the control plane's.
+pub struct Loader {
+    sizes: Sizes,
+    maps: Mutex<Option<XdpLb>>,
+}
+
+impl Loader {
+    /// A loader for maps of `sizes`.
+    pub fn new(sizes: Sizes) -> Self {
+        Loader {
+            sizes,
+            maps: Mutex::new(None),
+        }
+    }
+
+    /// The maps of the program last loaded (by the ports last opened);
+    /// `None` before any.
+    pub fn maps(&self) -> Option<XdpLb> {
+        self.maps.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl crate::afxdp::LoadProgram for Loader {
+    fn load(
+        &self,
+        _iface: &str,
+    ) -> Result<crate::afxdp::XdpProgram, Box<dyn std::error::Error + Send + Sync>> {
+        let (bpf, lb) = load(self.sizes)?;
+        *self.maps.lock().unwrap_or_else(|p| p.into_inner()) = Some(lb);
+        Ok(
+            crate::afxdp::XdpProgram::from_loaded(bpf, PROGRAM, "XDP load balancer")
+                .egress_map("lb_out"),
+        )
+    }
+}
+
 /// A loaded program, attached nowhere, that frames can be run through
 /// (`BPF_PROG_TEST_RUN`): for checking it against the load balancer's own
 /// worker, frame by frame.
 pub struct Detached {
-    /// Holds the program (and so `prog_fd`) and its maps.
-    _bpf: Ebpf,
-    /// The program's descriptor, owned by `_bpf`.
-    prog_fd: i32,
+    /// Holds the program and its maps.
+    program: crate::afxdp::XdpProgram,
     /// Its maps.
     pub lb: XdpLb,
 }
 
-/// What a test run did with a frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
-    /// The program's return: 1 drop, 2 pass, 3 transmit, 4 redirect.
-    pub action: u32,
-    /// The frame as the program left it.
-    pub frame: Vec<u8>,
-}
-
-/// `XDP_TX`.
-pub const XDP_TX: u32 = 3;
+pub use crate::afxdp::{Verdict, XDP_TX};
 
 impl Detached {
     /// Loads the program with maps of `sizes`.
     pub fn load(sizes: Sizes) -> Result<Self, Error> {
         let (bpf, lb) = load(sizes)?;
-        let finding = |e| Error::Program {
-            step: "finding",
-            source: Box::new(e),
-        };
-        let prog: &Xdp = bpf
-            .program(PROGRAM)
-            .ok_or(Error::Missing(PROGRAM))?
-            .try_into()
-            .map_err(finding)?;
-        let prog_fd = prog.fd().map_err(finding)?.as_fd().as_raw_fd();
         Ok(Detached {
-            _bpf: bpf,
-            prog_fd,
+            program: crate::afxdp::XdpProgram::from_loaded(bpf, PROGRAM, "XDP load balancer"),
             lb,
         })
     }
 
     /// Runs the program once over `frame`.
     pub fn run(&self, frame: &[u8]) -> Result<Verdict, Error> {
-        crate::afxdp::test_run(self.prog_fd, frame).map_err(Error::TestRun)
+        self.program.test_run(frame).map_err(Error::TestRun)
     }
 }
 

@@ -17,7 +17,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
-// Backends in `fwd_conf` at most (netio's FwdConf agrees).
+// Backends in `fwd_conf` at most (bench::xdp's FwdConf agrees).
 #define FWD_MAX_BACKENDS 16
 
 struct fwd_conf {
@@ -98,7 +98,7 @@ int fastpath_sink(struct xdp_md *ctx)
 	return XDP_DROP;
 }
 
-// The generator (netio's XdpGenerator): run by BPF_PROG_TEST_RUN in live
+// The generator (bench::xdp's XdpGenerator): run by BPF_PROG_TEST_RUN in live
 // frames mode over a template frame (64-byte UDP over IPv4), it makes each
 // frame one of GEN_FLOWS flows in turn (source address 10.30.(1 + n / 256).
 // (n % 256), source port 1024 + n, as the AF_XDP generator's frames) and
