@@ -197,6 +197,8 @@ impl Generator {
         // the socket (field order); the kernel only reads the frames the
         // TX ring names, which stay as written.
         let sock = unsafe { XskSocket::new(iface, umem.as_mut_ptr(), len, GEN_CHUNK as u32) }?;
+        // A bound socket needs a fill ring; this one never receives.
+        sock.ring_size(RingKind::Fill, RING)?;
         let comp = sock.ring(RingKind::Completion, RING)?;
         let tx = sock.ring(RingKind::Tx, RING)?;
         sock.bind(index, queue)?;

@@ -848,26 +848,29 @@ impl XskSocket {
         })
     }
 
-    /// Makes the ring `kind` with `entries` entries (a power of two) and
-    /// maps it.
-    pub fn ring(&self, kind: RingKind, entries: u32) -> Result<XskRing, Error> {
+    /// Makes the ring `kind` with `entries` entries (a power of two),
+    /// without mapping it: a socket must have fill and completion rings to
+    /// be bound, also one that never receives.
+    pub fn ring_size(&self, kind: RingKind, entries: u32) -> Result<(), Error> {
         let sys = |op| sys(&self.iface, op);
         let s = self.fd.as_fd();
         match kind {
             RingKind::Fill => {
-                sockopt::set_xdp_umem_fill_ring_size(s, entries).map_err(sys("fill ring size"))?
+                sockopt::set_xdp_umem_fill_ring_size(s, entries).map_err(sys("fill ring size"))
             }
             RingKind::Completion => sockopt::set_xdp_umem_completion_ring_size(s, entries)
-                .map_err(sys("completion ring size"))?,
-            RingKind::Rx => {
-                sockopt::set_xdp_rx_ring_size(s, entries).map_err(sys("RX ring size"))?
-            }
-            RingKind::Tx => {
-                sockopt::set_xdp_tx_ring_size(s, entries).map_err(sys("TX ring size"))?
-            }
+                .map_err(sys("completion ring size")),
+            RingKind::Rx => sockopt::set_xdp_rx_ring_size(s, entries).map_err(sys("RX ring size")),
+            RingKind::Tx => sockopt::set_xdp_tx_ring_size(s, entries).map_err(sys("TX ring size")),
         }
+    }
+
+    /// Makes the ring `kind` with `entries` entries (a power of two) and
+    /// maps it.
+    pub fn ring(&self, kind: RingKind, entries: u32) -> Result<XskRing, Error> {
+        self.ring_size(kind, entries)?;
         XskRing::map(
-            s,
+            self.fd.as_fd(),
             kind.offsets(&self.offsets),
             kind.pgoff(),
             kind.entry(),
