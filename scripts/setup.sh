@@ -16,11 +16,11 @@ APT_PACKAGES=(
   bird2        # the BGP daemon the load balancer announces VIPs through (and the test's router)
   nginx-light  # the demo's HTTP backends
   wrk          # the HTTP load generator of the soak (make soak, crates/fastpath/tests/lb_soak.rs)
-  clang        # compiles the XDP program behind AF_XDP (crates/netio/bpf)
+  clang        # compiles the XDP programs (crates/netio/bpf, crates/lb/bpf, crates/bench/bpf)
   llvm
   libbpf-dev   # its headers
   e2fsprogs          # mkfs.ext4 for the disk tool's test that a mounted device is refused
-  gcc                # compiles the MAIO C example against maio.h in the tests
+  gcc                # compiles, in the tests, the MAIO C example against maio.h and lb's XDP header and flow hash
   dpdk-dev           # testpmd, the outside program that attaches to the switch over memif
   librte-net-memif23 # testpmd's memif driver
   prometheus         # a real Prometheus server scrapes the load balancer's /metrics in the tests

@@ -4,7 +4,10 @@
 //! ([`conntrack`]), fragments ([`frag`]) and their redirection among the
 //! load balancers of a fleet ([`fleet`]), GRE encapsulation, steering and
 //! muxing over a shared packet pool ([`datapath`]), the counters, pcap
-//! replay ([`pcap_run`]), and packet-tracer probes ([`trace`]).
+//! replay ([`pcap_run`]), packet-tracer probes ([`trace`]), and the load
+//! balancer in the driver ([`xdp`]: its XDP program, `bpf/lb.c`, with the
+//! constants and map layouts it shares with the packet threads defined once
+//! in [`xdp::abi`]).
 //!
 //! No async runtime and no control plane live here: the daemon (`lbd`)
 //! drives this crate through [`Control`] table swaps.

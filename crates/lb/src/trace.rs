@@ -67,7 +67,7 @@ use crate::config::TracerConf;
 use crate::tables::Tables;
 
 /// The first bytes of every probe's transport payload.
-pub const MAGIC: [u8; 8] = *b"FPTRACE1";
+pub const MAGIC: [u8; 8] = crate::xdp::abi::TRACE_MAGIC;
 /// Marker length with an IPv4 report address.
 pub const MARKER_LEN_V4: usize = 24;
 /// Marker length with an IPv6 report address.

@@ -30,9 +30,9 @@ fn opens(flags: u8) -> bool {
 /// reaches the same backend.
 pub const CLOSE_LINGER_MS: u64 = 5_000;
 
-/// Seed of the 5-tuple hash used by connection tracking and Maglev (the
-/// XDP program, `netio/bpf/lb.c`, has it too: `lb::xdp`'s tests run both).
-pub const FLOW_SEED: u64 = 0x6d61_676c_6576;
+/// Seed of the 5-tuple hash used by connection tracking and Maglev: the
+/// one the XDP program (`bpf/lb.c`) hashes with too ([`crate::xdp::abi`]).
+pub const FLOW_SEED: u64 = crate::xdp::abi::FLOW_SEED;
 /// Seed of the steering hash (independent of the flow hash, as the paper
 /// recomputes it in the packet thread rather than sharing it).
 pub const STEER_SEED: u64 = 0x0073_7465_6572;

@@ -1,4 +1,4 @@
-//! The load balancer in the driver (`netio/bpf/lb.c`, maps kept by
+//! The load balancer in the driver (`bpf/lb.c`, maps kept by
 //! `lb::xdp`) against the packet thread (`lb::worker`), frame by frame:
 //! whatever the XDP program transmits, the worker must send byte for byte
 //! the same (same backend by the same hash and Maglev slot, same
@@ -19,10 +19,9 @@ use lb::config::Config;
 use lb::conntrack::Conntrack;
 use lb::frag::FragTable;
 use lb::worker::Worker;
-use lb::xdp::XdpTables;
+use lb::xdp::{Detached, XdpTables, XDP_TX};
 use lb::{Control, Mode};
 use maio::{Hugepages, Pool};
-use netio::xdplb::{Detached, XDP_TX};
 use proptest::prelude::*;
 
 fn config(extra_encap: &str) -> Config {

@@ -129,7 +129,7 @@ impl Plan {
         tables: &Tables,
     ) -> Result<Opened, OpenError> {
         let driver = self.driver;
-        let loader = netio::xdplb::Loader::new(lb::xdp::sizes(cfg, tables));
+        let loader = lb::xdp::Loader::new(lb::xdp::sizes(cfg, tables));
         let program = if driver == Driver::Xdp {
             Program::Custom(&loader)
         } else {

@@ -1,6 +1,7 @@
 // fastpath's AF_XDP steering, shared by `xsk.c` (steering alone) and
-// `lb.c` (the load balancer in the driver, which steers what it does not
-// forward itself): frames for a VIP (destination address in the `vips` map
+// lb's `bpf/lb.c` (the load balancer in the driver, which steers what it
+// does not forward itself; lb's build finds this header through netio's
+// build script): frames for a VIP (destination address in the `vips` map
 // with value VIP_ALL, IPv4 stored IPv4-mapped) go to the AF_XDP socket
 // bound to the queue; so do fragments a fleet peer redirected to this load
 // balancer's own address (value VIP_REDIRECTS: only GRE with the key

@@ -2,6 +2,21 @@
 //! from a [`maio::Pool`] with received frames, and transmits frames that sit
 //! in pool buffers. Frames are placed [`HEADROOM`] bytes into their buffer so
 //! that a forwarder can prepend headers without moving the packet.
+//!
+//! - [`afxdp`]: AF_XDP, its frames steered to the socket by our XDP program
+//!   (`bpf/xsk.c`, `bpf/steer.h`) or by one the caller brings
+//!   ([`afxdp::Program::Custom`]: the load balancer's own, in `lb::xdp`);
+//!   the pieces it is made of ([`afxdp::XdpProgram`], [`afxdp::XskSocket`])
+//!   are public for sockets and programs of other kinds.
+//! - [`afpacket`]: AF_PACKET through a ring shared with the kernel.
+//! - [`tap`]: TAP and TUN devices.
+//! - [`pcap`]: pcap files, read as a port and written.
+//! - [`mem`]: an in-memory port that repeats template frames and counts,
+//!   or keeps, what it is sent (the forwarder's tests and benchmarks).
+//! - [`neigh`]: the kernel's neighbour table and routes (next-hop MACs).
+//!
+//! Nothing here knows about load balancing, and nothing is a benchmark's:
+//! the veth bench's traffic generators and XDP programs are in `bench`.
 
 pub mod afpacket;
 pub mod afxdp;
@@ -9,7 +24,6 @@ pub mod mem;
 pub mod neigh;
 pub mod pcap;
 pub mod tap;
-pub mod xdplb;
 
 use std::os::fd::BorrowedFd;
 
@@ -73,9 +87,6 @@ pub enum Error {
     /// A pcap file could not be read or written.
     #[error(transparent)]
     Pcap(#[from] pcap::Error),
-    /// The XDP load balancer could not be set up or used.
-    #[error(transparent)]
-    XdpLb(#[from] xdplb::Error),
 }
 
 impl Error {

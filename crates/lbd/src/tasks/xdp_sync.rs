@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use lb::counters::Counters;
 
 /// The XDP program's maps, as the ports hand them over.
-pub(crate) use netio::xdplb::XdpLb;
+pub(crate) use lb::xdp::XdpLb;
 
 /// How often the `xdp` thread looks for a new tables snapshot.
 const XDP_SYNC_MS: u64 = 5;

@@ -1,6 +1,10 @@
-//! The load balancer in the driver (`lb run --driver xdp`): the XDP fast
-//! path's maps (`netio::xdplb`, program `netio/bpf/lb.c`) kept equal to the
-//! running [`Tables`], and its counters read back as [`Counters`].
+//! The load balancer in the driver (`lb run --driver xdp`): its XDP
+//! program (`bpf/lb.c`), what it shares with the packet threads ([`abi`]:
+//! constants and map layouts, written out for the C side by the build), its
+//! loader and maps ([`maps`]: for AF_XDP ports through netio's generic hook,
+//! [`Loader`], or for test runs, [`Detached`]), and here the maps kept
+//! equal to the running [`Tables`], with its counters read back as
+//! [`Counters`].
 //!
 //! The program forwards what a packet thread would forward the same way
 //! (same flow hash, same Maglev slot, same connection rules, same GRE
@@ -25,18 +29,25 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use maglev::Maglev;
-use netio::xdplb::{self, BackendEntry, Conf, Sizes, VipEntry, VipKey, XdpLb};
 
 use crate::config::{Config, Conntrack};
 use crate::counters::{Counters, Traffic};
 use crate::tables::Tables;
+
+pub mod abi;
+pub mod maps;
+
+pub use abi::{
+    BackendEntry, Conf, VipEntry, VipKey, ACCEPTING, ANY_PORT, EMPTY, FLOW_SEED, HEALTHY, V4,
+};
+pub use maps::{Detached, Loader, Sizes, Verdict, XdpLb, XDP_TX};
 
 /// Why the fast path's maps could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A map operation failed.
     #[error(transparent)]
-    Maps(#[from] xdplb::Error),
+    Maps(#[from] maps::Error),
 }
 
 /// The map sizes for a configuration: room for twice its VIPs, backends
@@ -220,15 +231,15 @@ impl XdpTables {
                 ..BackendEntry::default()
             };
             if let (Some(src), Some(dst)) = v4 {
-                e.src = src;
-                e.dst = dst;
-                e.flags |= xdplb::V4;
+                e.src = u32::from_ne_bytes(src);
+                e.dst = u32::from_ne_bytes(dst);
+                e.flags |= V4;
             }
             if b.healthy {
-                e.flags |= xdplb::HEALTHY;
+                e.flags |= HEALTHY;
             }
             if b.accepting {
-                e.flags |= xdplb::ACCEPTING;
+                e.flags |= ACCEPTING;
             }
             e
         }))?;
@@ -250,11 +261,8 @@ impl XdpTables {
                         );
                         return Ok(Placement::NoRoom(why, s));
                     };
-                    let slots = (0..m as usize).map(|i| {
-                        v.table
-                            .slot(i)
-                            .map_or(xdplb::EMPTY, |j| v.slots[j as usize])
-                    });
+                    let slots = (0..m as usize)
+                        .map(|i| v.table.slot(i).map_or(EMPTY, |j| v.slots[j as usize]));
                     self.lb.write_slots(at, slots)?;
                     s.tables_written += 1;
                     s.slots_written += u64::from(m);
@@ -272,8 +280,8 @@ impl XdpTables {
             used.insert(key);
             vips.push((
                 VipKey {
-                    addr,
-                    port: port.map_or(xdplb::ANY_PORT, u32::from),
+                    addr: u32::from_ne_bytes(addr),
+                    port: port.map_or(ANY_PORT, u32::from),
                     proto: u32::from(proto),
                 },
                 VipEntry::new(index, at, v.table.size()),
@@ -318,7 +326,7 @@ impl XdpTables {
     pub fn counters(&self) -> Result<Counters, Error> {
         let st = self.lb.stats()?;
         let (vips, backends) = self.lb.traffic();
-        let conv = |v: Vec<xdplb::Traffic>| -> Vec<Traffic> {
+        let conv = |v: Vec<abi::Traffic>| -> Vec<Traffic> {
             let last = v.iter().rposition(|t| t.packets > 0).map_or(0, |i| i + 1);
             v[..last]
                 .iter()

@@ -1,8 +1,9 @@
-//! The load balancer's XDP fast path (`bpf/lb.c`): what user space writes
-//! into its maps and reads back. The program forwards the common case in
-//! the driver (GRE out of the same interface, `XDP_TX`) and steers the rest
-//! to the AF_XDP socket like `bpf/xsk.c`; the load balancer's crate decides
-//! what the maps hold (`lb::xdp`), this module only knows their layout.
+//! The load balancer's XDP fast path (`bpf/lb.c`): loading it, and what
+//! user space writes into its maps and reads back. The program forwards the
+//! common case in the driver (GRE out of the same interface, `XDP_TX`) and
+//! steers the rest to the AF_XDP socket like netio's steering program;
+//! [`super::XdpTables`] decides what the maps hold, this module only knows
+//! them (their layout is [`super::abi`]'s).
 //!
 //! The backends, the Maglev slots and the traffic counters are array maps
 //! the kernel lets us map (`BPF_F_MMAPABLE`): a reload writes what changed
@@ -21,6 +22,9 @@ use aya::maps::{Map, MapData, MapError};
 use aya::programs::{ProgramError, Xdp};
 use aya::{Ebpf, EbpfError, EbpfLoader};
 use memmap2::{MmapMut, MmapOptions};
+use netio::afxdp::{LoadProgram, XdpProgram};
+
+use super::abi::{BackendEntry, Conf, Stats, Traffic, VipEntry, VipKey};
 
 #[cfg(fastpath_xdp_obj)]
 // Aligned: the ELF parser reads the object in place.
@@ -30,18 +34,6 @@ static LB_OBJ: &[u8] = &[];
 
 /// The program's name in the object.
 const PROGRAM: &str = "fastpath_lb";
-
-/// `lb_vip_key.port` of a VIP that takes every port.
-pub const ANY_PORT: u32 = 65_536;
-/// A Maglev slot without a backend (every backend drained).
-pub const EMPTY: u32 = u32::MAX;
-/// [`BackendEntry::flags`]: existing flows may go to it.
-pub const HEALTHY: u8 = 1;
-/// [`BackendEntry::flags`]: new connections may go to it.
-pub const ACCEPTING: u8 = 2;
-/// [`BackendEntry::flags`]: its outer headers are IPv4 (the only kind the
-/// program writes; others go to user space).
-pub const V4: u8 = 4;
 
 /// Why the XDP fast path could not be set up or used.
 #[derive(Debug, thiserror::Error)]
@@ -97,129 +89,17 @@ pub enum Error {
     },
 }
 
-/// `struct lb_conf`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Conf {
-    /// 0: every frame goes to the socket (steering only).
-    pub enabled: u32,
-    /// Non-zero: the flow hash in a GRE key (`[encap] source_prefix` or
-    /// `source_prefix6` set).
-    pub keyed: u32,
-    /// Non-zero: IPv4 outer sources are `spread_net | (hash & spread_host)`.
-    pub spread_v4: u32,
-    /// The IPv4 source prefix's network, host order.
-    pub spread_net: u32,
-    /// Its host bits, host order.
-    pub spread_host: u32,
-    /// Idle timeout of TCP flows, ms.
-    pub tcp_timeout_ms: u32,
-    /// Idle timeout of other flows, ms.
-    pub udp_timeout_ms: u32,
-    /// How long a closed TCP flow's entry lingers, ms.
-    pub linger_ms: u32,
-    /// Traffic entries per CPU (set by [`XdpLb::set_conf`], whatever is given).
-    pub stride: u32,
-    /// The first backend's traffic entry (set by [`XdpLb::set_conf`]).
-    pub vip_cap: u32,
-}
-
 // SAFETY: ten u32 fields, no padding, any bit pattern valid.
 unsafe impl aya::Pod for Conf {}
 
-/// `struct lb_vip_key`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct VipKey {
-    /// The VIP's IPv4 address, network order (as in the packet).
-    pub addr: [u8; 4],
-    /// Its port, or [`ANY_PORT`].
-    pub port: u32,
-    /// Its IP protocol.
-    pub proto: u32,
-}
-
-// SAFETY: 4 + 4 + 4 bytes, no padding, any bit pattern valid.
+// SAFETY: three u32 fields, no padding, any bit pattern valid.
 unsafe impl aya::Pod for VipKey {}
-
-/// `struct lb_vip`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct VipEntry {
-    /// Its index (the worker's VIP index, for counters and connections).
-    pub index: u32,
-    /// The first slot of its Maglev table in the slot array.
-    pub table: u32,
-    /// The table's size M (0: no table; its frames go to the socket).
-    pub m: u32,
-    _pad: u32,
-}
-
-impl VipEntry {
-    /// A VIP entry.
-    pub fn new(index: u32, table: u32, m: u32) -> Self {
-        VipEntry {
-            index,
-            table,
-            m,
-            _pad: 0,
-        }
-    }
-}
 
 // SAFETY: four u32 fields, no padding, any bit pattern valid.
 unsafe impl aya::Pod for VipEntry {}
 
-/// `struct lb_backend`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct BackendEntry {
-    /// Outer destination (the backend), network order.
-    pub dst: [u8; 4],
-    /// Outer source, network order.
-    pub src: [u8; 4],
-    /// Destination MAC (the next hop).
-    pub dmac: [u8; 6],
-    /// Source MAC (ours).
-    pub smac: [u8; 6],
-    /// [`HEALTHY`], [`ACCEPTING`], [`V4`].
-    pub flags: u8,
-    /// Outer TTL.
-    pub ttl: u8,
-    /// Padding (zero).
-    pub pad: [u8; 2],
-}
-
-/// `struct lb_stats`, summed over CPUs.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Frames forwarded in the driver.
-    pub forwarded: u64,
-    /// Connection-table lookups that found a live entry.
-    pub ct_hits: u64,
-    /// Lookups that found none.
-    pub ct_misses: u64,
-    /// Entries written.
-    pub ct_inserts: u64,
-    /// Flows closed by a FIN or RST.
-    pub ct_closes: u64,
-    /// Frames for a VIP left to user space (probes, partial checksums, no
-    /// backend, an IPv6 backend).
-    pub to_socket: u64,
-}
-
 // SAFETY: six u64 fields, no padding, any bit pattern valid.
 unsafe impl aya::Pod for Stats {}
-
-/// Packets and bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Traffic {
-    /// Packets.
-    pub packets: u64,
-    /// Bytes of the received frames.
-    pub bytes: u64,
-}
 
 /// How big the maps are made (fixed when the program is loaded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,8 +195,10 @@ struct Inner {
     vips: aya::maps::HashMap<MapData, VipKey, VipEntry>,
     vip_set: HashSet<VipKey>,
     backends: Mapped<BackendEntry>,
+    /// The slot array's elements ([`SlotPair`](super::abi::SlotPair)),
+    /// slot by slot.
     slots: Mapped<u32>,
-    traffic: Mapped<[u64; 2]>,
+    traffic: Mapped<Traffic>,
     stats: aya::maps::PerCpuArray<MapData, Stats>,
 }
 
@@ -528,9 +410,9 @@ impl XdpLb {
         for cpu in 0..self.cpus {
             let row = cpu * (nv + nb);
             for (i, t) in vips.iter_mut().chain(backends.iter_mut()).enumerate() {
-                if let Some([p, b]) = g.traffic.read(row + i) {
-                    t.packets += p;
-                    t.bytes += b;
+                if let Some(c) = g.traffic.read(row + i) {
+                    t.packets += c.packets;
+                    t.bytes += c.bytes;
                 }
             }
         }
@@ -539,7 +421,7 @@ impl XdpLb {
 }
 
 /// The load balancer's program for AF_XDP ports
-/// ([`crate::afxdp::Program::Custom`]): loaded with maps of its sizes each
+/// ([`netio::afxdp::Program::Custom`]): loaded with maps of its sizes each
 /// time ports are opened, frames it forwards leaving by the interface
 /// (`lb_out`). The maps of the last one loaded are the control plane's.
 pub struct Loader {
@@ -563,17 +445,11 @@ impl Loader {
     }
 }
 
-impl crate::afxdp::LoadProgram for Loader {
-    fn load(
-        &self,
-        _iface: &str,
-    ) -> Result<crate::afxdp::XdpProgram, Box<dyn std::error::Error + Send + Sync>> {
+impl LoadProgram for Loader {
+    fn load(&self, _iface: &str) -> Result<XdpProgram, Box<dyn std::error::Error + Send + Sync>> {
         let (bpf, lb) = load(self.sizes)?;
         *self.maps.lock().unwrap_or_else(|p| p.into_inner()) = Some(lb);
-        Ok(
-            crate::afxdp::XdpProgram::from_loaded(bpf, PROGRAM, "XDP load balancer")
-                .egress_map("lb_out"),
-        )
+        Ok(XdpProgram::from_loaded(bpf, PROGRAM, "XDP load balancer").egress_map("lb_out"))
     }
 }
 
@@ -582,19 +458,19 @@ impl crate::afxdp::LoadProgram for Loader {
 /// worker, frame by frame.
 pub struct Detached {
     /// Holds the program and its maps.
-    program: crate::afxdp::XdpProgram,
+    program: XdpProgram,
     /// Its maps.
     pub lb: XdpLb,
 }
 
-pub use crate::afxdp::{Verdict, XDP_TX};
+pub use netio::afxdp::{Verdict, XDP_TX};
 
 impl Detached {
     /// Loads the program with maps of `sizes`.
     pub fn load(sizes: Sizes) -> Result<Self, Error> {
         let (bpf, lb) = load(sizes)?;
         Ok(Detached {
-            program: crate::afxdp::XdpProgram::from_loaded(bpf, PROGRAM, "XDP load balancer"),
+            program: XdpProgram::from_loaded(bpf, PROGRAM, "XDP load balancer"),
             lb,
         })
     }
@@ -610,23 +486,36 @@ mod tests {
     use super::*;
 
     /// The program is C: its constants must say what this module writes.
+    /// They come from one definition (`abi`), which the build writes out
+    /// for `lb.c`; `tests/xdp_abi.rs` compiles that header to check it.
     #[test]
     fn the_program_agrees_on_the_values_written_into_its_maps() {
-        let src = include_str!("../bpf/lb.c");
+        let header = include_str!(concat!(env!("OUT_DIR"), "/lb_abi.h"));
+        assert_eq!(header, super::super::abi::c_header());
         for want in [
-            format!("#define LB_ANY_PORT {ANY_PORT}"),
-            format!("#define LB_EMPTY {EMPTY:#x}u"),
-            format!("#define LB_HEALTHY {HEALTHY}"),
-            format!("#define LB_ACCEPTING {ACCEPTING}"),
-            format!("#define LB_V4 {V4}"),
+            format!("#define LB_ANY_PORT {:#x}\n", super::super::ANY_PORT),
+            format!("#define LB_EMPTY {:#x}u\n", super::super::EMPTY),
+            format!("#define LB_HEALTHY {:#x}\n", super::super::HEALTHY),
+            format!("#define LB_ACCEPTING {:#x}\n", super::super::ACCEPTING),
+            format!("#define LB_V4 {:#x}\n", super::super::V4),
         ] {
-            assert!(src.contains(&want), "bpf/lb.c lacks {want:?}");
+            assert!(header.contains(&want), "lb_abi.h lacks {want:?}");
         }
+        let src = include_str!("../../bpf/lb.c");
+        assert!(src.contains("#include \"lb_abi.h\""));
+        assert!(
+            !src.contains("#define LB_"),
+            "lb.c defines its own LB_ values"
+        );
         // The shapes the program reads (its structs, in order).
         assert_eq!(std::mem::size_of::<Conf>(), 40);
         assert_eq!(std::mem::size_of::<VipKey>(), 12);
         assert_eq!(std::mem::size_of::<VipEntry>(), 16);
         assert_eq!(std::mem::size_of::<BackendEntry>(), 24);
         assert_eq!(std::mem::size_of::<Stats>(), 48);
+        assert_eq!(
+            std::mem::size_of::<crate::xdp::abi::SlotPair>(),
+            2 * std::mem::size_of::<u32>()
+        );
     }
 }

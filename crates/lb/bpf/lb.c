@@ -1,92 +1,41 @@
 // The load balancer in the driver (`lb run --driver xdp`), Katran's way:
 // the common case is forwarded here, before the kernel builds anything for
-// the frame, and everything else goes to the AF_XDP socket (`steer.h`),
-// where the user-space packet threads handle it as before.
+// the frame, and everything else goes to the AF_XDP socket (netio's
+// `steer.h`), where the user-space packet threads handle it as before.
 //
 // The common case: IPv4 without options, not a fragment, with a valid
 // header checksum, TCP or UDP whose header is whole, to a VIP in `lb_vips`
 // (exact port, then any port), not a packet-tracer probe and without a
 // checksum left partial by a local sender, to an IPv4 backend. For it this
 // program does what lb's worker does (crates/lb/src/worker.rs): the same
-// flow hash (packet::FlowKey::hash with lb's FLOW_SEED), a connection
-// table with the same rules (a SYN re-chooses unless its backend accepts,
-// a FIN or RST lingers, idle timeouts per protocol), the VIP's Maglev table
-// (maglev's flow_slot) and the same GRE encapsulation, then back out of
-// the interface (one-armed; `lb_out`). netio's tests run both on the same frames
-// and compare the bytes.
+// flow hash (`flow.h`), a connection table with the same rules (a SYN
+// re-chooses unless its backend accepts, a FIN or RST lingers, idle
+// timeouts per protocol), the VIP's Maglev table (maglev's flow_slot) and
+// the same GRE encapsulation, then back out of the interface (one-armed;
+// `lb_out`). lb's tests run both on the same frames and compare the bytes
+// (tests/xdp.rs, as root), and check without root that this side's
+// constants, map layouts and flow hash are the worker's (tests/xdp_abi.rs).
 //
-// Everything the tables say lives in maps the daemon writes (netio's
-// `xdplb` module): the VIPs, the backends and the Maglev tables (these two
+// Everything the tables say lives in maps the daemon writes (lb's
+// `xdp::maps`): the VIPs, the backends and the Maglev tables (these two
 // memory-mapped, so a reload writes only what changed at memory speed),
-// the configuration. The connection table is this program's own (an LRU
-// hash: a full table forgets its least recently used flows, which Maglev
-// then sends to the same backend unless the tables changed).
+// the configuration. Their keys and values and the constants both sides
+// use are defined once, in Rust (crates/lb/src/xdp/abi.rs), and written
+// out by the build script as `lb_abi.h`. The connection table is this
+// program's own (an LRU hash: a full table forgets its least recently used
+// flows, which Maglev then sends to the same backend unless the tables
+// changed).
 #include "steer.h"
 #include <linux/in.h>
 #include <linux/tcp.h>
 #include <linux/udp.h>
-
-// Values netio's `xdplb` writes (its tests check they agree).
-#define LB_ANY_PORT 65536
-#define LB_EMPTY 0xffffffffu
-#define LB_HEALTHY 1
-#define LB_ACCEPTING 2
-#define LB_V4 4
-// lb::worker::FLOW_SEED.
-#define LB_FLOW_SEED 0x6d61676c6576ULL
-// packet's IPv4 GRE key flag and lb's tracer magic ("FPTRACE1").
-#define LB_TRACE_MAGIC 0x3145434152545046ULL
+#include "lb_abi.h"
+#include "flow.h"
 
 #define TCP_FIN_ 0x01
 #define TCP_SYN_ 0x02
 #define TCP_RST_ 0x04
 #define TCP_ACK_ 0x10
-
-struct lb_conf {
-	__u32 enabled;
-	// [encap] source_prefix or source_prefix6 set: the flow hash in a GRE
-	// key (packet::gre::Spread::key).
-	__u32 keyed;
-	// source_prefix set: IPv4 outer sources net | (hash & host), host order.
-	__u32 spread_v4;
-	__u32 spread_net;
-	__u32 spread_host;
-	__u32 tcp_timeout_ms;
-	__u32 udp_timeout_ms;
-	__u32 linger_ms;
-	// lb_traffic: per CPU, `stride` entries: VIPs, then backends from `vip_cap`.
-	__u32 stride;
-	__u32 vip_cap;
-};
-
-struct lb_vip_key {
-	__u32 addr; // network order
-	__u32 port; // host order, or LB_ANY_PORT
-	__u32 proto;
-};
-
-struct lb_vip {
-	__u32 index;
-	// First slot of its Maglev table in lb_ring, and the table's size M.
-	__u32 table;
-	__u32 m;
-	__u32 _pad;
-};
-
-struct lb_backend {
-	__u32 dst; // outer destination, network order
-	__u32 src; // outer source, network order
-	__u8 dmac[ETH_ALEN];
-	__u8 smac[ETH_ALEN];
-	__u8 flags;
-	__u8 ttl;
-	__u8 _pad[2];
-};
-
-// Two slots per element: array elements are 8-byte aligned when mapped.
-struct lb_pair {
-	__u32 b[2];
-};
 
 struct lb_ct_key {
 	__u32 src;
@@ -103,20 +52,6 @@ struct lb_ct {
 	__u32 open;
 };
 
-struct lb_traffic {
-	__u64 packets;
-	__u64 bytes;
-};
-
-struct lb_stats {
-	__u64 forwarded;
-	__u64 ct_hits;
-	__u64 ct_misses;
-	__u64 ct_inserts;
-	__u64 ct_closes;
-	__u64 to_socket; // VIP frames left to user space
-};
-
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -127,7 +62,7 @@ struct {
 // Sizes below are the loader's defaults; the daemon sets them at load.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, LB_DEFAULT_VIPS);
 	__type(key, struct lb_vip_key);
 	__type(value, struct lb_vip);
 } lb_vips SEC(".maps");
@@ -159,7 +94,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(map_flags, BPF_F_NO_COMMON_LRU);
-	__uint(max_entries, 65536);
+	__uint(max_entries, LB_DEFAULT_CONNS);
 	__type(key, struct lb_ct_key);
 	__type(value, struct lb_ct);
 } lb_conns SEC(".maps");
@@ -181,47 +116,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } lb_out SEC(".maps");
-
-// A 64x64 -> 128-bit multiply folded to 64 bits (low ^ high), in 32-bit
-// halves (BPF has no 128-bit product).
-static __always_inline __u64 fold_mul(__u64 a, __u64 b)
-{
-	__u64 a0 = a & 0xffffffffULL, a1 = a >> 32;
-	__u64 b0 = b & 0xffffffffULL, b1 = b >> 32;
-	__u64 p00 = a0 * b0, p01 = a0 * b1, p10 = a1 * b0, p11 = a1 * b1;
-	__u64 mid = (p00 >> 32) + (p01 & 0xffffffffULL) + (p10 & 0xffffffffULL);
-	__u64 lo = (mid << 32) | (p00 & 0xffffffffULL);
-	__u64 hi = p11 + (p01 >> 32) + (p10 >> 32) + (mid >> 32);
-
-	return lo ^ hi;
-}
-
-// packet::FlowKey::hash(LB_FLOW_SEED) of an IPv4 flow. Its addresses are
-// IPv4-mapped: bytes 0..8 zero, bytes 8..16 read little-endian are
-// 0xffff0000 with the address's bytes (as loaded) above. Ports in host
-// order.
-static __always_inline __u64 flow_hash4(__u32 saddr, __u32 daddr, __u16 sport, __u16 dport,
-					__u8 proto)
-{
-	const __u64 seed = LB_FLOW_SEED;
-	__u64 s8 = ((__u64)saddr << 32) | 0xffff0000ULL;
-	__u64 d8 = ((__u64)daddr << 32) | 0xffff0000ULL;
-	__u64 tail = ((__u64)sport << 24) | ((__u64)dport << 8) | proto;
-	__u64 a = fold_mul(0xa0761d6478bd642fULL ^ seed, s8 ^ 0xe7037ed1a0b428dbULL);
-	__u64 b = fold_mul(0x8ebc6af09c88c6e3ULL, d8 ^ 0x589965cc75374cc3ULL ^ seed);
-
-	return fold_mul(a ^ tail ^ 0x1d8e4e27c47d124fULL,
-			b ^ ((seed << 32) | (seed >> 32)) ^ 0x9e3779b97f4a7c15ULL);
-}
-
-// maglev's flow_slot: (hash * m) >> 64, in 32-bit halves.
-static __always_inline __u32 flow_slot(__u64 hash, __u32 m)
-{
-	__u64 lo = (hash & 0xffffffffULL) * m;
-	__u64 hi = (hash >> 32) * m;
-
-	return (hi + (lo >> 32)) >> 32;
-}
 
 static __always_inline __u16 fold(__u32 sum)
 {

@@ -1,0 +1,334 @@
+//! What the load balancer's XDP program (`bpf/lb.c`) and user space share,
+//! defined once, here: the constants and the layout of every map key and
+//! value both sides read or write. The build script includes this file and
+//! writes it out as C (`OUT_DIR/lb_abi.h`, [`c_header`]), which `lb.c`
+//! includes; the worker's flow hash seed is [`FLOW_SEED`] and the
+//! packet-tracer's magic is [`TRACE_MAGIC`]. `tests/xdp_abi.rs` compiles the
+//! header with the host's C compiler and checks that C lays out and values
+//! everything as Rust does, without root.
+//!
+//! Plain Rust (no crate of ours, nothing beyond `core`): the build script
+//! compiles it too.
+
+use core::mem::{align_of, offset_of, size_of};
+
+/// Seed of the 5-tuple hash used by connection tracking and Maglev, in the
+/// packet threads and the XDP program alike (`LB_FLOW_SEED`).
+pub const FLOW_SEED: u64 = 0x6d61_676c_6576;
+/// [`VipKey::port`] of a VIP that takes every port (`LB_ANY_PORT`).
+pub const ANY_PORT: u32 = 65_536;
+/// A Maglev slot without a backend, every backend drained (`LB_EMPTY`).
+pub const EMPTY: u32 = u32::MAX;
+/// [`BackendEntry::flags`]: existing flows may go to it (`LB_HEALTHY`).
+pub const HEALTHY: u8 = 1;
+/// [`BackendEntry::flags`]: new connections may go to it (`LB_ACCEPTING`).
+pub const ACCEPTING: u8 = 2;
+/// [`BackendEntry::flags`]: its outer headers are IPv4, the only kind the
+/// program writes; others go to user space (`LB_V4`).
+pub const V4: u8 = 4;
+/// The first bytes of a packet-tracer probe's payload, "FPTRACE1"
+/// (`LB_TRACE_MAGIC`: the same bytes read as the program loads them, one
+/// native-endian 64-bit word).
+pub const TRACE_MAGIC: [u8; 8] = *b"FPTRACE1";
+/// Entries of the VIP map in the object; the loader sets the real size.
+pub const DEFAULT_VIPS: u32 = 4096;
+/// Entries of the connection table in the object; the loader sets the
+/// real size.
+pub const DEFAULT_CONNS: u32 = 65_536;
+
+/// A C type a shared struct's field may have.
+pub trait CType {
+    /// Its name in C (`linux/types.h`).
+    const NAME: &'static str;
+    /// Elements, for an array.
+    const LEN: Option<usize> = None;
+}
+
+impl CType for u8 {
+    const NAME: &'static str = "__u8";
+}
+
+impl CType for u16 {
+    const NAME: &'static str = "__u16";
+}
+
+impl CType for u32 {
+    const NAME: &'static str = "__u32";
+}
+
+impl CType for u64 {
+    const NAME: &'static str = "__u64";
+}
+
+impl<T: CType, const N: usize> CType for [T; N] {
+    const NAME: &'static str = T::NAME;
+    const LEN: Option<usize> = Some(N);
+}
+
+/// A field of a struct both sides share, as Rust lays it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    /// Its name, the same in C.
+    pub name: &'static str,
+    /// Its C type (of an element, for an array).
+    pub c_type: &'static str,
+    /// Elements, for an array.
+    pub len: Option<usize>,
+    /// Its offset in the struct.
+    pub offset: usize,
+    /// Its documentation, written above it in C.
+    pub doc: &'static str,
+}
+
+/// A struct both sides share, as Rust lays it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Struct {
+    /// Its name in C (`struct <name>`).
+    pub name: &'static str,
+    /// Its name in Rust.
+    pub rust: &'static str,
+    /// Its size.
+    pub size: usize,
+    /// Its alignment.
+    pub align: usize,
+    /// Its fields, in order.
+    pub fields: &'static [Field],
+}
+
+/// Defines a `#[repr(C)]` struct and its [`Struct`] description (`C`).
+/// Fields carry documentation only (written into the C header too).
+macro_rules! shared {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident as $c:literal {
+            $(
+                $(#[doc = $doc:literal])*
+                $vis:vis $field:ident : $ty:ty,
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[repr(C)]
+        pub struct $name {
+            $(
+                $(#[doc = $doc])*
+                $vis $field: $ty,
+            )*
+        }
+
+        impl $name {
+            /// How C lays it out: the same as Rust, field for field.
+            pub const C: Struct = Struct {
+                name: $c,
+                rust: stringify!($name),
+                size: size_of::<$name>(),
+                align: align_of::<$name>(),
+                fields: &[$(Field {
+                    name: stringify!($field),
+                    c_type: <$ty as CType>::NAME,
+                    len: <$ty as CType>::LEN,
+                    offset: offset_of!($name, $field),
+                    doc: concat!($($doc, "\n",)*),
+                }),*],
+            };
+        }
+    };
+}
+
+shared! {
+    /// The configuration (`lb_conf`, one entry).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct Conf as "lb_conf" {
+        /// 0: every frame goes to the socket (steering only).
+        pub enabled: u32,
+        /// Non-zero: the flow hash in a GRE key (`[encap] source_prefix` or
+        /// `source_prefix6` set; packet::gre::Spread::key).
+        pub keyed: u32,
+        /// Non-zero: IPv4 outer sources are `spread_net | (hash &
+        /// spread_host)` (`[encap] source_prefix` set).
+        pub spread_v4: u32,
+        /// The IPv4 source prefix's network, host order.
+        pub spread_net: u32,
+        /// Its host bits, host order.
+        pub spread_host: u32,
+        /// Idle timeout of TCP flows, ms.
+        pub tcp_timeout_ms: u32,
+        /// Idle timeout of other flows, ms.
+        pub udp_timeout_ms: u32,
+        /// How long a closed TCP flow's entry lingers, ms.
+        pub linger_ms: u32,
+        /// Traffic entries per CPU: VIPs, then backends from `vip_cap` (set
+        /// by the loader's `set_conf`, whatever is given).
+        pub stride: u32,
+        /// The first backend's traffic entry (set by the loader's
+        /// `set_conf`).
+        pub vip_cap: u32,
+    }
+}
+
+shared! {
+    /// A key of the VIP map (`lb_vips`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct VipKey as "lb_vip_key" {
+        /// The VIP's IPv4 address in network order: its octets as they lie
+        /// in the packet (`u32::from_ne_bytes(octets)`).
+        pub addr: u32,
+        /// Its port, host order, or LB_ANY_PORT.
+        pub port: u32,
+        /// Its IP protocol.
+        pub proto: u32,
+    }
+}
+
+shared! {
+    /// A value of the VIP map (`lb_vips`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct VipEntry as "lb_vip" {
+        /// Its index (the worker's VIP index, for counters and connections).
+        pub index: u32,
+        /// The first slot of its Maglev table in the slot array (`lb_ring`).
+        pub table: u32,
+        /// The table's size M (0: no table; its frames go to the socket).
+        pub m: u32,
+        /// Padding (zero).
+        _pad: u32,
+    }
+}
+
+impl VipEntry {
+    /// A VIP entry.
+    pub fn new(index: u32, table: u32, m: u32) -> Self {
+        VipEntry {
+            index,
+            table,
+            m,
+            _pad: 0,
+        }
+    }
+}
+
+shared! {
+    /// An entry of the backend array (`lb_backends`), by backend id.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct BackendEntry as "lb_backend" {
+        /// Outer destination (the backend), network order (as
+        /// [`VipKey::addr`]).
+        pub dst: u32,
+        /// Outer source, network order.
+        pub src: u32,
+        /// Destination MAC (the next hop).
+        pub dmac: [u8; 6],
+        /// Source MAC (ours).
+        pub smac: [u8; 6],
+        /// LB_HEALTHY, LB_ACCEPTING, LB_V4.
+        pub flags: u8,
+        /// Outer TTL.
+        pub ttl: u8,
+        /// Padding (zero).
+        pub pad: [u8; 2],
+    }
+}
+
+shared! {
+    /// An element of the slot array (`lb_ring`): two Maglev slots (backend
+    /// ids, or LB_EMPTY), as array elements are 8-byte aligned when
+    /// mapped. User space writes the array as slots, one `u32` each.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct SlotPair as "lb_pair" {
+        /// Slots `2i` and `2i + 1`.
+        pub b: [u32; 2],
+    }
+}
+
+shared! {
+    /// An entry of the traffic counters (`lb_traffic`): per CPU, `stride`
+    /// entries, VIPs then backends; also their sum over CPUs.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct Traffic as "lb_traffic" {
+        /// Packets.
+        pub packets: u64,
+        /// Bytes of the received frames.
+        pub bytes: u64,
+    }
+}
+
+shared! {
+    /// The program's counters (`lb_stats`, per CPU), or their sum.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct Stats as "lb_stats" {
+        /// Frames forwarded in the driver.
+        pub forwarded: u64,
+        /// Connection-table lookups that found a live entry.
+        pub ct_hits: u64,
+        /// Lookups that found none.
+        pub ct_misses: u64,
+        /// Entries written.
+        pub ct_inserts: u64,
+        /// Flows closed by a FIN or RST.
+        pub ct_closes: u64,
+        /// Frames for a VIP left to user space (probes, partial checksums,
+        /// no backend, an IPv6 backend).
+        pub to_socket: u64,
+    }
+}
+
+/// Every struct both sides share.
+pub const STRUCTS: &[Struct] = &[
+    Conf::C,
+    VipKey::C,
+    VipEntry::C,
+    BackendEntry::C,
+    SlotPair::C,
+    Traffic::C,
+    Stats::C,
+];
+
+/// A constant both sides share: its C name, its value and its C suffix.
+pub type Constant = (&'static str, u64, &'static str);
+
+/// Every constant both sides share, as C names them.
+pub const CONSTANTS: &[Constant] = &[
+    ("LB_FLOW_SEED", FLOW_SEED, "ULL"),
+    ("LB_ANY_PORT", ANY_PORT as u64, ""),
+    ("LB_EMPTY", EMPTY as u64, "u"),
+    ("LB_HEALTHY", HEALTHY as u64, ""),
+    ("LB_ACCEPTING", ACCEPTING as u64, ""),
+    ("LB_V4", V4 as u64, ""),
+    ("LB_TRACE_MAGIC", u64::from_ne_bytes(TRACE_MAGIC), "ULL"),
+    ("LB_DEFAULT_VIPS", DEFAULT_VIPS as u64, ""),
+    ("LB_DEFAULT_CONNS", DEFAULT_CONNS as u64, ""),
+];
+
+/// The C header `lb.c` includes (`lb_abi.h`): [`CONSTANTS`] as `#define`s
+/// and [`STRUCTS`] as structs.
+pub fn c_header() -> String {
+    let mut h = String::from(
+        "// Written by crates/lb/build.rs from crates/lb/src/xdp/abi.rs, which\n\
+         // defines what the load balancer's XDP program and user space share:\n\
+         // change it there.\n\
+         #ifndef FASTPATH_LB_ABI_H\n\
+         #define FASTPATH_LB_ABI_H\n\
+         #include <linux/types.h>\n\n",
+    );
+    for (name, value, suffix) in CONSTANTS {
+        h.push_str(&format!("#define {name} {value:#x}{suffix}\n"));
+    }
+    for s in STRUCTS {
+        h.push_str(&format!(
+            "\n// lb::xdp::abi::{}\nstruct {} {{\n",
+            s.rust, s.name
+        ));
+        for f in s.fields {
+            for line in f.doc.lines() {
+                h.push_str(&format!("\t//{line}\n"));
+            }
+            match f.len {
+                Some(n) => h.push_str(&format!("\t{} {}[{n}];\n", f.c_type, f.name)),
+                None => h.push_str(&format!("\t{} {};\n", f.c_type, f.name)),
+            }
+        }
+        h.push_str("};\n");
+    }
+    h.push_str("\n#endif\n");
+    h
+}
