@@ -12,7 +12,10 @@
 //!
 //! The file is replaced in one step (a temporary file in the same directory,
 //! then a rename), so a crash leaves the old file or the new one, never half
-//! of one.
+//! of one. A configuration that is a symbolic link is followed: the real
+//! file is replaced and the link stays. The temporary file has a random
+//! name and is created exclusively, never through a link, so a link
+//! planted beside the configuration cannot make the daemon write elsewhere.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -324,31 +327,110 @@ pub struct WriteError {
     pub source: std::io::Error,
 }
 
-/// Replaces `path` with `text` in one step: a temporary file in the same
-/// directory (same file system, same permissions), flushed to disk, then
-/// renamed over it.
+/// Tries for a temporary file's name before giving up (each name is
+/// random; a name that exists is never opened, only skipped).
+const TEMP_TRIES: usize = 16;
+
+/// A random name for a temporary file beside `file`: nobody can plant a
+/// link under it in advance. (The standard library's hasher keys are drawn
+/// from the system's randomness.)
+fn temp_name(file: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!(".{file}.fastpath-{:016x}.tmp", h.finish())
+}
+
+/// The file `path` names, through any symbolic links: what is replaced,
+/// so that a link stays a link to the file that changed.
+fn real_path(path: &Path) -> Result<PathBuf, WriteError> {
+    std::fs::canonicalize(path).map_err(|source| WriteError {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Creates a new file in `dir` under the first of `names` that does not
+/// exist: exclusively (`O_CREAT | O_EXCL`), never through a symbolic link
+/// (`O_NOFOLLOW`; with `O_EXCL` a link in the way is an error, not a
+/// path), readable by the owner only until its permissions are copied.
+fn create_temp(
+    dir: &Path,
+    names: impl IntoIterator<Item = String>,
+) -> Result<(std::fs::File, PathBuf), WriteError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut last = None;
+    for name in names {
+        let tmp = dir.join(name);
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&tmp)
+        {
+            Ok(f) => return Ok((f, tmp)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some((tmp, e)),
+            Err(source) => return Err(WriteError { path: tmp, source }),
+        }
+    }
+    let (path, source) = last.unwrap_or_else(|| {
+        (
+            dir.to_path_buf(),
+            std::io::Error::other("no name left for a temporary file"),
+        )
+    });
+    Err(WriteError { path, source })
+}
+
+/// Replaces the file `path` names with `text` in one step. A symbolic link
+/// is followed to the real file, which is replaced (the link stays a link,
+/// and later edits of the real file are read). The new text goes into a
+/// temporary file beside the real one (same file system), created
+/// exclusively under a random name and never through a link, given the
+/// old file's permissions and owner, flushed to disk, then renamed over it.
 pub fn write_atomically(path: &Path, text: &str) -> Result<(), WriteError> {
+    let real = real_path(path)?;
+    let file = real
+        .file_name()
+        .map_or_else(|| "config".into(), |n| n.to_string_lossy().into_owned());
+    let names = std::iter::repeat_with(|| temp_name(&file)).take(TEMP_TRIES);
+    write_via(&real, text, names)
+}
+
+/// [`write_atomically`] to the real file `real`, the temporary file under
+/// the first free name of `names`.
+fn write_via(
+    real: &Path,
+    text: &str,
+    names: impl IntoIterator<Item = String>,
+) -> Result<(), WriteError> {
     use std::io::Write;
-    let dir = path
+    use std::os::unix::fs::MetadataExt;
+    let dir = real
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let file = path
-        .file_name()
-        .map_or_else(|| "config".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(".{file}.fastpath-{}.tmp", std::process::id()));
     let err = |p: &Path| {
         let p = p.to_path_buf();
         move |source| WriteError { path: p, source }
     };
+    let (mut f, tmp) = create_temp(dir, names)?;
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp).map_err(err(&tmp))?;
-        if let Ok(m) = std::fs::metadata(path) {
+        if let Ok(m) = std::fs::metadata(real) {
             f.set_permissions(m.permissions()).map_err(err(&tmp))?;
+            // The owner too, where this process may give it (as root); a
+            // file the daemon may write but not chown keeps the daemon's.
+            let _ = std::os::unix::fs::fchown(&f, Some(m.uid()), Some(m.gid()));
         }
         f.write_all(text.as_bytes()).map_err(err(&tmp))?;
         f.sync_all().map_err(err(&tmp))?;
-        std::fs::rename(&tmp, path).map_err(err(path))
+        std::fs::rename(&tmp, real).map_err(err(real))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -696,6 +778,86 @@ mod tests {
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
         let e = write_atomically(&dir.join("missing-dir/lb.toml"), "x").unwrap_err();
         assert!(e.to_string().contains("missing-dir"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A configuration that is a symbolic link (to a file in another
+    /// directory, through a relative link) stays a link, and the file it
+    /// points to gets the new text: later edits of that file are what the
+    /// daemon reads. Nothing is left in either directory.
+    #[test]
+    fn a_symlinked_configuration_stays_a_link_and_its_target_changes() {
+        let dir = std::env::temp_dir().join(format!("fastpath-ops-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("etc")).unwrap();
+        std::fs::create_dir_all(dir.join("real")).unwrap();
+        let target = dir.join("real/lb.toml");
+        std::fs::write(&target, "old\n").unwrap();
+        let link = dir.join("etc/lb.toml");
+        std::os::unix::fs::symlink("../real/lb.toml", &link).unwrap();
+        write_atomically(&link, "new\n").unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            Path::new("../real/lb.toml")
+        );
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "new\n");
+        assert_eq!(std::fs::read_dir(dir.join("etc")).unwrap().count(), 1);
+        assert_eq!(std::fs::read_dir(dir.join("real")).unwrap().count(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A link planted where the temporary file would go is not followed:
+    /// the file it points to is untouched, the link stays, and the write
+    /// takes the next name. The names are random, so none can be planted
+    /// in advance.
+    #[test]
+    fn a_planted_link_at_the_temporary_name_is_not_followed() {
+        let dir = std::env::temp_dir().join(format!("fastpath-ops-plant-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("lb.toml");
+        std::fs::write(&f, "old\n").unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        let planted = ".lb.toml.fastpath-planted.tmp".to_string();
+        std::os::unix::fs::symlink(&victim, dir.join(&planted)).unwrap();
+        // A dangling link too: O_CREAT alone would create its target.
+        let dangling = ".lb.toml.fastpath-dangling.tmp".to_string();
+        std::os::unix::fs::symlink(dir.join("created-through-link"), dir.join(&dangling)).unwrap();
+        write_via(
+            &f,
+            "new\n",
+            [planted.clone(), dangling.clone(), temp_name("lb.toml")],
+        )
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "new\n");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        assert!(!dir.join("created-through-link").exists());
+        for l in [&planted, &dangling] {
+            assert!(std::fs::symlink_metadata(dir.join(l))
+                .unwrap()
+                .file_type()
+                .is_symlink());
+        }
+        // With every name taken, nothing is written anywhere.
+        let e = write_via(&f, "newer\n", [planted]).unwrap_err();
+        assert_eq!(e.source.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "new\n");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        // A link at the name earlier versions always used (the process id)
+        // is not used either.
+        let predictable = dir.join(format!(".lb.toml.fastpath-{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &predictable).unwrap();
+        write_atomically(&f, "newest\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "newest\n");
+        assert!(std::fs::symlink_metadata(&f).unwrap().file_type().is_file());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        // Two names in a row differ.
+        assert_ne!(temp_name("lb.toml"), temp_name("lb.toml"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
