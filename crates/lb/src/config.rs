@@ -469,6 +469,24 @@ pub struct Api {
     /// `Authorization: Bearer <token>`. Required when `listen` is not a
     /// loopback address.
     pub token_file: Option<std::path::PathBuf>,
+    /// Whether reads (`GET /status`, `GET /metrics`) need the token too.
+    /// Unset: they do when `listen` is not a loopback address and there is
+    /// a token (a data address is reachable by whoever reaches the
+    /// machine, and `/status` names every backend); on loopback they stay
+    /// open, for a local Prometheus and `fastpath lb status`. `true` needs
+    /// `token_file`; `false` keeps reads open on any address (a scraper
+    /// that cannot send a token, behind a firewall).
+    pub token_for_reads: Option<bool>,
+}
+
+impl Api {
+    /// Whether reads need the token (see [`Api::token_for_reads`]).
+    pub fn reads_need_token(&self) -> bool {
+        self.token_file.is_some()
+            && self
+                .token_for_reads
+                .unwrap_or_else(|| self.listen.is_some_and(|l| !l.ip().is_loopback()))
+    }
 }
 
 /// `[bgp]`: announcing VIPs through BIRD. fastpath writes the VIPs as
@@ -1300,6 +1318,12 @@ impl Config {
                     ),
                 );
             }
+        }
+        if self.api.token_for_reads == Some(true) && self.api.token_file.is_none() {
+            return problem(
+                "api.token_for_reads".into(),
+                "reads cannot need a token when there is none: set api.token_file".into(),
+            );
         }
         Ok(())
     }

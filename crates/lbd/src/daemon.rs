@@ -73,6 +73,16 @@ pub fn run(
     threads: Option<usize>,
     stop: Arc<AtomicBool>,
 ) -> Result<(RunStats, Arc<lb::tables::Tables>), Error> {
+    // Before anything is opened: the soft open-files limit to the hard one.
+    match crate::limits::raise_nofile() {
+        Ok(n) if n.before != n.now => tracing::info!(
+            "open files: soft limit raised from {} to {} (the hard limit)",
+            n.before.map_or("unlimited".into(), |l| l.to_string()),
+            n.now.map_or("unlimited".into(), |l| l.to_string())
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("{e}; the API's share of open files is smaller"),
+    }
     // The text too: a runtime change refuses to overwrite a file that
     // differs from what runs.
     let mut parse_cache = lb::config::ParseCache::new();
@@ -179,12 +189,15 @@ fn serve(
     // The API's listener and token before anything runs: a port in use or a
     // missing token stops the start instead of leaving a daemon without API.
     let api_listener = cfg.api.listen.map(http::bind).transpose()?;
-    let api_token = cfg
-        .api
-        .token_file
-        .as_deref()
-        .map(http::read_token)
-        .transpose()?;
+    let api = http::Access {
+        token: cfg
+            .api
+            .token_file
+            .as_deref()
+            .map(http::read_token)
+            .transpose()?,
+        reads_need_token: cfg.api.reads_need_token(),
+    };
     let shared = Arc::new(Shared {
         control: Mutex::new(control),
         file: ConfigFile {
@@ -212,7 +225,13 @@ fn serve(
         },
         bgp: Mutex::new(None),
         gateway,
-        api_token,
+        api,
+        api_connections: http::Connections::new(crate::limits::MIN_API_CONNECTIONS),
+        budget: Mutex::new(crate::limits::Budget {
+            limit: crate::limits::nofile().limit(),
+            at_start: 0,
+            reserved: 0,
+        }),
         started: Instant::now(),
     });
     // Tunnel health checks asked for and impossible: stop now, say why.
@@ -221,6 +240,9 @@ fn serve(
     if let Some(f) = &shared.datapath.xdp_vips {
         tasks::peers::set_xdp_redirects(f, &cfg).map_err(Error::XdpRedirects)?;
     }
+    // Everything the datapath and the tunnel need is open: what is left,
+    // less what health checks, peers and BIRD need, is the API's.
+    shared.share_open_files(&cfg, Some(crate::limits::open_descriptors().unwrap_or(0)));
     // `stop` (the signal) starts a graceful stop: the BGP controller
     // withdraws the VIPs, then the drainer keeps the datapath, the API and
     // health checks running until the router has moved the traffic away,
@@ -370,6 +392,7 @@ async fn control_plane(
             listener,
             http::router(Arc::clone(&shared)),
             Arc::clone(&stop),
+            Arc::clone(&shared.api_connections),
         ));
     }
     while !stop.load(Ordering::Relaxed) {

@@ -1,14 +1,18 @@
 //! The HTTP API: its routes ([`router`]: `/metrics`, `/status`,
 //! `POST /reload` and the runtime changes, at the paths of
-//! [`crate::paths`]) and serving them safely: the listener is bound before
-//! the daemon forwards (a port in use stops the start instead of leaving a
-//! daemon without its API), mutating endpoints need a bearer token when
-//! one is configured, request bodies are bounded, and connections that sit
-//! idle are closed.
+//! [`crate::paths`]) and serving them within the daemon's means: the
+//! listener is bound before the daemon forwards (a port in use stops the
+//! start instead of leaving a daemon without its API), mutating endpoints
+//! need a bearer token when one is configured, and reads need it too where
+//! `[api] token_for_reads` says so (by default whenever the API listens
+//! beyond loopback with a token); request bodies are bounded, connections
+//! that sit idle are closed, and at most [`Connections::cap`] are open at
+//! once: above that a new connection is closed at once, so that a flood
+//! cannot take the descriptors health checks need ([`crate::limits`]).
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -87,7 +91,7 @@ pub fn authorized(headers: &HeaderMap, token: Option<&str>) -> bool {
     diff == 0
 }
 
-/// The answer to an unauthorized mutating request.
+/// The answer to an unauthorized request.
 pub fn unauthorized() -> (StatusCode, &'static str) {
     (
         StatusCode::UNAUTHORIZED,
@@ -95,10 +99,105 @@ pub fn unauthorized() -> (StatusCode, &'static str) {
     )
 }
 
+/// What the API lets through without the token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Access {
+    /// The bearer token (`[api] token_file`), if any.
+    pub token: Option<String>,
+    /// Whether reads (`GET /status`, `/metrics`) need it too
+    /// ([`lb::config::Api::reads_need_token`]).
+    pub reads_need_token: bool,
+}
+
+impl Access {
+    /// Whether a read may be answered.
+    pub fn may_read(&self, headers: &HeaderMap) -> bool {
+        !self.reads_need_token || authorized(headers, self.token.as_deref())
+    }
+
+    /// Whether a change may be made.
+    pub fn may_change(&self, headers: &HeaderMap) -> bool {
+        authorized(headers, self.token.as_deref())
+    }
+}
+
+/// The API's open connections, and how many it may hold at once.
+#[derive(Debug)]
+pub struct Connections {
+    open: AtomicUsize,
+    cap: AtomicUsize,
+    refused: AtomicU64,
+}
+
+/// One admitted connection: its place is given back when it ends.
+#[derive(Debug)]
+struct Slot(Arc<Connections>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Connections {
+    /// None open, at most `cap`.
+    pub fn new(cap: usize) -> Arc<Connections> {
+        Arc::new(Connections {
+            open: AtomicUsize::new(0),
+            cap: AtomicUsize::new(cap),
+            refused: AtomicU64::new(0),
+        })
+    }
+
+    /// Sets how many may be open (connections already open stay).
+    pub fn set_cap(&self, cap: usize) {
+        self.cap.store(cap, Ordering::Release);
+    }
+
+    /// How many may be open at once.
+    pub fn cap(&self) -> usize {
+        self.cap.load(Ordering::Acquire)
+    }
+
+    /// How many are open now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Connections closed on arrival because [`Connections::cap`] were
+    /// open.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// A place for one more connection, unless the cap is reached (the
+    /// accept loop is the only caller, so the check and the count cannot
+    /// race with another admission).
+    fn admit(self: &Arc<Self>) -> Option<Slot> {
+        if self.open() >= self.cap() {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        self.open.fetch_add(1, Ordering::AcqRel);
+        Some(Slot(Arc::clone(self)))
+    }
+}
+
+/// What a connection over the cap is told before it is closed (written
+/// only if the socket takes it at once; the close is what matters).
+const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 61\r\n\r\ntoo many API connections open; try again when some have ended\n";
+
 /// Serves `app` on `listener` until `stop`: HTTP/1.1, each connection
 /// closed after [`IDLE_TIMEOUT`] without a request head and at most
-/// [`MAX_CONNECTION`] after it opened; bodies over [`MAX_BODY`] refused.
-pub async fn serve(listener: std::net::TcpListener, app: Router, stop: Arc<AtomicBool>) {
+/// [`MAX_CONNECTION`] after it opened; bodies over [`MAX_BODY`] refused;
+/// at most [`Connections::cap`] of `conns` open at once, a connection
+/// beyond that answered 503 if it can be at once, and closed.
+pub async fn serve(
+    listener: std::net::TcpListener,
+    app: Router,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Connections>,
+) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -121,6 +220,12 @@ pub async fn serve(listener: std::net::TcpListener, app: Router, stop: Arc<Atomi
                 continue;
             }
         };
+        let Some(slot) = conns.admit() else {
+            // Closed now: its descriptor goes back at once.
+            let _ = stream.try_write(BUSY);
+            drop(stream);
+            continue;
+        };
         let svc = hyper_util::service::TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()
@@ -128,6 +233,7 @@ pub async fn serve(listener: std::net::TcpListener, app: Router, stop: Arc<Atomi
                 .header_read_timeout(IDLE_TIMEOUT)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
             let _ = tokio::time::timeout(MAX_CONNECTION, conn).await;
+            drop(slot);
         });
     }
 }
@@ -150,19 +256,34 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route(
             paths::METRICS,
-            get(|State(s): State<Arc<Shared>>| async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        crate::metrics::CONTENT_TYPE,
-                    )],
-                    s.metrics(),
-                )
-            }),
+            get(
+                |State(s): State<Arc<Shared>>, headers: HeaderMap| async move {
+                    if !s.api.may_read(&headers) {
+                        return unauthorized().into_response();
+                    }
+                    let format = crate::metrics::Format::negotiate(
+                        headers
+                            .get(axum::http::header::ACCEPT)
+                            .and_then(|v| v.to_str().ok()),
+                    );
+                    (
+                        [(axum::http::header::CONTENT_TYPE, format.content_type())],
+                        s.metrics(format),
+                    )
+                        .into_response()
+                },
+            ),
         )
         .route(
             paths::STATUS,
-            get(|State(s): State<Arc<Shared>>| async move { Json(s.status()) }),
+            get(
+                |State(s): State<Arc<Shared>>, headers: HeaderMap| async move {
+                    if !s.api.may_read(&headers) {
+                        return unauthorized().into_response();
+                    }
+                    Json(s.status()).into_response()
+                },
+            ),
         )
         .route(
             paths::RELOAD,
@@ -220,7 +341,7 @@ where
     T: Serialize + Send + 'static,
     E: std::fmt::Display + Send + 'static,
 {
-    if !authorized(headers, s.api_token.as_deref()) {
+    if !s.api.may_change(headers) {
         return unauthorized().into_response();
     }
     match tokio::task::spawn_blocking(move || apply(&s)).await {
@@ -321,8 +442,11 @@ mod tests {
                 .enable_all()
                 .build()
                 .unwrap()
-                .block_on(serve(l, app, st))
+                .block_on(serve(l, app, st, Connections::new(8)))
         });
+        // A connection that never sends a byte (a slowloris) is not kept
+        // either.
+        let mut fresh = std::net::TcpStream::connect(addr).unwrap();
         // One request works and the connection stays for the next...
         let mut c = std::net::TcpStream::connect(addr).unwrap();
         c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -336,7 +460,138 @@ mod tests {
         let n = c.read(&mut buf).unwrap_or(0);
         assert_eq!(n, 0, "the idle connection got data instead of a close");
         assert!(started.elapsed() <= IDLE_TIMEOUT + Duration::from_secs(2));
+        fresh
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let n = fresh.read(&mut buf).unwrap_or(1);
+        let said = String::from_utf8_lossy(&buf[..n]).to_string();
+        assert!(
+            n == 0 || said.contains("408"),
+            "a connection that sent nothing is still open: {said:?}"
+        );
         stop.store(true, Ordering::Relaxed);
         server.join().unwrap();
+    }
+
+    /// Serves a one-route app with `conns` on a thread of its own until
+    /// the returned flag is set.
+    fn serving(
+        conns: Arc<Connections>,
+    ) -> (SocketAddr, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+        let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let st = Arc::clone(&stop);
+        let server = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(serve(l, app, st, conns))
+        });
+        (addr, stop, server)
+    }
+
+    /// With the cap reached, a new connection is closed at once (its
+    /// descriptor given back) instead of held; once one of the open ones
+    /// ends, the API serves again.
+    #[test]
+    fn connections_over_the_cap_are_closed_at_once() {
+        let conns = Connections::new(2);
+        let (addr, stop, server) = serving(Arc::clone(&conns));
+        let held: Vec<_> = (0..2)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while conns.open() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(conns.open(), 2);
+        let mut over = std::net::TcpStream::connect(addr).unwrap();
+        over.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let started = std::time::Instant::now();
+        let mut answer = String::new();
+        let _ = over.read_to_string(&mut answer);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the connection over the cap was held"
+        );
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 503"),
+            "{answer:?}"
+        );
+        assert_eq!(conns.refused(), 1);
+        assert_eq!(conns.open(), 2);
+        // One ends: a place is free again.
+        drop(held);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while conns.open() > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.0 200"), "{answer:?}");
+        stop.store(true, Ordering::Relaxed);
+        server.join().unwrap();
+    }
+
+    /// `[api] token_for_reads`: unset, reads need the token on a data
+    /// address with a token and not on loopback; set, it decides; `true`
+    /// without a token is refused.
+    #[test]
+    fn reads_need_the_token_by_default_only_beyond_loopback() {
+        let dir = std::env::temp_dir().join(format!("fastpath-reads-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token_file = dir.join("api.token");
+        std::fs::write(&token_file, "a-long-enough-secret-token\n").unwrap();
+        let token_line = format!("token_file = \"{}\"\n", token_file.display());
+        let api = |listen: &str, token: bool, reads: Option<bool>| {
+            let text = format!(
+                "[api]\nlisten = \"{listen}\"\n{}{}[encap]\nsource = \"10.0.0.1\"\n\
+                 [[pools]]\nname = \"p\"\nbackends = [{{ address = \"10.1.0.1\" }}]\n",
+                if token { token_line.as_str() } else { "" },
+                reads
+                    .map(|r| format!("token_for_reads = {r}\n"))
+                    .unwrap_or_default()
+            );
+            lb::Config::parse(&text, "t.toml").map(|c| c.api.reads_need_token())
+        };
+        assert!(api("10.0.0.1:9180", true, None).unwrap());
+        assert!(!api("127.0.0.1:9180", true, None).unwrap());
+        assert!(!api("127.0.0.1:9180", false, None).unwrap());
+        assert!(api("127.0.0.1:9180", true, Some(true)).unwrap());
+        assert!(!api("10.0.0.1:9180", true, Some(false)).unwrap());
+        let e = api("127.0.0.1:9180", false, Some(true)).unwrap_err();
+        assert_eq!(e.key, "api.token_for_reads", "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Reads need the token only where [`Access::reads_need_token`] says
+    /// so; changes always need it when there is one.
+    #[test]
+    fn reads_need_the_token_where_configured() {
+        let token = Some("0123456789abcdef".to_string());
+        let mut with = HeaderMap::new();
+        with.insert("authorization", "Bearer 0123456789abcdef".parse().unwrap());
+        let without = HeaderMap::new();
+        let open = Access {
+            token: token.clone(),
+            reads_need_token: false,
+        };
+        assert!(open.may_read(&without) && open.may_read(&with));
+        assert!(!open.may_change(&without) && open.may_change(&with));
+        let closed = Access {
+            token,
+            reads_need_token: true,
+        };
+        assert!(!closed.may_read(&without) && closed.may_read(&with));
+        let none = Access {
+            token: None,
+            reads_need_token: false,
+        };
+        assert!(none.may_read(&without) && none.may_change(&without));
     }
 }

@@ -36,6 +36,7 @@ pub mod fleet;
 pub mod gateway;
 pub mod health;
 pub mod http;
+pub mod limits;
 pub mod lock;
 pub mod metrics;
 pub mod notify;

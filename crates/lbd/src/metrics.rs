@@ -1,13 +1,16 @@
 //! `/metrics`: the load balancer's state in the OpenMetrics text format,
-//! written by the `prometheus-client` crate from one snapshot (the
+//! or in Prometheus' classic text format (`text/plain; version=0.0.4`) to a
+//! scraper whose `Accept` header prefers it ([`Format::negotiate`]). Both
+//! are written by the `prometheus-client` crate from one snapshot (the
 //! `/status` document and the summed counters) per scrape, so every family
-//! is grouped with its HELP and TYPE and every name is one Prometheus and
-//! the OpenMetrics parsers accept.
+//! is grouped with its HELP and TYPE, every name is one Prometheus and the
+//! OpenMetrics parsers accept, and label values (backend and VIP names are
+//! the operator's text) are escaped by the encoder: a quote or a line break
+//! in a name cannot end a label or start a series.
 //!
 //! Counters are named without `_total` here; the encoder appends it, so
 //! the series are `fastpath_lb_drops_total{reason="..."}` and so on.
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -18,8 +21,63 @@ use lb::counters::{Counters, DropReason, DROP_REASONS, NOT_FOR_VIP};
 use crate::state::Shared;
 use crate::status::Status;
 
-/// The content type of [`encode_metrics`]' output.
+/// The content type of [`encode_metrics`]' output (OpenMetrics).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The content type of the classic Prometheus text format.
+pub const CLASSIC_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// The exposition formats `/metrics` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0 text: counters typed as such, `# EOF` at the end.
+    OpenMetrics,
+    /// Prometheus' classic text format, version 0.0.4: what older
+    /// scrapers and parsers that do not read OpenMetrics expect.
+    Classic,
+}
+
+impl Format {
+    /// The `Content-Type` of this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => CONTENT_TYPE,
+            Format::Classic => CLASSIC_CONTENT_TYPE,
+        }
+    }
+
+    /// The format an `Accept` header prefers: each media range's quality
+    /// (`q`, 1 when absent) is compared, `application/openmetrics-text`
+    /// against `text/plain` (the classic format; `text/*` counts for it);
+    /// OpenMetrics wins ties, and is the answer when neither is named
+    /// (no header, `*/*`) or the header cannot be read.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        let Some(accept) = accept else {
+            return Format::OpenMetrics;
+        };
+        let (mut open, mut classic) = (None::<f32>, None::<f32>);
+        for range in accept.split(',') {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+            let q = parts
+                .filter_map(|p| p.split_once('='))
+                .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+                .map_or(Some(1.0), |(_, v)| v.trim().parse::<f32>().ok())
+                .filter(|q| q.is_finite())
+                .unwrap_or(0.0);
+            let best = |slot: &mut Option<f32>| *slot = Some(slot.map_or(q, |b: f32| b.max(q)));
+            match media.as_str() {
+                "application/openmetrics-text" => best(&mut open),
+                "text/plain" | "text/*" => best(&mut classic),
+                _ => {}
+            }
+        }
+        match (open, classic) {
+            (_, Some(c)) if c > 0.0 && c > open.unwrap_or(0.0) => Format::Classic,
+            _ => Format::OpenMetrics,
+        }
+    }
+}
 
 type Labels = Vec<(String, String)>;
 
@@ -73,9 +131,10 @@ fn set(f: &Family<Labels, Gauge>, l: &[(&str, &str)], v: u64) {
 }
 
 impl Shared {
-    /// Prometheus text exposition.
-    pub fn metrics(&self) -> String {
-        encode_metrics(
+    /// The exposition in `format`.
+    pub fn metrics(&self, format: Format) -> String {
+        encode_metrics_as(
+            format,
             &self.status(),
             &self.datapath.counters(),
             self.health
@@ -85,10 +144,20 @@ impl Shared {
     }
 }
 
-/// The exposition of one snapshot: `s` (the `/status` document), `c` (the
-/// packet threads' counters summed) and the control plane's count of
-/// inconclusive health checks.
+/// The OpenMetrics exposition of one snapshot: `s` (the `/status`
+/// document), `c` (the packet threads' counters summed) and the control
+/// plane's count of inconclusive health checks.
 pub fn encode_metrics(s: &Status, c: &Counters, checks_inconclusive: u64) -> String {
+    encode_metrics_as(Format::OpenMetrics, s, c, checks_inconclusive)
+}
+
+/// [`encode_metrics`] in the format asked for.
+pub fn encode_metrics_as(
+    format: Format,
+    s: &Status,
+    c: &Counters,
+    checks_inconclusive: u64,
+) -> String {
     let mut r = Registry::default();
     let mut f = Families { r: &mut r };
     f.gauge_at(
@@ -297,6 +366,23 @@ pub fn encode_metrics(s: &Status, c: &Counters, checks_inconclusive: u64) -> Str
     ] {
         count(&events, &[("event", k)], v);
     }
+    if let Some(a) = &s.api {
+        f.gauge_at(
+            "fastpath_lb_api_connections",
+            "HTTP API connections open now",
+            a.connections as u64,
+        );
+        f.gauge_at(
+            "fastpath_lb_api_connections_max",
+            "The most HTTP API connections open at once: what the open-files limit leaves after the datapath, health checks, peers and BIRD",
+            a.max_connections as u64,
+        );
+        f.counter_at(
+            "fastpath_lb_api_connections_refused",
+            "HTTP API connections closed on arrival because the most were open",
+            a.refused,
+        );
+    }
     if let Some(g) = &s.gateway {
         let resolved = f.gauge(
             "fastpath_lb_gateway_resolved",
@@ -321,7 +407,10 @@ pub fn encode_metrics(s: &Status, c: &Counters, checks_inconclusive: u64) -> Str
     }
     let mut out = String::new();
     // Writing into a String cannot fail.
-    let _ = encode(&mut out, &r);
+    let _ = match format {
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &r),
+        Format::Classic => prometheus_client::encoding::prometheus_text::encode(&mut out, &r),
+    };
     out
 }
 
@@ -405,6 +494,118 @@ mod tests {
             text.matches("fastpath_lb_backend_packets_total{backend=\"b1\"")
                 .count(),
             1
+        );
+    }
+
+    /// A backend or VIP name holding a quote, a backslash or a line break
+    /// stays inside its label value in both formats: the encoder escapes
+    /// it, so no series can be injected and a strict parser reads it.
+    #[test]
+    fn label_values_are_escaped_in_both_formats() {
+        let mut s = status();
+        s.vips[0].backends[0].name = "b\"1\nfastpath_lb_injected 1".into();
+        s.vips[0].name = "web\\\"x".into();
+        for format in [Format::OpenMetrics, Format::Classic] {
+            let text = encode_metrics_as(format, &s, &Counters::new(), 0);
+            assert!(
+                !text.lines().any(|l| l.starts_with("fastpath_lb_injected")),
+                "{format:?}: a name started a series:\n{text}"
+            );
+            assert!(
+                text.contains(r#"backend="b\"1\nfastpath_lb_injected 1""#),
+                "{format:?}:\n{text}"
+            );
+            assert!(text.contains(r#"vip="web\\\"x""#), "{format:?}:\n{text}");
+            // Every line is a comment or `name{labels} value`.
+            for line in text.lines().filter(|l| !l.starts_with('#')) {
+                let name_end = line.find(['{', ' ']).unwrap();
+                assert!(
+                    line[..name_end].starts_with("fastpath_lb_"),
+                    "{format:?}: {line:?}"
+                );
+                let value = line.rsplit(' ').next().unwrap();
+                assert!(value.parse::<f64>().is_ok(), "{format:?}: {line:?}");
+            }
+        }
+    }
+
+    /// The classic format goes to scrapers that ask for it (an `Accept`
+    /// header that prefers `text/plain`); OpenMetrics to everyone else,
+    /// Prometheus' own header included (it prefers OpenMetrics).
+    #[test]
+    fn the_format_follows_the_accept_header() {
+        use Format::{Classic, OpenMetrics};
+        for (accept, want) in [
+            (None, OpenMetrics),
+            (Some("*/*"), OpenMetrics),
+            (Some("text/plain;version=0.0.4"), Classic),
+            (Some("text/plain; version=0.0.4; charset=utf-8"), Classic),
+            (Some("TEXT/PLAIN"), Classic),
+            (Some("application/openmetrics-text; version=1.0.0"), OpenMetrics),
+            (
+                Some("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"),
+                OpenMetrics,
+            ),
+            (Some("application/openmetrics-text;q=0.2, text/plain;q=0.9"), Classic),
+            (Some("text/plain;q=0, */*"), OpenMetrics),
+            (Some("text/plain;q=zero"), OpenMetrics),
+            (Some("application/json"), OpenMetrics),
+        ] {
+            assert_eq!(Format::negotiate(accept), want, "{accept:?}");
+        }
+        let classic = encode_metrics_as(Classic, &status(), &Counters::new(), 0);
+        assert!(!classic.contains("# EOF"), "{classic}");
+        assert!(
+            classic
+                .contains("# TYPE fastpath_lb_reloads_total counter\nfastpath_lb_reloads_total 2"),
+            "{classic}"
+        );
+        assert!(Classic
+            .content_type()
+            .starts_with("text/plain; version=0.0.4"));
+        assert!(OpenMetrics
+            .content_type()
+            .starts_with("application/openmetrics-text"));
+    }
+
+    /// promtool (Prometheus' own checker, which we did not write) reads
+    /// the classic exposition, evil names included, without an error.
+    #[test]
+    fn promtool_accepts_the_classic_format() {
+        if std::process::Command::new("promtool")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("skipped: promtool is not installed (scripts/setup.sh installs prometheus)");
+            return;
+        }
+        let mut s = status();
+        s.vips[0].backends[0].name = "b\"1\nx".into();
+        let text = encode_metrics_as(Format::Classic, &s, &Counters::new(), 0);
+        let mut child = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && !said.contains("error"),
+            "{said}\n{text}"
         );
     }
 

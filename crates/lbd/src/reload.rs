@@ -175,6 +175,8 @@ impl Shared {
             crate::tasks::peers::set_xdp_redirects(f, &cfg).map_err(ReloadError::XdpVips)?;
         }
         drop(c);
+        // The checks, and so the API's share of open files, may have changed.
+        self.share_open_files(&cfg, None);
         // The backends or gateway_mac may have changed.
         self.gateway.kick();
         Ok(Reloaded {

@@ -42,8 +42,14 @@ pub struct Shared {
     pub(crate) bgp: Mutex<Option<BgpState>>,
     /// The next hop's MAC: resolved, configured or unresolved.
     pub(crate) gateway: Gateway,
-    /// The API's bearer token for mutating requests (`[api] token_file`).
-    pub(crate) api_token: Option<String>,
+    /// The API's bearer token (`[api] token_file`) and whether reads need
+    /// it too.
+    pub(crate) api: crate::http::Access,
+    /// The API's open connections and their cap.
+    pub(crate) api_connections: Arc<crate::http::Connections>,
+    /// How the open files are shared out: the API's cap follows the
+    /// configuration's health checks.
+    pub(crate) budget: Mutex<crate::limits::Budget>,
     /// When the daemon started.
     pub(crate) started: Instant,
 }

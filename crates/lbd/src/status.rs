@@ -96,6 +96,11 @@ impl Shared {
                 sent: t.sent.load(Ordering::Relaxed),
                 send_errors: t.send_errors.load(Ordering::Relaxed),
             }),
+            api: Some(ApiStatus {
+                connections: self.api_connections.open(),
+                max_connections: self.api_connections.cap(),
+                refused: self.api_connections.refused(),
+            }),
 
             vips: tables
                 .vips
@@ -210,6 +215,18 @@ pub struct TracerStatus {
     pub send_errors: u64,
 }
 
+/// The HTTP API's connections in `/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ApiStatus {
+    /// Open now (this request's included).
+    pub connections: usize,
+    /// The most open at once: what the open-files limit leaves after the
+    /// datapath, health checks, peers and BIRD ([`crate::limits`]).
+    pub max_connections: usize,
+    /// Connections closed on arrival because the most were open.
+    pub refused: u64,
+}
+
 /// The `/status` document.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Status {
@@ -304,6 +321,10 @@ pub struct Status {
     /// documents from versions without it).
     #[serde(default)]
     pub tracer: Option<TracerStatus>,
+    /// The HTTP API's connections (absent in documents from versions
+    /// without it).
+    #[serde(default)]
+    pub api: Option<ApiStatus>,
     /// VIPs.
     pub vips: Vec<VipStatus>,
 }
@@ -379,6 +400,12 @@ impl Status {
         }
         if let Some(f) = &self.fleet {
             out.push_str(&f.to_text());
+        }
+        if let Some(a) = &self.api {
+            out.push_str(&format!(
+                "API: {} of at most {} connections open, {} refused while at the most\n",
+                a.connections, a.max_connections, a.refused
+            ));
         }
         if let Some(t) = &self.tracer {
             out.push_str(&format!(
