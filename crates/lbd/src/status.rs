@@ -143,9 +143,11 @@ pub struct BackendStatus {
     pub address: String,
     /// Health.
     pub healthy: bool,
-    /// Packets forwarded to it.
+    /// Packets forwarded to it, for every VIP it serves (the same under
+    /// each of them: the datapath counts per backend, not per VIP and
+    /// backend).
     pub packets: u64,
-    /// Bytes forwarded to it.
+    /// Bytes forwarded to it, for every VIP it serves.
     pub bytes: u64,
     /// Its weight in the VIP's pool as configured, kept while drained
     /// (absent in older documents: 0; older versions wrote 0 when drained).
@@ -414,9 +416,14 @@ impl Status {
                 t.reports, t.rate_limited, t.queue_full, t.invalid, t.sent, t.send_errors
             ));
         }
+        // Per VIP: its counters, and each backend's weight and state in its
+        // pool. A backend's counters cover every VIP it serves, so they are
+        // in a table of their own, once per backend: under each VIP they
+        // would show one VIP's traffic under another.
         let mut t = measure::Table::new([
             "vip", "backend", "address", "weight", "state", "packets", "bytes",
         ]);
+        let mut backends: Vec<(&BackendStatus, Vec<&str>)> = Vec::new();
         for v in &self.vips {
             t.row([
                 v.name.clone(),
@@ -438,12 +445,37 @@ impl Status {
                     b.address.clone(),
                     b.weight.to_string(),
                     b.state().to_string(),
+                    String::new(),
+                    String::new(),
+                ]);
+                match backends.iter_mut().find(|(x, _)| x.name == b.name) {
+                    Some((_, vips)) => vips.push(&v.name),
+                    None => backends.push((b, vec![&v.name])),
+                }
+            }
+        }
+        out.push_str(&t.to_string());
+        if !backends.is_empty() {
+            let mut bt = measure::Table::new([
+                "backend",
+                "address",
+                "health",
+                "vips",
+                "packets (all its VIPs)",
+                "bytes",
+            ]);
+            for (b, vips) in backends {
+                bt.row([
+                    b.name.clone(),
+                    b.address.clone(),
+                    if b.healthy { "up" } else { "DOWN" }.to_string(),
+                    vips.join(", "),
                     b.packets.to_string(),
                     b.bytes.to_string(),
                 ]);
             }
+            out.push_str(&format!("\n{bt}"));
         }
-        out.push_str(&t.to_string());
         if !self.drops.is_empty() {
             let mut d = measure::Table::new(["drop reason", "packets"]);
             for (k, v) in &self.drops {
@@ -492,21 +524,26 @@ mod tests {
         ] {
             assert!(t.contains(want), "{want:?} missing:\n{t}");
         }
-        let row = |name: &str| {
+        // A backend's row under its VIP (weight and state), then its row
+        // in the backends' table (health and counters).
+        let rows = |name: &str| {
             t.lines()
-                .find(|l| l.split_whitespace().any(|w| w == name))
-                .unwrap()
-                .split_whitespace()
+                .filter(|l| l.split_whitespace().any(|w| w == name))
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
                 .collect::<Vec<_>>()
-                .join(" ")
         };
-        assert!(row("b1").contains("10.0.0.1 2 up 90"), "{t}");
-        assert!(row("b2").contains("10.0.0.2 3 drained 10"), "{t}");
+        let row = |name: &str| rows(name)[0].clone();
+        let counted = |name: &str| rows(name)[1].clone();
+        assert!(row("b1").ends_with("b1 10.0.0.1 2 up"), "{t}");
+        assert!(counted("b1").ends_with("b1 10.0.0.1 up http 90 900"), "{t}");
+        assert!(row("b2").ends_with("b2 10.0.0.2 3 drained"), "{t}");
+        assert!(counted("b2").ends_with("b2 10.0.0.2 up http 10 100"), "{t}");
         assert!(
             !row("b2").contains("yes") && !row("b2").contains("up"),
             "{t}"
         );
-        assert!(row("b3").contains("10.0.0.3 1 DOWN 0"), "{t}");
+        assert!(row("b3").ends_with("b3 10.0.0.3 1 DOWN"), "{t}");
+        assert!(counted("b3").ends_with("b3 10.0.0.3 DOWN http 0 0"), "{t}");
         // The names of other versions' documents are read too.
         let renamed: Status = serde_json::from_value(serde_json::json!({
             "driver": "x", "generation": 1, "uptime_s": 0.0, "reloads_applied": 3,
@@ -518,5 +555,40 @@ mod tests {
         assert_eq!((renamed.reloads, renamed.reload_failures), (3, 2));
         assert_eq!(renamed.active_connections, None);
         assert!(renamed.to_text().contains("connections: 0 tracked"));
+    }
+
+    /// A backend in the pool of two VIPs shows its counters once, in the
+    /// backends' table, not under each VIP: a UDP VIP that forwarded
+    /// nothing does not show the HTTP VIP's packets under its backends.
+    #[test]
+    fn backend_counters_are_shown_once_not_under_every_vip() {
+        let backend = serde_json::json!({"name": "b1", "address": "10.0.0.1", "healthy": true,
+            "packets": 241912, "bytes": 9999999, "weight": 1, "drained": false});
+        let doc = serde_json::json!({
+            "driver": "AF_XDP", "generation": 1, "uptime_s": 1.0, "reloads": 0,
+            "reload_failures": 0, "last_reload_error": null, "forwarded": 241912, "dropped": 0,
+            "drops": {}, "conntrack_entries": 0, "bgp_announced": null, "bgp_error": null,
+            "vips": [
+                {"name": "http", "packets": 241912, "bytes": 9999999, "healthy_backends": 1,
+                 "pool": "web", "backends": [backend.clone()]},
+                {"name": "udp-echo", "packets": 0, "bytes": 0, "healthy_backends": 1,
+                 "pool": "web", "backends": [backend]}]
+        });
+        let s: Status = serde_json::from_value(doc).unwrap();
+        let t = s.to_text();
+        // In "forwarded", for the HTTP VIP and for its backend: not again
+        // under the UDP VIP.
+        assert_eq!(t.matches("241912").count(), 3, "{t}");
+        let udp = t
+            .lines()
+            .skip_while(|l| !l.contains("udp-echo"))
+            .nth(1)
+            .unwrap();
+        assert!(udp.contains("b1") && !udp.contains("241912"), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.contains("b1") && l.contains("http, udp-echo") && l.contains("241912")),
+            "{t}"
+        );
     }
 }
