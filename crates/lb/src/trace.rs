@@ -179,8 +179,12 @@ impl Marker {
             f => return Err(TraceError::Family(f)),
         };
         let report_to = SocketAddr::new(ip, port);
+        // Reports go to one host: not to link-local, broadcast, the
+        // reserved class E (240/4) or "this network" (0/8) either.
         let link_local = match ip {
-            IpAddr::V4(a) => a.is_link_local() || a.is_broadcast(),
+            IpAddr::V4(a) => {
+                a.is_link_local() || a.is_broadcast() || a.octets()[0] >= 240 || a.octets()[0] == 0
+            }
             IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
         };
         if port == 0 || ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() || link_local {
@@ -393,6 +397,24 @@ fn in_prefix(ip: IpAddr, net: IpAddr, len: u8) -> bool {
     (a >> shift) == (b >> shift)
 }
 
+/// Whether `ip` is one host of `net/len` rather than the prefix as a
+/// whole: not its network address (IPv4, and IPv6's subnet-router anycast)
+/// nor its IPv4 broadcast address. Prefixes of one or two addresses
+/// (/31, /32; /127, /128) are all hosts.
+fn is_host_of(ip: IpAddr, len: u8) -> bool {
+    let (a, bits): (u128, u32) = match ip {
+        IpAddr::V4(a) => (u32::from(a).into(), 32),
+        IpAddr::V6(a) => (u128::from(a), 128),
+    };
+    let host_bits = bits.saturating_sub(u32::from(len));
+    if host_bits < 2 {
+        return true;
+    }
+    let host_mask = (1u128 << host_bits) - 1;
+    let host = a & host_mask;
+    host != 0 && (ip.is_ipv6() || host != host_mask)
+}
+
 /// A token bucket as GCRA (the "virtual scheduling" form): one atomic, the
 /// theoretical arrival time of the next report; lock-free.
 #[derive(Debug)]
@@ -474,14 +496,15 @@ impl Tracer {
         })
     }
 
-    /// Whether a report may go to `ip` (inside one of `[tracer]
-    /// report_to`).
+    /// Whether a report may go to `ip`: one host inside one of `[tracer]
+    /// report_to`, not a prefix's network or broadcast address (a report
+    /// sent there would reach every host of the prefix, or a router).
     pub fn may_report_to(&self, ip: IpAddr) -> bool {
         self.allowed.is_empty()
             || self
                 .allowed
                 .iter()
-                .any(|&(net, len)| in_prefix(ip, net, len))
+                .any(|&(net, len)| in_prefix(ip, net, len) && is_host_of(ip, len))
     }
 
     /// A packet thread offers a record at `now_ms` (the datapath's clock).
@@ -640,11 +663,14 @@ mod tests {
         assert!(!t.may_report_to("2001:db9::1".parse().unwrap()));
         c.enabled = false;
         assert!(Tracer::from_config(&c).is_none());
-        // Loopback, link-local and broadcast are refused in the marker.
+        // Loopback, link-local, broadcast, class E and "this network" are
+        // refused in the marker.
         for ip in [
             "127.0.0.1",
             "169.254.1.1",
             "255.255.255.255",
+            "240.0.0.1",
+            "0.1.2.3",
             "::1",
             "fe80::1",
         ] {
@@ -661,6 +687,41 @@ mod tests {
             );
         }
     }
+    /// Reports go to one host: a prefix's network and broadcast
+    /// addresses (IPv6: its subnet-router anycast) are inside it but are
+    /// refused; prefixes of one or two addresses are all hosts.
+    #[test]
+    fn reports_go_only_to_unicast_hosts_of_the_prefixes() {
+        let c = TracerConf {
+            enabled: true,
+            report_to: vec![
+                "10.1.0.0/24".into(),
+                "10.2.0.0/31".into(),
+                "10.3.0.7/32".into(),
+                "2001:db8::/64".into(),
+                "2001:db8:1::/127".into(),
+            ],
+            ..TracerConf::default()
+        };
+        let t = Tracer::from_config(&c).unwrap();
+        for (ip, ok) in [
+            ("10.1.0.0", false),
+            ("10.1.0.255", false),
+            ("10.1.0.1", true),
+            ("10.1.0.254", true),
+            ("10.2.0.0", true),
+            ("10.2.0.1", true),
+            ("10.3.0.7", true),
+            ("2001:db8::", false),
+            ("2001:db8::1", true),
+            ("2001:db8::ffff:ffff:ffff:ffff", true),
+            ("2001:db8:1::", true),
+            ("2001:db8:1::1", true),
+        ] {
+            assert_eq!(t.may_report_to(ip.parse().unwrap()), ok, "{ip}");
+        }
+    }
+
     /// Packet threads offering at once lose nothing while the queue has
     /// room (a `try_lock` queue refused a record whenever two pushes met),
     /// and a full queue refuses exactly the overflow.
