@@ -424,11 +424,14 @@ impl Worker {
         };
         // Only a peer may redirect: anyone else's "redirect" would carry a
         // packet of its choosing to a backend past the router's filters.
+        // The peer list holds this load balancer too, which never
+        // redirects to itself: its own address as the source is forged.
         let from = packet::flow::to_ip(&outer.flow.src);
-        if !t
-            .fleet
-            .as_ref()
-            .is_some_and(|f| f.peers.addrs().contains(&from))
+        if t.is_own(&outer.flow.src)
+            || !t
+                .fleet
+                .as_ref()
+                .is_some_and(|f| f.peers.addrs().contains(&from))
         {
             self.discard(pkt, DropReason::FragmentRedirectNotPeer);
             return Taken::Dropped;

@@ -453,6 +453,14 @@ fn bad_redirects_are_dropped_by_reason() {
     let c = &a.worker.counters;
     assert_eq!(c.drops_for(DropReason::FragmentRedirectNotPeer), 1);
     assert_eq!(c.frag_redirect_received, 2);
+    // The same from this load balancer's own address (in the peer list,
+    // but it never redirects to itself): a forgery too.
+    assert!(a
+        .step(&pool, &wrap_from(&frags[0], key, PEERS[0], PEERS[0]), 0)
+        .is_empty());
+    let c = &a.worker.counters;
+    assert_eq!(c.drops_for(DropReason::FragmentRedirectNotPeer), 2);
+    assert_eq!(c.frag_redirect_received, 2);
 }
 
 /// With packet threads, a fragment that arrives redirected is steered by
