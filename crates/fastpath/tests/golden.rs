@@ -57,8 +57,10 @@ fn lb_run_forwards_the_sample_capture_as_gre_to_maglev_backends() {
         }
     }
     assert_eq!(report["forwarded"].as_u64().unwrap() as usize, want.len());
-    // Not for a VIP: counted apart from drops, as in the daemon's /status.
-    assert_eq!(report["not_for_vip_by_kind"]["no_vip"], 3);
+    // Not for a VIP: counted apart from drops, as in the daemon's /status;
+    // for a VIP's address on a port or protocol no VIP serves: a drop.
+    assert_eq!(report["not_for_vip_by_kind"]["no_vip"], 1);
+    assert_eq!(report["drops"]["vip_port_not_served"], 2, "{report}");
     let kinds = report["not_for_vip_by_kind"].as_object().unwrap();
     assert_eq!(
         report["not_for_vip"].as_u64(),

@@ -192,15 +192,25 @@ pub fn mixed_traffic() -> Vec<SampleFrame> {
             });
         }
     }
-    // Not for a VIP: wrong port, wrong address, wrong protocol.
-    for frame in [
-        tcp("203.0.113.1", 5, "192.0.2.80", 443, 2),
-        tcp("203.0.113.1", 5, "192.0.2.99", 80, 2),
-        Frame::udp(ip("203.0.113.1"), ip("192.0.2.80"), 5, 80, b"").to_bytes(),
+    // For a VIP's address but no VIP: wrong port, wrong protocol (dropped
+    // and counted as such); and not for a VIP at all: wrong address.
+    for (frame, why) in [
+        (
+            tcp("203.0.113.1", 5, "192.0.2.80", 443, 2),
+            DropReason::VipPortNotServed,
+        ),
+        (
+            tcp("203.0.113.1", 5, "192.0.2.99", 80, 2),
+            DropReason::NoVip,
+        ),
+        (
+            Frame::udp(ip("203.0.113.1"), ip("192.0.2.80"), 5, 80, b"").to_bytes(),
+            DropReason::VipPortNotServed,
+        ),
     ] {
         out.push(SampleFrame {
             frame,
-            expect: Expect::Drop(DropReason::NoVip),
+            expect: Expect::Drop(why),
         });
     }
     // Garbage, each with the reason it is counted under.

@@ -259,6 +259,9 @@ impl Oracle {
         let mut want: HashMap<&[u8], Expected> = HashMap::new();
         let mut malformed = [0u64; Reason::ALL.len()];
         let mut no_vip = 0u64;
+        // Whole packets and first fragments for a VIP's address that no VIP
+        // takes (ICMP errors are counted as not for a VIP).
+        let mut not_served = 0u64;
         for f in frames {
             let p = match parse_frame(f) {
                 Ok(p) => p,
@@ -291,7 +294,11 @@ impl Oracle {
                 e.must = !e.allowed.is_empty();
             }
             if e.allowed.is_empty() {
-                no_vip += 1;
+                if p.icmp_quote.is_none() && m.is_vip_address(&p.flow.dst) {
+                    not_served += 1;
+                } else {
+                    no_vip += 1;
+                }
             }
         }
         for (i, frame) in out.iter().enumerate() {
@@ -390,6 +397,10 @@ impl Oracle {
             (
                 c.drops_for(DropReason::NoVip) == no_vip,
                 "no-VIP drops as modelled",
+            ),
+            (
+                c.drops_for(DropReason::VipPortNotServed) == not_served,
+                "drops for a VIP's address on a port no VIP serves as modelled",
             ),
             (
                 c.drops_for(DropReason::NoHealthyBackend) == 0,

@@ -12,6 +12,10 @@ pub enum DropReason {
     Malformed(packet::Reason),
     /// Not for any VIP.
     NoVip,
+    /// For a VIP's address, on a port or protocol no VIP serves: traffic
+    /// for the load balancer that it drops (unlike [`DropReason::NoVip`],
+    /// a drop an operator looks for: a client or a VIP misconfigured).
+    VipPortNotServed,
     /// The VIP has no healthy backend.
     NoHealthyBackend,
     /// No room for the outer headers, or the result too big.
@@ -32,12 +36,13 @@ pub enum DropReason {
     /// room for a fragment plus 28 bytes of IPv4 and GRE headers).
     FragmentRedirectMalformed,
     /// GRE marked as a redirected fragment from a source that is not one
-    /// of the `[fleet]` peers (or with no `[fleet]`): a forgery, which
-    /// would reach a backend past the router's filters.
+    /// of the `[fleet]` peers (or with no `[fleet]`), or from this load
+    /// balancer's own address (it never redirects to itself): a forgery,
+    /// which would reach a backend past the router's filters.
     FragmentRedirectNotPeer,
 }
 
-const OWN: [(&str, DropReason); 9] = [
+const OWN: [(&str, DropReason); 10] = [
     ("no_vip", DropReason::NoVip),
     ("no_healthy_backend", DropReason::NoHealthyBackend),
     ("encap_failed", DropReason::EncapFailed),
@@ -56,6 +61,7 @@ const OWN: [(&str, DropReason); 9] = [
         "fragment_redirect_not_peer",
         DropReason::FragmentRedirectNotPeer,
     ),
+    ("vip_port_not_served", DropReason::VipPortNotServed),
 ];
 
 /// Frames that were not for the load balancer: not IP (ARP, LLDP...), or

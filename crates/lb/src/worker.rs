@@ -596,7 +596,7 @@ impl Worker {
             let no_vip = if from_peer {
                 DropReason::FragmentRedirectNoVip
             } else {
-                DropReason::NoVip
+                not_served(t, &p.flow.dst)
             };
             if let (Some(fleet), false) = (&t.fleet, from_peer) {
                 if t.matcher.is_vip_address(&p.flow.dst) {
@@ -650,8 +650,20 @@ impl Worker {
         let vip = t
             .matcher
             .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)
-            .ok_or(DropReason::NoVip)?;
+            .ok_or_else(|| not_served(t, &p.flow.dst))?;
         let (backend, hash) = self.select(t, &p.flow, hash, vip, now, true, p.tcp_flags)?;
         Ok(Action::Forward { vip, backend, hash })
+    }
+}
+
+/// Why a packet to `dst` that no VIP takes is dropped: a VIP's address on
+/// a port or protocol none of its VIPs serves is counted as such (traffic
+/// for the load balancer, lost), anything else is not for a VIP at all.
+#[cold]
+fn not_served(t: &Tables, dst: &[u8; 16]) -> DropReason {
+    if t.matcher.is_vip_address(dst) {
+        DropReason::VipPortNotServed
+    } else {
+        DropReason::NoVip
     }
 }
