@@ -44,20 +44,32 @@ pub enum LbCommand {
     ///   [api] listen     HTTP API: GET /status, GET /metrics (Prometheus),
     ///                    POST /reload, POST /backends/B/drain|undrain|weight/N
     ///                    (`fastpath lb status|reload|drain|undrain|weight`);
-    ///                    [api] token_file guards the POSTs with a bearer token
+    ///                    [api] token_file guards the POSTs with a bearer token,
+    ///                    and the GETs too on a data address ([api]
+    ///                    token_for_reads); connections beyond what the
+    ///                    open-files limit leaves after health checks and the
+    ///                    datapath are closed at once (the soft limit is
+    ///                    raised to the hard one at start)
     ///   reload           SIGHUP or `fastpath lb reload`: the file is re-read,
     ///                    validated whole and swapped in (only changed tables
     ///                    rebuilt, connections kept); a bad file is rejected
     ///                    and the running configuration stays
     ///   health = {...}   health checks per pool (tcp, http; via the tunnel
-    ///                    to the VIP or direct); a backend that fails them
-    ///                    leaves the tables until it passes again
+    ///                    to the VIP, as client traffic goes, or direct,
+    ///                    which cannot see a dead decap agent); a backend
+    ///                    that fails them leaves the tables until it passes
+    ///                    again, and its established connections move to
+    ///                    other backends, which reset them
     ///   [bgp]            announce the VIPs through BIRD while healthy
     ///   [fleet]          the other load balancers, for fragments
     ///   [tracer]         packet-tracer reports (`fastpath lb trace`)
     /// Backends decapsulate the GRE (`fastpath lb decap`) and hold the VIP on
     /// loopback; README.md, section "Deploying the load balancer", walks
     /// through a setup.
+    ///
+    /// Frames for a VIP's address on a port or protocol no VIP serves are
+    /// dropped and counted (`vip_port_not_served` in `lb status` drops and
+    /// fastpath_lb_drops_total).
     ///
     /// With --pcap-in: reads frames from a pcap file, runs them through
     /// steering, the packet threads and muxing, writes what is forwarded to
@@ -141,16 +153,25 @@ pub enum LbCommand {
     /// Behind ECMP, a flow that moves between load balancers keeps its
     /// backend only if their tables agree. Exits 1 unless the fleet agrees.
     ///
+    /// Where the API listens on a data address with a token, reads need
+    /// it too: pass the daemon's [api] token_file with --token-file.
+    ///
     /// Examples:
     ///   fastpath lb status --api 127.0.0.1:9180
     ///   fastpath lb status --api 10.0.0.1:9180 --api 10.0.0.2:9180 --api 10.0.0.3:9180
     ///   fastpath lb status --api 10.0.0.1:9180,10.0.0.2:9180 --format json | jq .agree
+    ///   fastpath lb status --api 10.0.0.1:9180,10.0.0.2:9180 --token-file /etc/fastpath/api.token
     #[command(verbatim_doc_comment)]
     Status {
         /// The API address; repeat (or separate with commas) to check a
         /// fleet.
         #[arg(long, default_value = "127.0.0.1:9180", num_args = 1.., value_delimiter = ',')]
         api: Vec<std::net::SocketAddr>,
+        /// File holding the API's bearer token (the daemon's `[api]
+        /// token_file`); needed where reads need it (an API on a data
+        /// address with a token, or `[api] token_for_reads = true`).
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
@@ -167,10 +188,17 @@ pub enum LbCommand {
     /// error (file, key or line, what was expected) is printed; exit
     /// status 1.
     ///
+    /// With several --api (a fleet): every load balancer is asked for its
+    /// /status first, and none is reloaded unless all answer; then all are
+    /// reloaded at once, and each one's result is printed (JSON: applied,
+    /// sent, lbs[]{api, answer, error}). Exit status 1 unless every one
+    /// applied it.
+    ///
     /// Examples:
     ///   fastpath lb reload
     ///   fastpath lb reload --api 127.0.0.1:9180 --token-file /etc/fastpath/api.token
     ///   fastpath lb reload --format json | jq .generation
+    ///   fastpath lb reload --api 10.0.0.1:9180,10.0.0.2:9180 --token-file /etc/fastpath/api.token
     #[command(verbatim_doc_comment)]
     Reload(ApiArgs),
     /// Drain a backend: it takes no new connections and keeps the ones it
@@ -190,10 +218,19 @@ pub enum LbCommand {
     /// With `[api] token_file`, pass the same file with --token-file.
     /// `fastpath lb status` then shows the backend as "drained".
     ///
+    /// With several --api (a fleet): every load balancer is asked first,
+    /// and nothing changes anywhere unless all answer and serve the
+    /// backend; then all change at once (the fleet disagrees for one
+    /// request's time, not for N commands), and each one's answer or
+    /// refusal is printed (JSON: applied, sent, lbs[]{api, answer, error}).
+    /// Exit status 1 unless every one applied it. The same goes for
+    /// `undrain` and `weight`.
+    ///
     /// Examples:
     ///   fastpath lb drain backend-1
     ///   fastpath lb drain 10.1.0.2 --api 127.0.0.1:9180 --token-file /etc/fastpath/api.token
     ///   fastpath lb drain backend-1 --format json | jq .pools
+    ///   fastpath lb drain backend-1 --api 10.0.0.1:9180,10.0.0.2:9180 --token-file /etc/fastpath/api.token
     #[command(verbatim_doc_comment)]
     Drain(BackendArgs),
     /// Undrain a backend: its configured weight applies again.
@@ -401,12 +438,16 @@ pub enum LbCommand {
     },
 }
 
-/// Where a running load balancer's API is, and its token.
+/// Where a running load balancer's API is (or the APIs of a fleet), and
+/// its token.
 #[derive(Args)]
 pub struct ApiConn {
-    /// The API address of the load balancer (its `[api] listen`).
-    #[arg(long, default_value = "127.0.0.1:9180")]
-    api: std::net::SocketAddr,
+    /// The API address of the load balancer (its `[api] listen`); repeat
+    /// (or separate with commas) to change a fleet: every load balancer is
+    /// asked first, nothing changes unless all answer (and list the
+    /// backend), then all are changed at once and each answer is shown.
+    #[arg(long, default_value = "127.0.0.1:9180", num_args = 1.., value_delimiter = ',')]
+    api: Vec<std::net::SocketAddr>,
     /// File holding the API's bearer token (the daemon's `[api]
     /// token_file`); needed when the daemon has one.
     #[arg(long, value_name = "FILE")]
@@ -446,37 +487,94 @@ pub struct ApiArgs {
 }
 
 /// `fastpath lb reload`: POST /reload, its answer printed; a rejected file
-/// is an error with the daemon's reason.
+/// is an error with the daemon's reason. With several --api, the whole
+/// fleet ([`fleet_outcome`]).
 fn reload(a: ApiArgs) -> anyhow::Result<()> {
-    let r = refused(
-        lbd::client::reload(a.conn.api, a.conn.token()?.as_deref()),
-        "reload",
-    )?;
+    let token = a.conn.token()?;
+    let [api] = a.conn.api[..] else {
+        let r = lbd::client::fleet_reload(&a.conn.api, token.as_deref());
+        return fleet_outcome(&r, a.format, "reload", reloaded_text);
+    };
+    let r = refused(lbd::client::reload(api, token.as_deref()), "reload")?;
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
+        Format::Table => print!("{}", reloaded_text(&r)),
+    }
+    Ok(())
+}
+
+/// A reload's answer in words.
+fn reloaded_text(r: &lbd::reload::Reloaded) -> String {
+    let pieces = if r.parsed.whole {
+        "the file was parsed whole".to_string()
+    } else {
+        format!(
+            "{} of its {} [[pools]]/[[vips]] elements parsed again",
+            r.parsed.parsed, r.parsed.chunks
+        )
+    };
+    let mut out = format!(
+        "reloaded: configuration generation {} in {:.1} ms ({pieces})\n",
+        r.generation,
+        r.took_us as f64 / 1e3
+    );
+    if !r.not_applied.is_empty() {
+        out += &format!(
+            "changed but applied only at the next start (the running values stay): {}\n",
+            r.not_applied.join(", ")
+        );
+    }
+    out
+}
+
+/// A fleet-wide change's outcome: per load balancer, its answer in words
+/// (`text`) or its error; JSON: the whole [`lbd::client::FleetChange`].
+/// An error unless every load balancer applied it.
+fn fleet_outcome<T: serde::Serialize>(
+    r: &lbd::client::FleetChange<T>,
+    format: Format,
+    what: &str,
+    text: impl Fn(&T) -> String,
+) -> anyhow::Result<()> {
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(r)?),
         Format::Table => {
-            let pieces = if r.parsed.whole {
-                "the file was parsed whole".to_string()
-            } else {
-                format!(
-                    "{} of its {} [[pools]]/[[vips]] elements parsed again",
-                    r.parsed.parsed, r.parsed.chunks
-                )
-            };
-            println!(
-                "reloaded: configuration generation {} in {:.1} ms ({pieces})",
-                r.generation,
-                r.took_us as f64 / 1e3
-            );
-            if !r.not_applied.is_empty() {
-                println!(
-                    "changed but applied only at the next start (the running values stay): {}",
-                    r.not_applied.join(", ")
-                );
+            for lb in &r.lbs {
+                match (&lb.answer, &lb.error) {
+                    (Some(a), _) => print!("{}: {}", lb.api, text(a)),
+                    (None, Some(e)) => println!("{}: {e}", lb.api),
+                    (None, None) => println!("{}: no answer", lb.api),
+                }
             }
         }
     }
-    Ok(())
+    let failed: Vec<&str> = r
+        .lbs
+        .iter()
+        .filter(|l| l.error.is_some())
+        .map(|l| l.api.as_str())
+        .collect();
+    match (r.sent, failed.is_empty()) {
+        (_, true) => Ok(()),
+        (false, false) => anyhow::bail!(
+            "{what}: nothing changed on any load balancer: {} could not take it",
+            r.lbs
+                .iter()
+                .filter(|l| l
+                    .error
+                    .as_deref()
+                    .is_some_and(|e| !e.contains("another load balancer")))
+                .map(|l| l.api.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        (true, false) => anyhow::bail!(
+            "{what}: applied on {} of {} load balancers; not on {} (the fleet disagrees until it is)",
+            r.lbs.len() - failed.len(),
+            r.lbs.len(),
+            failed.join(", ")
+        ),
+    }
 }
 
 /// A backend of a running load balancer, and how to reach its API.
@@ -494,38 +592,22 @@ pub struct BackendArgs {
 }
 
 /// `fastpath lb drain|undrain|weight`: one POST to the API, its answer
-/// printed; an error status is an error with the daemon's reason.
+/// printed; an error status is an error with the daemon's reason. With
+/// several --api, the whole fleet ([`fleet_outcome`]).
 fn runtime_change(a: BackendArgs, change: lbd::runtime::Change) -> anyhow::Result<()> {
+    let token = a.conn.token()?;
+    let what = format!("{change} {}", a.backend);
+    let [api] = a.conn.api[..] else {
+        let r = lbd::client::fleet_change(&a.conn.api, &a.backend, change, token.as_deref());
+        return fleet_outcome(&r, a.format, &what, changed_text);
+    };
     let r = refused(
-        lbd::client::change(a.conn.api, &a.backend, change, a.conn.token()?.as_deref()),
-        &format!("{change} {}", a.backend),
+        lbd::client::change(api, &a.backend, change, token.as_deref()),
+        &what,
     )?;
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
-        Format::Table => {
-            let what = match change {
-                lbd::runtime::Change::Drain => "drained".to_string(),
-                lbd::runtime::Change::Undrain => "undrained".to_string(),
-                lbd::runtime::Change::Weight(w) => format!("weight set to {w}"),
-            };
-            let pools = if r.pools.len() == 1 {
-                format!("pool {}", r.pools[0])
-            } else {
-                format!(
-                    "all {} pools that list it: {}",
-                    r.pools.len(),
-                    r.pools.join(", ")
-                )
-            };
-            if r.changed {
-                println!(
-                    "{}: {what} in {pools}; applied (configuration generation {}) and written to {}",
-                    r.backend, r.generation, r.file
-                );
-            } else {
-                println!("{}: already {what} in {pools}; nothing changed", r.backend);
-            }
-        }
+        Format::Table => print!("{}", changed_text(&r)),
     }
     Ok(())
 }
@@ -549,6 +631,35 @@ fn withdraw(config: &std::path::Path) -> anyhow::Result<()> {
         println!("{protocol}: {what}");
     }
     Ok(())
+}
+
+/// A runtime change's answer in words.
+fn changed_text(r: &lbd::reload::RuntimeChanged) -> String {
+    let what = match r.change {
+        lbd::runtime::Change::Drain => "drained".to_string(),
+        lbd::runtime::Change::Undrain => "undrained".to_string(),
+        lbd::runtime::Change::Weight(w) => format!("weight set to {w}"),
+    };
+    let pools = if r.pools.len() == 1 {
+        format!("pool {}", r.pools[0])
+    } else {
+        format!(
+            "all {} pools that list it: {}",
+            r.pools.len(),
+            r.pools.join(", ")
+        )
+    };
+    if r.changed {
+        format!(
+            "{}: {what} in {pools}; applied (configuration generation {}) and written to {}\n",
+            r.backend, r.generation, r.file
+        )
+    } else {
+        format!(
+            "{}: already {what} in {pools}; nothing changed\n",
+            r.backend
+        )
+    }
 }
 
 #[derive(Args)]
@@ -895,7 +1006,11 @@ pub fn run(c: LbCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        LbCommand::Status { api, format } => status(api, format),
+        LbCommand::Status {
+            api,
+            token_file,
+            format,
+        } => status(api, token_file.as_deref(), format),
         LbCommand::Trace(a) => crate::trace::run(a),
         LbCommand::Reload(a) => reload(a),
         LbCommand::Drain(a) => runtime_change(a, lbd::runtime::Change::Drain),
@@ -906,11 +1021,16 @@ pub fn run(c: LbCommand) -> anyhow::Result<()> {
     }
 }
 
-fn status(apis: Vec<std::net::SocketAddr>, format: Format) -> anyhow::Result<()> {
+fn status(
+    apis: Vec<std::net::SocketAddr>,
+    token_file: Option<&std::path::Path>,
+    format: Format,
+) -> anyhow::Result<()> {
+    let token = token_file.map(lbd::http::read_token).transpose()?;
     let [api] = apis[..] else {
-        return fleet_status(&apis, format);
+        return fleet_status(&apis, token.as_deref(), format);
     };
-    let s = lbd::client::fetch_status(api)?;
+    let s = lbd::client::fetch_status_with(api, token.as_deref())?;
     match format {
         Format::Table => print!("{}", s.to_text()),
         Format::Json => println!("{}", serde_json::to_string_pretty(&s)?),
@@ -919,8 +1039,12 @@ fn status(apis: Vec<std::net::SocketAddr>, format: Format) -> anyhow::Result<()>
 }
 
 /// `fastpath lb status` with several APIs: the fleet table and verdict.
-fn fleet_status(apis: &[std::net::SocketAddr], format: Format) -> anyhow::Result<()> {
-    let a = lbd::fleet::check(apis);
+fn fleet_status(
+    apis: &[std::net::SocketAddr],
+    token: Option<&str>,
+    format: Format,
+) -> anyhow::Result<()> {
+    let a = lbd::fleet::check(apis, token);
     match format {
         Format::Table => print!("{}", a.to_text()),
         Format::Json => println!("{}", serde_json::to_string_pretty(&a)?),

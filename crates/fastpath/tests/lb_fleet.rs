@@ -151,10 +151,14 @@ fn udp_fingerprint(t: &Topology, k: usize) -> String {
 fn fleet_status(t: &Topology) -> (bool, serde_json::Value) {
     let apis: Vec<String> = (1..=3).map(|k| t.api_addr(k)).collect();
     let fp = env!("CARGO_BIN_EXE_fastpath");
+    // The fleet's APIs listen on data addresses with a token: reads need
+    // it too.
+    let token = t.dir.join("api-token");
     let out = t
         .router
         .command(fp)
-        .args(["lb", "status", "--format", "json"])
+        .args(["lb", "status", "--format", "json", "--token-file"])
+        .arg(&token)
         .args(apis.iter().flat_map(|a| ["--api", a.as_str()]))
         .output()
         .unwrap();

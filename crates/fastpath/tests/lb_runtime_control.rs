@@ -380,5 +380,69 @@ fn drain_undrain_and_weight_through_the_cli_survive_a_restart() {
     let after = std::fs::read_to_string(&config).unwrap();
     assert!(!after.contains("drained"), "{after}");
     assert_eq!(after, original.replace("weight = 2 }", "weight = 5 }"));
+
+    // Fleet-wide, with several --api (here the same daemon twice, and a
+    // load balancer that does not answer): nothing changes anywhere unless
+    // every one answers; then each one's answer is printed.
+    let o = cli(
+        &ns,
+        &[
+            "lb",
+            "drain",
+            "b1",
+            "--api",
+            &format!("{API},127.0.0.1:1"),
+            "--token-file",
+            &tf,
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("nothing changed on any load balancer"),
+        "{err}"
+    );
+    assert_eq!(backend_in(&status(&ns), "b1"), [(5, false)]);
+    let out = ok(
+        &ns,
+        &[
+            "lb",
+            "drain",
+            "b1",
+            "--api",
+            API,
+            "--api",
+            API,
+            "--token-file",
+            &tf,
+        ],
+    );
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.starts_with(&format!("{API}: b1: ")))
+            .count(),
+        2,
+        "{out}"
+    );
+    assert_eq!(backend_in(&status(&ns), "b1"), [(5, true)]);
+    let r: serde_json::Value = serde_json::from_str(&ok(
+        &ns,
+        &[
+            "lb",
+            "reload",
+            "--api",
+            &format!("{API},{API}"),
+            "--token-file",
+            &tf,
+            "--format",
+            "json",
+        ],
+    ))
+    .unwrap();
+    assert_eq!(
+        (&r["applied"], &r["sent"]),
+        (&true.into(), &true.into()),
+        "{r}"
+    );
+    assert_eq!(r["lbs"].as_array().unwrap().len(), 2, "{r}");
     d.stop();
 }

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 
 use serde::Serialize;
 
-use crate::client::fetch_status;
+use crate::client::fetch_status_with;
 use crate::status::{BackendStatus, Status, VipStatus};
 
 /// What differs between load balancers for one VIP.
@@ -342,16 +342,19 @@ pub fn compare(lbs: &[(String, Status)]) -> Agreement {
     }
 }
 
-/// Fetches `/status` from every API at once (each bounded by the
-/// [`fetch_status`] timeouts, so an unreachable load balancer costs seconds,
-/// never a hang) and compares the answers. A load balancer that does not
-/// answer is listed with its error and makes `agree` false: a fleet that
-/// cannot be seen whole is not known to agree.
-pub fn check(apis: &[SocketAddr]) -> Agreement {
+/// Fetches `/status` from every API at once (with `token`, for daemons
+/// whose reads need it; each bounded by the [`fetch_status_with`]
+/// timeouts, so an unreachable load balancer costs seconds, never a hang)
+/// and compares the answers. A load balancer that does not answer is
+/// listed with its error and makes `agree` false: a fleet that cannot be
+/// seen whole is not known to agree.
+pub fn check(apis: &[SocketAddr], token: Option<&str>) -> Agreement {
     let answers: Vec<Result<Status, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = apis
             .iter()
-            .map(|&api| scope.spawn(move || fetch_status(api).map_err(|e| e.to_string())))
+            .map(|&api| {
+                scope.spawn(move || fetch_status_with(api, token).map_err(|e| e.to_string()))
+            })
             .collect();
         handles
             .into_iter()
@@ -703,7 +706,7 @@ mod tests {
         let addr = free.local_addr().unwrap();
         drop(free);
         let t = std::time::Instant::now();
-        let a = check(&[addr]);
+        let a = check(&[addr], None);
         assert!(t.elapsed() < std::time::Duration::from_secs(5));
         assert!(!a.agree);
         assert!(a.lbs[0].error.is_some());
