@@ -22,6 +22,9 @@ use crate::Format;
 /// estimate part by part. Exit status 0 when the file is valid, 1 with the
 /// file, the key and the problem when it is not: for scripts and CI before
 /// a reload.
+/// What is valid but likely not meant is printed as a warning (JSON:
+/// `warnings`): for example health checks that go straight to backends
+/// behind decap agents, which cannot see a dead agent (use `via = "tunnel"`).
 ///
 /// Examples:
 ///   fastpath lb check-config examples/lb.toml
@@ -179,7 +182,12 @@ pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
         memory_bytes: checked.memory.total(),
         memory: checked.memory.parts.clone(),
         machine_memory: checked.machine.clone(),
-        warnings: checked.warnings.clone(),
+        warnings: checked
+            .warnings
+            .iter()
+            .cloned()
+            .chain(lbd::health::warnings(&cfg))
+            .collect(),
     };
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&s)?),

@@ -352,3 +352,44 @@ fn lb_help_describes_the_daemon_and_names_only_real_subcommands() {
         }
     }
 }
+
+/// `lb check-config` points at the tunnel where a pool's health checks go
+/// straight to backends that client traffic reaches through GRE (a dead
+/// decap agent is invisible to them), and says nothing once they go
+/// through the tunnel; the file is valid either way.
+#[test]
+fn check_config_warns_when_direct_checks_guard_backends_behind_decap_agents() {
+    let dir = std::env::temp_dir().join(format!("fastpath-check-via-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("lb.toml");
+    let config = |via: &str| {
+        format!(
+            "[encap]\nsource = \"10.0.0.1\"\n\
+             [[pools]]\nname = \"web\"\nbackends = [{{ address = \"10.1.0.1\" }}]\n\
+             health = {{ kind = \"http\", port = 80{via} }}\n\
+             [[vips]]\nname = \"http\"\naddress = \"198.18.0.80\"\nport = 80\nprotocol = \"tcp\"\npool = \"web\"\n"
+        )
+    };
+    let check = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        let out = fastpath()
+            .args(["lb", "check-config"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = check(&config(""));
+    assert!(
+        text.contains("warning: pool \"web\"") && text.contains("via = \"tunnel\""),
+        "{text}"
+    );
+    let text = check(&config(", via = \"tunnel\""));
+    assert!(!text.contains("warning"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

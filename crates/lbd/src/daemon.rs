@@ -234,6 +234,9 @@ fn serve(
         }),
         started: Instant::now(),
     });
+    for w in health::warnings(&cfg) {
+        tracing::warn!("{w}");
+    }
     // Tunnel health checks asked for and impossible: stop now, say why.
     let checks = health::checks(&cfg);
     shared.health.ensure_tunnel(&checks)?;

@@ -98,6 +98,38 @@ pub fn checks(cfg: &Config) -> HashMap<CheckKey, Vec<String>> {
     out
 }
 
+/// What an operator should know about `cfg`'s health checks: every pool
+/// whose checks go straight to the backends' own addresses (`via =
+/// "direct"`, the default) while a VIP with an address could carry them
+/// through GRE. Client traffic reaches a backend only through its decap
+/// agent; a direct check does not, so a backend whose agent is dead stays
+/// up while every new connection to it fails. One line per pool.
+pub fn warnings(cfg: &Config) -> Vec<String> {
+    let tunnel_vips = cfg.tunnel_vips();
+    cfg.pools
+        .iter()
+        .filter(|p| {
+            p.health
+                .as_ref()
+                .is_some_and(|h| h.via == CheckPath::Direct)
+                && tunnel_vips.contains_key(p.name.as_str())
+        })
+        .map(|p| {
+            format!(
+                "pool {:?}: health checks go straight to the backends' addresses, not through \
+                 GRE and the decap agent as client traffic does: a backend whose agent is dead \
+                 stays up while its new connections fail; set via = \"tunnel\" in its health \
+                 (pools[{}].health.via; needs root)",
+                p.name,
+                cfg.pools
+                    .iter()
+                    .position(|q| std::ptr::eq(q, p))
+                    .unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
 /// What one check found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -275,6 +307,46 @@ health = { kind = "tcp", port = 443 }
             .find(|k| k.addr.to_string() == "10.1.0.1" && k.conf.kind == CheckKind::Http)
             .unwrap();
         assert_eq!(c[http1], vec!["10.1.0.1".to_string()]);
+    }
+
+    #[test]
+    fn direct_checks_of_backends_behind_decap_agents_are_warned_about() {
+        let cfg = |web: &str, dns: &str| {
+            Config::parse(
+                &format!(
+                    "[encap]\nsource = \"10.0.0.1\"\n\
+                     [[pools]]\nname = \"web\"\nbackends = [{{ address = \"10.1.0.1\" }}]\n{web}\n\
+                     [[pools]]\nname = \"dns\"\nbackends = [{{ address = \"10.1.0.2\" }}]\n{dns}\n\
+                     [[pools]]\nname = \"unused\"\nbackends = [{{ address = \"10.1.0.3\" }}]\n\
+                     health = {{ kind = \"tcp\", port = 80 }}\n\
+                     [[vips]]\nname = \"http\"\naddress = \"198.18.0.80\"\nport = 80\nprotocol = \"tcp\"\npool = \"web\"\n\
+                     [[vips]]\nname = \"dns\"\naddress = \"198.18.0.53\"\nprotocol = \"udp\"\npool = \"dns\"\n"
+                ),
+                "t.toml",
+            )
+            .unwrap()
+        };
+        // The default (direct) and an explicit direct check: a warning per
+        // pool that serves a VIP, naming the pool and the key.
+        let w = warnings(&cfg(
+            "health = { kind = \"http\", port = 80 }",
+            "health = { kind = \"tcp\", port = 53, via = \"direct\" }",
+        ));
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].contains("\"web\"") && w[0].contains("pools[0].health.via"),
+            "{w:?}"
+        );
+        assert!(
+            w[1].contains("\"dns\"") && w[1].contains("via = \"tunnel\""),
+            "{w:?}"
+        );
+        // Through the tunnel, or no checks: nothing to say.
+        let w = warnings(&cfg(
+            "health = { kind = \"http\", port = 80, via = \"tunnel\" }",
+            "",
+        ));
+        assert!(w.is_empty(), "{w:?}");
     }
 
     #[test]
