@@ -434,3 +434,55 @@ fn logs_have_colour_only_on_a_terminal_without_no_color() {
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&token);
 }
+
+/// A dual-stack pool behind one router: the IPv6 backends' next hop is
+/// the router's IPv6 address, necessarily another address than the IPv4
+/// one, but the same MAC. That is no "different next hops": no warning,
+/// although the load balancer's kernel had never talked IPv6 to the
+/// router (its MAC is resolved, not only looked up).
+#[test]
+fn a_dual_stack_pool_through_one_router_is_not_warned_about() {
+    if !netns::available() {
+        eprintln!("skipped: needs root and iproute2");
+        return;
+    }
+    let id = std::process::id() % 100_000;
+    let lb_ns = Netns::new(&format!("fpgw6-l-{id}")).unwrap();
+    let gw = Netns::new(&format!("fpgw6-g-{id}")).unwrap();
+    for ns in [&lb_ns, &gw] {
+        for k in ["all", "default"] {
+            ns.sysctl(&format!("net.ipv6.conf.{k}.disable_ipv6"), "0")
+                .unwrap();
+        }
+    }
+    netns::veth(&lb_ns, "w0", &mac(LB_MAC), &gw, "w1", &mac(GW_MAC)).unwrap();
+    lb_ns
+        .ip(&["addr", "add", "10.205.0.2/24", "dev", "w0"])
+        .unwrap();
+    gw.ip(&["addr", "add", "10.205.0.1/24", "dev", "w1"])
+        .unwrap();
+    lb_ns
+        .ip(&["-6", "addr", "add", "fd05::2/64", "dev", "w0", "nodad"])
+        .unwrap();
+    gw.ip(&["-6", "addr", "add", "fd05::1/64", "dev", "w1", "nodad"])
+        .unwrap();
+    lb_ns
+        .ip(&["route", "add", "10.205.8.0/24", "via", "10.205.0.1"])
+        .unwrap();
+    lb_ns
+        .ip(&["-6", "route", "add", "fd08::/64", "via", "fd05::1"])
+        .unwrap();
+    let n = Net { lb: lb_ns, gw };
+    let text = config(&["10.205.8.5", "fd08::5", "10.205.8.6", "fd08::6"])
+        .replace("[encap]\n", "[encap]\nsource6 = \"fd05::2\"\n");
+    let lb = Lb::start(&n, "dual", &text);
+    let g = gateway_until(&n, Duration::from_secs(10), &|g| g["source"] == "resolved");
+    assert_eq!(g["mac"], mac(GW_MAC), "{g}");
+    assert!(g["warning"].is_null(), "a false warning: {g}");
+    assert!(
+        !status_text(&n).contains("gateway warning"),
+        "{}",
+        status_text(&n)
+    );
+    lb.stop();
+}

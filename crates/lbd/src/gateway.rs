@@ -17,7 +17,9 @@
 //! resolved leaves frames addressed to [`lb::config::PLACEHOLDER_GATEWAY_MAC`],
 //! where they are lost: the log line at start says so, names the interface
 //! and the address, and what to run. If backends route through different
-//! next hops, frames still go to the first backend's, with a warning.
+//! next hops, frames still go to the first backend's, with a warning (not
+//! for a dual-stack pool's other family through the same router: its next
+//! hop's MAC is resolved and compared, see [`divergence`]).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -198,7 +200,13 @@ pub fn check(cfg: &Config, interface: &str, wait: Duration) -> (GatewayStatus, O
 
 /// Backends whose next hop is not the first backend's and whose MAC is not
 /// known to be the same, in words (none: all go through the same one).
-/// Reads the route table and the neighbour table only (no probes).
+/// Reads the route table and the neighbour table. A next hop of the other
+/// address family (IPv6 backends beside an IPv4 first one, in a dual-stack
+/// pool) is necessarily another address, most often of the same router;
+/// its MAC is rarely in the neighbour table (the datapath, not the kernel,
+/// talks to it), so it is resolved (up to [`CHECK_WAIT`], once per next
+/// hop) and compared, and left out when it cannot be: only a MAC known to
+/// differ is worth a warning there.
 pub fn divergence(
     interface: &str,
     backends: &[IpAddr],
@@ -209,6 +217,8 @@ pub fn divergence(
     // Other next hops, with the backends behind each.
     let mut others: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
     let mut tables: BTreeMap<bool, Vec<neigh::Neighbour>> = BTreeMap::new();
+    // Next hops of the other family, resolved: their MAC, if found.
+    let mut resolved: BTreeMap<IpAddr, Option<[u8; 6]>> = BTreeMap::new();
     for &b in backends.iter().skip(1).take(MAX_COMPARED) {
         let key = match neigh::route_on(interface, ifindex, b) {
             Ok(r) if r.next_hop() == hop => continue,
@@ -217,13 +227,20 @@ pub fn divergence(
                 let table = tables
                     .entry(h.is_ipv4())
                     .or_insert_with(|| neigh::neighbours(h).unwrap_or_default());
-                let known = table
+                let mut known = table
                     .iter()
                     .find(|n| n.ifindex == ifindex && n.address == h && n.state.usable())
                     .and_then(|n| n.mac);
+                let other_family = h.is_ipv4() != hop.is_ipv4();
+                if known.is_none() && other_family {
+                    known = *resolved.entry(h).or_insert_with(|| {
+                        neigh::resolve(interface, b, CHECK_WAIT).ok().map(|r| r.mac)
+                    });
+                }
                 match known {
                     Some(m) if m == mac => continue,
                     Some(m) => format!("next hop {h} ({})", format_mac(&m)),
+                    None if other_family => continue,
                     None => format!("next hop {h} (MAC not known)"),
                 }
             }
