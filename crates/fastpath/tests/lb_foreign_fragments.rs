@@ -25,7 +25,7 @@ for i in range(10):
         frags = frags[1:]          # the first fragment never comes
     out += [eth / f for f in frags]
 for i in range(5):
-    # UDP to the TCP-only VIP: its first fragment is dropped (no VIP).
+    # UDP to the TCP-only VIP: its first fragment is dropped (no VIP serves UDP there).
     d = IP(src="198.51.100.%d" % (i + 1), dst="192.0.2.80", id=2000 + i) / UDP(sport=5000 + i, dport=80) / Raw(b"y" * 200)
     out += [eth / f for f in fragment(d, fragsize=104)]
 for i in range(5):
