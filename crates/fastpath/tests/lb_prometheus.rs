@@ -25,6 +25,21 @@ fn get(addr: &str, path: &str) -> Option<String> {
     a.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
 }
 
+/// The whole answer (head and body) to `GET path` with `Accept: accept`
+/// from `addr` (run inside a namespace).
+fn get_accepting(addr: &str, path: &str, accept: &str) -> Option<String> {
+    let mut s =
+        std::net::TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(
+        format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: {accept}\r\n\r\n").as_bytes(),
+    )
+    .ok()?;
+    let mut a = String::new();
+    s.read_to_string(&mut a).ok()?;
+    Some(a)
+}
+
 /// `query` to the Prometheus in the load balancer's namespace: the first
 /// result's value, if any.
 fn query(t: &Topology, q: &str) -> Option<f64> {
@@ -132,6 +147,34 @@ fn prometheus_scrapes_the_load_balancer_and_the_dashboard_names_real_metrics() {
         Some(want as f64),
         "Prometheus has {got:?}, /status {want}"
     );
+
+    // A scraper that asks for the classic text format gets it; the default
+    // stays OpenMetrics.
+    for (accept, want, eof) in [
+        (
+            "text/plain;version=0.0.4",
+            "text/plain; version=0.0.4",
+            false,
+        ),
+        ("*/*", "application/openmetrics-text", true),
+    ] {
+        let answer = Topology::inside(t.lb(), move || {
+            get_accepting(lab::topology::API, "/metrics", accept)
+        })
+        .unwrap()
+        .unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.to_ascii_lowercase()
+                .contains(&format!("content-type: {want}")),
+            "{accept}: {head}"
+        );
+        assert_eq!(body.contains("# EOF"), eof, "{accept}");
+        assert!(
+            body.contains("\nfastpath_lb_backend_packets_total{"),
+            "{accept}: {body}"
+        );
+    }
 
     // The dashboard: JSON, and every metric its queries name is exported.
     let metrics = t.api("GET", "/metrics").unwrap();
