@@ -384,7 +384,7 @@ fn fleet<T: Send>(
     }
     let lbs: Vec<LbOutcome<T>> = apis
         .iter()
-        .zip(each_at_once(apis, |api| send(api)))
+        .zip(each_at_once(apis, &send))
         .map(|(api, r)| {
             let (answer, error) = match r {
                 Ok(Ok(a)) => (Some(a), None),
