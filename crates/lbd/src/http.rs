@@ -185,7 +185,7 @@ impl Connections {
 
 /// What a connection over the cap is told before it is closed (written
 /// only if the socket takes it at once; the close is what matters).
-const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 61\r\n\r\ntoo many API connections open; try again when some have ended\n";
+const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 62\r\n\r\ntoo many API connections open; try again when some have ended\n";
 
 /// Serves `app` on `listener` until `stop`: HTTP/1.1, each connection
 /// closed after [`IDLE_TIMEOUT`] without a request head and at most
@@ -567,6 +567,20 @@ mod tests {
         let e = api("127.0.0.1:9180", false, Some(true)).unwrap_err();
         assert_eq!(e.key, "api.token_for_reads", "{e}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The answer over the cap says how long its body is, truly.
+    #[test]
+    fn the_busy_answer_is_well_formed() {
+        let text = std::str::from_utf8(BUSY).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(len, body.len());
     }
 
     /// Reads need the token only where [`Access::reads_need_token`] says
