@@ -72,7 +72,10 @@ fn an_api_flood_marks_no_backend_down_and_forwarding_goes_on() {
     // them.
     let mine = rustix::process::getrlimit(rustix::process::Resource::Nofile);
     if mine.maximum.is_some_and(|h| h < FLOOD as u64 + 512) {
-        eprintln!("skipped: the hard open-files limit is below {}", FLOOD + 512);
+        eprintln!(
+            "skipped: the hard open-files limit is below {}",
+            FLOOD + 512
+        );
         return;
     }
     rustix::process::setrlimit(
@@ -123,7 +126,10 @@ fn an_api_flood_marks_no_backend_down_and_forwarding_goes_on() {
                     break v;
                 }
             }
-            assert!(Instant::now() < deadline, "{what}: the API did not come back");
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the API did not come back"
+            );
             std::thread::sleep(Duration::from_millis(200));
         };
         let logs = std::fs::read_to_string(&log).unwrap_or_default();
@@ -136,7 +142,10 @@ fn an_api_flood_marks_no_backend_down_and_forwarding_goes_on() {
                 assert_eq!(b["healthy"], true, "{what}: {b}");
             }
         }
-        assert_eq!(failed, 0, "{what}: {failed} of {requests} requests failed\n{logs}");
+        assert_eq!(
+            failed, 0,
+            "{what}: {failed} of {requests} requests failed\n{logs}"
+        );
         assert!(
             after["forwarded"].as_u64() > before["forwarded"].as_u64(),
             "{what}: nothing forwarded during the flood: {before} {after}"
