@@ -186,7 +186,7 @@ pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
             .warnings
             .iter()
             .cloned()
-            .chain(lbd::health::warnings(&cfg))
+            .chain(lbd::health::warnings(cfg))
             .collect(),
     };
     match a.format {
