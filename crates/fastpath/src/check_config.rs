@@ -86,7 +86,8 @@ struct Summary {
     memory: Vec<lb::config::MemoryPart>,
     /// What this process may allocate, and which limit says so.
     machine_memory: Option<lb::config::MachineMemory>,
-    /// What deserves a look but does not stop a start.
+    /// What deserves a look but does not stop a start (VIPs that `[bgp]`
+    /// will not announce among them).
     warnings: Vec<String>,
 }
 
@@ -168,10 +169,20 @@ pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
                 }
             )
         }),
-        bgp: cfg
-            .bgp
-            .as_ref()
-            .map(|b| format!("{} via {:?}", b.vips_file.display(), b.birdc.join(" "))),
+        bgp: cfg.bgp.as_ref().map(|b| {
+            let families: Vec<String> = lbd::tasks::bgp::targets(b)
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{} in BIRD protocol {} from {}",
+                        t.family,
+                        t.protocol,
+                        t.routes_file.display()
+                    )
+                })
+                .collect();
+            format!("{} via {:?}", families.join(", "), b.birdc.join(" "))
+        }),
         fleet_peers: cfg
             .fleet
             .as_ref()
@@ -187,6 +198,7 @@ pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
             .iter()
             .cloned()
             .chain(lbd::health::warnings(cfg))
+            .chain(lbd::tasks::bgp::unannounced(cfg))
             .collect(),
     };
     match a.format {

@@ -489,19 +489,36 @@ impl Api {
     }
 }
 
-/// `[bgp]`: announcing VIPs through BIRD. fastpath writes the VIPs as
-/// static routes into `vips_file`, which the BIRD configuration includes in
-/// a static protocol named `protocol` (configured `disabled`); fastpath
-/// enables that protocol while the forwarder is healthy and disables it
-/// (withdrawing every VIP) when the forwarder stops or stalls.
+/// `[bgp]`: announcing VIPs through BIRD. BIRD's static protocols are per
+/// address family, so there are two of each: fastpath writes the IPv4 VIPs
+/// as static routes into `vips_file`, which the BIRD configuration includes
+/// in a static protocol named `protocol` (ipv4 channel, configured
+/// `disabled`), and the IPv6 VIPs into `vips_file6`, included in
+/// `protocol6` (ipv6 channel). fastpath enables a family's protocol while
+/// the forwarder is healthy and disables it (withdrawing its VIPs) when the
+/// forwarder stops or stalls. It reads back from BIRD, every poll, what
+/// BIRD really exports, and puts BIRD back when its state differs (a
+/// `birdc configure` resets the protocols to `disabled`, a restarted BIRD
+/// starts so). The IPv6 protocol is used only while there are IPv6 VIPs.
+/// `dist/bird/fastpath.conf` defines both with these default names.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bgp {
-    /// The file of static routes fastpath writes for BIRD to include.
+    /// The file of IPv4 static routes fastpath writes for BIRD to include.
     pub vips_file: std::path::PathBuf,
-    /// BIRD's static protocol holding the VIP routes.
+    /// BIRD's static protocol holding the IPv4 VIP routes.
     #[serde(default = "default_bird_protocol")]
     pub protocol: String,
+    /// The file of IPv6 static routes (default: `vips_file` with a 6
+    /// before its extension, `/run/fastpath/vips6.conf` beside
+    /// `/run/fastpath/vips.conf`; see [`Bgp::routes_file6`]).
+    #[serde(default)]
+    pub vips_file6: Option<std::path::PathBuf>,
+    /// BIRD's static protocol holding the IPv6 VIP routes; empty when this
+    /// BIRD has none (IPv6 VIPs are then not announced, which
+    /// `check-config` and the daemon's start warn about).
+    #[serde(default = "default_bird_protocol6")]
+    pub protocol6: String,
     /// The command that talks to BIRD (e.g. ["birdc", "-s", "/run/bird/bird.ctl"]).
     #[serde(default = "default_birdc")]
     pub birdc: Vec<String>,
@@ -528,6 +545,30 @@ fn default_drain_quiet_ms() -> u64 {
 
 fn default_bird_protocol() -> String {
     "fastpath_vips".into()
+}
+fn default_bird_protocol6() -> String {
+    "fastpath_vips6".into()
+}
+
+impl Bgp {
+    /// The file of IPv6 routes: `vips_file6`, else `vips_file` with a 6
+    /// before its extension (`vips.conf` gives `vips6.conf`, `vips` gives
+    /// `vips6`).
+    pub fn routes_file6(&self) -> std::path::PathBuf {
+        if let Some(f) = &self.vips_file6 {
+            return f.clone();
+        }
+        let stem = self
+            .vips_file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let name = match self.vips_file.extension() {
+            Some(ext) => format!("{stem}6.{}", ext.to_string_lossy()),
+            None => format!("{stem}6"),
+        };
+        self.vips_file.with_file_name(name)
+    }
 }
 fn default_birdc() -> Vec<String> {
     vec!["birdc".into()]
@@ -1579,16 +1620,29 @@ impl Config {
                 );
             }
             // BIRD's symbols are at most 64 characters.
-            if b.protocol.is_empty()
-                || b.protocol.len() > 64
-                || !b
-                    .protocol
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
-            {
+            let bird_name = |n: &str| {
+                n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            };
+            if b.protocol.is_empty() || !bird_name(&b.protocol) {
                 return problem(
                     "bgp.protocol".into(),
                     format!("{:?} is not a BIRD protocol name", b.protocol),
+                );
+            }
+            // Empty: no IPv6 protocol in this BIRD.
+            if !bird_name(&b.protocol6) || b.protocol6 == b.protocol {
+                return problem(
+                    "bgp.protocol6".into(),
+                    format!(
+                        "{:?} is not a BIRD protocol name other than bgp.protocol (empty: no IPv6 announcements)",
+                        b.protocol6
+                    ),
+                );
+            }
+            if b.routes_file6() == b.vips_file || b.routes_file6().as_os_str().is_empty() {
+                return problem(
+                    "bgp.vips_file6".into(),
+                    "needs a path other than vips_file: each family's routes have their own file".into(),
                 );
             }
             // Counters reach the control plane every LIVE_INTERVAL_MS: a
@@ -2306,6 +2360,38 @@ pool = "web"
             e.problem.contains("dpdk") && e.problem.contains("af-xdp"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn bgp_names_a_protocol_and_a_routes_file_per_family() {
+        let bgp = |extra: &str| {
+            format!("{GOOD}\n[bgp]\nvips_file = \"/run/fastpath/vips.conf\"\n{extra}")
+        };
+        let c = Config::parse(&bgp(""), "t").unwrap();
+        let b = c.bgp.as_ref().unwrap();
+        assert_eq!(
+            (b.protocol.as_str(), b.protocol6.as_str()),
+            ("fastpath_vips", "fastpath_vips6")
+        );
+        assert_eq!(b.routes_file6(), Path::new("/run/fastpath/vips6.conf"));
+        let c = Config::parse(&bgp("").replace("vips.conf", "vips"), "t").unwrap();
+        assert_eq!(
+            c.bgp.unwrap().routes_file6(),
+            Path::new("/run/fastpath/vips6")
+        );
+        let c = Config::parse(&bgp("vips_file6 = \"/run/v6\"\nprotocol6 = \"\""), "t").unwrap();
+        let b = c.bgp.unwrap();
+        assert_eq!(
+            (b.routes_file6(), b.protocol6.as_str()),
+            (std::path::PathBuf::from("/run/v6"), "")
+        );
+        for (extra, key) in [
+            ("protocol6 = \"fastpath_vips\"", "bgp.protocol6"),
+            ("protocol6 = \"no spaces\"", "bgp.protocol6"),
+            ("vips_file6 = \"/run/fastpath/vips.conf\"", "bgp.vips_file6"),
+        ] {
+            assert_eq!(err(&bgp(extra)).key, key, "{extra}");
+        }
     }
 
     #[test]

@@ -223,7 +223,7 @@ fn serve(
             pool: dp.pool().clone(),
             tracer: dp.tracer().cloned(),
         },
-        bgp: Mutex::new(None),
+        bgp: Default::default(),
         gateway,
         api,
         api_connections: http::Connections::new(crate::limits::MIN_API_CONNECTIONS),
@@ -432,12 +432,9 @@ fn graceful_stop(
     }
     // The drain's time counts from the signal, withdrawal included.
     let start = Instant::now();
-    let was_announced = shared
-        .bgp
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .is_some_and(|b| b.announced);
+    // Drain if the router may have been sending traffic here: BIRD
+    // announced at the last poll, or fastpath meant it to.
+    let was_announced = shared.bgp.plan().is_some_and(|p| p.announced || p.wanted());
     // The controller withdraws on its way out.
     let _ = bgp.join();
     let cfg = shared

@@ -327,9 +327,44 @@ pub fn encode_metrics_as(
     if let Some(a) = s.bgp_announced {
         f.gauge_at(
             "fastpath_lb_bgp_announced",
-            "1 while the VIPs are announced through BIRD",
+            "1 while BIRD announces VIPs to the router, as BIRD says when scraped",
             u64::from(a),
         );
+    }
+    if let Some(b) = &s.bgp {
+        f.gauge_at(
+            "fastpath_lb_bgp_wanted",
+            "1 while fastpath wants VIPs announced (its datapath beats, a VIP has a healthy backend)",
+            u64::from(b.wanted),
+        );
+        f.gauge_at(
+            "fastpath_lb_bgp_mismatch",
+            "1 while what BIRD announces differs from what fastpath wants (see /status bgp.mismatch)",
+            u64::from(b.mismatch.is_some()),
+        );
+        f.counter_at(
+            "fastpath_lb_bgp_repairs",
+            "Times fastpath found BIRD changed behind its back (reconfigured, restarted) and put it back",
+            b.repairs,
+        );
+        let routes = f.gauge(
+            "fastpath_lb_bgp_routes",
+            "VIP routes per family: wanted by fastpath, held by BIRD's static protocol, exported by its established BGP sessions",
+        );
+        for fam in &b.families {
+            let family = fam.family.channel();
+            set(
+                &routes,
+                &[("family", family), ("of", "wanted")],
+                fam.wanted_routes,
+            );
+            set(&routes, &[("family", family), ("of", "bird")], fam.routes);
+            set(
+                &routes,
+                &[("family", family), ("of", "exported")],
+                fam.exported,
+            );
+        }
     }
     f.gauge_at(
         "fastpath_lb_pool_buffers",

@@ -37,9 +37,8 @@ pub struct Shared {
     pub(crate) health: HealthState,
     /// What the datapath runs with and publishes.
     pub(crate) datapath: DatapathState,
-    /// BGP: whether the VIPs are announced, and the last error talking to
-    /// BIRD (none without `[bgp]`).
-    pub(crate) bgp: Mutex<Option<BgpState>>,
+    /// BGP: what the controller wants of BIRD, and BIRD's last reading.
+    pub(crate) bgp: crate::tasks::bgp::BgpShared,
     /// The next hop's MAC: resolved, configured or unresolved.
     pub(crate) gateway: Gateway,
     /// The API's bearer token (`[api] token_file`) and whether reads need
@@ -206,13 +205,4 @@ impl DatapathState {
         });
         (sum, in_driver)
     }
-}
-
-/// What the BGP controller last did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct BgpState {
-    /// Whether the VIPs are announced.
-    pub(crate) announced: bool,
-    /// The last error talking to BIRD.
-    pub(crate) error: Option<String>,
 }

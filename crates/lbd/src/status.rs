@@ -21,9 +21,8 @@ impl Shared {
             let control = self.control();
             (control.tables().load_full(), control.config().clone())
         };
-        // One lock, released here: taking it twice in one expression would
-        // deadlock (a guard lives to the end of its statement).
-        let bgp = self.bgp.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // What BIRD says now, beside what the controller wants.
+        let bgp = self.bgp_status();
         let fleet = crate::tasks::peers::status(&tables, &c, &cfg);
         // The weight written in the configuration and the drain state, by
         // backend name, per pool (the tables hold 0 for a drained backend).
@@ -86,7 +85,8 @@ impl Shared {
             active_connections: Some(c.conntrack.active()),
             gateway: Some(self.gateway.status()),
             bgp_announced: bgp.as_ref().map(|b| b.announced),
-            bgp_error: bgp.and_then(|b| b.error),
+            bgp_error: bgp.as_ref().and_then(|b| b.error.clone()),
+            bgp,
             fleet,
             tracer: self.datapath.tracer.as_ref().map(|t| TracerStatus {
                 reports: c.trace_reports,
@@ -311,10 +311,16 @@ pub struct Status {
     /// in flight. Steady under steady load; growth means buffers leak.
     #[serde(default)]
     pub pool_in_use: u32,
-    /// BGP: whether the VIPs are announced (absent without `[bgp]`).
+    /// BGP: whether BIRD announces VIPs to the router, as BIRD says when
+    /// the document is made (absent without `[bgp]`); `bgp` has the rest.
     pub bgp_announced: Option<bool>,
     /// BGP: the last error talking to BIRD.
     pub bgp_error: Option<String>,
+    /// BGP: what fastpath wants beside what BIRD says, per family, and
+    /// the mismatch if they differ (absent without `[bgp]` and in
+    /// documents from versions without it).
+    #[serde(default)]
+    pub bgp: Option<crate::tasks::bgp::BgpStatus>,
     /// `[fleet]`: peers, their liveness and redirected fragments (absent
     /// without `[fleet]`, and in documents from versions without it).
     #[serde(default)]
@@ -392,12 +398,13 @@ impl Status {
         if let Some(e) = &self.last_reload_error {
             out.push_str(&format!("last reload rejected: {e}\n"));
         }
-        match (self.bgp_announced, &self.bgp_error) {
-            (Some(a), None) => out.push_str(&format!(
+        match (&self.bgp, self.bgp_announced, &self.bgp_error) {
+            (Some(b), _, _) => out.push_str(&b.to_text()),
+            (None, Some(a), None) => out.push_str(&format!(
                 "BGP: VIPs {}\n",
                 if a { "announced" } else { "withdrawn" }
             )),
-            (Some(_), Some(e)) => out.push_str(&format!("BGP: error: {e}\n")),
+            (None, Some(_), Some(e)) => out.push_str(&format!("BGP: error: {e}\n")),
             _ => {}
         }
         if let Some(f) = &self.fleet {

@@ -393,6 +393,8 @@ impl Config {
         }
         if let Some(b) = &config.bgp {
             check_vips_file(&b.vips_file).map_err(|e| err("bgp.vips_file", e))?;
+            // The IPv6 routes file is replaced whole too.
+            check_vips_file(&b.routes_file6()).map_err(|e| err("bgp.vips_file6", e))?;
         }
         let memory = config.memory_estimate();
         let machine = machine_memory();

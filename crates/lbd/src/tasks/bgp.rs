@@ -1,18 +1,34 @@
 //! The controller of the paper's section 3.2: it watches the forwarder and
 //! announces or withdraws every VIP through a real BGP daemon (BIRD). No BGP
 //! is spoken here: BIRD holds the sessions; fastpath writes the VIP routes
-//! into a file BIRD includes and enables or disables the static protocol
-//! that holds them. The controller is a thread of the daemon
+//! into a file per address family that BIRD includes, and enables or
+//! disables the static protocol that holds them (one per family: BIRD's
+//! static protocols are). The controller is a thread of the daemon
 //! ([`controller`]); the [`Announcer`] is what it drives.
+//!
+//! An announcement is a promise that this load balancer forwards, so it is
+//! never assumed: every poll reads back from BIRD (`birdc show protocols
+//! all`) whether each protocol is up, how many routes it holds, and what the
+//! established BGP sessions export, and puts BIRD back where it differs
+//! from what fastpath wants. `birdc configure` (an operator changing BFD
+//! timers, say) resets the protocols to their configured `disabled`; a
+//! restarted BIRD starts so; a routes file may have been replaced: each is
+//! repaired at the next poll. `/status`, `/metrics` and `lb status` say what
+//! BIRD says at the moment they are asked ([`Shared::bgp_status`]), beside
+//! what fastpath wants and a `mismatch` in words when the two differ.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use lb::config::{Bgp, Config};
+use serde::{Deserialize, Serialize};
 
-use crate::state::{BgpState, Shared};
+use crate::state::Shared;
 
 /// Why talking to BIRD failed.
 #[derive(Debug, thiserror::Error)]
@@ -41,11 +57,24 @@ pub enum BgpError {
     /// The file of VIP routes that BIRD includes could not be written.
     #[error("writing {path}: {source}")]
     RoutesFile {
-        /// The file (`[bgp] vips_file`).
-        path: std::path::PathBuf,
+        /// The file (`[bgp] vips_file` or `vips_file6`).
+        path: PathBuf,
         /// The system's answer.
         #[source]
         source: std::io::Error,
+    },
+    /// BIRD has no protocol of the name `[bgp]` gives.
+    #[error(
+        "BIRD has no protocol {protocol} for the {family} VIPs: its configuration must define it \
+         (dist/bird/fastpath.conf does, as [bgp] {key} names it)"
+    )]
+    NoProtocol {
+        /// The protocol's name.
+        protocol: String,
+        /// Its family.
+        family: Family,
+        /// The key that names it.
+        key: &'static str,
     },
 }
 
@@ -79,6 +108,134 @@ pub fn birdc(b: &Bgp, args: &[&str]) -> Result<String, BgpError> {
     Ok(text)
 }
 
+/// Something that answers birdc commands: BIRD itself through [`Birdc`],
+/// or a stand-in in tests.
+pub trait Bird {
+    /// Runs one birdc command (`["show", "protocols", "all"]`); its output.
+    fn run(&self, args: &[&str]) -> Result<String, BgpError>;
+}
+
+/// The real BIRD, through `[bgp] birdc`.
+pub struct Birdc<'a>(pub &'a Bgp);
+
+impl Bird for Birdc<'_> {
+    fn run(&self, args: &[&str]) -> Result<String, BgpError> {
+        birdc(self.0, args)
+    }
+}
+
+/// An address family: BIRD's static protocols and channels are per family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// IPv4 (channel `ipv4`).
+    Ipv4,
+    /// IPv6 (channel `ipv6`).
+    Ipv6,
+}
+
+impl Family {
+    /// BIRD's name of the family's channel.
+    pub fn channel(self) -> &'static str {
+        match self {
+            Family::Ipv4 => "ipv4",
+            Family::Ipv6 => "ipv6",
+        }
+    }
+
+    /// The family of an address.
+    pub fn of(a: std::net::IpAddr) -> Family {
+        if a.is_ipv4() {
+            Family::Ipv4
+        } else {
+            Family::Ipv6
+        }
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.channel())
+    }
+}
+
+/// One family's BIRD protocol and routes file, as `[bgp]` names them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The family.
+    pub family: Family,
+    /// BIRD's static protocol holding its VIP routes.
+    pub protocol: String,
+    /// The routes file BIRD includes in it.
+    pub routes_file: PathBuf,
+}
+
+impl Target {
+    /// The `[bgp]` key that names the protocol.
+    fn key(&self) -> &'static str {
+        match self.family {
+            Family::Ipv4 => "protocol",
+            Family::Ipv6 => "protocol6",
+        }
+    }
+}
+
+/// The families `[bgp]` can announce: IPv4 always, IPv6 unless
+/// `protocol6` is empty.
+pub fn targets(b: &Bgp) -> Vec<Target> {
+    let mut t = vec![Target {
+        family: Family::Ipv4,
+        protocol: b.protocol.clone(),
+        routes_file: b.vips_file.clone(),
+    }];
+    if !b.protocol6.is_empty() {
+        t.push(Target {
+            family: Family::Ipv6,
+            protocol: b.protocol6.clone(),
+            routes_file: b.routes_file6(),
+        });
+    }
+    t
+}
+
+/// What a configuration with `[bgp]` will not announce, in words: IPv6
+/// VIPs when `protocol6` is empty, VIPs that match a prefix group (they
+/// have no one address to announce). `check-config` prints these and the
+/// daemon logs them at start, so that no VIP goes unannounced silently.
+pub fn unannounced(cfg: &Config) -> Vec<String> {
+    let Some(b) = &cfg.bgp else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let v6: Vec<&str> = cfg
+        .vips
+        .iter()
+        .filter(|v| v.address.is_some_and(|a| a.is_ipv6()))
+        .map(|v| v.name.as_str())
+        .collect();
+    if !v6.is_empty() && b.protocol6.is_empty() {
+        out.push(format!(
+            "IPv6 VIPs {} are not announced: [bgp] protocol6 is empty (set it to BIRD's IPv6 static \
+             protocol, fastpath_vips6 in dist/bird/fastpath.conf, or route them another way)",
+            v6.join(", ")
+        ));
+    }
+    let grouped: Vec<&str> = cfg
+        .vips
+        .iter()
+        .filter(|v| v.address.is_none())
+        .map(|v| v.name.as_str())
+        .collect();
+    if !grouped.is_empty() {
+        out.push(format!(
+            "VIPs {} match prefix groups and are not announced through [bgp] (no one address to \
+             announce): route their prefixes to the load balancers another way",
+            grouped.join(", ")
+        ));
+    }
+    out
+}
+
 /// The BIRD static routes for the configuration's address VIPs whose
 /// index `serving` accepts (one route per address, whatever its ports; an
 /// address is announced if any VIP on it serves). Only the family of `ipv6`
@@ -102,76 +259,729 @@ pub fn routes(cfg: &Config, ipv6: bool, serving: &dyn Fn(usize) -> bool) -> Stri
     s
 }
 
+/// The routes in a routes file's text.
+fn route_count(text: &str) -> u64 {
+    text.lines().filter(|l| l.starts_with("route ")).count() as u64
+}
+
+/// Replaces `path` with `text` whole: written to a new file of a name of
+/// its own beside it (never an existing file or link), then renamed over
+/// it, so BIRD never reads half a file.
+fn write_routes(path: &Path, text: &str) -> Result<(), BgpError> {
+    use std::io::Write as _;
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let err = |source| BgpError::RoutesFile {
+        path: path.to_path_buf(),
+        source,
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = path.with_file_name(format!(
+        ".{name}.{}.{}.{nanos:x}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(err)?;
+    let res = f
+        .write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res.map_err(err)
+}
+
+/// One channel of a BIRD protocol, from `show protocols all`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BirdChannel {
+    /// Its name: `ipv4`, `ipv6`.
+    pub name: String,
+    /// Whether its state is UP.
+    pub up: bool,
+    /// Routes it imported (for a static protocol: the routes it holds).
+    pub imported: u64,
+    /// Routes it exports now (for a BGP session: what the peer is told).
+    pub exported: u64,
+}
+
+/// One BIRD protocol, from `show protocols all`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BirdProtocol {
+    /// Its name.
+    pub name: String,
+    /// Its kind: `Static`, `BGP`, `Kernel`, ...
+    pub kind: String,
+    /// Its state: `up`, `down` (also when disabled), `start`, `stop`.
+    pub state: String,
+    /// What follows (a BGP session's state: `Established`, `Active`, ...).
+    pub info: String,
+    /// Its channels.
+    pub channels: Vec<BirdChannel>,
+}
+
+/// What BIRD said to `show protocols all`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BirdView {
+    /// Every protocol.
+    pub protocols: Vec<BirdProtocol>,
+}
+
+/// What BIRD says about one family's VIP routes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FamilyView {
+    /// The static protocol's state; `None` if BIRD has no such protocol.
+    pub state: Option<String>,
+    /// Routes the protocol holds (0 unless it is up).
+    pub routes: u64,
+    /// Established BGP sessions with an UP channel of the family.
+    pub sessions: u64,
+    /// Routes those sessions export (to the router).
+    pub exported: u64,
+}
+
+impl FamilyView {
+    /// Whether the router is told: the protocol is up with routes, and an
+    /// established session exports routes of the family.
+    pub fn announced(&self) -> bool {
+        self.state.as_deref() == Some("up")
+            && self.routes > 0
+            && self.sessions > 0
+            && self.exported > 0
+    }
+}
+
+/// Reads BIRD's answer to `show protocols all`: a line per protocol
+/// (name, kind, table, state, since, info) followed by indented details,
+/// among them `Channel NAME`, its `State:` and `Routes: N imported, ...,
+/// M exported` lines.
+pub fn parse_protocols(text: &str) -> BirdView {
+    let mut v = BirdView::default();
+    for line in text.lines() {
+        if line.trim().is_empty() || line.starts_with("BIRD ") || line.starts_with("Name ") {
+            continue;
+        }
+        let t = line.trim_start();
+        if !line.starts_with(char::is_whitespace) {
+            let mut w = line.split_whitespace();
+            let (Some(name), Some(kind), Some(_table), Some(state)) =
+                (w.next(), w.next(), w.next(), w.next())
+            else {
+                continue;
+            };
+            let _since = w.next();
+            v.protocols.push(BirdProtocol {
+                name: name.into(),
+                kind: kind.into(),
+                state: state.into(),
+                info: w.collect::<Vec<_>>().join(" "),
+                channels: Vec::new(),
+            });
+            continue;
+        }
+        let Some(p) = v.protocols.last_mut() else {
+            continue;
+        };
+        if let Some(name) = t.strip_prefix("Channel ") {
+            p.channels.push(BirdChannel {
+                name: name.trim().into(),
+                ..BirdChannel::default()
+            });
+        } else if let Some(state) = t.strip_prefix("State:") {
+            if let Some(c) = p.channels.last_mut() {
+                c.up = state.trim() == "UP";
+            }
+        } else if let Some(routes) = t.strip_prefix("Routes:") {
+            if let Some(c) = p.channels.last_mut() {
+                let w: Vec<&str> = routes.split([' ', ',']).filter(|s| !s.is_empty()).collect();
+                for pair in w.windows(2) {
+                    match (pair[0].parse::<u64>(), pair[1]) {
+                        (Ok(n), "imported") => c.imported = n,
+                        (Ok(n), "exported") => c.exported = n,
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+impl BirdView {
+    /// The protocol of a name.
+    pub fn protocol(&self, name: &str) -> Option<&BirdProtocol> {
+        self.protocols.iter().find(|p| p.name == name)
+    }
+
+    /// What BIRD says about `t`'s routes: its static protocol's state and
+    /// routes, and what the established BGP sessions export of the family.
+    pub fn family(&self, t: &Target) -> FamilyView {
+        let mut f = FamilyView::default();
+        if let Some(p) = self.protocol(&t.protocol) {
+            f.state = Some(p.state.clone());
+            f.routes = p
+                .channels
+                .iter()
+                .filter(|c| c.up && c.name == t.family.channel())
+                .map(|c| c.imported)
+                .sum();
+        }
+        for p in self.protocols.iter().filter(|p| {
+            p.kind == "BGP"
+                && p.state == "up"
+                && p.info.split_whitespace().next() == Some("Established")
+        }) {
+            for c in p
+                .channels
+                .iter()
+                .filter(|c| c.up && c.name == t.family.channel())
+            {
+                f.sessions += 1;
+                f.exported += c.exported;
+            }
+        }
+        f
+    }
+}
+
+/// Asks BIRD for its protocols.
+pub fn read_view(bird: &dyn Bird) -> Result<BirdView, BgpError> {
+    bird.run(&["show", "protocols", "all"])
+        .map(|t| parse_protocols(&t))
+}
+
+/// One family as the controller wants it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FamilyPlan {
+    /// Its protocol and routes file.
+    pub target: Target,
+    /// The routes in its file: its VIPs with a healthy backend.
+    pub routes: u64,
+}
+
+/// What the controller wants of BIRD and what it did, shared with the API.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The `[bgp]` section it works with.
+    pub bgp: Bgp,
+    /// Whether the datapath beats: the VIPs are to be announced.
+    pub forwarding: bool,
+    /// The families it manages: IPv4, and IPv6 from its first VIP on.
+    pub families: Vec<FamilyPlan>,
+    /// Times BIRD was found changed behind fastpath's back and put back.
+    pub repairs: u64,
+    /// The last step's errors, in words.
+    pub error: Option<String>,
+    /// Whether BIRD announced some VIP when the last step ended.
+    pub announced: bool,
+}
+
+impl Plan {
+    /// Whether fastpath wants some VIP announced.
+    pub fn wanted(&self) -> bool {
+        self.forwarding && self.families.iter().any(|f| f.routes > 0)
+    }
+}
+
+/// A reading of BIRD's state and when it began.
+#[derive(Debug, Clone)]
+pub struct Reading {
+    /// When the question was put.
+    pub started: Instant,
+    /// BIRD's answer, or why there was none.
+    pub view: Result<BirdView, String>,
+}
+
+impl Reading {
+    fn take(bird: &dyn Bird) -> Reading {
+        let started = Instant::now();
+        Reading {
+            started,
+            view: read_view(bird).map_err(|e| e.to_string()),
+        }
+    }
+}
+
 /// Announcement state, driven by [`Announcer::step`].
 #[derive(Debug, Default)]
 pub struct Announcer {
-    written: Option<String>,
-    announced: Option<bool>,
-    /// The last error talking to BIRD, if the last step failed.
+    /// The families managed in this run: IPv4, and IPv6 once the
+    /// configuration has an IPv6 VIP (before that, a BIRD without an IPv6
+    /// protocol is no error).
+    managed: Vec<Target>,
+    /// A `birdc configure` is owed: a routes file was written and BIRD has
+    /// not read it since.
+    configure_owed: bool,
+    /// The routes files' texts for which a configure was made because
+    /// BIRD held other routes: not made again for the same text (BIRD's
+    /// configuration may not include the file; a configure per poll would
+    /// reset every other protocol enabled at run time).
+    stale_configured: BTreeSet<String>,
+    /// Protocols fastpath enabled and saw up: one found down later was
+    /// reset behind its back.
+    enabled: BTreeSet<String>,
+    /// Times BIRD was put back.
+    pub repairs: u64,
+    /// The last step's errors, if it had any.
     pub last_error: Option<String>,
 }
 
 impl Announcer {
-    /// Makes BIRD's view match: the routes of the VIPs of `cfg` that
-    /// `serving` accepts (those with a healthy backend), announced if the
-    /// forwarder is `healthy`, all withdrawn otherwise.
-    pub fn step(&mut self, b: &Bgp, cfg: &Config, healthy: bool, serving: &dyn Fn(usize) -> bool) {
-        let res = (|| {
-            let want = routes(cfg, false, serving);
-            if self.written.as_ref() != Some(&want) {
-                std::fs::write(&b.vips_file, &want).map_err(|source| BgpError::RoutesFile {
-                    path: b.vips_file.clone(),
-                    source,
-                })?;
-                birdc(b, &["configure"])?;
-                self.written = Some(want);
-                self.announced = None; // a reconfiguration may reset the protocol's state
+    /// Makes BIRD's state match: for each managed family, the routes of the
+    /// VIPs of `cfg` that `serving` accepts (those with a healthy backend)
+    /// in its routes file, read by BIRD, and its protocol enabled if the
+    /// forwarder is `forwarding`, disabled otherwise. Reads BIRD first and
+    /// acts only where it differs. What it wants, and BIRD's state as it
+    /// left it.
+    pub fn step(
+        &mut self,
+        bird: &dyn Bird,
+        b: &Bgp,
+        cfg: &Config,
+        forwarding: bool,
+        serving: &dyn Fn(usize) -> bool,
+    ) -> (Plan, Reading) {
+        let mut errors: Vec<String> = Vec::new();
+        // Families: IPv4, IPv6 once it has VIPs; targets renamed by a
+        // reload are withdrawn.
+        let targets = targets(b);
+        for old in std::mem::take(&mut self.managed) {
+            if targets.contains(&old) {
+                self.managed.push(old);
+            } else {
+                self.disable(bird, &old, "no longer named in [bgp]");
             }
-            if self.announced != Some(healthy) {
-                birdc(
-                    b,
-                    &[if healthy { "enable" } else { "disable" }, &b.protocol],
-                )?;
-                // Announcing is the normal course (INFO); withdrawing what
-                // was announced means the datapath stopped beating (WARN).
-                match (healthy, self.announced) {
-                    (true, _) => tracing::info!(announced = true, "BGP: VIPs announced"),
-                    (false, Some(true)) => tracing::warn!(
-                        announced = false,
-                        "BGP: VIPs withdrawn: the datapath stopped beating"
-                    ),
-                    (false, _) => tracing::info!(
-                        announced = false,
-                        "BGP: VIPs not announced until the datapath forwards"
-                    ),
+        }
+        for t in targets {
+            let has_vips = cfg
+                .vips
+                .iter()
+                .any(|v| v.address.is_some_and(|a| Family::of(a) == t.family));
+            if !self.managed.contains(&t) && (t.family == Family::Ipv4 || has_vips) {
+                self.managed.push(t);
+            }
+        }
+        // The routes files, as the file system has them: rewritten where
+        // they differ (a restarted machine's empty /run, another writer).
+        let mut families = Vec::new();
+        for t in &self.managed {
+            let want = routes(cfg, t.family == Family::Ipv6, serving);
+            if std::fs::read_to_string(&t.routes_file).ok().as_deref() != Some(want.as_str()) {
+                match write_routes(&t.routes_file, &want) {
+                    Ok(()) => self.configure_owed = true,
+                    Err(e) => errors.push(e.to_string()),
                 }
-                self.announced = Some(healthy);
             }
-            Ok::<(), BgpError>(())
-        })();
-        self.last_error = res.err().map(|e| e.to_string());
-        if let Some(e) = &self.last_error {
-            tracing::error!("BGP controller: {e}");
+            families.push(FamilyPlan {
+                target: t.clone(),
+                routes: route_count(&want),
+            });
+        }
+        let mut reading = Reading::take(bird);
+        let mut plan = Plan {
+            bgp: b.clone(),
+            forwarding,
+            families,
+            repairs: self.repairs,
+            error: None,
+            announced: false,
+        };
+        let Ok(view) = &reading.view else {
+            if let Err(e) = &reading.view {
+                errors.push(e.clone());
+            }
+            self.finish(&mut plan, &reading, errors);
+            return (plan, reading);
+        };
+        // Routes BIRD holds that are not the file's: it read another
+        // version of the file (or none).
+        for f in &plan.families {
+            let v = view.family(&f.target);
+            let text = routes(cfg, f.target.family == Family::Ipv6, serving);
+            if v.state.as_deref() == Some("up")
+                && v.routes != f.routes
+                && !self.stale_configured.contains(&text)
+            {
+                self.stale_configured.insert(text);
+                self.configure_owed = true;
+            }
+        }
+        if self.configure_owed {
+            match bird.run(&["configure"]) {
+                Ok(_) => {
+                    self.configure_owed = false;
+                    // A configuration read resets every protocol to its
+                    // configured state: ours are disabled again.
+                    self.enabled.clear();
+                    reading = Reading::take(bird);
+                }
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        let view = match &reading.view {
+            Ok(v) => v.clone(),
+            Err(e) => {
+                errors.push(e.clone());
+                self.finish(&mut plan, &reading, errors);
+                return (plan, reading);
+            }
+        };
+        let mut acted = false;
+        for f in &plan.families {
+            let t = &f.target;
+            let v = view.family(t);
+            let Some(state) = v.state.as_deref() else {
+                errors.push(
+                    BgpError::NoProtocol {
+                        protocol: t.protocol.clone(),
+                        family: t.family,
+                        key: t.key(),
+                    }
+                    .to_string(),
+                );
+                continue;
+            };
+            match (forwarding, state) {
+                // On its way up or down: BIRD is at it already.
+                (_, "start" | "stop") => {}
+                (true, "up") => {
+                    self.enabled.insert(t.protocol.clone());
+                }
+                (true, _) => {
+                    if self.enabled.remove(&t.protocol) {
+                        self.repairs += 1;
+                        tracing::warn!(
+                            protocol = %t.protocol,
+                            state,
+                            "BGP: BIRD has {} {state} though fastpath announced its {} VIPs \
+                             (a `birdc configure` or a restarted BIRD resets it): enabling it again",
+                            t.protocol,
+                            t.family
+                        );
+                    } else {
+                        tracing::info!(protocol = %t.protocol, "BGP: {} VIPs announced", t.family);
+                    }
+                    match bird.run(&["enable", &t.protocol]) {
+                        Ok(_) => {
+                            acted = true;
+                            self.enabled.insert(t.protocol.clone());
+                        }
+                        Err(e) => errors.push(e.to_string()),
+                    }
+                }
+                (false, "up") => {
+                    if self.enabled.remove(&t.protocol) {
+                        // Withdrawing what was announced: the datapath
+                        // stopped beating.
+                        tracing::warn!(
+                            protocol = %t.protocol,
+                            "BGP: {} VIPs withdrawn: the datapath stopped beating",
+                            t.family
+                        );
+                    } else {
+                        self.repairs += 1;
+                        tracing::warn!(
+                            protocol = %t.protocol,
+                            "BGP: BIRD has {} up though fastpath does not forward: disabling it",
+                            t.protocol
+                        );
+                    }
+                    match bird.run(&["disable", &t.protocol]) {
+                        Ok(_) => acted = true,
+                        Err(e) => errors.push(e.to_string()),
+                    }
+                }
+                (false, _) => {}
+            }
+        }
+        if acted {
+            reading = Reading::take(bird);
+        }
+        plan.repairs = self.repairs;
+        self.finish(&mut plan, &reading, errors);
+        (plan, reading)
+    }
+
+    /// Records the step's errors (logged when they change) and whether
+    /// BIRD announces.
+    fn finish(&mut self, plan: &mut Plan, reading: &Reading, errors: Vec<String>) {
+        let error = (!errors.is_empty()).then(|| errors.join("; "));
+        if error.is_some() && error != self.last_error {
+            tracing::error!("BGP controller: {}", error.as_deref().unwrap_or(""));
+        }
+        self.last_error = error.clone();
+        plan.error = error;
+        plan.announced = reading.view.as_ref().is_ok_and(|v| {
+            plan.families
+                .iter()
+                .any(|f| v.family(&f.target).announced())
+        });
+    }
+
+    fn disable(&mut self, bird: &dyn Bird, t: &Target, why: &str) {
+        match bird.run(&["disable", &t.protocol]) {
+            Ok(_) => {
+                tracing::info!(protocol = %t.protocol, "BGP: {} VIPs withdrawn ({why})", t.family)
+            }
+            Err(e) => tracing::error!(
+                protocol = %t.protocol,
+                "BGP controller: could not withdraw the {} VIPs: {e}",
+                t.family
+            ),
+        }
+        self.enabled.remove(&t.protocol);
+    }
+
+    /// Withdraws every VIP (on shutdown, and when `[bgp]` goes away).
+    pub fn withdraw(&mut self, bird: &dyn Bird) {
+        for t in std::mem::take(&mut self.managed) {
+            self.disable(bird, &t, "stopping");
+        }
+    }
+}
+
+/// How long a reading of BIRD serves later questions: `/status` and
+/// `/metrics` asked within this long of one another share one birdc run,
+/// so requests cannot make the daemon run birdc without bound.
+pub const READING_SHARED_FOR: Duration = Duration::from_millis(10);
+
+/// The controller's part of the shared state: what it wants, and BIRD's
+/// last reading (one birdc at a time).
+#[derive(Debug, Default)]
+pub struct BgpShared {
+    /// What the controller wants and did (none without `[bgp]`).
+    plan: Mutex<Option<Plan>>,
+    /// BIRD's last reading.
+    reading: Mutex<Option<Reading>>,
+}
+
+impl BgpShared {
+    /// What the controller wants, as of its last step.
+    pub fn plan(&self) -> Option<Plan> {
+        self.plan.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, plan: Option<Plan>, reading: Option<Reading>) {
+        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = plan;
+        if let Some(r) = reading {
+            *self.reading.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
         }
     }
 
-    /// Withdraws every VIP (on shutdown).
-    pub fn withdraw(&mut self, b: &Bgp) {
-        match birdc(b, &["disable", &b.protocol]) {
-            Ok(_) => tracing::info!("BGP: VIPs withdrawn"),
-            Err(e) => tracing::error!("BGP controller: could not withdraw: {e}"),
+    /// BIRD's state now: a reading begun after this call was made, or
+    /// within [`READING_SHARED_FOR`] of it. Callers that come while birdc
+    /// runs wait for it.
+    pub fn read(&self, bird: &dyn Bird) -> Reading {
+        let asked = Instant::now();
+        let mut r = self.reading.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(x) = r.as_ref() {
+            if x.started >= asked || asked.duration_since(x.started) < READING_SHARED_FOR {
+                return x.clone();
+            }
         }
-        self.announced = Some(false);
+        let fresh = Reading::take(bird);
+        *r = Some(fresh.clone());
+        fresh
     }
+}
 
-    /// Whether the VIPs are announced as far as we know.
-    pub fn announced(&self) -> bool {
-        self.announced == Some(true)
+/// One family in `/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpFamilyStatus {
+    /// `ipv4` or `ipv6`.
+    pub family: Family,
+    /// BIRD's static protocol that holds its VIPs.
+    pub protocol: String,
+    /// The routes file fastpath writes for it.
+    pub routes_file: String,
+    /// Routes fastpath wants announced: its VIPs with a healthy backend
+    /// while the datapath beats, else 0.
+    pub wanted_routes: u64,
+    /// The protocol's state as BIRD says: `up`, `down` (disabled or
+    /// failed), `start`, `stop`, or `missing` (BIRD has no such protocol,
+    /// or did not answer).
+    pub state: String,
+    /// Routes BIRD holds in the protocol.
+    pub routes: u64,
+    /// Established BGP sessions that carry the family.
+    pub sessions: u64,
+    /// Routes those sessions export.
+    pub exported: u64,
+    /// Whether the router is told: the protocol is up with routes and an
+    /// established session exports routes of the family.
+    pub announced: bool,
+}
+
+/// BGP in `/status`: what fastpath wants and what BIRD says, read when the
+/// document was made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpStatus {
+    /// Whether fastpath wants VIPs announced: its datapath beats and some
+    /// VIP has a healthy backend.
+    pub wanted: bool,
+    /// Whether BIRD announces VIPs to the router now (some family is
+    /// announced), as BIRD says.
+    pub announced: bool,
+    /// What differs between what fastpath wants and what BIRD does, in
+    /// words; none when they agree. The controller puts BIRD back at its
+    /// next poll where it can.
+    pub mismatch: Option<String>,
+    /// Times the controller found BIRD changed behind its back and put it
+    /// back (re-enabled after a `birdc configure` or a BIRD restart, say).
+    pub repairs: u64,
+    /// How long before this document BIRD was read, milliseconds.
+    pub read_ms_ago: u64,
+    /// The last error talking to BIRD, or BIRD's missing protocols.
+    pub error: Option<String>,
+    /// Each family fastpath manages.
+    pub families: Vec<BgpFamilyStatus>,
+}
+
+/// What fastpath wants (`plan`) beside what BIRD says (`reading`).
+pub fn status(plan: &Plan, reading: &Reading) -> BgpStatus {
+    let mut mismatches = Vec::new();
+    let mut families = Vec::new();
+    for f in &plan.families {
+        let t = &f.target;
+        let v = match &reading.view {
+            Ok(view) => view.family(t),
+            Err(_) => FamilyView::default(),
+        };
+        let wanted_routes = if plan.forwarding { f.routes } else { 0 };
+        let announced = v.announced();
+        let state = v.state.clone().unwrap_or_else(|| "missing".into());
+        let p = &t.protocol;
+        let why = if wanted_routes > 0 && !announced {
+            Some(match &v.state {
+                None if reading.view.is_err() => "BIRD did not answer".to_string(),
+                None => format!("BIRD has no protocol {p}"),
+                Some(s) if s != "up" => format!("{p} is {s} in BIRD"),
+                Some(_) if v.routes == 0 => format!("{p} holds no routes in BIRD"),
+                Some(_) if v.sessions == 0 => {
+                    format!("no established BGP session carries {}", t.family)
+                }
+                Some(_) => "the established BGP sessions export none of them".to_string(),
+            })
+        } else if wanted_routes == 0 && announced {
+            Some(format!(
+                "{p} still announces {} routes though fastpath withdrew them",
+                v.routes
+            ))
+        } else if wanted_routes > 0 && v.routes != wanted_routes {
+            Some(format!(
+                "BIRD holds {} routes in {p}, fastpath wrote {wanted_routes} (does it include {}?)",
+                v.routes,
+                t.routes_file.display()
+            ))
+        } else {
+            None
+        };
+        if let Some(w) = why {
+            mismatches.push(format!(
+                "{}: {} wanted, {w}",
+                t.family,
+                if wanted_routes > 0 {
+                    "announcement"
+                } else {
+                    "withdrawal"
+                }
+            ));
+        }
+        families.push(BgpFamilyStatus {
+            family: t.family,
+            protocol: t.protocol.clone(),
+            routes_file: t.routes_file.display().to_string(),
+            wanted_routes,
+            state,
+            routes: v.routes,
+            sessions: v.sessions,
+            exported: v.exported,
+            announced,
+        });
+    }
+    let error = match (&plan.error, &reading.view) {
+        (_, Err(e)) => Some(e.clone()),
+        (e, Ok(_)) => e.clone(),
+    };
+    BgpStatus {
+        wanted: plan.wanted(),
+        announced: families.iter().any(|f| f.announced),
+        mismatch: (!mismatches.is_empty()).then(|| mismatches.join("; ")),
+        repairs: plan.repairs,
+        read_ms_ago: reading.started.elapsed().as_millis() as u64,
+        error,
+        families,
+    }
+}
+
+impl BgpStatus {
+    /// The `BGP:` line of `fastpath lb status`.
+    pub fn to_text(&self) -> String {
+        let families: Vec<String> = self
+            .families
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} {} {} ({} of {} routes, exported {} on {} sessions)",
+                    f.family,
+                    f.protocol,
+                    f.state,
+                    f.routes,
+                    f.wanted_routes,
+                    f.exported,
+                    f.sessions
+                )
+            })
+            .collect();
+        let mut out = format!(
+            "BGP: VIPs {} (fastpath {} them), as BIRD says: {}; {} repairs\n",
+            if self.announced {
+                "announced"
+            } else {
+                "not announced"
+            },
+            if self.wanted {
+                "announces"
+            } else {
+                "withdraws"
+            },
+            families.join(", "),
+            self.repairs
+        );
+        if let Some(m) = &self.mismatch {
+            let _ = writeln!(out, "BGP MISMATCH: {m}");
+        }
+        if let Some(e) = &self.error {
+            let _ = writeln!(out, "BGP error: {e}");
+        }
+        out
+    }
+}
+
+impl Shared {
+    /// BGP as BIRD says it now beside what the controller wants (none
+    /// without `[bgp]`): BIRD is read for the question (or within
+    /// [`READING_SHARED_FOR`] of it), so "announced" is never older than
+    /// the moment it is asked.
+    pub fn bgp_status(&self) -> Option<BgpStatus> {
+        let plan = self.bgp.plan()?;
+        let reading = self.bgp.read(&Birdc(&plan.bgp));
+        Some(status(&plan, &reading))
     }
 }
 
 /// Announces the VIPs while the datapath's heartbeat advances; withdraws
-/// them when it stalls, when `[bgp]` goes away, and on the way out.
+/// them when it stalls, when `[bgp]` goes away, and on the way out. Every
+/// poll reads BIRD and puts it back where it differs.
 pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
     // Without [bgp] at start nothing is announced, and adding it later
     // needs a restart (Config::restart_keys): no thread stays for it.
@@ -181,22 +991,25 @@ pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
     let mut ann = Announcer::default();
     let mut last_beat = 0u64;
     let mut stale = 0u32;
-    let mut last_conf = None;
+    let mut last_conf: Option<Bgp> = None;
+    let mut warned = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        let cfg = shared
-            .control
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .config()
-            .clone();
+        let cfg = shared.control().config().clone();
         let Some(b) = cfg.bgp.clone() else {
             if let Some(old) = last_conf.take() {
-                ann.withdraw(&old);
+                ann.withdraw(&Birdc(&old));
             }
-            *shared.bgp.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            shared.bgp.set(None, None);
             std::thread::sleep(Duration::from_millis(500));
             continue;
         };
+        let unannounced = unannounced(&cfg);
+        if unannounced != warned {
+            for w in &unannounced {
+                tracing::warn!("BGP: {w}");
+            }
+            warned = unannounced;
+        }
         // Withdraw only after three polls without progress: one quiet
         // poll is a scheduling hiccup, not a dead forwarder.
         let beat = heartbeat.load(Ordering::Relaxed);
@@ -205,19 +1018,11 @@ pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
         last_beat = beat;
         // Announce only VIPs that can be served: a VIP whose backends are
         // all down would attract traffic only to drop it.
-        let tables = shared
-            .control
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .tables()
-            .load_full();
-        ann.step(&b, &cfg, alive, &|i| {
+        let tables = shared.control().tables().load_full();
+        let (plan, reading) = ann.step(&Birdc(&b), &b, &cfg, alive, &|i| {
             tables.vips.get(i).is_some_and(|v| !v.slots.is_empty())
         });
-        *shared.bgp.lock().unwrap_or_else(|p| p.into_inner()) = Some(BgpState {
-            announced: ann.announced(),
-            error: ann.last_error.clone(),
-        });
+        shared.bgp.set(Some(plan), Some(reading));
         last_conf = Some(b.clone());
         // Sleep in small steps so a stop is acted on quickly.
         let until = Instant::now() + Duration::from_millis(b.poll_ms);
@@ -226,13 +1031,20 @@ pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
         }
     }
     if let Some(b) = last_conf {
-        ann.withdraw(&b);
+        ann.withdraw(&Birdc(&b));
+        if let Some(mut plan) = shared.bgp.plan() {
+            plan.forwarding = false;
+            plan.announced = false;
+            shared.bgp.set(Some(plan), None);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
 
     #[test]
     fn routes_per_family_deduplicated() {
@@ -274,5 +1086,396 @@ pool = "p"
         assert!(!routes(&cfg, true, &|i| i != 2).contains("2001:db8::80"));
         assert!(routes(&cfg, false, &|i| i == 1).contains("192.0.2.80"));
         assert!(!routes(&cfg, false, &|i| i == 2).contains("192.0.2.80"));
+    }
+
+    /// BIRD 2.0.12's answer, as it printed it for a load balancer whose
+    /// IPv4 protocol is up and exported, IPv6 disabled.
+    const SHOW: &str = "BIRD 2.0.12 ready.
+Name       Proto      Table      State  Since         Info
+device1    Device     ---        up     16:26:35.741  
+
+fastpath_vips Static     master4    up     16:26:38.765  
+  Channel ipv4
+    State:          UP
+    Table:          master4
+    Preference:     200
+    Input filter:   ACCEPT
+    Output filter:  REJECT
+    Routes:         1 imported, 0 exported, 1 preferred
+    Route change stats:     received   rejected   filtered    ignored   accepted
+      Import updates:              1          0          0          0          1
+
+fastpath_vips6 Static     master6    down   16:26:49.190  
+  Channel ipv6
+    State:          DOWN
+    Table:          master6
+
+uplink     BGP        ---        up     16:26:40.344  Established   
+  BGP state:          Established
+    Neighbor address: 10.99.0.2
+  Channel ipv4
+    State:          UP
+    Table:          master4
+    Routes:         0 imported, 1 exported, 0 preferred
+  Channel ipv6
+    State:          UP
+    Table:          master6
+    Routes:         0 imported, 0 exported, 0 preferred
+";
+
+    fn target(family: Family, protocol: &str) -> Target {
+        Target {
+            family,
+            protocol: protocol.into(),
+            routes_file: PathBuf::from("/run/x"),
+        }
+    }
+
+    #[test]
+    fn birds_answer_is_read_per_family() {
+        let v = parse_protocols(SHOW);
+        assert_eq!(v.protocols.len(), 4);
+        let v4 = v.family(&target(Family::Ipv4, "fastpath_vips"));
+        assert_eq!(
+            v4,
+            FamilyView {
+                state: Some("up".into()),
+                routes: 1,
+                sessions: 1,
+                exported: 1
+            }
+        );
+        assert!(v4.announced());
+        let v6 = v.family(&target(Family::Ipv6, "fastpath_vips6"));
+        assert_eq!(
+            (v6.state.as_deref(), v6.routes, v6.sessions),
+            (Some("down"), 0, 1)
+        );
+        assert!(!v6.announced());
+        assert_eq!(v.family(&target(Family::Ipv4, "nosuch")).state, None);
+        // A session that is not established carries nothing.
+        let down = parse_protocols(&SHOW.replace(
+            "up     16:26:40.344  Established",
+            "start  16:26:40.344  Active",
+        ));
+        assert!(!down
+            .family(&target(Family::Ipv4, "fastpath_vips"))
+            .announced());
+    }
+
+    /// A stand-in for BIRD that behaves as BIRD 2.0.12 does where it
+    /// matters here: static protocols read their routes file when the
+    /// configuration is read (at start and on `configure`), which also
+    /// puts every protocol back to its configured `disabled`; an
+    /// established session exports what the static protocols hold.
+    struct FakeBird {
+        /// Protocol name -> (family, routes file, enabled, routes held).
+        protocols: RefCell<BTreeMap<String, (Family, PathBuf, bool, u64)>>,
+        /// Whether it answers at all.
+        running: RefCell<bool>,
+        /// Every command it was given.
+        log: RefCell<Vec<String>>,
+    }
+
+    impl FakeBird {
+        fn new(protocols: &[(&str, Family, &Path)]) -> FakeBird {
+            let b = FakeBird {
+                protocols: RefCell::new(
+                    protocols
+                        .iter()
+                        .map(|(n, f, p)| (n.to_string(), (*f, p.to_path_buf(), false, 0)))
+                        .collect(),
+                ),
+                running: RefCell::new(true),
+                log: RefCell::new(Vec::new()),
+            };
+            b.read_configuration();
+            b
+        }
+
+        fn read_configuration(&self) {
+            for (_, (_, file, enabled, routes)) in self.protocols.borrow_mut().iter_mut() {
+                *enabled = false;
+                *routes = std::fs::read_to_string(file)
+                    .map(|t| route_count(&t))
+                    .unwrap_or(0);
+            }
+        }
+
+        fn enabled(&self, name: &str) -> bool {
+            self.protocols.borrow()[name].2
+        }
+    }
+
+    impl Bird for FakeBird {
+        fn run(&self, args: &[&str]) -> Result<String, BgpError> {
+            self.log.borrow_mut().push(args.join(" "));
+            if !*self.running.borrow() {
+                return Err(BgpError::Refused {
+                    command: args.join(" "),
+                    output: "Unable to connect to server control socket".into(),
+                });
+            }
+            match args {
+                ["configure"] => {
+                    self.read_configuration();
+                    Ok("Reconfiguration in progress\n".into())
+                }
+                ["enable" | "disable", name] => {
+                    let mut p = self.protocols.borrow_mut();
+                    let Some(x) = p.get_mut(*name) else {
+                        return Err(BgpError::Refused {
+                            command: args.join(" "),
+                            output: "syntax error".into(),
+                        });
+                    };
+                    x.2 = args[0] == "enable";
+                    Ok(format!("{name}: {}d\n", args[0]))
+                }
+                ["show", "protocols", "all"] => {
+                    let mut out =
+                        String::from("BIRD 2.0.12 ready.\nName Proto Table State Since Info\n");
+                    let mut exported: BTreeMap<Family, u64> = BTreeMap::new();
+                    for (name, (family, _, enabled, routes)) in self.protocols.borrow().iter() {
+                        let (state, up) = if *enabled {
+                            ("up", "UP")
+                        } else {
+                            ("down", "DOWN")
+                        };
+                        let _ = writeln!(out, "{name} Static master {state} 00:00:00.000\n  Channel {family}\n    State: {up}");
+                        if *enabled {
+                            let _ = writeln!(
+                                out,
+                                "    Routes: {routes} imported, 0 exported, {routes} preferred"
+                            );
+                            *exported.entry(*family).or_default() += routes;
+                        }
+                    }
+                    let _ = writeln!(out, "uplink BGP --- up 00:00:00.000 Established");
+                    for f in [Family::Ipv4, Family::Ipv6] {
+                        let n = exported.get(&f).copied().unwrap_or(0);
+                        let _ = writeln!(out, "  Channel {f}\n    State: UP\n    Routes: 0 imported, {n} exported, 0 preferred");
+                    }
+                    Ok(out)
+                }
+                _ => Err(BgpError::Refused {
+                    command: args.join(" "),
+                    output: "unexpected".into(),
+                }),
+            }
+        }
+    }
+
+    const DUAL: &str = r#"
+[encap]
+source = "10.0.0.1"
+source6 = "fd00::1"
+[bgp]
+vips_file = "VIPS"
+[[pools]]
+name = "p"
+backends = [{ address = "10.1.0.1" }]
+[[vips]]
+name = "a"
+address = "192.0.2.80"
+port = 80
+protocol = "tcp"
+pool = "p"
+[[vips]]
+name = "c"
+address = "2001:db8::80"
+port = 80
+protocol = "tcp"
+pool = "p"
+"#;
+
+    fn dual(dir: &Path) -> Config {
+        let text = DUAL.replace("VIPS", &dir.join("vips.conf").display().to_string());
+        Config::parse(&text, "t").unwrap()
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("fastpath-bgp-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A reconfigured BIRD (`birdc configure`) disables fastpath's
+    /// protocols: the status says so at once (not "announced"), names the
+    /// mismatch, and the next step enables them again without a configure
+    /// of its own. Both families are announced, each from its own file.
+    #[test]
+    fn a_reconfigured_bird_is_seen_and_put_back() {
+        let d = scratch("reconf");
+        let cfg = dual(&d);
+        let b = cfg.bgp.clone().unwrap();
+        let bird = FakeBird::new(&[
+            ("fastpath_vips", Family::Ipv4, &d.join("vips.conf")),
+            ("fastpath_vips6", Family::Ipv6, &d.join("vips6.conf")),
+        ]);
+        let mut ann = Announcer::default();
+        let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        assert!(std::fs::read_to_string(d.join("vips.conf"))
+            .unwrap()
+            .contains("route 192.0.2.80/32 blackhole;"));
+        assert!(std::fs::read_to_string(d.join("vips6.conf"))
+            .unwrap()
+            .contains("route 2001:db8::80/128 blackhole;"));
+        assert!(bird.enabled("fastpath_vips") && bird.enabled("fastpath_vips6"));
+        let s = status(&plan, &reading);
+        assert!(s.wanted && s.announced && s.mismatch.is_none(), "{s:?}");
+        assert!(s.families.iter().all(|f| f.announced && f.routes == 1));
+        assert!(plan.announced);
+
+        // Someone runs `birdc configure`.
+        bird.run(&["configure"]).unwrap();
+        let now = status(&plan, &Reading::take(&bird));
+        assert!(now.wanted && !now.announced, "{now:?}");
+        let m = now.mismatch.unwrap();
+        assert!(
+            m.contains("fastpath_vips is down") && m.contains("ipv6"),
+            "{m}"
+        );
+
+        // The next poll puts it back, without configuring BIRD again.
+        bird.log.borrow_mut().clear();
+        let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        assert!(bird.enabled("fastpath_vips") && bird.enabled("fastpath_vips6"));
+        assert!(
+            !bird.log.borrow().iter().any(|c| c == "configure"),
+            "{:?}",
+            bird.log.borrow()
+        );
+        let s = status(&plan, &reading);
+        assert!(s.announced && s.mismatch.is_none(), "{s:?}");
+        assert_eq!(s.repairs, 2);
+
+        // A steady state costs one question a poll and changes nothing.
+        bird.log.borrow_mut().clear();
+        ann.step(&bird, &b, &cfg, true, &|_| true);
+        assert_eq!(*bird.log.borrow(), ["show protocols all"]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A restarted BIRD on a machine whose /run was emptied: the routes
+    /// files are written again, read, and the protocols enabled; while
+    /// BIRD is away the status says it did not answer.
+    #[test]
+    fn a_restarted_bird_gets_its_files_and_its_protocols_back() {
+        let d = scratch("restart");
+        let cfg = dual(&d);
+        let b = cfg.bgp.clone().unwrap();
+        let bird = FakeBird::new(&[
+            ("fastpath_vips", Family::Ipv4, &d.join("vips.conf")),
+            ("fastpath_vips6", Family::Ipv6, &d.join("vips6.conf")),
+        ]);
+        let mut ann = Announcer::default();
+        ann.step(&bird, &b, &cfg, true, &|_| true);
+        *bird.running.borrow_mut() = false;
+        std::fs::remove_file(d.join("vips.conf")).unwrap();
+        let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        let s = status(&plan, &reading);
+        assert!(!s.announced && s.error.is_some(), "{s:?}");
+        assert!(s.mismatch.unwrap().contains("BIRD did not answer"));
+        // BIRD starts again: its configuration read, protocols disabled.
+        *bird.running.borrow_mut() = true;
+        bird.read_configuration();
+        let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        let s = status(&plan, &reading);
+        assert!(s.announced && s.mismatch.is_none(), "{s:?}");
+        assert!(std::fs::read_to_string(d.join("vips.conf"))
+            .unwrap()
+            .contains("192.0.2.80/32"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A BIRD without the IPv6 protocol: IPv4 is announced all the same,
+    /// and the IPv6 VIPs' non-announcement is an error and a mismatch,
+    /// never silent. A configuration without IPv6 VIPs never touches the
+    /// IPv6 protocol.
+    #[test]
+    fn ipv6_vips_without_birds_ipv6_protocol_are_reported() {
+        let d = scratch("no6");
+        let cfg = dual(&d);
+        let b = cfg.bgp.clone().unwrap();
+        let bird = FakeBird::new(&[("fastpath_vips", Family::Ipv4, &d.join("vips.conf"))]);
+        let mut ann = Announcer::default();
+        let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        let s = status(&plan, &reading);
+        assert!(s.announced, "{s:?}");
+        assert!(s
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("no protocol fastpath_vips6"));
+        assert!(s.mismatch.as_deref().unwrap().contains("ipv6"), "{s:?}");
+
+        let v4_only = Config::parse(
+            &DUAL
+                .replace("VIPS", &d.join("vips.conf").display().to_string())
+                .replace("address = \"2001:db8::80\"", "address = \"192.0.2.81\""),
+            "t",
+        )
+        .unwrap();
+        let mut ann = Announcer::default();
+        bird.log.borrow_mut().clear();
+        let (plan, reading) = ann.step(
+            &bird,
+            v4_only.bgp.as_ref().unwrap(),
+            &v4_only,
+            true,
+            &|_| true,
+        );
+        assert!(!bird
+            .log
+            .borrow()
+            .iter()
+            .any(|c| c.contains("fastpath_vips6")));
+        let s = status(&plan, &reading);
+        assert!(s.error.is_none() && s.mismatch.is_none(), "{s:?}");
+        assert_eq!(s.families.len(), 1);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A stalled datapath withdraws; a BIRD that has the protocol up
+    /// while fastpath withdraws is disabled again.
+    #[test]
+    fn withdrawal_is_kept_too() {
+        let d = scratch("withdraw");
+        let cfg = dual(&d);
+        let b = cfg.bgp.clone().unwrap();
+        let bird = FakeBird::new(&[
+            ("fastpath_vips", Family::Ipv4, &d.join("vips.conf")),
+            ("fastpath_vips6", Family::Ipv6, &d.join("vips6.conf")),
+        ]);
+        let mut ann = Announcer::default();
+        ann.step(&bird, &b, &cfg, true, &|_| true);
+        let (plan, reading) = ann.step(&bird, &b, &cfg, false, &|_| true);
+        assert!(!bird.enabled("fastpath_vips"));
+        let s = status(&plan, &reading);
+        assert!(!s.wanted && !s.announced && s.mismatch.is_none(), "{s:?}");
+        bird.run(&["enable", "fastpath_vips"]).unwrap();
+        let s = status(&plan, &Reading::take(&bird));
+        assert!(s.mismatch.unwrap().contains("withdrawal wanted"));
+        ann.step(&bird, &b, &cfg, false, &|_| true);
+        assert!(!bird.enabled("fastpath_vips"));
+        ann.withdraw(&bird);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn what_is_not_announced_is_said() {
+        let d = scratch("said");
+        let cfg = dual(&d);
+        assert!(unannounced(&cfg).is_empty());
+        let text = DUAL.replace("VIPS", "/run/v.conf").replace(
+            "vips_file = \"/run/v.conf\"",
+            "vips_file = \"/run/v.conf\"\nprotocol6 = \"\"",
+        );
+        let w = unannounced(&Config::parse(&text, "t").unwrap());
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("IPv6 VIPs c are not announced"), "{w:?}");
+        let _ = std::fs::remove_dir_all(&d);
     }
 }
