@@ -644,7 +644,7 @@ impl Default for TracerConf {
 /// [fleet]
 /// peers = ["10.10.2.2", "10.10.2.3", "10.10.2.4"]  # this one is [encap] source
 /// name = "lb1"                                      # default: the host name
-/// health = { kind = "tcp", port = 179 }             # the default: BIRD's BGP port
+/// health = { kind = "fastpath", port = 9181 }       # the default: fastpath's own probe
 /// ```
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -656,16 +656,21 @@ pub struct FleetConf {
     pub name: Option<String>,
     /// How the other peers' liveness is checked, from the daemon, at their
     /// addresses (`via` must be `"direct"`). Fragments whose peer is down
-    /// are dropped, counted as `fragment_peer_down`. Default: a TCP connect
-    /// to port 179, where each load balancer's BIRD listens for BGP.
+    /// are dropped, counted as `fragment_peer_down`. Default: kind
+    /// `"fastpath"` on [`PEER_PORT`]: each peer's fastpath answers while
+    /// its datapath beats (this load balancer answers the others there).
     #[serde(default = "default_peer_health")]
     pub health: HealthConf,
 }
 
+/// The UDP port on which a `[fleet]` peer's fastpath answers the liveness
+/// probe of [`CheckKind::Fastpath`] by default.
+pub const PEER_PORT: u16 = 9181;
+
 fn default_peer_health() -> HealthConf {
     HealthConf {
-        kind: CheckKind::Tcp,
-        port: 179,
+        kind: CheckKind::Fastpath,
+        port: PEER_PORT,
         path: slash(),
         expect_status: ok200(),
         interval_ms: interval(),
@@ -688,7 +693,7 @@ impl FleetConf {
     }
 }
 
-/// How a pool's backends are health-checked.
+/// How a pool's backends (or the `[fleet]` peers) are health-checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CheckKind {
@@ -696,6 +701,13 @@ pub enum CheckKind {
     Tcp,
     /// An HTTP GET of `path` answers `expect_status`.
     Http,
+    /// `[fleet]` peers only: the peer's own fastpath answers a UDP
+    /// liveness probe on `port` at its address, and does so only while its
+    /// datapath's heartbeat advances (so a peer whose machine is up but
+    /// whose forwarder is dead or stalled is down). Nothing else listens
+    /// there, unlike BGP's port, where every probe made BIRD log an
+    /// unexpected connection.
+    Fastpath,
 }
 
 /// A pool's health check (`health = { ... }` in `[[pools]]`).
@@ -1768,6 +1780,14 @@ impl Config {
                 "peers are checked at their own addresses: use \"direct\"".into(),
             );
         }
+        if h.kind == CheckKind::Fastpath && h.port == 0 {
+            return problem(
+                "fleet.health.port".into(),
+                format!(
+                    "the peers' fastpath answers on a UDP port: give one (default {PEER_PORT})"
+                ),
+            );
+        }
         check_health_conf("fleet.health", h)?;
         if let Some(n) = &f.name {
             if n.is_empty() || n.len() > 255 || n.chars().any(char::is_control) {
@@ -1799,6 +1819,12 @@ impl Config {
         let mut tunnel_vips = None;
         for (i, p) in self.pools.iter().enumerate() {
             if let Some(h) = &p.health {
+                if h.kind == CheckKind::Fastpath {
+                    return problem(
+                        format!("pools[{i}].health.kind"),
+                        "\"fastpath\" checks [fleet] peers; check backends with \"tcp\" or \"http\"".into(),
+                    );
+                }
                 check_health_conf(&format!("pools[{i}].health"), h)?;
                 if h.via == CheckPath::Tunnel
                     && !tunnel_vips
@@ -2400,7 +2426,16 @@ pool = "web"
         let c = Config::parse(&fleet("\"10.0.0.2\", \"10.0.0.1\", \"10.0.0.3\""), "t").unwrap();
         let f = c.fleet.as_ref().unwrap();
         assert_eq!(f.own(&c.encap), Some(ip("10.0.0.1")));
-        assert_eq!((f.health.kind, f.health.port), (CheckKind::Tcp, 179));
+        // Peers are checked by their own fastpath, not at BGP's port.
+        assert_eq!(
+            (f.health.kind, f.health.port),
+            (CheckKind::Fastpath, PEER_PORT)
+        );
+        let e = err(&GOOD.replace(
+            "include = [\"extra\"]",
+            "include = [\"extra\"]\nhealth = { kind = \"fastpath\", port = 80 }",
+        ));
+        assert_eq!(e.key, "pools[0].health.kind", "{e}");
         assert_eq!(c.machine_name(), "lb1");
         let e = err(&fleet("\"10.0.0.2\", \"10.0.0.3\""));
         assert!(

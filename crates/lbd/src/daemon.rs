@@ -267,14 +267,19 @@ fn serve(
         _ => None,
     };
     let cp = {
-        let (shared, stop, listen) = (Arc::clone(&shared), Arc::clone(&dp_stop), api_listener);
+        let (shared, stop, listen, heartbeat) = (
+            Arc::clone(&shared),
+            Arc::clone(&dp_stop),
+            api_listener,
+            Arc::clone(&dp.heartbeat),
+        );
         spawn("control", "control-plane", move || {
             prefer_this_thread();
             match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
             {
-                Ok(rt) => rt.block_on(control_plane(shared, listen, stop)),
+                Ok(rt) => rt.block_on(control_plane(shared, listen, heartbeat, stop)),
                 Err(e) => tracing::error!("control plane: {e}"),
             }
         })?
@@ -362,11 +367,13 @@ fn spawn<T: Send + 'static>(
 }
 
 /// The control plane's tasks on the `control` thread's runtime, until
-/// `stop`: the health checks, the `[fleet]` peers, reloads on SIGHUP and
-/// the HTTP API.
+/// `stop`: the health checks, the `[fleet]` peers (checking them, and
+/// answering their probes while the datapath's `heartbeat` advances),
+/// reloads on SIGHUP and the HTTP API.
 async fn control_plane(
     shared: Arc<Shared>,
     listener: Option<std::net::TcpListener>,
+    heartbeat: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 ) {
     tokio::spawn(tasks::health::manager(
@@ -375,6 +382,11 @@ async fn control_plane(
     ));
     tokio::spawn(tasks::peers::manager(
         Arc::clone(&shared),
+        Arc::clone(&stop),
+    ));
+    tokio::spawn(tasks::peers::responder(
+        Arc::clone(&shared),
+        heartbeat,
         Arc::clone(&stop),
     ));
     if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {

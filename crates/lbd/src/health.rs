@@ -48,7 +48,9 @@ impl std::fmt::Display for CheckKey {
         if let Some(vip) = self.vip {
             write!(f, "via GRE to {}: ", self.addr)?;
             return match self.conf.kind {
-                CheckKind::Tcp => write!(f, "tcp {}", SocketAddr::new(vip, self.conf.port)),
+                CheckKind::Tcp | CheckKind::Fastpath => {
+                    write!(f, "tcp {}", SocketAddr::new(vip, self.conf.port))
+                }
                 CheckKind::Http => write!(
                     f,
                     "http {}{}",
@@ -59,6 +61,11 @@ impl std::fmt::Display for CheckKey {
         }
         match self.conf.kind {
             CheckKind::Tcp => write!(f, "tcp {}", SocketAddr::new(self.addr, self.conf.port)),
+            CheckKind::Fastpath => write!(
+                f,
+                "fastpath liveness udp {}",
+                SocketAddr::new(self.addr, self.conf.port)
+            ),
             CheckKind::Http => write!(
                 f,
                 "http {}{}",
@@ -157,6 +164,11 @@ pub async fn check(key: &CheckKey, tunnel: Option<&Routes>) -> Outcome {
 /// One probe; true if the backend answered as expected within the timeout.
 pub async fn probe(key: &CheckKey, tunnel: Option<&Routes>) -> bool {
     let c = &key.conf;
+    // Only a `[fleet]` peer answers it (validation keeps it off pools);
+    // the peers' task probes it with its own address (tasks::peers).
+    if c.kind == CheckKind::Fastpath {
+        return false;
+    }
     let fut = async {
         // Held until the check is over: the tunnel's route for its port.
         let mut _route = None;
