@@ -4,9 +4,14 @@
 //! publishes a per-VIP table fingerprint in `/status`
 //! ([`lb::tables::Vip::fingerprint`]); [`compare`] lines the fleet's
 //! documents up VIP by VIP, finds the majority and names the odd one out
-//! with what differs (pool, backends, weights, health), and [`check`] fetches
-//! the documents from the load balancers' APIs first (`fastpath lb status
-//! --api A --api B ...`).
+//! with what differs (pool, backends, weights, health, table size). Beside
+//! the VIPs, the fleet must agree on what is not in a VIP's table: the
+//! `[fleet]` peers (every load balancer sends a fragment to the peer its
+//! own list makes responsible, so one list that differs loses fragments)
+//! and the encapsulation's shared settings (families, source prefixes,
+//! TTL); these are compared the same way. [`check`] fetches the documents
+//! from the load balancers' APIs first (`fastpath lb status --api A --api
+//! B ...`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -31,9 +36,16 @@ pub enum Aspect {
     Weight,
     /// A backend's health.
     Health,
+    /// The pool's Maglev table size M.
+    TableSize,
     /// The tables differ though the documents show the same pool, backends,
-    /// weights and health (a different table size, or another version).
+    /// weights, health and table size (another version).
     Table,
+    /// The `[fleet]` peers (or whether there is a `[fleet]` at all).
+    Peers,
+    /// The encapsulation's shared settings: the families reached, the
+    /// source prefixes, the TTL.
+    Encap,
     /// The load balancer's API did not answer.
     Unreachable,
 }
@@ -47,7 +59,10 @@ impl Aspect {
             Aspect::Backends => "backends",
             Aspect::Weight => "weight",
             Aspect::Health => "health",
+            Aspect::TableSize => "table_size",
             Aspect::Table => "table",
+            Aspect::Peers => "peers",
+            Aspect::Encap => "encap",
             Aspect::Unreachable => "unreachable",
         }
     }
@@ -99,10 +114,29 @@ pub struct LbRow {
     /// came from ("resolved", "configured"), or "UNRESOLVED"; empty if
     /// unreachable or from a version that does not say.
     pub gateway: String,
+    /// Its BGP announcement as BIRD says: "announced", "withdrawn",
+    /// "MISMATCH" (what BIRD does differs from what fastpath wants);
+    /// empty without `[bgp]`.
+    pub bgp: String,
+    /// What the BGP mismatch is, in words, if there is one.
+    pub bgp_mismatch: Option<String>,
+    /// Its `[fleet]` peers: how many ("none" without `[fleet]`), with " *"
+    /// if the list differs from the majority's.
+    pub peers: String,
     /// Its VIPs.
     pub vips: Vec<VipRow>,
     /// Why its status could not be had, if it could not.
     pub error: Option<String>,
+}
+
+/// The BGP column of the fleet table.
+fn bgp_cell(s: &Status) -> String {
+    match (&s.bgp, s.bgp_announced) {
+        (Some(b), _) if b.mismatch.is_some() => "MISMATCH".into(),
+        (_, Some(true)) => "announced".into(),
+        (_, Some(false)) => "withdrawn".into(),
+        (_, None) => String::new(),
+    }
 }
 
 /// The gateway column of the fleet table.
@@ -121,8 +155,9 @@ fn gateway_cell(s: &Status) -> String {
 /// The verdict on a fleet.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Agreement {
-    /// Every load balancer answered and every VIP has the same fingerprint
-    /// on all of them.
+    /// Every load balancer answered, every VIP has the same fingerprint on
+    /// all of them, and they list the same peers and encapsulation
+    /// settings.
     pub agree: bool,
     /// The load balancers, in the order given.
     pub lbs: Vec<LbRow>,
@@ -222,6 +257,13 @@ fn describe(
             ));
         }
     }
+    if o.table_size != t.table_size && o.table_size != 0 && t.table_size != 0 {
+        aspects.insert(Aspect::TableSize);
+        words.push(format!(
+            "table size {} ({others}: {})",
+            o.table_size, t.table_size
+        ));
+    }
     if aspects.is_empty() {
         aspects.insert(Aspect::Table);
         words.push(format!(
@@ -230,6 +272,105 @@ fn describe(
         ));
     }
     (aspects.into_iter().collect(), words.join("; "))
+}
+
+/// One fleet-wide setting of each load balancer (`value`; none where the
+/// document does not say, as older versions' do not), grouped as VIPs are:
+/// with a strict majority of those that say, each other one is named with
+/// `explain(its value, the majority's, "others")`; without, each group is
+/// compared with the first load balancer's.
+fn compare_setting(
+    lbs: &[(String, Status)],
+    aspect: Aspect,
+    value: impl Fn(&Status) -> Option<String>,
+    explain: impl Fn(&str, &str, &str) -> String,
+) -> Vec<Difference> {
+    let values: Vec<Option<String>> = lbs.iter().map(|(_, s)| value(s)).collect();
+    let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        let Some(v) = v else { continue };
+        match groups.iter_mut().find(|(g, _)| *g == v) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((v, vec![i])),
+        }
+    }
+    if groups.len() <= 1 {
+        return Vec::new();
+    }
+    let said: usize = groups.iter().map(|(_, m)| m.len()).sum();
+    let mut out = Vec::new();
+    match groups.iter().find(|(_, m)| m.len() * 2 > said) {
+        Some((reference, winners)) => {
+            for (v, members) in &groups {
+                if members == winners {
+                    continue;
+                }
+                for &i in members {
+                    out.push(Difference {
+                        vip: String::new(),
+                        lb: Some(lbs[i].0.clone()),
+                        majority: true,
+                        aspects: vec![aspect],
+                        detail: explain(v, reference, "others"),
+                    });
+                }
+            }
+        }
+        None => {
+            let (first, first_members) = &groups[0];
+            let name = &lbs[first_members[0]].0;
+            for (v, members) in groups.iter().skip(1) {
+                let who: Vec<&str> = members.iter().map(|&m| lbs[m].0.as_str()).collect();
+                out.push(Difference {
+                    vip: String::new(),
+                    lb: None,
+                    majority: false,
+                    aspects: vec![aspect],
+                    detail: format!(
+                        "no majority: {} against {name}: {}",
+                        who.join(", "),
+                        explain(v, first, name)
+                    ),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// A load balancer's `[fleet] peers`, sorted, as the fleet compares them.
+fn peers_of(s: &Status) -> String {
+    match &s.fleet {
+        None => "(no [fleet])".into(),
+        Some(f) => {
+            let mut a: Vec<&str> = f.peers.iter().map(|p| p.address.as_str()).collect();
+            a.sort_unstable();
+            a.join(", ")
+        }
+    }
+}
+
+/// What differs between two peer lists, in words.
+fn explain_peers(ours: &str, theirs: &str, others: &str) -> String {
+    let set = |s: &str| -> BTreeSet<String> {
+        if s.starts_with('(') {
+            BTreeSet::new()
+        } else {
+            s.split(", ").map(String::from).collect()
+        }
+    };
+    let (o, t) = (set(ours), set(theirs));
+    let missing: Vec<&str> = t.difference(&o).map(String::as_str).collect();
+    let extra: Vec<&str> = o.difference(&t).map(String::as_str).collect();
+    let mut words = format!("peers {ours} ({others}: {theirs})");
+    if !missing.is_empty() {
+        let _ = write!(words, "; missing {}", missing.join(", "));
+    }
+    if !extra.is_empty() {
+        let _ = write!(words, "; extra {}", extra.join(", "));
+    }
+    words.push_str(": fragments are sent to different peers");
+    words
 }
 
 /// Compares the `/status` documents of a fleet, each named (by its API
@@ -313,6 +454,26 @@ pub fn compare(lbs: &[(String, Status)]) -> Agreement {
             }
         }
     }
+    // What is not in a VIP's table: the peers and the encapsulation.
+    differences.extend(compare_setting(
+        lbs,
+        Aspect::Peers,
+        |s| Some(peers_of(s)),
+        explain_peers,
+    ));
+    differences.extend(compare_setting(
+        lbs,
+        Aspect::Encap,
+        |s| s.encap.as_ref().map(|e| e.shared_settings()),
+        |o, t, others| format!("encap {o} ({others}: {t})"),
+    ));
+    let odd_setting = |i: usize, a: Aspect| {
+        differences.iter().any(|d| {
+            d.vip.is_empty()
+                && d.aspects.contains(&a)
+                && (d.lb.as_deref() == Some(lbs[i].0.as_str()) || !d.majority)
+        })
+    };
     let rows = lbs
         .iter()
         .enumerate()
@@ -321,6 +482,19 @@ pub fn compare(lbs: &[(String, Status)]) -> Agreement {
             driver: s.driver.clone(),
             generation: s.generation,
             gateway: gateway_cell(s),
+            bgp: bgp_cell(s),
+            bgp_mismatch: s.bgp.as_ref().and_then(|b| b.mismatch.clone()),
+            peers: format!(
+                "{}{}",
+                s.fleet
+                    .as_ref()
+                    .map_or("none".to_string(), |f| f.peers.len().to_string()),
+                if odd_setting(i, Aspect::Peers) {
+                    " *"
+                } else {
+                    ""
+                }
+            ),
             vips: s
                 .vips
                 .iter()
@@ -389,6 +563,9 @@ pub fn check(apis: &[SocketAddr], token: Option<&str>) -> Agreement {
                     driver: String::new(),
                     generation: 0,
                     gateway: String::new(),
+                    bgp: String::new(),
+                    bgp_mismatch: None,
+                    peers: String::new(),
                     vips: Vec::new(),
                     error: Some(e),
                 }
@@ -416,6 +593,8 @@ impl Agreement {
             "driver".into(),
             "generation".into(),
             "gateway".into(),
+            "bgp".into(),
+            "peers".into(),
         ];
         for v in &vips {
             header.push(format!("{v} table"));
@@ -428,6 +607,8 @@ impl Agreement {
                 row.push("UNREACHABLE".into());
                 row.push(String::new());
                 row.push(String::new());
+                row.push(String::new());
+                row.push(String::new());
                 row.extend(vips.iter().flat_map(|_| [String::new(), String::new()]));
                 t.row(row);
                 continue;
@@ -435,6 +616,8 @@ impl Agreement {
             row.push(lb.driver.clone());
             row.push(lb.generation.to_string());
             row.push(lb.gateway.clone());
+            row.push(lb.bgp.clone());
+            row.push(lb.peers.clone());
             for name in &vips {
                 match lb.vips.iter().find(|v| v.name == *name) {
                     Some(v) => {
@@ -454,10 +637,15 @@ impl Agreement {
             t.row(row);
         }
         let mut out = t.to_string();
+        for lb in &self.lbs {
+            if let Some(m) = &lb.bgp_mismatch {
+                let _ = writeln!(out, "\n{}: BGP MISMATCH: {m}", lb.api);
+            }
+        }
         if self.agree {
             let _ = writeln!(
                 out,
-                "\nfleet agrees: {} load balancers, the same tables for every VIP",
+                "\nfleet agrees: {} load balancers, the same tables for every VIP, the same peers and encapsulation",
                 self.lbs.len()
             );
             return out;
@@ -504,6 +692,7 @@ mod tests {
             fingerprint: String::new(),
             pool: "web".into(),
             table_bytes: 0,
+            table_size: 65_537,
         }));
         let fingerprint = format!("{:016x}", fp.bytes().map(u64::from).sum::<u64>() * 7919);
         let healthy = backends
@@ -534,6 +723,7 @@ mod tests {
                 fingerprint,
                 pool: "web".into(),
                 table_bytes: 0,
+                table_size: 65_537,
             }],
         }))
         .expect("a /status document")
@@ -697,6 +887,93 @@ mod tests {
             text.contains("gateway") && text.contains("UNRESOLVED"),
             "{text}"
         );
+    }
+
+    /// A fleet whose load balancers agree on every VIP's table but not on
+    /// their peers (one lacks a peer: its fragments go elsewhere) or their
+    /// encapsulation: the fleet disagrees and the odd one is named with the
+    /// field; documents without the fields compare as before.
+    #[test]
+    fn peers_encapsulation_and_table_size_are_compared_too() {
+        use crate::status::EncapStatus;
+        use crate::tasks::peers::{FleetStatus, PeerStatus};
+        let fleet = |addrs: &[&str]| FleetStatus {
+            name: "lb".into(),
+            peers: addrs
+                .iter()
+                .map(|a| PeerStatus {
+                    address: a.to_string(),
+                    this: false,
+                    up: true,
+                    fragments_redirected: 0,
+                })
+                .collect(),
+            fragments_redirected: 0,
+            fragments_redirect_received: 0,
+            fragments_peer_down: 0,
+        };
+        let encap = |prefix: Option<&str>| EncapStatus {
+            source: Some("10.10.2.2".into()),
+            source6: None,
+            source_prefix: prefix.map(String::from),
+            source_prefix6: None,
+            ttl: 64,
+        };
+        let all = ["10.10.2.2", "10.10.2.3", "10.10.2.4"];
+        let mut lbs = vec![status(good()), status(good()), status(good())];
+        for (i, s) in lbs.iter_mut().enumerate() {
+            s.fleet = Some(fleet(&all));
+            let mut e = encap(None);
+            e.source = Some(all[i].into());
+            s.encap = Some(e);
+        }
+        let a = compare(&named(lbs.clone()));
+        assert!(a.agree, "each one's own source differs by design: {a:?}");
+        lbs[2].fleet = Some(fleet(&["10.10.2.4", "10.10.2.2"]));
+        let a = compare(&named(lbs.clone()));
+        assert!(!a.agree);
+        assert_eq!(a.differences.len(), 1, "{:?}", a.differences);
+        let d = &a.differences[0];
+        assert_eq!(
+            (d.lb.as_deref(), &d.aspects[..]),
+            (Some("lb3"), &[Aspect::Peers][..])
+        );
+        assert!(d.detail.contains("missing 10.10.2.3"), "{}", d.detail);
+        assert_eq!(a.lbs[2].peers, "2 *");
+        assert_eq!(a.lbs[0].peers, "3");
+        let text = a.to_text();
+        assert!(
+            text.contains("lb3 [peers]: peers 10.10.2.2, 10.10.2.4"),
+            "{text}"
+        );
+
+        lbs[2].fleet = Some(fleet(&all));
+        lbs[0].encap = Some(encap(Some("10.20.0.0/24")));
+        lbs[1].vips[0].table_size = 1009;
+        lbs[1].vips[0].fingerprint = "00000000000000ff".into();
+        let a = compare(&named(lbs.clone()));
+        let got: Vec<(Option<&str>, &[Aspect])> = a
+            .differences
+            .iter()
+            .map(|d| (d.lb.as_deref(), d.aspects.as_slice()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Some("lb2"), &[Aspect::TableSize][..]),
+                (Some("lb1"), &[Aspect::Encap][..])
+            ]
+        );
+        assert!(a.differences[0]
+            .detail
+            .contains("table size 1009 (others: 65537)"));
+        assert!(a.differences[1]
+            .detail
+            .contains("source_prefix 10.20.0.0/24"));
+
+        // Older documents say neither: nothing to compare.
+        let old = compare(&named(vec![status(good()), status(good())]));
+        assert!(old.agree, "{old:?}");
     }
 
     #[test]

@@ -87,6 +87,7 @@ impl Shared {
             bgp_announced: bgp.as_ref().map(|b| b.announced),
             bgp_error: bgp.as_ref().and_then(|b| b.error.clone()),
             bgp,
+            encap: Some(EncapStatus::of(&cfg.encap)),
             fleet,
             tracer: self.datapath.tracer.as_ref().map(|t| TracerStatus {
                 reports: c.trace_reports,
@@ -127,6 +128,11 @@ impl Shared {
                         fingerprint: format!("{:016x}", v.fingerprint),
                         pool: v.pool.clone(),
                         table_bytes: memory.per_vip.get(i).map_or(0, |&b| b as u64),
+                        table_size: cfg
+                            .pools
+                            .iter()
+                            .find(|p| p.name == v.pool)
+                            .map_or(0, |p| p.table_size),
                     }
                 })
                 .collect(),
@@ -198,6 +204,63 @@ pub struct VipStatus {
     /// with other VIPs counted here too; 0 in older documents).
     #[serde(default)]
     pub table_bytes: u64,
+    /// Its pool's Maglev table size M (0 in older documents).
+    #[serde(default)]
+    pub table_size: u64,
+}
+
+/// `[encap]` in `/status`: how this load balancer encapsulates, for the
+/// fleet comparison (its own addresses differ from its peers' by design;
+/// the families it reaches backends in, the source prefixes and the TTL
+/// must not).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct EncapStatus {
+    /// Outer source towards IPv4 backends.
+    pub source: Option<String>,
+    /// Outer source towards IPv6 backends.
+    pub source6: Option<String>,
+    /// The prefix IPv4 outer sources are spread over, if any.
+    pub source_prefix: Option<String>,
+    /// The prefix IPv6 outer sources are spread over, if any.
+    pub source_prefix6: Option<String>,
+    /// Outer TTL / hop limit.
+    pub ttl: u8,
+}
+
+impl EncapStatus {
+    /// From the configuration's `[encap]`.
+    pub fn of(e: &lb::config::Encap) -> EncapStatus {
+        EncapStatus {
+            source: e.source.map(|a| a.to_string()),
+            source6: e.source6.map(|a| a.to_string()),
+            source_prefix: e.source_prefix.clone(),
+            source_prefix6: e.source_prefix6.clone(),
+            ttl: e.ttl,
+        }
+    }
+
+    /// What the fleet must agree on, in words: the families it
+    /// encapsulates towards, the source prefixes, the TTL.
+    pub fn shared_settings(&self) -> String {
+        let families: Vec<&str> = [
+            self.source.as_ref().map(|_| "ipv4"),
+            self.source6.as_ref().map(|_| "ipv6"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        format!(
+            "families {}, source_prefix {}, source_prefix6 {}, ttl {}",
+            if families.is_empty() {
+                "none".to_string()
+            } else {
+                families.join("+")
+            },
+            self.source_prefix.as_deref().unwrap_or("none"),
+            self.source_prefix6.as_deref().unwrap_or("none"),
+            self.ttl
+        )
+    }
 }
 
 /// Packet-tracer counters in `/status` (see [`lb::trace`]).
@@ -321,6 +384,10 @@ pub struct Status {
     /// documents from versions without it).
     #[serde(default)]
     pub bgp: Option<crate::tasks::bgp::BgpStatus>,
+    /// `[encap]`: what the fleet must agree on (absent in documents from
+    /// versions without it).
+    #[serde(default)]
+    pub encap: Option<EncapStatus>,
     /// `[fleet]`: peers, their liveness and redirected fragments (absent
     /// without `[fleet]`, and in documents from versions without it).
     #[serde(default)]
