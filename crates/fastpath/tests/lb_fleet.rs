@@ -13,8 +13,11 @@
 //!   redirected them and the responsible one, each with the table
 //!   fingerprint that `/status` shows.
 //! - `fastpath lb status --api A --api B --api C` sees the fleet agree, and
-//!   names the odd one out after one load balancer's weights change.
-//! - A dead peer's fragments are counted as dropped by reason.
+//!   names the odd one out after one load balancer's weights change, and
+//!   after one load balancer's `[fleet] peers` loses a peer.
+//! - A peer whose fastpath dies (its BIRD still up) is seen down by the
+//!   others, and its fragments are counted as dropped by reason; peers are
+//!   checked without touching BIRD (no "Unexpected connect" in its log).
 
 mod common;
 
@@ -436,9 +439,60 @@ fn fragments_tracer_and_agreement_across_the_fleet() {
         "{v}"
     );
 
-    // 5. A dead peer: lb3's machine dies; lb1 notices (TCP to its BGP
-    // port) and drops, by reason, the fragments lb3 is responsible for.
+    // 4b. lb3 forgets a peer (its weights agree again): the fleet
+    // disagrees on peers and names lb3; put back, it agrees.
     t.set_backends_on(3, &[(1, 1), (2, 1), (3, 1)]).unwrap();
+    let lb3_config = std::fs::read_to_string(&t.configs[2]).unwrap();
+    let all_peers = "peers = [\"10.10.2.2\", \"10.10.2.3\", \"10.10.2.4\"]";
+    assert!(lb3_config.contains(all_peers), "{lb3_config}");
+    std::fs::write(
+        &t.configs[2],
+        lb3_config.replace(all_peers, "peers = [\"10.10.2.2\", \"10.10.2.4\"]"),
+    )
+    .unwrap();
+    t.api_on(3, "POST", "/reload").unwrap();
+    let (ok, v) = fleet_status(&t);
+    assert!(!ok && v["agree"] == false, "{v}");
+    let diffs = v["differences"].as_array().unwrap();
+    assert_eq!(diffs.len(), 1, "{v}");
+    assert_eq!(diffs[0]["lb"], t.api_addr(3).as_str(), "{v}");
+    assert_eq!(diffs[0]["aspects"], serde_json::json!(["peers"]), "{v}");
+    assert!(
+        diffs[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("missing 10.10.2.3"),
+        "{v}"
+    );
+    std::fs::write(&t.configs[2], &lb3_config).unwrap();
+    t.api_on(3, "POST", "/reload").unwrap();
+    let (ok, v) = fleet_status(&t);
+    assert!(ok && v["agree"] == true, "{v}");
+
+    // 5. A dead peer: lb3's fastpath dies while its BIRD lives on (a
+    // check of BGP's port would still see it up); lb1 notices (lb3's
+    // fastpath no longer answers its probes) ...
+    t.procs.kill(&Topology::lb_proc(3));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let s = status(&t, 1);
+        let up = s["fleet"]["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["address"] == "10.10.2.4")
+            .map(|p| p["up"] == true);
+        if up == Some(false) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lb1 still sees lb3 up with its fastpath dead: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // ... then its machine dies too; lb1 drops, by reason, the fragments
+    // lb3 is responsible for.
     t.kill_lb_machine(3).unwrap();
     let peers: Vec<IpAddr> = (1..=3)
         .map(|k| Topology::lb_address(k).parse().unwrap())
@@ -488,4 +542,15 @@ fn fragments_tracer_and_agreement_across_the_fleet() {
         "{} of 8 sources are lb3's, 3 fragments each",
         theirs.len()
     );
+
+    // 6. The peer checks of the whole test, every load balancer probing
+    // the others, and no BIRD was bothered by them.
+    for k in 1..=3 {
+        let log = t.bird_log(&Topology::bird_of(k));
+        assert!(log.contains("Started"), "lb{k}'s BIRD logs: {log}");
+        assert!(
+            !log.contains("Unexpected connect"),
+            "lb{k}'s BIRD was probed on BGP's port:\n{log}"
+        );
+    }
 }

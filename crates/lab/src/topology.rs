@@ -19,6 +19,15 @@
 //! AF_XDP (else AF_PACKET) as GRE, and each backend decapsulates into a TUN
 //! device and answers the client directly. With one load balancer the
 //! addresses are those of the single-box topology the tests have always used.
+//!
+//! A dual-stack network ([`Topology::build_dual_stack`]) adds IPv6 to every
+//! link (`fd00:10:N::/64` beside `10.10.N.0/24`; load balancer `k`'s link
+//! is `fd00:10:2:k::/64`), an IPv6 VIP ([`VIP6`]) on every backend's
+//! loopback served by the same pool, BIRD's ipv6 channel on every session
+//! (carried over the IPv4 session, next hop the load balancer's IPv6
+//! address) and IPv6 ECMP at the router (`net.ipv6.fib_multipath_hash_policy`
+//! 3 on the same fields). The backends stay IPv4: the load balancers send
+//! them the IPv6 packets in GRE over IPv4, and they answer over IPv6.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -33,6 +42,8 @@ use crate::{Error, Result};
 
 /// The VIP.
 pub const VIP: &str = "198.18.0.80";
+/// The IPv6 VIP of a dual-stack network (port 80, the same pool).
+pub const VIP6: &str = "fd00:18::80";
 /// The UDP port of the fleet's echo VIP (each backend answers datagrams
 /// to it, see [`Topology::start_udp_echo`]).
 pub const UDP_ECHO_PORT: u16 = 7;
@@ -151,6 +162,8 @@ pub struct Topology {
     /// Each load balancer's configuration file.
     pub configs: Vec<PathBuf>,
     fastpath: PathBuf,
+    /// Whether the network is dual-stack ([`Topology::build_dual_stack`]).
+    pub ipv6: bool,
     /// Tells the UDP echo threads to end.
     echo_stop: Arc<AtomicBool>,
     echo_threads: Vec<std::thread::JoinHandle<()>>,
@@ -207,6 +220,28 @@ impl Topology {
         backends: usize,
         tag: &str,
     ) -> Result<Topology> {
+        Self::build_with(fastpath, lbs, backends, tag, false)
+    }
+
+    /// [`Topology::build_fleet`] with IPv6 beside IPv4 everywhere and the
+    /// IPv6 VIP [`VIP6`] (`http6`, port 80, the same pool) announced by
+    /// every load balancer over BGP's ipv6 channel.
+    pub fn build_dual_stack(
+        fastpath: &Path,
+        lbs: usize,
+        backends: usize,
+        tag: &str,
+    ) -> Result<Topology> {
+        Self::build_with(fastpath, lbs, backends, tag, true)
+    }
+
+    fn build_with(
+        fastpath: &Path,
+        lbs: usize,
+        backends: usize,
+        tag: &str,
+        ipv6: bool,
+    ) -> Result<Topology> {
         if !netns::available() {
             return Err(Error::Unavailable);
         }
@@ -244,6 +279,7 @@ impl Topology {
             configs,
             dir,
             fastpath: fastpath.to_path_buf(),
+            ipv6,
             echo_stop: Arc::new(AtomicBool::new(false)),
             echo_threads: Vec::new(),
         };
@@ -267,6 +303,12 @@ impl Topology {
     /// The address of load balancer `k` (1-based): `10.10.2.{k+1}`.
     pub fn lb_address(k: usize) -> String {
         format!("10.10.2.{}", k + 1)
+    }
+
+    /// The IPv6 address of load balancer `k` (1-based) in a dual-stack
+    /// network: `fd00:10:2:{k}::2`, the router being `::1` of that /64.
+    pub fn lb_address6(k: usize) -> String {
+        format!("fd00:10:2:{k}::2")
     }
 
     /// The MAC of the router's end of load balancer `k`'s link (the load
@@ -317,12 +359,13 @@ impl Topology {
     }
 
     fn wire(&self) -> Result<()> {
+        let off = if self.ipv6 { "0" } else { "1" };
         for ns in self.all() {
             for k in ["all", "default"] {
                 ns.sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")?;
             }
-            ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
-            ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")?;
+            ns.sysctl("net.ipv6.conf.all.disable_ipv6", off)?;
+            ns.sysctl("net.ipv6.conf.default.disable_ipv6", off)?;
         }
         netns::veth(
             &self.client,
@@ -404,6 +447,63 @@ impl Topology {
             .sysctl("net.ipv4.fib_multipath_hash_policy", "3")?;
         self.client
             .ip(&["route", "add", "default", "via", "10.10.1.1"])?;
+        if self.ipv6 {
+            self.wire6()?;
+        }
+        Ok(())
+    }
+
+    /// The IPv6 half of a dual-stack network: an address on every link
+    /// (no duplicate address detection: usable at once), the VIP on every
+    /// backend's loopback, default routes through the router, and the
+    /// router's forwarding and ECMP on the 5-tuple.
+    fn wire6(&self) -> Result<()> {
+        let addr =
+            |ns: &Netns, a: &str, dev: &str| ns.ip(&["-6", "addr", "add", a, "dev", dev, "nodad"]);
+        addr(&self.client, "fd00:10:1::2/64", "c0")?;
+        addr(&self.router, "fd00:10:1::1/64", "r1")?;
+        self.client
+            .ip(&["-6", "route", "add", "default", "via", "fd00:10:1::1"])?;
+        for (i, lb) in self.lbs.iter().enumerate() {
+            let k = i + 1;
+            addr(lb, &format!("{}/64", Self::lb_address6(k)), "l0")?;
+            addr(
+                &self.router,
+                &format!("fd00:10:2:{k}::1/64"),
+                &Self::router_if(k),
+            )?;
+            lb.ip(&[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("fd00:10:2:{k}::1"),
+            ])?;
+        }
+        for (i, be) in self.backends.iter().enumerate() {
+            let net = 3 + i;
+            addr(be, &format!("fd00:10:{net}::2/64"), "b0")?;
+            addr(
+                &self.router,
+                &format!("fd00:10:{net}::1/64"),
+                &format!("r{net}"),
+            )?;
+            be.ip(&[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("fd00:10:{net}::1"),
+            ])?;
+            addr(be, &format!("{VIP6}/128"), "lo")?;
+        }
+        self.router.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+        self.router
+            .sysctl("net.ipv6.fib_multipath_hash_fields", "0x0037")?;
+        self.router
+            .sysctl("net.ipv6.fib_multipath_hash_policy", "3")?;
         Ok(())
     }
 
@@ -462,16 +562,56 @@ impl Topology {
         Ok(line)
     }
 
+    /// Where BIRD `which` (`rtr`, `lb`, `lbK`) logs.
+    pub fn bird_log_path(&self, which: &str) -> PathBuf {
+        self.dir.join(format!("bird-{which}.log"))
+    }
+
+    /// What BIRD `which` (`rtr`, `lb`, `lbK`) has logged so far.
+    pub fn bird_log(&self, which: &str) -> String {
+        std::fs::read_to_string(self.bird_log_path(which)).unwrap_or_default()
+    }
+
+    /// The BIRD name (`lb`, `lb2`, ...) of load balancer `k`, for
+    /// [`Topology::bird_socket`] and [`Topology::bird_log`].
+    pub fn bird_of(k: usize) -> String {
+        Self::bird_name(k)
+    }
+
+    /// Runs `birdc ARGS` against BIRD `which`; what it printed.
+    pub fn birdc(&self, which: &str, args: &[&str]) -> String {
+        Command::new("birdc")
+            .arg("-s")
+            .arg(self.bird_socket(which))
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default()
+    }
+
     fn start_bird(&mut self) -> Result<()> {
         // One session per load balancer, all in one AS with equal
-        // attributes, merged into one multipath kernel route.
+        // attributes, merged into one multipath kernel route (per family
+        // in a dual-stack network; IPv6 rides the IPv4 session).
+        let (kernel6, channel6) = if self.ipv6 {
+            (
+                "protocol kernel { merge paths on; ipv6 { import none; export all; }; }\n",
+                " ipv6 { import all; export none; };",
+            )
+        } else {
+            ("", "")
+        };
+        // Each BIRD logs to a file of its own (a pipe read only at the end
+        // would fill and block it).
+        let log = |which: &str| format!("log \"{}\" all;\n", self.bird_log_path(which).display());
         let mut rtr = format!(
-            "router id 10.10.2.1;\nprotocol device {{}}\n{BFD}\n\
-             protocol kernel {{ merge paths on; ipv4 {{ import none; export all; }}; }}\n"
+            "{}router id 10.10.2.1;\nprotocol device {{}}\n{BFD}\n\
+             protocol kernel {{ merge paths on; ipv4 {{ import none; export all; }}; }}\n{kernel6}",
+            log("rtr")
         );
         for k in 1..=self.lbs.len() {
             rtr += &format!(
-                "protocol bgp lb{k} {{ local 10.10.2.1 as 65000; neighbor {} as 65001; {BGP_TIMERS} ipv4 {{ import all; export none; }}; }}\n",
+                "protocol bgp lb{k} {{ local 10.10.2.1 as 65000; neighbor {} as 65001; {BGP_TIMERS} ipv4 {{ import all; export none; }};{channel6} }}\n",
                 Self::lb_address(k)
             );
         }
@@ -482,12 +622,24 @@ impl Topology {
         std::fs::write(&shipped, SHIPPED_BIRD_CONF).map_err(Error::io(shipped.display()))?;
         for k in 1..=self.lbs.len() {
             let me = Self::lb_address(k);
+            // BIRD reads `include` only at the start of a line. The shipped
+            // file has both families' static protocols; a dual-stack
+            // network also carries IPv6 on the session, next hop this load
+            // balancer's IPv6 address.
+            let uplink6 = if self.ipv6 {
+                format!(
+                    " ipv6 {{ import none; export where proto = \"fastpath_vips6\"; next hop address {}; }};",
+                    Self::lb_address6(k)
+                )
+            } else {
+                String::new()
+            };
             confs.push((
                 Self::bird_name(k),
-                // BIRD reads `include` only at the start of a line.
                 format!(
-                    "router id {me};\nprotocol device {{}}\n{BFD}\ninclude \"{}\";\n\
-                     protocol bgp uplink {{ local {me} as 65001; neighbor 10.10.2.1 as 65000; {BGP_TIMERS} ipv4 {{ import none; export where proto = \"fastpath_vips\"; }}; }}\n",
+                    "{}router id {me};\nprotocol device {{}}\n{BFD}\ninclude \"{}\";\n\
+                     protocol bgp uplink {{ local {me} as 65001; neighbor 10.10.2.1 as 65000; {BGP_TIMERS} ipv4 {{ import none; export where proto = \"fastpath_vips\"; }};{uplink6} }}\n",
+                    log(&Self::bird_name(k)),
                     shipped.display()
                 ),
                 Some(k),
@@ -713,7 +865,8 @@ impl Topology {
             format!(
                 "daemon off;\nworker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log;\nevents {{ worker_connections 256; }}\n\
                  http {{\n  access_log off;\n  keepalive_timeout 120s;\n  keepalive_requests 100000;\n  client_body_temp_path {p}/tmp;\n\
-                 server {{ listen 80; location / {{ default_type text/plain; return 200 \"backend-{i}\\n\"; }} }}\n}}\n"
+                 server {{ listen 80;{listen6} location / {{ default_type text/plain; return 200 \"backend-{i}\\n\"; }} }}\n}}\n",
+                listen6 = if self.ipv6 { " listen [::]:80;" } else { "" }
             ),
         )
         .map_err(Error::io(conf.display()))?;
@@ -769,6 +922,15 @@ impl Topology {
             } else {
                 format!("listen = \"{API}\"")
             };
+            // The IPv6 VIP goes to the same (IPv4) backends, in GRE over
+            // IPv4.
+            let v6 = if self.ipv6 {
+                format!(
+                    "[[vips]]\nname = \"http6\"\naddress = \"{VIP6}\"\nport = 80\nprotocol = \"tcp\"\npool = \"web\"\n"
+                )
+            } else {
+                String::new()
+            };
             let conf = format!(
                 r#"# Load balancer {k} of the throwaway network (see crates/lb/src/config.rs for every key).
 [forwarder]
@@ -794,7 +956,7 @@ address = "{VIP}"
 port = 80
 protocol = "tcp"
 pool = "web"
-{udp}"#,
+{udp}{v6}"#,
                 sock = self.bird_socket(&Self::bird_name(k)).display(),
                 me = Self::lb_address(k),
                 gw = Self::router_mac(k),
@@ -1092,6 +1254,23 @@ pool = "web"
         Ok(lbs)
     }
 
+    /// The load balancers the router's route to the IPv6 VIP leads to now
+    /// (1-based numbers).
+    pub fn ecmp_set6(&self) -> Vec<usize> {
+        let route = self.router_route6();
+        (1..=self.lbs.len())
+            .filter(|&k| route.contains(&format!("via {} ", Self::lb_address6(k))))
+            .collect()
+    }
+
+    /// The router's kernel route to the IPv6 VIP (empty when withdrawn).
+    pub fn router_route6(&self) -> String {
+        self.router
+            .ip(&["-6", "route", "show", &format!("{VIP6}/128")])
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default()
+    }
+
     /// The router's kernel route to the VIP (empty when withdrawn).
     pub fn router_route(&self) -> String {
         self.router
@@ -1145,6 +1324,12 @@ impl HttpConn {
             addr: text.clone(),
             source,
         })?;
+        Self::connect_to(addr)
+    }
+
+    /// Connects to `addr` (a VIP and its port, [`VIP6`]'s too), from
+    /// inside the client's namespace.
+    pub fn connect_to(addr: SocketAddr) -> Result<Self> {
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
             .map_err(Error::io(format!("connecting to {addr}")))?;
         s.set_read_timeout(Some(Duration::from_secs(3)))
