@@ -460,6 +460,11 @@ mod tests {
                         "address": "10.0.0.254"},
             "reload_failures": 1, "last_reload_error": null, "forwarded": 10, "dropped": 1,
             "drops": {}, "conntrack_entries": 4, "bgp_announced": true, "bgp_error": null,
+            "bgp": {"wanted": true, "announced": true, "mismatch": null, "repairs": 2,
+                    "read_ms_ago": 0, "error": null, "families": [
+                {"family": "ipv4", "protocol": "fastpath_vips", "routes_file": "/run/v",
+                 "wanted_routes": 1, "state": "up", "routes": 1, "sessions": 1, "exported": 1,
+                 "announced": true}]},
             "vips": [
                 {"name": "http", "packets": 7, "bytes": 700, "healthy_backends": 2, "pool": "web",
                  "fingerprint": "00000000000000aa", "backends": [
@@ -521,6 +526,10 @@ mod tests {
             "fastpath_lb_backend_drained{vip=\"http\",backend=\"b2\",address=\"10.0.0.2\"} 1",
             "fastpath_lb_gateway_resolved{interface=\"eth0\",source=\"resolved\",mac=\"02:00:00:00:00:aa\",address=\"10.0.0.254\"} 1",
             "fastpath_lb_bgp_announced 1",
+            "fastpath_lb_bgp_wanted 1",
+            "fastpath_lb_bgp_mismatch 0",
+            "fastpath_lb_bgp_repairs_total 2",
+            "fastpath_lb_bgp_routes{family=\"ipv4\",of=\"exported\"} 1",
         ] {
             assert!(text.contains(want), "{want} missing:\n{text}");
         }

@@ -627,6 +627,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!((renamed.reloads, renamed.reload_failures), (3, 2));
+        assert!(renamed.bgp.is_none() && renamed.encap.is_none());
         assert_eq!(renamed.active_connections, None);
         assert!(renamed.to_text().contains("connections: 0 tracked"));
     }
@@ -664,5 +665,32 @@ mod tests {
                 .any(|l| l.contains("b1") && l.contains("http, udp-echo") && l.contains("241912")),
             "{t}"
         );
+    }
+
+    /// `lb status` says what BIRD does, beside what fastpath wants, and
+    /// names a mismatch.
+    #[test]
+    fn status_text_names_a_bgp_mismatch() {
+        let doc = serde_json::json!({
+            "driver": "x", "generation": 1, "uptime_s": 0.0, "reloads": 0,
+            "reload_failures": 0, "last_reload_error": null, "forwarded": 0, "dropped": 0,
+            "drops": {}, "conntrack_entries": 0, "bgp_announced": false, "bgp_error": null,
+            "bgp": {"wanted": true, "announced": false, "repairs": 1, "read_ms_ago": 3,
+                    "error": null,
+                    "mismatch": "ipv4: announcement wanted, fastpath_vips is down in BIRD",
+                    "families": [{"family": "ipv4", "protocol": "fastpath_vips",
+                                  "routes_file": "/run/fastpath/vips.conf", "wanted_routes": 1,
+                                  "state": "down", "routes": 0, "sessions": 1, "exported": 0,
+                                  "announced": false}]},
+            "vips": []
+        });
+        let s: Status = serde_json::from_value(doc).unwrap();
+        let t = s.to_text();
+        for want in [
+            "BGP: VIPs not announced (fastpath announces them), as BIRD says: ipv4 fastpath_vips down (0 of 1 routes",
+            "BGP MISMATCH: ipv4: announcement wanted, fastpath_vips is down in BIRD",
+        ] {
+            assert!(t.contains(want), "{want:?} missing:\n{t}");
+        }
     }
 }

@@ -17,7 +17,7 @@
 //! BIRD says at the moment they are asked ([`Shared::bgp_status`]), beside
 //! what fastpath wants and a `mismatch` in words when the two differ.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -521,11 +521,11 @@ pub struct Announcer {
     /// A `birdc configure` is owed: a routes file was written and BIRD has
     /// not read it since.
     configure_owed: bool,
-    /// The routes files' texts for which a configure was made because
-    /// BIRD held other routes: not made again for the same text (BIRD's
-    /// configuration may not include the file; a configure per poll would
-    /// reset every other protocol enabled at run time).
-    stale_configured: BTreeSet<String>,
+    /// Per family, the routes file's text for which a configure was made
+    /// because BIRD held other routes: not made again for the same text
+    /// (BIRD's configuration may not include the file; a configure per
+    /// poll would reset every other protocol enabled at run time).
+    stale_configured: BTreeMap<Family, String>,
     /// Protocols fastpath enabled and saw up: one found down later was
     /// reset behind its back.
     enabled: BTreeSet<String>,
@@ -609,9 +609,9 @@ impl Announcer {
             let text = routes(cfg, f.target.family == Family::Ipv6, serving);
             if v.state.as_deref() == Some("up")
                 && v.routes != f.routes
-                && !self.stale_configured.contains(&text)
+                && self.stale_configured.get(&f.target.family) != Some(&text)
             {
-                self.stale_configured.insert(text);
+                self.stale_configured.insert(f.target.family, text);
                 self.configure_owed = true;
             }
         }
@@ -1044,7 +1044,6 @@ pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
 mod tests {
     use super::*;
     use std::cell::RefCell;
-    use std::collections::BTreeMap;
 
     #[test]
     fn routes_per_family_deduplicated() {
