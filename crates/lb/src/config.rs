@@ -1632,9 +1632,8 @@ impl Config {
                 );
             }
             // BIRD's symbols are at most 64 characters.
-            let bird_name = |n: &str| {
-                n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            };
+            let bird_name =
+                |n: &str| n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if b.protocol.is_empty() || !bird_name(&b.protocol) {
                 return problem(
                     "bgp.protocol".into(),
@@ -1654,7 +1653,8 @@ impl Config {
             if b.routes_file6() == b.vips_file || b.routes_file6().as_os_str().is_empty() {
                 return problem(
                     "bgp.vips_file6".into(),
-                    "needs a path other than vips_file: each family's routes have their own file".into(),
+                    "needs a path other than vips_file: each family's routes have their own file"
+                        .into(),
                 );
             }
             // Counters reach the control plane every LIVE_INTERVAL_MS: a
@@ -2399,11 +2399,14 @@ pool = "web"
             (b.protocol.as_str(), b.protocol6.as_str()),
             ("fastpath_vips", "fastpath_vips6")
         );
-        assert_eq!(b.routes_file6(), Path::new("/run/fastpath/vips6.conf"));
+        assert_eq!(
+            b.routes_file6(),
+            std::path::Path::new("/run/fastpath/vips6.conf")
+        );
         let c = Config::parse(&bgp("").replace("vips.conf", "vips"), "t").unwrap();
         assert_eq!(
             c.bgp.unwrap().routes_file6(),
-            Path::new("/run/fastpath/vips6")
+            std::path::Path::new("/run/fastpath/vips6")
         );
         let c = Config::parse(&bgp("vips_file6 = \"/run/v6\"\nprotocol6 = \"\""), "t").unwrap();
         let b = c.bgp.unwrap();
