@@ -23,6 +23,7 @@ pub mod memif;
 pub mod ring;
 pub mod sink;
 pub mod tap;
+pub mod vhost;
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Instant;

@@ -1,0 +1,914 @@
+//! The vhost-user protocol, backend side: the frontend (QEMU) connects to
+//! the port's socket and sets the device up with messages: features, the
+//! guest's memory table (one memfd per region), and for each queue its
+//! size, ring addresses, starting index, kick and call eventfds.
+//!
+//! The `vhost` crate frames the messages ([`BackendReqHandler`]); this
+//! module's [`Frontend`] is its handler ([`VhostUserBackendReqHandlerMut`])
+//! and holds what the frontend said, checked; the port builds its datapath
+//! from it. [`Connection`] drives one connection from the switch's event
+//! loop, without ever blocking it:
+//!
+//! - the socket is non-blocking, and a message is handed to the crate only
+//!   once all of it has arrived (`FIONREAD` against the size in its peeked
+//!   header), because the crate's receive loops on a short read: a
+//!   frontend that sends half a message only holds its own connection,
+//!   which is closed when the rest has not come within
+//!   [`PARTIAL_TIMEOUT`];
+//! - replies are written to the non-blocking socket: a frontend that does
+//!   not read them fills its socket and is disconnected, it cannot stall us.
+//!
+//! Features are claimed conservatively: `VERSION_1`, `EVENT_IDX` (unless
+//! turned off), `MRG_RXBUF` (one buffer per frame: `num_buffers` is always
+//! 1), and `PROTOCOL_FEATURES` with no protocol feature of our own. The
+//! crate adds `REPLY_ACK` to every offer and answers it itself.
+//!
+//! One ordering quirk of QEMU is absorbed here: QEMU enables the rings
+//! (`SET_VRING_ENABLE`, asking for a reply) when the NIC is created, before
+//! any `SET_FEATURES`. The crate refuses that message (its protocol-features
+//! bit is not acknowledged yet) after reading it, without a reply; QEMU
+//! would then wait for the reply forever. The connection peeks each
+//! message's header first, so it knows that this refusal is that message:
+//! it applies the enable itself and sends the reply QEMU waits for.
+//!
+//! Any other error closes the connection (the frontend may reconnect): a
+//! refused value ([`Refusal`]) says why.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rustix::event::epoll;
+use rustix::net::RecvFlags;
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig,
+    VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVirtioFeatures,
+    VhostUserVringAddrFlags, VhostUserVringState, MAX_MSG_SIZE,
+};
+use vhost::vhost_user::{
+    Backend, BackendReqHandler, Error as VuError, GpuBackend, VhostUserBackendReqHandlerMut,
+};
+use vhost::VhostUserMemoryRegionBase;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+
+use super::datapath::{QueueSetup, RingAddrs, MAX_QUEUE_SIZE};
+use super::mem::{GuestMemory, MemError, RegionSpec};
+use crate::chain;
+use ::ring::notify::{EventFd, Mode};
+
+/// Queues of the device: one receive and one transmit queue.
+pub const QUEUES: usize = 2;
+/// How long the rest of a message may take to arrive once its first byte
+/// has.
+pub const PARTIAL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Messages kept in the protocol log.
+pub const LOG_MESSAGES: usize = 256;
+/// Messages handled per readiness event: a frontend that floods its socket
+/// is served a bounded amount between forwarding passes (the socket stays
+/// readable, so the rest is served on the next ones).
+pub const MESSAGES_PER_EVENT: usize = 64;
+
+/// Bytes in a message header: request, flags, size.
+const HDR: usize = 12;
+/// Header flags: the version.
+const VERSION: u32 = 0x1;
+/// Header flags: a reply.
+const FLAG_REPLY: u32 = 0x4;
+/// Header flags: the frontend waits for a reply.
+const FLAG_NEED_REPLY: u32 = 0x8;
+/// `SET_VRING_ENABLE`'s request code.
+const SET_VRING_ENABLE: u32 = 18;
+
+/// The request's name, for the log.
+pub fn request_name(code: u32) -> &'static str {
+    const NAMES: [&str; 42] = [
+        "NONE",
+        "GET_FEATURES",
+        "SET_FEATURES",
+        "SET_OWNER",
+        "RESET_OWNER",
+        "SET_MEM_TABLE",
+        "SET_LOG_BASE",
+        "SET_LOG_FD",
+        "SET_VRING_NUM",
+        "SET_VRING_ADDR",
+        "SET_VRING_BASE",
+        "GET_VRING_BASE",
+        "SET_VRING_KICK",
+        "SET_VRING_CALL",
+        "SET_VRING_ERR",
+        "GET_PROTOCOL_FEATURES",
+        "SET_PROTOCOL_FEATURES",
+        "GET_QUEUE_NUM",
+        "SET_VRING_ENABLE",
+        "SEND_RARP",
+        "NET_SET_MTU",
+        "SET_BACKEND_REQ_FD",
+        "IOTLB_MSG",
+        "SET_VRING_ENDIAN",
+        "GET_CONFIG",
+        "SET_CONFIG",
+        "CREATE_CRYPTO_SESSION",
+        "CLOSE_CRYPTO_SESSION",
+        "POSTCOPY_ADVISE",
+        "POSTCOPY_LISTEN",
+        "POSTCOPY_END",
+        "GET_INFLIGHT_FD",
+        "SET_INFLIGHT_FD",
+        "GPU_SET_SOCKET",
+        "RESET_DEVICE",
+        "VRING_KICK",
+        "GET_MAX_MEM_SLOTS",
+        "ADD_MEM_REG",
+        "REM_MEM_REG",
+        "SET_STATUS",
+        "GET_STATUS",
+        "GET_SHARED_OBJECT",
+    ];
+    NAMES.get(code as usize).copied().unwrap_or("UNKNOWN")
+}
+
+/// Why the port refused what the frontend asked (the connection is then
+/// closed, with this text in the port's status).
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// A queue index other than 0 or 1.
+    #[error("queue {0} does not exist (one queue pair: 0 and 1)")]
+    Queue(u32),
+    /// A queue size that is not a power of two up to 32768.
+    #[error("queue {index}: size {num} (a power of two up to {MAX_QUEUE_SIZE} expected)")]
+    QueueSize {
+        /// Queue.
+        index: u32,
+        /// Size asked for.
+        num: u32,
+    },
+    /// A starting index above 65535.
+    #[error("queue {index}: base {base} does not fit 16 bits")]
+    Base {
+        /// Queue.
+        index: u32,
+        /// Base asked for.
+        base: u32,
+    },
+    /// Features acknowledged that were not offered.
+    #[error("features {acked:#x} acknowledged, {offered:#x} offered")]
+    Features {
+        /// Acknowledged.
+        acked: u64,
+        /// Offered.
+        offered: u64,
+    },
+    /// Protocol features acknowledged that were not offered.
+    #[error("protocol features {acked:#x} acknowledged, {offered:#x} offered")]
+    ProtocolFeatures {
+        /// Acknowledged.
+        acked: u64,
+        /// Offered.
+        offered: u64,
+    },
+    /// The memory table was refused.
+    #[error("memory table")]
+    Memory(#[from] MemError),
+    /// A queue's rings are not inside the guest's memory.
+    #[error("queue {index}")]
+    Ring {
+        /// Queue.
+        index: usize,
+        /// Why.
+        #[source]
+        source: super::datapath::RingError,
+    },
+    /// A kick or call descriptor that is no eventfd.
+    #[error("queue {index}: the {what} descriptor is not an eventfd")]
+    NotEventFd {
+        /// Queue.
+        index: usize,
+        /// `kick` or `call`.
+        what: &'static str,
+    },
+    /// A request the port does not serve.
+    #[error("{0} is not supported")]
+    Unsupported(&'static str),
+}
+
+impl From<Refusal> for VuError {
+    fn from(r: Refusal) -> VuError {
+        // The crate shows only the top error's text: carry the whole chain.
+        VuError::ReqHandlerError(std::io::Error::other(chain(&r)))
+    }
+}
+
+/// Offer and limits of one port.
+#[derive(Clone, Copy, Debug)]
+pub struct Offer {
+    /// Offer `EVENT_IDX` (used/available event indices).
+    pub event_idx: bool,
+    /// Offer `MRG_RXBUF`.
+    pub mergeable: bool,
+}
+
+impl Default for Offer {
+    fn default() -> Self {
+        Offer {
+            event_idx: true,
+            mergeable: true,
+        }
+    }
+}
+
+impl Offer {
+    /// The virtio feature bits offered.
+    pub fn features(&self) -> u64 {
+        let mut f = 1u64 << VIRTIO_F_VERSION_1 | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        if self.event_idx {
+            f |= 1 << VIRTIO_RING_F_EVENT_IDX;
+        }
+        if self.mergeable {
+            f |= 1 << VIRTIO_NET_F_MRG_RXBUF;
+        }
+        f
+    }
+
+    /// The protocol features offered: none (the crate adds `REPLY_ACK`).
+    pub fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::empty()
+    }
+}
+
+/// An eventfd the port's epoll instance watches for as long as it lives.
+pub struct Watched {
+    fd: EventFd,
+    epoll: Arc<OwnedFd>,
+}
+
+/// Whether `fd` is an eventfd, as `/proc/self/fd` names it (a frontend
+/// could pass any descriptor: a pipe it keeps full would wake the switch
+/// for ever). Without `/proc` it cannot be told, and is taken.
+fn is_eventfd(fd: &File) -> bool {
+    let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    match std::fs::read_link(link) {
+        Ok(target) => target.as_os_str() == "anon_inode:[eventfd]",
+        Err(_) => true,
+    }
+}
+
+/// An eventfd from the frontend, checked.
+fn eventfd(index: usize, what: &'static str, f: File) -> Result<EventFd, Refusal> {
+    if !is_eventfd(&f) {
+        return Err(Refusal::NotEventFd { index, what });
+    }
+    Ok(EventFd::from_fd(OwnedFd::from(f)))
+}
+
+impl Watched {
+    fn new(fd: EventFd, epoll: Arc<OwnedFd>, token: u64) -> std::io::Result<Watched> {
+        epoll::add(
+            &*epoll,
+            fd.as_fd(),
+            epoll::EventData::new_u64(token),
+            epoll::EventFlags::IN,
+        )?;
+        Ok(Watched { fd, epoll })
+    }
+
+    /// Consume its notifications; returns how many there were.
+    pub fn drain(&self) -> u64 {
+        self.fd.drain()
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        // Failure only means it was not watched any more.
+        let _ = epoll::delete(&*self.epoll, self.fd.as_fd());
+    }
+}
+
+/// What the frontend said about one queue.
+#[derive(Default)]
+pub struct VringState {
+    /// Size and ring addresses (size 0: not set).
+    pub addrs: RingAddrs,
+    /// Whether `SET_VRING_ADDR` came.
+    pub addrs_set: bool,
+    /// The next available entry to consume: `SET_VRING_BASE`, then where
+    /// the datapath got to (synchronised before each batch of messages).
+    pub last_avail: u16,
+    /// The kick eventfd, watched by the port.
+    pub kick: Option<Watched>,
+    /// The call eventfd.
+    pub call: Option<Arc<EventFd>>,
+    /// `SET_VRING_ENABLE`.
+    pub enabled: bool,
+    /// Started by `SET_VRING_KICK`, stopped by `GET_VRING_BASE`.
+    pub started: bool,
+}
+
+/// The device as the frontend has set it up: the handler of its requests.
+pub struct Frontend {
+    offer: Offer,
+    epoll: Arc<OwnedFd>,
+    kick_token: [u64; QUEUES],
+    /// Whether `GET_FEATURES` was answered (the crate's condition for
+    /// `REPLY_ACK`, with the acknowledgement).
+    features_read: bool,
+    /// `SET_FEATURES`, once it came.
+    acked: Option<u64>,
+    acked_protocol: u64,
+    mem: Option<Arc<GuestMemory>>,
+    /// The two queues.
+    pub vrings: [VringState; QUEUES],
+    /// Bumped by every request that changes what the datapath uses.
+    pub generation: u64,
+}
+
+fn queue(index: u32) -> Result<usize, Refusal> {
+    if (index as usize) < QUEUES {
+        Ok(index as usize)
+    } else {
+        Err(Refusal::Queue(index))
+    }
+}
+
+impl Frontend {
+    /// A device nobody has set up yet; kick eventfds will be watched in
+    /// `epoll` with the tokens given.
+    pub fn new(offer: Offer, epoll: Arc<OwnedFd>, kick_token: [u64; QUEUES]) -> Frontend {
+        Frontend {
+            offer,
+            epoll,
+            kick_token,
+            features_read: false,
+            acked: None,
+            acked_protocol: 0,
+            mem: None,
+            vrings: Default::default(),
+            generation: 0,
+        }
+    }
+
+    /// The features acknowledged, once `SET_FEATURES` came.
+    pub fn acked_features(&self) -> Option<u64> {
+        self.acked
+    }
+
+    /// The protocol features acknowledged.
+    pub fn acked_protocol_features(&self) -> u64 {
+        self.acked_protocol
+    }
+
+    /// The guest's memory, once a table came.
+    pub fn memory(&self) -> Option<&Arc<GuestMemory>> {
+        self.mem.as_ref()
+    }
+
+    /// Whether the frontend waits for replies to requests that ask for
+    /// one (the crate's rule).
+    pub fn reply_ack(&self) -> bool {
+        self.features_read && self.acked_protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0
+    }
+
+    /// Bytes of virtio-net header the acknowledged features imply.
+    pub fn hdr_len(&self) -> u32 {
+        let f = self.acked.unwrap_or(0);
+        if f & (1 << VIRTIO_F_VERSION_1 | 1 << VIRTIO_NET_F_MRG_RXBUF) != 0 {
+            12
+        } else {
+            10
+        }
+    }
+
+    /// Whether `EVENT_IDX` was acknowledged.
+    pub fn event_idx(&self) -> bool {
+        self.acked.unwrap_or(0) & (1 << VIRTIO_RING_F_EVENT_IDX) != 0
+    }
+
+    /// Enable or disable a queue (also used for the enable QEMU sends
+    /// before `SET_FEATURES`).
+    pub fn enable(&mut self, index: u32, on: bool) -> Result<(), Refusal> {
+        let i = queue(index)?;
+        self.vrings[i].enabled = on;
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// How queue `i` starts, if it is ready: memory, size, addresses,
+    /// started, enabled (without `PROTOCOL_FEATURES`, every started queue
+    /// is enabled), features set.
+    pub fn queue_setup(
+        &self,
+        i: usize,
+        mode: Mode,
+        itr: u32,
+    ) -> Option<(Arc<GuestMemory>, QueueSetup)> {
+        let v = &self.vrings[i];
+        let acked = self.acked?;
+        let mem = self.mem.as_ref()?;
+        let proto = acked & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0;
+        if v.addrs.num == 0 || !v.addrs_set || !v.started || (proto && !v.enabled) {
+            return None;
+        }
+        Some((
+            mem.clone(),
+            QueueSetup {
+                addrs: v.addrs,
+                base: v.last_avail,
+                event_idx: self.event_idx(),
+                call: v.call.clone(),
+                mode,
+                itr,
+                kicks: i == super::datapath::TXQ,
+            },
+        ))
+    }
+
+    /// Forget everything the frontend set (it left, or asked for a reset).
+    pub fn reset(&mut self) {
+        self.features_read = false;
+        self.acked = None;
+        self.acked_protocol = 0;
+        self.mem = None;
+        self.vrings = Default::default();
+        self.generation += 1;
+    }
+}
+
+fn unsupported<T>(what: &'static str) -> vhost::vhost_user::Result<T> {
+    Err(Refusal::Unsupported(what).into())
+}
+
+impl VhostUserBackendReqHandlerMut for Frontend {
+    fn set_owner(&mut self) -> vhost::vhost_user::Result<()> {
+        Ok(())
+    }
+
+    fn reset_owner(&mut self) -> vhost::vhost_user::Result<()> {
+        self.reset();
+        Ok(())
+    }
+
+    fn reset_device(&mut self) -> vhost::vhost_user::Result<()> {
+        self.reset();
+        Ok(())
+    }
+
+    fn get_features(&mut self) -> vhost::vhost_user::Result<u64> {
+        self.features_read = true;
+        Ok(self.offer.features())
+    }
+
+    fn set_features(&mut self, features: u64) -> vhost::vhost_user::Result<()> {
+        let offered = self.offer.features();
+        if features & !offered != 0 {
+            return Err(Refusal::Features {
+                acked: features,
+                offered,
+            }
+            .into());
+        }
+        self.acked = Some(features);
+        self.generation += 1;
+        Ok(())
+    }
+
+    fn set_mem_table(
+        &mut self,
+        ctx: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        _postcopy_listening: Option<bool>,
+    ) -> vhost::vhost_user::Result<Option<Vec<VhostUserMemoryRegionBase>>> {
+        let specs: Vec<RegionSpec> = ctx
+            .iter()
+            .map(|r| RegionSpec {
+                guest_phys_addr: r.guest_phys_addr,
+                memory_size: r.memory_size,
+                user_addr: r.user_addr,
+                mmap_offset: r.mmap_offset,
+            })
+            .collect();
+        let mem = GuestMemory::map(&specs, files).map_err(Refusal::from)?;
+        self.mem = Some(Arc::new(mem));
+        self.generation += 1;
+        Ok(None)
+    }
+
+    fn set_vring_num(&mut self, index: u32, num: u32) -> vhost::vhost_user::Result<()> {
+        let i = queue(index)?;
+        if num == 0 || num > MAX_QUEUE_SIZE || !num.is_power_of_two() {
+            return Err(Refusal::QueueSize { index, num }.into());
+        }
+        self.vrings[i].addrs.num = num;
+        self.generation += 1;
+        Ok(())
+    }
+
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        _flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> vhost::vhost_user::Result<()> {
+        let i = queue(index)?;
+        let v = &mut self.vrings[i];
+        v.addrs.desc = descriptor;
+        v.addrs.used = used;
+        v.addrs.avail = available;
+        v.addrs_set = true;
+        self.generation += 1;
+        Ok(())
+    }
+
+    fn set_vring_base(&mut self, index: u32, base: u32) -> vhost::vhost_user::Result<()> {
+        let i = queue(index)?;
+        let base16 = u16::try_from(base).map_err(|_| Refusal::Base { index, base })?;
+        self.vrings[i].last_avail = base16;
+        self.generation += 1;
+        Ok(())
+    }
+
+    fn get_vring_base(&mut self, index: u32) -> vhost::vhost_user::Result<VhostUserVringState> {
+        let i = queue(index)?;
+        let v = &mut self.vrings[i];
+        v.started = false;
+        self.generation += 1;
+        Ok(VhostUserVringState::new(index, u32::from(v.last_avail)))
+    }
+
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> vhost::vhost_user::Result<()> {
+        let i = queue(u32::from(index))?;
+        let v = &mut self.vrings[i];
+        v.kick = None; // unwatch the old one first
+        if let Some(f) = fd {
+            let w = Watched::new(
+                eventfd(i, "kick", f)?,
+                self.epoll.clone(),
+                self.kick_token[i],
+            )
+            .map_err(VuError::ReqHandlerError)?;
+            v.kick = Some(w);
+        }
+        v.started = true;
+        self.generation += 1;
+        Ok(())
+    }
+
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> vhost::vhost_user::Result<()> {
+        let i = queue(u32::from(index))?;
+        self.vrings[i].call = match fd {
+            Some(f) => Some(Arc::new(eventfd(i, "call", f)?)),
+            None => None,
+        };
+        self.generation += 1;
+        Ok(())
+    }
+
+    fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> vhost::vhost_user::Result<()> {
+        // Errors are never signalled; the descriptor is closed.
+        queue(u32::from(index))?;
+        Ok(())
+    }
+
+    fn get_protocol_features(&mut self) -> vhost::vhost_user::Result<VhostUserProtocolFeatures> {
+        Ok(self.offer.protocol_features())
+    }
+
+    fn set_protocol_features(&mut self, features: u64) -> vhost::vhost_user::Result<()> {
+        let offered =
+            (self.offer.protocol_features() | VhostUserProtocolFeatures::REPLY_ACK).bits();
+        if features & !offered != 0 {
+            return Err(Refusal::ProtocolFeatures {
+                acked: features,
+                offered,
+            }
+            .into());
+        }
+        self.acked_protocol = features;
+        Ok(())
+    }
+
+    fn get_queue_num(&mut self) -> vhost::vhost_user::Result<u64> {
+        Ok(QUEUES as u64 / 2)
+    }
+
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> vhost::vhost_user::Result<()> {
+        Ok(self.enable(index, enable)?)
+    }
+
+    fn get_config(
+        &mut self,
+        _offset: u32,
+        _size: u32,
+        _flags: VhostUserConfigFlags,
+    ) -> vhost::vhost_user::Result<Vec<u8>> {
+        unsupported("GET_CONFIG")
+    }
+
+    fn set_config(
+        &mut self,
+        _offset: u32,
+        _buf: &[u8],
+        _flags: VhostUserConfigFlags,
+    ) -> vhost::vhost_user::Result<()> {
+        unsupported("SET_CONFIG")
+    }
+
+    fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> vhost::vhost_user::Result<()> {
+        unsupported("GPU_SET_SOCKET")
+    }
+
+    fn set_backend_req_fd(&mut self, _backend: Backend) {}
+
+    fn get_shared_object(&mut self, _uuid: VhostUserSharedMsg) -> vhost::vhost_user::Result<File> {
+        unsupported("GET_SHARED_OBJECT")
+    }
+
+    fn get_inflight_fd(
+        &mut self,
+        _inflight: &VhostUserInflight,
+    ) -> vhost::vhost_user::Result<(VhostUserInflight, File)> {
+        unsupported("GET_INFLIGHT_FD")
+    }
+
+    fn set_inflight_fd(
+        &mut self,
+        _inflight: &VhostUserInflight,
+        _file: File,
+    ) -> vhost::vhost_user::Result<()> {
+        unsupported("SET_INFLIGHT_FD")
+    }
+
+    fn get_max_mem_slots(&mut self) -> vhost::vhost_user::Result<u64> {
+        unsupported("GET_MAX_MEM_SLOTS")
+    }
+
+    fn add_mem_region(
+        &mut self,
+        _region: &VhostUserSingleMemoryRegion,
+        _fd: File,
+        _postcopy_listening: Option<bool>,
+    ) -> vhost::vhost_user::Result<Option<VhostUserMemoryRegionBase>> {
+        unsupported("ADD_MEM_REG")
+    }
+
+    fn remove_mem_region(
+        &mut self,
+        _region: &VhostUserSingleMemoryRegion,
+    ) -> vhost::vhost_user::Result<()> {
+        unsupported("REM_MEM_REG")
+    }
+
+    fn set_device_state_fd(
+        &mut self,
+        _direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        _fd: File,
+    ) -> vhost::vhost_user::Result<Option<File>> {
+        unsupported("SET_DEVICE_STATE_FD")
+    }
+
+    fn check_device_state(&mut self) -> vhost::vhost_user::Result<()> {
+        unsupported("CHECK_DEVICE_STATE")
+    }
+
+    fn get_shmem_config(&mut self) -> vhost::vhost_user::Result<VhostUserShMemConfig> {
+        unsupported("GET_SHMEM_CONFIG")
+    }
+
+    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> vhost::vhost_user::Result<()> {
+        unsupported("SET_LOG_BASE")
+    }
+}
+
+/// Why a connection ended.
+#[derive(Debug, thiserror::Error)]
+pub enum Closed {
+    /// The frontend closed its end.
+    #[error("frontend closed the connection")]
+    Eof,
+    /// The socket failed.
+    #[error("connection socket")]
+    Socket(#[source] std::io::Error),
+    /// A message header claims more than the protocol allows.
+    #[error("message of {0} bytes announced (at most {MAX_MSG_SIZE})")]
+    Oversized(u32),
+    /// The rest of a message did not come in time.
+    #[error("half a message for longer than {PARTIAL_TIMEOUT:?}")]
+    Partial,
+    /// The request was refused, or could not be read or answered.
+    #[error("{request}")]
+    Request {
+        /// The request's name.
+        request: &'static str,
+        /// Why.
+        #[source]
+        source: VuError,
+    },
+    /// The device could not be built from what the frontend set up.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+}
+
+/// One frontend's connection.
+pub struct Connection {
+    handler: BackendReqHandler<Mutex<Frontend>>,
+    front: Arc<Mutex<Frontend>>,
+    /// The same socket, for peeking, `FIONREAD` and our own replies.
+    sock: UnixStream,
+    partial_since: Option<Instant>,
+    /// Requests handled, by code (the protocol as this frontend speaks it).
+    pub requests: u64,
+}
+
+impl Connection {
+    /// Serve a frontend that connected; its kick eventfds will be watched
+    /// in `epoll` with the tokens given.
+    pub fn new(
+        stream: UnixStream,
+        offer: Offer,
+        epoll: Arc<OwnedFd>,
+        kick_token: [u64; QUEUES],
+    ) -> std::io::Result<Connection> {
+        stream.set_nonblocking(true)?;
+        let sock = stream.try_clone()?;
+        let front = Arc::new(Mutex::new(Frontend::new(offer, epoll, kick_token)));
+        Ok(Connection {
+            handler: BackendReqHandler::from_stream(stream, front.clone()),
+            front,
+            sock,
+            partial_since: None,
+            requests: 0,
+        })
+    }
+
+    /// The socket, readable when the frontend sent something.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    /// The device as set up so far.
+    pub fn frontend(&self) -> MutexGuard<'_, Frontend> {
+        // One thread uses the connection; a poisoned lock only means a
+        // panic elsewhere already ended the switch.
+        self.front.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// When the rest of a half-received message is due.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.partial_since.map(|t| t + PARTIAL_TIMEOUT)
+    }
+
+    /// Close if the rest of a message is overdue.
+    pub fn check_partial(&self, now: Instant) -> Result<(), Closed> {
+        match self.deadline() {
+            Some(d) if now >= d => Err(Closed::Partial),
+            _ => Ok(()),
+        }
+    }
+
+    fn queued(&self) -> Result<usize, Closed> {
+        rustix::io::ioctl_fionread(&self.sock)
+            .map(|n| n as usize)
+            .map_err(|e| Closed::Socket(e.into()))
+    }
+
+    fn peek(&self, buf: &mut [u8]) -> Result<usize, Closed> {
+        match rustix::net::recv(&self.sock, buf, RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+            Ok((n, _)) => Ok(n),
+            Err(rustix::io::Errno::AGAIN) => Ok(0),
+            Err(e) => Err(Closed::Socket(e.into())),
+        }
+    }
+
+    /// Handle every complete message waiting; `log` gets one line per
+    /// request while it has room. Never blocks.
+    pub fn serve(&mut self, now: Instant, log: &mut Vec<String>) -> Result<(), Closed> {
+        for _ in 0..MESSAGES_PER_EVENT {
+            let queued = self.queued()?;
+            if queued == 0 {
+                // Readable with nothing queued: the frontend closed.
+                let mut b = [0u8; 1];
+                return match rustix::net::recv(
+                    &self.sock,
+                    &mut b,
+                    RecvFlags::PEEK | RecvFlags::DONTWAIT,
+                ) {
+                    Ok((0, _)) => Err(Closed::Eof),
+                    Ok(_) | Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {
+                        self.partial_since = None;
+                        Ok(())
+                    }
+                    Err(e) => Err(Closed::Socket(e.into())),
+                };
+            }
+            let mut msg = [0u8; HDR + 8];
+            let got = self.peek(&mut msg)?;
+            if queued < HDR || got < HDR.min(queued) {
+                return self.partial(now);
+            }
+            let word =
+                |at: usize| u32::from_le_bytes([msg[at], msg[at + 1], msg[at + 2], msg[at + 3]]);
+            let (code, flags, size) = (word(0), word(4), word(8));
+            if size as usize > MAX_MSG_SIZE {
+                return Err(Closed::Oversized(size));
+            }
+            if queued < HDR + size as usize {
+                return self.partial(now);
+            }
+            self.partial_since = None;
+            self.requests += 1;
+            let res = self.handler.handle_request();
+            let name = request_name(code);
+            let mut line = format!("{name} flags={flags:#x} size={size}");
+            let res = match res {
+                Ok(()) => Ok(()),
+                Err(VuError::InactiveFeature(f))
+                    if code == SET_VRING_ENABLE
+                        && f == VhostUserVirtioFeatures::PROTOCOL_FEATURES
+                        && got >= HDR + 8 =>
+                {
+                    line.push_str(" (before SET_FEATURES: applied here)");
+                    self.early_enable(code, flags, word(12), word(16))
+                }
+                Err(e) => Err(Closed::Request {
+                    request: name,
+                    source: e,
+                }),
+            };
+            if let Err(e) = &res {
+                line.push_str(&format!(" -> refused: {}", chain(e)));
+            }
+            tracing::debug!("vhost-user: {line}");
+            if log.len() < LOG_MESSAGES {
+                log.push(line);
+            }
+            res?;
+        }
+        Ok(())
+    }
+
+    /// Part of a message is here: wait for the rest, unless the frontend
+    /// has closed its end (then the rest never comes).
+    fn partial(&mut self, now: Instant) -> Result<(), Closed> {
+        let mut fds = [rustix::event::PollFd::new(
+            &self.sock,
+            rustix::event::PollFlags::RDHUP,
+        )];
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        match rustix::event::poll(&mut fds, Some(&zero)) {
+            Ok(_)
+                if fds[0].revents().intersects(
+                    rustix::event::PollFlags::RDHUP | rustix::event::PollFlags::HUP,
+                ) =>
+            {
+                Err(Closed::Eof)
+            }
+            Ok(_) => {
+                self.partial_since.get_or_insert(now);
+                Ok(())
+            }
+            Err(e) => Err(Closed::Socket(e.into())),
+        }
+    }
+
+    /// `SET_VRING_ENABLE` before `SET_FEATURES`: apply it, and reply if the
+    /// frontend waits for a reply.
+    fn early_enable(&mut self, code: u32, flags: u32, index: u32, num: u32) -> Result<(), Closed> {
+        let (res, reply_ack) = {
+            let mut f = self.frontend();
+            let res = match num {
+                0 | 1 => f.enable(index, num == 1),
+                _ => Err(Refusal::Unsupported(
+                    "SET_VRING_ENABLE with a value other than 0 or 1",
+                )),
+            };
+            (res, f.reply_ack())
+        };
+        if reply_ack && flags & FLAG_NEED_REPLY != 0 {
+            let mut r = [0u8; HDR + 8];
+            r[0..4].copy_from_slice(&code.to_le_bytes());
+            r[4..8].copy_from_slice(&(VERSION | FLAG_REPLY).to_le_bytes());
+            r[8..12].copy_from_slice(&8u32.to_le_bytes());
+            r[12..20].copy_from_slice(&u64::from(res.is_err()).to_le_bytes());
+            (&self.sock).write_all(&r).map_err(Closed::Socket)?;
+        }
+        res.map_err(Closed::from)
+    }
+
+    /// The raw descriptor number, for logs.
+    pub fn raw(&self) -> i32 {
+        self.sock.as_raw_fd()
+    }
+}

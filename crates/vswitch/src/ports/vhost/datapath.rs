@@ -1,0 +1,1082 @@
+//! The virtio-net datapath over split virtqueues in guest memory.
+//!
+//! A virtio-net device has a receive queue (0: the switch fills buffers the
+//! guest posted) and a transmit queue (1: the guest posts frames, the switch
+//! takes them). Each split queue is three areas the guest placed in its
+//! memory:
+//!
+//! ```text
+//! descriptor table  num x Desc {addr u64, len u32, flags u16, next u16}   guest writes
+//! available ring    flags u16, idx u16, ring[num] u16, used_event u16      guest writes
+//! used ring         flags u16, idx u16, ring[num] {id u32, len u32},
+//!                   avail_event u16                                        device writes
+//! ```
+//!
+//! Nothing the guest writes is trusted. The available index is read once
+//! per look and may run at most `num` entries ahead of what was consumed
+//! (more breaks the queue: it stops until the frontend sets it up again);
+//! every head and `next` index is checked against `num`; a chain longer
+//! than the ring (a loop) is cut; every descriptor's address range must lie
+//! inside one guest-memory region; indirect descriptors (not offered) and
+//! descriptors of the wrong direction are refused. A refused chain is
+//! returned to the guest as used with length 0 and counted by reason; the
+//! device-written indices (`used.idx`, `avail_event`) are kept here and only
+//! written, never read back.
+//!
+//! Each descriptor is read once into a [`DescRepr`], checked, then used. A
+//! chain is refused for its first structural fault along the chain
+//! (indirect, wrong direction, outside memory, `next` out of range, longer
+//! than the ring), and only then for its length (runt, too long, receive
+//! buffer too small).
+//!
+//! Frames carry the 12-byte `virtio_net_hdr_v1` (10 bytes for a legacy
+//! driver without `VERSION_1` or `MRG_RXBUF`). Transmitted frames are handed
+//! to the switch in place when the frame is one piece of one descriptor (the
+//! usual case for Linux, which pushes the header in front of the data) and
+//! gathered into a bounce buffer otherwise.
+//!
+//! Notifications follow [`Mode`] and `itr`, as the ring ports':
+//! - `Base`: the guest is asked to kick at its next entry after every
+//!   publish (`avail_event` at the guest's current index), and the device
+//!   calls after every publish, whatever the guest asked;
+//! - `Sc` (the host half of Send Combining): no kicks are asked for while
+//!   the switch polls, only when it is about to sleep; calls as in `Base`;
+//! - `Csb` (event-index windows): kicks as in `Sc`, and a call only when the
+//!   used index crosses the `used_event` the guest published (or, without
+//!   `EVENT_IDX`, when it has not set `VRING_AVAIL_F_NO_INTERRUPT`);
+//! - `itr` > 0: calls that survive the above are moderated, at most one per
+//!   `itr` x 250 ns, a held one fired by the switch's timer.
+
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use virtio_bindings::virtio_ring::{
+    VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    VRING_USED_F_NO_NOTIFY,
+};
+
+use super::mem::GuestMemory;
+use ::ring::device::{copy_frame, FrameRef};
+use ::ring::notify::{EventFd, Mode, Moderator};
+
+/// The receive queue's index (frames to the guest).
+pub const RXQ: usize = 0;
+/// The transmit queue's index (frames from the guest).
+pub const TXQ: usize = 1;
+/// The largest queue a split ring may have.
+pub const MAX_QUEUE_SIZE: u32 = 32768;
+/// The longest frame (without the virtio header) taken from or given to a
+/// guest: no segmentation offloads are offered, so a frame is at most an
+/// Ethernet frame with a VLAN tag; the bound leaves room.
+pub const MAX_FRAME: u32 = 2048;
+/// The shortest frame taken from a guest: an Ethernet header.
+pub const MIN_FRAME: u32 = 14;
+
+/// One descriptor of the table, as the guest lays it out.
+#[repr(C)]
+pub struct Desc {
+    /// Guest-physical address of the buffer.
+    pub addr: AtomicU64,
+    /// Bytes in the buffer.
+    pub len: AtomicU32,
+    /// `VRING_DESC_F_*`.
+    pub flags: AtomicU16,
+    /// The next descriptor of the chain, if `VRING_DESC_F_NEXT`.
+    pub next: AtomicU16,
+}
+
+const _: () = assert!(std::mem::size_of::<Desc>() == 16);
+const _: () = assert!(std::mem::offset_of!(Desc, len) == 8);
+const _: () = assert!(std::mem::offset_of!(Desc, flags) == 12);
+const _: () = assert!(std::mem::offset_of!(Desc, next) == 14);
+
+/// A descriptor read once: what every check and every use works on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DescRepr {
+    /// Guest-physical address.
+    pub addr: u64,
+    /// Length.
+    pub len: u32,
+    /// Flags.
+    pub flags: u16,
+    /// Next index.
+    pub next: u16,
+}
+
+impl Desc {
+    /// Read each field once.
+    #[inline]
+    pub fn read(&self) -> DescRepr {
+        DescRepr {
+            addr: self.addr.load(Relaxed),
+            len: self.len.load(Relaxed),
+            flags: self.flags.load(Relaxed),
+            next: self.next.load(Relaxed),
+        }
+    }
+}
+
+const F_NEXT: u16 = VRING_DESC_F_NEXT as u16;
+const F_WRITE: u16 = VRING_DESC_F_WRITE as u16;
+const F_INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
+
+/// Bytes of a descriptor table of `num` entries.
+pub const fn desc_bytes(num: u32) -> u64 {
+    16 * num as u64
+}
+/// Bytes of an available ring of `num` entries (with `used_event`).
+pub const fn avail_bytes(num: u32) -> u64 {
+    6 + 2 * num as u64
+}
+/// Bytes of a used ring of `num` entries (with `avail_event`).
+pub const fn used_bytes(num: u32) -> u64 {
+    6 + 8 * num as u64
+}
+
+/// Why a queue's rings cannot be used where the frontend put them.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RingError {
+    /// Not a power of two in 1..=32768.
+    #[error("queue size {0} (a power of two up to {MAX_QUEUE_SIZE} expected)")]
+    Size(u32),
+    /// An area does not lie inside one region of guest memory.
+    #[error("{area} ring at {addr:#x} ({len} bytes) is outside guest memory")]
+    Outside {
+        /// Which area.
+        area: &'static str,
+        /// The frontend's address for it.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// An area is not aligned as the specification requires (16, 2, 4).
+    #[error("{area} ring at {addr:#x} is not {align}-byte aligned")]
+    Align {
+        /// Which area.
+        area: &'static str,
+        /// The frontend's address for it.
+        addr: u64,
+        /// The alignment required.
+        align: usize,
+    },
+}
+
+/// Why one descriptor chain was refused (returned to the guest unused). The
+/// names are the status document's counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainError {
+    /// A `next` index at or past the queue size.
+    NextOutOfRange,
+    /// More descriptors than the ring holds: a loop.
+    Loop,
+    /// An indirect descriptor (not offered).
+    Indirect,
+    /// A device-writable descriptor in a transmit chain, or a read-only one
+    /// in a receive chain.
+    Direction,
+    /// A buffer not wholly inside one guest-memory region.
+    Outside,
+    /// A transmitted frame shorter than an Ethernet header.
+    Short,
+    /// A transmitted frame longer than [`MAX_FRAME`].
+    Long,
+    /// A receive buffer too small for the frame.
+    Small,
+}
+
+impl ChainError {
+    /// Every reason, in counter order.
+    pub const ALL: [ChainError; 8] = [
+        ChainError::NextOutOfRange,
+        ChainError::Loop,
+        ChainError::Indirect,
+        ChainError::Direction,
+        ChainError::Outside,
+        ChainError::Short,
+        ChainError::Long,
+        ChainError::Small,
+    ];
+
+    /// The counter's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChainError::NextOutOfRange => "next_out_of_range",
+            ChainError::Loop => "loop",
+            ChainError::Indirect => "indirect",
+            ChainError::Direction => "wrong_direction",
+            ChainError::Outside => "outside_memory",
+            ChainError::Short => "runt",
+            ChainError::Long => "too_long",
+            ChainError::Small => "buffer_too_small",
+        }
+    }
+}
+
+/// What one queue did: notifications, chains, refusals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Kicks received (the guest's doorbell writes: VM exits on real
+    /// hardware).
+    pub kicks: u64,
+    /// Calls made (interrupts asked of the frontend).
+    pub calls: u64,
+    /// Calls held by moderation (fired later, coalesced).
+    pub calls_held: u64,
+    /// Publishes whose call the guest's window suppressed (`Csb`).
+    pub calls_suppressed: u64,
+    /// Chains completed (used entries written).
+    pub chains: u64,
+    /// Chains refused, by [`ChainError`] (in [`ChainError::ALL`] order).
+    pub refused: [u64; 8],
+    /// Times the queue broke (impossible index; it then stops).
+    pub broke: u64,
+}
+
+impl QueueStats {
+    /// Chains refused, all reasons.
+    pub fn refused_total(&self) -> u64 {
+        self.refused.iter().sum()
+    }
+
+    /// The counters as JSON.
+    pub fn json(&self) -> Value {
+        let refused: serde_json::Map<String, Value> = ChainError::ALL
+            .iter()
+            .map(|e| (e.name().to_string(), json!(self.refused[*e as usize])))
+            .collect();
+        json!({
+            "kicks": self.kicks,
+            "calls": self.calls,
+            "calls_held": self.calls_held,
+            "calls_suppressed": self.calls_suppressed,
+            "chains": self.chains,
+            "refused": refused,
+            "broke": self.broke,
+        })
+    }
+}
+
+/// The addresses of one queue as the frontend gave them (its own virtual
+/// addresses), and the queue's size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingAddrs {
+    /// Entries.
+    pub num: u32,
+    /// Descriptor table.
+    pub desc: u64,
+    /// Available ring.
+    pub avail: u64,
+    /// Used ring.
+    pub used: u64,
+}
+
+/// The three areas of one queue, translated and checked.
+struct RingMem {
+    desc: NonNull<Desc>,
+    avail: NonNull<AtomicU16>,
+    used: NonNull<u8>,
+}
+
+impl RingMem {
+    fn new(mem: &GuestMemory, a: &RingAddrs) -> Result<RingMem, RingError> {
+        if a.num == 0 || a.num > MAX_QUEUE_SIZE || !a.num.is_power_of_two() {
+            return Err(RingError::Size(a.num));
+        }
+        let area = |area: &'static str, addr: u64, len: u64, align: usize| {
+            let p = mem
+                .user(addr, len)
+                .ok_or(RingError::Outside { area, addr, len })?;
+            if !(p.as_ptr() as usize).is_multiple_of(align) {
+                return Err(RingError::Align { area, addr, align });
+            }
+            Ok(p)
+        };
+        Ok(RingMem {
+            desc: area("descriptor", a.desc, desc_bytes(a.num), 16)?.cast(),
+            avail: area("available", a.avail, avail_bytes(a.num), 2)?.cast(),
+            used: area("used", a.used, used_bytes(a.num), 4)?,
+        })
+    }
+}
+
+/// One running queue.
+pub struct Queue {
+    /// Keeps the mapping the pointers below point into.
+    mem: Arc<GuestMemory>,
+    ring: RingMem,
+    num: u16,
+    mask: u16,
+    /// The next available entry to consume.
+    last_avail: u16,
+    /// The next used entry to write.
+    used_idx: u16,
+    /// The used index the guest can see.
+    published: u16,
+    /// The used index at the last call decision.
+    signalled_used: u16,
+    signalled_valid: bool,
+    /// Whether `EVENT_IDX` was negotiated.
+    event_idx: bool,
+    mode: Mode,
+    /// Whether the guest is asked to kick (see [`Queue::ask_kicks`]).
+    kicks_on: bool,
+    call: Option<Arc<EventFd>>,
+    moder: Moderator,
+    broken: Option<String>,
+}
+
+// SAFETY: the ring pointers point into the mapping `mem` keeps alive; the
+// queue is used by one thread at a time.
+unsafe impl Send for Queue {}
+
+/// vring_need_event: whether moving an index from `old` to `new` crosses
+/// the `event` the other side asked to be notified at.
+#[inline]
+pub fn need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
+/// How a queue starts.
+pub struct QueueSetup {
+    /// Where its rings are.
+    pub addrs: RingAddrs,
+    /// The available index to start at (`SET_VRING_BASE`, or where the
+    /// queue stopped).
+    pub base: u16,
+    /// Whether `EVENT_IDX` was negotiated.
+    pub event_idx: bool,
+    /// The interrupt line, if the frontend gave one.
+    pub call: Option<Arc<EventFd>>,
+    /// The notification scheme.
+    pub mode: Mode,
+    /// Interrupt moderation, in 250 ns units (0: off).
+    pub itr: u32,
+    /// Whether the guest is asked to kick from the start (the transmit
+    /// queue: the switch may be asleep; the receive queue only in `Base`:
+    /// the switch looks for buffers when it has frames, it never waits for
+    /// them).
+    pub kicks: bool,
+}
+
+impl Queue {
+    /// Translate and check a queue's rings in `mem`.
+    pub fn new(mem: Arc<GuestMemory>, s: QueueSetup) -> Result<Queue, RingError> {
+        let ring = RingMem::new(&mem, &s.addrs)?;
+        let num = s.addrs.num as u16; // 32768 at most, checked in RingMem::new
+        let mut q = Queue {
+            mem,
+            ring,
+            num,
+            mask: num.wrapping_sub(1),
+            last_avail: s.base,
+            used_idx: s.base,
+            published: s.base,
+            signalled_used: s.base,
+            signalled_valid: false,
+            event_idx: s.event_idx,
+            mode: s.mode,
+            kicks_on: false,
+            call: s.call,
+            moder: Moderator::new(s.itr),
+            broken: None,
+        };
+        q.ask_kicks(s.kicks || s.mode == Mode::Base);
+        Ok(q)
+    }
+
+    /// The next available entry to consume (what `GET_VRING_BASE` answers).
+    pub fn last_avail(&self) -> u16 {
+        self.last_avail
+    }
+
+    /// Why the queue stopped, if it did.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    /// The queue's size.
+    pub fn size(&self) -> u16 {
+        self.num
+    }
+
+    fn mark_broken(&mut self, why: String, st: &mut QueueStats) {
+        if self.broken.is_none() {
+            tracing::warn!("vhost queue stopped: {why}");
+            st.broke += 1;
+            self.broken = Some(why);
+        }
+    }
+
+    #[inline]
+    fn avail_field(&self, i: usize) -> &AtomicU16 {
+        // SAFETY: the available ring (2 + num + 1 u16s) lies inside the
+        // mapping `self.mem` keeps, 2-byte aligned (RingMem::new); callers
+        // pass i <= num + 2; atomics only, so the guest writing is no race.
+        unsafe { self.ring.avail.add(i).as_ref() }
+    }
+
+    #[inline]
+    fn avail_idx(&self) -> &AtomicU16 {
+        self.avail_field(1)
+    }
+
+    #[inline]
+    fn avail_entry(&self, slot: u16) -> &AtomicU16 {
+        self.avail_field(2 + (slot & self.mask) as usize)
+    }
+
+    #[inline]
+    fn used_event(&self) -> &AtomicU16 {
+        self.avail_field(2 + self.num as usize)
+    }
+
+    #[inline]
+    fn used_u16(&self, off: usize) -> &AtomicU16 {
+        // SAFETY: callers pass off in {0, 2, 4 + 8 * num}: inside the used
+        // ring (RingMem::new checked 6 + 8 * num bytes), 2-byte aligned
+        // (the ring is 4-aligned); atomics only.
+        unsafe { self.ring.used.add(off).cast::<AtomicU16>().as_ref() }
+    }
+
+    #[inline]
+    fn used_elem(&self, slot: u16) -> (&AtomicU32, &AtomicU32) {
+        let off = 4 + 8 * (slot & self.mask) as usize;
+        // SAFETY: slot & mask < num, so both words lie inside the used ring
+        // (RingMem::new), 4-byte aligned; atomics only.
+        unsafe {
+            (
+                self.ring.used.add(off).cast::<AtomicU32>().as_ref(),
+                self.ring.used.add(off + 4).cast::<AtomicU32>().as_ref(),
+            )
+        }
+    }
+
+    #[inline]
+    fn desc(&self, i: u16) -> DescRepr {
+        debug_assert!(i < self.num);
+        // SAFETY: callers check i < num; the table lies inside the mapping,
+        // 16-byte aligned (RingMem::new); atomics only.
+        unsafe { self.ring.desc.add((i & self.mask) as usize).as_ref() }.read()
+    }
+
+    /// Entries the guest made available and the queue has not consumed: read
+    /// once, checked (more than the ring holds breaks the queue).
+    #[inline]
+    pub fn avail(&mut self, st: &mut QueueStats) -> u16 {
+        if self.broken.is_some() {
+            return 0;
+        }
+        let idx = self.avail_idx().load(Acquire);
+        let n = idx.wrapping_sub(self.last_avail);
+        if n > self.num {
+            self.mark_broken(
+                format!(
+                    "available index jumped to {idx} (consumed up to {}, ring of {})",
+                    self.last_avail, self.num
+                ),
+                st,
+            );
+            return 0;
+        }
+        n
+    }
+
+    /// The head of the `k`-th unconsumed entry, checked against the ring
+    /// (out of range breaks the queue: there is no chain to return).
+    #[inline]
+    fn head(&mut self, k: u16, st: &mut QueueStats) -> Option<u16> {
+        let head = self
+            .avail_entry(self.last_avail.wrapping_add(k))
+            .load(Relaxed);
+        if head >= self.num {
+            self.mark_broken(
+                format!("head {head} out of range (ring of {})", self.num),
+                st,
+            );
+            return None;
+        }
+        Some(head)
+    }
+
+    /// Walk the chain at `head` (checked by the caller), calling `seg` with
+    /// each buffer's pointer and length. `write`: the chain must be
+    /// device-writable (receive) or device-readable (transmit). Returns the
+    /// chain's total length.
+    #[inline]
+    fn walk(
+        &self,
+        head: u16,
+        write: bool,
+        mut seg: impl FnMut(NonNull<u8>, u32) -> Result<(), ChainError>,
+    ) -> Result<u64, ChainError> {
+        let mut i = head;
+        let mut total = 0u64;
+        for _ in 0..self.num {
+            let d = self.desc(i);
+            if d.flags & F_INDIRECT != 0 {
+                return Err(ChainError::Indirect);
+            }
+            if (d.flags & F_WRITE != 0) != write {
+                return Err(ChainError::Direction);
+            }
+            let p = self
+                .mem
+                .gpa(d.addr, u64::from(d.len))
+                .ok_or(ChainError::Outside)?;
+            seg(p, d.len)?;
+            total += u64::from(d.len);
+            if d.flags & F_NEXT == 0 {
+                return Ok(total);
+            }
+            if d.next >= self.num {
+                return Err(ChainError::NextOutOfRange);
+            }
+            i = d.next;
+        }
+        Err(ChainError::Loop)
+    }
+
+    /// Take up to `max` frames the guest transmitted: each frame's place in
+    /// guest memory (or in `bounce`, gathered) goes to `out`, each consumed
+    /// head to `heads` (refused chains too: they are returned unused).
+    /// Returns the entries consumed, the token for [`Queue::complete_tx`].
+    pub fn take_tx(
+        &mut self,
+        max: u32,
+        hdr_len: u32,
+        out: &mut Vec<FrameRef>,
+        heads: &mut Vec<u16>,
+        bounce: &mut Bounce,
+        st: &mut QueueStats,
+    ) -> u32 {
+        let n = u32::from(self.avail(st)).min(max) as u16;
+        bounce.ensure(n as usize);
+        for k in 0..n {
+            let Some(head) = self.head(k, st) else {
+                return k as u32;
+            };
+            heads.push(head);
+            match self.frame_at(head, hdr_len, bounce.slot(k as usize)) {
+                Ok(f) => out.push(f),
+                Err(e) => st.refused[e as usize] += 1,
+            }
+        }
+        n as u32
+    }
+
+    /// The frame in the transmit chain at `head`: in place if it is one
+    /// piece of one descriptor, else gathered into `slot`.
+    #[inline]
+    fn frame_at(&self, head: u16, hdr_len: u32, slot: &mut [u8]) -> Result<FrameRef, ChainError> {
+        let d = self.desc(head);
+        let plain = |d: &DescRepr| d.flags & (F_NEXT | F_WRITE | F_INDIRECT) == 0;
+        let in_place = |d: &DescRepr, skip: u32| -> Result<FrameRef, ChainError> {
+            let p = self
+                .mem
+                .gpa(d.addr, u64::from(d.len))
+                .ok_or(ChainError::Outside)?;
+            let len = d.len - skip;
+            if len < MIN_FRAME {
+                return Err(ChainError::Short);
+            }
+            if len > MAX_FRAME {
+                return Err(ChainError::Long);
+            }
+            Ok(FrameRef {
+                // SAFETY: skip <= d.len and the d.len bytes at p are mapped.
+                ptr: unsafe { p.as_ptr().add(skip as usize) },
+                len,
+            })
+        };
+        // Header and frame in one descriptor (Linux pushes the header in
+        // front of the frame when it can).
+        if plain(&d) && d.len >= hdr_len {
+            return in_place(&d, hdr_len);
+        }
+        // The header alone, then the frame in one descriptor.
+        if d.flags == F_NEXT && d.len == hdr_len && d.next < self.num {
+            let d1 = self.desc(d.next);
+            if plain(&d1) {
+                // The header's own range must be guest memory too.
+                self.mem
+                    .gpa(d.addr, u64::from(d.len))
+                    .ok_or(ChainError::Outside)?;
+                return in_place(&d1, 0);
+            }
+        }
+        // Anything else: gather, skipping the header. The whole chain is
+        // walked (checked) even once the slot is full, so that a chain is
+        // refused for its first structural fault before any length.
+        let mut skip = hdr_len as usize;
+        let mut at = 0usize;
+        let total = self.walk(head, false, |p, len| {
+            let mut len = len as usize;
+            let cut = skip.min(len);
+            skip -= cut;
+            len -= cut;
+            if at + len <= slot.len() {
+                // SAFETY: p is mapped for the descriptor's length (walk
+                // checked it) and cut + len is that length; slot has room
+                // for at + len bytes (just checked); distinct memory.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        p.as_ptr().add(cut),
+                        slot.as_mut_ptr().add(at),
+                        len,
+                    )
+                };
+            }
+            at += len;
+            Ok(())
+        })?;
+        if total < u64::from(hdr_len) + u64::from(MIN_FRAME) {
+            return Err(ChainError::Short);
+        }
+        if at > slot.len() {
+            return Err(ChainError::Long);
+        }
+        Ok(FrameRef {
+            ptr: slot.as_ptr(),
+            len: at as u32,
+        })
+    }
+
+    /// Return the transmit chains of the last [`Queue::take_tx`] (used,
+    /// length 0), publish, and notify per the mode.
+    pub fn complete_tx(&mut self, consumed: u32, heads: &[u16], now: Instant, st: &mut QueueStats) {
+        for &h in heads {
+            self.push_used(h, 0);
+        }
+        self.last_avail = self.last_avail.wrapping_add(consumed as u16);
+        st.chains += heads.len() as u64;
+        self.publish(now, st);
+    }
+
+    #[inline]
+    fn push_used(&mut self, head: u16, len: u32) {
+        let (id, l) = self.used_elem(self.used_idx);
+        id.store(u32::from(head), Relaxed);
+        l.store(len, Relaxed);
+        self.used_idx = self.used_idx.wrapping_add(1);
+    }
+
+    /// Copy `frames` into the guest's receive buffers, in order, until they
+    /// run out; returns how many were taken and their bytes. The used
+    /// entries are published by [`Queue::publish`].
+    ///
+    /// # Safety
+    /// Every frame must be readable for its `len` bytes.
+    pub unsafe fn fill_rx(
+        &mut self,
+        frames: &[FrameRef],
+        hdr_len: u32,
+        st: &mut QueueStats,
+    ) -> (u64, u64) {
+        let mut left = self.avail(st);
+        let mut ok = 0u64;
+        let mut bytes = 0u64;
+        let mut k = 0u16;
+        'frames: for f in frames {
+            // A frame whose buffer is refused tries the next one.
+            loop {
+                if left == 0 {
+                    break 'frames;
+                }
+                let Some(head) = self.head(k, st) else {
+                    break 'frames;
+                };
+                k += 1;
+                left -= 1;
+                // SAFETY: forwarded from the caller's contract.
+                match unsafe { self.put_frame(head, hdr_len, *f) } {
+                    Ok(()) => {
+                        self.push_used(head, hdr_len + f.len);
+                        ok += 1;
+                        bytes += u64::from(f.len);
+                        break;
+                    }
+                    Err(e) => {
+                        st.refused[e as usize] += 1;
+                        self.push_used(head, 0);
+                    }
+                }
+            }
+        }
+        self.last_avail = self.last_avail.wrapping_add(k);
+        st.chains += u64::from(k);
+        (ok, bytes)
+    }
+
+    /// Write the header and frame `f` into the receive chain at `head`.
+    ///
+    /// # Safety
+    /// `f` must be readable for `f.len` bytes.
+    #[inline]
+    unsafe fn put_frame(&self, head: u16, hdr_len: u32, f: FrameRef) -> Result<(), ChainError> {
+        let mut hdr = [0u8; 12];
+        // num_buffers: one buffer per frame (VERSION_1 or MRG_RXBUF header).
+        hdr[10] = 1;
+        let hdr = &hdr[..hdr_len as usize];
+        let need = u64::from(hdr_len) + u64::from(f.len);
+        let d = self.desc(head);
+        if d.flags & (F_NEXT | F_INDIRECT) == 0 && d.flags & F_WRITE != 0 {
+            let p = self
+                .mem
+                .gpa(d.addr, u64::from(d.len))
+                .ok_or(ChainError::Outside)?;
+            if u64::from(d.len) < need {
+                return Err(ChainError::Small);
+            }
+            // SAFETY: p is mapped for d.len >= need = hdr_len + f.len bytes
+            // (gpa checked); the caller guarantees f; guest memory and the
+            // frame's memory are distinct mappings or distinct buffers.
+            unsafe {
+                std::ptr::copy_nonoverlapping(hdr.as_ptr(), p.as_ptr(), hdr.len());
+                copy_frame(f.ptr, p.as_ptr().add(hdr.len()), f.len as usize);
+            }
+            return Ok(());
+        }
+        // Scatter header then frame over the chain's buffers.
+        let mut from = 0u64;
+        let total = self.walk(head, true, |p, len| {
+            let mut at = 0u64;
+            while at < u64::from(len) && from < need {
+                let n = (u64::from(len) - at).min(need - from);
+                let (src, m) = if from < u64::from(hdr_len) {
+                    let m = n.min(u64::from(hdr_len) - from);
+                    (hdr[from as usize..].as_ptr(), m)
+                } else {
+                    // SAFETY: from - hdr_len < f.len: inside the frame.
+                    (
+                        unsafe { f.ptr.add((from - u64::from(hdr_len)) as usize) },
+                        n.min(need - from),
+                    )
+                };
+                // SAFETY: p is mapped for len bytes (walk checked it) and
+                // at + m <= len; src is readable for m bytes (the header
+                // array, or the caller's frame); distinct memory.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src, p.as_ptr().add(at as usize), m as usize)
+                };
+                at += m;
+                from += m;
+            }
+            Ok(())
+        })?;
+        if total < need {
+            return Err(ChainError::Small);
+        }
+        Ok(())
+    }
+
+    /// Make the used entries written so far visible, and call the guest per
+    /// the mode.
+    pub fn publish(&mut self, now: Instant, st: &mut QueueStats) {
+        if self.used_idx == self.published {
+            return;
+        }
+        self.published = self.used_idx;
+        self.used_u16(2).store(self.used_idx, Release);
+        // Kicks: Base asks for one at every publish; the others keep them
+        // off while the switch polls (ask_kicks is called around sleeps).
+        if self.mode == Mode::Base {
+            self.ask_kicks(true);
+        } else {
+            self.ask_kicks(self.kicks_on);
+        }
+        if self.want_call(st) {
+            if self.moder.request(now) {
+                self.fire(st);
+            } else {
+                st.calls_held += 1;
+            }
+        }
+    }
+
+    /// Whether this publish should interrupt the guest.
+    #[inline]
+    fn want_call(&mut self, st: &mut QueueStats) -> bool {
+        if self.call.is_none() {
+            return false;
+        }
+        if self.mode != Mode::Csb {
+            self.signalled_used = self.used_idx;
+            self.signalled_valid = true;
+            return true;
+        }
+        // The guest's request is read after our used index is visible.
+        fence(SeqCst);
+        let want = if self.event_idx {
+            let event = self.used_event().load(Relaxed);
+            !self.signalled_valid || need_event(event, self.used_idx, self.signalled_used)
+        } else {
+            self.avail_field(0).load(Relaxed) & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0
+        };
+        self.signalled_used = self.used_idx;
+        self.signalled_valid = true;
+        if !want {
+            st.calls_suppressed += 1;
+        }
+        want
+    }
+
+    fn fire(&mut self, st: &mut QueueStats) {
+        if let Some(c) = &self.call {
+            c.signal();
+            st.calls += 1;
+        }
+    }
+
+    /// When a moderated call is due.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.moder.deadline()
+    }
+
+    /// Fire a held call now (the queue is about to be set up again, and
+    /// the guest must not lose an interrupt it was owed).
+    pub fn flush_held(&mut self, st: &mut QueueStats) {
+        if self.moder.deadline().is_some() {
+            self.moder.cancel();
+            self.fire(st);
+        }
+    }
+
+    /// Fire a held call whose moderation interval has ended.
+    pub fn timer(&mut self, now: Instant, st: &mut QueueStats) {
+        if self.moder.due(now) {
+            self.fire(st);
+        }
+    }
+
+    /// Ask the guest to kick at its next publish (`on`), or not to. With
+    /// `EVENT_IDX` the device's `avail_event` says where the guest kicks
+    /// (it kicks when a batch it publishes, from `old` to `new`, passes the
+    /// event): at the guest's current index (its next entry kicks), or half
+    /// the index space away from what was consumed. Not just behind it: the
+    /// switch consumes entries while the guest is still adding a batch, so
+    /// "consumed - 1" can fall inside the batch's `[old, new)` and draw the
+    /// very kick it was meant to avoid (seen with a Linux guest refilling
+    /// its receive ring). Half the index space away lies outside any batch
+    /// (a ring holds at most 32768). Without `EVENT_IDX`,
+    /// `VRING_USED_F_NO_NOTIFY`.
+    pub fn ask_kicks(&mut self, on: bool) {
+        self.kicks_on = on;
+        if self.event_idx {
+            // Any value is harmless to write: it only steers the guest's
+            // kicks.
+            let at = if on {
+                self.avail_idx().load(Relaxed)
+            } else {
+                self.last_avail.wrapping_add(0x8000)
+            };
+            self.used_u16(4 + 8 * self.num as usize).store(at, Relaxed);
+        } else {
+            let f = if on { 0 } else { VRING_USED_F_NO_NOTIFY as u16 };
+            self.used_u16(0).store(f, Relaxed);
+        }
+    }
+
+    /// Before the switch sleeps: ask for kicks, then look again (a frame
+    /// published before the guest saw the request would neither be seen nor
+    /// kicked). False if there is work (kicks are off again).
+    pub fn prepare_sleep(&mut self, st: &mut QueueStats) -> bool {
+        if self.broken.is_some() {
+            return true;
+        }
+        self.ask_kicks(true);
+        fence(SeqCst);
+        if self.avail(st) > 0 {
+            if self.mode != Mode::Base {
+                self.ask_kicks(false);
+            }
+            return false;
+        }
+        true
+    }
+
+    /// The switch polls again: no kicks wanted (except in `Base`).
+    pub fn wake(&mut self) {
+        if self.mode != Mode::Base && self.broken.is_none() {
+            self.ask_kicks(false);
+        }
+    }
+}
+
+/// Bounce buffers for transmitted frames that are not one piece in guest
+/// memory: one per entry of a batch, kept until the batch is forwarded.
+/// They only grow before a batch hands out pointers into them (and those
+/// pointers die with the batch), so they may move when they grow.
+#[derive(Default)]
+pub struct Bounce {
+    bufs: Vec<[u8; MAX_FRAME as usize]>,
+}
+
+impl Bounce {
+    fn ensure(&mut self, n: usize) {
+        if self.bufs.len() < n {
+            self.bufs.resize(n, [0; MAX_FRAME as usize]);
+        }
+    }
+
+    fn slot(&mut self, i: usize) -> &mut [u8] {
+        &mut self.bufs[i][..]
+    }
+}
+
+/// The running device: the queues that are set up, and the header length
+/// the features imply.
+pub struct Device {
+    /// Queue 0 (to the guest) and 1 (from the guest), when running.
+    pub queues: [Option<Queue>; 2],
+    /// Bytes of virtio-net header in front of every frame.
+    pub hdr_len: u32,
+    heads: Vec<u16>,
+    bounce: Bounce,
+}
+
+impl Device {
+    /// A device over the queues given.
+    pub fn new(queues: [Option<Queue>; 2], hdr_len: u32) -> Device {
+        Device {
+            queues,
+            hdr_len,
+            heads: Vec::new(),
+            bounce: Bounce::default(),
+        }
+    }
+
+    /// Whether the guest has transmitted frames not yet taken.
+    #[inline]
+    pub fn pending(&mut self, st: &mut [QueueStats; 2]) -> bool {
+        match &mut self.queues[TXQ] {
+            Some(q) => q.avail(&mut st[TXQ]) > 0,
+            None => false,
+        }
+    }
+
+    /// Take up to `max` transmitted frames; returns the token for
+    /// [`Device::rx_done`].
+    pub fn rx(&mut self, max: u32, out: &mut Vec<FrameRef>, st: &mut [QueueStats; 2]) -> u32 {
+        self.heads.clear();
+        match &mut self.queues[TXQ] {
+            Some(q) => q.take_tx(
+                max,
+                self.hdr_len,
+                out,
+                &mut self.heads,
+                &mut self.bounce,
+                &mut st[TXQ],
+            ),
+            None => 0,
+        }
+    }
+
+    /// The frames of the last [`Device::rx`] are forwarded: return their
+    /// chains to the guest.
+    pub fn rx_done(&mut self, token: u32, now: Instant, st: &mut [QueueStats; 2]) {
+        if let Some(q) = &mut self.queues[TXQ] {
+            q.complete_tx(token, &self.heads, now, &mut st[TXQ]);
+        }
+        self.heads.clear();
+    }
+
+    /// Copy frames into the guest's receive queue (published by
+    /// [`Device::tx_flush`]); returns frames and bytes taken.
+    ///
+    /// # Safety
+    /// Every frame must be readable for its `len` bytes.
+    pub unsafe fn tx(&mut self, frames: &[FrameRef], st: &mut [QueueStats; 2]) -> (u64, u64) {
+        match &mut self.queues[RXQ] {
+            // SAFETY: forwarded from the caller's contract.
+            Some(q) => unsafe { q.fill_rx(frames, self.hdr_len, &mut st[RXQ]) },
+            None => (0, 0),
+        }
+    }
+
+    /// Publish what [`Device::tx`] wrote, and notify.
+    pub fn tx_flush(&mut self, now: Instant, st: &mut [QueueStats; 2]) {
+        if let Some(q) = &mut self.queues[RXQ] {
+            q.publish(now, &mut st[RXQ]);
+        }
+    }
+
+    /// The earliest moderated call due.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.queues
+            .iter()
+            .flatten()
+            .filter_map(|q| q.deadline())
+            .min()
+    }
+
+    /// Fire the moderated calls that are due.
+    pub fn timer(&mut self, now: Instant, st: &mut [QueueStats; 2]) {
+        for (i, q) in self.queues.iter_mut().enumerate() {
+            if let Some(q) = q {
+                q.timer(now, &mut st[i]);
+            }
+        }
+    }
+
+    /// About to sleep: ask for transmit kicks and look again.
+    pub fn prepare_sleep(&mut self, st: &mut [QueueStats; 2]) -> bool {
+        match &mut self.queues[TXQ] {
+            Some(q) => q.prepare_sleep(&mut st[TXQ]),
+            None => true,
+        }
+    }
+
+    /// Awake again: transmit kicks off (except in `Base`).
+    pub fn wake(&mut self) {
+        if let Some(q) = &mut self.queues[TXQ] {
+            q.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_index_crossings() {
+        // Moving from old to new notifies iff event is in [old, new).
+        assert!(need_event(5, 6, 5));
+        assert!(!need_event(5, 5, 4));
+        assert!(need_event(4, 10, 0));
+        assert!(!need_event(10, 10, 0));
+        // Across the wrap.
+        assert!(need_event(65535, 2, 65534));
+        assert!(!need_event(2, 2, 65534));
+        // Half the index space away is outside any batch a ring can hold.
+        for last in [0u16, 1, 40000, 65535] {
+            let event = last.wrapping_add(0x8000);
+            for old_back in [0u16, 1, 100, 32767] {
+                let old = last.wrapping_sub(old_back);
+                for n in [1u16, 64, 32767] {
+                    if n >= old_back {
+                        assert!(
+                            !need_event(event, old.wrapping_add(n), old),
+                            "{last} {old} {n}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn refusal_names_are_distinct_and_in_counter_order() {
+        let mut names: Vec<&str> = ChainError::ALL.iter().map(|e| e.name()).collect();
+        for (i, e) in ChainError::ALL.iter().enumerate() {
+            assert_eq!(*e as usize, i);
+        }
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ChainError::ALL.len());
+    }
+}

@@ -1,0 +1,529 @@
+//! vhost-user ports: a virtual machine's virtio-net device, served by the
+//! switch. QEMU (the frontend, a client) connects to the port's socket and
+//! shares the guest's memory and the virtio rings in it; the switch takes
+//! the frames the guest transmits straight from guest memory into its
+//! forwarding pass and copies frames for the guest once, into the buffers
+//! the guest posted, as for every other port.
+//!
+//! - [`mem`]: the guest's memory regions, mapped from the frontend's sealed
+//!   memfds, and the checked address translations.
+//! - [`control`]: the vhost-user protocol (the `vhost` crate's framing, our
+//!   request handler) and the connection, driven without blocking.
+//! - [`datapath`]: the split virtqueues, every guest-written index and
+//!   address checked, and the paper's notification schemes.
+//!
+//! A [`VhostPort`] owns its listening socket, at most one frontend
+//! connection, the kick eventfds, and the running [`datapath::Device`]. All
+//! of them sit in the port's own epoll instance, which is the one
+//! descriptor the switch watches for the port ([`Port::fd`]): the control
+//! protocol runs in the switch's thread, from its event loop, between
+//! forwarding passes. A frontend that leaves (or is refused) takes its
+//! device with it; the port listens again, and a new frontend (QEMU
+//! restarted, or reconnecting) starts afresh.
+
+pub mod control;
+pub mod datapath;
+pub mod mem;
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use rustix::event::epoll;
+use serde_json::{json, Value};
+
+use ::ring::device::FrameRef;
+use ::ring::Mode;
+
+use crate::chain;
+use crate::ports::{Counters, Port};
+use control::{Closed, Connection, Offer, Refusal, QUEUES};
+use datapath::{Device, Queue, QueueStats, RXQ, TXQ};
+
+/// Errors creating a vhost-user port.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The socket could not be bound.
+    #[error("vhost-user socket {}", path.display())]
+    Bind {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The port's epoll instance could not be made or filled.
+    #[error("vhost-user port epoll")]
+    Epoll(#[source] std::io::Error),
+}
+
+/// How a port is set up.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The port's name.
+    pub name: String,
+    /// The socket QEMU connects to.
+    pub path: PathBuf,
+    /// The notification scheme.
+    pub mode: Mode,
+    /// Interrupt moderation of the guest's interrupts, in 250 ns units (0:
+    /// off).
+    pub itr: u32,
+    /// Offer `EVENT_IDX`.
+    pub event_idx: bool,
+    /// Offer `MRG_RXBUF`.
+    pub mergeable: bool,
+}
+
+impl Config {
+    /// A port named `name` on `path`, event-index windows (`Csb`), no
+    /// moderation, every feature offered.
+    pub fn new(name: &str, path: &Path) -> Config {
+        Config {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+            mode: Mode::Csb,
+            itr: 0,
+            event_idx: true,
+            mergeable: true,
+        }
+    }
+}
+
+/// Tokens in the port's epoll instance.
+const TOK_LISTEN: u64 = 1;
+const TOK_CONN: u64 = 2;
+const TOK_KICK: [u64; QUEUES] = [3, 4];
+
+/// Connection events, for the status document.
+#[derive(Clone, Debug, Default)]
+pub struct ConnStats {
+    /// Frontends accepted.
+    pub accepted: u64,
+    /// Frontends turned away because one was connected.
+    pub turned_away: u64,
+    /// Connections that ended, and the last reason.
+    pub closed: u64,
+    /// Why the last connection ended.
+    pub last_close: Option<String>,
+    /// Devices (re)built from what the frontend set up.
+    pub rebuilds: u64,
+}
+
+/// A vhost-user port.
+pub struct VhostPort {
+    cfg: Config,
+    epoll: Arc<OwnedFd>,
+    listener: UnixListener,
+    conn: Option<Connection>,
+    dev: Option<Device>,
+    /// The frontend state's generation the device was built from.
+    built: u64,
+    c: Counters,
+    st: [QueueStats; QUEUES],
+    cs: ConnStats,
+    log: Vec<String>,
+}
+
+impl VhostPort {
+    /// Listen on `cfg.path` (a stale socket file is replaced).
+    pub fn bind(cfg: Config) -> Result<VhostPort, Error> {
+        let bind = |e| Error::Bind {
+            path: cfg.path.clone(),
+            source: e,
+        };
+        match std::fs::remove_file(&cfg.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(bind(e)),
+        }
+        let listener = UnixListener::bind(&cfg.path).map_err(bind)?;
+        listener.set_nonblocking(true).map_err(bind)?;
+        let epoll =
+            epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| Error::Epoll(e.into()))?;
+        epoll::add(
+            &epoll,
+            listener.as_fd(),
+            epoll::EventData::new_u64(TOK_LISTEN),
+            epoll::EventFlags::IN,
+        )
+        .map_err(|e| Error::Epoll(e.into()))?;
+        Ok(VhostPort {
+            cfg,
+            epoll: Arc::new(epoll),
+            listener,
+            conn: None,
+            dev: None,
+            built: 0,
+            c: Counters::default(),
+            st: Default::default(),
+            cs: ConnStats::default(),
+            log: Vec::new(),
+        })
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.cfg.path
+    }
+
+    /// Change the notification scheme (the running queues restart with it,
+    /// where they stood).
+    pub fn set_notify(&mut self, mode: Mode, itr: u32) {
+        self.cfg.mode = mode;
+        self.cfg.itr = itr;
+        if self.dev.is_some() {
+            self.sync_progress();
+            self.rebuild();
+        }
+    }
+
+    /// Tell the frontend state where the running queues got to, so that
+    /// GET_VRING_BASE answers it and a rebuilt queue starts there.
+    fn sync_progress(&self) {
+        if let (Some(d), Some(conn)) = (&self.dev, &self.conn) {
+            let mut f = conn.frontend();
+            for (i, q) in d.queues.iter().enumerate() {
+                if let Some(q) = q {
+                    f.vrings[i].last_avail = q.last_avail();
+                }
+            }
+        }
+    }
+
+    /// What each queue did (0: to the guest, 1: from the guest).
+    pub fn queue_stats(&self) -> [QueueStats; QUEUES] {
+        self.st
+    }
+
+    /// Connection events.
+    pub fn conn_stats(&self) -> &ConnStats {
+        &self.cs
+    }
+
+    /// The requests of the first connections, one line each.
+    pub fn protocol_log(&self) -> &[String] {
+        &self.log
+    }
+
+    /// Whether a frontend is connected.
+    pub fn connected(&self) -> bool {
+        self.conn.is_some()
+    }
+
+    /// Whether both queues run.
+    pub fn running(&self) -> bool {
+        self.dev.as_ref().is_some_and(|d| {
+            d.queues
+                .iter()
+                .all(|q| q.as_ref().is_some_and(|q| q.broken().is_none()))
+        })
+    }
+
+    /// The features the frontend acknowledged, if it did.
+    pub fn acked_features(&self) -> Option<u64> {
+        self.conn
+            .as_ref()
+            .and_then(|c| c.frontend().acked_features())
+    }
+
+    fn accept(&mut self) {
+        loop {
+            let stream = match self.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // A failed accept (out of descriptors, say) leaves the
+                    // client in the queue: try again on the next event.
+                    tracing::warn!(port = %self.cfg.name, "vhost-user accept: {e}");
+                    return;
+                }
+            };
+            if self.conn.is_some() {
+                // One frontend per device: the second is closed at once.
+                self.cs.turned_away += 1;
+                continue;
+            }
+            let offer = Offer {
+                event_idx: self.cfg.event_idx,
+                mergeable: self.cfg.mergeable,
+            };
+            let c = match Connection::new(stream, offer, self.epoll.clone(), TOK_KICK) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(port = %self.cfg.name, "vhost-user connection: {e}");
+                    continue;
+                }
+            };
+            if let Err(e) = epoll::add(
+                &*self.epoll,
+                c.fd(),
+                epoll::EventData::new_u64(TOK_CONN),
+                epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+            ) {
+                tracing::warn!(port = %self.cfg.name, "vhost-user connection: {e}");
+                continue;
+            }
+            self.cs.accepted += 1;
+            self.conn = Some(c);
+        }
+    }
+
+    /// Serve the connection's messages, then rebuild the device if the
+    /// frontend changed it.
+    fn serve(&mut self, now: Instant) {
+        // Where the running queues got to, for GET_VRING_BASE and for
+        // restarting them where they stood (the messages may then change it).
+        self.sync_progress();
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        let res = conn.serve(now, &mut self.log);
+        if let Err(e) = res {
+            self.close(e);
+            return;
+        }
+        let generation = conn.frontend().generation;
+        if generation != self.built {
+            self.rebuild();
+        }
+    }
+
+    /// Build the device again from what the frontend set up.
+    fn rebuild(&mut self) {
+        if let Some(d) = &mut self.dev {
+            for (i, q) in d.queues.iter_mut().enumerate() {
+                if let Some(q) = q {
+                    q.flush_held(&mut self.st[i]);
+                }
+            }
+        }
+        self.dev = None;
+        let Some(conn) = &self.conn else {
+            return;
+        };
+        let built = {
+            let f = conn.frontend();
+            let mut queues: [Option<Queue>; QUEUES] = [None, None];
+            let mut err = None;
+            for (i, slot) in queues.iter_mut().enumerate() {
+                if let Some((mem, setup)) = f.queue_setup(i, self.cfg.mode, self.cfg.itr) {
+                    match Queue::new(mem, setup) {
+                        Ok(q) => *slot = Some(q),
+                        Err(source) => {
+                            err = Some(Refusal::Ring { index: i, source });
+                            break;
+                        }
+                    }
+                }
+            }
+            match err {
+                Some(e) => Err(e),
+                None => Ok((f.generation, queues, f.hdr_len())),
+            }
+        };
+        match built {
+            Ok((generation, queues, hdr_len)) => {
+                self.built = generation;
+                self.cs.rebuilds += 1;
+                if queues.iter().any(|q| q.is_some()) {
+                    self.dev = Some(Device::new(queues, hdr_len));
+                }
+            }
+            Err(e) => self.close(Closed::Refused(e)),
+        }
+    }
+
+    fn close(&mut self, why: Closed) {
+        let text = chain(&why);
+        tracing::info!(port = %self.cfg.name, "vhost-user frontend gone: {text}");
+        if let Some(d) = &mut self.dev {
+            for (i, q) in d.queues.iter_mut().enumerate() {
+                if let Some(q) = q {
+                    q.flush_held(&mut self.st[i]);
+                }
+            }
+        }
+        self.dev = None;
+        if let Some(c) = self.conn.take() {
+            let _ = epoll::delete(&*self.epoll, c.fd());
+        }
+        self.cs.closed += 1;
+        self.cs.last_close = Some(text);
+        self.built = 0;
+    }
+
+    fn drain_kicks(&mut self) {
+        if let Some(c) = &self.conn {
+            let f = c.frontend();
+            for (i, v) in f.vrings.iter().enumerate() {
+                if let Some(k) = &v.kick {
+                    self.st[i].kicks += k.drain();
+                }
+            }
+        }
+    }
+}
+
+impl Port for VhostPort {
+    fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    fn kind(&self) -> &'static str {
+        "vhost-user"
+    }
+
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.epoll.as_fd())
+    }
+
+    fn on_event(&mut self) {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        // SAFETY: evs is a live, writable array of 8 events; timeout 0
+        // never blocks.
+        let n = unsafe {
+            libc::epoll_wait(
+                std::os::fd::AsRawFd::as_raw_fd(&*self.epoll),
+                evs.as_mut_ptr(),
+                evs.len() as libc::c_int,
+                0,
+            )
+        };
+        let now = Instant::now();
+        let mut kicks = false;
+        for ev in evs.iter().take(n.max(0) as usize) {
+            match ev.u64 {
+                TOK_LISTEN => self.accept(),
+                TOK_CONN => self.serve(now),
+                _ => kicks = true,
+            }
+        }
+        if kicks {
+            self.drain_kicks();
+        }
+    }
+
+    fn pending(&mut self) -> bool {
+        match &mut self.dev {
+            Some(d) => d.pending(&mut self.st),
+            None => false,
+        }
+    }
+
+    fn rx(&mut self, max: u32, out: &mut Vec<FrameRef>) -> u32 {
+        match &mut self.dev {
+            Some(d) => d.rx(max, out, &mut self.st),
+            None => 0,
+        }
+    }
+
+    fn rx_done(&mut self, token: u32, frames: u64, now: Instant) {
+        self.c.from_port += frames;
+        if let Some(d) = &mut self.dev {
+            d.rx_done(token, now, &mut self.st);
+        }
+    }
+
+    unsafe fn tx(&mut self, f: FrameRef) -> bool {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.tx_batch(&[f]) == 1 }
+    }
+
+    unsafe fn tx_batch(&mut self, frames: &[FrameRef]) -> u64 {
+        let (ok, bytes) = match &mut self.dev {
+            // SAFETY: forwarded from the caller's contract.
+            Some(d) => unsafe { d.tx(frames, &mut self.st) },
+            None => (0, 0),
+        };
+        self.c.to_port += ok;
+        self.c.to_port_bytes += bytes;
+        self.c.dropped_full += frames.len() as u64 - ok;
+        ok
+    }
+
+    fn tx_flush(&mut self, now: Instant) {
+        if let Some(d) = &mut self.dev {
+            d.tx_flush(now, &mut self.st);
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        let d = self.dev.as_ref().and_then(|d| d.deadline());
+        let c = self.conn.as_ref().and_then(|c| c.deadline());
+        match (d, c) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn timer(&mut self, now: Instant) {
+        if let Some(d) = &mut self.dev {
+            d.timer(now, &mut self.st);
+        }
+        if let Some(Err(e)) = self.conn.as_ref().map(|c| c.check_partial(now)) {
+            self.close(e);
+        }
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        match &mut self.dev {
+            Some(d) => d.prepare_sleep(&mut self.st),
+            None => true,
+        }
+    }
+
+    fn wake(&mut self) {
+        if let Some(d) = &mut self.dev {
+            d.wake();
+        }
+    }
+
+    fn counters(&mut self) -> &mut Counters {
+        &mut self.c
+    }
+
+    fn status(&self) -> Value {
+        let per = |n: u64, d: u64| if d == 0 { 0.0 } else { n as f64 / d as f64 };
+        let [rxq, txq] = &self.st;
+        let queue = |i: usize| {
+            let mut v = self.st[i].json();
+            if let Some(q) = self.dev.as_ref().and_then(|d| d.queues[i].as_ref()) {
+                v["size"] = json!(q.size());
+                v["broken"] = json!(q.broken());
+            } else {
+                v["running"] = json!(false);
+            }
+            v
+        };
+        let frontend = self.conn.as_ref().map(|c| {
+            let f = c.frontend();
+            json!({
+                "features": f.acked_features().map(|x| format!("{x:#x}")),
+                "protocol_features": format!("{:#x}", f.acked_protocol_features()),
+                "event_idx": f.event_idx(),
+                "memory_bytes": f.memory().map(|m| m.mapped_bytes()),
+                "memory_regions": f.memory().map(|m| format!("{m:?}")),
+                "memory_seals": f.memory().map(|m| m.seals()),
+                "requests": c.requests,
+            })
+        });
+        json!({
+            "socket": self.cfg.path.display().to_string(),
+            "mode": self.cfg.mode.to_string(),
+            "itr": self.cfg.itr,
+            "frontend": frontend,
+            "queues": { "rx": queue(RXQ), "tx": queue(TXQ) },
+            "kicks_per_packet": per(txq.kicks, self.c.from_port),
+            "tx_interrupts_per_packet": per(txq.calls, self.c.from_port),
+            "rx_interrupts_per_packet": per(rxq.calls, self.c.to_port),
+            "accepted": self.cs.accepted,
+            "turned_away": self.cs.turned_away,
+            "closed": self.cs.closed,
+            "last_close": self.cs.last_close,
+        })
+    }
+}
