@@ -208,3 +208,171 @@ fn lying_memif_clients_are_refused_or_contained() {
     let _ = std::fs::remove_file(&ctl);
     let _ = std::fs::remove_file(&msock);
 }
+
+/// Descriptors this process holds.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// The next message's type and, for a `disconnect`, its reason.
+fn next_msg(c: &Conn) -> (u16, String) {
+    match recv_msg(c.fd()) {
+        Ok(Some((m, _))) if m.len() >= 2 => {
+            let ty = u16::from_le_bytes([m[0], m[1]]);
+            let reason = if ty == 8 && m.len() >= 102 {
+                let r = &m[6..102];
+                let end = r.iter().position(|&b| b == 0).unwrap_or(r.len());
+                String::from_utf8_lossy(&r[..end]).into_owned()
+            } else {
+                String::new()
+            };
+            (ty, reason)
+        }
+        _ => (0, String::new()),
+    }
+}
+
+fn memif_switch(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let pid = std::process::id();
+    (
+        std::env::temp_dir().join(format!("fp-mh-{tag}-ctl-{pid}.sock")),
+        std::env::temp_dir().join(format!("fp-mh-{tag}-{pid}.sock")),
+    )
+}
+
+/// One client adding rings without end made the switch hold a descriptor
+/// for each (about 20,000 before new ports failed with "Too many open
+/// files"): the greeting offers one ring each way, and a second one is
+/// refused. Many connections are bounded too.
+#[test]
+fn a_memif_client_cannot_make_the_switch_hoard_descriptors() {
+    let (ctl, msock) = memif_switch("hoard");
+    let (stop, h) = spawn(
+        Switch::new(Config {
+            socket: Some(ctl.clone()),
+            memif_socket: Some(msock.clone()),
+            ..Config::default()
+        })
+        .unwrap(),
+    );
+    let before = open_fds();
+    let size = 2 * RING_BYTES + 65536;
+    let c = Conn::connect(&msock).unwrap();
+    assert_eq!(next_msg(&c).0, 2);
+    send_msg(
+        c.fd(),
+        &msg(3, |m| m[2..4].copy_from_slice(&0x0200u16.to_le_bytes())),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(next_msg(&c).0, 1);
+    let region = memfd(size, true);
+    send_msg(
+        c.fd(),
+        &msg(4, |m| {
+            m[4..12].copy_from_slice(&(size as u64).to_le_bytes())
+        }),
+        &[region.as_raw_fd()],
+    )
+    .unwrap();
+    assert_eq!(next_msg(&c).0, 1, "region acked");
+    let mut acked = 0;
+    let mut refusal = String::new();
+    for _ in 0..2000 {
+        let e = eventfd();
+        let sent = send_msg(
+            c.fd(),
+            &msg(5, |m| {
+                m[2..4].copy_from_slice(&1u16.to_le_bytes()); // client to server
+                m[12] = 8;
+            }),
+            &[e.as_raw_fd()],
+        );
+        drop(e);
+        if sent.is_err() {
+            break;
+        }
+        match next_msg(&c) {
+            (1, _) => acked += 1,
+            (8, why) => {
+                refusal = why;
+                break;
+            }
+            other => panic!("unexpected reply {other:?}"),
+        }
+    }
+    assert_eq!(acked, 1, "one ring each way");
+    assert!(refusal.contains("second"), "{refusal}");
+    drop(c);
+    drop(region);
+    // Connections: the server holds at most MAX_CONNECTIONS; the ones past
+    // it are told why and closed.
+    let mut conns = Vec::new();
+    let mut refused = 0;
+    for _ in 0..(vswitch::ports::memif::MAX_CONNECTIONS + 20) {
+        let c = Conn::connect(&msock).unwrap();
+        match next_msg(&c) {
+            (2, _) => conns.push(c),
+            (8, why) => {
+                assert!(why.contains("too many"), "{why}");
+                refused += 1;
+            }
+            other => panic!("unexpected greeting {other:?}"),
+        }
+    }
+    assert_eq!(conns.len(), vswitch::ports::memif::MAX_CONNECTIONS);
+    assert_eq!(refused, 20);
+    // Our side holds one descriptor per connection kept; the switch one
+    // more; a few for the switch itself.
+    let held = open_fds().saturating_sub(before);
+    assert!(
+        held <= 2 * vswitch::ports::memif::MAX_CONNECTIONS + 8,
+        "{held} descriptors held"
+    );
+    drop(conns);
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+    let _ = std::fs::remove_file(&ctl);
+    let _ = std::fs::remove_file(&msock);
+}
+
+/// An unsealed region is refused for its seals, before its size is even
+/// read: until the seal holds, a size read from the file can be made false
+/// the moment after (the file truncated between the check and our reads).
+#[test]
+fn a_memif_region_s_seals_are_checked_before_its_size() {
+    let (ctl, msock) = memif_switch("toctou");
+    let (stop, h) = spawn(
+        Switch::new(Config {
+            socket: Some(ctl.clone()),
+            memif_socket: Some(msock.clone()),
+            ..Config::default()
+        })
+        .unwrap(),
+    );
+    let c = Conn::connect(&msock).unwrap();
+    assert_eq!(next_msg(&c).0, 2);
+    send_msg(
+        c.fd(),
+        &msg(3, |m| m[2..4].copy_from_slice(&0x0200u16.to_le_bytes())),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(next_msg(&c).0, 1);
+    // Unsealed and shorter than it claims: both wrong; the seal is what
+    // is checked first.
+    let region = memfd(4096, false);
+    send_msg(
+        c.fd(),
+        &msg(4, |m| m[4..12].copy_from_slice(&(1u64 << 20).to_le_bytes())),
+        &[region.as_raw_fd()],
+    )
+    .unwrap();
+    let (ty, why) = next_msg(&c);
+    assert_eq!(ty, 8);
+    assert!(why.contains("not sealed"), "{why}");
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+    let _ = std::fs::remove_file(&ctl);
+    let _ = std::fs::remove_file(&msock);
+}

@@ -30,6 +30,12 @@ pub const MAX_REGION_SIZE: u64 = 1 << 32;
 pub const MAX_LOG2_RING: u8 = 14;
 /// `add_ring` flags: the ring carries frames from client to server.
 pub const RING_FLAG_C2S: u16 = 1;
+/// Connections the server holds at once (attached or still adding regions
+/// and rings). Each holds at most its socket, [`MAX_REGIONS`] memfds and
+/// one interrupt eventfd per direction, so the server holds at most this
+/// many times `MAX_REGIONS + 3` descriptors, whatever its clients send; a
+/// connection beyond it is closed at once.
+pub const MAX_CONNECTIONS: usize = 64;
 
 /// Message types.
 pub mod msg_type {
@@ -336,6 +342,13 @@ pub enum Refusal {
     /// A ring size out of range.
     #[error("ring size 2^{0} refused")]
     RingSize(u8),
+    /// A ring index other than 0 (the greeting offers one ring each way).
+    #[error("ring index {0} refused: one ring each way, index 0")]
+    RingIndex(u16),
+    /// A second ring in one direction (each holds a descriptor: a client
+    /// adding rings without end would exhaust the switch's descriptors).
+    #[error("a second {0} ring refused: one ring each way")]
+    SecondRing(&'static str),
     /// A ring in a region never added.
     #[error("ring {index} names unknown region {region}")]
     UnknownRegion {
@@ -393,6 +406,8 @@ pub struct Server {
     path: PathBuf,
     conns: HashMap<u32, MConn>,
     next: u32,
+    /// Connections closed at once because [`MAX_CONNECTIONS`] were held.
+    turned_away: u64,
 }
 
 impl Server {
@@ -407,7 +422,18 @@ impl Server {
             path: path.to_path_buf(),
             conns: HashMap::new(),
             next: 0,
+            turned_away: 0,
         })
+    }
+
+    /// Connections held (attached or being set up).
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Connections closed at once because [`MAX_CONNECTIONS`] were held.
+    pub fn turned_away(&self) -> u64 {
+        self.turned_away
     }
 
     /// The listening socket, readable when a client is waiting.
@@ -421,8 +447,20 @@ impl Server {
     }
 
     /// Accept one connection and greet it; returns its id and descriptor.
+    /// Beyond [`MAX_CONNECTIONS`] a connection is told why and closed (and
+    /// the next one waiting is looked at).
     pub fn accept(&mut self) -> Option<(u32, BorrowedFd<'_>)> {
-        let fd = self.listen.accept()?.into_fd();
+        let fd = loop {
+            let fd = self.listen.accept()?.into_fd();
+            if self.conns.len() < MAX_CONNECTIONS {
+                break fd;
+            }
+            self.turned_away += 1;
+            let _ = disconnect_msg(&format!(
+                "too many memif connections (at most {MAX_CONNECTIONS})"
+            ))
+            .send(fd.as_fd());
+        };
         if hello().send(fd.as_fd()).is_err() {
             return None;
         }
@@ -461,12 +499,7 @@ impl Server {
             Err(why) => {
                 let why = crate::chain(&why);
                 tracing::warn!(conn = id, "memif: {why}");
-                let mut m = Msg::new(msg_type::DISCONNECT);
-                let b = why.as_bytes();
-                let reason = field::disconnect::REASON;
-                let n = b.len().min(reason.len() - 1);
-                m.0[reason.start..reason.start + n].copy_from_slice(&b[..n]);
-                let _ = m.send(c.fd.as_fd());
+                let _ = disconnect_msg(&why).send(c.fd.as_fd());
                 self.closed(id)
             }
         }
@@ -478,6 +511,16 @@ impl Server {
             None => Event::None,
         }
     }
+}
+
+/// A `disconnect` message giving `why` (cut to fit).
+fn disconnect_msg(why: &str) -> Msg {
+    let mut m = Msg::new(msg_type::DISCONNECT);
+    let b = why.as_bytes();
+    let reason = field::disconnect::REASON;
+    let n = b.len().min(reason.len() - 1);
+    m.0[reason.start..reason.start + n].copy_from_slice(&b[..n]);
+    m
 }
 
 fn ack(c: &MConn) -> Result<Event, Refusal> {
@@ -521,19 +564,23 @@ fn handle(c: &mut MConn, msg: &[u8], mut fds: Vec<OwnedFd>) -> Result<Event, Ref
                 return Err(Refusal::RegionRefused { index, size });
             }
             let file = File::from(fd);
-            let have = file
-                .metadata()
-                .map_err(|source| Refusal::RegionStat { index, source })?
-                .len();
-            if have < size {
-                return Err(Refusal::RegionShort { index, have, size });
-            }
+            // The seal first, then the size: until the file is sealed
+            // against shrinking, a size read from it can be made false the
+            // moment after (truncated between our fstat and our reads);
+            // once sealed, it can only grow.
             let seals = rustix::fs::fcntl_get_seals(&file).map_err(|e| Refusal::Seals {
                 index,
                 source: e.into(),
             })?;
             if !seals.contains(rustix::fs::SealFlags::SHRINK) {
                 return Err(Refusal::Unsealed { index });
+            }
+            let have = file
+                .metadata()
+                .map_err(|source| Refusal::RegionStat { index, source })?
+                .len();
+            if have < size {
+                return Err(Refusal::RegionShort { index, have, size });
             }
             let region = Region::map(&file, size as usize)
                 .map_err(|source| Refusal::Mmap { index, source })?;
@@ -551,6 +598,17 @@ fn handle(c: &mut MConn, msg: &[u8], mut fds: Vec<OwnedFd>) -> Result<Event, Ref
             let int = fds.pop().ok_or(Refusal::RingWithoutFd)?;
             if r.log2 > MAX_LOG2_RING || r.log2 == 0 {
                 return Err(Refusal::RingSize(r.log2));
+            }
+            if r.index != 0 {
+                return Err(Refusal::RingIndex(r.index));
+            }
+            let (dir, held) = if r.flags & RING_FLAG_C2S != 0 {
+                ("client-to-server", &c.c2s)
+            } else {
+                ("server-to-client", &c.s2c)
+            };
+            if !held.is_empty() {
+                return Err(Refusal::SecondRing(dir));
             }
             let region = c
                 .regions

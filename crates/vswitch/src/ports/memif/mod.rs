@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use crate::ports::{Attach, Owner, Served};
 use crate::{chain, Switch};
 
-pub use control::{Event, Refusal, Server, VERSION};
+pub use control::{Event, Refusal, Server, MAX_CONNECTIONS, VERSION};
 pub use datapath::{MemifPort, RingError, QUIET_WAKES};
 pub use layout::COOKIE;
 
@@ -51,7 +51,12 @@ impl Attach for Server {
 
     fn accept_all(&mut self, watch: &mut dyn FnMut(u32, BorrowedFd<'_>) -> bool) {
         while let Some((id, fd)) = self.accept() {
-            let _ = watch(id, fd);
+            // A connection epoll cannot watch would never be served, yet
+            // hold its descriptors for ever: close it.
+            if !watch(id, fd) {
+                tracing::warn!("memif: cannot watch connection {id}; closed");
+                self.close(id);
+            }
         }
     }
 
@@ -70,5 +75,27 @@ impl Attach for Server {
             }
             Event::Closed(fd) => Served::Closed(fd),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection the event loop could not watch is closed, not kept
+    /// (it would never be served, and would hold its descriptors).
+    #[test]
+    fn a_connection_epoll_cannot_watch_is_closed() {
+        let path =
+            std::env::temp_dir().join(format!("fp-memif-unwatched-{}.sock", std::process::id()));
+        let mut server = Server::bind(&path).unwrap();
+        let client = ring::control::Conn::connect(&path).unwrap();
+        server.accept_all(&mut |_, _| false);
+        assert_eq!(server.connections(), 0);
+        // The client sees the greeting, then the end of the connection.
+        let hello = ring::control::recv_msg(client.fd()).unwrap();
+        assert!(hello.is_some());
+        assert!(ring::control::recv_msg(client.fd()).unwrap().is_none());
+        let _ = std::fs::remove_file(&path);
     }
 }
