@@ -445,6 +445,7 @@ fn measure(
                 itr: row.itr,
                 slots: 1024,
                 buf_size: 2048,
+                mac: None,
             },
         )
         .map_err(|source| Error::Attach {
@@ -827,6 +828,7 @@ pub fn forwarding(
         itr: 0,
         slots: 1024,
         buf_size: 2048,
+        mac: None,
     };
     let attach_as = |name: &str| {
         attach(&sock, &req(name)).map_err(|source| Error::Attach {

@@ -331,6 +331,7 @@ pub fn pktgen(a: PktgenArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         itr: a.itr,
         slots: a.slots,
         buf_size: 2048,
+        mac: None,
     };
     let mut port = ring::control::attach(&a.socket, &req)
         .with_context(|| format!("attaching to the switch on {}", a.socket.display()))?;

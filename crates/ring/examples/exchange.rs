@@ -90,6 +90,7 @@ fn exchange(mode: Mode) -> Result<(), AnyError> {
         itr: 0,
         slots: 256,
         buf_size: 2048,
+        mac: None,
     };
     let mut port = control::attach(&path, &req)?;
     let drv = &mut port.driver;

@@ -85,6 +85,11 @@ pub struct AttachRequest {
     /// Bytes per buffer, a multiple of 64.
     #[serde(default = "default_buf")]
     pub buf_size: u32,
+    /// Lock the port to this source address (port security): the switch
+    /// drops the port's frames from any other address, and no other port
+    /// can take this one's traffic by sending from it.
+    #[serde(default)]
+    pub mac: Option<[u8; 6]>,
 }
 
 fn default_slots() -> u32 {
@@ -110,8 +115,19 @@ impl AttachRequest {
 pub enum Request {
     /// Create a port; the reply carries its region, kick and interrupt.
     Attach(AttachRequest),
-    /// Report the switch's status document.
+    /// Report the switch's status document: its first page when the ports
+    /// do not fit one message (the reply's `next` says where the next page
+    /// starts).
     Status,
+    /// The status document's page from port index `from` on.
+    StatusPage(StatusPage),
+}
+
+/// Which page of the status document to send.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StatusPage {
+    /// The first port index of the page (the previous page's `next`).
+    pub from: u32,
 }
 
 /// A connected control socket.
@@ -203,10 +219,33 @@ pub fn attach(path: &Path, req: &AttachRequest) -> Result<Attached> {
     })
 }
 
-/// Ask a switch for its status document.
+/// Ask a switch for its status document, every page of it (a switch with
+/// many ports sends them in pages that each fit one message).
 pub fn status(path: &Path) -> Result<serde_json::Value> {
     let conn = Conn::connect(path)?;
-    Ok(conn.request(&Request::Status)?.0)
+    let mut doc = conn.request(&Request::Status)?.0;
+    while let Some(from) = doc.get("next").and_then(|n| n.as_u64()) {
+        let Ok(from) = u32::try_from(from) else {
+            break;
+        };
+        let page = conn.request(&Request::StatusPage(StatusPage { from }))?.0;
+        let more: Vec<serde_json::Value> = page["ports"].as_array().cloned().unwrap_or_default();
+        if let Some(ports) = doc["ports"].as_array_mut() {
+            ports.extend(more);
+        }
+        // A page must move on; a switch that answers the same page again
+        // would otherwise keep us here.
+        match page.get("next").and_then(|n| n.as_u64()) {
+            Some(n) if n > u64::from(from) => doc["next"] = n.into(),
+            _ => {
+                doc["switch"] = page["switch"].clone();
+                if let Some(o) = doc.as_object_mut() {
+                    o.remove("next");
+                }
+            }
+        }
+    }
+    Ok(doc)
 }
 
 /// A listening control socket (non-blocking accept).

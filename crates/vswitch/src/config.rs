@@ -1,7 +1,11 @@
-//! The switch's settings ([`Config`]) and its TOML file ([`FileConfig`]).
+//! The switch's settings ([`Config`]) and its TOML file ([`FileConfig`]),
+//! with the vhost-user ports either may list ([`VhostUserEntry`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use crate::bridge::parse_mac;
+use crate::ports::vhost;
 
 /// The longest `poll_us` and `memif_moderation_us` a switch takes, from
 /// its file or the command line: one second.
@@ -32,6 +36,9 @@ pub struct Config {
     /// peers it serves: a wake-up per burst there preempts the sender it is
     /// waiting for.
     pub memif_moderation: Duration,
+    /// vhost-user ports: one socket each, where QEMU connects for one
+    /// virtual machine's NIC.
+    pub vhost_user: Vec<vhost::Config>,
 }
 
 impl Default for Config {
@@ -44,6 +51,7 @@ impl Default for Config {
             max_macs: 65536,
             log_ports: true,
             memif_moderation: Duration::ZERO,
+            vhost_user: Vec::new(),
         }
     }
 }
@@ -81,6 +89,169 @@ pub enum ConfigError {
         /// The file.
         path: PathBuf,
     },
+    /// A `[[vhost_user]]` entry is wrong.
+    #[error("{}: vhost_user entry {index} (path {})", path.display(), port.display())]
+    VhostUser {
+        /// The file.
+        path: PathBuf,
+        /// The entry's place in the file, from 0.
+        index: usize,
+        /// Its socket path.
+        port: PathBuf,
+        /// What is wrong.
+        #[source]
+        source: VhostUserError,
+    },
+}
+
+/// What is wrong with a vhost-user port's settings (a `[[vhost_user]]`
+/// entry, or `--vhost-user PATH,key=value,...`).
+#[derive(Debug, thiserror::Error)]
+pub enum VhostUserError {
+    /// No name given and none can be made from the socket's file name.
+    #[error("name must be 1..=64 bytes (default: the socket file's name without its extension)")]
+    Name,
+    /// Not a MAC address.
+    #[error("mac {0:?} is not six hex bytes separated by ':' (52:54:00:12:34:56)")]
+    Mac(String),
+    /// A group address cannot be a NIC's.
+    #[error("mac {0:?} is a group address (its first byte is odd): a NIC's address is unicast")]
+    GroupMac(String),
+    /// `itr` out of range.
+    #[error("itr {0} is out of range 0..=65535 (units of 250 ns)")]
+    Itr(u64),
+    /// Not a mode.
+    #[error("mode {0:?}: expected base, sc or csb")]
+    Mode(String),
+    /// A key the spec does not have.
+    #[error("unknown key {0:?} (keys: name, mode, itr, mac, port_security, event_idx)")]
+    Key(String),
+    /// A value that does not parse.
+    #[error("{key}={value:?}: expected {expected}")]
+    Value {
+        /// The key.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// What was expected.
+        expected: &'static str,
+    },
+    /// The socket path is empty.
+    #[error("the socket path is empty")]
+    Path,
+}
+
+/// A vhost-user port as the TOML file (`[[vhost_user]]`) or the command
+/// line (`--vhost-user PATH,key=value,...`) gives it.
+///
+/// ```toml
+/// [[vhost_user]]
+/// path = "/run/fastpath/vm1.sock"   # QEMU: -chardev socket,path=...
+/// name = "vm1"                      # default: the socket file's stem
+/// mode = "csb"                      # base | sc | csb (default csb)
+/// itr = 0                           # interrupt moderation, 250 ns units
+/// mac = "52:54:00:00:00:01"         # the guest NIC's MAC: locks the port to it
+/// port_security = true              # default true (needs mac)
+/// event_idx = true                  # offer VIRTIO_RING_F_EVENT_IDX
+/// ```
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VhostUserEntry {
+    /// The socket QEMU connects to.
+    pub path: PathBuf,
+    /// The port's name.
+    pub name: Option<String>,
+    /// `base`, `sc` or `csb`.
+    pub mode: Option<String>,
+    /// Interrupt moderation in 250 ns units.
+    pub itr: Option<u64>,
+    /// The guest NIC's MAC.
+    pub mac: Option<String>,
+    /// Lock the port to its MAC (default: on).
+    pub port_security: Option<bool>,
+    /// Offer `EVENT_IDX` (default: on).
+    pub event_idx: Option<bool>,
+}
+
+impl VhostUserEntry {
+    /// Read `PATH[,key=value]...`: the keys are those of the TOML entry.
+    pub fn parse(spec: &str) -> Result<VhostUserEntry, VhostUserError> {
+        let mut parts = spec.split(',');
+        let path = parts.next().unwrap_or_default();
+        if path.is_empty() {
+            return Err(VhostUserError::Path);
+        }
+        let mut e = VhostUserEntry {
+            path: PathBuf::from(path),
+            ..VhostUserEntry::default()
+        };
+        let flag = |key: &str, v: &str| match v {
+            "on" | "true" | "yes" | "1" => Ok(true),
+            "off" | "false" | "no" | "0" => Ok(false),
+            _ => Err(VhostUserError::Value {
+                key: key.into(),
+                value: v.into(),
+                expected: "on or off",
+            }),
+        };
+        for kv in parts {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            match k {
+                "name" => e.name = Some(v.into()),
+                "mode" => e.mode = Some(v.into()),
+                "itr" => {
+                    e.itr = Some(v.parse().map_err(|_| VhostUserError::Value {
+                        key: k.into(),
+                        value: v.into(),
+                        expected: "a number of 250 ns units",
+                    })?)
+                }
+                "mac" => e.mac = Some(v.into()),
+                "port_security" => e.port_security = Some(flag(k, v)?),
+                "event_idx" => e.event_idx = Some(flag(k, v)?),
+                _ => return Err(VhostUserError::Key(k.into())),
+            }
+        }
+        Ok(e)
+    }
+
+    /// The port's settings, checked.
+    pub fn config(&self) -> Result<vhost::Config, VhostUserError> {
+        if self.path.as_os_str().is_empty() {
+            return Err(VhostUserError::Path);
+        }
+        let name = match &self.name {
+            Some(n) => n.clone(),
+            None => self
+                .path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        };
+        if name.is_empty() || name.len() > 64 {
+            return Err(VhostUserError::Name);
+        }
+        let mut c = vhost::Config::new(&name, &self.path);
+        if let Some(m) = &self.mode {
+            c.mode = m.parse().map_err(|_| VhostUserError::Mode(m.clone()))?;
+        }
+        if let Some(i) = self.itr {
+            c.itr = u32::try_from(i)
+                .ok()
+                .filter(|&i| i <= 65535)
+                .ok_or(VhostUserError::Itr(i))?;
+        }
+        if let Some(m) = &self.mac {
+            let mac = parse_mac(m).ok_or_else(|| VhostUserError::Mac(m.clone()))?;
+            if mac[0] & 1 != 0 {
+                return Err(VhostUserError::GroupMac(m.clone()));
+            }
+            c.mac = Some(mac);
+        }
+        c.port_security = self.port_security.unwrap_or(true);
+        c.event_idx = self.event_idx.unwrap_or(true);
+        Ok(c)
+    }
 }
 
 /// The switch's TOML file (every key optional; unknown keys are errors).
@@ -89,6 +260,10 @@ pub enum ConfigError {
 /// socket = "/run/fastpath/switch.sock"   # control socket (attach, status)
 /// memif_socket = "/run/fastpath/memif.sock"
 /// taps = ["fptap0"]                      # TAP ports to create
+/// # vhost-user ports (QEMU guests), one table each: see VhostUserEntry
+/// [[vhost_user]]
+/// path = "/run/fastpath/vm1.sock"
+/// mac = "52:54:00:00:00:01"
 /// poll_us = 20                           # poll this long before sleeping
 /// memif_moderation_us = 0                # > 0: memif interrupt moderation
 /// aging_s = 300                          # MAC aging
@@ -112,6 +287,9 @@ pub struct FileConfig {
     pub aging_s: Option<u64>,
     /// Addresses learned at most.
     pub max_macs: Option<usize>,
+    /// vhost-user ports.
+    #[serde(default)]
+    pub vhost_user: Vec<VhostUserEntry>,
 }
 
 impl FileConfig {
@@ -137,10 +315,19 @@ impl FileConfig {
                 path: path.to_path_buf(),
             });
         }
+        for (index, v) in c.vhost_user.iter().enumerate() {
+            v.config().map_err(|source| ConfigError::VhostUser {
+                path: path.to_path_buf(),
+                index,
+                port: v.path.clone(),
+                source,
+            })?;
+        }
         Ok(c)
     }
 
-    /// Overlay onto defaults.
+    /// Overlay onto defaults (the vhost-user entries were checked by
+    /// [`FileConfig::load`]; one that is wrong all the same is left out).
     pub fn config(&self) -> Config {
         let d = Config::default();
         Config {
@@ -154,6 +341,11 @@ impl FileConfig {
                 .memif_moderation_us
                 .map(Duration::from_micros)
                 .unwrap_or(d.memif_moderation),
+            vhost_user: self
+                .vhost_user
+                .iter()
+                .filter_map(|v| v.config().ok())
+                .collect(),
         }
     }
 }

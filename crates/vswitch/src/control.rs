@@ -1,7 +1,8 @@
 //! The control server: the socket where a driver attaches a ring port (the
 //! paravirtual NIC's attach protocol, [`ring::control`]) and where anyone may
-//! ask for the status document. A ring port belongs to the connection that
-//! asked for it and goes when that connection closes.
+//! ask for the status document (in pages that each fit one message). A ring
+//! port belongs to the connection that asked for it and goes when that
+//! connection closes.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -12,6 +13,7 @@ use ring::device::DevicePort;
 use serde_json::{json, Value};
 
 use crate::ports::{Attach, Counters, Owner, RingPort, Served};
+use crate::switch::STATUS_PAGE_BYTES;
 use crate::{chain, Error, Switch};
 
 /// Why the switch refused a port asked for on the control socket (the text
@@ -92,7 +94,12 @@ impl Attach for ControlServer {
                 vec![],
             ),
             Ok(Request::Status) => {
-                let mut v = sw.status();
+                let mut v = sw.status_page(0, STATUS_PAGE_BYTES);
+                v["ok"] = json!(true);
+                (v, vec![])
+            }
+            Ok(Request::StatusPage(p)) => {
+                let mut v = sw.status_page(p.from as usize, STATUS_PAGE_BYTES);
                 v["ok"] = json!(true);
                 (v, vec![])
             }
@@ -135,6 +142,7 @@ fn attach(
         name: req.name.clone(),
         dev,
         c: Counters::default(),
+        mac: req.mac,
     };
     let idx = sw.add_owned(Box::new(port), Some(owner))?;
     Ok((

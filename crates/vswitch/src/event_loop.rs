@@ -113,16 +113,7 @@ impl Switch {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         while !stop.load(Ordering::Relaxed) {
             let now = Instant::now();
-            let mut work = 0;
-            for s in 0..self.ports.len() {
-                let pending = match self.ports.get_mut(s) {
-                    Some(Some(p)) => p.port.broken().is_none() && p.port.pending(),
-                    _ => false,
-                };
-                if pending {
-                    work += self.forward(s, now);
-                }
-            }
+            let work = self.forward_all(now);
             // Ports whose pending() sees new frames without an event: while
             // all are, even idle passes need not look in epoll every time.
             let all_polled = self.ports.iter().flatten().all(|p| p.port.polled());
@@ -197,6 +188,46 @@ impl Switch {
             for ev in events.iter().take(n) {
                 self.dispatch(ev.u64);
             }
+        }
+    }
+
+    /// Forward a batch from every port with frames waiting; returns the
+    /// frames forwarded.
+    fn forward_all(&mut self, now: Instant) -> usize {
+        let mut work = 0;
+        for s in 0..self.ports.len() {
+            let pending = match self.ports.get_mut(s) {
+                Some(Some(p)) => p.port.broken().is_none() && p.port.pending(),
+                _ => false,
+            };
+            if pending {
+                work += self.forward(s, now);
+            }
+        }
+        work
+    }
+
+    /// One pass, for a program that drives the switch step by step
+    /// instead of [`Switch::run`] (a test that plays a peer in the same
+    /// thread, say): a batch from every port with frames, then the timers
+    /// that are due. Returns the frames forwarded.
+    pub fn pass(&mut self) -> usize {
+        let now = Instant::now();
+        let work = self.forward_all(now);
+        for p in self.ports.iter_mut().flatten() {
+            p.port.timer(now);
+        }
+        work
+    }
+
+    /// Serve what the switch's descriptors have waiting (kicks, control
+    /// and attach connections, vhost-user messages), without waiting: the
+    /// other half of driving the switch step by step ([`Switch::pass`]).
+    pub fn poll_events(&mut self) {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        let n = self.poller.wait(&mut events, 0);
+        for ev in events.iter().take(n) {
+            self.dispatch(ev.u64);
         }
     }
 

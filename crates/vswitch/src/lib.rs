@@ -23,7 +23,8 @@
 //!   socket, and anyone may ask for the status document.
 //! - `config.rs`: [`Config`], and the TOML file, [`FileConfig`].
 //! - [`ports`]: the [`Port`] trait and every kind of port (`ring`, `tap`,
-//!   `memif/`, and the benchmarks' ports inside the switch).
+//!   `memif/`, `vhost/` for virtual machines, and the benchmarks' ports
+//!   inside the switch).
 //! - [`bridge`]: MAC learning; [`pktgen`]: the generator on the driver side
 //!   of a ring port.
 //!
@@ -50,10 +51,13 @@ pub mod pktgen;
 pub mod ports;
 mod switch;
 
-pub use config::{Config, ConfigError, FileConfig, MAX_INTERVAL_US};
+pub use config::{
+    Config, ConfigError, FileConfig, VhostUserEntry, VhostUserError, MAX_INTERVAL_US,
+};
 pub use event_loop::spawn;
+pub use ports::vhost::VhostPort;
 pub use ports::{Counters, EchoPort, GenPort, Port, RingPort, SinkPort, TapPort};
-pub use switch::{Error, Switch, SwitchStats, BATCH, MAX_PORTS};
+pub use switch::{Error, Switch, SwitchStats, BATCH, MAX_PORTS, STATUS_PAGE_BYTES};
 
 /// An error and its sources as one line, `outer: inner: ...` (a source whose
 /// text its parent already ends with is not repeated).

@@ -1,5 +1,6 @@
-//! The switch core: the port slots, the MAC table, the forwarding pass, and
-//! the status document. The loop that drives it is in
+//! The switch core: the port slots, the MAC table (with the addresses
+//! locked ports pin), the forwarding pass, and the status document (whole,
+//! or in pages that fit one control message). The loop that drives it is in
 //! [`crate::event_loop`]; ports come from [`crate::ports`].
 
 use std::path::{Path, PathBuf};
@@ -10,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::bridge::{Mac, MacTable};
 use crate::event_loop::{Poller, Token};
-use crate::ports::{self, memif, Attach, Owner, Port};
+use crate::ports::{self, memif, vhost, Attach, Owner, Port};
 use crate::Config;
 
 /// Frames taken from one port per pass.
@@ -19,6 +20,10 @@ const FLOOD: u16 = u16::MAX;
 const DROP: u16 = u16::MAX - 1;
 /// The most ports one switch serves.
 pub const MAX_PORTS: usize = 1024;
+/// Bytes of port entries in one page of the status document: a page and
+/// the switch-wide part stay well inside one control message
+/// ([`ring::control::MAX_MSG`], 64 KiB), however many ports there are.
+pub const STATUS_PAGE_BYTES: usize = 48 * 1024;
 
 /// Errors starting the switch or adding a port.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +52,22 @@ pub enum Error {
     /// All [`MAX_PORTS`] ports are in use.
     #[error("too many ports (at most {MAX_PORTS})")]
     TooManyPorts,
+    /// A port asked to be locked to an address another port is locked to.
+    #[error(
+        "port {port:?}: address {} is locked to port {owner:?}",
+        crate::bridge::mac_text(mac)
+    )]
+    MacTaken {
+        /// The port that asked.
+        port: String,
+        /// The address.
+        mac: Mac,
+        /// The port it is locked to.
+        owner: String,
+    },
+    /// A vhost-user port from the configuration could not be made.
+    #[error(transparent)]
+    Vhost(#[from] vhost::Error),
 }
 
 /// Switch-wide counters.
@@ -62,6 +83,10 @@ pub struct SwitchStats {
     pub same_port: u64,
     /// Frames no port received (flooded with no other port, or all full).
     pub no_destination: u64,
+    /// Frames dropped by port security (a locked port's frame from another
+    /// source address, or any port's frame from an address locked to
+    /// another port).
+    pub spoofed: u64,
     /// Batches forwarded (one per port with frames, per pass).
     pub batches: u64,
     /// Times the switch slept in epoll.
@@ -80,6 +105,8 @@ pub(crate) struct Slot {
     pub(crate) port: Box<dyn Port>,
     /// The connection that owns the port (closing it detaches).
     pub(crate) owner: Option<Owner>,
+    /// The only source address the port may use ([`Port::locked_mac`]).
+    pub(crate) lock: Option<Mac>,
 }
 
 /// The switch.
@@ -99,14 +126,16 @@ pub struct Switch {
 }
 
 impl Switch {
-    /// A switch with no ports, listening on the sockets `cfg` names.
+    /// A switch listening on the sockets `cfg` names, with the vhost-user
+    /// ports it lists (each listening on its own socket for QEMU).
     pub fn new(cfg: Config) -> Result<Switch, Error> {
         let poller = Poller::new().map_err(Error::Epoll)?;
         let servers = ports::servers(&cfg)?;
         for (k, server) in servers.iter().enumerate() {
             poller.watch(server.listen_fd(), Token::Listen(k as u8))?;
         }
-        Ok(Switch {
+        let vms = cfg.vhost_user.clone();
+        let mut sw = Switch {
             ports: Vec::new(),
             macs: MacTable::new(cfg.aging, cfg.max_macs),
             poller,
@@ -116,7 +145,11 @@ impl Switch {
             dst: Vec::with_capacity(BATCH as usize),
             last_aging: Instant::now(),
             cfg,
-        })
+        };
+        for v in vms {
+            sw.add_port(Box::new(vhost::VhostPort::bind(v)?))?;
+        }
+        Ok(sw)
     }
 
     /// Add a port; returns its index.
@@ -134,6 +167,22 @@ impl Switch {
         if self.find(port.name()).is_some() {
             return Err(Error::PortExists(port.name().to_string()));
         }
+        let lock = port.locked_mac();
+        if let Some(mac) = lock {
+            if let Some(owner) = self.macs.pinned(&mac) {
+                let owner = self
+                    .ports
+                    .get(owner as usize)
+                    .and_then(|p| p.as_ref())
+                    .map(|p| p.port.name().to_string())
+                    .unwrap_or_default();
+                return Err(Error::MacTaken {
+                    port: port.name().to_string(),
+                    mac,
+                    owner,
+                });
+            }
+        }
         let idx = match self.ports.iter().position(|p| p.is_none()) {
             Some(i) => i,
             None if self.ports.len() < MAX_PORTS => {
@@ -148,7 +197,10 @@ impl Switch {
         if self.cfg.log_ports {
             tracing::info!(port = port.name(), kind = port.kind(), "port attached");
         }
-        self.ports[idx] = Some(Slot { port, owner });
+        if let Some(mac) = lock {
+            self.macs.pin(mac, idx as u16);
+        }
+        self.ports[idx] = Some(Slot { port, owner, lock });
         Ok(idx as u16)
     }
 
@@ -210,12 +262,17 @@ impl Switch {
     pub(crate) fn forward(&mut self, s: usize, now: Instant) -> usize {
         self.frames.clear();
         self.dst.clear();
-        let token = {
+        let (token, lock) = {
             let Some(Some(src)) = self.ports.get_mut(s) else {
                 return 0;
             };
-            src.port.rx(BATCH, &mut self.frames)
+            (src.port.rx(BATCH, &mut self.frames), src.lock)
         };
+        // Port security: only when this port is locked or some address is
+        // pinned are source addresses checked.
+        let guard = lock.is_some() || self.macs.has_pins();
+        let mut src_ok = true;
+        let mut spoofed = 0u64;
         let n = self.frames.len();
         // Lookup pass. The frames' first bytes were written by another core:
         // start fetching them a few frames ahead of reading their addresses.
@@ -249,8 +306,21 @@ impl Switch {
             let dmac: Mac = hdr[..6].try_into().expect("6 bytes");
             let smac: Mac = hdr[6..].try_into().expect("6 bytes");
             if last_src != Some(smac) {
-                self.macs.learn(smac, s as u16, now);
+                src_ok = !guard
+                    || match lock {
+                        Some(m) => m == smac,
+                        None => self.macs.pinned(&smac).is_none_or(|p| p == s as u16),
+                    };
+                if src_ok {
+                    self.macs.learn(smac, s as u16, now);
+                }
                 last_src = Some(smac);
+            }
+            if !src_ok {
+                spoofed += 1;
+                self.dst.push(DROP);
+                mixed = true;
+                continue;
             }
             let d = match last_dst {
                 Some((m, d)) if m == dmac => d,
@@ -372,39 +442,73 @@ impl Switch {
         self.stats.flooded += flooded;
         self.stats.no_destination += lost;
         self.stats.batches += 1;
+        self.stats.spoofed += spoofed;
         if let Some(Some(src)) = self.ports.get_mut(s) {
+            src.port.counters().spoofed += spoofed;
             src.port.rx_done(token, n as u64, now);
         }
         n
     }
 
-    /// The status document (also the control socket's `status` reply).
+    /// The status document: the switch's counters and every port.
     pub fn status(&mut self) -> Value {
+        self.status_page(0, usize::MAX)
+    }
+
+    /// One page of the status document: the switch's counters and the
+    /// ports from index `from` on, as many as fit `max_bytes` of JSON (at
+    /// least one). `next` is the index to ask for next, absent on the last
+    /// page. The control socket answers `status` with the page from 0 and
+    /// [`STATUS_PAGE_BYTES`], so that a reply fits one message whatever the
+    /// number of ports; ports that come and go between pages may be missed
+    /// or seen twice, as in any paged listing.
+    pub fn status_page(&mut self, from: usize, max_bytes: usize) -> Value {
         let mut ports = Vec::new();
-        for (i, p) in self.ports.iter_mut().enumerate() {
-            if let Some(s) = p {
-                let c = *s.port.counters();
-                ports.push(json!({
-                    "index": i,
-                    "name": s.port.name(),
-                    "kind": s.port.kind(),
-                    "from_port": c.from_port,
-                    "to_port": c.to_port,
-                    "to_port_bytes": c.to_port_bytes,
-                    "dropped_full": c.dropped_full,
-                    "detail": s.port.status(),
-                }));
+        let mut bytes = 0usize;
+        let mut next = None;
+        for (i, p) in self.ports.iter_mut().enumerate().skip(from) {
+            let Some(s) = p else {
+                continue;
+            };
+            let v = port_json(i, s);
+            let n = serde_json::to_vec(&v).map(|b| b.len()).unwrap_or(0) + 1;
+            if !ports.is_empty() && bytes.saturating_add(n) > max_bytes {
+                next = Some(i);
+                break;
             }
+            bytes += n;
+            ports.push(v);
         }
-        json!({
+        let mut doc = json!({
             "switch": self.stats,
             "macs": self.macs.len(),
             "ports": ports,
-        })
+        });
+        if let Some(n) = next {
+            doc["next"] = json!(n);
+        }
+        doc
     }
 
     /// The control socket's path, if it has one.
     pub fn socket_path(&self) -> Option<&Path> {
         self.cfg.socket.as_deref()
     }
+}
+
+/// One port's entry in the status document.
+fn port_json(i: usize, s: &mut Slot) -> Value {
+    let c = *s.port.counters();
+    json!({
+        "index": i,
+        "name": s.port.name(),
+        "kind": s.port.kind(),
+        "from_port": c.from_port,
+        "to_port": c.to_port,
+        "to_port_bytes": c.to_port_bytes,
+        "dropped_full": c.dropped_full,
+        "spoofed": c.spoofed,
+        "locked_mac": s.lock.map(|m| crate::bridge::mac_text(&m)),
+        "detail": s.port.status(),
+    })
 }

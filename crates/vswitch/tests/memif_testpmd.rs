@@ -145,6 +145,7 @@ fn exchange(tag: &str, cfg: Config) -> serde_json::Value {
             itr: 0,
             slots: 1024,
             buf_size: 2048,
+            mac: None,
         },
     )
     .unwrap();

@@ -40,6 +40,7 @@ fn port(path: &std::path::Path, name: &str, mode: Mode, slots: u32) -> Attached 
             itr: 0,
             slots,
             buf_size: 2048,
+            mac: None,
         },
     )
     .unwrap()
@@ -207,6 +208,7 @@ fn a_detached_port_is_removed_and_its_addresses_forgotten() {
             itr: 0,
             slots: 256,
             buf_size: 2048,
+            mac: None,
         },
     );
     assert!(dup.err().unwrap().to_string().contains("exists"));
@@ -218,6 +220,7 @@ fn a_detached_port_is_removed_and_its_addresses_forgotten() {
             itr: 0,
             slots: 100,
             buf_size: 2048,
+            mac: None,
         },
     );
     assert!(bad.err().unwrap().to_string().contains("power of two"));
@@ -295,6 +298,129 @@ fn a_port_writing_garbage_cannot_hurt_the_switch_or_other_ports() {
     assert!(s["switch"].is_object(), "switch still answers: {s}");
     let evil_seen = s["ports"].as_array().unwrap().len();
     assert_eq!(evil_seen, 2, "hostile ports were not cleaned up: {s}");
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
+
+/// `fastpath switch status` at 1,000 ports: the document is sent in pages
+/// that each fit a control message, and the client puts them together (a
+/// single reply was cut at 64 KiB, about 300 ports, and at 1,000 the
+/// switch closed the connection instead of answering).
+#[test]
+fn status_reaches_the_client_whole_at_a_thousand_ports() {
+    let path = sock("status-1000");
+    let mut sw = Switch::new(Config {
+        socket: Some(path.clone()),
+        log_ports: false,
+        ..Config::default()
+    })
+    .unwrap();
+    for i in 0..1000 {
+        sw.add_port(Box::new(vswitch::SinkPort::new(&format!(
+            "sink-with-a-long-name-{i:04}"
+        ))))
+        .unwrap();
+    }
+    let whole = serde_json::to_vec(&sw.status()).unwrap().len();
+    assert!(
+        whole > 2 * ring::control::MAX_MSG,
+        "the document ({whole} bytes) should need several messages"
+    );
+    let (stop, h) = spawn(sw);
+    let s = status(&path).unwrap();
+    let ports = s["ports"].as_array().unwrap();
+    assert_eq!(ports.len(), 1000);
+    for (i, p) in ports.iter().enumerate() {
+        assert_eq!(p["name"], format!("sink-with-a-long-name-{i:04}"));
+    }
+    assert!(s.get("next").is_none(), "the last page says no more");
+    assert!(s["switch"].is_object());
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+}
+
+/// Port security: a port that sends from another station's address cannot
+/// take that station's traffic when the station's port is locked to it,
+/// and a locked port cannot send from any other address.
+#[test]
+fn a_spoofing_port_cannot_steal_a_locked_port_s_frames() {
+    let (path, stop, h) = start("spoof");
+    let locked = |name: &str, m: u8| {
+        attach(
+            &path,
+            &AttachRequest {
+                name: name.into(),
+                mode: Mode::Csb,
+                itr: 0,
+                slots: 1024,
+                buf_size: 2048,
+                mac: Some(mac(m)),
+            },
+        )
+        .unwrap()
+    };
+    let mut victim = locked("victim", 2);
+    let mut sender = port(&path, "sender", Mode::Csb, 1024);
+    let mut thief = port(&path, "thief", Mode::Csb, 1024);
+    // A second port locked to the victim's address is refused.
+    let again = attach(
+        &path,
+        &AttachRequest {
+            name: "twin".into(),
+            mode: Mode::Csb,
+            itr: 0,
+            slots: 256,
+            buf_size: 2048,
+            mac: Some(mac(2)),
+        },
+    );
+    assert!(
+        again
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("is locked to port"),
+        "a second lock on one address"
+    );
+    // The sender's address is learned; the thief claims the victim's
+    // address, over and over, between the sender's frames.
+    send(&mut sender, 1, 1, 0xfe);
+    recv(&mut victim, 1, Duration::from_millis(300));
+    recv(&mut thief, 1, Duration::from_millis(300));
+    let mut delivered = 0;
+    for _ in 0..20 {
+        assert_eq!(send(&mut thief, 20, 2, 1), 20);
+        assert_eq!(send(&mut sender, 100, 1, 2), 100);
+        delivered += recv(&mut victim, 100, Duration::from_millis(300)).len();
+    }
+    assert_eq!(delivered, 2000, "the victim got every frame for it");
+    let stolen = recv(&mut thief, 2000, Duration::from_millis(200));
+    assert!(
+        stolen.iter().all(|f| f[..6] != mac(2)),
+        "the thief got {} of the victim's frames",
+        stolen.iter().filter(|f| f[..6] == mac(2)).count()
+    );
+    // The thief's frames from the locked address were dropped, counted; so
+    // are the locked port's own frames from another address.
+    assert!(recv(&mut sender, 1, Duration::from_millis(100)).is_empty());
+    assert_eq!(send(&mut victim, 10, 7, 1), 10);
+    assert!(recv(&mut sender, 10, Duration::from_millis(200)).is_empty());
+    assert_eq!(send(&mut victim, 10, 2, 1), 10);
+    assert_eq!(recv(&mut sender, 10, Duration::from_millis(300)).len(), 10);
+    let s = status(&path).unwrap();
+    let p = |n: &str| {
+        s["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == n)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(p("thief")["spoofed"].as_u64(), Some(400), "{s}");
+    assert_eq!(p("victim")["spoofed"].as_u64(), Some(10), "{s}");
+    assert_eq!(p("victim")["locked_mac"], "02:00:00:00:00:02");
+    assert_eq!(s["switch"]["spoofed"].as_u64(), Some(410));
     stop.store(true, Ordering::Relaxed);
     h.join().unwrap();
 }

@@ -8,6 +8,8 @@
 //!   control socket.
 //! - [`tap`]: a TAP device (the kernel's stack).
 //! - [`memif`]: memif clients (DPDK, VPP) attached through the memif socket.
+//! - [`vhost`]: a virtual machine's virtio-net device (QEMU attaches over
+//!   vhost-user); one socket per port, made from the configuration.
 //! - [`generator`], [`sink`], [`echo`]: ports inside the switch that make, count
 //!   or reflect frames; only benchmarks and tests use them.
 //!
@@ -51,6 +53,10 @@ pub struct Counters {
     pub to_port_bytes: u64,
     /// Frames for this port dropped because it could not take them.
     pub dropped_full: u64,
+    /// Frames from this port dropped by port security: a source address
+    /// other than the one the port is locked to, or one locked to another
+    /// port.
+    pub spoofed: u64,
 }
 
 /// A switch port. Frames a port hands the switch stay where they are (in the
@@ -117,6 +123,13 @@ pub trait Port: Send {
     fn wake(&mut self) {}
     /// Broken ports are no longer served.
     fn broken(&self) -> Option<&str> {
+        None
+    }
+    /// The only source address this port may send from (port security),
+    /// if it is locked: the switch drops its frames from any other address
+    /// and pins this one to it, so that no other port can take its traffic
+    /// by sending from it.
+    fn locked_mac(&self) -> Option<crate::bridge::Mac> {
         None
     }
     /// The port's counters (the switch updates some of them).

@@ -19,6 +19,9 @@ pub struct RingPort {
     pub dev: DevicePort,
     /// Counters.
     pub c: Counters,
+    /// The address the port is locked to (port security), if the driver
+    /// asked for it.
+    pub mac: Option<crate::bridge::Mac>,
 }
 
 impl Port for RingPort {
@@ -83,6 +86,9 @@ impl Port for RingPort {
     }
     fn broken(&self) -> Option<&str> {
         self.dev.broken()
+    }
+    fn locked_mac(&self) -> Option<crate::bridge::Mac> {
+        self.mac
     }
     fn counters(&mut self) -> &mut Counters {
         &mut self.c

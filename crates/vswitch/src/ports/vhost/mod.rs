@@ -37,6 +37,7 @@ use serde_json::{json, Value};
 use ::ring::device::FrameRef;
 use ::ring::Mode;
 
+use crate::bridge::{mac_text, Mac};
 use crate::chain;
 use crate::ports::{Counters, Port};
 use control::{Closed, Connection, Offer, Refusal, QUEUES};
@@ -75,11 +76,19 @@ pub struct Config {
     pub event_idx: bool,
     /// Offer `MRG_RXBUF`.
     pub mergeable: bool,
+    /// The guest's MAC, when the switch knows it (the `mac=` QEMU is
+    /// given for this port's NIC).
+    pub mac: Option<Mac>,
+    /// Lock the port to [`Config::mac`] (port security; on by default, and
+    /// only meaningful with a MAC): the guest's frames from any other
+    /// source address are dropped, and no other port can take its traffic
+    /// by sending from its address.
+    pub port_security: bool,
 }
 
 impl Config {
     /// A port named `name` on `path`, event-index windows (`Csb`), no
-    /// moderation, every feature offered.
+    /// moderation, every feature offered, no MAC known.
     pub fn new(name: &str, path: &Path) -> Config {
         Config {
             name: name.to_string(),
@@ -88,6 +97,8 @@ impl Config {
             itr: 0,
             event_idx: true,
             mergeable: true,
+            mac: None,
+            port_security: true,
         }
     }
 }
@@ -482,6 +493,10 @@ impl Port for VhostPort {
         }
     }
 
+    fn locked_mac(&self) -> Option<Mac> {
+        self.cfg.mac.filter(|_| self.cfg.port_security)
+    }
+
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }
@@ -511,10 +526,24 @@ impl Port for VhostPort {
                 "requests": c.requests,
             })
         });
+        let broken = self.dev.as_ref().and_then(|d| {
+            d.queues
+                .iter()
+                .flatten()
+                .find_map(|q| q.broken().map(str::to_string))
+        });
         json!({
             "socket": self.cfg.path.display().to_string(),
             "mode": self.cfg.mode.to_string(),
             "itr": self.cfg.itr,
+            "mac": self.cfg.mac.map(|m| mac_text(&m)),
+            "connected": self.conn.is_some(),
+            "running": self.running(),
+            // Both queues together, as the other ports count them: the
+            // guest's doorbell writes, and the interrupts asked of QEMU.
+            "kicks": txq.kicks + rxq.kicks,
+            "interrupts": txq.calls + rxq.calls,
+            "broken": broken,
             "frontend": frontend,
             "queues": { "rx": queue(RXQ), "tx": queue(TXQ) },
             "kicks_per_packet": per(txq.kicks, self.c.from_port),
