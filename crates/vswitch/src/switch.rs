@@ -252,6 +252,12 @@ impl Switch {
         }
     }
 
+    /// The port at `idx` as its own kind `T`, if it is one (and offers
+    /// [`Port::as_any`]).
+    pub fn port_as<T: 'static>(&mut self, idx: u16) -> Option<&mut T> {
+        self.port_mut(idx)?.as_any()?.downcast_mut::<T>()
+    }
+
     /// Forget addresses not seen for the aging time.
     pub(crate) fn age(&mut self, now: Instant) {
         self.macs.age(now);

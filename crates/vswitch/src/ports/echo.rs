@@ -71,6 +71,9 @@ impl Port for EchoPort {
         self.c.to_port_bytes += f.len as u64;
         true
     }
+    fn as_any(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }

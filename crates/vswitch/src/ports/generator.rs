@@ -56,6 +56,9 @@ impl Port for GenPort {
         self.c.dropped_full += 1;
         false
     }
+    fn as_any(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }

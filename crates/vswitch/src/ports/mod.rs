@@ -138,6 +138,13 @@ pub trait Port: Send {
     fn status(&self) -> Value {
         json!({})
     }
+    /// The port as `Any`, for the program that added it to reach its own
+    /// kind's methods through [`Switch::port_as`] (a VM port's
+    /// notification scheme, say). Kinds with such methods return
+    /// `Some(self)`.
+    fn as_any(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }
 
 /// Which connection brought a port: the index of its server in

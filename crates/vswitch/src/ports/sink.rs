@@ -42,6 +42,9 @@ impl Port for SinkPort {
         self.c.to_port_bytes += f.len as u64;
         true
     }
+    fn as_any(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }

@@ -83,6 +83,9 @@ impl Port for TapPort {
             false
         }
     }
+    fn as_any(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }

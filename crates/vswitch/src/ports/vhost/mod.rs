@@ -497,6 +497,9 @@ impl Port for VhostPort {
         self.cfg.mac.filter(|_| self.cfg.port_security)
     }
 
+    fn as_any(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }
