@@ -3,15 +3,18 @@
 //! veth pairs ([`netns`], a crate of its own re-exported here), the load
 //! balancer's namespace topology with BIRD
 //! and nginx ([`topology`]), the demo that shows it to a person ([`demo`]),
-//! sample traffic for the forwarder ([`sample`]), and the soak that runs
-//! the load balancer under load while faults are injected ([`soak`]), and a
-//! private systemd that runs the shipped service units ([`systemd`]).
+//! sample traffic for the forwarder ([`sample`]), the soak that runs
+//! the load balancer under load while faults are injected ([`soak`]), a
+//! private systemd that runs the shipped service units ([`systemd`]), and
+//! QEMU guests attached to the switch, to QEMU's TAP backend or as an
+//! emulated e1000 ([`guest`]).
 //!
 //! Everything here creates what it needs and removes it again when dropped,
 //! also when a test panics. Addresses live only inside the namespaces it
 //! creates.
 
 pub mod demo;
+pub mod guest;
 pub mod sample;
 pub mod soak;
 pub mod systemd;

@@ -1,0 +1,792 @@
+//! QEMU guests for the switch's tests, demo and benchmark: a small Debian
+//! kernel and busybox initramfs (built offline by `scripts/guest-image.sh`)
+//! booted under TCG, with NICs attached to a vhost-user socket (the
+//! switch's VM ports), to a TAP device QEMU opens itself (its own virtio
+//! backend, the kernel path), or as an emulated e1000 on such a TAP.
+//!
+//! The guest's `/init` prints `FASTPATH-GUEST-READY <mac>` on the serial
+//! console and then runs each line it reads there as a shell command, so
+//! [`Guest::run`] writes a command and reads its output back, bounded in
+//! time.
+//!
+//! A guest never outlives its user: QEMU is started with
+//! `PR_SET_PDEATHSIG` = SIGKILL (it dies with the thread that started it, so
+//! start guests from a thread that lives as long as they should), killed by
+//! PID when the [`Guest`] is dropped, and killed by a watchdog once its time
+//! limit ([`GuestOpts::limit`]) has passed, whatever happens.
+//!
+//! TCG only: this machine's `/dev/kvm` cannot run a stock kernel
+//! (MACHINE-NOTES), so every figure measured with these guests carries the
+//! cost of emulating the CPU, not that of VM exits.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Where `scripts/guest-image.sh` puts the guest image.
+pub const IMAGE_DIR: &str = "/var/cache/fastpath/guest";
+/// The QEMU that runs the guests (10.0 from bookworm-backports: Debian 12's
+/// 7.2 crashes when a TCG guest starts a vhost-user NIC).
+pub const QEMU: &str = "qemu-system-x86_64";
+/// How long a guest may take to boot: 7-8 s on a quiet machine, up to 40 s
+/// on a loaded one (TCG).
+pub const BOOT: Duration = Duration::from_secs(120);
+/// What the guest prints when its network is up.
+const READY: &str = "FASTPATH-GUEST-READY ";
+/// What follows every command, with its exit status.
+const END: &str = "__FASTPATH_END__ ";
+
+/// Errors booting or driving a guest.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    /// QEMU could not be started.
+    #[error("starting {QEMU} (scripts/setup.sh installs QEMU 10 from bookworm-backports)")]
+    Spawn(#[source] std::io::Error),
+    /// The guest image is missing.
+    #[error("guest image {} missing (scripts/guest-image.sh builds it)", .0.display())]
+    Image(PathBuf),
+    /// The network namespace for QEMU's TAP devices could not be entered.
+    #[error("network namespace {name}")]
+    Netns {
+        /// The namespace.
+        name: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A NIC model and backend that do not go together.
+    #[error("NIC {index}: {why}")]
+    Nic {
+        /// The NIC's place in the list.
+        index: usize,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// The guest did not say it was ready in time.
+    #[error("guest not ready after {0:?}; console: {1}")]
+    NotReady(Duration, String),
+    /// A command did not finish in time.
+    #[error("command {0:?} did not finish in {1:?}; console: {2}")]
+    Timeout(String, Duration, String),
+    /// A command failed.
+    #[error("command {cmd:?} exited with {status}: {output}")]
+    Failed {
+        /// The command.
+        cmd: String,
+        /// Its exit status.
+        status: i32,
+        /// What it printed.
+        output: String,
+    },
+    /// A command's output was not what was expected.
+    #[error("command {cmd:?}: cannot read its output: {output}")]
+    Output {
+        /// The command.
+        cmd: String,
+        /// What it printed.
+        output: String,
+    },
+    /// QEMU exited.
+    #[error("qemu exited; console: {0}")]
+    Exited(String),
+    /// Writing to the console failed.
+    #[error("writing to the guest console")]
+    Write(#[source] std::io::Error),
+}
+
+/// What this module's fallible functions return.
+pub type Result<T, E = GuestError> = std::result::Result<T, E>;
+
+/// Where a NIC's frames go on the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// A vhost-user socket: the switch serves the NIC's rings from guest
+    /// memory (virtio-net only).
+    VhostUser(PathBuf),
+    /// A TAP device of this name, which QEMU creates (in the guest's
+    /// [`GuestOpts::netns`], if any) and moves frames through itself.
+    Tap(String),
+}
+
+/// The NIC the guest sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Model {
+    /// virtio-net (PCI, modern).
+    VirtioNet,
+    /// An emulated Intel e1000: one register write per doorbell and one
+    /// interrupt per completion unless the guest driver throttles them.
+    E1000,
+}
+
+/// One NIC of a guest.
+#[derive(Clone, Debug)]
+pub struct Nic {
+    /// Its backend.
+    pub backend: Backend,
+    /// Its model.
+    pub model: Model,
+    /// Its MAC address.
+    pub mac: String,
+    /// Extra `-device` options (`,mrg_rxbuf=off`).
+    pub opts: String,
+}
+
+impl Nic {
+    /// virtio-net on the switch's vhost-user port at `socket`.
+    pub fn vhost_user(socket: &Path, mac: &str) -> Nic {
+        Nic {
+            backend: Backend::VhostUser(socket.to_path_buf()),
+            model: Model::VirtioNet,
+            mac: mac.into(),
+            opts: String::new(),
+        }
+    }
+
+    /// virtio-net on QEMU's own TAP backend (TAP `ifname`).
+    pub fn tap(ifname: &str, mac: &str) -> Nic {
+        Nic {
+            backend: Backend::Tap(ifname.into()),
+            model: Model::VirtioNet,
+            mac: mac.into(),
+            opts: String::new(),
+        }
+    }
+
+    /// An emulated e1000 on QEMU's TAP backend (TAP `ifname`).
+    pub fn e1000(ifname: &str, mac: &str) -> Nic {
+        Nic {
+            backend: Backend::Tap(ifname.into()),
+            model: Model::E1000,
+            mac: mac.into(),
+            opts: String::new(),
+        }
+    }
+}
+
+/// How to start a guest.
+#[derive(Clone, Debug)]
+pub struct GuestOpts {
+    /// A name for its logs.
+    pub name: String,
+    /// Its NICs, in PCI order (the first is `eth0`).
+    pub nics: Vec<Nic>,
+    /// The first NIC's address, `10.9.0.1/24` (none: no address).
+    pub ip: Option<String>,
+    /// QEMU runs in this network namespace (its TAP devices are made
+    /// there).
+    pub netns: Option<String>,
+    /// Guest memory, MiB.
+    pub mem_mib: u32,
+    /// Killed after this long whatever happens.
+    pub limit: Duration,
+    /// The image directory.
+    pub image: PathBuf,
+}
+
+impl GuestOpts {
+    /// A guest named `name` with `nics`, 256 MiB, killed after 10 minutes.
+    pub fn new(name: &str, nics: Vec<Nic>) -> GuestOpts {
+        GuestOpts {
+            name: name.into(),
+            nics,
+            ip: None,
+            netns: None,
+            mem_mib: 256,
+            limit: Duration::from_secs(600),
+            image: PathBuf::from(IMAGE_DIR),
+        }
+    }
+
+    /// The first NIC's address (`ADDR/LEN`).
+    pub fn ip(mut self, ip: &str) -> GuestOpts {
+        self.ip = Some(ip.into());
+        self
+    }
+
+    /// Run QEMU in network namespace `ns`.
+    pub fn netns(mut self, ns: &str) -> GuestOpts {
+        self.netns = Some(ns.into());
+        self
+    }
+
+    /// Kill the guest after `limit`.
+    pub fn limit(mut self, limit: Duration) -> GuestOpts {
+        self.limit = limit;
+        self
+    }
+
+    /// QEMU's command line (without the program).
+    pub fn qemu_args(&self) -> Result<Vec<String>> {
+        let mut a: Vec<String> = [
+            "-machine", "q35", "-cpu", "max", "-smp", "1", "-nodefaults", "-display", "none",
+            "-monitor", "none", "-serial", "stdio", "-no-reboot",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let m = self.mem_mib;
+        a.extend(["-m".into(), format!("{m}")]);
+        // vhost-user needs the guest's memory in a file the switch can map:
+        // a memfd, which QEMU seals against shrinking.
+        a.extend([
+            "-object".into(),
+            format!("memory-backend-memfd,id=mem,size={m}M,share=on"),
+            "-numa".into(),
+            "node,memdev=mem".into(),
+        ]);
+        a.extend([
+            "-kernel".into(),
+            self.image.join("vmlinuz").display().to_string(),
+            "-initrd".into(),
+            self.image.join("initrd.gz").display().to_string(),
+            "-append".into(),
+            format!(
+                "console=ttyS0 quiet panic=-1{}",
+                self.ip
+                    .as_ref()
+                    .map(|ip| format!(" fp.ip={ip}"))
+                    .unwrap_or_default()
+            ),
+        ]);
+        for (i, n) in self.nics.iter().enumerate() {
+            let model = match n.model {
+                Model::VirtioNet => "virtio-net-pci",
+                Model::E1000 => "e1000",
+            };
+            match &n.backend {
+                Backend::VhostUser(sock) => {
+                    if n.model != Model::VirtioNet {
+                        return Err(GuestError::Nic {
+                            index: i,
+                            why: "vhost-user serves virtio-net only",
+                        });
+                    }
+                    a.extend([
+                        "-chardev".into(),
+                        format!("socket,id=c{i},path={}", sock.display()),
+                        "-netdev".into(),
+                        format!("vhost-user,id=n{i},chardev=c{i}"),
+                    ]);
+                }
+                Backend::Tap(ifname) => {
+                    a.extend([
+                        "-netdev".into(),
+                        format!("tap,id=n{i},ifname={ifname},script=no,downscript=no,vhost=off"),
+                    ]);
+                }
+            }
+            a.extend([
+                "-device".into(),
+                format!("{model},netdev=n{i},mac={}{}", n.mac, n.opts),
+            ]);
+        }
+        Ok(a)
+    }
+}
+
+/// Whether QEMU and the guest image are here (the tests and benchmarks
+/// that boot guests say so and skip without them).
+pub fn available() -> bool {
+    Path::new(IMAGE_DIR).join("vmlinuz").exists()
+        && Path::new(IMAGE_DIR).join("initrd.gz").exists()
+        && Command::new(QEMU)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+}
+
+/// A running guest.
+pub struct Guest {
+    name: String,
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    /// Everything the console printed, for error messages.
+    console: Arc<Mutex<Vec<String>>>,
+    done: Arc<AtomicBool>,
+    /// The MAC of `eth0`, as the guest reported it.
+    pub mac: String,
+}
+
+impl Guest {
+    /// Start a guest and wait until it is ready (up to [`BOOT`]).
+    pub fn boot(o: &GuestOpts) -> Result<Guest> {
+        let mut g = Guest::start(o)?;
+        g.wait_ready(BOOT)?;
+        Ok(g)
+    }
+
+    /// Start QEMU from the calling thread (QEMU dies with it), without
+    /// waiting for the guest: several guests boot side by side when each is
+    /// started before any is waited for.
+    pub fn start(o: &GuestOpts) -> Result<Guest> {
+        for f in ["vmlinuz", "initrd.gz"] {
+            if !o.image.join(f).exists() {
+                return Err(GuestError::Image(o.image.join(f)));
+            }
+        }
+        let mut cmd = Command::new(QEMU);
+        cmd.args(o.qemu_args()?)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let ns = match &o.netns {
+            Some(name) => Some(File::open(format!("/run/netns/{name}")).map_err(|source| {
+                GuestError::Netns {
+                    name: name.clone(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
+        // SAFETY: between fork and exec the closure makes only system calls
+        // (prctl, setns), which are async-signal-safe; it allocates nothing
+        // and takes no lock. The namespace file stays open in the parent
+        // until spawn returns.
+        unsafe {
+            cmd.pre_exec(move || {
+                rustix::process::set_parent_process_death_signal(Some(
+                    rustix::process::Signal::KILL,
+                ))?;
+                if let Some(f) = &ns {
+                    rustix::thread::move_into_link_name_space(
+                        f.as_fd(),
+                        Some(rustix::thread::LinkNameSpaceType::Network),
+                    )?;
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(GuestError::Spawn)?;
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(GuestError::Spawn(std::io::Error::other(
+                "qemu's standard streams were not piped",
+            )));
+        };
+        let console = Arc::new(Mutex::new(Vec::new()));
+        let (tx, lines) = channel();
+        let con = console.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines() {
+                let Ok(l) = l else { break };
+                let l = l.trim_end_matches('\r').to_string();
+                push(&con, l.clone());
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let con = console.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stderr).lines() {
+                let Ok(l) = l else { break };
+                push(&con, format!("[qemu] {l}"));
+            }
+        });
+        // The watchdog: QEMU dies after its limit whatever its user does.
+        let done = Arc::new(AtomicBool::new(false));
+        let (pid, limit, d2) = (child.id(), o.limit, done.clone());
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            while t.elapsed() < limit {
+                if d2.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            if !d2.load(Ordering::Relaxed) {
+                // The child is not reaped until the Guest is dropped, which
+                // sets `done` first: the PID is still QEMU's.
+                if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+        });
+        Ok(Guest {
+            name: o.name.clone(),
+            child,
+            stdin,
+            lines,
+            console,
+            done,
+            mac: String::new(),
+        })
+    }
+
+    /// The guest's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Wait until the guest says it is ready (up to `within`).
+    pub fn wait_ready(&mut self, within: Duration) -> Result<()> {
+        let t = Instant::now();
+        loop {
+            match self.next_line(within.saturating_sub(t.elapsed()))? {
+                Some(l) => {
+                    if let Some(mac) = l.split(READY).nth(1) {
+                        self.mac = mac.trim().to_string();
+                        return Ok(());
+                    }
+                }
+                None => return Err(GuestError::NotReady(within, self.console_tail())),
+            }
+        }
+    }
+
+    fn next_line(&mut self, t: Duration) -> Result<Option<String>> {
+        match self.lines.recv_timeout(t) {
+            Ok(l) => Ok(Some(l)),
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => Err(GuestError::Exited(self.console_tail())),
+        }
+    }
+
+    /// The console's last lines.
+    pub fn console_tail(&self) -> String {
+        let c = self.console.lock().unwrap_or_else(|e| e.into_inner());
+        c.iter()
+            .rev()
+            .take(30)
+            .rev()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" | ")
+    }
+
+    /// Run a shell command in the guest; returns its exit status and output.
+    pub fn run(&mut self, cmd: &str, within: Duration) -> Result<(i32, String)> {
+        // Lines from before (kernel messages) are not this command's.
+        while self.lines.try_recv().is_ok() {}
+        writeln!(self.stdin, "{cmd} 2>&1; echo {END}$?").map_err(GuestError::Write)?;
+        self.stdin.flush().map_err(GuestError::Write)?;
+        let t = Instant::now();
+        let mut out = Vec::new();
+        loop {
+            match self.next_line(within.saturating_sub(t.elapsed()))? {
+                Some(l) => {
+                    if let Some(rc) = l.strip_prefix(END) {
+                        return Ok((rc.trim().parse().unwrap_or(-1), out.join("\n")));
+                    }
+                    out.push(l);
+                }
+                None => return Err(GuestError::Timeout(cmd.into(), within, self.console_tail())),
+            }
+        }
+    }
+
+    /// Run a command that must succeed; returns its output.
+    pub fn ok(&mut self, cmd: &str, within: Duration) -> Result<String> {
+        let (status, output) = self.run(cmd, within)?;
+        if status != 0 {
+            return Err(GuestError::Failed {
+                cmd: cmd.into(),
+                status,
+                output,
+            });
+        }
+        Ok(output)
+    }
+
+    /// The interface whose MAC is `mac` (`eth0`, ...).
+    pub fn iface(&mut self, mac: &str) -> Result<String> {
+        let cmd = "for i in /sys/class/net/*; do echo ${i##*/} $(cat $i/address); done";
+        let out = self.ok(cmd, Duration::from_secs(30))?;
+        let want = mac.to_ascii_lowercase();
+        out.lines()
+            .filter_map(|l| l.split_once(' '))
+            .find(|(_, m)| m.trim() == want)
+            .map(|(i, _)| i.to_string())
+            .ok_or(GuestError::Output {
+                cmd: cmd.into(),
+                output: format!("no interface with MAC {mac}: {out}"),
+            })
+    }
+
+    /// A counter of `iface` (`rx_packets`, `tx_packets`, ...).
+    pub fn stat(&mut self, iface: &str, name: &str) -> Result<u64> {
+        let cmd = format!("cat /sys/class/net/{iface}/statistics/{name}");
+        let out = self.ok(&cmd, Duration::from_secs(30))?;
+        number(&out).ok_or(GuestError::Output { cmd, output: out })
+    }
+
+    /// Interrupts taken on the lines whose name contains `pattern` (all
+    /// CPUs), from `/proc/interrupts`.
+    pub fn interrupts(&mut self, pattern: &str) -> Result<u64> {
+        let out = self.ok("cat /proc/interrupts", Duration::from_secs(30))?;
+        Ok(interrupts_in(&out, pattern))
+    }
+
+    /// Ping `dst` `count` times, `interval_ms` apart; what came back.
+    pub fn ping(&mut self, dst: &str, count: u32, interval_ms: u32) -> Result<Ping> {
+        let secs = f64::from(interval_ms) / 1000.0;
+        let cmd = format!("ping -c {count} -i {secs} -W 2 {dst}");
+        let within = Duration::from_millis(u64::from(count) * u64::from(interval_ms.max(200)))
+            + Duration::from_secs(30);
+        // A ping that lost replies exits 1: what came back is still read.
+        let (_, out) = self.run(&cmd, within)?;
+        Ok(parse_ping(count, &out))
+    }
+
+    /// Send `count` frames of `size` bytes from `iface` to `dst_mac` /
+    /// `dst_ip` with the kernel's pktgen, `burst` frames per doorbell
+    /// (xmit_more); returns pktgen's result. Bounded by `within`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pktgen(
+        &mut self,
+        iface: &str,
+        count: u64,
+        size: u32,
+        burst: u32,
+        dst_mac: &str,
+        dst_ip: &str,
+        within: Duration,
+    ) -> Result<Pktgen> {
+        let p = "/proc/net/pktgen";
+        let short = Duration::from_secs(30);
+        self.run(&format!("echo rem_device_all > {p}/kpktgend_0"), short)?;
+        self.ok(&format!("echo 'add_device {iface}' > {p}/kpktgend_0"), short)?;
+        for c in [
+            format!("count {count}"),
+            format!("pkt_size {size}"),
+            format!("burst {burst}"),
+            "delay 0".to_string(),
+            format!("dst_mac {dst_mac}"),
+            format!("dst {dst_ip}"),
+        ] {
+            self.ok(&format!("echo '{c}' > {p}/{iface}"), short)?;
+        }
+        self.ok(&format!("echo start > {p}/pgctrl"), within)?;
+        let out = self.ok(&format!("cat {p}/{iface}"), short)?;
+        Ok(parse_pktgen(&out))
+    }
+
+    /// Reload the e1000 driver with `InterruptThrottleRate` = `itr` (0:
+    /// off, an interrupt per event; 3: the driver's default, dynamic
+    /// throttling), then bring `iface` (its MAC `mac`) up again. QEMU 10's
+    /// e1000 has no `mitigation` switch of its own: it honours the
+    /// throttling register the driver writes.
+    pub fn e1000_throttle(&mut self, itr: u32, mac: &str) -> Result<String> {
+        let long = Duration::from_secs(60);
+        self.ok("rmmod e1000", long)?;
+        self.ok(
+            &format!("insmod /lib/modules/e1000.ko InterruptThrottleRate={itr}"),
+            long,
+        )?;
+        let iface = self.iface(mac)?;
+        self.ok(&format!("ip link set {iface} up"), long)?;
+        Ok(iface)
+    }
+
+    /// Kill QEMU now (its vhost-user port sees the frontend vanish).
+    pub fn kill(&mut self) {
+        self.done.store(true, Ordering::Relaxed);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// QEMU's PID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn push(console: &Mutex<Vec<String>>, l: String) {
+    let mut c = console.lock().unwrap_or_else(|e| e.into_inner());
+    // Bounded: a guest printing without end keeps only its last lines.
+    if c.len() >= 2000 {
+        c.drain(..1000);
+    }
+    c.push(l);
+}
+
+/// The last number on the last non-empty line.
+fn number(out: &str) -> Option<u64> {
+    out.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// Interrupts on the lines of `/proc/interrupts` whose name contains
+/// `pattern`, summed over the CPU columns.
+pub fn interrupts_in(proc_interrupts: &str, pattern: &str) -> u64 {
+    let mut lines = proc_interrupts.lines();
+    let cpus = lines
+        .next()
+        .map(|h| h.split_whitespace().filter(|c| c.starts_with("CPU")).count())
+        .unwrap_or(1);
+    lines
+        .filter(|l| l.contains(pattern))
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .take(cpus)
+                .filter_map(|n| n.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// What a ping got back.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ping {
+    /// Echo requests sent.
+    pub sent: u32,
+    /// Replies received.
+    pub received: u32,
+    /// Each reply's round-trip time, milliseconds.
+    pub rtt_ms: Vec<f64>,
+}
+
+impl Ping {
+    /// The median round-trip time, milliseconds.
+    pub fn p50_ms(&self) -> Option<f64> {
+        let mut v = self.rtt_ms.clone();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        Some(v[v.len() / 2])
+    }
+}
+
+/// Read busybox ping's output.
+pub fn parse_ping(sent: u32, out: &str) -> Ping {
+    let rtt_ms: Vec<f64> = out
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1))
+        .filter_map(|t| t.split_whitespace().next()?.parse().ok())
+        .collect();
+    Ping {
+        sent,
+        received: rtt_ms.len() as u32,
+        rtt_ms,
+    }
+}
+
+/// The result of one pktgen run in a guest.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Pktgen {
+    /// Packets pktgen sent.
+    pub sent: u64,
+    /// Its rate (packets per second), as it reports it.
+    pub pps: u64,
+    /// Microseconds the run took.
+    pub usec: u64,
+    /// Transmit errors it counted.
+    pub errors: u64,
+}
+
+/// Read pktgen's "Result:" lines.
+pub fn parse_pktgen(out: &str) -> Pktgen {
+    let mut r = Pktgen::default();
+    let num = |s: &str| -> u64 {
+        s.chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect::<String>()
+            .parse()
+            .unwrap_or(0)
+    };
+    let mut in_result = false;
+    for l in out.lines() {
+        let l = l.trim();
+        if let Some(rest) = l.strip_prefix("Result: OK: ") {
+            in_result = true;
+            r.usec = num(rest);
+            if let Some(i) = rest.find("usec, ") {
+                r.sent = num(&rest[i + 6..]);
+            }
+        } else if in_result {
+            if let Some(i) = l.find("pps") {
+                r.pps = num(l[..i].trim());
+            }
+            if let Some(i) = l.find("errors: ") {
+                r.errors = num(&l[i + 8..]);
+            }
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_pktgen_results() {
+        let out = "Params: count 100000  min_pkt_size: 60  max_pkt_size: 60\n\
+                   Current:\n     pkts-sofar: 100000  errors: 0\n\
+                   Result: OK: 253941(c253676+d264) usec, 100000 (60byte,0frags)\n  \
+                   393791pps 189Mb/sec (189019680bps) errors: 3\n";
+        assert_eq!(
+            parse_pktgen(out),
+            Pktgen {
+                sent: 100000,
+                pps: 393791,
+                usec: 253941,
+                errors: 3
+            }
+        );
+    }
+
+    #[test]
+    fn reads_ping_and_interrupts() {
+        let out = "PING 10.9.0.2 (10.9.0.2): 56 data bytes\n\
+                   64 bytes from 10.9.0.2: seq=0 ttl=64 time=3.101 ms\n\
+                   64 bytes from 10.9.0.2: seq=2 ttl=64 time=1.250 ms\n\
+                   64 bytes from 10.9.0.2: seq=3 ttl=64 time=2.000 ms\n\n\
+                   --- 10.9.0.2 ping statistics ---\n\
+                   4 packets transmitted, 3 packets received, 25% packet loss\n";
+        let p = parse_ping(4, out);
+        assert_eq!((p.sent, p.received), (4, 3));
+        assert_eq!(p.p50_ms(), Some(2.0));
+        let irq = "           CPU0       \n\
+                   24:        120   PCI-MSI 49152-edge      virtio0-input.0\n\
+                   25:         30   PCI-MSI 49153-edge      virtio0-output.0\n\
+                   11:       5000   IO-APIC  11-fasteoi   eth1\n";
+        assert_eq!(interrupts_in(irq, "virtio0-"), 150);
+        assert_eq!(interrupts_in(irq, "eth1"), 5000);
+    }
+
+    #[test]
+    fn a_vhost_user_nic_must_be_virtio() {
+        let mut n = Nic::vhost_user(Path::new("/tmp/x.sock"), "52:54:00:00:00:01");
+        n.model = Model::E1000;
+        let o = GuestOpts::new("t", vec![n]);
+        assert!(matches!(o.qemu_args(), Err(GuestError::Nic { index: 0, .. })));
+        let o = GuestOpts::new(
+            "t",
+            vec![
+                Nic::vhost_user(Path::new("/tmp/x.sock"), "52:54:00:00:00:01"),
+                Nic::e1000("fpe0", "52:54:00:00:00:02"),
+            ],
+        )
+        .ip("10.9.0.1/24");
+        let a = o.qemu_args().unwrap().join(" ");
+        assert!(a.contains("vhost-user,id=n0,chardev=c0"), "{a}");
+        assert!(a.contains("e1000,netdev=n1,mac=52:54:00:00:00:02"), "{a}");
+        assert!(a.contains("fp.ip=10.9.0.1/24"), "{a}");
+        assert!(a.contains("memory-backend-memfd"), "{a}");
+    }
+}
