@@ -13,6 +13,8 @@
 //!   bounce.
 //! - [`switch`]: the switch's Figure 1 (packet I/O in VMs) beside the TAP
 //!   backend.
+//! - [`vm`]: Figure 1 again with QEMU guests that boot a kernel: vhost-user
+//!   beside QEMU's TAP backend and an emulated e1000, guest to guest.
 //! - [`maio`]: MAIO's Figures 2-4 beside the kernel's own interfaces.
 //! - [`xdp`]: the veth bench's traffic generators and XDP programs (the
 //!   forwarder of its limit row, the sink, the pass).
@@ -28,3 +30,4 @@ mod proc;
 pub mod switch;
 pub mod veth;
 pub mod xdp;
+pub mod vm;

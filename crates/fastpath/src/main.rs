@@ -148,6 +148,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             switch::status(&socket, format)
         }
         Command::Switch(switch::SwitchCommand::Bench(a)) => switch::bench(a),
+        Command::Switch(switch::SwitchCommand::Vm(a)) => stop_flag().and_then(|s| switch::vm(a, s)),
+        Command::Switch(switch::SwitchCommand::Demo(a)) => {
+            stop_flag().and_then(|s| switch::demo(a, s))
+        }
         Command::Pktgen(a) => stop_flag().and_then(|s| switch::pktgen(a, s)),
         Command::Maio(c) => maio::run(c),
         Command::Disk(c) => disk::run(c),

@@ -24,8 +24,16 @@ pub enum SwitchCommand {
     /// Ports: processes attach through the control socket (`fastpath pktgen`,
     /// or any program using the `ring` crate); DPDK, VPP and libmemif
     /// programs attach over memif (--memif); --tap adds TAP devices (the
-    /// kernel path). Settings may also come from a TOML file (--config; the
-    /// keys are documented in crates/vswitch/src/config.rs, FileConfig).
+    /// kernel path); --vhost-user adds a virtual machine's NIC: QEMU
+    /// connects to that socket (vhost-user, the switch is the server) and
+    /// the switch moves frames in and out of the guest's virtio rings
+    /// itself. Settings may also come from a TOML file (--config; the keys
+    /// are documented in crates/vswitch/src/config.rs, FileConfig, and
+    /// examples/switch.toml).
+    ///
+    /// A VM port given the guest's MAC (mac=) is locked to it (port
+    /// security): the guest cannot send from another address, and no other
+    /// port can take its traffic by sending from its address.
     ///
     /// Status: `fastpath switch status`, or send SIGUSR1 and the switch
     /// prints it to stderr. SIGINT or SIGTERM stop it.
@@ -33,12 +41,30 @@ pub enum SwitchCommand {
     /// Examples:
     ///   fastpath switch run
     ///   fastpath switch run --memif /run/fastpath/memif.sock --tap fptap0
+    ///   fastpath switch run --vhost-user /run/fastpath/vm1.sock,mac=52:54:00:00:00:01 \
+    ///     --vhost-user /run/fastpath/vm2.sock,mode=sc,itr=100
+    ///   qemu-system-x86_64 ... -object memory-backend-memfd,id=m,size=256M,share=on \
+    ///     -numa node,memdev=m -chardev socket,id=c,path=/run/fastpath/vm1.sock \
+    ///     -netdev vhost-user,id=n,chardev=c -device virtio-net-pci,netdev=n,mac=52:54:00:00:00:01
+    ///   fastpath switch vm --vhost-user /run/fastpath/vm1.sock --ip 10.9.0.1/24 --up 600
     ///   dpdk-testpmd --no-huge --no-pci -l 0-1 \
     ///     --vdev=net_memif0,role=client,socket-abstract=no,socket=/run/fastpath/memif.sock \
     ///     -- --forward-mode=macswap --auto-start
     #[command(verbatim_doc_comment)]
     Run(RunArgs),
     /// Show a running switch's ports and counters.
+    ///
+    /// One row per port: frames each way, frames dropped because the port
+    /// was full, frames dropped by port security, and the notifications
+    /// the paper counts: kicks (the guest's doorbell writes, VM exits under
+    /// KVM) and interrupts, in all and per packet. VM (vhost-user) ports add
+    /// their frontend's state under --format json (features, memory,
+    /// per-queue counters, refused descriptor chains by reason).
+    ///
+    /// Examples:
+    ///   fastpath switch status
+    ///   fastpath switch status --format json | jq '.ports[] | select(.kind == "vhost-user")'
+    #[command(verbatim_doc_comment)]
     Status {
         #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
@@ -61,13 +87,117 @@ pub enum SwitchCommand {
     /// if DPDK is not installed). Where the switch thread runs decides the
     /// memif rows on a small machine: see --switch-cpu.
     ///
+    /// --part vm boots two QEMU guests (TCG; needs root, QEMU 10 and the
+    /// guest image from scripts/setup.sh) and measures the figure with
+    /// real guests: guest transmit over vhost-user in each notification
+    /// scheme beside the same guest over QEMU's own TAP backend and an
+    /// emulated e1000 (throttling off/on, burst 1/32), guest to guest
+    /// through the switch beside guest to a sink, and ping between the
+    /// guests; every figure min/median/max of --repeats runs, the paper's
+    /// figures and each row's limit beside it. JSON keys:
+    /// vm.vhost_user.guest_tx_pps, vm.qemu_tap.guest_tx_pps,
+    /// vm.ratio_vhost_user_over_tap, vm.vhost_user.notifications_per_packet,
+    /// vm.guest_to_guest.pps, vm.guest_to_guest.rtt_us_p50,
+    /// vm.guest_to_sink.pps (each {min, median, max, samples}).
+    ///
     /// Examples:
     ///   fastpath switch bench --quick
     ///   fastpath switch bench --part forwarding --part memif
     ///   fastpath switch bench --part memif --switch-cpu none
     ///   fastpath switch bench --quick --format json | jq .backends.switch.csb_itr0
+    ///   fastpath switch bench --part vm --quick
+    ///   fastpath switch bench --part vm --repeats 3 --format json | jq .vm.ratio_vhost_user_over_tap
     #[command(verbatim_doc_comment)]
     Bench(BenchArgs),
+    /// Boot a QEMU guest on a switch's VM port, on QEMU's TAP backend, or
+    /// with an emulated e1000; run commands in it or keep it up; tear it
+    /// down.
+    ///
+    /// The guest is a small Debian kernel with a busybox initramfs, built
+    /// offline by scripts/guest-image.sh into /var/cache/fastpath/guest, run
+    /// under TCG (this machine cannot run KVM guests): it boots in 7-40 s.
+    /// Its first NIC gets --ip. Each --run command runs in the guest's shell
+    /// (busybox: ip, ping, cat, and the kernel's pktgen under
+    /// /proc/net/pktgen) and its output is printed; without --run the guest
+    /// stays up for --up seconds (Ctrl-C ends it early). QEMU is always
+    /// killed at the end, when fastpath dies, and after --limit seconds.
+    ///
+    /// NICs, the --vhost-user ones first, then --tap, then --e1000 (the
+    /// first is eth0); each takes `,mac=MAC` after its argument (default
+    /// 52:54:00:fa:00:NN, NN counting from 01):
+    ///   --vhost-user PATH   virtio-net on a switch's vhost-user port
+    ///                       (`fastpath switch run --vhost-user PATH`)
+    ///   --tap IFNAME        virtio-net on QEMU's own TAP backend
+    ///   --e1000 IFNAME      an emulated Intel e1000 on QEMU's TAP backend
+    /// QEMU creates the TAP devices itself, in --netns when given (needs
+    /// root; keep test traffic inside a namespace).
+    ///
+    /// Examples:
+    ///   fastpath switch run --vhost-user /tmp/vm1.sock &
+    ///   fastpath switch vm --vhost-user /tmp/vm1.sock --ip 10.9.0.1/24 \
+    ///     --run 'ip addr show eth0' --run 'ping -c 3 10.9.0.2'
+    ///   ip netns add t && fastpath switch vm --netns t --e1000 fpe0 --up 60
+    ///   fastpath switch vm --vhost-user /tmp/vm1.sock,mac=52:54:00:00:00:01 --up 600
+    #[command(verbatim_doc_comment)]
+    Vm(VmArgs),
+    /// Two QEMU guests exchanging traffic through the switch, shown to a
+    /// person (needs root, QEMU 10 and the guest image: scripts/setup.sh).
+    ///
+    /// Starts `fastpath switch run` in a throwaway namespace with two VM
+    /// ports (vhost-user, each locked to its guest's MAC) and a TAP port
+    /// whose far side is the namespace's kernel; boots two guests; they ping
+    /// each other and the TAP side; guest A sends a short pktgen blast to
+    /// guest B; then `fastpath switch status` shows the VM ports' counters
+    /// (kicks and interrupts per packet). Everything is removed at the end,
+    /// also on Ctrl-C. About a minute.
+    ///
+    /// Examples:
+    ///   fastpath switch demo
+    ///   fastpath switch demo --blast 100000
+    #[command(verbatim_doc_comment)]
+    Demo(DemoArgs),
+}
+
+#[derive(Args)]
+pub struct VmArgs {
+    /// virtio-net on a switch's vhost-user port at PATH (repeatable).
+    #[arg(long, value_name = "PATH[,mac=MAC]")]
+    vhost_user: Vec<String>,
+    /// virtio-net on QEMU's own TAP backend, TAP IFNAME (repeatable).
+    #[arg(long, value_name = "IFNAME[,mac=MAC]")]
+    tap: Vec<String>,
+    /// An emulated e1000 on QEMU's TAP backend, TAP IFNAME (repeatable).
+    #[arg(long, value_name = "IFNAME[,mac=MAC]")]
+    e1000: Vec<String>,
+    /// The first NIC's address, ADDR/LEN.
+    #[arg(long)]
+    ip: Option<String>,
+    /// Run QEMU (and so its TAP devices) in this network namespace.
+    #[arg(long)]
+    netns: Option<String>,
+    /// A command to run in the guest (repeatable, in order); a failing one
+    /// ends the guest with an error.
+    #[arg(long)]
+    run: Vec<String>,
+    /// Seconds a command may take.
+    #[arg(long, default_value_t = 120)]
+    run_timeout: u64,
+    /// Without --run: keep the guest up this many seconds.
+    #[arg(long, default_value_t = 60)]
+    up: u64,
+    /// Kill QEMU after this many seconds whatever happens.
+    #[arg(long, default_value_t = 900)]
+    limit: u64,
+    /// Guest memory, MiB.
+    #[arg(long, default_value_t = 256)]
+    mem_mib: u32,
+}
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Frames in guest A's pktgen blast to guest B.
+    #[arg(long, default_value_t = 50_000)]
+    blast: u64,
 }
 
 #[derive(Args)]
@@ -84,6 +214,13 @@ pub struct RunArgs {
     /// Add a TAP port (created if absent); repeatable.
     #[arg(long)]
     tap: Vec<String>,
+    /// Add a vhost-user port (a VM's NIC) listening on PATH; repeatable.
+    /// Options after the path, comma-separated: name=NAME (default: the
+    /// file's stem), mode=base|sc|csb (default csb: event-index windows),
+    /// itr=N (interrupt moderation, 250 ns units), mac=MAC (the guest's:
+    /// locks the port to it), port_security=on|off, event_idx=on|off.
+    #[arg(long, value_name = "PATH[,KEY=VALUE]...")]
+    vhost_user: Vec<String>,
     /// Keep polling this long (microseconds) after the last work before sleeping.
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=vswitch::MAX_INTERVAL_US))]
     poll_us: Option<u64>,
@@ -159,6 +296,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(0..=vswitch::MAX_INTERVAL_US))]
     memif_moderation_us: u64,
+    /// Runs per figure in the vm part (min/median/max over them): default
+    /// 3, 1 with --quick.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=20))]
+    repeats: Option<u64>,
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
 }
@@ -168,6 +309,8 @@ pub enum PartArg {
     Figure1,
     Forwarding,
     Memif,
+    /// QEMU guests: vhost-user beside QEMU's TAP backend and an e1000.
+    Vm,
 }
 
 #[derive(Args)]
@@ -211,6 +354,11 @@ pub struct PktgenArgs {
     /// Destination MAC (unknown or broadcast destinations are flooded).
     #[arg(long, default_value = "02:fa:00:00:00:02")]
     dst_mac: String,
+    /// Lock the port to --src-mac (port security): the switch drops its
+    /// frames from any other address, and no other port can take its
+    /// traffic by sending from this one.
+    #[arg(long)]
+    lock_mac: bool,
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
 }
@@ -244,7 +392,18 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     if let Some(m) = a.memif_moderation_us {
         cfg.memif_moderation = std::time::Duration::from_micros(m);
     }
-    for p in [&cfg.socket, &cfg.memif_socket].into_iter().flatten() {
+    for spec in &a.vhost_user {
+        let v = vswitch::VhostUserEntry::parse(spec)
+            .and_then(|e| e.config())
+            .with_context(|| format!("--vhost-user {spec}"))?;
+        cfg.vhost_user.push(v);
+    }
+    let vm_sockets: Vec<PathBuf> = cfg.vhost_user.iter().map(|v| v.path.clone()).collect();
+    for p in [&cfg.socket, &cfg.memif_socket]
+        .into_iter()
+        .flatten()
+        .chain(vm_sockets.iter())
+    {
         if let Some(dir) = p.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
@@ -257,7 +416,7 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let usr1 = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGUSR1, usr1.clone())?;
     eprintln!(
-        "switch: control socket {}{}; SIGUSR1 prints status, Ctrl-C stops",
+        "switch: control socket {}{}{}; SIGUSR1 prints status, Ctrl-C stops",
         cfg.socket
             .as_ref()
             .map(|p| p.display().to_string())
@@ -265,10 +424,18 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         cfg.memif_socket
             .as_ref()
             .map(|p| format!(", memif on {}", p.display()))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        cfg.vhost_user
+            .iter()
+            .map(|v| format!(", VM port {} on {}", v.name, v.path.display()))
+            .collect::<String>()
     );
     sw.run(&stop, Some(&usr1));
-    for p in [&cfg.socket, &cfg.memif_socket].into_iter().flatten() {
+    for p in [&cfg.socket, &cfg.memif_socket]
+        .into_iter()
+        .flatten()
+        .chain(vm_sockets.iter())
+    {
         let _ = std::fs::remove_file(p);
     }
     Ok(())
@@ -287,26 +454,39 @@ pub fn status(socket: &std::path::Path, format: Format) -> anyhow::Result<()> {
         "from port",
         "to port",
         "dropped (full)",
+        "spoofed",
         "kicks",
         "interrupts",
+        "kicks/pkt",
+        "irq/pkt",
         "state",
     ])
     .title("switch ports");
     for p in s["ports"].as_array().into_iter().flatten() {
         let d = &p["detail"];
         let n = |v: &serde_json::Value| v.as_u64().map(|x| x.to_string()).unwrap_or("-".into());
+        let packets = p["from_port"].as_u64().unwrap_or(0) + p["to_port"].as_u64().unwrap_or(0);
+        let per = |v: &serde_json::Value| match v.as_u64() {
+            Some(x) if packets > 0 => format!("{:.4}", x as f64 / packets as f64),
+            _ => "-".into(),
+        };
+        let state = match (d["broken"].as_str(), d["connected"].as_bool()) {
+            (Some(b), _) => format!("broken: {b}"),
+            (None, Some(false)) => "waiting for QEMU".to_string(),
+            _ => "ok".to_string(),
+        };
         t.row([
             p["name"].as_str().unwrap_or("?").to_string(),
             p["kind"].as_str().unwrap_or("?").to_string(),
             n(&p["from_port"]),
             n(&p["to_port"]),
             n(&p["dropped_full"]),
+            n(&p["spoofed"]),
             n(&d["kicks"]),
             n(&d["interrupts"]),
-            d["broken"]
-                .as_str()
-                .map(|b| format!("broken: {b}"))
-                .unwrap_or("ok".into()),
+            per(&d["kicks"]),
+            per(&d["interrupts"]),
+            state,
         ]);
     }
     print!("{t}");
@@ -331,7 +511,11 @@ pub fn pktgen(a: PktgenArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         itr: a.itr,
         slots: a.slots,
         buf_size: 2048,
-        mac: None,
+        mac: if a.lock_mac {
+            Some(parse_mac(&a.src_mac)?)
+        } else {
+            None
+        },
     };
     let mut port = ring::control::attach(&a.socket, &req)
         .with_context(|| format!("attaching to the switch on {}", a.socket.display()))?;
@@ -448,12 +632,42 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             }
         })),
     };
-    if !json {
-        eprintln!("switch bench: {seconds} s per measurement, 4 measurements per row");
-    }
-    let mut doc = bench::switch::run(&o)?;
+    // The vm part boots guests; when every part was asked for implicitly,
+    // a machine without QEMU, the guest image or root skips it (and says so).
+    let vm_wanted = part(PartArg::Vm);
+    let vm_ready = lab::guest::available() && lab::netns::available();
+    let vm_skipped = vm_wanted && all && !vm_ready;
+    let only_vm = !all && a.part.iter().all(|p| *p == PartArg::Vm);
+    let progress = o.progress.clone();
+    let mut doc = if only_vm {
+        serde_json::json!({})
+    } else {
+        if !json {
+            eprintln!("switch bench: {seconds} s per measurement, 4 measurements per row");
+        }
+        bench::switch::run(&o)?
+    };
     if memif_skipped {
         doc["memif"] = serde_json::json!({"skipped": "dpdk-testpmd not installed"});
+    }
+    if vm_skipped {
+        doc["vm"] = serde_json::json!({
+            "skipped": "needs root, qemu-system-x86_64 and the guest image (scripts/setup.sh)"
+        });
+    } else if vm_wanted {
+        let repeats = a.repeats.unwrap_or(if a.quick { 1 } else { 3 }) as usize;
+        if !json {
+            eprintln!("switch bench, vm part: two QEMU guests (TCG), {repeats} run(s) per figure");
+        }
+        let vo = bench::vm::VmOptions {
+            quick: a.quick,
+            repeats,
+            poll_us: a.forwarding_poll_us.min(vswitch::MAX_INTERVAL_US),
+            progress,
+            stop: crate::stop_flag()?,
+        };
+        let v = bench::vm::run(&vo).context("the vm part")?;
+        doc["vm"] = v["vm"].clone();
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -507,6 +721,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     }
     print_forwarding(&doc["forwarding"]);
     print_memif(&doc["memif"]);
+    print_vm(&doc["vm"]);
     if doc["ratios"].as_object().is_some_and(|r| !r.is_empty()) {
         println!("ratios: {}", doc["ratios"]);
     }
@@ -657,4 +872,217 @@ fn print_memif(m: &serde_json::Value) {
         ratio("switched_over_direct"),
         ratio("switched_one_testpmd_over_direct")
     );
+}
+
+/// `min / median / max` of a `{min, median, max}` figure, scaled.
+fn mmm(v: &serde_json::Value, scale: f64, digits: usize) -> String {
+    let f = |k: &str| opt(v[k].as_f64().map(|x| x * scale), digits);
+    format!("{} / {} / {}", f("min"), f("median"), f("max"))
+}
+
+fn print_vm(v: &serde_json::Value) {
+    if v.is_null() {
+        return;
+    }
+    if let Some(why) = v["skipped"].as_str() {
+        println!("vm part skipped: {why}");
+        return;
+    }
+    let mut t = Table::new([
+        "path",
+        "burst",
+        "guest TX Kpps (min/med/max)",
+        "kicks/pkt",
+        "irq/pkt",
+        "notif/pkt",
+        "paper Kpps",
+    ])
+    .title("guest transmit, 60-byte frames (pktgen in a TCG guest)");
+    for (key, rows) in v["vhost_user"]["schemes"].as_object().into_iter().flatten() {
+        for b in ["burst1", "burst32"] {
+            let r = &rows[b];
+            t.row([
+                format!("vhost-user {key}"),
+                r["burst"].to_string(),
+                mmm(&r["guest_tx_pps"], 1e-3, 1),
+                opt(r["kicks_per_packet"]["median"].as_f64(), 4),
+                opt(r["interrupts_per_packet"]["median"].as_f64(), 4),
+                opt(r["notifications_per_packet"]["median"].as_f64(), 4),
+                opt(r["paper_vale_guest_guest_udp_kpps"].as_f64(), 0),
+            ]);
+        }
+    }
+    for b in ["burst1", "burst32"] {
+        let r = &v["qemu_tap"][b];
+        t.row([
+            "QEMU TAP backend".to_string(),
+            r["burst"].to_string(),
+            mmm(&r["guest_tx_pps"], 1e-3, 1),
+            "-".into(),
+            opt(r["interrupts_per_packet"]["median"].as_f64(), 4),
+            "-".into(),
+            opt(r["paper_tap_guest_host_pktgen_kpps"].as_f64(), 0),
+        ]);
+    }
+    for (key, r) in v["e1000"].as_object().into_iter().flatten() {
+        t.row([
+            format!("e1000 {}", key.split("_burst").next().unwrap_or(key)),
+            r["burst"].to_string(),
+            mmm(&r["guest_tx_pps"], 1e-3, 1),
+            "-".into(),
+            opt(r["interrupts_per_packet"]["median"].as_f64(), 4),
+            "-".into(),
+            opt(r["paper_tap_e1000_udp_kpps"].as_f64(), 0),
+        ]);
+    }
+    println!("{t}");
+    let g = &v["guest_to_guest"];
+    println!(
+        "guest to sink: {} Kpps; guest to guest (into B's ring): {} Kpps, ratio {} (goal >= 0.5); B's kernel took {} Kpps",
+        mmm(&v["guest_to_sink"]["pps"], 1e-3, 1),
+        mmm(&g["pps"], 1e-3, 1),
+        mmm(&g["ratio_over_sink"], 1.0, 2),
+        mmm(&g["received_pps"], 1e-3, 1),
+    );
+    println!(
+        "ping A to B: p50 {} us ({} lost)",
+        mmm(&g["rtt_us_p50"], 1.0, 0),
+        g["ping_lost"]
+    );
+    println!(
+        "vhost-user / QEMU TAP: {} (burst 1), {} (burst 32); goal >= 2; the paper's VALE / TAP with pkt-gen: {:.1}",
+        mmm(&v["ratio_vhost_user_over_tap"], 1.0, 2),
+        mmm(&v["ratio_vhost_user_over_tap_burst32"], 1.0, 2),
+        v["ratio_paper_vale_over_tap_pktgen"].as_f64().unwrap_or(f64::NAN)
+    );
+    println!(
+        "notifications per packet at saturation (CSB, burst 32): {} (goal <= 0.05)",
+        mmm(&v["vhost_user"]["notifications_per_packet"], 1.0, 4)
+    );
+    let m = &v["machine"];
+    println!(
+        "load average (1 min) over the runs: {}; guests booted in {:.0} s; {} s in all",
+        mmm(&m["load_avg_1min"], 1.0, 1),
+        m["boot_s"].as_f64().unwrap_or(f64::NAN),
+        m["seconds"]
+            .as_f64()
+            .map(|x| format!("{x:.0}"))
+            .unwrap_or_default()
+    );
+    println!("limits:");
+    for (what, l) in [
+        ("vhost-user", &v["vhost_user"]["limit"]),
+        ("QEMU TAP", &v["qemu_tap"]["limit"]),
+        ("guest to guest", &g["limit"]),
+        ("ping", &g["rtt_limit"]),
+    ] {
+        println!("  {what}: {}", l.as_str().unwrap_or("?"));
+    }
+    if let Some(r) = v["e1000"].as_object().and_then(|o| o.values().next()) {
+        println!("  e1000: {}", r["limit"].as_str().unwrap_or("?"));
+    }
+}
+
+/// `X[,mac=MAC]`: the argument and its MAC, if given.
+fn nic_spec(spec: &str, what: &str) -> anyhow::Result<(String, Option<String>)> {
+    let mut parts = spec.split(',');
+    let head = parts.next().unwrap_or_default().to_string();
+    if head.is_empty() {
+        bail!("--{what} {spec:?}: nothing before the first ','");
+    }
+    let mut mac = None;
+    for kv in parts {
+        match kv.split_once('=') {
+            Some(("mac", m)) => {
+                parse_mac(m).with_context(|| format!("--{what} {spec}"))?;
+                mac = Some(m.to_string());
+            }
+            _ => bail!("--{what} {spec:?}: unknown option {kv:?} (only mac=MAC)"),
+        }
+    }
+    Ok((head, mac))
+}
+
+pub fn vm(a: VmArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    use lab::guest::{Guest, GuestOpts, Nic};
+    let mut nics = Vec::new();
+    // Default MACs count the NICs, from 01.
+    let mut made = 0usize;
+    let mut mac_for = |m: Option<String>| {
+        made += 1;
+        m.unwrap_or_else(|| format!("52:54:00:fa:00:{made:02x}"))
+    };
+    for s in &a.vhost_user {
+        let (path, mac) = nic_spec(s, "vhost-user")?;
+        nics.push(Nic::vhost_user(std::path::Path::new(&path), &mac_for(mac)));
+    }
+    for s in &a.tap {
+        let (name, mac) = nic_spec(s, "tap")?;
+        nics.push(Nic::tap(&name, &mac_for(mac)));
+    }
+    for s in &a.e1000 {
+        let (name, mac) = nic_spec(s, "e1000")?;
+        nics.push(Nic::e1000(&name, &mac_for(mac)));
+    }
+    if nics.is_empty() {
+        bail!("give the guest at least one NIC: --vhost-user PATH, --tap IFNAME or --e1000 IFNAME");
+    }
+    let mut o = GuestOpts::new("vm", nics).limit(Duration::from_secs(a.limit.max(1)));
+    o.mem_mib = a.mem_mib.clamp(64, 4096);
+    if let Some(ip) = &a.ip {
+        o = o.ip(ip);
+    }
+    if let Some(ns) = &a.netns {
+        o = o.netns(ns);
+    }
+    if !lab::guest::available() {
+        bail!("QEMU 10 and the guest image are needed: run scripts/setup.sh (it installs qemu-system-x86 from bookworm-backports and builds /var/cache/fastpath/guest)");
+    }
+    eprintln!("booting the guest (TCG: 7-40 s)...");
+    let t = std::time::Instant::now();
+    let mut g = Guest::start(&o).context("starting QEMU")?;
+    g.wait_ready(lab::guest::BOOT)
+        .context("booting the guest")?;
+    eprintln!(
+        "guest up after {:.1} s, eth0 {}",
+        t.elapsed().as_secs_f64(),
+        g.mac
+    );
+    let within = Duration::from_secs(a.run_timeout.max(1));
+    if a.run.is_empty() {
+        let end = std::time::Instant::now() + Duration::from_secs(a.up);
+        while std::time::Instant::now() < end && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    for cmd in &a.run {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let (rc, out) = g
+            .run(cmd, within)
+            .with_context(|| format!("running {cmd:?}"))?;
+        println!("$ {cmd}");
+        if !out.is_empty() {
+            println!("{out}");
+        }
+        if rc != 0 {
+            bail!("{cmd:?} exited with {rc} in the guest");
+        }
+    }
+    drop(g);
+    eprintln!("guest stopped");
+    Ok(())
+}
+
+pub fn demo(a: DemoArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("finding our own binary")?;
+    lab::switch_demo::run(
+        &lab::switch_demo::Options {
+            exe,
+            blast: a.blast.clamp(1, 10_000_000),
+        },
+        stop,
+    )?;
+    Ok(())
 }

@@ -225,8 +225,20 @@ impl GuestOpts {
     /// QEMU's command line (without the program).
     pub fn qemu_args(&self) -> Result<Vec<String>> {
         let mut a: Vec<String> = [
-            "-machine", "q35", "-cpu", "max", "-smp", "1", "-nodefaults", "-display", "none",
-            "-monitor", "none", "-serial", "stdio", "-no-reboot",
+            "-machine",
+            "q35",
+            "-cpu",
+            "max",
+            "-smp",
+            "1",
+            "-nodefaults",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-serial",
+            "stdio",
+            "-no-reboot",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -521,6 +533,20 @@ impl Guest {
         number(&out).ok_or(GuestError::Output { cmd, output: out })
     }
 
+    /// What `/proc/interrupts` calls `iface`'s interrupts: `virtioN-` for
+    /// a virtio NIC (one line per queue vector), else the interface's name
+    /// (the e1000's one line).
+    pub fn irq_name(&mut self, iface: &str) -> Result<String> {
+        let cmd = format!("basename $(readlink /sys/class/net/{iface}/device)");
+        let out = self.ok(&cmd, Duration::from_secs(30))?;
+        let dev = out.lines().last().unwrap_or_default().trim().to_string();
+        Ok(if dev.starts_with("virtio") {
+            format!("{dev}-")
+        } else {
+            iface.to_string()
+        })
+    }
+
     /// Interrupts taken on the lines whose name contains `pattern` (all
     /// CPUs), from `/proc/interrupts`.
     pub fn interrupts(&mut self, pattern: &str) -> Result<u64> {
@@ -556,7 +582,10 @@ impl Guest {
         let p = "/proc/net/pktgen";
         let short = Duration::from_secs(30);
         self.run(&format!("echo rem_device_all > {p}/kpktgend_0"), short)?;
-        self.ok(&format!("echo 'add_device {iface}' > {p}/kpktgend_0"), short)?;
+        self.ok(
+            &format!("echo 'add_device {iface}' > {p}/kpktgend_0"),
+            short,
+        )?;
         for c in [
             format!("count {count}"),
             format!("pkt_size {size}"),
@@ -634,7 +663,11 @@ pub fn interrupts_in(proc_interrupts: &str, pattern: &str) -> u64 {
     let mut lines = proc_interrupts.lines();
     let cpus = lines
         .next()
-        .map(|h| h.split_whitespace().filter(|c| c.starts_with("CPU")).count())
+        .map(|h| {
+            h.split_whitespace()
+                .filter(|c| c.starts_with("CPU"))
+                .count()
+        })
         .unwrap_or(1);
     lines
         .filter(|l| l.contains(pattern))
@@ -774,7 +807,10 @@ mod tests {
         let mut n = Nic::vhost_user(Path::new("/tmp/x.sock"), "52:54:00:00:00:01");
         n.model = Model::E1000;
         let o = GuestOpts::new("t", vec![n]);
-        assert!(matches!(o.qemu_args(), Err(GuestError::Nic { index: 0, .. })));
+        assert!(matches!(
+            o.qemu_args(),
+            Err(GuestError::Nic { index: 0, .. })
+        ));
         let o = GuestOpts::new(
             "t",
             vec![

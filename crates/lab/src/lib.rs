@@ -7,7 +7,8 @@
 //! the load balancer under load while faults are injected ([`soak`]), a
 //! private systemd that runs the shipped service units ([`systemd`]), and
 //! QEMU guests attached to the switch, to QEMU's TAP backend or as an
-//! emulated e1000 ([`guest`]).
+//! emulated e1000 ([`guest`]), and the demo of two guests talking through
+//! the switch ([`switch_demo`]).
 //!
 //! Everything here creates what it needs and removes it again when dropped,
 //! also when a test panics. Addresses live only inside the namespaces it
@@ -18,6 +19,7 @@ pub mod guest;
 pub mod sample;
 pub mod soak;
 pub mod systemd;
+pub mod switch_demo;
 pub mod topology;
 
 pub use netns;
@@ -94,6 +96,9 @@ pub enum Error {
     /// The user interrupted (SIGINT or SIGTERM).
     #[error("interrupted: removing everything that was created")]
     Interrupted,
+    /// A QEMU guest could not be booted or driven.
+    #[error(transparent)]
+    Guest(#[from] guest::GuestError),
 }
 
 /// What this crate's fallible functions return.

@@ -11,6 +11,7 @@ use super::{Counters, Port};
 pub struct SinkPort {
     name: String,
     c: Counters,
+    mac: Option<crate::bridge::Mac>,
 }
 
 impl SinkPort {
@@ -19,6 +20,18 @@ impl SinkPort {
         SinkPort {
             name: name.to_string(),
             c: Counters::default(),
+            mac: None,
+        }
+    }
+
+    /// A sink named `name` that owns `mac`: the address is pinned to it
+    /// ([`Port::locked_mac`]), so frames for it come here alone, as to a
+    /// station, instead of being flooded to every port until learned (a
+    /// sink never sends, so it is never learned).
+    pub fn with_mac(name: &str, mac: crate::bridge::Mac) -> SinkPort {
+        SinkPort {
+            mac: Some(mac),
+            ..SinkPort::new(name)
         }
     }
 }
@@ -44,6 +57,9 @@ impl Port for SinkPort {
     }
     fn as_any(&mut self) -> Option<&mut dyn std::any::Any> {
         Some(self)
+    }
+    fn locked_mac(&self) -> Option<crate::bridge::Mac> {
+        self.mac
     }
     fn counters(&mut self) -> &mut Counters {
         &mut self.c

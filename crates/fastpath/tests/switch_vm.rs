@@ -1,0 +1,313 @@
+//! Virtual machines on the switch, as a user runs them: `fastpath switch
+//! run` with two vhost-user ports and a TAP port, in a throwaway namespace;
+//! two QEMU guests (TCG) attached to the VM ports exchange traffic with each
+//! other and with the namespace's kernel through the TAP port; one guest's
+//! QEMU is killed while it transmits and the switch keeps serving the
+//! other, then a new QEMU takes the dead one's port; and `fastpath switch
+//! bench --part vm --quick` reports every key it promises.
+//!
+//! Needs root, QEMU 10 and the guest image (scripts/setup.sh); each test
+//! says "skipped" and passes without them. They boot guests: run them one
+//! at a time (`flock /tmp/fastpath-ns.lock cargo test -p fastpath --test
+//! switch_vm`).
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::fastpath;
+use lab::guest::{Guest, GuestOpts, Nic};
+use lab::netns::Netns;
+
+const MAC_A: &str = "52:54:00:71:00:01";
+const MAC_B: &str = "52:54:00:71:00:02";
+const TAP: &str = "fpvmt0";
+const HOST_IP: &str = "10.76.0.254";
+const IP_A: &str = "10.76.0.1";
+const IP_B: &str = "10.76.0.2";
+
+fn ready() -> bool {
+    if !lab::netns::available() {
+        eprintln!("skipped: needs root and iproute2");
+        return false;
+    }
+    if !lab::guest::available() {
+        eprintln!("skipped: qemu-system-x86_64 or the guest image is missing (scripts/setup.sh)");
+        return false;
+    }
+    true
+}
+
+/// The switch process, killed when dropped.
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn status(sock: &Path) -> Option<serde_json::Value> {
+    let out = fastpath()
+        .args(["switch", "status", "--format", "json", "--socket"])
+        .arg(sock)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+fn port(s: &serde_json::Value, name: &str) -> serde_json::Value {
+    s["ports"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("no port {name} in {s}"))
+}
+
+fn boot(sock: &Path, mac: &str, ip: &str, name: &str) -> Guest {
+    let o = GuestOpts::new(name, vec![Nic::vhost_user(sock, mac)])
+        .ip(&format!("{ip}/24"))
+        .limit(Duration::from_secs(900));
+    Guest::start(&o).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn ping_ok(g: &mut Guest, to: &str, n: u32) {
+    let p = g.ping(to, n, 200).expect("ping runs");
+    assert!(
+        p.received * 2 >= n,
+        "{} -> {to}: {}/{} replies; console: {}",
+        g.name(),
+        p.received,
+        n,
+        g.console_tail()
+    );
+}
+
+#[test]
+fn guests_talk_to_each_other_and_to_a_tap_port_through_the_switch() {
+    if !ready() {
+        return;
+    }
+    let pid = std::process::id();
+    let dir = std::env::temp_dir().join(format!("fp-switch-vm-{pid}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ns = Netns::new(&format!("fpvmt{}", pid % 100_000)).expect("namespace");
+    let ctl: PathBuf = dir.join("switch.sock");
+    let (sock_a, sock_b) = (dir.join("vm-a.sock"), dir.join("vm-b.sock"));
+    let mut cmd = ns.command(env!("CARGO_BIN_EXE_fastpath"));
+    cmd.args(["switch", "run", "--socket"])
+        .arg(&ctl)
+        .args(["--tap", TAP, "--vhost-user"])
+        .arg(format!("{},mac={MAC_A}", sock_a.display()))
+        .arg("--vhost-user")
+        .arg(format!("{},mac={MAC_B},mode=sc,itr=100", sock_b.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: one async-signal-safe system call between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            Ok(())
+        });
+    }
+    let _sw = Proc(cmd.spawn().expect("fastpath switch run"));
+    let t = Instant::now();
+    while status(&ctl).is_none() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no switch");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ns.ip(&["link", "set", "dev", TAP, "up"]).unwrap();
+    ns.ip(&["addr", "add", &format!("{HOST_IP}/24"), "dev", TAP])
+        .unwrap();
+    let s = status(&ctl).unwrap();
+    assert_eq!(port(&s, "vm-a")["kind"], "vhost-user");
+    assert_eq!(port(&s, "vm-a")["locked_mac"], MAC_A);
+    assert_eq!(port(&s, "vm-b")["detail"]["mode"], "sc");
+
+    let mut a = boot(&sock_a, MAC_A, IP_A, "A");
+    let mut b = boot(&sock_b, MAC_B, IP_B, "B");
+    a.wait_ready(lab::guest::BOOT).expect("A boots");
+    b.wait_ready(lab::guest::BOOT).expect("B boots");
+
+    // Guest to guest, and each guest to the TAP port's kernel.
+    ping_ok(&mut a, IP_B, 6);
+    ping_ok(&mut b, IP_A, 6);
+    ping_ok(&mut a, HOST_IP, 4);
+    ping_ok(&mut b, HOST_IP, 4);
+    // A blast from A to B: every frame accounted for at B's port.
+    let rx0 = b.stat("eth0", "rx_packets").unwrap();
+    let before = port(&status(&ctl).unwrap(), "vm-b");
+    let sent = a
+        .pktgen(
+            "eth0",
+            20_000,
+            60,
+            32,
+            MAC_B,
+            IP_B,
+            Duration::from_secs(300),
+        )
+        .expect("pktgen");
+    assert!(sent.sent >= 20_000, "{sent:?}");
+    std::thread::sleep(Duration::from_secs(1));
+    let s = status(&ctl).unwrap();
+    let (va, vb) = (port(&s, "vm-a"), port(&s, "vm-b"));
+    let into_b = vb["to_port"].as_u64().unwrap() - before["to_port"].as_u64().unwrap();
+    let lost_b = vb["dropped_full"].as_u64().unwrap() - before["dropped_full"].as_u64().unwrap();
+    assert!(
+        into_b + lost_b >= 20_000,
+        "B's port took {into_b} and dropped {lost_b} of 20,000"
+    );
+    let rx1 = b.stat("eth0", "rx_packets").unwrap();
+    assert!(rx1 - rx0 > 0, "B received nothing");
+    assert!(va["from_port"].as_u64().unwrap() >= 20_000, "{va}");
+    // The VM ports count their notifications, and nothing was refused.
+    for v in [&va, &vb] {
+        let d = &v["detail"];
+        assert!(d["kicks"].as_u64().is_some(), "{v}");
+        assert!(d["interrupts"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(d["queues"]["tx"]["broke"], 0, "{v}");
+        assert_eq!(v["spoofed"], 0, "{v}");
+    }
+    let tap = port(&s, TAP);
+    assert!(tap["from_port"].as_u64().unwrap() >= 4, "{tap}");
+    // The table shows the VM ports with their per-packet figures.
+    let out = fastpath()
+        .args(["switch", "status", "--socket"])
+        .arg(&ctl)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("vhost-user") && table.contains("kicks/pkt"),
+        "{table}"
+    );
+
+    // QEMU killed mid-traffic: A's port records it, B keeps being served.
+    let pid_a = a.pid();
+    let blast = std::thread::spawn(move || {
+        let r = a.pktgen(
+            "eth0",
+            2_000_000,
+            60,
+            32,
+            MAC_B,
+            IP_B,
+            Duration::from_secs(60),
+        );
+        (a, r)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    if let Some(p) = rustix::process::Pid::from_raw(pid_a as i32) {
+        rustix::process::kill_process(p, rustix::process::Signal::KILL).expect("kill QEMU");
+    }
+    let (_dead, r) = blast.join().unwrap();
+    assert!(r.is_err(), "pktgen in a killed guest cannot finish");
+    let t = Instant::now();
+    loop {
+        let s = status(&ctl).unwrap();
+        let va = port(&s, "vm-a");
+        if va["detail"]["connected"] == false {
+            let why = va["detail"]["last_close"].as_str().unwrap_or_default();
+            assert!(why.contains("closed"), "{va}");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "A still attached: {va}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    ping_ok(&mut b, HOST_IP, 3);
+    // A new QEMU on A's socket: the port serves it from a fresh start.
+    let mut a2 = boot(&sock_a, MAC_A, IP_A, "A again");
+    a2.wait_ready(lab::guest::BOOT).expect("A boots again");
+    ping_ok(&mut a2, IP_B, 4);
+    let s = status(&ctl).unwrap();
+    assert!(port(&s, "vm-a")["detail"]["accepted"].as_u64().unwrap() >= 2);
+    drop(a2);
+    drop(b);
+    drop(_sw);
+    drop(ns);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_part_vm_reports_its_keys_with_ratios_and_limits() {
+    if !ready() {
+        return;
+    }
+    let doc = common::json(&[
+        "switch", "bench", "--part", "vm", "--quick", "--format", "json",
+    ]);
+    for k in bench::vm::KEYS {
+        let v = bench::vm::at(&doc, k).unwrap_or_else(|| panic!("{k} missing: {doc}"));
+        for s in ["min", "median", "max"] {
+            let x = v[s].as_f64().unwrap_or_else(|| panic!("{k}.{s}: {v}"));
+            assert!(x.is_finite() && x >= 0.0, "{k}.{s} = {x}");
+        }
+    }
+    let vm = &doc["vm"];
+    // Rates are rates, ratios are computed from them.
+    assert!(vm["vhost_user"]["guest_tx_pps"]["median"].as_f64().unwrap() > 100.0);
+    assert!(vm["qemu_tap"]["guest_tx_pps"]["median"].as_f64().unwrap() > 100.0);
+    let r = vm["ratio_vhost_user_over_tap"]["median"].as_f64().unwrap();
+    let want = vm["vhost_user"]["guest_tx_pps"]["samples"][0]
+        .as_f64()
+        .unwrap()
+        / vm["qemu_tap"]["guest_tx_pps"]["samples"][0]
+            .as_f64()
+            .unwrap();
+    assert!((r - want).abs() < 1e-6 * want, "ratio {r} vs {want}");
+    let n = vm["vhost_user"]["notifications_per_packet"]["median"]
+        .as_f64()
+        .unwrap();
+    assert!(n < 2.0, "notifications per packet {n}");
+    assert!(vm["guest_to_guest"]["ratio_over_sink"]["median"]
+        .as_f64()
+        .is_some());
+    // Every scheme and every e1000 row, each naming its limit.
+    for s in ["base", "moderated", "sc", "csb", "csb_itr100"] {
+        for b in ["burst1", "burst32"] {
+            let row = &vm["vhost_user"]["schemes"][s][b];
+            assert!(
+                row["limit"].as_str().is_some_and(|l| l.contains("TCG")),
+                "{s} {b}: {row}"
+            );
+        }
+    }
+    for k in [
+        "moderation_off_burst1",
+        "moderation_off_burst32",
+        "moderation_on_burst1",
+        "moderation_on_burst32",
+    ] {
+        let row = &vm["e1000"][k];
+        assert!(row["limit"].as_str().is_some(), "{k}: {row}");
+        assert!(
+            row["interrupts_per_packet"]["median"].as_f64().is_some(),
+            "{k}: {row}"
+        );
+    }
+    // Without throttling the e1000 takes more interrupts per packet.
+    let off = vm["e1000"]["moderation_off_burst1"]["interrupts_per_packet"]["median"]
+        .as_f64()
+        .unwrap();
+    let on = vm["e1000"]["moderation_on_burst1"]["interrupts_per_packet"]["median"]
+        .as_f64()
+        .unwrap();
+    assert!(off >= on, "throttling off {off} vs on {on}");
+    for k in ["qemu_tap", "guest_to_sink", "guest_to_guest"] {
+        assert!(vm[k]["limit"].as_str().is_some(), "{k} names no limit");
+    }
+    assert!(vm["machine"]["load_avg_1min"]["median"].as_f64().is_some());
+    assert_eq!(vm["machine"]["accel"], "tcg");
+}
