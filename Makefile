@@ -14,13 +14,16 @@ setup:
 ## load balancers x backends, a load balancer dying and returning, a
 ## graceful rolling restart under load, a backend removed while a load
 ## balancer is down, the fleet's tables compared, then everything removed.
-## Then the forwarder on a sample capture, decoded by tshark, the Maglev
-## hashing evaluation (section 5.3, plots in out/plots) and the fleet
+## Then two QEMU virtual machines exchanging traffic through the switch
+## (ping, a pktgen blast, `fastpath switch status` with the VM ports'
+## counters). Then the forwarder on a sample capture, decoded by tshark, the
+## Maglev hashing evaluation (section 5.3, plots in out/plots) and the fleet
 ## simulator at internet scale (plots in out/plots). Needs root.
 demo: setup
 	$(CARGO) build --release --locked -p fastpath
 	mkdir -p $(OUT)
 	./target/release/fastpath lb demo
+	./target/release/fastpath switch demo
 	./target/release/fastpath lb sample-pcap --out $(OUT)/in.pcap
 	./target/release/fastpath lb run --config examples/lb.toml --pcap-in $(OUT)/in.pcap --pcap-out $(OUT)/out.pcap
 	@echo "First forwarded packets as tshark decodes them: outer (LB -> backend) and inner (client -> VIP) addresses, GRE protocol type"

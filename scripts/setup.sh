@@ -28,6 +28,8 @@ APT_PACKAGES=(
   systemd            # systemd-analyze verify of the shipped units; the private systemd that runs them (crates/lab/src/systemd.rs)
   binutils           # readelf/objdump/strip: the package's dependencies and stripped binary (scripts/build-deb.sh)
   util-linux         # unshare, nsenter, setpriv: the private systemd's namespaces
+  busybox-static     # the QEMU guests' userland (scripts/guest-image.sh)
+  cpio               # packs the guests' initramfs
 )
 
 need_cmd() { command -v "$1" >/dev/null 2>&1; }
@@ -69,4 +71,41 @@ if [ -w /proc/sys/vm/nr_hugepages ]; then
     got=$(cat /proc/sys/vm/nr_hugepages)
     [ "$got" -ge "$HUGEPAGES_WANTED" ] || echo "setup: only $got of $HUGEPAGES_WANTED hugepages could be reserved; pools fall back to normal pages" >&2
   fi
+fi
+
+# QEMU for the virtual-machine tests, demo and benchmark (guests on the
+# switch's vhost-user ports): version 10 or later. Debian 12's QEMU 7.2
+# crashes as soon as a TCG guest starts a vhost-user NIC, so on bookworm it
+# comes from bookworm-backports (which runs on bookworm's libraries).
+qemu_major() {
+  qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\).*/\1/p'
+}
+if [ "$(qemu_major || true)" = "" ] || [ "$(qemu_major)" -lt 10 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: QEMU 10 or later is missing (run as root, or install qemu-system-x86 from bookworm-backports)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  if [ "$codename" = bookworm ]; then
+    if ! grep -rqs '^deb .*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+      echo "deb http://deb.debian.org/debian bookworm-backports main" > /etc/apt/sources.list.d/fastpath-bookworm-backports.list
+    fi
+    echo "setup: installing qemu-system-x86 from bookworm-backports"
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 >/dev/null
+  else
+    echo "setup: installing qemu-system-x86"
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null
+  fi
+  if [ "$(qemu_major || true)" = "" ] || [ "$(qemu_major)" -lt 10 ]; then
+    echo "setup: qemu-system-x86_64 is still older than 10 ($(qemu-system-x86_64 --version 2>/dev/null | head -1)); the VM tests will skip" >&2
+  fi
+fi
+
+# The guests' kernel and initramfs, built offline from Debian's packages
+# (silent when already built).
+if [ "$(id -u)" -eq 0 ]; then
+  "$(dirname "$0")/guest-image.sh"
 fi

@@ -938,11 +938,12 @@ fn print_vm(v: &serde_json::Value) {
     println!("{t}");
     let g = &v["guest_to_guest"];
     println!(
-        "guest to sink: {} Kpps; guest to guest (into B's ring): {} Kpps, ratio {} (goal >= 0.5); B's kernel took {} Kpps",
+        "guest to sink: {} Kpps; guest to guest: A sends {} Kpps through the switch, ratio {} (goal >= 0.5); B receives {} Kpps, ratio {}",
         mmm(&v["guest_to_sink"]["pps"], 1e-3, 1),
         mmm(&g["pps"], 1e-3, 1),
         mmm(&g["ratio_over_sink"], 1.0, 2),
-        mmm(&g["received_pps"], 1e-3, 1),
+        mmm(&g["rx_pps"], 1e-3, 1),
+        mmm(&g["rx_ratio_over_sink"], 1.0, 2),
     );
     println!(
         "ping A to B: p50 {} us ({} lost)",
@@ -950,9 +951,9 @@ fn print_vm(v: &serde_json::Value) {
         g["ping_lost"]
     );
     println!(
-        "vhost-user / QEMU TAP: {} (burst 1), {} (burst 32); goal >= 2; the paper's VALE / TAP with pkt-gen: {:.1}",
+        "vhost-user / QEMU TAP: {} (burst 32), {} (burst 1); goal >= 2; the paper's VALE / TAP with pkt-gen: {:.1}",
         mmm(&v["ratio_vhost_user_over_tap"], 1.0, 2),
-        mmm(&v["ratio_vhost_user_over_tap_burst32"], 1.0, 2),
+        mmm(&v["ratio_vhost_user_over_tap_burst1"], 1.0, 2),
         v["ratio_paper_vale_over_tap_pktgen"].as_f64().unwrap_or(f64::NAN)
     );
     println!(

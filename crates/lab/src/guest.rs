@@ -449,6 +449,12 @@ impl Guest {
                 Some(l) => {
                     if let Some(mac) = l.split(READY).nth(1) {
                         self.mac = mac.trim().to_string();
+                        // The console echoes what arrives before /init has
+                        // turned echo off: a first command soaks that up.
+                        let left = within
+                            .saturating_sub(t.elapsed())
+                            .max(Duration::from_secs(10));
+                        self.run("true", left)?;
                         return Ok(());
                     }
                 }
@@ -597,15 +603,23 @@ impl Guest {
             self.ok(&format!("echo '{c}' > {p}/{iface}"), short)?;
         }
         self.ok(&format!("echo start > {p}/pgctrl"), within)?;
-        let out = self.ok(&format!("cat {p}/{iface}"), short)?;
-        Ok(parse_pktgen(&out))
+        let cmd = format!("cat {p}/{iface}");
+        let out = self.ok(&cmd, short)?;
+        let r = parse_pktgen(&out);
+        if r.sent == 0 {
+            // A NIC without carrier, say: pktgen starts and sends nothing.
+            return Err(GuestError::Output { cmd, output: out });
+        }
+        Ok(r)
     }
 
     /// Reload the e1000 driver with `InterruptThrottleRate` = `itr` (0:
     /// off, an interrupt per event; 3: the driver's default, dynamic
-    /// throttling), then bring `iface` (its MAC `mac`) up again. QEMU 10's
-    /// e1000 has no `mitigation` switch of its own: it honours the
-    /// throttling register the driver writes.
+    /// throttling; 100 to 100000: at most that many interrupts a second),
+    /// then bring the NIC whose MAC is `mac` up again and wait for its
+    /// carrier; returns its interface. QEMU 10's e1000 has no `mitigation`
+    /// switch of its own: it honours the throttling register the driver
+    /// writes.
     pub fn e1000_throttle(&mut self, itr: u32, mac: &str) -> Result<String> {
         let long = Duration::from_secs(60);
         self.ok("rmmod e1000", long)?;
@@ -615,7 +629,25 @@ impl Guest {
         )?;
         let iface = self.iface(mac)?;
         self.ok(&format!("ip link set {iface} up"), long)?;
+        self.wait_carrier(&iface, Duration::from_secs(20))?;
         Ok(iface)
+    }
+
+    /// Wait until `iface` has a carrier (an e1000's link comes up about a
+    /// second after it is set up; pktgen sends nothing before).
+    pub fn wait_carrier(&mut self, iface: &str, within: Duration) -> Result<()> {
+        let secs = within.as_secs().max(1) * 10;
+        let cmd = format!(
+            "i=0; while [ \"$(cat /sys/class/net/{iface}/carrier 2>/dev/null)\" != 1 ] && [ $i -lt {secs} ]; do sleep 0.1; i=$((i+1)); done; cat /sys/class/net/{iface}/carrier"
+        );
+        let out = self.ok(&cmd, within + Duration::from_secs(30))?;
+        if out.trim().lines().last() != Some("1") {
+            return Err(GuestError::Output {
+                cmd,
+                output: format!("no carrier on {iface}: {out}"),
+            });
+        }
+        Ok(())
     }
 
     /// Kill QEMU now (its vhost-user port sees the frontend vanish).

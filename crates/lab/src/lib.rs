@@ -5,7 +5,7 @@
 //! and nginx ([`topology`]), the demo that shows it to a person ([`demo`]),
 //! sample traffic for the forwarder ([`sample`]), the soak that runs
 //! the load balancer under load while faults are injected ([`soak`]), a
-//! private systemd that runs the shipped service units ([`systemd`]), and
+//! private systemd that runs the shipped service units ([`systemd`]),
 //! QEMU guests attached to the switch, to QEMU's TAP backend or as an
 //! emulated e1000 ([`guest`]), and the demo of two guests talking through
 //! the switch ([`switch_demo`]).

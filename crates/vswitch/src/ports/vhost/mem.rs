@@ -13,7 +13,11 @@
 //! region is taken only from a memfd sealed against shrinking
 //! (`F_SEAL_SHRINK`, which QEMU's `memory-backend-memfd` sets by default)
 //! and at least as long as the region claims, checked with `fstat` while
-//! the seal already holds.
+//! the seal already holds. A memfd on hugetlbfs is refused as well: it can
+//! be sealed, but a hole punched in it makes the next touch of those pages
+//! need a fresh huge page, and with the pool exhausted that touch is
+//! SIGBUS (the port does not recover from SIGBUS; see the module above for
+//! what a frontend can still do).
 
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -27,6 +31,9 @@ pub const MAX_REGIONS: usize = 8;
 /// The largest region accepted (1 TiB): beyond it a size is a mistake or an
 /// attack on our address space, not a guest.
 pub const MAX_REGION_SIZE: u64 = 1 << 40;
+
+/// `statfs`'s `f_type` for hugetlbfs (linux/magic.h).
+const HUGETLBFS_MAGIC: u64 = 0x9584_58f6;
 
 /// What the frontend says about one region (`VhostUserMemoryRegion`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +91,21 @@ pub enum MemError {
     /// The memfd can still shrink.
     #[error("region {index}: memfd not sealed against shrinking (F_SEAL_SHRINK); a frontend that truncates it would make our reads fault with SIGBUS")]
     Unsealed {
+        /// Region index.
+        index: usize,
+    },
+    /// The file system the file lives on could not be read.
+    #[error("region {index}: reading its file system (fstatfs)")]
+    Statfs {
+        /// Region index.
+        index: usize,
+        /// Why `fstatfs` failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The memfd is backed by huge pages.
+    #[error("region {index}: a hugetlbfs memfd (memory-backend-memfd,hugetlb=on) is refused: after a hole is punched in it, touching those pages needs a fresh huge page and faults with SIGBUS once the pool is exhausted; give the guest ordinary memfd memory")]
+    Hugetlb {
         /// Region index.
         index: usize,
     },
@@ -201,6 +223,13 @@ impl GuestMemory {
             })?;
             if !seals.contains(rustix::fs::SealFlags::SHRINK) {
                 return Err(MemError::Unsealed { index });
+            }
+            let fs = rustix::fs::fstatfs(&file).map_err(|e| MemError::Statfs {
+                index,
+                source: e.into(),
+            })?;
+            if fs.f_type as u64 & 0xffff_ffff == HUGETLBFS_MAGIC {
+                return Err(MemError::Hugetlb { index });
             }
             let have = file
                 .metadata()
@@ -413,5 +442,33 @@ mod tests {
             matches!(e, MemError::Seals { .. } | MemError::Unsealed { .. }),
             "{e}"
         );
+    }
+
+    #[test]
+    fn refuses_a_sealed_hugetlbfs_memfd() {
+        let huge = 2u64 << 20;
+        // SAFETY: memfd_create with a NUL-terminated literal name.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"mem-test-huge".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB,
+            )
+        };
+        if fd < 0 {
+            eprintln!(
+                "skipped: no hugetlbfs memfd here ({})",
+                std::io::Error::last_os_error()
+            );
+            return;
+        }
+        // SAFETY: fd is a fresh descriptor nothing else owns.
+        let f = unsafe { File::from_raw_fd(fd) };
+        f.set_len(huge).unwrap();
+        // SAFETY: fcntl on our own descriptor with an integer argument.
+        let rc = unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
+        assert_eq!(rc, 0, "hugetlbfs memfds can be sealed");
+        let e = GuestMemory::map(&[spec(0, huge, 0, 0)], vec![f]).unwrap_err();
+        assert!(matches!(e, MemError::Hugetlb { index: 0 }), "{e}");
+        assert!(e.to_string().contains("SIGBUS"), "{e}");
     }
 }

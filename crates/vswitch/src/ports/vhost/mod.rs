@@ -20,6 +20,40 @@
 //! forwarding passes. A frontend that leaves (or is refused) takes its
 //! device with it; the port listens again, and a new frontend (QEMU
 //! restarted, or reconnecting) starts afresh.
+//!
+//! # What a frontend can still do to guest memory, and how it is contained
+//!
+//! Guest memory is a file descriptor the switch did not create and cannot
+//! seal: the frontend keeps its own descriptor and can act on the file at
+//! any time. What it can do, and what stops it:
+//!
+//! - **Shrink the file** (`ftruncate`) so that our next read of the lost
+//!   pages faults with SIGBUS: refused up front. A region is mapped only
+//!   from a memfd whose seals hold `F_SEAL_SHRINK` (checked before its size,
+//!   since a size read from an unsealed file can be made false at once);
+//!   QEMU's `memory-backend-memfd` seals by default. Regular files
+//!   (`memory-backend-file`) cannot be sealed and are refused.
+//! - **Punch holes** (`FALLOC_FL_PUNCH_HOLE`, allowed on a sealed memfd):
+//!   on an ordinary (shmem) memfd the pages read as zeros again and a write
+//!   allocates a page; no fault. The rings then hold zeros, which the
+//!   checked datapath reads as "nothing available". Harmless to the switch.
+//! - **Back the memfd with huge pages** (`hugetlb=on`) and punch a hole: a
+//!   later touch needs a fresh huge page, and with the pool exhausted that
+//!   touch is SIGBUS, which would end the switch. Refused (`fstatfs` says
+//!   hugetlbfs): handling SIGBUS soundly in the switch's one thread (a
+//!   handler that jumps out of a copy) is not done.
+//! - **Write anything into the rings and buffers at any time**, including
+//!   while the switch reads them: every index and address is read once and
+//!   checked before use ([`datapath`]); a frame copied while the guest
+//!   rewrites it arrives garbled, which only the guest's own traffic
+//!   suffers.
+//! - **Replace the memory table** while running: the queues are rebuilt on
+//!   the new mappings (a table that no longer holds the rings is refused and
+//!   the connection closed); the old mappings go only once nothing points
+//!   into them.
+//!
+//! A frontend that breaks a rule is disconnected with the reason in the
+//! port's status (`last_close`); the switch goes on serving its other ports.
 
 pub mod control;
 pub mod datapath;
