@@ -925,6 +925,9 @@ fn print_vm(v: &serde_json::Value) {
         ]);
     }
     for (key, r) in v["e1000"].as_object().into_iter().flatten() {
+        if !r.is_object() {
+            continue;
+        }
         t.row([
             format!("e1000 {}", key.split("_burst").next().unwrap_or(key)),
             r["burst"].to_string(),
@@ -936,6 +939,17 @@ fn print_vm(v: &serde_json::Value) {
         ]);
     }
     println!("{t}");
+    println!(
+        "e1000 interrupts per packet, throttled over unthrottled: {} (burst 1), {} (burst 32)",
+        opt(
+            v["e1000"]["throttled_over_unthrottled_irq_per_packet_burst1"].as_f64(),
+            2
+        ),
+        opt(
+            v["e1000"]["throttled_over_unthrottled_irq_per_packet_burst32"].as_f64(),
+            2
+        ),
+    );
     let g = &v["guest_to_guest"];
     println!(
         "guest to sink: {} Kpps; guest to guest: A sends {} Kpps through the switch, ratio {} (goal >= 0.5); B receives {} Kpps, ratio {}",
@@ -979,7 +993,10 @@ fn print_vm(v: &serde_json::Value) {
     ] {
         println!("  {what}: {}", l.as_str().unwrap_or("?"));
     }
-    if let Some(r) = v["e1000"].as_object().and_then(|o| o.values().next()) {
+    if let Some(r) = v["e1000"]
+        .as_object()
+        .and_then(|o| o.values().find(|r| r.is_object()))
+    {
         println!("  e1000: {}", r["limit"].as_str().unwrap_or("?"));
     }
 }

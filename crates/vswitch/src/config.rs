@@ -349,3 +349,62 @@ impl FileConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_annotated_example_loads() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/switch.toml");
+        let f = FileConfig::load(&p).unwrap();
+        let c = f.config();
+        assert_eq!(c.vhost_user.len(), 2);
+        let vm1 = &c.vhost_user[0];
+        assert_eq!(vm1.name, "vm1");
+        assert_eq!(vm1.mac, Some([0x52, 0x54, 0, 0, 0, 1]));
+        assert!(vm1.port_security);
+        let vm2 = &c.vhost_user[1];
+        assert_eq!(
+            (vm2.name.as_str(), vm2.mode, vm2.itr),
+            ("vm2", ring::Mode::Sc, 100)
+        );
+        assert_eq!(vm2.mac, None);
+    }
+
+    #[test]
+    fn vhost_user_specs_name_what_is_wrong() {
+        let c = VhostUserEntry::parse(
+            "/tmp/a.sock,mode=sc,itr=100,mac=52:54:00:00:00:09,port_security=off",
+        )
+        .unwrap()
+        .config()
+        .unwrap();
+        assert_eq!((c.name.as_str(), c.mode, c.itr), ("a", ring::Mode::Sc, 100));
+        assert!(!c.port_security);
+        let e = |s: &str| match VhostUserEntry::parse(s).and_then(|e| e.config()) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{s} accepted"),
+        };
+        assert!(e("/tmp/a.sock,mode=fast").contains("base, sc or csb"));
+        assert!(e("/tmp/a.sock,itr=70000").contains("0..=65535"));
+        assert!(e("/tmp/a.sock,mac=01:00:00:00:00:01").contains("group address"));
+        assert!(e("/tmp/a.sock,mac=52:54").contains("six hex bytes"));
+        assert!(e("/tmp/a.sock,colour=red").contains("unknown key"));
+        assert!(e(",mode=sc").contains("empty"));
+        assert!(e("/tmp/a.sock,event_idx=maybe").contains("on or off"));
+    }
+
+    #[test]
+    fn a_wrong_vhost_user_table_names_the_file_and_entry() {
+        let p = std::env::temp_dir().join(format!("fp-switch-conf-{}.toml", std::process::id()));
+        std::fs::write(&p, "[[vhost_user]]\npath = \"/tmp/x.sock\"\nmac = \"zz\"\n").unwrap();
+        let e = FileConfig::load(&p).unwrap_err();
+        let text = crate::chain(&e);
+        let _ = std::fs::remove_file(&p);
+        assert!(
+            text.contains("vhost_user entry 0") && text.contains("zz"),
+            "{text}"
+        );
+    }
+}

@@ -12,6 +12,13 @@
 //! going to sleep and waits in epoll for kicks, control connections and
 //! moderation timers.
 //!
+//! Port security: a port may be locked to one source address
+//! ([`Port::locked_mac`]; VM ports whose guest's MAC is configured are, by
+//! default, and a ring port whose driver asks). The switch drops that
+//! port's frames from any other address and pins the address to it, so no
+//! other port can take its traffic by sending from it; both count as
+//! `spoofed`.
+//!
 //! # Where things are
 //!
 //! - `switch.rs`: the core: [`Switch`]'s port slots, the MAC table, the
@@ -34,7 +41,11 @@
 //!    protocol of its own is a directory shaped like `ports/memif/` (shared
 //!    structures, protocol and datapath apart).
 //! 2. Ports made by the program itself (as TAP ports are) go to
-//!    [`Switch::add_port`]; nothing more is needed.
+//!    [`Switch::add_port`]; nothing more is needed. A kind that is one
+//!    device on a socket of its own, listening for its one peer across
+//!    reconnects (vhost-user: QEMU), is such a port too: it brings its own
+//!    epoll descriptor as [`Port::fd`], and [`Config`] lists the ones to
+//!    make (`vhost_user`).
 //! 3. Ports that outside programs attach through a socket of their own
 //!    need a server implementing `ports::Attach` (listening socket, accept,
 //!    serve a connection, as `ports/memif/mod.rs` does for memif), the

@@ -958,3 +958,63 @@ fn a_kick_descriptor_that_is_no_eventfd_is_refused() {
     victim_sends(&mut sw, &mut v, &mut seq, 2).expect("victim served");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Port security is on by default for a VM port whose guest's MAC the
+/// switch knows: the guest cannot send from another address, another port
+/// cannot send from the guest's, and frames for the guest reach it alone
+/// (its address is pinned, never learned elsewhere).
+#[test]
+fn a_vm_port_given_its_guest_s_mac_is_locked_to_it() {
+    const VM: [u8; 6] = [0x52, 0x54, 0, 0, 0, 0x01];
+    const THIEF: [u8; 6] = [0x52, 0x54, 0, 0, 0, 0x66];
+    let frame = |dst: [u8; 6], src: [u8; 6], tag: u8| {
+        let mut f = dst.to_vec();
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&[0x88, 0xb5, tag]);
+        f.resize(60, 0);
+        f
+    };
+    let d = dir("locked");
+    let mut sw = common::switch();
+    let mut c = vswitch::ports::vhost::Config::new("vm", &d.join("vm.sock"));
+    c.mac = Some(VM);
+    assert!(c.port_security, "on by default");
+    let vm_idx = sw
+        .add_port(Box::new(vswitch::VhostPort::bind(c).expect("bind")))
+        .expect("add");
+    let thief_idx = add_vport(&mut sw, &d, "thief", Mode::Csb, 0);
+    let cap = sw
+        .add_port(Box::new(CapturePort::new("capture")))
+        .expect("add");
+    let mut vm = TestGuest::attach(&mut sw, &d.join("vm.sock"), 64).expect("vm");
+    let mut thief = TestGuest::attach(&mut sw, &d.join("thief.sock"), 64).expect("thief");
+    settle(&mut sw);
+    vm.post_rx(32);
+    thief.post_rx(32);
+    settle(&mut sw);
+    let spoofed = |sw: &mut Switch, i: u16| sw.port_mut(i).expect("port").counters().spoofed;
+    // The thief sends from the guest's address: dropped, counted.
+    thief.send_frame(&frame([0xff; 6], VM, 1));
+    settle(&mut sw);
+    assert!(capture(&mut sw, cap).frames.is_empty());
+    assert!(vm.received().is_empty());
+    assert_eq!(spoofed(&mut sw, thief_idx), 1);
+    // A frame for the guest reaches it alone, not flooded.
+    thief.send_frame(&frame(VM, THIEF, 2));
+    settle(&mut sw);
+    let got = vm.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0][14], 2);
+    assert!(capture(&mut sw, cap).frames.is_empty(), "flooded");
+    // The guest sending from another address: dropped, counted.
+    vm.send_frame(&frame([0xff; 6], THIEF, 3));
+    settle(&mut sw);
+    assert!(capture(&mut sw, cap).frames.is_empty());
+    assert_eq!(spoofed(&mut sw, vm_idx), 1);
+    // From its own: delivered.
+    vm.send_frame(&frame([0xff; 6], VM, 4));
+    settle(&mut sw);
+    assert_eq!(capture(&mut sw, cap).frames.len(), 1);
+    assert_eq!(sw.stats.spoofed, 2);
+    let _ = std::fs::remove_dir_all(&d);
+}
