@@ -461,8 +461,8 @@ impl Bench<'_> {
         }
         // Whether the throttling did anything: interrupts per packet with it
         // over without it, per burst (medians).
-        let irq = |k: &str| out[k]["interrupts_per_packet"]["median"].as_f64();
         for b in [1, 32] {
+            let irq = |k: &str| out[k]["interrupts_per_packet"]["median"].as_f64();
             let on = irq(&format!("moderation_on_burst{b}"));
             let off = irq(&format!("moderation_off_burst{b}"));
             let r = match (on, off) {
