@@ -29,5 +29,5 @@ pub mod maio;
 mod proc;
 pub mod switch;
 pub mod veth;
-pub mod xdp;
 pub mod vm;
+pub mod xdp;

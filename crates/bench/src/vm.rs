@@ -79,6 +79,9 @@ pub enum VmError {
     /// The namespace could not be built.
     #[error(transparent)]
     Lab(#[from] lab::Error),
+    /// The namespace or its links could not be made.
+    #[error(transparent)]
+    Netns(#[from] lab::netns::Error),
     /// A guest failed.
     #[error("guest {guest}")]
     Guest {

@@ -18,8 +18,8 @@ pub mod demo;
 pub mod guest;
 pub mod sample;
 pub mod soak;
-pub mod systemd;
 pub mod switch_demo;
+pub mod systemd;
 pub mod topology;
 
 pub use netns;
