@@ -202,7 +202,13 @@ pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
             .collect(),
     };
     match a.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&s)?),
+        Format::Json => {
+            println!("{}", serde_json::to_string_pretty(&s)?);
+            // The document holds them; a person running a script sees them too.
+            for w in &s.warnings {
+                eprintln!("warning: {w}");
+            }
+        }
         Format::Table => print_summary(&s),
     }
     Ok(())

@@ -24,15 +24,27 @@ const FLOOD: usize = 3_000;
 fn start_limited(t: &mut Topology, limits: &str, log: &std::path::Path) {
     let file = std::fs::File::create(log).unwrap();
     let err = file.try_clone().unwrap();
+    // On the load balancer's machine as the topology runs it (its own
+    // /run/fastpath, where its BIRD reads the routes file).
+    let nofile = format!("--nofile={limits}");
+    let config = t.config.to_string_lossy().into_owned();
     let child = t
-        .lb()
-        .command("prlimit")
-        .arg(format!("--nofile={limits}"))
-        .arg("--")
-        .arg(env!("CARGO_BIN_EXE_fastpath"))
-        .args(["lb", "run", "--config"])
-        .arg(&t.config)
-        .args(["--interface", "l0"])
+        .lb_machine_command(
+            1,
+            &[
+                "prlimit",
+                &nofile,
+                "--",
+                env!("CARGO_BIN_EXE_fastpath"),
+                "lb",
+                "run",
+                "--config",
+                &config,
+                "--interface",
+                "l0",
+            ],
+        )
+        .unwrap()
         .stdin(Stdio::null())
         .stdout(file)
         .stderr(err)
@@ -95,7 +107,10 @@ fn an_api_flood_marks_no_backend_down_and_forwarding_goes_on() {
     ] {
         let log = t.dir.join(format!("lb-{}.log", limits.replace(':', "-")));
         start_limited(&mut t, limits, &log);
-        t.wait_for_vip(Duration::from_secs(30)).unwrap();
+        if let Err(e) = t.wait_for_vip(Duration::from_secs(30)) {
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("{what}: {e}\n--- the load balancer said:\n{said}");
+        }
         let before = status(&t);
         assert_eq!(before["health_changes"], 0, "{what}: {before}");
         let cap = before["api"]["max_connections"].as_u64().unwrap();

@@ -83,8 +83,8 @@ pool = "web"
         .arg(&path)
         .output()
         .unwrap();
-    assert!(out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
     assert!(
         stderr.contains("warning: IPv6 VIPs http6 are not announced"),
         "{stderr}"

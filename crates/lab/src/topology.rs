@@ -562,6 +562,17 @@ impl Topology {
         Ok(line)
     }
 
+    /// A command that runs `args` on load balancer `k`'s machine, as its
+    /// fastpath runs there: in its namespace, with its own /run/fastpath
+    /// (where its BIRD reads the routes file). For a test that starts the
+    /// load balancer its own way (under `prlimit`, for example).
+    pub fn lb_machine_command(&self, k: usize, args: &[&str]) -> Result<Command> {
+        let line = self.lb_machine(k, args)?;
+        let mut c = self.lb_ns(k)?.command(&line[0]);
+        c.args(&line[1..]);
+        Ok(c)
+    }
+
     /// Where BIRD `which` (`rtr`, `lb`, `lbK`) logs.
     pub fn bird_log_path(&self, which: &str) -> PathBuf {
         self.dir.join(format!("bird-{which}.log"))
