@@ -1,4 +1,4 @@
-//! The fleet in namespaces (issue 14): three load balancers behind a BIRD
+//! The fleet in namespaces: three load balancers behind a BIRD
 //! router's ECMP route, nginx and UDP-echo backends behind decap agents.
 //!
 //! - The demo's figures meet their goals and agree with the fleet
