@@ -589,7 +589,7 @@ fn default_bgp_poll() -> u64 {
     500
 }
 
-/// `[tracer]`: packet-tracer probes (Maglev section 4.4, [`crate::trace`]).
+/// `[tracer]`: packet-tracer probes (Maglev section 4.4, [`crate::tracer`]).
 /// A probe is forwarded as usual; this load balancer also reports what it
 /// did with it, at most `rate_per_s` reports a second (bursts of `burst`),
 /// the rest counted as `trace_rate_limited`. Off unless enabled: a report
@@ -925,7 +925,7 @@ pub struct Config {
     /// (none: fragments are handled here, as by a lone load balancer).
     #[serde(default)]
     pub fleet: Option<FleetConf>,
-    /// `[tracer]`: packet-tracer probes (see [`crate::trace`]).
+    /// `[tracer]`: packet-tracer probes (see [`crate::tracer`]).
     #[serde(default)]
     pub tracer: TracerConf,
 }
