@@ -308,7 +308,7 @@ pub enum LbCommand {
     /// Load balancers answer only with `[tracer] enabled = true` and only
     /// to addresses inside its `report_to` prefixes (a report names
     /// backends and machines). Exits 1 if no probe was reported. Marker
-    /// format: crates/lb/src/trace.rs.
+    /// format: crates/lb/src/tracer.rs.
     ///
     /// JSON keys: vip, proto, report_to, unreported, ignored, probes[]{probe,
     /// src, fragmented, reports[]{probe, machine, thread, src, vip, proto,
@@ -320,7 +320,7 @@ pub enum LbCommand {
     ///   fastpath lb trace --vip 198.18.0.80:80 --proto tcp --count 8 --report-to 10.0.0.2:9999
     ///   fastpath lb trace --vip 198.18.0.80:53 --proto udp --fragment --report-to 10.0.0.2:9999 --format json
     #[command(verbatim_doc_comment)]
-    Trace(crate::trace::TraceArgs),
+    Trace(crate::tracer::TraceArgs),
     /// A Maglev fleet in a throwaway network, end to end (needs root).
     ///
     /// Builds network namespaces: a client, a router running BIRD that
@@ -1011,7 +1011,7 @@ pub fn run(c: LbCommand) -> anyhow::Result<()> {
             token_file,
             format,
         } => status(api, token_file.as_deref(), format),
-        LbCommand::Trace(a) => crate::trace::run(a),
+        LbCommand::Trace(a) => crate::tracer::run(a),
         LbCommand::Reload(a) => reload(a),
         LbCommand::Drain(a) => runtime_change(a, lbd::runtime::Change::Drain),
         LbCommand::Undrain(a) => runtime_change(a, lbd::runtime::Change::Undrain),
@@ -1044,7 +1044,7 @@ fn fleet_status(
     token: Option<&str>,
     format: Format,
 ) -> anyhow::Result<()> {
-    let a = lbd::fleet::check(apis, token);
+    let a = lbd::agreement::check(apis, token);
     match format {
         Format::Table => print!("{}", a.to_text()),
         Format::Json => println!("{}", serde_json::to_string_pretty(&a)?),

@@ -15,7 +15,7 @@ mod fleet_sim;
 mod lb;
 mod maio;
 mod switch;
-mod trace;
+mod tracer;
 
 #[derive(Parser)]
 #[command(

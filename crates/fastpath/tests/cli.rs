@@ -176,7 +176,7 @@ fn lb_bench_veth_json_document() {
     let note = fp["note"].as_str().unwrap();
     assert!(note.contains("driver"), "{v}");
     // On AF_XDP the forwarder transmits the frame it received: no copy in
-    // user space (issue 15).
+    // user space.
     if note.contains("AF_XDP") {
         assert_eq!(fp["copies_per_packet"].as_f64(), Some(0.0), "{v}");
     }

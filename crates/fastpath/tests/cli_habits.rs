@@ -1,4 +1,4 @@
-//! CLI habits (issue 17): man pages and shell completions generated from
+//! CLI habits: man pages and shell completions generated from
 //! the clap definition by `fastpath man` and `fastpath completions`, they
 //! must cover every real subcommand and name none that does not exist.
 //! The list of real subcommands is read from `--help` itself, level by

@@ -1,4 +1,4 @@
-//! Checksum offload on AF_XDP (issue 17, finding 2): with transmit
+//! Checksum offload on AF_XDP: with transmit
 //! checksum offload left ON on the client's veth, its TCP segments carry
 //! partial checksums (the pseudo-header sum); XDP does not say so, and a
 //! backend would drop them all as checksum errors. The load balancer, on

@@ -1,4 +1,4 @@
-//! The fleet in namespaces (issue 14): three load balancers behind a BIRD
+//! The fleet in namespaces: three load balancers behind a BIRD
 //! router's ECMP route, nginx and UDP-echo backends behind decap agents.
 //!
 //! - The demo's figures meet their goals and agree with the fleet
@@ -524,7 +524,7 @@ fn fragments_tracer_and_agreement_across_the_fleet() {
                 dst_port: 0,
                 proto: 17,
             };
-            lb::fleet::responsible(&peers, &flow) == Some(lb3)
+            lb::frag_redirect::responsible(&peers, &flow) == Some(lb3)
         })
         .collect();
     let drops = |s: &serde_json::Value| s["drops"]["fragment_peer_down"].as_u64().unwrap_or(0);

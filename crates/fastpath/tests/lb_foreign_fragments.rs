@@ -1,6 +1,6 @@
-//! A capture that fastpath did not write (issue 13: "a capture of lone
-//! later fragments ends in under a second with every frame accounted
-//! for"). Scapy, an independent packet library, fragments real UDP and TCP
+//! A capture that fastpath did not write: a capture of lone
+//! later fragments must end in under a second with every frame accounted
+//! for. Scapy, an independent packet library, fragments real UDP and TCP
 //! datagrams to the sample configuration's VIPs; the capture keeps every
 //! fragment of some datagrams, only the later fragments of others (the
 //! first never comes), and sends UDP to the TCP-only VIP (its first

@@ -1,5 +1,4 @@
-//! The load balancer finds its next hop's MAC itself (issue 17, finding
-//! 1): without `[encap] gateway_mac`, `fastpath lb run --interface` asks
+//! The load balancer finds its next hop's MAC itself: without `[encap] gateway_mac`, `fastpath lb run --interface` asks
 //! the kernel (route to the first backend, neighbour table), sends its GRE
 //! frames there, follows a change, and says clearly, at start and in
 //! `/status` and `lb status`, when it cannot.
@@ -370,7 +369,7 @@ fn the_next_hop_is_resolved_followed_and_reported() {
 }
 
 /// Logs carry colour only on a terminal, and not even there with NO_COLOR
-/// set (issue 17, CLI habits). The daemon runs under `script`, which gives
+/// set, as command-line tools should behave. The daemon runs under `script`, which gives
 /// it a pseudo-terminal: it logs the unresolvable gateway, then stops at
 /// once on an API address it cannot bind (the namespace does not have it;
 /// a missing token file no longer gets that far: the configuration is

@@ -1,4 +1,4 @@
-//! An idle load balancer sleeps (issue 13, finding 10): with no traffic,
+//! An idle load balancer sleeps: with no traffic,
 //! `fastpath lb run --interface` uses almost no CPU (it used about a tenth
 //! of a core with two packet threads), and a frame that arrives after an
 //! idle period is still forwarded, promptly. In a namespace of its own,

@@ -129,7 +129,7 @@ fn http_through_the_vip_failover_reload_and_bgp() {
     });
     assert!(t.request().is_ok());
     // A key that cannot change while running is reported, not silently
-    // ignored; the rest of the file applies (issue 13, finding 6).
+    // ignored; the rest of the file applies.
     std::fs::write(&t.config, good.replace("threads = 2", "threads = 1")).unwrap();
     let answer = t.api("POST", "/reload").unwrap();
     assert!(

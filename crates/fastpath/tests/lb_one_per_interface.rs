@@ -1,4 +1,4 @@
-//! One load balancer per interface (issue 13, finding 5): a second
+//! One load balancer per interface: a second
 //! `fastpath lb run` on an interface that one already serves refuses at
 //! once with a clear message, instead of falling back to AF_PACKET beside
 //! it. In a namespace of its own, with a veth pair that exists only there.

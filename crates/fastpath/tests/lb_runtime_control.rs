@@ -1,4 +1,4 @@
-//! Runtime control without editing files (issue 17): `fastpath lb drain`,
+//! Runtime control without editing files: `fastpath lb drain`,
 //! `undrain` and `weight` against a running daemon (`lb run --interface`
 //! on a veth pair in a namespace of its own, AF_PACKET, API on the
 //! namespace's loopback with a bearer token). The change shows in `lb

@@ -1,4 +1,4 @@
-//! The soak of issue 13 ("soak with faults"), in its 60-second version:
+//! The soak with faults, in its 60-second version:
 //! `fastpath lb soak --seconds 60 --format json` on the namespace topology
 //! (five nginx backends, tunnel health checks), with wrk load with and
 //! without keep-alive while nginx is stopped, a decap agent killed, a link

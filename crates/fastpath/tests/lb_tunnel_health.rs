@@ -1,4 +1,4 @@
-//! Health checks through the tunnel (issue 13, finding 2): with `via =
+//! Health checks through the tunnel: with `via =
 //! "tunnel"`, a check goes GRE-encapsulated to the backend with the VIP as
 //! inner destination, through the backend's decapsulation agent, the way
 //! client traffic goes. Killing a backend's `fastpath lb decap` (its nginx

@@ -609,7 +609,7 @@ pub fn run(opts: &Options, stop: Arc<AtomicBool>) -> Result<FleetReport> {
     }
     let named: Vec<(String, lbd::status::Status)> =
         (1..=lbs).map(|k| format!("lb{k}")).zip(statuses).collect();
-    let agreement = lbd::fleet::compare(&named);
+    let agreement = lbd::agreement::compare(&named);
     report.agree = agreement.agree;
     report.agreement = agreement.to_text();
     say(&format!("\n{}", report.agreement));

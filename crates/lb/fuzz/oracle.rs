@@ -1,8 +1,8 @@
 //! The liveness oracle, shared by the property test
 //! (`crates/lb/tests/liveness.rs`, which includes this file) and the
 //! `forward_sequence` fuzz target: runs a sequence of frames through the
-//! datapath over a [`MemPort`] under a watchdog, and checks what issue 13
-//! asks of the forwarder under hostile input:
+//! datapath over a [`MemPort`] under a watchdog, and checks what the forwarder
+//! owes under hostile input:
 //!
 //! - the run ends on its own (held fragments end too);
 //! - every pool buffer returns;

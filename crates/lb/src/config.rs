@@ -589,7 +589,7 @@ fn default_bgp_poll() -> u64 {
     500
 }
 
-/// `[tracer]`: packet-tracer probes (Maglev section 4.4, [`crate::trace`]).
+/// `[tracer]`: packet-tracer probes (Maglev section 4.4, [`crate::tracer`]).
 /// A probe is forwarded as usual; this load balancer also reports what it
 /// did with it, at most `rate_per_s` reports a second (bursts of `burst`),
 /// the rest counted as `trace_rate_limited`. Off unless enabled: a report
@@ -925,7 +925,7 @@ pub struct Config {
     /// (none: fragments are handled here, as by a lone load balancer).
     #[serde(default)]
     pub fleet: Option<FleetConf>,
-    /// `[tracer]`: packet-tracer probes (see [`crate::trace`]).
+    /// `[tracer]`: packet-tracer probes (see [`crate::tracer`]).
     #[serde(default)]
     pub tracer: TracerConf,
 }
@@ -2218,7 +2218,7 @@ pool = "web"
         assert!(e.key == "line 18" && e.problem.contains("[encap]"), "{e}");
         let e = err("[conntrack]\nsize = 1000\n");
         assert_eq!(e.key, "conntrack.size");
-        // A tracer reports only to prefixes it is given (issue 14 review).
+        // A tracer reports only to prefixes it is given, never the world.
         let e = err(&GOOD.replace("[encap]", "[tracer]\nenabled = true\n[encap]"));
         assert_eq!(e.key, "tracer.report_to", "{e}");
         let e = err(&GOOD.replace(
@@ -2236,7 +2236,7 @@ pool = "web"
         .unwrap();
         assert!(c.tracer.enabled);
         assert!(!Config::parse(GOOD, "t").unwrap().tracer.enabled);
-        // An API anyone can reach needs a token (issue 13, finding 9).
+        // An API anyone can reach needs a token.
         let e = err(&GOOD.replace("[encap]", "[api]\nlisten = \"0.0.0.0:9180\"\n[encap]"));
         assert!(
             e.key == "api.listen" && e.problem.contains("token_file"),
@@ -2289,7 +2289,7 @@ pool = "web"
     #[test]
     fn gateway_mac_is_optional_and_checked_when_set() {
         // Unset: no placeholder in the configuration; the daemon resolves
-        // the next hop (issue 17, finding 1).
+        // the next hop itself.
         let c = Config::parse(GOOD, "t.toml").unwrap();
         assert_eq!(c.encap.gateway_mac, None);
         assert_eq!(Encap::default().gateway_mac, None);

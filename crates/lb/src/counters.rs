@@ -25,7 +25,7 @@ pub enum DropReason {
     FragTableFull,
     /// A fragment waited too long for its first fragment.
     FragExpired,
-    /// A fragment's responsible `[fleet]` peer is down ([`crate::fleet`]):
+    /// A fragment's responsible `[fleet]` peer is down ([`crate::frag_redirect`]):
     /// dropped, not sent to another peer.
     FragmentPeerDown,
     /// A fragment redirected here by a peer is not for a VIP.
@@ -156,11 +156,11 @@ pub struct Counters {
     /// in `tx` too).
     pub frag_redirected: u64,
     /// The same, per peer: by counter slot
-    /// ([`crate::fleet::Fleet::counter_slot`]).
+    /// ([`crate::frag_redirect::Fleet::counter_slot`]).
     pub frag_redirected_to: Vec<u64>,
     /// Fragments that arrived redirected by a peer, taken in.
     pub frag_redirect_received: u64,
-    /// Packet-tracer probes queued for a report ([`crate::trace`]).
+    /// Packet-tracer probes queued for a report ([`crate::tracer`]).
     pub trace_reports: u64,
     /// Probes over the tracer's rate: forwarded without a report.
     pub trace_rate_limited: u64,

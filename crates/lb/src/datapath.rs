@@ -124,7 +124,7 @@ pub struct Params {
     pub mode: Mode,
     /// Packet-tracer reports go through this (`[tracer]`; none when
     /// disabled). Shared by every packet thread; the daemon drains it.
-    pub tracer: Option<Arc<crate::trace::Tracer>>,
+    pub tracer: Option<Arc<crate::tracer::Tracer>>,
 }
 
 impl Params {
@@ -143,7 +143,7 @@ impl Params {
             frag_timeout_ms: c.forwarder.frag_timeout_ms,
             hugepages: maio::Hugepages::Auto,
             mode: Mode::Maglev,
-            tracer: crate::trace::Tracer::from_config(&c.tracer),
+            tracer: crate::tracer::Tracer::from_config(&c.tracer),
         }
     }
 
@@ -395,7 +395,7 @@ impl Datapath {
     }
 
     /// The packet-tracer's queue and counters, if `[tracer]` is enabled.
-    pub fn tracer(&self) -> Option<&Arc<crate::trace::Tracer>> {
+    pub fn tracer(&self) -> Option<&Arc<crate::tracer::Tracer>> {
         self.params.tracer.as_ref()
     }
 

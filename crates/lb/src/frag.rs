@@ -9,7 +9,7 @@
 //!
 //! Steering sends every fragment of a datagram to the same thread by hashing
 //! the 3-tuple. The paper's first hop, which brings every fragment of a
-//! datagram to the same load balancer of a fleet, is [`crate::fleet`]:
+//! datagram to the same load balancer of a fleet, is [`crate::frag_redirect`]:
 //! fragments redirected by a peer are steered by their inner 3-tuple too.
 
 use netio::Packet;

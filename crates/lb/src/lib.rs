@@ -2,9 +2,9 @@
 //! configuration model ([`config`]), VIP matching ([`vip`]), Maglev tables
 //! swapped atomically ([`tables`]), per-thread connection tracking
 //! ([`conntrack`]), fragments ([`frag`]) and their redirection among the
-//! load balancers of a fleet ([`fleet`]), GRE encapsulation, steering and
+//! load balancers of a fleet ([`frag_redirect`]), GRE encapsulation, steering and
 //! muxing over a shared packet pool ([`datapath`]), the counters, pcap
-//! replay ([`pcap_run`]), packet-tracer probes ([`trace`]), and the load
+//! replay ([`pcap_run`]), packet-tracer probes ([`tracer`]), and the load
 //! balancer in the driver ([`xdp`]: its XDP program, `bpf/lb.c`, with the
 //! constants and map layouts it shares with the packet threads defined once
 //! in [`xdp::abi`]).
@@ -17,12 +17,12 @@ pub mod config_chunks;
 pub mod conntrack;
 pub mod counters;
 pub mod datapath;
-pub mod fleet;
 pub mod frag;
+pub mod frag_redirect;
 pub mod pcap_run;
 pub mod queue;
 pub mod tables;
-pub mod trace;
+pub mod tracer;
 pub mod vip;
 pub mod worker;
 pub mod xdp;

@@ -89,10 +89,10 @@ pub struct Tables {
     /// Incremented by every swap.
     pub generation: u64,
     /// `[fleet]`: where fragments go (none: all are handled here).
-    pub fleet: Option<crate::fleet::Fleet>,
+    pub fleet: Option<crate::frag_redirect::Fleet>,
     /// This load balancer's own addresses (`[encap]` source and source6,
     /// key form): GRE to one of them marked as a redirected fragment is
-    /// taken in ([`crate::fleet`]).
+    /// taken in ([`crate::frag_redirect`]).
     pub own: Vec<[u8; 16]>,
     /// `[encap] source_prefix` / `source_prefix6`: per-flow outer sources
     /// and the flow hash in the GRE key (none: every frame from `source`).
@@ -191,7 +191,7 @@ pub struct Control {
     peers: Option<(
         Vec<std::net::IpAddr>,
         std::net::IpAddr,
-        Arc<crate::fleet::Peers>,
+        Arc<crate::frag_redirect::Peers>,
     )>,
     peers_down: std::collections::HashSet<std::net::IpAddr>,
     peer_slots: Vec<std::net::IpAddr>,
@@ -259,7 +259,7 @@ impl Control {
     /// Marks a `[fleet]` peer up or down (from the daemon's peer checks)
     /// and swaps in tables that say so: fragments a down peer is
     /// responsible for are dropped (`fragment_peer_down`), never sent to
-    /// another peer ([`crate::fleet`] says why). Returns false for an
+    /// another peer ([`crate::frag_redirect`] says why). Returns false for an
     /// address that is not a peer, or is this load balancer.
     pub fn set_peer_up(&mut self, peer: std::net::IpAddr, up: bool) -> bool {
         let Some(f) = &self.config.fleet else {
@@ -559,7 +559,7 @@ impl Control {
         cfg: &Config,
         eth_src: [u8; 6],
         eth_dst: [u8; 6],
-    ) -> Result<Option<crate::fleet::Fleet>, crate::fleet::FleetError> {
+    ) -> Result<Option<crate::frag_redirect::Fleet>, crate::frag_redirect::FleetError> {
         let Some(f) = &cfg.fleet else {
             self.peers = None;
             return Ok(None);
@@ -573,7 +573,7 @@ impl Control {
         let peers = match &self.peers {
             Some((list, addr, p)) if *list == f.peers && *addr == me => Arc::clone(p),
             _ => {
-                let p = Arc::new(crate::fleet::Peers::new(&f.peers, me)?);
+                let p = Arc::new(crate::frag_redirect::Peers::new(&f.peers, me)?);
                 self.peers = Some((f.peers.clone(), me, Arc::clone(&p)));
                 p
             }
@@ -590,7 +590,7 @@ impl Control {
             };
             counter_slot.push(slot as u32);
         }
-        Ok(Some(crate::fleet::Fleet {
+        Ok(Some(crate::frag_redirect::Fleet {
             up: peers
                 .addrs()
                 .iter()

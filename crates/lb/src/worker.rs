@@ -17,7 +17,7 @@ use crate::conntrack::{Conntrack, Entry};
 use crate::counters::{Counters, DropReason};
 use crate::frag::{Decision, FragKey, FragTable};
 use crate::tables::Tables;
-use crate::trace::{self, Lookup, Marker, Offer, Record, Redirect, Tracer};
+use crate::tracer::{self, Lookup, Marker, Offer, Record, Redirect, Tracer};
 
 /// Whether TCP `flags` open a connection (SYN without ACK).
 #[inline]
@@ -111,7 +111,7 @@ impl Worker {
     }
 
     /// Reports packet-tracer probes through `tracer` as packet thread
-    /// `thread` ([`crate::trace`]); without a tracer, probes are forwarded
+    /// `thread` ([`crate::tracer`]); without a tracer, probes are forwarded
     /// like any packet and not looked for.
     pub fn with_tracer(mut self, tracer: Arc<Tracer>, thread: usize) -> Self {
         self.trace = Some((tracer, thread.min(usize::from(u16::MAX)) as u16));
@@ -472,7 +472,7 @@ impl Worker {
         };
         let (i, start) = (peer as usize, usize::from(pkt.off));
         let data = self.pool.data_mut(&mut pkt.buf);
-        let hash = crate::fleet::peer_hash(&p.flow);
+        let hash = crate::frag_redirect::peer_hash(&p.flow);
         match encapsulate_keyed(
             data,
             start,

@@ -1,4 +1,4 @@
-//! Encapsulation options through the datapath (issue 17): per-flow outer
+//! Encapsulation options through the datapath: per-flow outer
 //! sources from `[encap] source_prefix` with the flow hash in the GRE key,
 //! and TCP/UDP checksums a local sender left partial completed on the way
 //! (and counted); the options' validation names the key.

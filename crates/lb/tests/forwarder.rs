@@ -309,7 +309,7 @@ fn syn_flood_from_random_sources() {
     }
 }
 
-// --- held fragments always end (issue 13, finding 1) ------------------------
+// --- held fragments always end ---------------------------------------------
 
 /// Later fragments whose first fragment never comes, and later fragments
 /// of a datagram whose first fragment is dropped (UDP to a TCP-only VIP):
@@ -397,7 +397,7 @@ fn lone_later_fragments_end_with_packet_threads() {
     lone_later_fragments(2);
 }
 
-// --- conntrack that follows TCP (issue 13, finding 3) ------------------------
+// --- conntrack that follows TCP --------------------------------------------
 
 /// A drained backend (weight 0) keeps its established connections, but a
 /// new connection on a recently used 5-tuple (a SYN that finds the old

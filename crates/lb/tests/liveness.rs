@@ -1,4 +1,4 @@
-//! The forwarder under hostile input (issue 13): arbitrary sequences of
+//! The forwarder under hostile input: arbitrary sequences of
 //! frames built around the sample configuration (TCP and UDP to VIPs and
 //! elsewhere, IPv4 and IPv6, fragments of real datagrams in any order,
 //! duplicated, overlapping and missing, lone later fragments, ICMP errors

@@ -166,7 +166,7 @@ fn c_has_the_values_rust_uses() {
         ("LB_V4", u64::from(abi::V4)),
         // The program compares the payload's first 8 bytes, loaded as one
         // word, with it.
-        ("LB_TRACE_MAGIC", u64::from_ne_bytes(lb::trace::MAGIC)),
+        ("LB_TRACE_MAGIC", u64::from_ne_bytes(lb::tracer::MAGIC)),
         ("LB_DEFAULT_VIPS", u64::from(abi::DEFAULT_VIPS)),
         ("LB_DEFAULT_CONNS", u64::from(abi::DEFAULT_CONNS)),
     ];

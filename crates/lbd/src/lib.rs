@@ -20,7 +20,7 @@
 //!   [`tunnel`]: checks that go through GRE as client traffic does.
 //! - [`gateway`]: the next hop's MAC resolved from the kernel; [`lock`]: one
 //!   load balancer per interface.
-//! - [`fleet`]: the check that a fleet of load balancers agrees on its
+//! - [`agreement`]: the check that a fleet of load balancers agrees on its
 //!   tables.
 //! - [`notify`]: what the daemon tells systemd (ready, alive while the
 //!   datapath beats, stopping); [`withdraw`]: the withdrawal the service
@@ -30,9 +30,9 @@
 //! axum; it drives the forwarder through atomic table swaps and never sits
 //! on the packet path.
 
+pub mod agreement;
 pub mod client;
 pub mod daemon;
-pub mod fleet;
 pub mod gateway;
 pub mod health;
 pub mod http;

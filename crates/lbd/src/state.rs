@@ -182,7 +182,7 @@ pub(crate) struct DatapathState {
     /// The forwarder's packet pool, for its occupancy in `/status`.
     pub(crate) pool: maio::Pool,
     /// The packet-tracer's queue and counters (`[tracer] enabled`).
-    pub(crate) tracer: Option<Arc<lb::trace::Tracer>>,
+    pub(crate) tracer: Option<Arc<lb::tracer::Tracer>>,
 }
 
 impl DatapathState {

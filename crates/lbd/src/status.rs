@@ -263,7 +263,7 @@ impl EncapStatus {
     }
 }
 
-/// Packet-tracer counters in `/status` (see [`lb::trace`]).
+/// Packet-tracer counters in `/status` (see [`lb::tracer`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct TracerStatus {
     /// Probes queued for a report.

@@ -18,7 +18,7 @@
 //! Fragments a down peer is responsible for are dropped
 //! (`fragment_peer_down`), never rehashed to another peer: every load
 //! balancer must send a datagram's fragments to the same one, and they may
-//! disagree on who is up ([`lb::fleet`]). Also the fleet's part of
+//! disagree on who is up ([`lb::frag_redirect`]). Also the fleet's part of
 //! `/status` and `/metrics`: peers, liveness and redirected fragments.
 
 use std::collections::HashMap;

@@ -1,5 +1,5 @@
 //! The packet-tracer's reporter (Maglev paper, section 4.4): a thread that
-//! drains the records packet threads queue for probes ([`lb::trace`]),
+//! drains the records packet threads queue for probes ([`lb::tracer`]),
 //! turns each into a JSON [`Report`] and sends it as one UDP datagram to
 //! the address the probe named.
 //!
@@ -18,7 +18,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use lb::config::Config;
 use lb::tables::Tables;
-use lb::trace::{Record, Report, Tracer};
+use lb::tracer::{Record, Report, Tracer};
 
 /// How often the reporter looks at the queue.
 pub const POLL: Duration = Duration::from_millis(10);
@@ -106,7 +106,7 @@ pub fn spawn(
         .name("tracer".into())
         .spawn(move || {
             let mut sockets = Sockets::default();
-            let mut records = Vec::with_capacity(lb::trace::QUEUE_LEN);
+            let mut records = Vec::with_capacity(lb::tracer::QUEUE_LEN);
             loop {
                 // Read before draining: records queued before the stop are
                 // still reported.
@@ -133,7 +133,7 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lb::trace::{Marker, Redirect};
+    use lb::tracer::{Marker, Redirect};
     use lb::Control;
 
     fn record(to: SocketAddr, id: u64) -> Record {
@@ -180,7 +180,7 @@ pool = "p"
         // refused by the kernel at send time).
         let mut recs = vec![record(to, 5), record("127.0.0.1:0".parse().unwrap(), 6)];
         send_all(&tracer, sockets, "lb-x", &tables.load(), &mut recs);
-        let mut buf = [0u8; lb::trace::MAX_REPORT];
+        let mut buf = [0u8; lb::tracer::MAX_REPORT];
         let n = rx.recv(&mut buf).unwrap();
         let r = Report::parse(&buf[..n]).unwrap();
         assert_eq!((r.probe, r.machine.as_str()), (5, "lb-x"));

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use lb::config::Config;
 use lb::datapath::{Datapath, Params, RunStats};
-use lb::trace::{fingerprint_hex, Lookup, Marker, Probe, ProbeProto, Record, Report, Tracer};
+use lb::tracer::{fingerprint_hex, Lookup, Marker, Probe, ProbeProto, Record, Report, Tracer};
 use lb::Control;
 use netio::mem::{MemPort, Vary};
 use packet::build::Frame;
@@ -45,7 +45,7 @@ fn run_with(
     burst: u32,
 ) -> (RunStats, Vec<Vec<u8>>, Vec<Record>, Control, Config) {
     let control = Control::new(cfg.clone()).unwrap();
-    let tracer = Arc::new(Tracer::new(rate, burst, lb::trace::QUEUE_LEN));
+    let tracer = Arc::new(Tracer::new(rate, burst, lb::tracer::QUEUE_LEN));
     let mut params = Params::from_config(&cfg);
     params.tracer = Some(Arc::clone(&tracer));
     let dp = Datapath::new(params, control.tables()).unwrap();

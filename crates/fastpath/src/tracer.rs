@@ -1,5 +1,5 @@
 //! `fastpath lb trace`: packet-tracer (Maglev paper, section 4.4). Sends
-//! probes (marker format in `lb::trace`) through the network on a raw
+//! probes (marker format in `lb::tracer`) through the network on a raw
 //! socket, collects the load balancers' reports, and prints the path of
 //! each probe.
 
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use lb::trace::{Marker, Probe, ProbeProto, Report};
+use lb::tracer::{Marker, Probe, ProbeProto, Report};
 
 use crate::Format;
 
@@ -176,7 +176,7 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
         .map(|(i, p)| (p.probe, i))
         .collect();
     let deadline = Instant::now() + Duration::from_millis(a.wait_ms);
-    let mut buf = vec![0u8; lb::trace::MAX_REPORT];
+    let mut buf = vec![0u8; lb::tracer::MAX_REPORT];
     let mut ignored = 0;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -231,7 +231,7 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
 
 /// The JSON document: vip, proto, report_to, unreported, ignored, and
 /// probes[]{probe, src, fragmented, reports[]} with each report as the
-/// load balancer sent it (`lb::trace::Report`).
+/// load balancer sent it (`lb::tracer::Report`).
 fn json(o: &Output) -> serde_json::Value {
     serde_json::json!({
         "vip": o.vip.to_string(),
@@ -299,8 +299,8 @@ fn table(o: &Output) -> String {
                 r.thread.to_string(),
                 r.conntrack
                     .map_or("-", |c| match c {
-                        lb::trace::Lookup::Hit => "hit",
-                        lb::trace::Lookup::Miss => "miss",
+                        lb::tracer::Lookup::Hit => "hit",
+                        lb::tracer::Lookup::Miss => "miss",
                     })
                     .into(),
                 r.generation.to_string(),

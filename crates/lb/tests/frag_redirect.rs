@@ -261,7 +261,7 @@ proptest! {
                 arrivals.reverse();
             }
             let done = deliver(&mut lbs, &pool, arrivals);
-            let responsible = lb::fleet::responsible(&cfg.fleet.as_ref().unwrap().peers, &flow).unwrap();
+            let responsible = lb::frag_redirect::responsible(&cfg.fleet.as_ref().unwrap().peers, &flow).unwrap();
             let backend = lab::sample::expected_backend(&cfg, "dns", &flow).unwrap();
             prop_assert_eq!(done.len(), frags.len(), "every fragment forwarded once");
             let mut inner: Vec<Vec<u8>> = done.iter().map(|(s, _)| s.inner.clone()).collect();
@@ -295,8 +295,8 @@ fn disagreeing_peer_lists_cannot_bounce_a_fragment() {
     let pool = pool();
     let (a, b, c) = (PEERS[0], PEERS[1], PEERS[2]);
     // A knows A and B; B also knows C.
-    let la = lb::fleet::Peers::new(&[ip(a), ip(b)], ip(a)).unwrap();
-    let lb_ = lb::fleet::Peers::new(&[ip(a), ip(b), ip(c)], ip(b)).unwrap();
+    let la = lb::frag_redirect::Peers::new(&[ip(a), ip(b)], ip(a)).unwrap();
+    let lb_ = lb::frag_redirect::Peers::new(&[ip(a), ip(b), ip(c)], ip(b)).unwrap();
     let mut found = 0;
     for i in 0..60_000u32 {
         let src = IpAddr::from([203, 0, (i >> 8) as u8, i as u8]);
@@ -351,7 +351,7 @@ fn datagram_for(want: &str, peers: &[&str], ident: u16) -> (Vec<Vec<u8>>, FlowKe
                 2,
             )
         })
-        .find(|(_, f)| lb::fleet::responsible(&list, f) == Some(ip(want)))
+        .find(|(_, f)| lb::frag_redirect::responsible(&list, f) == Some(ip(want)))
         .unwrap()
 }
 
@@ -485,7 +485,7 @@ fn redirected_fragments_meet_their_datagram_on_one_packet_thread() {
                 3,
             )
         })
-        .filter(|(_, f)| lb::fleet::responsible(&list, f) == Some(ip(me)))
+        .filter(|(_, f)| lb::frag_redirect::responsible(&list, f) == Some(ip(me)))
         .take(24);
     for (frags, flow) in datagrams {
         let redirected = peer.step(&pool, &frags[0], 0);
