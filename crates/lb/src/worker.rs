@@ -314,7 +314,7 @@ impl Worker {
         self.trace.as_ref()?;
         let s = usize::from(pkt.off);
         let frame = &self.pool.data(&pkt.buf)[s..s + usize::from(pkt.len)];
-        match trace::find(frame, p)? {
+        match tracer::find(frame, p)? {
             Ok(m) => Some((m, self.ct.stats().hits)),
             Err(_) => {
                 self.counters.trace_invalid += 1;
