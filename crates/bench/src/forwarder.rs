@@ -106,7 +106,6 @@ const CONFIG: &str = r#"
 [forwarder]
 batch = 32
 queue_size = 1024
-pool_buffers = 16384
 [conntrack]
 size = 65536
 [encap]

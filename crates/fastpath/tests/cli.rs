@@ -132,6 +132,32 @@ fn lb_bench_json_document() {
     }
 }
 
+/// The bench starts with 8, 16 and 32 packet threads: its pool follows
+/// the thread count (it once stopped at 8 with "forwarder.pool_buffers:
+/// 16384 cannot fill the queues").
+#[test]
+fn lb_bench_starts_with_many_packet_threads() {
+    let v = common::json(&[
+        "lb",
+        "bench",
+        "--packets",
+        "4000",
+        "--repeats",
+        "1",
+        "--threads",
+        "8,16,32",
+        "--format",
+        "json",
+    ]);
+    for kind in ["syn", "non_syn", "constant", "null"] {
+        for t in ["8", "16", "32"] {
+            let c = &v["results"][kind][t];
+            assert!(c["mpps"].as_f64().unwrap() > 0.0, "{kind}/{t}: {v}");
+            assert_eq!(c["forwarded"], 4000, "{kind}/{t}");
+        }
+    }
+}
+
 #[test]
 fn lb_bench_veth_json_document() {
     let _alone = veth_bench_alone();

@@ -160,6 +160,71 @@ fn lb_run_forwards_the_sample_capture_as_gre_to_maglev_backends() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Any packet thread count starts with the example configuration, which
+/// leaves the pool to follow the count: 32 threads forward the sample as
+/// two do. A pool written in the file too small for the queues of the
+/// count given on the command line is refused, naming the key, the
+/// count and what would do.
+#[test]
+fn lb_run_starts_with_32_packet_threads() {
+    let dir = workdir("threads32");
+    let (inp, out) = (dir.join("in.pcap"), dir.join("out.pcap"));
+    let st = fastpath()
+        .args(["lb", "sample-pcap", "--out"])
+        .arg(&inp)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let run = |config: &Path, threads: &str| {
+        fastpath()
+            .args([
+                "lb",
+                "run",
+                "--format",
+                "json",
+                "--threads",
+                threads,
+                "--config",
+            ])
+            .arg(config)
+            .arg("--pcap-in")
+            .arg(&inp)
+            .arg("--pcap-out")
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let forwarded = |o: &std::process::Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["forwarded"].as_u64().unwrap()
+    };
+    let two = forwarded(&run(&example_config(), "2"));
+    assert!(two > 0);
+    assert_eq!(forwarded(&run(&example_config(), "32")), two);
+
+    let small = dir.join("small.toml");
+    let text = std::fs::read_to_string(example_config()).unwrap();
+    std::fs::write(
+        &small,
+        text.replace("queue_size = 256", "queue_size = 256\npool_buffers = 4096"),
+    )
+    .unwrap();
+    assert_eq!(forwarded(&run(&small, "2")), two);
+    let o = run(&small, "32");
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("small.toml")
+            && err.contains("forwarder.pool_buffers")
+            && err.contains("32 packet thread")
+            && err.contains("at least 16896")
+            && err.contains("--threads 32"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn lb_run_rejects_a_bad_config_naming_the_key() {
     let dir = workdir("badcfg");

@@ -8,7 +8,8 @@
 //! batch = 32               # packets per batch
 //! batch_timeout_us = 50    # a partial batch is handed over after this long
 //! queue_size = 1024        # per-thread receive and transmit queues
-//! pool_buffers = 8192      # packet pool size (2 KiB buffers)
+//! # pool_buffers = 8192    # packet pool size (2 KiB buffers); default: what the
+//!                          # queues of `threads` packet threads hold, at least 8192
 //!
 //! [conntrack]
 //! size = 65536             # entries per packet thread
@@ -118,6 +119,10 @@ pub const MAX_QUEUE_SIZE: usize = 1 << 16;
 
 /// The largest `[forwarder] pool_buffers`: 4,194,304 buffers (8 GiB).
 pub const MAX_POOL_BUFFERS: u32 = 1 << 22;
+
+/// The fewest buffers a pool sized by the thread count gets
+/// ([`Forwarder::pool_buffers`] without `pool_buffers` in the file).
+pub const DEFAULT_POOL_BUFFERS: u32 = 8192;
 
 /// The largest `[conntrack] size` per packet thread: 16,777,216 entries
 /// (about 0.9 GiB per thread).
@@ -348,8 +353,10 @@ pub struct Forwarder {
     pub batch_timeout_us: u64,
     /// Per-thread queue size (a power of two).
     pub queue_size: usize,
-    /// Packet pool buffers.
-    pub pool_buffers: u32,
+    /// Packet pool buffers as written in the file; none (the default):
+    /// sized by the thread count ([`Forwarder::pool_buffers`]). A value
+    /// given must fill the queues of `threads` packet threads.
+    pub pool_buffers: Option<u32>,
     /// Fragment table entries per packet thread.
     pub frag_table_size: usize,
     /// Milliseconds a fragment waits for its datagram's first fragment.
@@ -364,10 +371,34 @@ impl Default for Forwarder {
             batch: 32,
             batch_timeout_us: 50,
             queue_size: 1024,
-            pool_buffers: 8192,
+            pool_buffers: None,
             frag_table_size: 1024,
             frag_timeout_ms: 1000,
         }
+    }
+}
+
+impl Forwarder {
+    /// The buffers the datapath's rings and queues hold when full with
+    /// `threads` packet threads: a receive and a transmit queue each, the
+    /// I/O loop's receive ring (two queues deep) and its transmit ring (two
+    /// queues deep per thread, counted with the threads' queues here, as
+    /// it only holds what they emptied). A pool smaller than this would
+    /// make steering wait for buffers the queues keep.
+    pub fn needed_buffers(&self) -> u64 {
+        (self.queue_size as u64).saturating_mul(2 * self.threads.max(1) as u64 + 2)
+    }
+
+    /// The pool's size: `pool_buffers` as written, else what the queues
+    /// of the thread count need ([`Forwarder::needed_buffers`]), at least
+    /// [`DEFAULT_POOL_BUFFERS`] (at most [`MAX_POOL_BUFFERS`], which
+    /// validation makes sure is enough).
+    pub fn pool_buffers(&self) -> u32 {
+        self.pool_buffers.unwrap_or_else(|| {
+            self.needed_buffers()
+                .clamp(u64::from(DEFAULT_POOL_BUFFERS), u64::from(MAX_POOL_BUFFERS))
+                as u32
+        })
     }
 }
 
@@ -1061,6 +1092,16 @@ impl Config {
         })
     }
 
+    /// [`Config::validate`] of `[forwarder]` alone: after the thread
+    /// count changed (`--threads`), the sizes that depend on it.
+    pub fn validate_forwarder(&self, file: &str) -> Result<(), ConfigError> {
+        self.check_forwarder().map_err(|p| ConfigError {
+            file: file.into(),
+            key: p.key,
+            problem: p.problem,
+        })
+    }
+
     fn check_all(&self) -> Result<(), Problem> {
         self.check_counts()?;
         self.check_forwarder()?;
@@ -1137,16 +1178,38 @@ impl Config {
             );
         }
         // Both bounded above: no overflow.
-        let min_buffers = (f.queue_size * (2 * f.threads.max(1) + 2)) as u64;
-        if u64::from(f.pool_buffers) < min_buffers || f.pool_buffers > MAX_POOL_BUFFERS {
-            return problem(
-                "forwarder.pool_buffers".into(),
-                format!(
-                    "{} is out of range: at least {min_buffers} fill the queues, at most \
-                     {MAX_POOL_BUFFERS}",
-                    f.pool_buffers
-                ),
-            );
+        let needed = f.needed_buffers();
+        match f.pool_buffers {
+            Some(b) if b > MAX_POOL_BUFFERS => {
+                return problem(
+                    "forwarder.pool_buffers".into(),
+                    format!("{b} is more than the most, {MAX_POOL_BUFFERS}"),
+                )
+            }
+            Some(b) if u64::from(b) < needed => {
+                return problem(
+                    "forwarder.pool_buffers".into(),
+                    format!(
+                        "{b} cannot fill the queues of {} packet thread(s): expected at least \
+                         {needed} (queue_size {} x (2 x {} + 2)); raise it, or leave it out to \
+                         size the pool by the thread count",
+                        f.threads,
+                        f.queue_size,
+                        f.threads.max(1)
+                    ),
+                )
+            }
+            None if needed > u64::from(MAX_POOL_BUFFERS) => {
+                return problem(
+                    "forwarder.queue_size".into(),
+                    format!(
+                        "{} for {} packet thread(s) needs a pool of {needed} buffers, more than \
+                         the most ({MAX_POOL_BUFFERS}); use a smaller queue_size",
+                        f.queue_size, f.threads
+                    ),
+                )
+            }
+            _ => {}
         }
         if f.frag_table_size == 0 || f.frag_table_size > MAX_FRAG_TABLE_SIZE {
             return problem(
@@ -2956,6 +3019,67 @@ pool = "web"
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+
+    /// Any thread count from 0 to 64 starts with the default sizes: the
+    /// pool follows the count. A pool written in the file is kept, and
+    /// must hold the queues of the count, whether the file or `--threads`
+    /// sets it; the refusal says what would.
+    #[test]
+    fn the_pool_follows_the_thread_count() {
+        let with = |forwarder: &str| {
+            GOOD.replace("[encap]", &format!("[forwarder]\n{forwarder}\n[encap]"))
+        };
+        let mut last = 0;
+        for threads in 0..=64usize {
+            let c = Config::parse(&with(&format!("threads = {threads}")), "t").unwrap();
+            let f = &c.forwarder;
+            assert_eq!(f.pool_buffers, None);
+            assert!(
+                u64::from(f.pool_buffers()) >= f.needed_buffers(),
+                "{threads}"
+            );
+            assert!(f.pool_buffers() >= DEFAULT_POOL_BUFFERS && f.pool_buffers() >= last);
+            last = f.pool_buffers();
+        }
+        assert_eq!(last, 1024 * 130);
+        let e = err(&with("threads = 8\npool_buffers = 16384"));
+        assert_eq!(e.key, "forwarder.pool_buffers");
+        assert!(
+            e.problem.contains("at least 18432") && e.problem.contains("8 packet thread"),
+            "{e}"
+        );
+        let c = Config::parse(&with("threads = 2\npool_buffers = 100000"), "t").unwrap();
+        assert_eq!(c.forwarder.pool_buffers(), 100_000);
+        // The deepest queues for 64 threads would need more than a pool
+        // may hold: the queue size is what to change.
+        let e = err(&with("threads = 64\nqueue_size = 65536"));
+        assert_eq!(e.key, "forwarder.queue_size", "{e}");
+
+        let dir = Scratch::new("threads");
+        let file = dir.write("lb.toml", GOOD);
+        let name = file.display().to_string();
+        let checked = Config::load(&file)
+            .unwrap()
+            .with_threads(32, &name)
+            .unwrap();
+        assert_eq!(checked.config.forwarder.threads, 32);
+        assert_eq!(checked.config.forwarder.pool_buffers(), 1024 * 66);
+        assert_eq!(
+            checked.memory.parts[0].bytes,
+            1024 * 66 * (2048 + 1),
+            "the memory is estimated for the new count"
+        );
+        let file = dir.write("small.toml", &with("pool_buffers = 8192"));
+        let e = Config::load(&file)
+            .unwrap()
+            .with_threads(32, &name)
+            .unwrap_err();
+        assert_eq!(e.key, "forwarder.pool_buffers");
+        assert!(
+            e.problem.contains("32 packet thread") && e.problem.contains("--threads 32"),
+            "{e}"
+        );
     }
 
     /// A missing, short, directory or `/dev/zero` token file, and

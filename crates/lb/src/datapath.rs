@@ -135,7 +135,7 @@ impl Params {
             batch: c.forwarder.batch,
             batch_timeout: Duration::from_micros(c.forwarder.batch_timeout_us),
             queue_size: c.forwarder.queue_size,
-            pool_buffers: c.forwarder.pool_buffers,
+            pool_buffers: c.forwarder.pool_buffers(),
             conntrack_size: c.conntrack.size,
             tcp_timeout_ms: (c.conntrack.tcp_timeout_s * 1e3) as u64,
             udp_timeout_ms: (c.conntrack.udp_timeout_s * 1e3) as u64,

@@ -32,10 +32,11 @@ pub fn run(
     output: &Path,
     threads: Option<usize>,
 ) -> Result<(RunStats, std::sync::Arc<Tables>), Error> {
-    let mut cfg = Config::load(config)?.config;
+    let mut checked = Config::load(config)?;
     if let Some(t) = threads {
-        cfg.forwarder.threads = t;
+        checked = checked.with_threads(t, &config.display().to_string())?;
     }
+    let cfg = checked.config;
     let control = Control::new(cfg.clone())?;
     let dp = Datapath::new(Params::from_config(&cfg), control.tables())?;
     let mut port = PcapPort::open(input, Some(output))?;

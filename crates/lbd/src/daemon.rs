@@ -86,18 +86,21 @@ pub fn run(
     // The text too: a runtime change refuses to overwrite a file that
     // differs from what runs.
     let mut parse_cache = lb::config::ParseCache::new();
+    let mut checked = Config::load_with(config, &mut parse_cache)?;
+    // What a reload compares against to name keys that wait for a restart:
+    // the file's values, not --threads (else every reload would report
+    // forwarder.threads as changed).
+    let file_config = checked.config.clone();
+    if let Some(t) = threads {
+        // The pool and queues follow the count, and explicit sizes are
+        // checked against it, as if the file said it.
+        checked = checked.with_threads(t, &config.display().to_string())?;
+    }
     let lb::config::Checked {
         config: mut cfg,
         text: config_text,
         ..
-    } = Config::load_with(config, &mut parse_cache)?;
-    // What a reload compares against to name keys that wait for a restart:
-    // the file's values, not --threads (else every reload would report
-    // forwarder.threads as changed).
-    let file_config = cfg.clone();
-    if let Some(t) = threads {
-        cfg.forwarder.threads = t;
-    }
+    } = checked;
     // Held until this function returns: the process serves the interface.
     let _claim = crate::lock::InterfaceLock::claim(interface)?;
     // The command line's choice, else the file's.

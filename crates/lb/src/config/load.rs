@@ -62,6 +62,34 @@ pub struct Checked {
     pub warnings: Vec<String>,
 }
 
+impl Checked {
+    /// The same configuration with `threads` packet threads (the command
+    /// line's `--threads`), checked again as the file would be: the
+    /// `[forwarder]` sizes against the new count (a pool left out of the
+    /// file follows it; one written in it must fill its queues) and the
+    /// memory. `file` names the configuration in errors, which say that
+    /// the count came from the command line.
+    pub fn with_threads(mut self, threads: usize, file: &str) -> Result<Checked, ConfigError> {
+        if threads == self.config.forwarder.threads {
+            return Ok(self);
+        }
+        self.config.forwarder.threads = threads;
+        let from_command_line = |mut e: ConfigError| {
+            e.problem = format!("{} (with --threads {threads})", e.problem);
+            e
+        };
+        self.config
+            .validate_forwarder(file)
+            .map_err(from_command_line)?;
+        let (memory, machine, warnings) =
+            self.config.check_memory(file).map_err(from_command_line)?;
+        self.memory = memory;
+        self.machine = machine;
+        self.warnings = warnings;
+        Ok(self)
+    }
+}
+
 /// Why a bearer token file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
@@ -396,11 +424,32 @@ impl Config {
             // The IPv6 routes file is replaced whole too.
             check_vips_file(&b.routes_file6()).map_err(|e| err("bgp.vips_file6", e))?;
         }
-        let memory = config.memory_estimate();
+        let (memory, machine, warnings) = config.check_memory(file)?;
+        Ok(Checked {
+            config,
+            text,
+            memory,
+            machine,
+            warnings,
+        })
+    }
+
+    /// What the forwarder would allocate, and whether it fits what this
+    /// process may have (see the module documentation), with a warning
+    /// when it takes more than half.
+    fn check_memory(
+        &self,
+        file: &str,
+    ) -> Result<(MemoryEstimate, Option<MachineMemory>, Vec<String>), ConfigError> {
+        let memory = self.memory_estimate();
         let machine = machine_memory();
         let mut warnings = Vec::new();
         if let Some(m) = &machine {
-            memory.fits(m).map_err(|(key, p)| err(key, p))?;
+            memory.fits(m).map_err(|(key, problem)| ConfigError {
+                file: file.into(),
+                key: key.into(),
+                problem,
+            })?;
             if memory.total() > m.bytes / 2 {
                 warnings.push(format!(
                     "the forwarder would take {} of the {} this process may have ({})",
@@ -410,13 +459,7 @@ impl Config {
                 ));
             }
         }
-        Ok(Checked {
-            config,
-            text,
-            memory,
-            machine,
-            warnings,
-        })
+        Ok((memory, machine, warnings))
     }
 
     /// A configuration file's text, or an error naming the file: a regular
@@ -449,8 +492,8 @@ impl Config {
         let mut parts = vec![
             MemoryPart {
                 key: "forwarder.pool_buffers",
-                what: format!("{} packet buffers of 2 KiB", f.pool_buffers),
-                bytes: mul(u64::from(f.pool_buffers), BUFFER_BYTES),
+                what: format!("{} packet buffers of 2 KiB", f.pool_buffers()),
+                bytes: mul(u64::from(f.pool_buffers()), BUFFER_BYTES),
             },
             MemoryPart {
                 key: "forwarder.queue_size",
