@@ -129,7 +129,7 @@ fn ip(a: [u8; 4]) -> IpAddr {
 }
 
 /// Minimum-size (64-byte frame) TCP templates and how to vary them.
-fn traffic(kind: &str) -> (Vec<Vec<u8>>, Vary) {
+pub(crate) fn templates(kind: &str) -> (Vec<Vec<u8>>, Vary) {
     let vip = ip([192, 0, 2, 80]);
     let tcp = |src: [u8; 4], sport: u16, flags: u8| {
         let mut f = Frame::tcp(ip(src), vip, sport, 80, flags, &[0; 6]).to_bytes();
@@ -169,7 +169,7 @@ fn measure(cfg: &Config, kind: &str, threads: usize, packets: u64) -> Result<(f6
         params.mode = Mode::Null;
     }
     let dp = Datapath::new(params, control.tables())?;
-    let (templates, vary) = traffic(if kind == "null" { "non_syn" } else { kind });
+    let (templates, vary) = templates(if kind == "null" { "non_syn" } else { kind });
     let mut port = MemPort::new(templates, vary, Some(packets));
     let stats = dp.run(&mut port, &AtomicBool::new(false))?;
     Ok((
@@ -178,9 +178,15 @@ fn measure(cfg: &Config, kind: &str, threads: usize, packets: u64) -> Result<(f6
     ))
 }
 
+/// The bench's load balancer: one TCP VIP over 8 backends, the pool and
+/// queues sized by the thread count each run sets.
+pub(crate) fn config() -> Result<Config, Error> {
+    Config::parse(CONFIG, "(bench)").map_err(Error::Config)
+}
+
 /// Runs every cell; `progress` is told what runs next.
 pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, Error> {
-    let cfg = Config::parse(CONFIG, "(bench)").map_err(Error::Config)?;
+    let cfg = config()?;
     let mut results: BTreeMap<String, BTreeMap<String, Cell>> = BTreeMap::new();
     for &threads in &b.threads {
         let mut null_mpps = None;

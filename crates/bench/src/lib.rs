@@ -9,6 +9,8 @@
 //!   broken connections per event beside three other schemes.
 //! - [`forwarder`]: the forwarder's packet rate beside a null forwarder
 //!   (section 5.2.2).
+//! - [`scaling`]: the forwarder over many threads, per-queue run to
+//!   completion beside the steering pipeline and the null forwarder.
 //! - [`veth`]: the load balancer on a veth pair beside nftables and an XDP
 //!   bounce.
 //! - [`switch`]: the switch's Figure 1 (packet I/O in VMs) beside the TAP
@@ -27,6 +29,7 @@ pub mod forwarder;
 pub mod hash_eval;
 pub mod maio;
 mod proc;
+pub mod scaling;
 pub mod switch;
 pub mod veth;
 pub mod vm;

@@ -750,6 +750,14 @@ pub struct BenchArgs {
     /// A run of a few seconds (fewer packets, one repetition).
     #[arg(long)]
     quick: bool,
+    /// How the rate grows with threads: per-queue run to completion (one
+    /// in-memory receive queue per worker, flows spread by the steering
+    /// hash) beside the steering pipeline and the null forwarder, for each
+    /// thread count (default 1 to the CPUs less one, at least 2, at most
+    /// 16): total Mpps, Mpps per thread, efficiency, thread placement and
+    /// the generator's own rate. Needs nothing but this binary.
+    #[arg(long, conflicts_with_all = ["topology", "traffic"])]
+    scaling: bool,
     /// Packets per run.
     #[arg(long)]
     packets: Option<u64>,
@@ -783,6 +791,28 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
         let report = bench::veth::run(&exe, secs, a.gen_queues, kind, a.busy_poll, &mut |what| {
             eprintln!("measuring {what}")
         })?;
+        match a.format {
+            Format::Table => print!("{}", report.to_text()),
+            Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        }
+        return Ok(());
+    }
+    if a.scaling {
+        let mut b = if a.quick {
+            bench::scaling::ScalingConfig::quick()
+        } else {
+            bench::scaling::ScalingConfig::full()
+        };
+        if let Some(p) = a.packets {
+            b.packets = p;
+        }
+        if let Some(t) = a.threads {
+            b.threads = t;
+        }
+        if let Some(r) = a.repeats {
+            b.repeats = r;
+        }
+        let report = bench::scaling::run(&b, &mut |what| eprintln!("measuring {what}"))?;
         match a.format {
             Format::Table => print!("{}", report.to_text()),
             Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),

@@ -158,6 +158,67 @@ fn lb_bench_starts_with_many_packet_threads() {
     }
 }
 
+/// `lb bench --scaling --format json`: every mode at every thread count
+/// under `scaling.<mode>.<threads>`, with figures that agree with each
+/// other (not that they are fast: this machine is shared).
+#[test]
+fn lb_bench_scaling_json_document() {
+    let v = common::json(&[
+        "lb",
+        "bench",
+        "--scaling",
+        "--packets",
+        "20000",
+        "--repeats",
+        "1",
+        "--threads",
+        "2,3",
+        "--format",
+        "json",
+    ]);
+    let cpus = v["cpus"].as_u64().unwrap() as usize;
+    assert!(cpus >= 1, "{v}");
+    assert!(
+        v["generator"]["mpps_per_queue"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    assert!(!v["load_average"].as_str().unwrap().is_empty(), "{v}");
+    for mode in ["per_queue", "steering", "null_per_queue", "null_steering"] {
+        // 1 is measured too: efficiency is relative to it.
+        let one = v["scaling"][mode]["1"]["mpps"].as_f64().unwrap();
+        for t in [1usize, 2, 3] {
+            let c = &v["scaling"][mode][t.to_string()];
+            let mpps = c["mpps"].as_f64().unwrap();
+            assert!(mpps > 0.0, "{mode}/{t}: {v}");
+            assert_eq!(c["forwarded"], 20000, "{mode}/{t}: {v}");
+            let per = c["mpps_per_thread"].as_f64().unwrap();
+            assert!((per * t as f64 - mpps).abs() < 1e-9 * mpps.max(1.0), "{v}");
+            let eff = c["efficiency"].as_f64().unwrap();
+            assert!(
+                (eff - mpps / (t as f64 * one)).abs() < 1e-9,
+                "{mode}/{t}: efficiency {eff} is not total / (N x one): {v}"
+            );
+            let placement = c["placement"].as_array().unwrap();
+            if mode.ends_with("per_queue") {
+                // Each worker pinned, when there are CPUs enough, to a CPU
+                // of its own.
+                assert_eq!(placement.len(), t, "{mode}/{t}: {v}");
+                if t <= cpus {
+                    let mut on: Vec<u64> = placement.iter().map(|p| p.as_u64().unwrap()).collect();
+                    on.sort_unstable();
+                    on.dedup();
+                    assert_eq!(on.len(), t, "{mode}/{t}: {v}");
+                }
+            } else {
+                assert_eq!(placement.len(), 1, "{mode}/{t}: {v}");
+            }
+            assert!(placement
+                .iter()
+                .all(|p| (p.as_u64().unwrap() as usize) < cpus.max(64)));
+        }
+    }
+}
+
 #[test]
 fn lb_bench_veth_json_document() {
     let _alone = veth_bench_alone();
