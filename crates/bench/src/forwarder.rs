@@ -90,6 +90,48 @@ pub struct Cell {
     pub ratio_to_null: Option<f64>,
     /// Packets forwarded in the median run (must equal the packets sent).
     pub forwarded: u64,
+    /// In the median run, the share of the run each packet thread spent
+    /// on batches (the rest it waited for input); empty inline.
+    pub thread_busy: Vec<f64>,
+    /// In the median run, the share of the I/O (steering) thread's loop
+    /// turns that found nothing to do.
+    pub io_idle: f64,
+}
+
+/// What one run measured.
+pub(crate) struct Run {
+    /// Million packets per second.
+    pub mpps: f64,
+    /// Packets transmitted.
+    pub forwarded: u64,
+    /// Busy share per packet thread.
+    pub thread_busy: Vec<f64>,
+    /// Idle share of the I/O loop's turns.
+    pub io_idle: f64,
+}
+
+impl Run {
+    /// The figures of a run of `packets` packets.
+    pub(crate) fn of(stats: &lb::datapath::RunStats, packets: u64) -> Run {
+        let secs = stats.elapsed.as_secs_f64();
+        Run {
+            mpps: packets as f64 / secs / 1e6,
+            forwarded: stats.counters.tx,
+            thread_busy: stats.busy.iter().map(|b| b.as_secs_f64() / secs).collect(),
+            io_idle: stats.io.idle_loops as f64 / stats.io.loops.max(1) as f64,
+        }
+    }
+}
+
+/// `0.91,0.88` for people.
+pub(crate) fn shares(xs: &[f64]) -> String {
+    if xs.is_empty() {
+        return "-".into();
+    }
+    xs.iter()
+        .map(|x| format!("{x:.2}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The report.
@@ -160,7 +202,7 @@ pub(crate) fn templates(kind: &str) -> (Vec<Vec<u8>>, Vary) {
     }
 }
 
-fn measure(cfg: &Config, kind: &str, threads: usize, packets: u64) -> Result<(f64, u64), Error> {
+fn measure(cfg: &Config, kind: &str, threads: usize, packets: u64) -> Result<Run, Error> {
     let mut cfg = cfg.clone();
     cfg.forwarder.threads = threads;
     let control = Control::new(cfg.clone()).map_err(Error::Config)?;
@@ -172,10 +214,7 @@ fn measure(cfg: &Config, kind: &str, threads: usize, packets: u64) -> Result<(f6
     let (templates, vary) = templates(if kind == "null" { "non_syn" } else { kind });
     let mut port = MemPort::new(templates, vary, Some(packets));
     let stats = dp.run(&mut port, &AtomicBool::new(false))?;
-    Ok((
-        packets as f64 / stats.elapsed.as_secs_f64() / 1e6,
-        stats.counters.tx,
-    ))
+    Ok(Run::of(&stats, packets))
 }
 
 /// The bench's load balancer: one TCP VIP over 8 backends, the pool and
@@ -198,12 +237,17 @@ pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, Er
             progress(&format!("{kind}, {threads} packet thread(s)"));
             let mut rates = Vec::new();
             let mut forwarded = Vec::new();
+            let mut runs = Vec::new();
             for _ in 0..b.repeats.max(1) {
-                let (mpps, fwd) = measure(&cfg, kind, threads, b.packets)?;
-                rates.push(mpps);
-                forwarded.push(fwd);
+                let run = measure(&cfg, kind, threads, b.packets)?;
+                rates.push(run.mpps);
+                forwarded.push(run.forwarded);
+                runs.push(run);
             }
             let mpps = median(&mut rates);
+            // The busy shares of the run nearest the median.
+            runs.sort_by(|a, b| a.mpps.total_cmp(&b.mpps));
+            let mid = runs.swap_remove(runs.len() / 2);
             if kind == "null" {
                 null_mpps = Some(mpps);
             }
@@ -219,6 +263,8 @@ pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, Er
                         null_mpps.map(|n| mpps / n)
                     },
                     forwarded: forwarded.into_iter().min().unwrap_or(0),
+                    thread_busy: mid.thread_busy,
+                    io_idle: mid.io_idle,
                 },
             );
         }
@@ -245,6 +291,8 @@ impl Report {
             "ns/packet",
             "Mpps/thread",
             "x null",
+            "busy/thread",
+            "I/O idle",
         ]);
         for kind in ["null", "syn", "non_syn", "constant"] {
             for (threads, c) in self.results.get(kind).into_iter().flatten() {
@@ -255,6 +303,8 @@ impl Report {
                     format!("{:.1}", c.ns_per_packet),
                     format!("{:.2}", c.mpps_per_thread),
                     c.ratio_to_null.map_or("-".into(), |r| format!("{r:.2}")),
+                    shares(&c.thread_busy),
+                    format!("{:.2}", c.io_idle),
                 ]);
             }
         }
@@ -264,6 +314,8 @@ impl Report {
             "null = the same pipeline with packet threads that only parse and swap addresses (this machine's limit).\n\
              Paper (section 3.1, 5.2): about 350 ns per packet per thread, i.e. about 2.9 Mpps per packet thread.\n\
              threads 0 = run to completion: generator, steering, packet work and muxing on one core.\n\
+             busy/thread = share of the run each packet thread spent on batches; I/O idle = share of the \
+             steering thread's loop turns with nothing to do (near 0: steering is the limit).\n\
              Goals: non-SYN at least 10 Mpps per packet thread and at least 0.5 of null."
         );
         out

@@ -37,7 +37,7 @@ use lb::datapath::{Datapath, Params};
 use lb::tables::Control;
 use lb::worker::Mode;
 
-use crate::forwarder::Error;
+use crate::forwarder::{shares, Error, Run};
 
 /// The modes, in report order.
 pub const MODES: [&str; 4] = ["per_queue", "steering", "null_per_queue", "null_steering"];
@@ -95,6 +95,12 @@ pub struct Cell {
     /// The CPU each pinned thread ran on (per-queue: worker i; steering:
     /// the steering thread); empty when not pinned.
     pub placement: Vec<usize>,
+    /// Steering: the share of the run each packet thread spent on
+    /// batches; empty per queue (each worker does everything).
+    pub thread_busy: Vec<f64>,
+    /// The share of the I/O loops' turns (steering thread, or the
+    /// per-queue workers together) that found nothing to do.
+    pub io_idle: f64,
 }
 
 /// The generator alone.
@@ -173,14 +179,14 @@ fn queue_of(frame: &[u8], n: usize) -> usize {
     ((u128::from(h) * n as u128) >> 64) as usize
 }
 
-/// One run: (Mpps, forwarded, placement).
+/// One run, and the CPUs it ran on.
 fn measure(
     cfg: &Config,
     mode: &str,
     threads: usize,
     packets: u64,
     cores: usize,
-) -> Result<(f64, u64, Vec<usize>), Error> {
+) -> Result<(Run, Vec<usize>), Error> {
     let mut cfg = cfg.clone();
     cfg.forwarder.threads = threads;
     let control = Control::new(cfg.clone()).map_err(Error::Config)?;
@@ -248,11 +254,7 @@ fn measure(
         .iter()
         .filter_map(|r| r.lock().ok().and_then(|r| *r))
         .collect();
-    Ok((
-        packets as f64 / stats.elapsed.as_secs_f64() / 1e6,
-        stats.counters.tx,
-        placement,
-    ))
+    Ok((Run::of(&stats, packets), placement))
 }
 
 /// The generator alone: one port writing `packets` frames into a batch of
@@ -319,8 +321,9 @@ pub fn run(b: &ScalingConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, 
             for _ in 0..b.repeats.max(1) {
                 runs.push(measure(&cfg, mode, t, b.packets, cores)?);
             }
-            runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let (mpps, forwarded, placement) = runs.swap_remove(runs.len() / 2);
+            runs.sort_by(|a, b| a.0.mpps.total_cmp(&b.0.mpps));
+            let (run, placement) = runs.swap_remove(runs.len() / 2);
+            let mpps = run.mpps;
             let base = *one.get_or_insert(mpps);
             scaling.entry(mode.to_string()).or_default().insert(
                 t.to_string(),
@@ -328,8 +331,10 @@ pub fn run(b: &ScalingConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, 
                     mpps,
                     mpps_per_thread: mpps / t as f64,
                     efficiency: mpps / (t as f64 * base),
-                    forwarded,
+                    forwarded: run.forwarded,
                     placement,
+                    thread_busy: run.thread_busy,
+                    io_idle: run.io_idle,
                 },
             );
         }
@@ -368,6 +373,8 @@ impl Report {
             "Mpps/thread",
             "efficiency",
             "CPUs",
+            "busy/thread",
+            "I/O idle",
         ]);
         for mode in MODES {
             let mut cells: Vec<_> = self.scaling.get(mode).into_iter().flatten().collect();
@@ -388,6 +395,8 @@ impl Report {
                             .collect::<Vec<_>>()
                             .join(",")
                     },
+                    shares(&c.thread_busy),
+                    format!("{:.2}", c.io_idle),
                 ]);
             }
         }
@@ -397,6 +406,8 @@ impl Report {
             "generator alone: {:.2} Mpps per queue (frames copied into buffers, nothing forwarded).\n\
              per_queue: one worker per receive queue, run to completion; flows spread by {}.\n\
              steering: one steering thread (pinned, CPUs column) and N packet threads.\n\
+             busy/thread: share of the run each packet thread spent on batches; I/O idle: share of the \
+             I/O loops' turns with nothing to do.\n\
              efficiency = Mpps / (threads x the same mode's one-thread Mpps). \
              Goal: per_queue efficiency at least 0.8 up to the CPUs less one.",
             self.generator.mpps_per_queue, self.queue_hash

@@ -76,6 +76,12 @@ pub struct IoStats {
     pub batches_full: u64,
     /// Batches handed over by the timer.
     pub batches_timer: u64,
+    /// Turns of the I/O loop.
+    pub loops: u64,
+    /// Turns of the I/O loop that found nothing to receive, steer or send
+    /// (`idle_loops / loops`: how much of its core the I/O thread had
+    /// spare).
+    pub idle_loops: u64,
 }
 
 /// What a run did.
@@ -85,6 +91,10 @@ pub struct RunStats {
     pub counters: Counters,
     /// Each packet thread's counters.
     pub per_thread: Vec<Counters>,
+    /// The time each packet thread spent on batches (from the first
+    /// packet taken to the output published); the rest of `elapsed` it
+    /// waited for input (spinning, yielding or parked). Empty inline.
+    pub busy: Vec<Duration>,
     /// The port's counters.
     pub port: PortStats,
     /// Steering and rings.
@@ -441,8 +451,11 @@ impl Datapath {
                 Some(mut a) => {
                     a.counters.merge(&r.counters);
                     a.per_thread.extend(r.per_thread);
+                    a.busy.extend(r.busy);
                     a.port.add(&r.port);
                     a.io.steered += r.io.steered;
+                    a.io.loops += r.io.loops;
+                    a.io.idle_loops += r.io.idle_loops;
                     a.elapsed = a.elapsed.max(r.elapsed);
                     a.pool = r.pool;
                     a
@@ -522,7 +535,7 @@ struct IoLoop<'d> {
     draining: Arc<AtomicBool>,
     quit: Arc<AtomicBool>,
     ends: Vec<ThreadEnd>,
-    joins: Vec<std::thread::JoinHandle<Counters>>,
+    joins: Vec<std::thread::JoinHandle<(Counters, Duration)>>,
     /// The inline worker (`threads = 0`) and its batch.
     inline: Option<Worker>,
     batch_buf: Vec<Packet>,
@@ -872,6 +885,8 @@ impl<'d> IoLoop<'d> {
     #[inline]
     fn pace(&mut self, idle: bool, nic: &mut dyn Nic) {
         self.wake_sleepers();
+        self.io.loops += 1;
+        self.io.idle_loops += u64::from(idle);
         if !idle {
             self.idle_spins = 0;
             return;
@@ -968,10 +983,14 @@ impl<'d> IoLoop<'d> {
             j.thread().unpark();
         }
         let mut per_thread = Vec::new();
+        let mut busy = Vec::new();
         let mut panicked = None;
         for (i, j) in std::mem::take(&mut self.joins).into_iter().enumerate() {
             match j.join() {
-                Ok(c) => per_thread.push(c),
+                Ok((c, b)) => {
+                    per_thread.push(c);
+                    busy.push(b);
+                }
                 Err(_) => panicked = Some(i),
             }
         }
@@ -1003,6 +1022,7 @@ impl<'d> IoLoop<'d> {
         Ok(RunStats {
             counters,
             per_thread,
+            busy,
             port,
             io: self.io,
             elapsed: self.start.elapsed(),
@@ -1024,11 +1044,20 @@ struct LivePublisher {
 pub const LIVE_INTERVAL_MS: u64 = 100;
 
 impl LivePublisher {
-    fn maybe(&mut self, live: &Mutex<Vec<Counters>>, id: usize, c: &Counters, start: Instant) {
-        let now = start.elapsed().as_millis() as u64;
+    /// Returns the time since `start` it read.
+    fn maybe(
+        &mut self,
+        live: &Mutex<Vec<Counters>>,
+        id: usize,
+        c: &Counters,
+        start: Instant,
+    ) -> Duration {
+        let elapsed = start.elapsed();
+        let now = elapsed.as_millis() as u64;
         if self.dirty && now >= self.last_ms + LIVE_INTERVAL_MS {
             self.publish(live, id, c, start);
         }
+        elapsed
     }
 
     fn publish(&mut self, live: &Mutex<Vec<Counters>>, id: usize, c: &Counters, start: Instant) {
@@ -1056,7 +1085,8 @@ fn packet_thread(
     draining: &AtomicBool,
     quit: &AtomicBool,
     live: &Mutex<Vec<Counters>>,
-) -> Counters {
+) -> (Counters, Duration) {
+    let mut busy = Duration::ZERO;
     let mut in_batch = Vec::with_capacity(batch);
     let mut out = Vec::with_capacity(batch * 2);
     let mut live_pub = LivePublisher::default();
@@ -1107,12 +1137,9 @@ fn packet_thread(
         idle = 0;
         rx.release();
         let t = tables.load();
-        w.process(
-            &t,
-            &mut in_batch,
-            &mut out,
-            start.elapsed().as_millis() as u64,
-        );
+        // The clock read for the batch's timestamp times it too.
+        let began = start.elapsed();
+        w.process(&t, &mut in_batch, &mut out, began.as_millis() as u64);
         for pkt in out.drain(..) {
             let word = pkt.pack();
             let mut pushed = tx.push(word);
@@ -1133,9 +1160,11 @@ fn packet_thread(
         tx.publish();
         progress.publish(w);
         live_pub.dirty = true;
-        live_pub.maybe(live, id, &w.counters, start);
+        // The clock read that paces publishing ends the batch's time.
+        let ended = live_pub.maybe(live, id, &w.counters, start);
+        busy += ended.saturating_sub(began);
     }
     live_pub.dirty = true;
     live_pub.publish(live, id, &w.counters, start);
-    w.counters.clone()
+    (w.counters.clone(), busy)
 }
