@@ -84,6 +84,28 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// More generator queues offer no more than one: the rows would
+    /// measure the generator.
+    #[error(
+        "with {queues} veth queues the generator alone offers {many:.2} Mpps, no more than with \
+         one ({one:.2} Mpps): rows measured so would show the generator, not the device under \
+         test. veth puts a frame redirected into it (the XDP generator's live frames, AF_XDP's \
+         transmit) on the receive queue of the sending CPU (its number modulo the queues), not \
+         by flow, and wakes that queue's NAPI from the sender; here the generator's {queues} \
+         threads and g0's return NAPI threads share {generator_cpus} CPU(s), so more queues \
+         spread no work over more CPUs. Use fewer --gen-queues, or a machine with a CPU per \
+         generator queue besides the device under test's"
+    )]
+    MoreQueuesOfferLess {
+        /// Queues asked for.
+        queues: u32,
+        /// The generator alone with one queue, Mpps.
+        one: f64,
+        /// With `queues`, Mpps.
+        many: f64,
+        /// CPUs the generator was given.
+        generator_cpus: usize,
+    },
     /// A thread of the bench panicked.
     #[error("the {0} thread panicked")]
     Panicked(&'static str),
@@ -307,6 +329,7 @@ pub enum GeneratorKind {
 }
 
 /// How the pair is driven.
+#[derive(Clone)]
 struct Drive {
     /// Seconds per device under test.
     secs: f64,
@@ -628,6 +651,30 @@ pub fn run(
     let backends = ["10.20.0.1", "10.20.0.2", "10.20.0.3", "10.20.0.4"];
     let mut results = BTreeMap::new();
 
+    // The generator alone first: into a sink on d0, what it can offer when
+    // the other end costs (almost) nothing. With several queues, beside
+    // one queue: a generator that offers no more with more queues would
+    // measure itself in every row.
+    progress("the generator alone (XDP sink on d0)");
+    let alone = generator_alone(&tag, &drive)?;
+    if queues > 1 {
+        progress("the generator alone on one queue");
+        let one = Drive {
+            queues: 1,
+            cpus: Cpus::split(1),
+            ..drive.clone()
+        };
+        let single = generator_alone(&tag, &one)?;
+        if alone.offered_mpps <= single.offered_mpps {
+            return Err(Error::MoreQueuesOfferLess {
+                queues,
+                one: single.offered_mpps,
+                many: alone.offered_mpps,
+                generator_cpus: cpus.as_ref().map_or(1, |c| c.generator.len()),
+            });
+        }
+    }
+
     // fastpath: the load balancer in the driver (XDP), then AF_XDP alone.
     for (row, driver) in [("fastpath", "xdp"), ("fastpath_af_xdp", "af-xdp")] {
         progress(&format!("{row} (lb run --interface --driver {driver})"));
@@ -690,24 +737,6 @@ pub fn run(
     results.insert("xdp_forwarder".to_string(), c);
     drop((sink, gen, dut));
 
-    // The generator alone: into a sink on d0, what it can offer when the
-    // other end costs (almost) nothing.
-    progress("the generator alone (XDP sink on d0)");
-    let (gen, dut, sink) = pair(&tag, queues, cpus.as_ref())?;
-    let (dsink, _) = XdpHold::new(&dut, || {
-        crate::xdp::attach_sink("d0")
-            .map(|b| (b, String::new()))
-            .map_err(|source| Error::Xdp {
-                iface: "d0",
-                source,
-            })
-    })?;
-    let napi = threaded_napi(&dut, drive.cpus.as_ref());
-    let (mut alone, _) = measure(&gen, &dut, &drive)?;
-    alone.valid = true;
-    alone.note = format!("XDP_DROP on d0; {napi}");
-    drop((dsink, sink, gen, dut));
-
     let f = results["fastpath"].delivered_mpps;
     let (n, x) = (
         results["nftables"].delivered_mpps,
@@ -732,6 +761,25 @@ pub fn run(
         generator,
         cpus,
     })
+}
+
+/// The generator alone, as `d` drives it, into an XDP sink on d0.
+fn generator_alone(tag: &str, d: &Drive) -> Result<Cell, Error> {
+    let (gen, dut, sink) = pair(tag, d.queues, d.cpus.as_ref())?;
+    let (dsink, _) = XdpHold::new(&dut, || {
+        crate::xdp::attach_sink("d0")
+            .map(|b| (b, String::new()))
+            .map_err(|source| Error::Xdp {
+                iface: "d0",
+                source,
+            })
+    })?;
+    let napi = threaded_napi(&dut, d.cpus.as_ref());
+    let (mut alone, _) = measure(&gen, &dut, d)?;
+    alone.valid = true;
+    alone.note = format!("XDP_DROP on d0; {napi}");
+    drop((dsink, sink, gen, dut));
+    Ok(alone)
 }
 
 /// One fastpath row: `lb run --interface d0 --driver {driver}` as the
