@@ -531,6 +531,16 @@ fn pair(tag: &str, queues: u32, cpus: Option<&Cpus>) -> Result<(Netns, Netns, Xd
     }
     netns::veth_multiqueue(&gen, "g0", GEN_MAC, &dut, "d0", DUT_MAC, queues)?;
     gen.ip(&["addr", "add", "10.30.0.1/24", "dev", "g0"])?;
+    // Where the XDP generators past the first keep their program in the
+    // kernel's XDP dispatcher (the first uses `lo`): one of them rebuilding
+    // it twice per run stalled every generator and the device under test,
+    // so every row lost rate as queues were added.
+    for q in 1..queues {
+        let dev = crate::xdp::pin_interface(q);
+        let peer = format!("{dev}p");
+        gen.ip(&["link", "add", &dev, "type", "veth", "peer", "name", &peer])?;
+        gen.ip(&["link", "set", &dev, "up"])?;
+    }
     // What comes back is counted by g0 and dropped in its driver: the
     // cheapest receiver, alike for every variant (and veth accepts frames
     // its peer redirects only when it runs an XDP program itself).

@@ -313,6 +313,13 @@ unsafe impl Send for Generator {}
 /// redirects of a batch are flushed together.
 const GEN_BATCH: u32 = 256;
 
+/// The interface (a spare veth, made by whoever sets up the namespace) on which
+/// the generator of queue `queue` keeps its program in the XDP dispatcher
+/// when `lo` already holds another generator's.
+pub fn pin_interface(queue: u32) -> String {
+    format!("gpin{queue}")
+}
+
 /// A traffic generator in the kernel: the XDP generator program
 /// (`bpf/fwd.c`) run by `BPF_PROG_TEST_RUN` in live-frames mode (as
 /// `xdp-trafficgen` does), which sends a 64-byte UDP template out of an
@@ -346,9 +353,12 @@ impl XdpGenerator {
     /// `lo`, where it passes every frame: that keeps it in the kernel's XDP
     /// dispatcher, which a test run otherwise rebuilds twice (on entry and
     /// exit), each time waiting for an RCU grace period, so that the
-    /// generator would sleep most of the time. Best effort (one program per
-    /// interface: a second generator in the namespace runs unpinned); see
-    /// [`XdpGenerator::pinned`].
+    /// generator would sleep most of the time. One program per interface:
+    /// a generator whose `lo` is taken is attached to the namespace's
+    /// [`pin_interface`] for its queue instead, if there is one. The
+    /// dispatcher is shared by every XDP program of the machine, so one
+    /// unpinned generator slows every other and the device under test as
+    /// well. Best effort; see [`XdpGenerator::pinned`].
     pub fn open(iface: &str, queue: u32, template: &[u8]) -> Result<Self, Error> {
         let ifindex = ifindex(iface)?;
         let mut head = [0u8; GEN_HEAD];
@@ -371,7 +381,8 @@ impl XdpGenerator {
             *w = u16::from_ne_bytes([b[0], b[1]]);
         }
         program.set_config(iface, "gen_tmpl", "generator template", tmpl)?;
-        let pinned = program.attach_generic("lo").is_ok();
+        let pinned = program.attach_generic("lo").is_ok()
+            || program.attach_generic(&pin_interface(queue)).is_ok();
         Ok(XdpGenerator {
             program,
             pinned,
