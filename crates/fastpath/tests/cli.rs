@@ -269,6 +269,46 @@ fn lb_bench_veth_json_document() {
     }
 }
 
+/// With more veth queues the generator must offer more than with one, or
+/// the bench refuses, giving both figures and why; it no longer measures a
+/// generator that more queues slow down.
+#[test]
+fn lb_bench_veth_refuses_queues_that_offer_no_more() {
+    let _alone = veth_bench_alone();
+    let out = fastpath()
+        .args([
+            "lb",
+            "bench",
+            "--topology",
+            "veth",
+            "--gen-queues",
+            "2",
+            "--seconds",
+            "0.5",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if err.contains("namespace") && !out.status.success() && !err.contains("no more than") {
+        // No namespaces here: nothing to measure.
+        return;
+    }
+    if out.status.success() {
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["generator_queues"], 2, "{v}");
+        assert!(v["generator_alone"]["offered_mpps"].as_f64().unwrap() > 0.0);
+    } else {
+        assert!(
+            err.contains("with 2 veth queues the generator alone offers")
+                && err.contains("no more than with one")
+                && err.contains("--gen-queues"),
+            "{err}"
+        );
+    }
+}
+
 /// `fastpath ... | head -1`: the reader goes away before fastpath writes.
 /// Rust ignores SIGPIPE, so every print then fails with EPIPE; the command
 /// must end quietly (no panic message, success) rather than report a bug.
