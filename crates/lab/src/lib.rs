@@ -32,38 +32,11 @@ pub enum Error {
     /// This machine cannot build namespaces (not root, or no iproute2).
     #[error("needs root and iproute2 (network namespaces): run as root after scripts/setup.sh")]
     Unavailable,
-    /// A namespace, a veth pair or a command inside one failed.
+    /// A namespace, a veth pair, a program or a command failed, a file or
+    /// system call failed, or a thread panicked: the netns crate's error,
+    /// which this crate's code uses for the same things outside namespaces.
     #[error(transparent)]
     Netns(#[from] netns::Error),
-    /// A program could not be started.
-    #[error("starting {program}: {source}")]
-    Spawn {
-        /// The program (and where it was to run).
-        program: String,
-        /// The system's answer.
-        #[source]
-        source: io::Error,
-    },
-    /// A command ran and exited with a failure.
-    #[error("`{command}` failed: {stderr}")]
-    Failed {
-        /// The command line.
-        command: String,
-        /// What it printed on stderr.
-        stderr: String,
-    },
-    /// A file or system call failed.
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// The system's answer.
-        #[source]
-        source: io::Error,
-    },
-    /// A thread sent into a namespace panicked.
-    #[error("a thread inside namespace {0} panicked")]
-    ThreadPanicked(String),
     /// An HTTP exchange through the VIP ended early or said too much.
     #[error("HTTP: {0}")]
     Http(String),
@@ -105,9 +78,10 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// An [`Error::Io`] saying what was being done.
+    /// A file or system call's failure ([`netns::Error::Io`]) saying what
+    /// was being done.
     pub fn io(what: impl std::fmt::Display) -> impl FnOnce(io::Error) -> Error {
         let what = what.to_string();
-        move |source| Error::Io { what, source }
+        move |source| Error::Netns(netns::Error::Io { what, source })
     }
 }

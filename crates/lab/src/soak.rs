@@ -825,7 +825,9 @@ impl Poller {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             t.join().map_err(|_| {
-                Error::ThreadPanicked("the long-lived connections' poller".into())
+                Error::Netns(netns::Error::ThreadPanicked(
+                    "the long-lived connections' poller".into(),
+                ))
             })??;
         }
         Ok(std::mem::take(
@@ -1013,9 +1015,11 @@ pub fn run(
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .map_err(|source| Error::Spawn {
-            program: "wrk, the soak's load generator (scripts/setup.sh installs it)".into(),
-            source,
+        .map_err(|source| {
+            Error::Netns(netns::Error::Spawn {
+                program: "wrk, the soak's load generator (scripts/setup.sh installs it)".into(),
+                source,
+            })
         })?;
     progress(&format!(
         "building the topology: client, router (BIRD), load balancer, {BACKENDS} nginx backends with `fastpath lb decap`"
@@ -1027,10 +1031,10 @@ pub fn run(
     let conf = std::fs::read_to_string(&t.config).map_err(Error::io(t.config.display()))?;
     let health = "fall = 2 }";
     if !conf.contains(health) {
-        return Err(Error::Failed {
+        return Err(Error::Netns(netns::Error::Failed {
             command: format!("ask for tunnel health checks in {}", t.config.display()),
             stderr: format!("no `{health}` in the pool's health line"),
-        });
+        }));
     }
     std::fs::write(
         &t.config,

@@ -102,9 +102,11 @@ fn start_switch(ns: &Netns, exe: &Path, dir: &Path) -> Result<SwitchProc> {
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(|source| Error::Spawn {
-        program: format!("{} switch run (in {})", exe.display(), ns.name()),
-        source,
+    let child = cmd.spawn().map_err(|source| {
+        Error::Netns(netns::Error::Spawn {
+            program: format!("{} switch run (in {})", exe.display(), ns.name()),
+            source,
+        })
     })?;
     Ok(SwitchProc(child))
 }
@@ -115,15 +117,17 @@ fn status(exe: &Path, dir: &Path) -> Result<String> {
         .args(["switch", "status", "--socket"])
         .arg(dir.join("switch.sock"))
         .output()
-        .map_err(|source| Error::Spawn {
-            program: format!("{} switch status", exe.display()),
-            source,
+        .map_err(|source| {
+            Error::Netns(netns::Error::Spawn {
+                program: format!("{} switch status", exe.display()),
+                source,
+            })
         })?;
     if !out.status.success() {
-        return Err(Error::Failed {
+        return Err(Error::Netns(netns::Error::Failed {
             command: "fastpath switch status".into(),
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
+        }));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

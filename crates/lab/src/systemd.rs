@@ -73,9 +73,11 @@ impl Systemd {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err);
-        let holder = c.spawn().map_err(|source| Error::Spawn {
-            program: format!("a private systemd in {}", netns.name()),
-            source,
+        let holder = c.spawn().map_err(|source| {
+            Error::Netns(netns::Error::Spawn {
+                program: format!("a private systemd in {}", netns.name()),
+                source,
+            })
         })?;
         let mut s = Systemd {
             pid1: 0,
@@ -140,10 +142,10 @@ impl Systemd {
 
     /// An error that says what the private systemd printed.
     fn failed(&self, what: &str) -> Error {
-        Error::Failed {
+        Error::Netns(netns::Error::Failed {
             command: format!("boot a private systemd: {what}"),
             stderr: self.console(),
-        }
+        })
     }
 
     /// The private PID 1, as this machine numbers it.
@@ -175,9 +177,11 @@ impl Systemd {
         c.args(["60", "nsenter", "-t", &pid, "-m", "-u", "-i", "-n", "-p"])
             .args(args)
             .stdin(Stdio::null());
-        c.output().map_err(|source| Error::Spawn {
-            program: format!("{args:?} in the private systemd"),
-            source,
+        c.output().map_err(|source| {
+            Error::Netns(netns::Error::Spawn {
+                program: format!("{args:?} in the private systemd"),
+                source,
+            })
         })
     }
 
@@ -186,14 +190,14 @@ impl Systemd {
     pub fn run(&self, args: &[&str]) -> Result<String> {
         let out = self.exec(args)?;
         if !out.status.success() {
-            return Err(Error::Failed {
+            return Err(Error::Netns(netns::Error::Failed {
                 command: args.join(" "),
                 stderr: format!(
                     "{}{}",
                     String::from_utf8_lossy(&out.stdout),
                     String::from_utf8_lossy(&out.stderr)
                 ),
-            });
+            }));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }

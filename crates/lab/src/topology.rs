@@ -170,18 +170,22 @@ pub struct Topology {
 }
 
 fn spawn(ns: &Netns, args: &[&str]) -> Result<Child> {
-    let (program, rest) = args.split_first().ok_or(Error::Failed {
-        command: String::new(),
-        stderr: "empty command line".into(),
-    })?;
+    let (program, rest) = args
+        .split_first()
+        .ok_or(Error::Netns(netns::Error::Failed {
+            command: String::new(),
+            stderr: "empty command line".into(),
+        }))?;
     let mut c = ns.command(program);
     c.args(rest)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    c.spawn().map_err(|source| Error::Spawn {
-        program: format!("{args:?} in {}", ns.name()),
-        source,
+    c.spawn().map_err(|source| {
+        Error::Netns(netns::Error::Spawn {
+            program: format!("{args:?} in {}", ns.name()),
+            source,
+        })
     })
 }
 
@@ -352,10 +356,12 @@ impl Topology {
 
     /// Load balancer `k`'s namespace (1-based).
     fn lb_ns(&self, k: usize) -> Result<&Netns> {
-        self.lbs.get(k.wrapping_sub(1)).ok_or(Error::Failed {
-            command: format!("use load balancer {k}"),
-            stderr: format!("there are {} load balancers", self.lbs.len()),
-        })
+        self.lbs
+            .get(k.wrapping_sub(1))
+            .ok_or(Error::Netns(netns::Error::Failed {
+                command: format!("use load balancer {k}"),
+                stderr: format!("there are {} load balancers", self.lbs.len()),
+            }))
     }
 
     fn wire(&self) -> Result<()> {
@@ -699,15 +705,17 @@ impl Topology {
         self.lb_ns(k)?;
         for name in [Self::lb_proc(k), format!("bird-{}", Self::bird_name(k))] {
             if let Some(pid) = self.procs.pid(&name) {
-                let pid = rustix::process::Pid::from_raw(pid as i32).ok_or(Error::Failed {
-                    command: format!("freeze {name}"),
-                    stderr: "pid 0".into(),
-                })?;
+                let pid = rustix::process::Pid::from_raw(pid as i32).ok_or(Error::Netns(
+                    netns::Error::Failed {
+                        command: format!("freeze {name}"),
+                        stderr: "pid 0".into(),
+                    },
+                ))?;
                 rustix::process::kill_process(pid, rustix::process::Signal::STOP).map_err(|e| {
-                    Error::Io {
+                    Error::Netns(netns::Error::Io {
                         what: format!("SIGSTOP to {name}"),
                         source: e.into(),
-                    }
+                    })
                 })?;
             }
         }
@@ -756,10 +764,12 @@ impl Topology {
 
     /// The backend namespace of backend `i` (1-based).
     fn backend(&self, i: usize, doing: &str) -> Result<&Netns> {
-        self.backends.get(i.wrapping_sub(1)).ok_or(Error::Failed {
-            command: format!("{doing} on backend {i}"),
-            stderr: format!("there are {} backends", self.backends.len()),
-        })
+        self.backends
+            .get(i.wrapping_sub(1))
+            .ok_or(Error::Netns(netns::Error::Failed {
+                command: format!("{doing} on backend {i}"),
+                stderr: format!("there are {} backends", self.backends.len()),
+            }))
     }
 
     /// The address of backend `i` (1-based): `10.10.{i+2}.2`, also its name
@@ -819,10 +829,13 @@ impl Topology {
                 )
             })
             .collect();
-        let path = self.configs.get(k.wrapping_sub(1)).ok_or(Error::Failed {
-            command: format!("rewrite load balancer {k}'s backends"),
-            stderr: format!("there are {} load balancers", self.lbs.len()),
-        })?;
+        let path =
+            self.configs
+                .get(k.wrapping_sub(1))
+                .ok_or(Error::Netns(netns::Error::Failed {
+                    command: format!("rewrite load balancer {k}'s backends"),
+                    stderr: format!("there are {} load balancers", self.lbs.len()),
+                }))?;
         let text = std::fs::read_to_string(path).map_err(Error::io(path.display()))?;
         let mut found = false;
         let lines: Vec<String> = text
@@ -837,10 +850,10 @@ impl Topology {
             })
             .collect();
         if !found {
-            return Err(Error::Failed {
+            return Err(Error::Netns(netns::Error::Failed {
                 command: format!("rewrite the backends of {}", path.display()),
                 stderr: "no line starts with `backends = [`".into(),
-            });
+            }));
         }
         std::fs::write(path, lines.join("\n") + "\n").map_err(Error::io(path.display()))
     }
@@ -848,20 +861,23 @@ impl Topology {
     /// The load balancer's resident set size in KiB (`VmRSS` of
     /// /proc/PID/status; `ip netns exec` runs the program in its own pid).
     pub fn lb_rss_kib(&self) -> Result<u64> {
-        let pid = self.procs.pid("lb").ok_or(Error::Failed {
-            command: "read the load balancer's RSS".into(),
-            stderr: "the load balancer is not running".into(),
-        })?;
+        let pid = self
+            .procs
+            .pid("lb")
+            .ok_or(Error::Netns(netns::Error::Failed {
+                command: "read the load balancer's RSS".into(),
+                stderr: "the load balancer is not running".into(),
+            }))?;
         let path = format!("/proc/{pid}/status");
         let text = std::fs::read_to_string(&path).map_err(Error::io(&path))?;
         text.lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse().ok())
-            .ok_or(Error::Failed {
+            .ok_or(Error::Netns(netns::Error::Failed {
                 command: format!("read VmRSS from {path}"),
                 stderr: "no VmRSS line".into(),
-            })
+            }))
     }
 
     /// Starts (or restarts) nginx on backend `i` (1-based), answering
@@ -1044,9 +1060,11 @@ pool = "web"
                 c.stdout(Stdio::piped()).stderr(Stdio::piped());
             }
         }
-        let child = c.spawn().map_err(|source| Error::Spawn {
-            program: format!("{args:?} in {}", ns.name()),
-            source,
+        let child = c.spawn().map_err(|source| {
+            Error::Netns(netns::Error::Spawn {
+                program: format!("{args:?} in {}", ns.name()),
+                source,
+            })
         })?;
         self.procs.push(&Self::lb_proc(k), child);
         Ok(())
@@ -1257,10 +1275,10 @@ pool = "web"
             lbs.push((1..=self.lbs.len()).find(|&k| Self::lb_address(k) == via));
         }
         if lbs.len() != ports.len() {
-            return Err(Error::Failed {
+            return Err(Error::Netns(netns::Error::Failed {
                 command: "ip -batch - (route get, in the router)".into(),
                 stderr: format!("{} answers for {} flows: {text}", lbs.len(), ports.len()),
-            });
+            }));
         }
         Ok(lbs)
     }
