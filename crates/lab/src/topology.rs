@@ -1031,21 +1031,18 @@ pool = "web"
             .get(k.wrapping_sub(1))
             .map(|c| c.to_string_lossy().to_string())
             .unwrap_or_default();
-        let args = self.lb_machine(
-            k,
-            &[
-                fp.as_str(),
-                "lb",
-                "run",
-                "--config",
-                &config,
-                "--interface",
-                "l0",
-            ],
-        )?;
-        let ns = self.lb_ns(k)?;
-        let mut c = ns.command(&args[0]);
-        c.args(&args[1..]).stdin(Stdio::null());
+        let args = [
+            fp.as_str(),
+            "lb",
+            "run",
+            "--config",
+            &config,
+            "--interface",
+            "l0",
+        ];
+        let ns = self.lb_ns(k)?.name().to_string();
+        let mut c = self.lb_machine_command(k, &args)?;
+        c.stdin(Stdio::null());
         match log {
             Some(log) => {
                 let file = std::fs::OpenOptions::new()
@@ -1062,7 +1059,7 @@ pool = "web"
         }
         let child = c.spawn().map_err(|source| {
             Error::Netns(netns::Error::Spawn {
-                program: format!("{args:?} in {}", ns.name()),
+                program: format!("{args:?} in {ns}"),
                 source,
             })
         })?;
