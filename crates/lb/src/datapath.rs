@@ -333,6 +333,9 @@ const IDLE_YIELDS: u32 = 4096;
 const IDLE_WAIT_MS: i32 = 20;
 /// Idle iterations a packet thread yields before it sleeps.
 const PACKET_IDLE_YIELDS: u32 = 4096;
+/// Empty looks at its queue after which a packet thread publishes what it
+/// counted (a quiet spell of a few microseconds).
+const PACKET_IDLE_PUBLISH: u32 = 64;
 /// How long a sleeping packet thread waits at most before it expires held
 /// fragments by the clock.
 const IDLE_TICK: Duration = Duration::from_millis(100);
@@ -754,8 +757,15 @@ impl<'d> IoLoop<'d> {
             self.pending_tx.extend(self.out.drain(..));
             self.inline_pub.dirty = true;
         }
-        self.inline_pub
-            .maybe(&self.dp.live, self.slot, &w.counters, self.start);
+        if self.batch_buf.is_empty() && self.idle_spins > 1024 && self.inline_pub.dirty {
+            // Idle for a while: what the last batches counted is published now (exact
+            // counters once traffic stops), not up to an interval later.
+            self.inline_pub
+                .publish(&self.dp.live, self.slot, &w.counters, self.start);
+        } else {
+            self.inline_pub
+                .maybe(&self.dp.live, self.slot, &w.counters, self.start);
+        }
     }
 
     /// Timer: hand over partial batches that waited long enough, or
@@ -1044,8 +1054,9 @@ impl<'d> IoLoop<'d> {
 }
 
 /// Copies a thread's counters to the shared live view every
-/// [`LIVE_INTERVAL_MS`] when they changed, so the control plane can read
-/// them without touching the packet thread's own.
+/// [`LIVE_INTERVAL_MS`] when they changed, and once more when the thread
+/// goes idle (so counters read after traffic stops are exact), so the
+/// control plane can read them without touching the packet thread's own.
 #[derive(Default)]
 struct LivePublisher {
     last_ms: u64,
@@ -1128,6 +1139,13 @@ fn packet_thread(
                 break;
             }
             idle = idle.saturating_add(1);
+            if idle > PACKET_IDLE_PUBLISH && live_pub.dirty {
+                // Counters are exact soon after traffic stops: what the
+                // last batches counted is published once the queue has
+                // stayed empty a moment (once per quiet spell: publishing
+                // clears `dirty`), not an interval or an idle tick later.
+                live_pub.publish(live, id, &w.counters, start);
+            }
             if idle > PACKET_IDLE_YIELDS {
                 // Idle for a while (a quiet interface): sleep until the I/O
                 // thread hands over a batch, asks for a drain or says quit,
