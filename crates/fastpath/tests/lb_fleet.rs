@@ -247,6 +247,18 @@ fn fragments_tracer_and_agreement_across_the_fleet() {
     t.wait_for_ecmp(&[1, 2, 3], Duration::from_secs(40))
         .unwrap();
     t.wait_for_vip(Duration::from_secs(20)).unwrap();
+    // Everything below runs with one AF_XDP socket and worker per receive
+    // queue (two packet threads on two queues), `[fleet]` notwithstanding.
+    for k in 1..=3 {
+        let driver = status(&t, k)["driver"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            driver.contains("one socket per queue on 2 queues"),
+            "lb{k}: {driver}"
+        );
+    }
 
     // 1. The same 20 flows straight into each load balancer.
     let flows: Vec<(String, u16)> = (0..20)

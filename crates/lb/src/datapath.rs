@@ -358,6 +358,13 @@ impl Progress<'_> {
     }
 }
 
+/// What the workers of [`Datapath::run_queues`] share: the fragment table
+/// (with more than one queue) and the clock its times are read by.
+struct Shared {
+    frags: Option<Arc<Mutex<FragTable>>>,
+    start: Instant,
+}
+
 /// The forwarder's datapath over one port.
 pub struct Datapath {
     params: Params,
@@ -430,7 +437,7 @@ impl Datapath {
     /// Runs until the port is exhausted and every packet is accounted for,
     /// or until `stop` is set.
     pub fn run(&self, nic: &mut dyn Nic, stop: &AtomicBool) -> Result<RunStats, Error> {
-        self.run_on(nic, stop, self.params.threads, 0)
+        self.run_on(nic, stop, self.params.threads, 0, None)
     }
 
     /// One port per packet thread, each served run-to-completion on its own
@@ -442,14 +449,29 @@ impl Datapath {
         ports: Vec<Box<dyn Nic + Send>>,
         stop: &AtomicBool,
     ) -> Result<RunStats, Error> {
+        // One fragment table for every queue (the NIC may spread a
+        // datagram's fragments over several), as large as theirs together,
+        // and one clock, which its expiry times are read by.
+        let shared = Shared {
+            frags: (ports.len() > 1).then(|| {
+                Arc::new(Mutex::new(FragTable::new(
+                    self.params.frag_table_size.saturating_mul(ports.len()),
+                    self.params.frag_timeout_ms,
+                )))
+            }),
+            start: Instant::now(),
+        };
         let results: Vec<Result<RunStats, Error>> = std::thread::scope(|scope| {
             let handles: Vec<_> = ports
                 .into_iter()
                 .enumerate()
                 .map(|(slot, mut port)| {
+                    let shared = &shared;
                     std::thread::Builder::new()
                         .name(format!("queue-{slot}"))
-                        .spawn_scoped(scope, move || self.run_on(&mut *port, stop, 0, slot))
+                        .spawn_scoped(scope, move || {
+                            self.run_on(&mut *port, stop, 0, slot, Some(shared))
+                        })
                 })
                 .collect();
             handles
@@ -480,7 +502,20 @@ impl Datapath {
                 }
             });
         }
-        all.ok_or(Error::NoPorts)
+        let mut all = all.ok_or(Error::NoPorts)?;
+        if let Some(table) = &shared.frags {
+            // Fragments still held whose first fragment never came, on
+            // whichever queue: dropped as expired, their buffers returned.
+            let counters = {
+                let mut w = self.params.worker(&self.pool, 0);
+                w.drain_shared(table);
+                // (The worker's handle gives its buffers back as it goes.)
+                w.counters.clone()
+            };
+            all.counters.merge(&counters);
+            all.pool = self.pool.stats();
+        }
+        Ok(all)
     }
 
     /// The datapath over one port with `threads` packet threads (0: inline),
@@ -492,8 +527,9 @@ impl Datapath {
         stop: &AtomicBool,
         threads: usize,
         slot: usize,
+        shared: Option<&Shared>,
     ) -> Result<RunStats, Error> {
-        let mut l = IoLoop::start(self, threads, slot)?;
+        let mut l = IoLoop::start(self, threads, slot, shared)?;
         let result: Result<(), Error> = loop {
             l.beat();
             l.reserve();
@@ -568,8 +604,13 @@ struct IoLoop<'d> {
 impl<'d> IoLoop<'d> {
     /// Sets up the rings and starts `threads` packet threads (none: one
     /// inline worker).
-    fn start(dp: &'d Datapath, threads: usize, slot: usize) -> Result<Self, Error> {
-        let start = Instant::now();
+    fn start(
+        dp: &'d Datapath,
+        threads: usize,
+        slot: usize,
+        shared: Option<&Shared>,
+    ) -> Result<Self, Error> {
+        let start = shared.map_or_else(Instant::now, |s| s.start);
         let p = &dp.params;
         let mut l = IoLoop {
             dp,
@@ -583,7 +624,13 @@ impl<'d> IoLoop<'d> {
             quit: Arc::new(AtomicBool::new(false)),
             ends: Vec::new(),
             joins: Vec::new(),
-            inline: (threads == 0).then(|| p.worker(&dp.pool, slot)),
+            inline: (threads == 0).then(|| {
+                let w = p.worker(&dp.pool, slot);
+                match shared.and_then(|s| s.frags.as_ref()) {
+                    Some(f) => w.with_shared_frags(Arc::clone(f)),
+                    None => w,
+                }
+            }),
             batch_buf: Vec::with_capacity(p.batch),
             out: Vec::new(),
             pending_tx: std::collections::VecDeque::new(),

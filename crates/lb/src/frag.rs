@@ -11,8 +11,56 @@
 //! the 3-tuple. The paper's first hop, which brings every fragment of a
 //! datagram to the same load balancer of a fleet, is [`crate::frag_redirect`]:
 //! fragments redirected by a peer are steered by their inner 3-tuple too.
+//!
+//! Without steering (one worker per receive queue, run to completion), the
+//! NIC picks the worker, and it does not keep a datagram's fragments
+//! together: a peer's redirected fragments arrive in GRE, hashed on the
+//! outer header, on another queue than the fragments the router sent
+//! directly. Those workers share one table ([`Frags::Shared`]) behind a
+//! lock; fragments are rare, so the lock is taken per fragment, and the
+//! per-batch expiry sweep skips a table another worker holds.
+
+use std::sync::{Arc, Mutex};
 
 use netio::Packet;
+
+/// A worker's fragment table: its own, or one shared by the workers that
+/// each serve one receive queue of the same interface.
+#[derive(Debug)]
+pub enum Frags {
+    /// This worker's alone (steering keeps a datagram on one thread).
+    Own(FragTable),
+    /// Shared with the other queues' workers.
+    Shared(Arc<Mutex<FragTable>>),
+}
+
+impl Frags {
+    /// Runs `f` on the table (waiting for a shared one).
+    #[inline]
+    pub fn with<R>(&mut self, f: impl FnOnce(&mut FragTable) -> R) -> R {
+        match self {
+            Frags::Own(t) => f(t),
+            // A worker that panicked holding the lock left the table
+            // consistent between calls (no call unwinds half way through
+            // an update), so its contents are still usable.
+            Frags::Shared(t) => f(&mut t.lock().unwrap_or_else(|p| p.into_inner())),
+        }
+    }
+
+    /// Runs `f` on the table unless another worker holds it now (for
+    /// housekeeping that the next batch can do as well).
+    #[inline]
+    pub fn try_with(&mut self, f: impl FnOnce(&mut FragTable)) {
+        match self {
+            Frags::Own(t) => f(t),
+            Frags::Shared(t) => match t.try_lock() {
+                Ok(mut g) => f(&mut g),
+                Err(std::sync::TryLockError::Poisoned(p)) => f(&mut p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            },
+        }
+    }
+}
 
 /// Fragments held per datagram at most.
 pub const MAX_HELD: usize = 8;

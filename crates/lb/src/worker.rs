@@ -15,7 +15,7 @@ use packet::{parse_frame, FlowKey};
 
 use crate::conntrack::{Conntrack, Entry};
 use crate::counters::{Counters, DropReason};
-use crate::frag::{Decision, FragKey, FragTable};
+use crate::frag::{Decision, FragKey, FragTable, Frags};
 use crate::tables::Tables;
 use crate::tracer::{self, Lookup, Marker, Offer, Record, Redirect, Tracer};
 
@@ -81,7 +81,7 @@ pub struct Worker {
     pool: Pool,
     handle: Handle,
     ct: Conntrack,
-    frags: FragTable,
+    frags: Frags,
     /// Counters.
     pub counters: Counters,
     mode: Mode,
@@ -100,7 +100,7 @@ impl Worker {
             pool: pool.clone(),
             handle: pool.handle(),
             ct,
-            frags,
+            frags: Frags::Own(frags),
             counters: Counters::new(),
             mode,
             released: Vec::new(),
@@ -108,6 +108,14 @@ impl Worker {
             staged: Vec::new(),
             trace: None,
         }
+    }
+
+    /// Uses `table` for fragments instead of its own: the workers that each
+    /// serve one receive queue of an interface share one, since the NIC
+    /// may bring a datagram's fragments to several of them.
+    pub fn with_shared_frags(mut self, table: Arc<std::sync::Mutex<FragTable>>) -> Self {
+        self.frags = Frags::Shared(table);
+        self
     }
 
     /// Reports packet-tracer probes through `tracer` as packet thread
@@ -182,7 +190,8 @@ impl Worker {
         }
         staged.clear();
         self.staged = staged;
-        self.frags.sweep(8, now_ms, &mut self.expired);
+        let expired = &mut self.expired;
+        self.frags.try_with(|f| f.sweep(8, now_ms, expired));
         self.drop_expired();
         self.counters.conntrack = self.ct.stats();
     }
@@ -191,13 +200,28 @@ impl Worker {
     /// fragment did not come in time (a few table entries per call), so
     /// they end on a quiet port too, not only when the next packet comes.
     pub fn tick(&mut self, now_ms: u64) {
-        self.frags.sweep(64, now_ms, &mut self.expired);
+        let expired = &mut self.expired;
+        self.frags.with(|f| f.sweep(64, now_ms, expired));
         self.drop_expired();
     }
 
-    /// Drops every held fragment (shutting down).
+    /// Drops every held fragment (shutting down). A shared table is left
+    /// alone: it holds the other queues' fragments too, and whoever shares
+    /// it drains it once every worker is done ([`Worker::drain_shared`]).
     pub fn drain(&mut self) {
-        self.frags.drain(&mut self.expired);
+        if let Frags::Own(f) = &mut self.frags {
+            f.drain(&mut self.expired);
+        }
+        self.drop_expired();
+    }
+
+    /// Drops every fragment held in a shared table `table` (every worker
+    /// sharing it done), counting them in this worker's counters.
+    pub fn drain_shared(&mut self, table: &std::sync::Mutex<FragTable>) {
+        table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(&mut self.expired);
         self.drop_expired();
     }
 
@@ -288,7 +312,10 @@ impl Worker {
                 }
                 self.redirect(t, pkt, p, peer, out);
             }
-            Ok(Action::Hold(key)) => match self.frags.hold(&key, pkt, now, &mut self.expired) {
+            Ok(Action::Hold(key)) => match {
+                let expired = &mut self.expired;
+                self.frags.with(|f| f.hold(&key, pkt, now, expired))
+            } {
                 Ok(()) => self.counters.frag_held += 1,
                 Err(pkt) => self.discard(pkt, DropReason::FragTableFull),
             },
@@ -616,7 +643,7 @@ impl Worker {
                 ident: f.ident,
             };
             if !f.is_first() {
-                return match self.frags.lookup(&key, now) {
+                return match self.frags.with(|f| f.lookup(&key, now)) {
                     Some(d)
                         if t.backends
                             .get(d.backend as usize)
@@ -638,13 +665,9 @@ impl Worker {
                 .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)
                 .ok_or(no_vip)?;
             let (backend, hash) = self.select(t, &p.flow, 0, vip, now, true, p.tcp_flags)?;
-            self.frags.record(
-                &key,
-                Decision { vip, backend },
-                now,
-                &mut self.released,
-                &mut self.expired,
-            );
+            let (released, expired) = (&mut self.released, &mut self.expired);
+            self.frags
+                .with(|f| f.record(&key, Decision { vip, backend }, now, released, expired));
             return Ok(Action::Forward { vip, backend, hash });
         }
         let vip = t

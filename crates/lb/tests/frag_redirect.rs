@@ -516,3 +516,119 @@ fn redirected_fragments_meet_their_datagram_on_one_packet_thread() {
     }
     assert_eq!(stats.counters.frag_redirect_received, 24);
 }
+
+/// One receive queue of a NIC, as `Datapath::run_queues` serves it: a
+/// memory port whose transmitted frames are collected with every other
+/// queue's.
+struct Queue {
+    port: MemPort,
+    out: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+}
+
+impl netio::Nic for Queue {
+    fn receive(&mut self, pool: &Pool, slots: &mut [netio::Slot]) -> Result<usize, netio::Error> {
+        self.port.receive(pool, slots)
+    }
+
+    fn transmit(&mut self, pool: &Pool, slots: &[netio::Slot]) -> Result<usize, netio::Error> {
+        let mut out = self.out.lock().unwrap();
+        out.extend(slots.iter().map(|s| s.frame(pool).to_vec()));
+        self.port.transmit(pool, slots)
+    }
+
+    fn exhausted(&self) -> bool {
+        self.port.exhausted()
+    }
+
+    fn stats(&self) -> netio::PortStats {
+        self.port.stats()
+    }
+}
+
+/// One worker per receive queue, no steering (AF_XDP with a socket per
+/// queue): the NIC hashes a peer's redirected fragments on their outer GRE
+/// header, so they land on another queue than the fragments the router
+/// sent straight here. Half the datagrams have their first fragment
+/// redirected (queue 0) and the rest direct (queue 1), the other half the
+/// reverse; every fragment must still reach its datagram's backend, none
+/// held until it expires.
+#[test]
+fn redirected_fragments_meet_their_datagram_across_receive_queues() {
+    let pool = pool();
+    let me = PEERS[1];
+    let mut peer = Lb::new(&pool, PEERS[0], &PEERS);
+    let (mut q0, mut q1) = (Vec::new(), Vec::new());
+    let mut want = std::collections::HashMap::new();
+    let cfg = config(me, &PEERS);
+    let list: Vec<IpAddr> = PEERS.iter().map(|p| ip(p)).collect();
+    let datagrams = (0..2000u16)
+        .map(|i| {
+            datagram(
+                IpAddr::from([198, 51, (i / 250) as u8, (i % 250) as u8]),
+                3000 + i,
+                i,
+                3,
+            )
+        })
+        .filter(|(_, f)| lb::frag_redirect::responsible(&list, f) == Some(ip(me)))
+        .take(32);
+    for (i, (frags, flow)) in datagrams.enumerate() {
+        let redirect = |f: &Vec<u8>, peer: &mut Lb| {
+            let r = peer.step(&pool, f, 0);
+            assert_eq!(read(&r[0]).dst, ip(me));
+            r[0].clone()
+        };
+        if i % 2 == 0 {
+            q0.push(redirect(&frags[0], &mut peer));
+            q1.extend(frags[1..].iter().cloned());
+        } else {
+            q1.push(frags[0].clone());
+            for f in &frags[1..] {
+                q0.push(redirect(f, &mut peer));
+            }
+        }
+        let backend = lab::sample::expected_backend(&cfg, "dns", &flow).unwrap();
+        for f in &frags {
+            want.insert(ip_packet(f), backend);
+        }
+    }
+    let n = q0.len() + q1.len();
+    let redirected = q0.len() as u64;
+    let mut c = cfg.clone();
+    c.forwarder.threads = 2;
+    let control = Control::new(c.clone()).unwrap();
+    let dp = Datapath::new(Params::from_config(&c), control.tables()).unwrap();
+    let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ports: Vec<Box<dyn netio::Nic + Send>> = [q0, q1]
+        .into_iter()
+        .map(|frames| {
+            let k = frames.len() as u64;
+            Box::new(Queue {
+                port: MemPort::new(frames, Vary::None, Some(k)),
+                out: std::sync::Arc::clone(&out),
+            }) as Box<dyn netio::Nic + Send>
+        })
+        .collect();
+    let stats = dp.run_queues(ports, &AtomicBool::new(false)).unwrap();
+    let out = out.lock().unwrap();
+    assert_eq!(
+        out.len(),
+        n,
+        "every fragment forwarded; drops: {:?}",
+        stats.counters.drop_table()
+    );
+    for f in out.iter() {
+        let s = read(f);
+        assert_eq!(
+            Some(&s.dst),
+            want.get(&s.inner),
+            "each fragment to its datagram's backend"
+        );
+    }
+    assert_eq!(stats.counters.frag_redirect_received, redirected);
+    assert_eq!(
+        stats.counters.rx,
+        stats.counters.tx + stats.counters.dropped()
+    );
+    assert_eq!(stats.pool.in_use, 0, "every buffer back in the pool");
+}

@@ -91,10 +91,11 @@ impl Plan {
         let per_queue = driver != Driver::AfPacket
             && cfg.forwarder.threads >= 2
             && queues >= cfg.forwarder.threads as u32
-            && cfg.vips.iter().all(|v| v.address.is_some())
-            // The NIC would spread a peer's redirected fragments (hashed on
-            // the outer GRE header) over other queues than their datagram's.
-            && cfg.fleet.is_none();
+            && cfg.vips.iter().all(|v| v.address.is_some());
+        // With `[fleet]` too: the NIC brings a peer's redirected fragments
+        // (hashed on their outer GRE header) to other queues than the rest
+        // of their datagram, so the queues' workers share one fragment
+        // table (lb's `Datapath::run_queues`).
         Plan {
             driver,
             queues,
