@@ -312,13 +312,14 @@ impl Worker {
                 }
                 self.redirect(t, pkt, p, peer, out);
             }
-            Ok(Action::Hold(key)) => match {
+            Ok(Action::Hold(key)) => {
                 let expired = &mut self.expired;
-                self.frags.with(|f| f.hold(&key, pkt, now, expired))
-            } {
-                Ok(()) => self.counters.frag_held += 1,
-                Err(pkt) => self.discard(pkt, DropReason::FragTableFull),
-            },
+                let held = self.frags.with(|f| f.hold(&key, pkt, now, expired));
+                match held {
+                    Ok(()) => self.counters.frag_held += 1,
+                    Err(pkt) => self.discard(pkt, DropReason::FragTableFull),
+                }
+            }
             Ok(Action::Forward { vip, backend, hash }) => {
                 if let Some(probe) = probe {
                     let r = from_peer.map_or(Redirect::No, |a| Redirect::Arrived(Some(a)));
