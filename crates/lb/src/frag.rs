@@ -30,9 +30,17 @@ use netio::Packet;
 pub enum Frags {
     /// This worker's alone (steering keeps a datagram on one thread).
     Own(FragTable),
-    /// Shared with the other queues' workers.
-    Shared(Arc<Mutex<FragTable>>),
+    /// Shared with the other queues' workers, and the batches left before
+    /// this worker sweeps it again.
+    Shared(Arc<Mutex<FragTable>>, u32),
 }
+
+/// Entries a worker's own table is swept per batch.
+const SWEEP_PER_BATCH: usize = 8;
+/// Batches between a worker's sweeps of a shared table: the sweep takes the
+/// table's lock, and a lock every batch would move its cache line between
+/// the queues' cores even without fragments.
+const SHARED_SWEEP_EVERY: u32 = 64;
 
 impl Frags {
     /// Runs `f` on the table (waiting for a shared one).
@@ -43,22 +51,39 @@ impl Frags {
             // A worker that panicked holding the lock left the table
             // consistent between calls (no call unwinds half way through
             // an update), so its contents are still usable.
-            Frags::Shared(t) => f(&mut t.lock().unwrap_or_else(|p| p.into_inner())),
+            Frags::Shared(t, _) => f(&mut t.lock().unwrap_or_else(|p| p.into_inner())),
         }
     }
 
-    /// Runs `f` on the table unless another worker holds it now (for
-    /// housekeeping that the next batch can do as well).
+    /// The per-batch share of expiry: a few entries of an own table every
+    /// batch; as many of a shared one every [`SHARED_SWEEP_EVERY`] batches,
+    /// skipped (until the next batch) while another worker holds it.
     #[inline]
-    pub fn try_with(&mut self, f: impl FnOnce(&mut FragTable)) {
+    pub fn sweep_batch(&mut self, now: u64, expired: &mut Vec<Packet>) {
         match self {
-            Frags::Own(t) => f(t),
-            Frags::Shared(t) => match t.try_lock() {
-                Ok(mut g) => f(&mut g),
-                Err(std::sync::TryLockError::Poisoned(p)) => f(&mut p.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => {}
-            },
+            Frags::Own(t) => t.sweep(SWEEP_PER_BATCH, now, expired),
+            Frags::Shared(t, left) => {
+                *left = left.saturating_sub(1);
+                if *left > 0 {
+                    return;
+                }
+                let swept = match t.try_lock() {
+                    Ok(g) => Some(g),
+                    Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                    Err(std::sync::TryLockError::WouldBlock) => None,
+                };
+                if let Some(mut g) = swept {
+                    g.sweep(SWEEP_PER_BATCH * SHARED_SWEEP_EVERY as usize, now, expired);
+                    *left = SHARED_SWEEP_EVERY;
+                }
+            }
         }
+    }
+
+    /// A shared table, swept by this worker every [`SHARED_SWEEP_EVERY`]
+    /// batches.
+    pub fn shared(table: Arc<Mutex<FragTable>>) -> Self {
+        Frags::Shared(table, SHARED_SWEEP_EVERY)
     }
 }
 

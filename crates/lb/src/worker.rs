@@ -114,7 +114,7 @@ impl Worker {
     /// serve one receive queue of an interface share one, since the NIC
     /// may bring a datagram's fragments to several of them.
     pub fn with_shared_frags(mut self, table: Arc<std::sync::Mutex<FragTable>>) -> Self {
-        self.frags = Frags::Shared(table);
+        self.frags = Frags::shared(table);
         self
     }
 
@@ -190,8 +190,7 @@ impl Worker {
         }
         staged.clear();
         self.staged = staged;
-        let expired = &mut self.expired;
-        self.frags.try_with(|f| f.sweep(8, now_ms, expired));
+        self.frags.sweep_batch(now_ms, &mut self.expired);
         self.drop_expired();
         self.counters.conntrack = self.ct.stats();
     }
