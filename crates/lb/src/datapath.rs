@@ -363,6 +363,10 @@ impl Progress<'_> {
 struct Shared {
     frags: Option<Arc<Mutex<FragTable>>>,
     start: Instant,
+    /// Each queue's own beat; the datapath's heartbeat is the slowest of
+    /// them, so that it stands still when any one queue's loop hangs or
+    /// ends (its share of the traffic black-holed) while the others run.
+    beats: Vec<AtomicU64>,
 }
 
 /// The forwarder's datapath over one port.
@@ -372,8 +376,10 @@ pub struct Datapath {
     pool: Pool,
     /// Live counters, refreshed by packet threads every few batches.
     pub live: Arc<Mutex<Vec<Counters>>>,
-    /// Advances while the I/O loop runs (a liveness signal for the BGP
-    /// controller; no clock is read to keep it).
+    /// Advances while the I/O loop runs, with one loop per queue while
+    /// every one of them runs (a liveness signal for the BGP controller,
+    /// the peers and the service manager's watchdog; no clock is read to
+    /// keep it).
     pub heartbeat: Arc<AtomicU64>,
 }
 
@@ -460,6 +466,7 @@ impl Datapath {
                 )))
             }),
             start: Instant::now(),
+            beats: (0..ports.len()).map(|_| AtomicU64::new(0)).collect(),
         };
         let results: Vec<Result<RunStats, Error>> = std::thread::scope(|scope| {
             let handles: Vec<_> = ports
@@ -596,6 +603,8 @@ struct IoLoop<'d> {
     out: Vec<Packet>,
     pending_tx: std::collections::VecDeque<Packet>,
     inline_pub: LivePublisher,
+    /// With one loop per queue: what the queues share.
+    shared: Option<&'d Shared>,
     rr: usize,
     idle_spins: u32,
     iterations: u64,
@@ -608,7 +617,7 @@ impl<'d> IoLoop<'d> {
         dp: &'d Datapath,
         threads: usize,
         slot: usize,
-        shared: Option<&Shared>,
+        shared: Option<&'d Shared>,
     ) -> Result<Self, Error> {
         let start = shared.map_or_else(Instant::now, |s| s.start);
         let p = &dp.params;
@@ -635,6 +644,7 @@ impl<'d> IoLoop<'d> {
             out: Vec::new(),
             pending_tx: std::collections::VecDeque::new(),
             inline_pub: LivePublisher::default(),
+            shared,
             rr: 0,
             idle_spins: 0,
             iterations: 0,
@@ -693,7 +703,29 @@ impl<'d> IoLoop<'d> {
     fn beat(&mut self) {
         self.iterations += 1;
         if self.iterations & 255 == 0 {
-            self.dp.heartbeat.store(self.iterations, Ordering::Relaxed);
+            self.publish_beat();
+        }
+    }
+
+    /// Publishes the heartbeat: this loop's count, or with one loop per
+    /// queue, the smallest of the queues' counts (raised monotonically),
+    /// which stands still while any queue's loop does.
+    #[cold]
+    fn publish_beat(&self) {
+        match self.shared {
+            None => self.dp.heartbeat.store(self.iterations, Ordering::Relaxed),
+            Some(s) => {
+                if let Some(mine) = s.beats.get(self.slot) {
+                    mine.store(self.iterations, Ordering::Relaxed);
+                }
+                let slowest = s
+                    .beats
+                    .iter()
+                    .map(|b| b.load(Ordering::Relaxed))
+                    .min()
+                    .unwrap_or(self.iterations);
+                self.dp.heartbeat.fetch_max(slowest, Ordering::Relaxed);
+            }
         }
     }
 
@@ -970,7 +1002,7 @@ impl<'d> IoLoop<'d> {
             } else {
                 // In flight for long (a stuck transmit ring): poll gently.
                 nic.wait(if settled { IDLE_WAIT_MS } else { 1 });
-                self.dp.heartbeat.store(self.iterations, Ordering::Relaxed);
+                self.publish_beat();
             }
         }
         if nic.exhausted() {

@@ -695,3 +695,92 @@ fn live_counters_follow_bursts_inline() {
 fn live_counters_follow_bursts_with_packet_threads() {
     live_counters_follow_bursts(2);
 }
+
+// --- the heartbeat with one loop per queue -------------------------------------
+
+/// A receive queue whose `receive` blocks while `hang` is set: a queue
+/// whose loop hung (a driver stuck in a call, a thread stopped).
+struct Hanging {
+    hang: std::sync::Arc<AtomicBool>,
+    stats: netio::PortStats,
+}
+
+impl netio::Nic for Hanging {
+    fn receive(&mut self, _: &Pool, _: &mut [netio::Slot]) -> Result<usize, netio::Error> {
+        while self.hang.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Ok(0)
+    }
+
+    fn transmit(&mut self, _: &Pool, slots: &[netio::Slot]) -> Result<usize, netio::Error> {
+        Ok(slots.len())
+    }
+
+    fn wait(&mut self, timeout_ms: i32) {
+        std::thread::sleep(std::time::Duration::from_millis(
+            timeout_ms.clamp(0, 2) as u64
+        ));
+    }
+
+    fn stats(&self) -> netio::PortStats {
+        self.stats
+    }
+}
+
+/// The heartbeat (what the watchdog, BGP and the peers go by) must stand
+/// still while any one queue's loop hangs, though the other queues' loops
+/// run on: otherwise a load balancer with a hung queue keeps its ECMP
+/// share and black-holes that queue's flows for ever. It beats again once
+/// the queue does.
+#[test]
+fn the_heartbeat_stops_when_one_queue_hangs() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use std::time::Duration;
+    let mut cfg = Config::parse(CONFIG, "test").unwrap();
+    cfg.forwarder.threads = 2;
+    let control = Control::new(cfg.clone()).unwrap();
+    let dp = Datapath::new(Params::from_config(&cfg), control.tables()).unwrap();
+    let stop = AtomicBool::new(false);
+    let hang = Arc::new(AtomicBool::new(false));
+    let ports: Vec<Box<dyn netio::Nic + Send>> = vec![
+        Box::new(Hanging {
+            hang: Arc::clone(&hang),
+            stats: Default::default(),
+        }),
+        Box::new(Hanging {
+            hang: Arc::new(AtomicBool::new(false)),
+            stats: Default::default(),
+        }),
+    ];
+    let beat = || dp.heartbeat.load(Ordering::Relaxed);
+    let moves = |within: Duration| {
+        let (before, start) = (beat(), std::time::Instant::now());
+        while start.elapsed() < within {
+            if beat() != before {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    };
+    std::thread::scope(|s| {
+        let (dp, stop) = (&dp, &stop);
+        let run = s.spawn(move || dp.run_queues(ports, stop));
+        assert!(
+            moves(Duration::from_secs(2)),
+            "no heartbeat with both queues running"
+        );
+        hang.store(true, Ordering::Release);
+        // The hung loop's last beat may still be published once.
+        std::thread::sleep(Duration::from_millis(100));
+        let stood_still = !moves(Duration::from_millis(300));
+        hang.store(false, Ordering::Release);
+        let again = moves(Duration::from_secs(2));
+        stop.store(true, Ordering::Release);
+        run.join().unwrap().unwrap();
+        assert!(stood_still, "the heartbeat kept beating with queue 0 hung");
+        assert!(again, "the heartbeat did not come back with queue 0");
+    });
+}
