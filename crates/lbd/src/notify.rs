@@ -7,7 +7,7 @@
 //!   listener is bound before the datapath starts), so that units ordered
 //!   after this one, and `systemctl start`, wait for a forwarder that
 //!   forwards;
-//! - `WATCHDOG=1` every half `WatchdogSec`, but only while the datapath's
+//! - `WATCHDOG=1` every quarter `WatchdogSec`, but only while the datapath's
 //!   heartbeat ([`lb::datapath::Datapath::heartbeat`]) advances: a control
 //!   thread that is alive beside a stuck datapath must not keep the
 //!   watchdog fed, or the routes would outlive forwarding;
@@ -75,7 +75,7 @@ pub fn spawn(heartbeat: &Arc<AtomicU64>, stop: &Arc<AtomicBool>) {
 
 /// The notifier's loop, with the sending apart so that it can be watched:
 /// waits for the first heartbeat, sends `READY=1`, then `WATCHDOG=1` every
-/// half `watchdog` in which the heartbeat advanced, and `STOPPING=1` once
+/// quarter `watchdog` in which the heartbeat advanced, and `STOPPING=1` once
 /// `stop` is set, which ends it.
 pub(crate) fn supervise(
     heartbeat: &AtomicU64,
@@ -97,9 +97,11 @@ pub(crate) fn supervise(
         std::thread::sleep(TICK);
     }
     send(&[NotifyState::Ready, NotifyState::Status("forwarding")]);
-    // sd_watchdog_enabled(3): ping at half the timeout, so one late ping
-    // is not yet a missed one.
-    let period = watchdog.map(|w| (w / 2).max(Duration::from_millis(1)));
+    // sd_watchdog_enabled(3) asks for a ping at least every half timeout,
+    // so that one late ping is not yet a missed one; pinging every quarter
+    // also bounds how long a heartbeat that stopped just after a ping is
+    // still vouched for (a stuck queue is out a quarter timeout sooner).
+    let period = watchdog.map(|w| (w / 4).max(Duration::from_millis(1)));
     let mut last = heartbeat.load(Ordering::Relaxed);
     let mut next = period.map(|p| Instant::now() + p);
     let mut stalled = false;
