@@ -363,9 +363,10 @@ impl Progress<'_> {
 struct Shared {
     frags: Option<Arc<Mutex<FragTable>>>,
     start: Instant,
-    /// Each queue's own beat; the datapath's heartbeat is the slowest of
-    /// them, so that it stands still when any one queue's loop hangs or
-    /// ends (its share of the traffic black-holed) while the others run.
+    /// The heartbeat's round each queue's loop saw last: the round
+    /// advances only when all saw it, so that it stands still when any one
+    /// queue's loop hangs or ends (its share of the traffic black-holed)
+    /// while the others run.
     beats: Vec<AtomicU64>,
 }
 
@@ -466,7 +467,8 @@ impl Datapath {
                 )))
             }),
             start: Instant::now(),
-            beats: (0..ports.len()).map(|_| AtomicU64::new(0)).collect(),
+            // No loop has seen a round yet.
+            beats: (0..ports.len()).map(|_| AtomicU64::new(u64::MAX)).collect(),
         };
         let results: Vec<Result<RunStats, Error>> = std::thread::scope(|scope| {
             let handles: Vec<_> = ports
@@ -707,24 +709,30 @@ impl<'d> IoLoop<'d> {
         }
     }
 
-    /// Publishes the heartbeat: this loop's count, or with one loop per
-    /// queue, the smallest of the queues' counts (raised monotonically),
-    /// which stands still while any queue's loop does.
+    /// Publishes the heartbeat: this loop's count; or, with one loop per
+    /// queue, a round that advances only once every queue's loop has said
+    /// it saw the current one, so it stands still while any one of them
+    /// does. (The smallest of the loops' counts would not: a queue that
+    /// stopped ahead of a slower one would keep it moving until the slower
+    /// one caught up.)
     #[cold]
     fn publish_beat(&self) {
         match self.shared {
             None => self.dp.heartbeat.store(self.iterations, Ordering::Relaxed),
             Some(s) => {
+                let round = self.dp.heartbeat.load(Ordering::Acquire);
                 if let Some(mine) = s.beats.get(self.slot) {
-                    mine.store(self.iterations, Ordering::Relaxed);
+                    mine.store(round, Ordering::Release);
                 }
-                let slowest = s
-                    .beats
-                    .iter()
-                    .map(|b| b.load(Ordering::Relaxed))
-                    .min()
-                    .unwrap_or(self.iterations);
-                self.dp.heartbeat.fetch_max(slowest, Ordering::Relaxed);
+                if s.beats.iter().all(|b| b.load(Ordering::Acquire) == round) {
+                    // Lost to another loop: it advanced the same round.
+                    let _ = self.dp.heartbeat.compare_exchange(
+                        round,
+                        round.wrapping_add(1),
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    );
+                }
             }
         }
     }

@@ -699,9 +699,11 @@ fn live_counters_follow_bursts_with_packet_threads() {
 // --- the heartbeat with one loop per queue -------------------------------------
 
 /// A receive queue whose `receive` blocks while `hang` is set: a queue
-/// whose loop hung (a driver stuck in a call, a thread stopped).
+/// whose loop hung (a driver stuck in a call, a thread stopped). Its idle
+/// wait lasts `idle_ms`: queues whose loops go round at different paces.
 struct Hanging {
     hang: std::sync::Arc<AtomicBool>,
+    idle_ms: u64,
     stats: netio::PortStats,
 }
 
@@ -718,9 +720,10 @@ impl netio::Nic for Hanging {
     }
 
     fn wait(&mut self, timeout_ms: i32) {
-        std::thread::sleep(std::time::Duration::from_millis(
-            timeout_ms.clamp(0, 2) as u64
-        ));
+        let ms = self.idle_ms.min(timeout_ms.max(0) as u64);
+        if ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
     }
 
     fn stats(&self) -> netio::PortStats {
@@ -731,8 +734,10 @@ impl netio::Nic for Hanging {
 /// The heartbeat (what the watchdog, BGP and the peers go by) must stand
 /// still while any one queue's loop hangs, though the other queues' loops
 /// run on: otherwise a load balancer with a hung queue keeps its ECMP
-/// share and black-holes that queue's flows for ever. It beats again once
-/// the queue does.
+/// share and black-holes that queue's flows for ever. The hung queue is
+/// the one whose loop goes round faster (a heartbeat made of the slowest
+/// loop's count would keep moving until the other caught up). It beats
+/// again once the queue does.
 #[test]
 fn the_heartbeat_stops_when_one_queue_hangs() {
     use std::sync::atomic::Ordering;
@@ -747,10 +752,12 @@ fn the_heartbeat_stops_when_one_queue_hangs() {
     let ports: Vec<Box<dyn netio::Nic + Send>> = vec![
         Box::new(Hanging {
             hang: Arc::clone(&hang),
+            idle_ms: 0,
             stats: Default::default(),
         }),
         Box::new(Hanging {
             hang: Arc::new(AtomicBool::new(false)),
+            idle_ms: 5,
             stats: Default::default(),
         }),
     ];
