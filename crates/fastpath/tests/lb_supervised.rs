@@ -151,6 +151,52 @@ fn restarted(sd: &Systemd, sock: &Path, old: i32) -> i32 {
     }
 }
 
+/// What both tests start from: a canary in the host's /tmp (the private
+/// systemd must leave it alone), a scratch directory and the .deb built
+/// into it.
+struct Prepared {
+    tag: u32,
+    canary: Scratch,
+    work: Scratch,
+    debs: PathBuf,
+    deb: String,
+}
+
+/// Checks for root and the tools (scripts/setup.sh installs them) and
+/// builds the package; `None` (said why) when the test cannot run here.
+fn prepare(what: &str, more_tools: &[&str]) -> Option<Prepared> {
+    if !netns::available() {
+        eprintln!("skipped: needs root and iproute2");
+        return None;
+    }
+    let tools = [
+        "bird",
+        "birdc",
+        "dpkg-deb",
+        "nsenter",
+        "unshare",
+        "setpriv",
+        "systemctl",
+    ];
+    if let Some(tool) = tools.iter().chain(more_tools).find(|t| !have(t)) {
+        eprintln!("skipped: needs {tool} (scripts/setup.sh)");
+        return None;
+    }
+    let tag = std::process::id() % 100_000;
+    let canary = Scratch(std::env::temp_dir().join(format!("fastpath-canary-{what}-{tag}")));
+    std::fs::write(&canary.0, "still here").unwrap();
+    let work = Scratch(std::env::temp_dir().join(format!("fastpath-{what}-{tag}")));
+    let _ = std::fs::remove_dir_all(&work.0);
+    let (debs, deb) = build_deb(&work.0);
+    Some(Prepared {
+        tag,
+        canary,
+        work,
+        debs,
+        deb,
+    })
+}
+
 /// Builds the .deb (`scripts/build-deb.sh`, from this test build) into
 /// `work/out`: that directory and the package's path.
 fn build_deb(work: &Path) -> (PathBuf, String) {
@@ -235,31 +281,16 @@ fn install(sd: &Systemd, deb: &str, config: &str, me: &str, router: &str) {
 #[test]
 fn a_killed_or_frozen_load_balancer_leaves_the_routers_ecmp_set_within_a_second() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    if !netns::available() {
-        eprintln!("skipped: needs root and iproute2");
+    let Some(Prepared {
+        tag,
+        canary,
+        work,
+        debs,
+        deb,
+    }) = prepare("supervised", &[])
+    else {
         return;
-    }
-    for tool in [
-        "bird",
-        "birdc",
-        "dpkg-deb",
-        "nsenter",
-        "unshare",
-        "setpriv",
-        "systemctl",
-    ] {
-        if !have(tool) {
-            eprintln!("skipped: needs {tool} (scripts/setup.sh)");
-            return;
-        }
-    }
-    let tag = std::process::id() % 100_000;
-    // The private systemd must leave the host's /tmp alone.
-    let canary = Scratch(std::env::temp_dir().join(format!("fastpath-canary-{tag}")));
-    std::fs::write(&canary.0, "still here").unwrap();
-    let work = Scratch(std::env::temp_dir().join(format!("fastpath-supervised-{tag}")));
-    let _ = std::fs::remove_dir_all(&work.0);
-    let (debs, deb) = build_deb(&work.0);
+    };
 
     // The router and the load balancer's machine, one link between them.
     let router = Netns::new(&format!("fpsr-{tag}")).unwrap();
@@ -518,31 +549,16 @@ fn under_load_a_killed_frozen_or_stuck_load_balancer_costs_at_most_a_second_of_i
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    if !netns::available() {
-        eprintln!("skipped: needs root and iproute2");
+    let Some(Prepared {
+        tag,
+        canary,
+        work: _work,
+        debs,
+        deb,
+    }) = prepare("underload", &["nginx"])
+    else {
         return;
-    }
-    for tool in [
-        "bird",
-        "birdc",
-        "dpkg-deb",
-        "nsenter",
-        "unshare",
-        "setpriv",
-        "systemctl",
-        "nginx",
-    ] {
-        if !have(tool) {
-            eprintln!("skipped: needs {tool} (scripts/setup.sh)");
-            return;
-        }
-    }
-    let tag = std::process::id() % 100_000;
-    let canary = Scratch(std::env::temp_dir().join(format!("fastpath-canary-u{tag}")));
-    std::fs::write(&canary.0, "still here").unwrap();
-    let work = Scratch(std::env::temp_dir().join(format!("fastpath-underload-{tag}")));
-    let _ = std::fs::remove_dir_all(&work.0);
-    let (debs, deb) = build_deb(&work.0);
+    };
 
     let bin = Path::new(env!("CARGO_BIN_EXE_fastpath"));
     let mut t = lab::topology::Topology::build_fleet(bin, 3, 2, &format!("u{tag}")).unwrap();

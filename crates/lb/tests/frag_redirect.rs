@@ -463,6 +463,24 @@ fn bad_redirects_are_dropped_by_reason() {
     assert_eq!(c.frag_redirect_received, 2);
 }
 
+/// `n` datagrams of three fragments, from different sources, whose
+/// responsible peer is `me`.
+fn owned_by(me: &str, n: usize) -> impl Iterator<Item = (Vec<Vec<u8>>, FlowKey)> {
+    let list: Vec<IpAddr> = PEERS.iter().map(|p| ip(p)).collect();
+    let me = ip(me);
+    (0..2000u16)
+        .map(|i| {
+            datagram(
+                IpAddr::from([198, 51, (i / 250) as u8, (i % 250) as u8]),
+                3000 + i,
+                i,
+                3,
+            )
+        })
+        .filter(move |(_, f)| lb::frag_redirect::responsible(&list, f) == Some(me))
+        .take(n)
+}
+
 /// With packet threads, a fragment that arrives redirected is steered by
 /// its inner 3-tuple, to the thread the rest of its datagram (arriving
 /// directly) goes to: the first fragments come from a peer, the later ones
@@ -475,18 +493,7 @@ fn redirected_fragments_meet_their_datagram_on_one_packet_thread() {
     let mut frames = Vec::new();
     let mut want = std::collections::HashMap::new();
     let cfg = config(me, &PEERS);
-    let list: Vec<IpAddr> = PEERS.iter().map(|p| ip(p)).collect();
-    let datagrams = (0..2000u16)
-        .map(|i| {
-            datagram(
-                IpAddr::from([198, 51, (i / 250) as u8, (i % 250) as u8]),
-                3000 + i,
-                i,
-                3,
-            )
-        })
-        .filter(|(_, f)| lb::frag_redirect::responsible(&list, f) == Some(ip(me)))
-        .take(24);
+    let datagrams = owned_by(me, 24);
     for (frags, flow) in datagrams {
         let redirected = peer.step(&pool, &frags[0], 0);
         assert_eq!(read(&redirected[0]).dst, ip(me));
@@ -560,18 +567,7 @@ fn redirected_fragments_meet_their_datagram_across_receive_queues() {
     let (mut q0, mut q1) = (Vec::new(), Vec::new());
     let mut want = std::collections::HashMap::new();
     let cfg = config(me, &PEERS);
-    let list: Vec<IpAddr> = PEERS.iter().map(|p| ip(p)).collect();
-    let datagrams = (0..2000u16)
-        .map(|i| {
-            datagram(
-                IpAddr::from([198, 51, (i / 250) as u8, (i % 250) as u8]),
-                3000 + i,
-                i,
-                3,
-            )
-        })
-        .filter(|(_, f)| lb::frag_redirect::responsible(&list, f) == Some(ip(me)))
-        .take(32);
+    let datagrams = owned_by(me, 32);
     for (i, (frags, flow)) in datagrams.enumerate() {
         let redirect = |f: &Vec<u8>, peer: &mut Lb| {
             let r = peer.step(&pool, f, 0);
