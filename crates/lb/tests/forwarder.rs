@@ -791,3 +791,89 @@ fn the_heartbeat_stops_when_one_queue_hangs() {
         assert!(again, "the heartbeat did not come back with queue 0");
     });
 }
+
+/// A receive queue whose `receive` panics once `panic` is set: a bug in a
+/// queue's loop.
+struct Panicking {
+    panic: std::sync::Arc<AtomicBool>,
+    stats: netio::PortStats,
+}
+
+impl netio::Nic for Panicking {
+    fn receive(&mut self, _: &Pool, _: &mut [netio::Slot]) -> Result<usize, netio::Error> {
+        assert!(
+            !self.panic.load(std::sync::atomic::Ordering::Acquire),
+            "a queue's loop panics (on purpose)"
+        );
+        Ok(0)
+    }
+
+    fn transmit(&mut self, _: &Pool, slots: &[netio::Slot]) -> Result<usize, netio::Error> {
+        Ok(slots.len())
+    }
+
+    fn wait(&mut self, _: i32) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+
+    fn stats(&self) -> netio::PortStats {
+        self.stats
+    }
+}
+
+/// A queue whose loop panics while the other queue runs on: the heartbeat
+/// stands still from then on (the watchdog and BGP take the load balancer
+/// out), and the run, once stopped, says which queue panicked.
+#[test]
+fn the_heartbeat_stops_when_one_queue_panics() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use std::time::Duration;
+    let mut cfg = Config::parse(CONFIG, "test").unwrap();
+    cfg.forwarder.threads = 2;
+    let control = Control::new(cfg.clone()).unwrap();
+    let dp = Datapath::new(Params::from_config(&cfg), control.tables()).unwrap();
+    let stop = AtomicBool::new(false);
+    let panic = Arc::new(AtomicBool::new(false));
+    let ports: Vec<Box<dyn netio::Nic + Send>> = vec![
+        Box::new(Panicking {
+            panic: Arc::clone(&panic),
+            stats: Default::default(),
+        }),
+        Box::new(Hanging {
+            hang: Arc::new(AtomicBool::new(false)),
+            idle_ms: 1,
+            stats: Default::default(),
+        }),
+    ];
+    let beat = || dp.heartbeat.load(Ordering::Relaxed);
+    let moves = |within: Duration| {
+        let (before, start) = (beat(), std::time::Instant::now());
+        while start.elapsed() < within {
+            if beat() != before {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    };
+    std::thread::scope(|s| {
+        let (dp, stop) = (&dp, &stop);
+        let run = s.spawn(move || dp.run_queues(ports, stop));
+        assert!(
+            moves(Duration::from_secs(2)),
+            "no heartbeat with both queues running"
+        );
+        panic.store(true, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(100));
+        let stood_still = !moves(Duration::from_millis(300));
+        stop.store(true, Ordering::Release);
+        let result = run.join().unwrap();
+        assert!(stood_still, "the heartbeat kept beating with queue 0 dead");
+        assert!(
+            matches!(result, Err(lb::datapath::Error::QueueThreadPanicked(0))),
+            "{:?}",
+            result.map(|r| r.counters.rx)
+        );
+    });
+}
