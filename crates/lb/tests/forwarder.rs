@@ -598,7 +598,9 @@ struct Gated {
 impl netio::Nic for Gated {
     fn receive(&mut self, pool: &Pool, slots: &mut [netio::Slot]) -> Result<usize, netio::Error> {
         let allowed = self.allowed.load(std::sync::atomic::Ordering::Acquire);
-        let room = allowed.saturating_sub(self.received).min(slots.len() as u64) as usize;
+        let room = allowed
+            .saturating_sub(self.received)
+            .min(slots.len() as u64) as usize;
         let n = self.port.receive(pool, &mut slots[..room])?;
         self.received += n as u64;
         Ok(n)
@@ -615,7 +617,9 @@ impl netio::Nic for Gated {
     /// released meanwhile), so that the idle I/O thread does not spin on
     /// the cores the packet threads need.
     fn wait(&mut self, timeout_ms: i32) {
-        std::thread::sleep(std::time::Duration::from_millis(timeout_ms.clamp(0, 1) as u64));
+        std::thread::sleep(std::time::Duration::from_millis(
+            timeout_ms.clamp(0, 1) as u64
+        ));
     }
 
     fn stats(&self) -> netio::PortStats {
