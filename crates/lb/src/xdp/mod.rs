@@ -13,8 +13,8 @@
 //! the rest (fragments, ICMP, extension headers, prefix-group VIPs, probes,
 //! partial checksums, redirects among a fleet) reaches the packet threads
 //! through AF_XDP as before. Its
-//! connection table is its own: a flow it forwarded and whose next packet
-//! goes to user space (an ICMP error quoting it, say) is looked up by
+//! connection tables (one per family) are its own: a flow it forwarded and
+//! whose next packet goes to user space (an ICMP error quoting it, say) is looked up by
 //! Maglev there, which agrees unless the tables changed in between.
 //!
 //! Tables are placed by content: a Maglev table (with its slots' backend
