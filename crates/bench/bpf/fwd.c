@@ -13,6 +13,7 @@
 #include <linux/if_ether.h>
 #include <linux/in.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/udp.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -99,11 +100,13 @@ int fastpath_sink(struct xdp_md *ctx)
 }
 
 // The generator (bench::xdp's XdpGenerator): run by BPF_PROG_TEST_RUN in live
-// frames mode over a template frame (64-byte UDP over IPv4), it makes each
-// frame one of GEN_FLOWS flows in turn (source address 10.30.(1 + n / 256).
-// (n % 256), source port 1024 + n, as the AF_XDP generator's frames) and
-// sends it out of the interface the run names (XDP_TX: the kernel
-// redirects it there, in batches, as a driver would).
+// frames mode over a template frame (64-byte UDP over IPv4, or the smallest
+// UDP over IPv6: 62 bytes, no payload), it makes each frame one of
+// GEN_FLOWS flows in turn (IPv4 source address 10.30.(1 + n / 256).(n %
+// 256), or the IPv6 template's source with those four bytes as its last;
+// source port 1024 + n, as the AF_XDP generator's frames) and sends it out
+// of the interface the run names (XDP_TX: the kernel redirects it there, in
+// batches, as a driver would).
 //
 // A frame's bytes persist from one run of its page to the next, and a
 // device under test that forwards the frame in the kernel (nftables) edits
@@ -117,11 +120,16 @@ int fastpath_sink(struct xdp_md *ctx)
 #define GEN_FLOWS 4096
 // Ethernet, IPv4 (no options) and UDP headers.
 #define GEN_HEAD 42
+// Ethernet, IPv6 and UDP headers.
+#define GEN_HEAD6 62
 
 struct gen_tmpl {
 	__u32 ifindex;
-	__u16 head[GEN_HEAD / 2];
-	__u16 pad;
+	// The first GEN_HEAD bytes of an IPv4 template, or GEN_HEAD6 of an
+	// IPv6 one.
+	__u16 head[GEN_HEAD6 / 2];
+	// Non-zero: the template is IPv6.
+	__u16 v6;
 };
 
 struct {
@@ -137,6 +145,46 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } gen_seq SEC(".maps");
+
+// The IPv6 generator: the template's headers, then the flow's source
+// address and port, and its UDP checksum afresh (IPv6 requires one): over
+// the pseudo-header and the 8-byte header, the template carrying no
+// payload.
+static __always_inline int gen6(struct xdp_md *ctx, struct gen_tmpl *t)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	struct udphdr *udp = (void *)(ip6 + 1);
+	__u16 *f = data, *w = (__u16 *)&ip6->saddr;
+	__u32 key = 0, n, sum = 0, *seq;
+	int i;
+
+	if ((void *)(udp + 1) > end)
+		return XDP_ABORTED;
+#pragma unroll
+	for (i = 0; i < GEN_HEAD6 / 2; i++)
+		f[i] = t->head[i];
+	if (eth->h_proto != bpf_htons(ETH_P_IPV6) || ip6->nexthdr != IPPROTO_UDP)
+		return XDP_ABORTED;
+	seq = bpf_map_lookup_elem(&gen_seq, &key);
+	if (!seq)
+		return XDP_ABORTED;
+	n = *seq % GEN_FLOWS;
+	*seq += 1;
+	ip6->saddr.in6_u.u6_addr32[3] = bpf_htonl(0x0a1e0100 + ((n / 256) << 8) + (n % 256));
+	udp->source = bpf_htons(1024 + n);
+	udp->check = 0;
+#pragma unroll
+	for (i = 0; i < 16; i++)
+		sum += w[i];
+	sum += bpf_htons(IPPROTO_UDP) + udp->len + udp->source + udp->dest + udp->len;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	udp->check = (__u16)~sum ? (__u16)~sum : 0xffff;
+	return XDP_TX;
+}
 
 SEC("xdp")
 int fastpath_gen(struct xdp_md *ctx)
@@ -154,6 +202,8 @@ int fastpath_gen(struct xdp_md *ctx)
 	t = bpf_map_lookup_elem(&gen_tmpl, &key);
 	if (!t || ctx->ingress_ifindex != t->ifindex)
 		return XDP_PASS;
+	if (t->v6)
+		return gen6(ctx, t);
 	if ((void *)(udp + 1) > end)
 		return XDP_ABORTED;
 #pragma unroll

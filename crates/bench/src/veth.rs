@@ -3,7 +3,11 @@
 //! AF_XDP generator:
 //!
 //! - **fastpath**: `lb run --interface` (AF_XDP when it can), forwarding as
-//!   GRE back out of the same interface (one-armed, as deployed);
+//!   GRE back out of the same interface (one-armed, as deployed); in the
+//!   driver (`--driver xdp`) over IPv4 and, as **fastpath_ipv6**, the
+//!   smallest UDP over IPv6 to an IPv6 VIP, GRE over IPv4 to the same
+//!   backends (as the lab's topology does), with the ratio of the two; and
+//!   with AF_XDP alone (**fastpath_af_xdp**);
 //! - **nftables**: the kernel doing the same job: DNAT with `jhash` over the
 //!   same backends, forwarded back out;
 //! - **xdp_forwarder**: the limit: the same hop done in the driver by an XDP
@@ -43,6 +47,8 @@ use serde::Serialize;
 use crate::xdp::{Generator, XdpGenerator};
 
 const VIP: [u8; 4] = [198, 18, 0, 1];
+/// The IPv6 row's VIP.
+const VIP6: &str = "fd00:18::1";
 const GEN_MAC: &str = "02:00:00:00:0e:01";
 const DUT_MAC: &str = "02:00:00:00:0e:02";
 /// Flows the generator sends (distinct source ports and addresses).
@@ -160,6 +166,10 @@ pub struct Cell {
     /// User-space copies per forwarded packet, where the device under test
     /// counts them (fastpath).
     pub copies_per_packet: Option<f64>,
+    /// Frames the load balancer's socket received, for its packet threads
+    /// (fastpath): in the driver rows, what the XDP program did not
+    /// forward itself.
+    pub frames_to_user_space: Option<u64>,
     /// Notes (driver, XDP mode).
     pub note: String,
 }
@@ -169,8 +179,12 @@ pub struct Cell {
 pub struct Report {
     /// Seconds each variant was driven.
     pub seconds: f64,
-    /// `fastpath`, `nftables`, `xdp_forwarder`.
+    /// `fastpath`, `fastpath_ipv6`, `fastpath_af_xdp`, `nftables`,
+    /// `xdp_forwarder`.
     pub results: BTreeMap<String, Cell>,
+    /// fastpath in the driver over IPv6 over the same over IPv4
+    /// (delivered; 0 when the IPv4 row delivered nothing).
+    pub ratio_ipv6_to_ipv4: f64,
     /// fastpath over nftables (delivered).
     pub ratio_to_nftables: f64,
     /// fastpath over the XDP forwarder (delivered).
@@ -315,6 +329,26 @@ fn frames() -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The IPv6 row's frames: the smallest UDP over IPv6 (62 bytes, no
+/// payload) to [`VIP6`] over [`FLOWS`] flows, the sources being
+/// `fd00:30::` with the IPv4 frames' source address as their last 4 bytes.
+fn frames6() -> Vec<Vec<u8>> {
+    let dmac = lb::config::parse_mac(DUT_MAC).unwrap_or_default();
+    let smac = lb::config::parse_mac(GEN_MAC).unwrap_or_default();
+    let vip: IpAddr = VIP6.parse().unwrap_or(IpAddr::from([0u8; 16]));
+    (0..FLOWS)
+        .map(|i| {
+            let mut src = [0u8; 16];
+            src[..4].copy_from_slice(&[0xfd, 0, 0, 0x30]);
+            src[12..].copy_from_slice(&[10, 30, 1 + (i / 256) as u8, (i % 256) as u8]);
+            let mut f = Frame::udp(IpAddr::from(src), vip, 1024 + i as u16, 9, &[]);
+            f.eth.dst = dmac;
+            f.eth.src = smac;
+            f.to_bytes()
+        })
+        .collect()
+}
+
 /// Which generator drives the pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum GeneratorKind {
@@ -339,6 +373,8 @@ struct Drive {
     cpus: Option<Cpus>,
     /// Which generator.
     kind: GeneratorKind,
+    /// IPv6 frames ([`frames6`]) rather than IPv4.
+    v6: bool,
 }
 
 /// d0's `gro_flush_timeout` (ns) in the fastpath row with busy polling.
@@ -376,7 +412,7 @@ const XDP_GEN_CHUNK: u32 = 1 << 15;
 /// each pinned to one of the generator's CPUs; returns (frames offered,
 /// seconds driven, how the generator sent).
 fn generate(gen: &Netns, d: &Drive) -> Result<(u64, f64, String), Error> {
-    let all = frames();
+    let all = if d.v6 { frames6() } else { frames() };
     let queues = d.queues;
     let start = std::sync::Arc::new(std::sync::Barrier::new(queues as usize));
     let threads: Vec<_> = (0..queues)
@@ -630,6 +666,7 @@ fn measure(gen: &Netns, dut: &Netns, d: &Drive) -> Result<(Cell, String), Error>
         dropped_on_return: g_drop1.saturating_sub(g_drop0),
         valid: delivered > 0 && offered as f64 >= VALID_OFFER_RATIO * delivered as f64,
         copies_per_packet: None,
+        frames_to_user_space: None,
         note: String::new(),
     };
     Ok((cell, how))
@@ -656,6 +693,7 @@ pub fn run(
         queues,
         cpus: cpus.clone(),
         kind,
+        v6: false,
     };
     let tag = format!("{}", std::process::id() % 100_000);
     let backends = ["10.20.0.1", "10.20.0.2", "10.20.0.3", "10.20.0.4"];
@@ -685,10 +723,23 @@ pub fn run(
         }
     }
 
-    // fastpath: the load balancer in the driver (XDP), then AF_XDP alone.
-    for (row, driver) in [("fastpath", "xdp"), ("fastpath_af_xdp", "af-xdp")] {
-        progress(&format!("{row} (lb run --interface --driver {driver})"));
-        let c = fastpath_row(fastpath, driver, &tag, &backends, &drive, prefer_busy_poll)?;
+    // fastpath: the load balancer in the driver (XDP), over IPv4 then
+    // IPv6 (one after the other, so that the ratio compares like with
+    // like), then AF_XDP alone.
+    for (row, driver, v6) in [
+        ("fastpath", "xdp", false),
+        ("fastpath_ipv6", "xdp", true),
+        ("fastpath_af_xdp", "af-xdp", false),
+    ] {
+        let family = if v6 { ", an IPv6 VIP" } else { "" };
+        progress(&format!(
+            "{row} (lb run --interface --driver {driver}{family})"
+        ));
+        let d = Drive {
+            v6,
+            ..drive.clone()
+        };
+        let c = fastpath_row(fastpath, driver, &tag, &backends, &d, prefer_busy_poll)?;
         results.insert(row.to_string(), c);
     }
 
@@ -759,8 +810,15 @@ pub fn run(
             note: results["xdp_forwarder"].note.clone(),
         });
     }
+    let v4 = results["fastpath"].delivered_mpps;
+    let ratio_ipv6_to_ipv4 = if v4 > 0.0 {
+        results["fastpath_ipv6"].delivered_mpps / v4
+    } else {
+        0.0
+    };
     Ok(Report {
         seconds: secs,
+        ratio_ipv6_to_ipv4,
         ratio_to_nftables: f / n,
         ratio_to_xdp_forwarder: f / x,
         valid: results.values().all(|c| c.valid),
@@ -806,6 +864,11 @@ fn fastpath_row(
     let dir = std::env::temp_dir().join(format!("fastpath-vethbench-{tag}"));
     std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
     let cfg = dir.join("lb.toml");
+    let vip = if drive.v6 {
+        VIP6.to_string()
+    } else {
+        Ipv4Addr::from(VIP).to_string()
+    };
     let list: Vec<String> = backends
         .iter()
         .map(|b| format!("{{ address = \"{b}\" }}"))
@@ -815,7 +878,7 @@ fn fastpath_row(
         format!(
             "[forwarder]\nthreads = 0\nqueue_size = 1024\npool_buffers = 8192\n[conntrack]\nsize = 65536\n[api]\nlisten = \"127.0.0.1:9181\"\n\
              [encap]\nsource = \"10.30.0.2\"\ngateway_mac = \"{GEN_MAC}\"\n[[pools]]\nname = \"p\"\nbackends = [{}]\n\
-             [[vips]]\nname = \"v\"\naddress = \"198.18.0.1\"\nport = 9\nprotocol = \"udp\"\npool = \"p\"\n",
+             [[vips]]\nname = \"v\"\naddress = \"{vip}\"\nport = 9\nprotocol = \"udp\"\npool = \"p\"\n",
             list.join(", ")
         ),
     )
@@ -894,6 +957,7 @@ fn fastpath_row(
         .unwrap_or_default();
     let (mut c, _) = m?;
     c.copies_per_packet = stats["user_copies_per_forwarded"].as_f64();
+    c.frames_to_user_space = stats["port"]["rx"].as_u64();
     c.note = format!("{driver}; {session}; {napi}; {polling}");
     drop((sink, gen, dut));
     let _ = std::fs::remove_dir_all(&dir);
@@ -921,7 +985,13 @@ impl Report {
             },
             self.seconds
         ));
-        for k in ["fastpath", "fastpath_af_xdp", "nftables", "xdp_forwarder"] {
+        for k in [
+            "fastpath",
+            "fastpath_ipv6",
+            "fastpath_af_xdp",
+            "nftables",
+            "xdp_forwarder",
+        ] {
             if let Some(c) = self.results.get(k) {
                 t.row([
                     k.to_string(),
@@ -947,6 +1017,7 @@ impl Report {
         format!(
             "{t}\n{}\ngenerator: {}\ngenerator alone ({} thread(s), into an XDP sink on d0): offered {:.3} Mpps, reached d0 {:.3} Mpps\n\
              fastpath / nftables = {:.2}x (goal >= 2)   fastpath / XDP forwarder = {:.2} (goal >= 0.7)\n\
+             fastpath in the driver, IPv6 / IPv4 = {:.2} (goal >= 0.8; the IPv6 frames are 62 bytes, GRE over IPv4 to the same backends)\n\
              valid rows: offered >= {VALID_OFFER_RATIO} x delivered (the generator was not the limit){}\n{}",
             Cpus::describe(self.cpus.as_ref()),
             self.generator,
@@ -955,6 +1026,7 @@ impl Report {
             g.reached_mpps,
             self.ratio_to_nftables,
             self.ratio_to_xdp_forwarder,
+            self.ratio_ipv6_to_ipv4,
             if self.valid {
                 ""
             } else {

@@ -42,9 +42,7 @@ pub enum Error {
         source: io::Error,
     },
     /// The XDP generator's template is shorter than its headers.
-    #[error(
-        "XDP generator on {iface}: a {len}-byte template has no Ethernet, IPv4 and UDP headers"
-    )]
+    #[error("XDP generator on {iface}: a {len}-byte template has no Ethernet, IP and UDP headers")]
     Template {
         /// The interface.
         iface: String,
@@ -343,8 +341,9 @@ pub struct XdpGenerator {
 
 impl XdpGenerator {
     /// Loads the generator for `iface` (of the calling thread's namespace)
-    /// and queue `queue`, sending `template` (a 64-byte UDP over IPv4 frame
-    /// whose source address and port it varies; its headers are written
+    /// and queue `queue`, sending `template` (a 64-byte UDP over IPv4
+    /// frame, or a UDP over IPv6 frame without payload, whose source
+    /// address and port it varies; its headers are written
     /// over every frame before it leaves, so that a receiver that edits
     /// frames in place does not change what is sent next). The interface's
     /// peer must run an XDP program (a veth accepts XDP frames only then).
@@ -361,9 +360,11 @@ impl XdpGenerator {
     /// well. Best effort; see [`XdpGenerator::pinned`].
     pub fn open(iface: &str, queue: u32, template: &[u8]) -> Result<Self, Error> {
         let ifindex = ifindex(iface)?;
-        let mut head = [0u8; GEN_HEAD];
-        match template.get(..GEN_HEAD) {
-            Some(h) => head.copy_from_slice(h),
+        let v6 = template.get(12..14) == Some(&[0x86, 0xdd][..]);
+        let len = if v6 { GEN_HEAD6 } else { GEN_HEAD };
+        let mut head = [0u8; GEN_HEAD6];
+        match template.get(..len) {
+            Some(h) => head[..len].copy_from_slice(h),
             None => {
                 return Err(Error::Template {
                     iface: iface.into(),
@@ -374,8 +375,8 @@ impl XdpGenerator {
         let mut program = XdpProgram::load(FWD_OBJ, "fastpath_gen", "XDP generator", iface)?;
         let mut tmpl = GenTmpl {
             ifindex,
-            head: [0; GEN_HEAD / 2],
-            pad: 0,
+            head: [0; GEN_HEAD6 / 2],
+            v6: u16::from(v6),
         };
         for (w, b) in tmpl.head.iter_mut().zip(head.chunks_exact(2)) {
             *w = u16::from_ne_bytes([b[0], b[1]]);
@@ -422,6 +423,8 @@ impl XdpGenerator {
 /// Ethernet, IPv4 and UDP headers of the generator's template (`GEN_HEAD`
 /// of `bpf/fwd.c`).
 const GEN_HEAD: usize = 42;
+/// Ethernet, IPv6 and UDP headers of an IPv6 template (`GEN_HEAD6`).
+const GEN_HEAD6: usize = 62;
 
 /// The generator's template (`struct gen_tmpl` of `bpf/fwd.c`): the
 /// interface its test runs name (frames seen anywhere else pass) and the
@@ -430,10 +433,10 @@ const GEN_HEAD: usize = 42;
 #[derive(Clone, Copy)]
 struct GenTmpl {
     ifindex: u32,
-    head: [u16; GEN_HEAD / 2],
-    pad: u16,
+    head: [u16; GEN_HEAD6 / 2],
+    v6: u16,
 }
 
-// SAFETY: plain old data with no padding (4 + 42 + 2 bytes, 2-aligned
+// SAFETY: plain old data with no padding (4 + 62 + 2 bytes, 2-aligned
 // after the u32), as the kernel's copy of the map value expects.
 unsafe impl aya::Pod for GenTmpl {}

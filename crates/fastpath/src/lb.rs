@@ -34,7 +34,7 @@ pub enum LbCommand {
     ///
     /// With --interface, the daemon: frames are received on the interface
     /// (--driver: AF_XDP with our XDP program, AF_PACKET, or `xdp`, which
-    /// forwards IPv4 TCP and UDP in the driver itself), matched to a
+    /// forwards TCP and UDP over IPv4 and IPv6 in the driver itself), matched to a
     /// VIP, given a backend by connection tracking or the VIP's Maglev
     /// table, GRE-encapsulated toward it and sent back out on the same
     /// interface to the next hop (its MAC found from the kernel's route and

@@ -237,7 +237,7 @@ fn lb_bench_veth_json_document() {
     // Every device under test, driven by the same generator: what it was
     // offered, what came out, and a row is valid only when the generator
     // offered at least 1.5 times what the device delivered.
-    for k in ["fastpath", "nftables", "xdp_forwarder"] {
+    for k in ["fastpath", "fastpath_ipv6", "nftables", "xdp_forwarder"] {
         let r = &v["results"][k];
         let offered = r["offered_mpps"].as_f64().unwrap();
         let delivered = r["delivered_mpps"].as_f64().unwrap();
@@ -251,12 +251,15 @@ fn lb_bench_veth_json_document() {
         assert!(r["drops"].as_u64().is_some(), "{v}");
     }
     // The whole run is valid only if every row is.
-    let all = ["fastpath", "nftables", "xdp_forwarder"]
-        .iter()
-        .all(|k| v["results"][k]["valid"].as_bool().unwrap());
+    let all = v["results"]
+        .as_object()
+        .unwrap()
+        .values()
+        .all(|r| r["valid"].as_bool().unwrap());
     assert_eq!(v["valid"].as_bool().unwrap(), all, "{v}");
     assert!(v["ratio_to_nftables"].as_f64().unwrap() > 0.0);
     assert!(v["ratio_to_xdp_forwarder"].as_f64().unwrap() > 0.0);
+    ipv6_ratio_is_the_rows(&v);
     // The generator alone (into a sink): what it can offer at all.
     assert!(v["generator_alone"]["offered_mpps"].as_f64().unwrap() > 0.0);
     let fp = &v["results"]["fastpath"];
@@ -397,7 +400,7 @@ fn lb_bench_veth_xdp_generator_rows_are_valid() {
         delivered + lost_on_return >= 0.5 * reached,
         "nftables dropped what reached d0 (frames not restored?): {v}"
     );
-    for k in ["fastpath", "nftables", "xdp_forwarder"] {
+    for k in ["fastpath", "fastpath_ipv6", "nftables", "xdp_forwarder"] {
         let r = &v["results"][k];
         let offered = r["offered_mpps"].as_f64().unwrap();
         let reached = r["reached_mpps"].as_f64().unwrap();
@@ -421,10 +424,37 @@ fn lb_bench_veth_xdp_generator_rows_are_valid() {
     // The load balancer runs as a daemon would, in a session of its own:
     // in the bench's, its autogroup shared one CPU weight with the
     // generator, and d0's NAPI thread took four fifths of its core.
-    for k in ["fastpath", "fastpath_af_xdp"] {
+    for k in ["fastpath", "fastpath_ipv6", "fastpath_af_xdp"] {
         let note = v["results"][k]["note"].as_str().unwrap();
         assert!(note.contains("; own session;"), "{k}: {note}");
     }
+    ipv6_ratio_is_the_rows(&v);
+}
+
+/// The veth bench's IPv6 row: the load balancer in the driver (its note
+/// names the driver), and the IPv6 / IPv4 ratio is its rows' delivered
+/// rates' ratio.
+fn ipv6_ratio_is_the_rows(v: &serde_json::Value) {
+    let r = &v["results"];
+    let note = r["fastpath_ipv6"]["note"].as_str().unwrap();
+    assert!(note.contains("driver"), "{v}");
+    let (v6, v4) = (
+        r["fastpath_ipv6"]["delivered_mpps"].as_f64().unwrap(),
+        r["fastpath"]["delivered_mpps"].as_f64().unwrap(),
+    );
+    assert!(v6 > 0.0, "the IPv6 row forwarded nothing: {v}");
+    // In the driver: next to nothing reached the packet threads.
+    let secs = v["seconds"].as_f64().unwrap();
+    let to_user = r["fastpath_ipv6"]["frames_to_user_space"].as_u64().unwrap() as f64;
+    assert!(
+        to_user < 0.01 * v6 * 1e6 * secs,
+        "IPv6 frames went to user space: {v}"
+    );
+    let ratio = v["ratio_ipv6_to_ipv4"].as_f64().unwrap();
+    assert!(
+        (ratio - v6 / v4).abs() < 1e-9,
+        "{ratio} vs {v6} / {v4}: {v}"
+    );
 }
 
 /// `lb run --help` describes the daemon, not only the pcap replay (issue

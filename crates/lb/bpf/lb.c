@@ -3,28 +3,44 @@
 // the frame, and everything else goes to the AF_XDP socket (netio's
 // `steer.h`), where the user-space packet threads handle it as before.
 //
-// The common case: IPv4 without options, not a fragment, with a valid
-// header checksum, TCP or UDP whose header is whole, to a VIP in `lb_vips`
-// (exact port, then any port), not a packet-tracer probe and without a
-// checksum left partial by a local sender, to an IPv4 backend. For it this
-// program does what lb's worker does (crates/lb/src/worker.rs): the same
-// flow hash (`flow.h`), a connection table with the same rules (a SYN
+// The common case: TCP or UDP whose header is whole, over IPv4 without
+// options, not a fragment, with a valid header checksum, or over IPv6
+// whose next header is TCP or UDP itself (no extension header, so never a
+// fragment), to a VIP of its family in `lb_vips` or `lb_vips6` (exact
+// port, then any port), not a packet-tracer probe and without a checksum
+// left partial by a local sender, to a backend whose outer addresses are
+// both IPv4 or both IPv6 (GRE over either, whatever the inner family). For
+// it this program does what lb's worker does (crates/lb/src/worker.rs): the
+// same flow hash (`flow.h`), a connection table with the same rules (a SYN
 // re-chooses unless its backend accepts, a FIN or RST lingers, idle
 // timeouts per protocol), the VIP's Maglev table (maglev's flow_slot) and
-// the same GRE encapsulation, then back out of the interface (one-armed;
-// `lb_out`). lb's tests run both on the same frames and compare the bytes
-// (tests/xdp.rs, as root), and check without root that this side's
-// constants, map layouts and flow hash are the worker's (tests/xdp_abi.rs).
+// the same GRE encapsulation (packet::gre: the inner packet untouched, its
+// TTL or hop limit included; an outer IPv4 header with the inner TOS and
+// DF, always DF over IPv6; an outer IPv6 header with the flow hash in its
+// flow label), then back out of the interface (one-armed; `lb_out`). lb's
+// tests run both on the same frames and compare the bytes (tests/xdp.rs, as
+// root), and check without root that this side's constants, map layouts
+// and flow hash are the worker's (tests/xdp_abi.rs).
+//
+// Left to user space, where the worker reads more than a fixed header:
+// IPv6 extension headers (a chain of up to 8 of them, each of its own
+// length: a loop the verifier would have to bound, for packets the common
+// case does not carry) and with them IPv6 fragments; IPv4 options and
+// fragments; VLAN tags; ICMP; VIPs of prefix groups (a longest-prefix match
+// over every group, then a suffix lookup); a fleet's fragment redirects.
 //
 // Everything the tables say lives in maps the daemon writes (lb's
 // `xdp::maps`): the VIPs, the backends and the Maglev tables (these two
 // memory-mapped, so a reload writes only what changed at memory speed),
 // the configuration. Their keys and values and the constants both sides
 // use are defined once, in Rust (crates/lb/src/xdp/abi.rs), and written
-// out by the build script as `lb_abi.h`. The connection table is this
-// program's own (an LRU hash: a full table forgets its least recently used
+// out by the build script as `lb_abi.h`. The connection tables are this
+// program's own (LRU hashes: a full table forgets its least recently used
 // flows, which Maglev then sends to the same backend unless the tables
-// changed).
+// changed), one per family: an IPv4 flow's key stays 16 bytes, which the
+// kernel hashes in less than half the time of the 40 bytes an IPv6 key
+// needs, so IPv4 costs what it did; and each family has the table's full
+// size, as the worker's one table holds both.
 #include "steer.h"
 #include <linux/in.h>
 #include <linux/tcp.h>
@@ -40,6 +56,14 @@
 struct lb_ct_key {
 	__u32 src;
 	__u32 dst;
+	__u16 sport;
+	__u16 dport;
+	__u32 proto;
+};
+
+struct lb_ct6_key {
+	__u32 src[4];
+	__u32 dst[4];
 	__u16 sport;
 	__u16 dport;
 	__u32 proto;
@@ -66,6 +90,13 @@ struct {
 	__type(key, struct lb_vip_key);
 	__type(value, struct lb_vip);
 } lb_vips SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_DEFAULT_VIPS);
+	__type(key, struct lb_vip6_key);
+	__type(value, struct lb_vip);
+} lb_vips6 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -98,6 +129,14 @@ struct {
 	__type(key, struct lb_ct_key);
 	__type(value, struct lb_ct);
 } lb_conns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__uint(max_entries, LB_DEFAULT_CONNS);
+	__type(key, struct lb_ct6_key);
+	__type(value, struct lb_ct);
+} lb_conns6 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -143,8 +182,9 @@ static __always_inline void close_flow(struct lb_ct *e, __u32 now, __u32 linger,
 }
 
 // The backend lb's worker would choose (`Worker::select`), remembered the
-// same way; LB_EMPTY when the VIP has no backend to take the flow.
-static __always_inline __u32 select_backend(struct lb_conf *conf, struct lb_ct_key *k,
+// same way in `conns` (the connection table of the flow's family, keyed by
+// `k`); LB_EMPTY when the VIP has no backend to take the flow.
+static __always_inline __u32 select_backend(struct lb_conf *conf, void *conns, void *k, __u8 proto,
 					    struct lb_vip *vip, __u64 hash, __u8 flags,
 					    struct lb_stats *st)
 {
@@ -152,10 +192,10 @@ static __always_inline __u32 select_backend(struct lb_conf *conf, struct lb_ct_k
 	// lingers 5 s, so a few milliseconds of slack are nothing, and reading
 	// the clock source per frame cost 7% of the core on a VM (read_tsc).
 	__u32 now = bpf_ktime_get_coarse_ns() / 1000000;
-	__u32 timeout = k->proto == IPPROTO_TCP ? conf->tcp_timeout_ms : conf->udp_timeout_ms;
+	__u32 timeout = proto == IPPROTO_TCP ? conf->tcp_timeout_ms : conf->udp_timeout_ms;
 	int syn = (flags & (TCP_SYN_ | TCP_ACK_)) == TCP_SYN_;
 	int ends = flags & (TCP_FIN_ | TCP_RST_);
-	struct lb_ct *e = bpf_map_lookup_elem(&lb_conns, k);
+	struct lb_ct *e = bpf_map_lookup_elem(conns, k);
 	struct lb_ct fresh = {};
 	struct lb_pair *pair;
 	__u32 at, backend;
@@ -195,7 +235,7 @@ static __always_inline __u32 select_backend(struct lb_conf *conf, struct lb_ct_k
 	fresh.open = 1;
 	if (ends)
 		close_flow(&fresh, now, conf->linger_ms, st);
-	if (bpf_map_update_elem(&lb_conns, k, &fresh, BPF_ANY) == 0)
+	if (bpf_map_update_elem(conns, k, &fresh, BPF_ANY) == 0)
 		st->ct_inserts++;
 	return backend;
 }
@@ -211,31 +251,141 @@ static __always_inline void count(struct lb_conf *conf, __u32 index, __u64 bytes
 	}
 }
 
-SEC("xdp")
-int fastpath_lb(struct xdp_md *ctx)
+static __always_inline int to_socket(struct xdp_md *ctx, struct lb_stats *st)
+{
+	st->to_socket++;
+	return steer(ctx);
+}
+
+// Sends the frame to `backend` in GRE, as packet::gre::encapsulate_keyed
+// writes it: the inner packet is the `inner_len` bytes after the Ethernet
+// header (Ethernet padding goes), `tos` its TOS or traffic class, `df`
+// its DF bit (always set for IPv6), `inner6` whether it is IPv6.
+static __always_inline int forward(struct xdp_md *ctx, struct lb_conf *conf, struct lb_stats *st,
+				   __u32 vip, __u32 backend, __u64 hash, __u32 frame_len,
+				   __u32 inner_len, __u8 tos, int df, int inner6)
+{
+	struct lb_backend *b = bpf_map_lookup_elem(&lb_backends, &backend);
+	void *data, *end;
+	struct ethhdr *eth;
+	__u16 *gre, *w;
+	__u32 sum = 0;
+	int i, keyed, gre_len, out6;
+
+	if (!b || !(b->flags & (LB_V4 | LB_V6)))
+		return to_socket(ctx, st);
+	out6 = !(b->flags & LB_V4);
+	keyed = conf->keyed != 0;
+	gre_len = keyed ? 8 : 4;
+	// The outer packet's length field (IPv4: all of it; IPv6: its
+	// payload) holds 16 bits; the worker drops what would not fit.
+	if ((out6 ? 0 : sizeof(struct iphdr)) + gre_len + inner_len > 0xffff)
+		return to_socket(ctx, st);
+
+	count(conf, vip, frame_len);
+	count(conf, conf->vip_cap + backend, frame_len);
+	if (frame_len > sizeof(*eth) + inner_len) {
+		if (bpf_xdp_adjust_tail(ctx, (int)(sizeof(*eth) + inner_len) - (int)frame_len))
+			return to_socket(ctx, st);
+	}
+	if (out6) {
+		if (bpf_xdp_adjust_head(ctx, -(int)(sizeof(struct ipv6hdr) + gre_len)))
+			return to_socket(ctx, st);
+		data = (void *)(long)ctx->data;
+		end = (void *)(long)ctx->data_end;
+		eth = data;
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+		gre = (void *)(ip6 + 1);
+		if ((void *)gre + 8 > end)
+			return XDP_ABORTED;
+		eth->h_proto = bpf_htons(ETH_P_IPV6);
+		// Version, traffic class, flow label: the flow hash's low 20
+		// bits, for ECMP on the way.
+		*(__u32 *)ip6 = bpf_htonl((6u << 28) | ((__u32)tos << 20) | ((__u32)hash & 0xfffff));
+		ip6->payload_len = bpf_htons(gre_len + inner_len);
+		ip6->nexthdr = IPPROTO_GRE_;
+		ip6->hop_limit = b->ttl;
+		if (conf->spread_v6) {
+			// packet::gre::SourcePrefix::pick: the prefix's host bits
+			// (64 at most) from the hash.
+			ip6->saddr.in6_u.u6_addr32[0] = bpf_htonl(conf->spread6_net[0]);
+			ip6->saddr.in6_u.u6_addr32[1] = bpf_htonl(conf->spread6_net[1]);
+			ip6->saddr.in6_u.u6_addr32[2] = bpf_htonl(
+				conf->spread6_net[2] | ((__u32)(hash >> 32) & conf->spread6_host[0]));
+			ip6->saddr.in6_u.u6_addr32[3] =
+				bpf_htonl(conf->spread6_net[3] | ((__u32)hash & conf->spread6_host[1]));
+		} else {
+#pragma unroll
+			for (i = 0; i < 4; i++)
+				ip6->saddr.in6_u.u6_addr32[i] = b->src6[i];
+		}
+#pragma unroll
+		for (i = 0; i < 4; i++)
+			ip6->daddr.in6_u.u6_addr32[i] = b->dst6[i];
+	} else {
+		if (bpf_xdp_adjust_head(ctx, -(int)(sizeof(struct iphdr) + gre_len)))
+			return to_socket(ctx, st);
+		data = (void *)(long)ctx->data;
+		end = (void *)(long)ctx->data_end;
+		eth = data;
+		struct iphdr *ip = (void *)(eth + 1);
+		gre = (void *)(ip + 1);
+		if ((void *)gre + 8 > end)
+			return XDP_ABORTED;
+		eth->h_proto = bpf_htons(ETH_P_IP);
+		ip->version = 4;
+		ip->ihl = 5;
+		ip->tos = tos;
+		ip->tot_len = bpf_htons(sizeof(struct iphdr) + gre_len + inner_len);
+		ip->id = 0;
+		ip->frag_off = df ? bpf_htons(0x4000) : 0;
+		ip->ttl = b->ttl;
+		ip->protocol = IPPROTO_GRE_;
+		ip->check = 0;
+		ip->daddr = b->dst;
+		ip->saddr = conf->spread_v4
+				    ? bpf_htonl(conf->spread_net | ((__u32)hash & conf->spread_host))
+				    : b->src;
+		w = (__u16 *)ip;
+#pragma unroll
+		for (i = 0; i < 10; i++)
+			sum += w[i];
+		ip->check = ~fold(sum);
+	}
+	__builtin_memcpy(eth->h_dest, b->dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, b->smac, ETH_ALEN);
+	gre[0] = keyed ? bpf_htons(GRE_FLAG_KEY) : 0;
+	gre[1] = inner6 ? bpf_htons(ETH_P_IPV6) : bpf_htons(ETH_P_IP);
+	if (keyed) {
+		__u32 key = (__u32)hash;
+		if (key == FRAGMENT_REDIRECT_KEY)
+			key ^= 1;
+		*(__u32 *)(gre + 2) = bpf_htonl(key);
+	}
+	st->forwarded++;
+	if (inner6)
+		st->forwarded6++;
+	return bpf_redirect_map(&lb_out, 0, XDP_TX);
+}
+
+// IPv4 (the Ethernet header is whole and says IPv4).
+static __always_inline int lb_v4(struct xdp_md *ctx, struct lb_conf *conf, struct lb_stats *st)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct iphdr *ip = (void *)(eth + 1);
-	__u32 zero = 0, sum = 0, l4len, backend, frame_len;
-	struct lb_conf *conf;
-	struct lb_stats *st;
+	__u32 sum = 0, l4len, backend, frame_len;
 	struct lb_vip_key vk = {};
 	struct lb_ct_key ck = {};
 	struct lb_vip *vip;
-	struct lb_backend *b;
 	__u16 tot_len, sport, dport, *field, *w;
-	__u8 flags = 0, tos, df;
+	__u8 flags = 0;
 	void *payload;
 	__u64 hash;
-	int i, keyed, gre_len;
+	int i;
 
-	conf = bpf_map_lookup_elem(&lb_conf, &zero);
-	st = bpf_map_lookup_elem(&lb_stats, &zero);
-	if (!conf || !st || !conf->enabled)
-		return steer(ctx);
-	if ((void *)(ip + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if ((void *)(ip + 1) > end)
 		return steer(ctx);
 	if (ip->version != 4 || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
 		return steer(ctx);
@@ -291,13 +441,13 @@ int fastpath_lb(struct xdp_md *ctx)
 	// the packet: reported by user space.
 	if (payload + 8 <= end && payload + 8 <= (void *)ip + tot_len &&
 	    *(__u64 *)payload == LB_TRACE_MAGIC)
-		goto to_socket;
+		return to_socket(ctx, st);
 	// A checksum a local sender left for offload: the field holds the
 	// pseudo-header sum (as packet::checksum::complete_partial tests).
 	sum = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
 	      (ip->daddr >> 16) + bpf_htons(ip->protocol) + bpf_htons(l4len);
 	if (*field == fold(sum))
-		goto to_socket;
+		return to_socket(ctx, st);
 
 	ck.src = ip->saddr;
 	ck.dst = ip->daddr;
@@ -305,68 +455,129 @@ int fastpath_lb(struct xdp_md *ctx)
 	ck.dport = dport;
 	ck.proto = ip->protocol;
 	hash = flow_hash4(ip->saddr, ip->daddr, sport, dport, ip->protocol);
-	backend = select_backend(conf, &ck, vip, hash, flags, st);
+	backend = select_backend(conf, &lb_conns, &ck, ip->protocol, vip, hash, flags, st);
 	if (backend == LB_EMPTY)
-		goto to_socket;
-	b = bpf_map_lookup_elem(&lb_backends, &backend);
-	if (!b || !(b->flags & LB_V4))
-		goto to_socket;
+		return to_socket(ctx, st);
+	return forward(ctx, conf, st, vip->index, backend, hash, frame_len, tot_len, ip->tos,
+		       !!(ip->frag_off & bpf_htons(0x4000)), 0);
+}
 
-	count(conf, vip->index, frame_len);
-	count(conf, conf->vip_cap + backend, frame_len);
-	tos = ip->tos;
-	df = !!(ip->frag_off & bpf_htons(0x4000));
-	// Ethernet padding goes: the inner packet is `tot_len` bytes.
-	if (frame_len > sizeof(*eth) + tot_len) {
-		if (bpf_xdp_adjust_tail(ctx, (int)(sizeof(*eth) + tot_len) - (int)frame_len))
-			goto to_socket;
+// IPv6 (the Ethernet header is whole and says IPv6). Its header has no
+// checksum; the worker (packet::parse) checks the version and that the
+// payload length fits the frame, then walks extension headers, which the
+// common case has none of: next header TCP or UDP is the transport itself.
+static __always_inline int lb_v6(struct xdp_md *ctx, struct lb_conf *conf, struct lb_stats *st)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	__u32 sum = 0, l4len, backend, frame_len;
+	struct lb_vip6_key vk = {};
+	struct lb_ct6_key ck = {};
+	struct lb_vip *vip;
+	__u16 sport, dport, *field, *w;
+	__u8 flags = 0, proto, tos;
+	void *payload;
+	__u64 hash;
+	int i;
+
+	if ((void *)(ip6 + 1) > end)
+		return steer(ctx);
+	if (ip6->version != 6)
+		return steer(ctx);
+	l4len = bpf_ntohs(ip6->payload_len);
+	frame_len = end - data;
+	if (sizeof(*eth) + sizeof(*ip6) + l4len > frame_len)
+		return steer(ctx);
+	proto = ip6->nexthdr;
+	if (proto == IPPROTO_UDP) {
+		struct udphdr *udp = (void *)(ip6 + 1);
+		if ((void *)(udp + 1) > end)
+			return steer(ctx);
+		__u16 ulen = bpf_ntohs(udp->len);
+		if (ulen < sizeof(*udp) || ulen > l4len)
+			return steer(ctx);
+		sport = bpf_ntohs(udp->source);
+		dport = bpf_ntohs(udp->dest);
+		field = &udp->check;
+		payload = udp + 1;
+	} else if (proto == IPPROTO_TCP) {
+		struct tcphdr *tcp = (void *)(ip6 + 1);
+		if ((void *)(tcp + 1) > end)
+			return steer(ctx);
+		__u32 doff = tcp->doff * 4;
+		if (doff < sizeof(*tcp) || doff > l4len)
+			return steer(ctx);
+		sport = bpf_ntohs(tcp->source);
+		dport = bpf_ntohs(tcp->dest);
+		flags = ((__u8 *)tcp)[13];
+		field = &tcp->check;
+		doff &= 0x3c;
+		payload = (void *)tcp + doff;
+	} else {
+		return steer(ctx);
 	}
-	keyed = conf->keyed != 0;
-	gre_len = keyed ? 8 : 4;
-	if (bpf_xdp_adjust_head(ctx, -(int)(sizeof(struct iphdr) + gre_len)))
-		goto to_socket;
-	data = (void *)(long)ctx->data;
-	end = (void *)(long)ctx->data_end;
-	eth = data;
-	ip = (void *)(eth + 1);
-	__u16 *gre = (void *)(ip + 1);
-	if ((void *)gre + 8 > end)
-		return XDP_ABORTED;
-	__builtin_memcpy(eth->h_dest, b->dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, b->smac, ETH_ALEN);
-	eth->h_proto = bpf_htons(ETH_P_IP);
-	ip->version = 4;
-	ip->ihl = 5;
-	ip->tos = tos;
-	ip->tot_len = bpf_htons(sizeof(struct iphdr) + gre_len + tot_len);
-	ip->id = 0;
-	ip->frag_off = df ? bpf_htons(0x4000) : 0;
-	ip->ttl = b->ttl;
-	ip->protocol = IPPROTO_GRE_;
-	ip->check = 0;
-	ip->daddr = b->dst;
-	ip->saddr = conf->spread_v4
-			    ? bpf_htonl(conf->spread_net | ((__u32)hash & conf->spread_host))
-			    : b->src;
-	gre[0] = keyed ? bpf_htons(GRE_FLAG_KEY) : 0;
-	gre[1] = bpf_htons(ETH_P_IP);
-	if (keyed) {
-		__u32 key = (__u32)hash;
-		if (key == FRAGMENT_REDIRECT_KEY)
-			key ^= 1;
-		*(__u32 *)(gre + 2) = bpf_htonl(key);
-	}
-	w = (__u16 *)ip;
-	sum = 0;
 #pragma unroll
-	for (i = 0; i < 10; i++)
+	for (i = 0; i < 4; i++)
+		vk.addr[i] = ip6->daddr.in6_u.u6_addr32[i];
+	vk.port = dport;
+	vk.proto = proto;
+	vip = bpf_map_lookup_elem(&lb_vips6, &vk);
+	if (!vip) {
+		vk.port = LB_ANY_PORT;
+		vip = bpf_map_lookup_elem(&lb_vips6, &vk);
+		if (!vip)
+			return steer(ctx);
+	}
+	if (payload + 8 <= end && payload + 8 <= (void *)(ip6 + 1) + l4len &&
+	    *(__u64 *)payload == LB_TRACE_MAGIC)
+		return to_socket(ctx, st);
+	// The pseudo-header sum (RFC 8200 section 8.1), folded, in the
+	// checksum field: left partial by a local sender.
+	w = (__u16 *)&ip6->saddr;
+#pragma unroll
+	for (i = 0; i < 16; i++)
 		sum += w[i];
-	ip->check = ~fold(sum);
-	st->forwarded++;
-	return bpf_redirect_map(&lb_out, 0, XDP_TX);
+	sum += bpf_htons(proto) + bpf_htons(l4len);
+	if (*field == fold(sum))
+		return to_socket(ctx, st);
 
-to_socket:
-	st->to_socket++;
+#pragma unroll
+	for (i = 0; i < 4; i++) {
+		ck.src[i] = ip6->saddr.in6_u.u6_addr32[i];
+		ck.dst[i] = ip6->daddr.in6_u.u6_addr32[i];
+	}
+	ck.sport = sport;
+	ck.dport = dport;
+	ck.proto = proto;
+	hash = flow_hash6(&ip6->saddr, &ip6->daddr, sport, dport, proto);
+	backend = select_backend(conf, &lb_conns6, &ck, proto, vip, hash, flags, st);
+	if (backend == LB_EMPTY)
+		return to_socket(ctx, st);
+	tos = (((__u8 *)ip6)[0] << 4) | (((__u8 *)ip6)[1] >> 4);
+	return forward(ctx, conf, st, vip->index, backend, hash, frame_len,
+		       sizeof(*ip6) + l4len, tos, 1, 1);
+}
+
+SEC("xdp")
+int fastpath_lb(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct lb_conf *conf;
+	struct lb_stats *st;
+	__u32 zero = 0;
+
+	conf = bpf_map_lookup_elem(&lb_conf, &zero);
+	st = bpf_map_lookup_elem(&lb_stats, &zero);
+	if (!conf || !st || !conf->enabled || (void *)(eth + 1) > end)
+		return steer(ctx);
+	if (eth->h_proto == bpf_htons(ETH_P_IP))
+		return lb_v4(ctx, conf, st);
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return lb_v6(ctx, conf, st);
 	return steer(ctx);
 }
 

@@ -3,7 +3,7 @@
 //! ```toml
 //! [forwarder]
 //! driver = "auto"          # on an interface: "auto" (AF_XDP, else AF_PACKET), "af-xdp",
-//!                          # "xdp" (IPv4 TCP/UDP in the driver, the rest AF_XDP), "af-packet"
+//!                          # "xdp" (TCP/UDP in the driver, the rest AF_XDP), "af-packet"
 //! threads = 2              # packet threads (0: process in the I/O thread)
 //! batch = 32               # packets per batch
 //! batch_timeout_us = 50    # a partial batch is handed over after this long
@@ -329,10 +329,11 @@ pub enum Driver {
     /// AF_XDP only: our XDP program steers VIP frames into the pool's
     /// buffers, the rest goes on to the kernel.
     AfXdp,
-    /// The load balancer in the driver: IPv4 TCP and UDP to exactly
-    /// matched IPv4 VIPs forwarded by an XDP program (XDP_TX, no copy, no
-    /// socket), everything else (fragments, ICMP, IPv6, probes) through
-    /// AF_XDP to the packet threads. Same backends, same bytes.
+    /// The load balancer in the driver: TCP and UDP to exactly matched
+    /// VIPs, over IPv4 without options and IPv6 without extension headers,
+    /// forwarded by an XDP program (XDP_TX, no copy, no socket), everything
+    /// else (fragments, ICMP, extension headers, prefix-group VIPs, probes)
+    /// through AF_XDP to the packet threads. Same backends, same bytes.
     Xdp,
     /// AF_PACKET only, with a TPACKET_V3 receive ring.
     AfPacket,

@@ -91,13 +91,26 @@ impl VipMatcher {
     }
 
     /// The exactly matched IPv4 VIPs: address, port (`None`: any port),
-    /// protocol and VIP index (what the XDP fast path matches; prefix-group
-    /// and IPv6 VIPs stay in user space).
+    /// protocol and VIP index (what the XDP fast path matches, with
+    /// [`VipMatcher::exact_v6`]; prefix-group VIPs stay in user space).
     pub fn exact_v4(&self) -> impl Iterator<Item = ([u8; 4], Option<u16>, u8, u32)> + '_ {
         self.exact.iter().filter_map(|(&(a, port, proto), &i)| {
             let v4 = packet::flow::unmapped(&a.to_be_bytes())?;
             let port = u16::try_from(port).ok();
             Some((v4, port, proto, i))
+        })
+    }
+
+    /// The exactly matched IPv6 VIPs: address, port (`None`: any port),
+    /// protocol and VIP index, as [`VipMatcher::exact_v4`].
+    pub fn exact_v6(&self) -> impl Iterator<Item = ([u8; 16], Option<u16>, u8, u32)> + '_ {
+        self.exact.iter().filter_map(|(&(a, port, proto), &i)| {
+            let a = a.to_be_bytes();
+            if packet::flow::unmapped(&a).is_some() {
+                return None;
+            }
+            let port = u16::try_from(port).ok();
+            Some((a, port, proto, i))
         })
     }
 

@@ -4,7 +4,7 @@
 //! (`bpf/flow.h`) are compiled with the host's C compiler into a small
 //! program that prints how C lays out every shared struct, the value of
 //! every shared constant, and the flow hash and Maglev slot of the flows it
-//! is given; each must be what Rust says. (`tests/xdp.rs` runs the program
+//! is given (IPv4 and IPv6); each must be what Rust says. (`tests/xdp.rs` runs the program
 //! itself against the worker, frame by frame, as root.)
 
 use std::collections::HashMap;
@@ -21,7 +21,7 @@ use proptest::prelude::*;
 fn c_program() -> String {
     let mut c = String::from(
         "#include <stdio.h>\n#include <stddef.h>\n#include \"lb_abi.h\"\n#include \"flow.h\"\n\n\
-         int main(void)\n{\n\tunsigned long long s, d, sp, dp, p, m;\n\n",
+         int main(void)\n{\n\tunsigned long long k, s0, s1, d0, d1, sp, dp, p, m;\n\n",
     );
     for s in STRUCTS {
         c.push_str(&format!(
@@ -42,10 +42,15 @@ fn c_program() -> String {
             "\tprintf(\"const {name} %llu\\n\", (unsigned long long)({name}));\n"
         ));
     }
+    // A line: the family (4 or 6), the source and destination as two
+    // words each (IPv4: the address as loaded, then 0; IPv6: its bytes
+    // 0..8 and 8..16 as loaded), ports, protocol, table size.
     c.push_str(
         "\tprintf(\"end\\n\");\n\
-         \twhile (scanf(\"%llu %llu %llu %llu %llu %llu\", &s, &d, &sp, &dp, &p, &m) == 6) {\n\
-         \t\t__u64 h = flow_hash4((__u32)s, (__u32)d, (__u16)sp, (__u16)dp, (__u8)p);\n\
+         \twhile (scanf(\"%llu %llu %llu %llu %llu %llu %llu %llu %llu\", &k, &s0, &s1, &d0, &d1, &sp, &dp, &p, &m) == 9) {\n\
+         \t\t__u64 sa[2] = {s0, s1}, da[2] = {d0, d1};\n\
+         \t\t__u64 h = k == 4 ? flow_hash4((__u32)s0, (__u32)d0, (__u16)sp, (__u16)dp, (__u8)p)\n\
+         \t\t\t: flow_hash6(sa, da, (__u16)sp, (__u16)dp, (__u8)p);\n\
          \t\tprintf(\"%llu %u\\n\", (unsigned long long)h, flow_slot(h, (__u32)m));\n\
          \t}\n\treturn 0;\n}\n",
     );
@@ -143,6 +148,7 @@ fn c_lays_out_every_shared_struct_as_rust_does() {
     let rust = [
         ("lb_conf", std::mem::size_of::<abi::Conf>()),
         ("lb_vip_key", std::mem::size_of::<abi::VipKey>()),
+        ("lb_vip6_key", std::mem::size_of::<abi::VipKey6>()),
         ("lb_vip", std::mem::size_of::<abi::VipEntry>()),
         ("lb_backend", std::mem::size_of::<abi::BackendEntry>()),
         ("lb_pair", std::mem::size_of::<abi::SlotPair>()),
@@ -164,6 +170,7 @@ fn c_has_the_values_rust_uses() {
         ("LB_HEALTHY", u64::from(abi::HEALTHY)),
         ("LB_ACCEPTING", u64::from(abi::ACCEPTING)),
         ("LB_V4", u64::from(abi::V4)),
+        ("LB_V6", u64::from(abi::V6)),
         // The program compares the payload's first 8 bytes, loaded as one
         // word, with it.
         ("LB_TRACE_MAGIC", u64::from_ne_bytes(lb::tracer::MAGIC)),
@@ -206,7 +213,7 @@ proptest! {
             .map(|(s, d, sp, dp, p, m)| {
                 // The addresses as the program loads them from the packet.
                 format!(
-                    "{} {} {sp} {dp} {p} {m}\n",
+                    "4 {} 0 {} 0 {sp} {dp} {p} {m}\n",
                     u32::from_ne_bytes(*s),
                     u32::from_ne_bytes(*d)
                 )
@@ -218,6 +225,72 @@ proptest! {
             let key = FlowKey {
                 src: packet::flow::mapped(*s),
                 dst: packet::flow::mapped(*d),
+                src_port: *sp,
+                dst_port: *dp,
+                proto: *p,
+            };
+            let hash = lb::worker::flow_hash(&key);
+            let slot = maglev::flow_slot(hash, *m);
+            prop_assert_eq!(line.clone(), format!("{hash} {slot}"), "{:?}", (s, d, sp, dp, p, m));
+        }
+    }
+}
+
+/// An IPv6 flow and a Maglev table size.
+type Flow6 = ([u8; 16], [u8; 16], u16, u16, u8, u32);
+
+/// IPv6 addresses: random, some sharing a prefix, some IPv4-mapped (the
+/// key form of IPv4, which an IPv6 header may carry too).
+fn addr6() -> impl Strategy<Value = [u8; 16]> {
+    prop_oneof![
+        any::<[u8; 16]>(),
+        any::<u64>().prop_map(|h| {
+            let mut a = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+            a[8..].copy_from_slice(&h.to_be_bytes());
+            a
+        }),
+        any::<[u8; 4]>().prop_map(packet::flow::mapped),
+    ]
+}
+
+fn flow6() -> impl Strategy<Value = Flow6> {
+    (
+        addr6(),
+        addr6(),
+        any::<u16>(),
+        any::<u16>(),
+        prop_oneof![Just(6u8), Just(17u8), any::<u8>()],
+        prop_oneof![Just(65_537u32), Just(1_009u32), 1..u32::MAX],
+    )
+}
+
+/// An address as the program loads it: its bytes 0..8 and 8..16, each one
+/// native-endian word.
+fn loaded(a: &[u8; 16]) -> (u64, u64) {
+    let w = |b: &[u8]| u64::from_ne_bytes(b.try_into().expect("8 bytes"));
+    (w(&a[..8]), w(&a[8..]))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// `flow.h`'s hash and slot of random IPv6 flows (IPv4-mapped
+    /// addresses among them) are the worker's.
+    #[test]
+    fn the_programs_ipv6_flow_hash_and_slot_are_the_workers(flows in prop::collection::vec(flow6(), 1..200)) {
+        let input: String = flows
+            .iter()
+            .map(|(s, d, sp, dp, p, m)| {
+                let ((s0, s1), (d0, d1)) = (loaded(s), loaded(d));
+                format!("6 {s0} {s1} {d0} {d1} {sp} {dp} {p} {m}\n")
+            })
+            .collect();
+        let (_, lines) = run(&input);
+        prop_assert_eq!(lines.len(), flows.len());
+        for ((s, d, sp, dp, p, m), line) in flows.iter().zip(&lines) {
+            let key = FlowKey {
+                src: *s,
+                dst: *d,
                 src_port: *sp,
                 dst_port: *dp,
                 proto: *p,

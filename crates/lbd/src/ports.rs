@@ -138,7 +138,7 @@ impl Plan {
         };
         let in_driver = |lb: &Option<XdpLb>| {
             if lb.is_some() {
-                "the load balancer in the driver (XDP) for IPv4 TCP/UDP, "
+                "the load balancer in the driver (XDP) for TCP/UDP, "
             } else {
                 ""
             }

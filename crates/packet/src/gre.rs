@@ -285,6 +285,27 @@ impl SourcePrefix {
         self.is_v4().then_some((self.net as u32, self.host as u32))
     }
 
+    /// An IPv6 prefix's network address as four 32-bit words (the first
+    /// holds the address's first bytes) and the host bits of the last two
+    /// (`None` for IPv4): an IPv6 prefix is /64 or longer, so the host bits
+    /// lie in those, and the outer source of a flow is the network with
+    /// `hash >> 32` and `hash` (low 32 bits) masked into words 2 and 3.
+    pub fn v6_bits(&self) -> Option<([u32; 4], [u32; 2])> {
+        if self.is_v4() || self.host > u128::from(u64::MAX) {
+            return None;
+        }
+        let w = |v: u128, i: u32| (v >> (96 - 32 * i)) as u32;
+        Some((
+            [
+                w(self.net, 0),
+                w(self.net, 1),
+                w(self.net, 2),
+                w(self.net, 3),
+            ],
+            [w(self.host, 2), w(self.host, 3)],
+        ))
+    }
+
     /// Whether the prefix is IPv4.
     pub fn is_v4(&self) -> bool {
         crate::flow::unmapped(&self.net.to_be_bytes()).is_some()

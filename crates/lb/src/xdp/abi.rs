@@ -23,9 +23,14 @@ pub const EMPTY: u32 = u32::MAX;
 pub const HEALTHY: u8 = 1;
 /// [`BackendEntry::flags`]: new connections may go to it (`LB_ACCEPTING`).
 pub const ACCEPTING: u8 = 2;
-/// [`BackendEntry::flags`]: its outer headers are IPv4, the only kind the
-/// program writes; others go to user space (`LB_V4`).
+/// [`BackendEntry::flags`]: its outer headers are IPv4, from
+/// [`BackendEntry::src`] to [`BackendEntry::dst`] (`LB_V4`).
 pub const V4: u8 = 4;
+/// [`BackendEntry::flags`]: its outer headers are IPv6, from
+/// [`BackendEntry::src6`] to [`BackendEntry::dst6`] (`LB_V6`). A backend
+/// with neither flag (outer addresses of two families, which the worker
+/// cannot encapsulate either) has its frames left to user space.
+pub const V6: u8 = 8;
 /// The first bytes of a packet-tracer probe's payload, "FPTRACE1"
 /// (`LB_TRACE_MAGIC`: the same bytes read as the program loads them, one
 /// native-endian 64-bit word).
@@ -163,6 +168,15 @@ shared! {
         /// The first backend's traffic entry (set by the loader's
         /// `set_conf`).
         pub vip_cap: u32,
+        /// Non-zero: IPv6 outer sources are `spread6_net | (hash &
+        /// spread6_host)` (`[encap] source_prefix6` set).
+        pub spread_v6: u32,
+        /// The IPv6 source prefix's network, four 32-bit words, each in
+        /// host order (word 0 holds the address's first bytes).
+        pub spread6_net: [u32; 4],
+        /// Its host bits in words 2 and 3 (host order): a prefix is /64 or
+        /// longer, so the flow hash (64 bits) reaches no further.
+        pub spread6_host: [u32; 2],
     }
 }
 
@@ -181,7 +195,22 @@ shared! {
 }
 
 shared! {
-    /// A value of the VIP map (`lb_vips`).
+    /// A key of the IPv6 VIP map (`lb_vips6`): the IPv4 map's keys stay 12
+    /// bytes, so IPv4 lookups hash no more than before.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct VipKey6 as "lb_vip6_key" {
+        /// The VIP's IPv6 address: its 16 bytes as they lie in the packet,
+        /// as four words (`u32::from_ne_bytes` of each 4 bytes).
+        pub addr: [u32; 4],
+        /// Its port, host order, or LB_ANY_PORT.
+        pub port: u32,
+        /// Its IP protocol.
+        pub proto: u32,
+    }
+}
+
+shared! {
+    /// A value of the VIP maps (`lb_vips`, `lb_vips6`).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
     pub struct VipEntry as "lb_vip" {
         /// Its index (the worker's VIP index, for counters and connections).
@@ -220,12 +249,17 @@ shared! {
         pub dmac: [u8; 6],
         /// Source MAC (ours).
         pub smac: [u8; 6],
-        /// LB_HEALTHY, LB_ACCEPTING, LB_V4.
+        /// LB_HEALTHY, LB_ACCEPTING, LB_V4, LB_V6.
         pub flags: u8,
-        /// Outer TTL.
+        /// Outer TTL or hop limit.
         pub ttl: u8,
         /// Padding (zero).
         pub pad: [u8; 2],
+        /// Outer IPv6 destination (the backend), as four words of its
+        /// bytes as they lie in the packet (as [`VipKey6::addr`]).
+        pub dst6: [u32; 4],
+        /// Outer IPv6 source, the same way.
+        pub src6: [u32; 4],
     }
 }
 
@@ -267,8 +301,10 @@ shared! {
         /// Flows closed by a FIN or RST.
         pub ct_closes: u64,
         /// Frames for a VIP left to user space (probes, partial checksums,
-        /// no backend, an IPv6 backend).
+        /// no backend, a backend whose outer addresses mix families).
         pub to_socket: u64,
+        /// Of the frames forwarded, those whose inner packet is IPv6.
+        pub forwarded6: u64,
     }
 }
 
@@ -276,6 +312,7 @@ shared! {
 pub const STRUCTS: &[Struct] = &[
     Conf::C,
     VipKey::C,
+    VipKey6::C,
     VipEntry::C,
     BackendEntry::C,
     SlotPair::C,
@@ -294,6 +331,7 @@ pub const CONSTANTS: &[Constant] = &[
     ("LB_HEALTHY", HEALTHY as u64, ""),
     ("LB_ACCEPTING", ACCEPTING as u64, ""),
     ("LB_V4", V4 as u64, ""),
+    ("LB_V6", V6 as u64, ""),
     ("LB_TRACE_MAGIC", u64::from_ne_bytes(TRACE_MAGIC), "ULL"),
     ("LB_DEFAULT_VIPS", DEFAULT_VIPS as u64, ""),
     ("LB_DEFAULT_CONNS", DEFAULT_CONNS as u64, ""),

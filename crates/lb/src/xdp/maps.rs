@@ -24,7 +24,7 @@ use aya::{Ebpf, EbpfError, EbpfLoader};
 use memmap2::{MmapMut, MmapOptions};
 use netio::afxdp::{LoadProgram, XdpProgram};
 
-use super::abi::{BackendEntry, Conf, Stats, Traffic, VipEntry, VipKey};
+use super::abi::{BackendEntry, Conf, Stats, Traffic, VipEntry, VipKey, VipKey6};
 
 #[cfg(fastpath_xdp_obj)]
 // Aligned: the ELF parser reads the object in place.
@@ -89,28 +89,33 @@ pub enum Error {
     },
 }
 
-// SAFETY: ten u32 fields, no padding, any bit pattern valid.
+// SAFETY: seventeen u32 fields (arrays included), no padding, any bit
+// pattern valid.
 unsafe impl aya::Pod for Conf {}
 
 // SAFETY: three u32 fields, no padding, any bit pattern valid.
 unsafe impl aya::Pod for VipKey {}
 
+// SAFETY: six u32 fields (an array of four and two more), no padding, any
+// bit pattern valid.
+unsafe impl aya::Pod for VipKey6 {}
+
 // SAFETY: four u32 fields, no padding, any bit pattern valid.
 unsafe impl aya::Pod for VipEntry {}
 
-// SAFETY: six u64 fields, no padding, any bit pattern valid.
+// SAFETY: seven u64 fields, no padding, any bit pattern valid.
 unsafe impl aya::Pod for Stats {}
 
 /// How big the maps are made (fixed when the program is loaded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sizes {
-    /// VIPs (entries of the VIP map, and their counters).
+    /// VIPs (entries of each VIP map, IPv4 and IPv6, and their counters).
     pub vips: u32,
     /// Backend ids.
     pub backends: u32,
     /// Maglev slots, all tables together (rounded up to even).
     pub slots: u32,
-    /// Connection-table entries.
+    /// Connection-table entries (of each table, IPv4 and IPv6).
     pub conns: u32,
 }
 
@@ -194,6 +199,8 @@ struct Inner {
     conf: aya::maps::Array<MapData, Conf>,
     vips: aya::maps::HashMap<MapData, VipKey, VipEntry>,
     vip_set: HashSet<VipKey>,
+    vips6: aya::maps::HashMap<MapData, VipKey6, VipEntry>,
+    vip6_set: HashSet<VipKey6>,
     backends: Mapped<BackendEntry>,
     /// The slot array's elements ([`SlotPair`](super::abi::SlotPair)),
     /// slot by slot.
@@ -226,6 +233,7 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
     };
     let mut bpf = EbpfLoader::new()
         .set_max_entries("lb_vips", sizes.vips)
+        .set_max_entries("lb_vips6", sizes.vips)
         .set_max_entries("lb_backends", sizes.backends)
         .set_max_entries("lb_ring", sizes.slots / 2)
         .set_max_entries(
@@ -233,6 +241,7 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
             u32::try_from(traffic).map_err(|_| too_big("traffic counters", traffic))?,
         )
         .set_max_entries("lb_conns", sizes.conns)
+        .set_max_entries("lb_conns6", sizes.conns)
         .load(LB_OBJ)
         .map_err(|e| Error::Load(Box::new(e)))?;
     let prog: &mut Xdp = bpf
@@ -259,6 +268,9 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
     let vips =
         aya::maps::HashMap::try_from(bpf.take_map("lb_vips").ok_or(Error::Missing("lb_vips"))?)
             .map_err(map("VIP map"))?;
+    let vips6 =
+        aya::maps::HashMap::try_from(bpf.take_map("lb_vips6").ok_or(Error::Missing("lb_vips6"))?)
+            .map_err(map("IPv6 VIP map"))?;
     let stats = aya::maps::PerCpuArray::try_from(
         bpf.take_map("lb_stats").ok_or(Error::Missing("lb_stats"))?,
     )
@@ -267,6 +279,8 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
         conf,
         vips,
         vip_set: HashSet::new(),
+        vips6,
+        vip6_set: HashSet::new(),
         backends: Mapped::new(&mut bpf, "lb_backends", sizes.backends as usize)?,
         slots: Mapped::new(&mut bpf, "lb_ring", sizes.slots as usize)?,
         traffic: Mapped::new(&mut bpf, "lb_traffic", traffic)?,
@@ -345,40 +359,62 @@ impl XdpLb {
         Ok(())
     }
 
-    /// Makes the VIP map exactly `vips` (entries written or replaced, the
-    /// rest removed). Slots and backends written before are visible to the
-    /// program before any entry that points at them.
-    pub fn set_vips(&self, vips: &[(VipKey, VipEntry)]) -> Result<(), Error> {
+    /// Makes the VIP maps exactly `vips` (IPv4) and `vips6` (IPv6):
+    /// entries written or replaced, the rest removed. Slots and backends
+    /// written before are visible to the program before any entry that
+    /// points at them.
+    pub fn set_vips(
+        &self,
+        vips: &[(VipKey, VipEntry)],
+        vips6: &[(VipKey6, VipEntry)],
+    ) -> Result<(), Error> {
         let cap = self.sizes.vips as usize;
-        if vips.len() > cap {
-            return Err(Error::Full {
-                what: "VIP map",
-                cap,
-                asked: vips.len(),
-            });
+        for (what, n) in [("VIP map", vips.len()), ("IPv6 VIP map", vips6.len())] {
+            if n > cap {
+                return Err(Error::Full {
+                    what,
+                    cap,
+                    asked: n,
+                });
+            }
         }
-        if let Some((_, e)) = vips.iter().find(|(_, e)| e.index as usize >= cap) {
+        let index = vips.iter().map(|(_, e)| e.index);
+        if let Some(i) = index
+            .chain(vips6.iter().map(|(_, e)| e.index))
+            .find(|&i| i as usize >= cap)
+        {
             return Err(Error::Full {
                 what: "VIP counters",
                 cap,
-                asked: e.index as usize + 1,
+                asked: i as usize + 1,
             });
         }
         fence(Ordering::SeqCst);
-        let map = |e| Error::Map {
-            what: "VIP map",
-            source: Box::new(e),
+        let map = |what| {
+            move |e| Error::Map {
+                what,
+                source: Box::new(e),
+            }
         };
         let mut g = self.lock();
         let want: HashSet<VipKey> = vips.iter().map(|(k, _)| *k).collect();
         for (k, e) in vips {
-            g.vips.insert(k, e, 0).map_err(map)?;
+            g.vips.insert(k, e, 0).map_err(map("VIP map"))?;
         }
         let stale: Vec<VipKey> = g.vip_set.difference(&want).copied().collect();
         for k in &stale {
-            g.vips.remove(k).map_err(map)?;
+            g.vips.remove(k).map_err(map("VIP map"))?;
         }
         g.vip_set = want;
+        let want6: HashSet<VipKey6> = vips6.iter().map(|(k, _)| *k).collect();
+        for (k, e) in vips6 {
+            g.vips6.insert(k, e, 0).map_err(map("IPv6 VIP map"))?;
+        }
+        let stale6: Vec<VipKey6> = g.vip6_set.difference(&want6).copied().collect();
+        for k in &stale6 {
+            g.vips6.remove(k).map_err(map("IPv6 VIP map"))?;
+        }
+        g.vip6_set = want6;
         Ok(())
     }
 
@@ -397,6 +433,7 @@ impl XdpLb {
             s.ct_inserts += c.ct_inserts;
             s.ct_closes += c.ct_closes;
             s.to_socket += c.to_socket;
+            s.forwarded6 += c.forwarded6;
         }
         Ok(s)
     }
@@ -498,6 +535,7 @@ mod tests {
             format!("#define LB_HEALTHY {:#x}\n", super::super::HEALTHY),
             format!("#define LB_ACCEPTING {:#x}\n", super::super::ACCEPTING),
             format!("#define LB_V4 {:#x}\n", super::super::V4),
+            format!("#define LB_V6 {:#x}\n", super::super::V6),
         ] {
             assert!(header.contains(&want), "lb_abi.h lacks {want:?}");
         }
@@ -508,11 +546,12 @@ mod tests {
             "lb.c defines its own LB_ values"
         );
         // The shapes the program reads (its structs, in order).
-        assert_eq!(std::mem::size_of::<Conf>(), 40);
+        assert_eq!(std::mem::size_of::<Conf>(), 68);
         assert_eq!(std::mem::size_of::<VipKey>(), 12);
+        assert_eq!(std::mem::size_of::<VipKey6>(), 24);
         assert_eq!(std::mem::size_of::<VipEntry>(), 16);
-        assert_eq!(std::mem::size_of::<BackendEntry>(), 24);
-        assert_eq!(std::mem::size_of::<Stats>(), 48);
+        assert_eq!(std::mem::size_of::<BackendEntry>(), 56);
+        assert_eq!(std::mem::size_of::<Stats>(), 56);
         assert_eq!(
             std::mem::size_of::<crate::xdp::abi::SlotPair>(),
             2 * std::mem::size_of::<u32>()

@@ -8,11 +8,13 @@
 //!
 //! The program forwards what a packet thread would forward the same way
 //! (same flow hash, same Maglev slot, same connection rules, same GRE
-//! bytes) for IPv4 TCP and UDP to exactly matched IPv4 VIPs; the rest
-//! (fragments, ICMP, IPv6, probes, partial checksums, redirects among a
-//! fleet) reaches the packet threads through AF_XDP as before. Its
-//! connection table is its own: a flow it forwarded and whose next packet
-//! goes to user space (an ICMP error quoting it, say) is looked up by
+//! bytes) for TCP and UDP to exactly matched VIPs, IPv4 (without options)
+//! and IPv6 (without extension headers), to IPv4 and IPv6 backends alike;
+//! the rest (fragments, ICMP, extension headers, prefix-group VIPs, probes,
+//! partial checksums, redirects among a fleet) reaches the packet threads
+//! through AF_XDP as before. Its
+//! connection tables (one per family) are its own: a flow it forwarded and
+//! whose next packet goes to user space (an ICMP error quoting it, say) is looked up by
 //! Maglev there, which agrees unless the tables changed in between.
 //!
 //! Tables are placed by content: a Maglev table (with its slots' backend
@@ -38,7 +40,8 @@ pub mod abi;
 pub mod maps;
 
 pub use abi::{
-    BackendEntry, Conf, VipEntry, VipKey, ACCEPTING, ANY_PORT, EMPTY, FLOW_SEED, HEALTHY, V4,
+    BackendEntry, Conf, VipEntry, VipKey, VipKey6, ACCEPTING, ANY_PORT, EMPTY, FLOW_SEED, HEALTHY,
+    V4, V6,
 };
 pub use maps::{Detached, Loader, Sizes, Verdict, XdpLb, XDP_TX};
 
@@ -66,6 +69,13 @@ pub fn sizes(cfg: &Config, t: &Tables) -> Sizes {
         slots: clamp((2 * slots).max(1 << 18)),
         conns: clamp((cfg.conntrack.size as u64 * threads).max(4096)),
     }
+}
+
+/// An IPv6 address as the program loads it: four words of its bytes as
+/// they lie in the packet.
+fn words(a: &[u8; 16]) -> [u32; 4] {
+    let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
+    [w(0), w(4), w(8), w(12)]
 }
 
 /// A table by what it forwards: its identity and its slots' backend ids.
@@ -99,7 +109,7 @@ pub struct Sync {
     pub reason: Option<String>,
     /// VIPs forwarded in the driver.
     pub vips: usize,
-    /// VIPs left to user space (prefix groups, IPv6).
+    /// VIPs left to user space (prefix groups).
     pub vips_in_user_space: usize,
     /// Tables written by this sync.
     pub tables_written: usize,
@@ -230,10 +240,21 @@ impl XdpTables {
                 ttl: b.outer.ttl,
                 ..BackendEntry::default()
             };
-            if let (Some(src), Some(dst)) = v4 {
-                e.src = u32::from_ne_bytes(src);
-                e.dst = u32::from_ne_bytes(dst);
-                e.flags |= V4;
+            // The worker's families (packet::gre::encapsulate): both
+            // outer addresses IPv4, or both IPv6; mixed, it fails there, so
+            // neither flag here (user space then has the frame).
+            match v4 {
+                (Some(src), Some(dst)) => {
+                    e.src = u32::from_ne_bytes(src);
+                    e.dst = u32::from_ne_bytes(dst);
+                    e.flags |= V4;
+                }
+                (None, None) => {
+                    e.src6 = words(&b.outer.src);
+                    e.dst6 = words(&b.outer.dst);
+                    e.flags |= V6;
+                }
+                _ => {}
             }
             if b.healthy {
                 e.flags |= HEALTHY;
@@ -246,48 +267,41 @@ impl XdpTables {
         let mut used: HashSet<TableKey> = HashSet::new();
         let mut vips = Vec::new();
         for (addr, port, proto, index) in t.matcher.exact_v4() {
-            let Some(v) = t.vips.get(index as usize) else {
+            let Some(e) = self.entry(t, index, &mut used, &mut s)? else {
                 continue;
             };
-            let key = (Arc::as_ptr(&v.table) as usize, v.slots.clone());
-            let at = match self.placed.get(&key) {
-                Some(p) => p.at,
-                None => {
-                    let m = v.table.size();
-                    let Some(at) = self.alloc(m) else {
-                        let why = format!(
-                            "no room for a table of {m} slots ({} slots in all; restart to grow)",
-                            sizes.slots
-                        );
-                        return Ok(Placement::NoRoom(why, s));
-                    };
-                    let slots = (0..m as usize)
-                        .map(|i| v.table.slot(i).map_or(EMPTY, |j| v.slots[j as usize]));
-                    self.lb.write_slots(at, slots)?;
-                    s.tables_written += 1;
-                    s.slots_written += u64::from(m);
-                    self.placed.insert(
-                        key.clone(),
-                        Placed {
-                            _table: Arc::clone(&v.table),
-                            at,
-                            m,
-                        },
-                    );
-                    at
-                }
+            let e = match e {
+                Ok(e) => e,
+                Err(why) => return Ok(Placement::NoRoom(why, s)),
             };
-            used.insert(key);
             vips.push((
                 VipKey {
                     addr: u32::from_ne_bytes(addr),
                     port: port.map_or(ANY_PORT, u32::from),
                     proto: u32::from(proto),
                 },
-                VipEntry::new(index, at, v.table.size()),
+                e,
             ));
         }
-        if let Err(e) = self.lb.set_vips(&vips) {
+        let mut vips6 = Vec::new();
+        for (addr, port, proto, index) in t.matcher.exact_v6() {
+            let Some(e) = self.entry(t, index, &mut used, &mut s)? else {
+                continue;
+            };
+            let e = match e {
+                Ok(e) => e,
+                Err(why) => return Ok(Placement::NoRoom(why, s)),
+            };
+            vips6.push((
+                VipKey6 {
+                    addr: words(&addr),
+                    port: port.map_or(ANY_PORT, u32::from),
+                    proto: u32::from(proto),
+                },
+                e,
+            ));
+        }
+        if let Err(e) = self.lb.set_vips(&vips, &vips6) {
             return self.off(e.to_string(), s).map(Placement::Done);
         }
         let gone: Vec<TableKey> = self
@@ -312,12 +326,61 @@ impl XdpTables {
                 conf.spread_net = net;
                 conf.spread_host = host;
             }
+            if let Some((net, host)) = sp.v6.and_then(|p| p.v6_bits()) {
+                conf.spread_v6 = 1;
+                conf.spread6_net = net;
+                conf.spread6_host = host;
+            }
         }
         self.lb.set_conf(conf)?;
         s.enabled = true;
-        s.vips = vips.len();
-        s.vips_in_user_space = t.vips.len().saturating_sub(vips.len());
+        s.vips = vips.len() + vips6.len();
+        s.vips_in_user_space = t.vips.len().saturating_sub(s.vips);
         Ok(Placement::Done(s))
+    }
+
+    /// The VIP map entry of VIP `index`, its Maglev table placed (written
+    /// into the slot array if no VIP placed it before): `None` for an
+    /// index the snapshot lacks, `Err` (why) when the table finds no room.
+    fn entry(
+        &mut self,
+        t: &Tables,
+        index: u32,
+        used: &mut HashSet<TableKey>,
+        s: &mut Sync,
+    ) -> Result<Option<Result<VipEntry, String>>, Error> {
+        let Some(v) = t.vips.get(index as usize) else {
+            return Ok(None);
+        };
+        let key = (Arc::as_ptr(&v.table) as usize, v.slots.clone());
+        let at = match self.placed.get(&key) {
+            Some(p) => p.at,
+            None => {
+                let m = v.table.size();
+                let Some(at) = self.alloc(m) else {
+                    return Ok(Some(Err(format!(
+                        "no room for a table of {m} slots ({} slots in all; restart to grow)",
+                        self.lb.sizes().slots
+                    ))));
+                };
+                let slots =
+                    (0..m as usize).map(|i| v.table.slot(i).map_or(EMPTY, |j| v.slots[j as usize]));
+                self.lb.write_slots(at, slots)?;
+                s.tables_written += 1;
+                s.slots_written += u64::from(m);
+                self.placed.insert(
+                    key.clone(),
+                    Placed {
+                        _table: Arc::clone(&v.table),
+                        at,
+                        m,
+                    },
+                );
+                at
+            }
+        };
+        used.insert(key);
+        Ok(Some(Ok(VipEntry::new(index, at, v.table.size()))))
     }
 
     /// What the program forwarded, as packet-thread counters (forwarded
