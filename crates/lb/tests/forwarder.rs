@@ -631,9 +631,10 @@ impl netio::Nic for Gated {
 /// view must hold the burst's counts as soon as the forwarder goes idle,
 /// not one publishing interval or idle tick (100 ms each) later: an
 /// operator (or a test) that read counters right after traffic stopped saw
-/// none of it. Bursts start at different offsets from the last
-/// publication; each must be visible within 50 ms of its last frame leaving
-/// (it used to take up to 200 ms).
+/// none of it. Seven bursts start at different offsets from the last
+/// publication; the median burst must be visible within 30 ms of its last
+/// frame leaving (it took 53-110 ms before). The median, not every burst:
+/// on a loaded machine a thread may wait that long for a core.
 fn live_counters_follow_bursts(threads: usize) {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
@@ -658,7 +659,7 @@ fn live_counters_follow_bursts(threads: usize) {
         let (dp, stop) = (&dp, &stop);
         let run = s.spawn(move || dp.run(&mut port, stop));
         let mut lags = Vec::new();
-        for (round, offset_ms) in [130u64, 35, 60, 85, 110].into_iter().enumerate() {
+        for (round, offset_ms) in [130u64, 35, 60, 85, 110, 45, 95].into_iter().enumerate() {
             std::thread::sleep(Duration::from_millis(offset_ms));
             let want = (round as u64 + 1) * BURST;
             allowed.store(want, Ordering::Release);
@@ -678,10 +679,12 @@ fn live_counters_follow_bursts(threads: usize) {
         }
         stop.store(true, Ordering::Release);
         run.join().unwrap().unwrap();
-        assert_eq!(live_tx(), 5 * BURST, "threads={threads}");
+        assert_eq!(live_tx(), 7 * BURST, "threads={threads}");
+        let mut sorted = lags.clone();
+        sorted.sort();
         assert!(
-            lags.iter().all(|l| *l < Duration::from_millis(50)),
-            "threads={threads}: the live counters held each burst only {lags:?} after it was sent"
+            sorted[sorted.len() / 2] < Duration::from_millis(30),
+            "threads={threads}: the live counters held the bursts only {lags:?} after they were sent"
         );
     });
 }
