@@ -516,7 +516,15 @@ impl Datapath {
             // Fragments still held whose first fragment never came, on
             // whichever queue: dropped as expired, their buffers returned.
             let counters = {
-                let mut w = self.params.worker(&self.pool, 0);
+                // A worker only to count and free them: no tables of its
+                // own worth allocating (a full-size connection table would
+                // cost the daemon's stop tens of megabytes for nothing).
+                let mut w = Worker::new(
+                    &self.pool,
+                    self.params.mode,
+                    Conntrack::new(0, 0, 0),
+                    FragTable::new(0, 0),
+                );
                 w.drain_shared(table);
                 // (The worker's handle gives its buffers back as it goes.)
                 w.counters.clone()
