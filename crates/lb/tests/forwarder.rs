@@ -746,11 +746,6 @@ fn the_heartbeat_stops_when_one_queue_hangs() {
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
     use std::time::Duration;
-    let mut cfg = Config::parse(CONFIG, "test").unwrap();
-    cfg.forwarder.threads = 2;
-    let control = Control::new(cfg.clone()).unwrap();
-    let dp = Datapath::new(Params::from_config(&cfg), control.tables()).unwrap();
-    let stop = AtomicBool::new(false);
     let hang = Arc::new(AtomicBool::new(false));
     let ports: Vec<Box<dyn netio::Nic + Send>> = vec![
         Box::new(Hanging {
@@ -764,9 +759,41 @@ fn the_heartbeat_stops_when_one_queue_hangs() {
             stats: Default::default(),
         }),
     ];
+    let ((stood_still, again), result) = with_queue_loops(ports, |moves| {
+        assert!(
+            moves(Duration::from_secs(2)),
+            "no heartbeat with both queues running"
+        );
+        hang.store(true, Ordering::Release);
+        // The hung loop's last beat may still be published once.
+        std::thread::sleep(Duration::from_millis(100));
+        let stood_still = !moves(Duration::from_millis(300));
+        hang.store(false, Ordering::Release);
+        (stood_still, moves(Duration::from_secs(2)))
+    });
+    result.unwrap();
+    assert!(stood_still, "the heartbeat kept beating with queue 0 hung");
+    assert!(again, "the heartbeat did not come back with queue 0");
+}
+
+/// Runs `ports` one loop per queue (as `lb run` with two packet threads on
+/// two queues) while `check` looks at the heartbeat through the probe it is
+/// given (whether the heartbeat moves within a time); then stops the run.
+/// What `check` returned, and the run's result.
+fn with_queue_loops<R>(
+    ports: Vec<Box<dyn netio::Nic + Send>>,
+    check: impl FnOnce(&dyn Fn(std::time::Duration) -> bool) -> R,
+) -> (R, Result<lb::datapath::RunStats, lb::datapath::Error>) {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+    let mut cfg = Config::parse(CONFIG, "test").unwrap();
+    cfg.forwarder.threads = 2;
+    let control = Control::new(cfg.clone()).unwrap();
+    let dp = Datapath::new(Params::from_config(&cfg), control.tables()).unwrap();
+    let stop = AtomicBool::new(false);
     let beat = || dp.heartbeat.load(Ordering::Relaxed);
     let moves = |within: Duration| {
-        let (before, start) = (beat(), std::time::Instant::now());
+        let (before, start) = (beat(), Instant::now());
         while start.elapsed() < within {
             if beat() != before {
                 return true;
@@ -778,21 +805,10 @@ fn the_heartbeat_stops_when_one_queue_hangs() {
     std::thread::scope(|s| {
         let (dp, stop) = (&dp, &stop);
         let run = s.spawn(move || dp.run_queues(ports, stop));
-        assert!(
-            moves(Duration::from_secs(2)),
-            "no heartbeat with both queues running"
-        );
-        hang.store(true, Ordering::Release);
-        // The hung loop's last beat may still be published once.
-        std::thread::sleep(Duration::from_millis(100));
-        let stood_still = !moves(Duration::from_millis(300));
-        hang.store(false, Ordering::Release);
-        let again = moves(Duration::from_secs(2));
+        let checked = check(&moves);
         stop.store(true, Ordering::Release);
-        run.join().unwrap().unwrap();
-        assert!(stood_still, "the heartbeat kept beating with queue 0 hung");
-        assert!(again, "the heartbeat did not come back with queue 0");
-    });
+        (checked, run.join().unwrap())
+    })
 }
 
 /// A receive queue whose `receive` panics once `panic` is set: a bug in a
@@ -832,11 +848,6 @@ fn the_heartbeat_stops_when_one_queue_panics() {
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
     use std::time::Duration;
-    let mut cfg = Config::parse(CONFIG, "test").unwrap();
-    cfg.forwarder.threads = 2;
-    let control = Control::new(cfg.clone()).unwrap();
-    let dp = Datapath::new(Params::from_config(&cfg), control.tables()).unwrap();
-    let stop = AtomicBool::new(false);
     let panic = Arc::new(AtomicBool::new(false));
     let ports: Vec<Box<dyn netio::Nic + Send>> = vec![
         Box::new(Panicking {
@@ -849,34 +860,19 @@ fn the_heartbeat_stops_when_one_queue_panics() {
             stats: Default::default(),
         }),
     ];
-    let beat = || dp.heartbeat.load(Ordering::Relaxed);
-    let moves = |within: Duration| {
-        let (before, start) = (beat(), std::time::Instant::now());
-        while start.elapsed() < within {
-            if beat() != before {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        false
-    };
-    std::thread::scope(|s| {
-        let (dp, stop) = (&dp, &stop);
-        let run = s.spawn(move || dp.run_queues(ports, stop));
+    let (stood_still, result) = with_queue_loops(ports, |moves| {
         assert!(
             moves(Duration::from_secs(2)),
             "no heartbeat with both queues running"
         );
         panic.store(true, Ordering::Release);
         std::thread::sleep(Duration::from_millis(100));
-        let stood_still = !moves(Duration::from_millis(300));
-        stop.store(true, Ordering::Release);
-        let result = run.join().unwrap();
-        assert!(stood_still, "the heartbeat kept beating with queue 0 dead");
-        assert!(
-            matches!(result, Err(lb::datapath::Error::QueueThreadPanicked(0))),
-            "{:?}",
-            result.map(|r| r.counters.rx)
-        );
+        !moves(Duration::from_millis(300))
     });
+    assert!(stood_still, "the heartbeat kept beating with queue 0 dead");
+    assert!(
+        matches!(result, Err(lb::datapath::Error::QueueThreadPanicked(0))),
+        "{:?}",
+        result.map(|r| r.counters.rx)
+    );
 }
