@@ -13,6 +13,12 @@
 //! - `null_per_queue` and `null_steering`: the same with the null forwarder
 //!   (parse, swap addresses): the limit of the machine for each.
 //!
+//! With several queues a run ends when the first queue has offered its
+//! share (every queue stops receiving then, and what was received is
+//! forwarded): the rate is that of all queues loaded at once, as a NIC
+//! keeps loading every queue, and not of the slowest queue running alone
+//! at the end. `offered` says how many frames that was.
+//!
 //! Each port replays pre-built 64-byte non-SYN frames (4096 established
 //! flows): the generator is a copy of a template into the buffer, in the
 //! thread that receives, as a NIC's DMA writes it, so it needs no core of
@@ -24,7 +30,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use measure::{median, Table};
@@ -90,8 +96,15 @@ pub struct Cell {
     pub mpps_per_thread: f64,
     /// `mpps` / (threads x the same mode's one-thread rate).
     pub efficiency: f64,
-    /// Packets forwarded in the median run (must equal the packets sent).
+    /// Frames the ports offered in the median run: `packets`, less, with
+    /// several queues, what the others had left when the first ran dry.
+    pub offered: u64,
+    /// Packets forwarded in the median run (must equal `offered`).
     pub forwarded: u64,
+    /// Trips to the buffer pool's shared depot per 1000 packets (a lock,
+    /// and buffers another thread's core wrote last): near 0 when each
+    /// thread's magazines absorb its bursts.
+    pub depot_trips_per_kpkt: f64,
     /// The CPU each pinned thread ran on (per-queue: worker i; steering:
     /// the steering thread); empty when not pinned.
     pub placement: Vec<usize>,
@@ -133,6 +146,9 @@ pub struct Report {
 /// or steering thread the datapath made for it) and notes where it ran.
 struct Pinned {
     port: MemPort,
+    /// Set by the first of the run's ports to run dry; every port then
+    /// offers nothing more.
+    dry: std::sync::Arc<AtomicBool>,
     cpu: Option<usize>,
     ran_on: std::sync::Arc<std::sync::Mutex<Option<usize>>>,
     first: bool,
@@ -152,6 +168,9 @@ impl Nic for Pinned {
                 *r = Some(rustix::thread::sched_getcpu());
             }
         }
+        if self.dry.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
         self.port.receive(pool, slots)
     }
 
@@ -160,7 +179,11 @@ impl Nic for Pinned {
     }
 
     fn exhausted(&self) -> bool {
-        self.port.exhausted()
+        if self.port.exhausted() {
+            self.dry.store(true, Ordering::Relaxed);
+            return true;
+        }
+        self.dry.load(Ordering::Relaxed)
     }
 
     fn stats(&self) -> PortStats {
@@ -179,14 +202,15 @@ fn queue_of(frame: &[u8], n: usize) -> usize {
     ((u128::from(h) * n as u128) >> 64) as usize
 }
 
-/// One run, and the CPUs it ran on.
+/// One run, the CPUs it ran on, the frames its ports offered and the
+/// times its threads went to the pool's depot.
 fn measure(
     cfg: &Config,
     mode: &str,
     threads: usize,
     packets: u64,
     cores: usize,
-) -> Result<(Run, Vec<usize>), Error> {
+) -> Result<(Run, Vec<usize>, u64, u64), Error> {
     let mut cfg = cfg.clone();
     cfg.forwarder.threads = threads;
     let control = Control::new(cfg.clone()).map_err(Error::Config)?;
@@ -197,11 +221,13 @@ fn measure(
     let per_queue = mode.ends_with("per_queue");
     let dp = Datapath::new(params, control.tables())?;
     let stop = AtomicBool::new(false);
+    let dry = std::sync::Arc::new(AtomicBool::new(false));
     let pinned = |port: MemPort, cpu: Option<usize>| {
         let ran_on = std::sync::Arc::new(std::sync::Mutex::new(None));
         (
             Pinned {
                 port,
+                dry: dry.clone(),
                 cpu,
                 ran_on: ran_on.clone(),
                 first: true,
@@ -254,7 +280,13 @@ fn measure(
         .iter()
         .filter_map(|r| r.lock().ok().and_then(|r| *r))
         .collect();
-    Ok((Run::of(&stats, packets), placement))
+    let offered = stats.port.rx;
+    Ok((
+        Run::of(&stats, offered),
+        placement,
+        offered,
+        stats.pool.depot_trips,
+    ))
 }
 
 /// The generator alone: one port writing `packets` frames into a batch of
@@ -322,7 +354,7 @@ pub fn run(b: &ScalingConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, 
                 runs.push(measure(&cfg, mode, t, b.packets, cores)?);
             }
             runs.sort_by(|a, b| a.0.mpps.total_cmp(&b.0.mpps));
-            let (run, placement) = runs.swap_remove(runs.len() / 2);
+            let (run, placement, offered, trips) = runs.swap_remove(runs.len() / 2);
             let mpps = run.mpps;
             let base = *one.get_or_insert(mpps);
             scaling.entry(mode.to_string()).or_default().insert(
@@ -331,7 +363,9 @@ pub fn run(b: &ScalingConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, 
                     mpps,
                     mpps_per_thread: mpps / t as f64,
                     efficiency: mpps / (t as f64 * base),
+                    offered,
                     forwarded: run.forwarded,
+                    depot_trips_per_kpkt: trips as f64 * 1000.0 / offered.max(1) as f64,
                     placement,
                     thread_busy: run.thread_busy,
                     io_idle: run.io_idle,
@@ -375,6 +409,7 @@ impl Report {
             "CPUs",
             "busy/thread",
             "I/O idle",
+            "depot/kpkt",
         ]);
         for mode in MODES {
             let mut cells: Vec<_> = self.scaling.get(mode).into_iter().flatten().collect();
@@ -397,6 +432,7 @@ impl Report {
                     },
                     shares(&c.thread_busy),
                     format!("{:.2}", c.io_idle),
+                    format!("{:.2}", c.depot_trips_per_kpkt),
                 ]);
             }
         }
@@ -407,7 +443,8 @@ impl Report {
              per_queue: one worker per receive queue, run to completion; flows spread by {}.\n\
              steering: one steering thread (pinned, CPUs column) and N packet threads.\n\
              busy/thread: share of the run each packet thread spent on batches; I/O idle: share of the \
-             I/O loops' turns with nothing to do.\n\
+             I/O loops' turns with nothing to do; depot/kpkt: trips to the buffer pool's shared \
+             depot per 1000 packets.\n\
              efficiency = Mpps / (threads x the same mode's one-thread Mpps). \
              Goal: per_queue efficiency at least 0.8 up to the CPUs less one.",
             self.generator.mpps_per_queue, self.queue_hash

@@ -11,7 +11,10 @@
 //! - **Magazines** (Bonwick): each thread's [`Handle`] caches two magazines of
 //!   up to 64 buffer indices; it talks to the shared depot (a mutex) only when
 //!   both are empty or both are full, so most allocations and frees touch no
-//!   shared cache line.
+//!   shared cache line. A thread that allocates and frees in bursts larger
+//!   than that takes a deeper handle ([`Pool::handle_with_depth`]): else
+//!   every burst goes through the depot, and buffers another thread freed
+//!   (cache lines last written on its core) come back in its place.
 //! - **Ownership**: every buffer has an atomic state ([`State`]); each
 //!   transition is a compare-and-swap from the states it may come from, so a
 //!   double free, a free of a buffer the kernel still owns, or an index not
@@ -373,10 +376,21 @@ impl Pool {
 
     /// A per-thread handle with its own magazines.
     pub fn handle(&self) -> Handle {
+        self.handle_with_depth(self.inner.depth)
+    }
+
+    /// A handle whose magazines hold up to `depth` buffers each, not the
+    /// pool's depth (a `depth` of 0 is taken as one): for a thread that
+    /// allocates and frees in bursts of up to twice that, which then stay
+    /// in its own magazines instead of passing through the depot. It
+    /// keeps up to twice `depth` free buffers from the other handles.
+    pub fn handle_with_depth(&self, depth: usize) -> Handle {
+        let depth = depth.max(1);
         Handle {
             pool: self.clone(),
-            loaded: Vec::with_capacity(self.inner.depth),
-            previous: Vec::with_capacity(self.inner.depth),
+            depth,
+            loaded: Vec::with_capacity(depth),
+            previous: Vec::with_capacity(depth),
         }
     }
 
@@ -544,6 +558,9 @@ impl Pool {
 #[derive(Debug)]
 pub struct Handle {
     pool: Pool,
+    /// Buffers per magazine (the depot's magazines may be of another
+    /// handle's depth: they are only vectors of indices).
+    depth: usize,
     loaded: Vec<u32>,
     previous: Vec<u32>,
 }
@@ -597,7 +614,7 @@ impl Handle {
             return Ok(());
         }
         let mut fresh = std::mem::take(&mut self.loaded);
-        self.pool.carve(&mut d, inner.depth, &mut fresh);
+        self.pool.carve(&mut d, self.depth, &mut fresh);
         self.loaded = fresh;
         if self.loaded.is_empty() {
             inner.exhausted.fetch_add(1, Ordering::Relaxed);
@@ -631,8 +648,9 @@ impl Handle {
                 Err(actual) => cur = actual,
             }
         }
-        let depth = self.pool.inner.depth;
-        if self.loaded.len() == depth {
+        let depth = self.depth;
+        // `>=`: a magazine from a deeper handle may hold more.
+        if self.loaded.len() >= depth {
             if self.previous.len() < depth {
                 std::mem::swap(&mut self.loaded, &mut self.previous);
             } else {
@@ -778,5 +796,75 @@ mod tests {
         let mut h2 = p.handle();
         let bufs: Vec<Buf> = (0..16).map(|_| h2.alloc().unwrap()).collect();
         assert_eq!(bufs.len(), 16);
+    }
+
+    /// Bursts of 256 allocations then 256 frees: a handle of the pool's
+    /// depth (4 here) goes to the depot for nearly every magazine, one of
+    /// depth 128 only until its magazines are full.
+    #[test]
+    fn a_deep_handle_keeps_its_bursts_out_of_the_depot() {
+        let trips = |depth: Option<usize>| {
+            let p = small(1024);
+            let mut h = depth.map_or_else(|| p.handle(), |d| p.handle_with_depth(d));
+            let mut held = Vec::new();
+            for _ in 0..100 {
+                held.extend((0..256).map(|_| h.alloc().unwrap()));
+                for b in held.drain(..) {
+                    h.free(b).unwrap();
+                }
+            }
+            drop(h);
+            assert_eq!(p.stats().in_use, 0);
+            p.stats().depot_trips
+        };
+        let shallow = trips(None);
+        let deep = trips(Some(128));
+        assert!(shallow >= 100 * 2 * (256 / 4 - 2), "shallow: {shallow}");
+        assert!(deep <= 4, "deep: {deep}");
+    }
+
+    proptest::proptest! {
+        /// Handles of different depths trading magazines through the depot
+        /// lose no buffer and hand none out twice.
+        #[test]
+        fn handles_of_any_depths_share_a_pool(
+            depths in proptest::collection::vec(1usize..40, 1..4),
+            steps in proptest::collection::vec((0usize..4, 0usize..90, proptest::bool::ANY), 1..60),
+        ) {
+            let p = small(256);
+            let mut hs: Vec<Handle> = depths.iter().map(|&d| p.handle_with_depth(d)).collect();
+            let mut held: Vec<Buf> = Vec::new();
+            for (who, n, alloc) in steps {
+                let h = &mut hs[who % depths.len()];
+                if alloc {
+                    for _ in 0..n {
+                        match h.alloc() {
+                            Ok(b) => held.push(b),
+                            Err(Error::Exhausted(_)) => break,
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                } else {
+                    for _ in 0..n.min(held.len()) {
+                        let b = held.pop().unwrap();
+                        h.free(b).unwrap();
+                    }
+                }
+                let mut seen: Vec<u32> = held.iter().map(Buf::index).collect();
+                seen.sort_unstable();
+                seen.dedup();
+                proptest::prop_assert_eq!(seen.len(), held.len());
+                proptest::prop_assert_eq!(p.stats().in_use as usize, held.len());
+            }
+            for b in held.drain(..) {
+                hs[0].free(b).unwrap();
+            }
+            drop(hs);
+            proptest::prop_assert_eq!(p.stats().in_use, 0);
+            // Everything back: the whole pool can be allocated again.
+            let mut h = p.handle();
+            let all: Vec<Buf> = (0..256).map(|_| h.alloc().unwrap()).collect();
+            proptest::prop_assert_eq!(all.len(), 256);
+        }
     }
 }
