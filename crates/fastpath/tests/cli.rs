@@ -209,7 +209,8 @@ fn lb_bench_scaling_json_document() {
             // queue), not once every 64 packets (15.6 per 1000) as when
             // two loops traded their buffers through it.
             let trips = c["depot_trips_per_kpkt"].as_f64().unwrap();
-            if mode.ends_with("per_queue") {
+            // (With more workers than CPUs they take turns, and do more.)
+            if mode.ends_with("per_queue") && t <= cpus {
                 assert!(trips < 5.0, "{mode}/{t}: {trips} depot trips per 1000: {v}");
             }
             let eff = c["efficiency"].as_f64().unwrap();

@@ -97,3 +97,185 @@ fn http_through_the_load_balancer_in_the_driver() {
         "after the failover the driver forwarded {d}: {after}"
     );
 }
+
+/// A prefix-group VIP (paper section 4.2: the VIP is a suffix within a
+/// group's prefixes, matched by longest prefix, not listed as an address)
+/// through the driver: the daemon starts with `driver = "xdp"` (it used to
+/// refuse), the XDP program forwards the connections itself (its
+/// longest-prefix trie picks the group, the suffix map the VIP), and what
+/// it leaves to user space reaches the packet threads through the
+/// steering prefix trie. Prefix groups are not announced through BGP, so
+/// the router gets a static route to the group's prefix.
+#[test]
+fn http_to_a_prefix_group_vip_through_the_driver() {
+    let Some(mut t) = common::topology(1, 2, "xdpg") else {
+        return;
+    };
+    let cfg = &t.configs[0];
+    let text = std::fs::read_to_string(cfg).unwrap();
+    let vip = lab::topology::VIP;
+    let listed = format!("name = \"http\"\naddress = \"{vip}\"\n");
+    assert!(text.contains(&listed), "{text}");
+    let text = text
+        .replacen("[forwarder]\n", "[forwarder]\ndriver = \"xdp\"\n", 1)
+        .replacen(
+            &listed,
+            "name = \"http\"\nprefix_group = \"front\"\nsuffix = \"0.0.0.80\"\n",
+            1,
+        )
+        + "\n[[prefix_groups]]\nname = \"front\"\nprefixes = [\"198.18.0.0/24\"]\ncluster_prefix_len = 24\n";
+    std::fs::write(cfg, text).unwrap();
+    t.router
+        .ip(&[
+            "route",
+            "replace",
+            "198.18.0.0/24",
+            "via",
+            &lab::topology::Topology::lb_address(1),
+            "proto",
+            "static",
+        ])
+        .unwrap();
+    t.start_lb().unwrap();
+    t.wait_for_vip(Duration::from_secs(20)).unwrap();
+    let status = t.status_of(1).unwrap();
+    assert!(
+        status.driver.contains("in the driver"),
+        "driver: {}",
+        status.driver
+    );
+    let status_json = |t: &lab::topology::Topology| -> serde_json::Value {
+        serde_json::from_str(&t.api("GET", "/status").unwrap()).unwrap()
+    };
+    let in_driver = |v: &serde_json::Value| v["forwarded_in_driver"].as_u64().unwrap_or(0);
+    let forwarded = |v: &serde_json::Value| v["forwarded"].as_u64().unwrap_or(0);
+    let before = status_json(&t);
+    let by = t.requests(40).unwrap();
+    assert_eq!(by.get(""), None, "no request failed: {by:?}");
+    assert_eq!(by.len(), 2, "both backends answered: {by:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let after = loop {
+        let s = status_json(&t);
+        if in_driver(&s) - in_driver(&before) >= 40 * 3 || std::time::Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let d = in_driver(&after) - in_driver(&before);
+    let n = forwarded(&after) - forwarded(&before);
+    assert!(
+        d >= 40 * 3 && d <= n,
+        "the driver forwarded {d} of {n} to the prefix-group VIP: {after}"
+    );
+    // What the driver leaves to user space reaches the packet threads
+    // through the steering trie: connections whose every segment carries
+    // IPv4 options (four NOPs, set on the client's socket) are not
+    // forwarded in the driver; without the trie they would go to the load
+    // balancer's kernel and never be answered.
+    let before = status_json(&t);
+    let answers: Vec<Result<String, String>> =
+        lab::topology::Topology::inside(&t.client, move || {
+            (0..10).map(|_| get_with_ip_options(vip)).collect()
+        })
+        .unwrap();
+    let ok: Vec<&String> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+    assert_eq!(ok.len(), 10, "requests with IP options: {answers:?}");
+    assert!(ok.iter().all(|b| b.starts_with("backend-")), "{answers:?}");
+    let user = |after: &serde_json::Value| {
+        (forwarded(after) - forwarded(&before))
+            .saturating_sub(in_driver(after) - in_driver(&before))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let after = loop {
+        let s = status_json(&t);
+        if user(&s) >= 10 * 3 || std::time::Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let user = user(&after);
+    assert!(
+        user >= 10 * 3,
+        "the packet threads forwarded {user} segments with options: {after}"
+    );
+}
+
+/// GET / from a new connection to `vip`:80 whose segments carry IPv4
+/// options (four NOPs); the answer's body.
+fn get_with_ip_options(vip: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let addr: std::net::Ipv4Addr = vip.parse().map_err(|e| format!("{vip}: {e}"))?;
+    let err = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: a plain socket(2); the descriptor is owned at once below.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(err("socket"));
+    }
+    // SAFETY: `raw` was just opened and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let nops = [1u8; 4];
+    // SAFETY: `nops` outlives the call, whose length argument is its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_OPTIONS,
+            nops.as_ptr().cast(),
+            nops.len() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(err("IP_OPTIONS"));
+    }
+    // connect(2) and every read and write give up after 2 s (Linux
+    // bounds a blocking connect by SO_SNDTIMEO).
+    let limit = libc::timeval {
+        tv_sec: 2,
+        tv_usec: 0,
+    };
+    for opt in [libc::SO_SNDTIMEO, libc::SO_RCVTIMEO] {
+        // SAFETY: `limit` outlives the call, whose length is its size.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                std::ptr::from_ref(&limit).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(err("SO_SNDTIMEO/SO_RCVTIMEO"));
+        }
+    }
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 80u16.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(addr).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: `sin` is a whole sockaddr_in and the length says so.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            std::ptr::from_ref(&sin).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(err("connect"));
+    }
+    let mut s = std::net::TcpStream::from(fd);
+    s.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\nConnection: close\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).map_err(|e| e.to_string())?;
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.trim().to_string())
+        .ok_or_else(|| format!("no HTTP answer: {answer:?}"))?;
+    Ok(body)
+}

@@ -7,7 +7,11 @@
 // options, not a fragment, with a valid header checksum, or over IPv6
 // whose next header is TCP or UDP itself (no extension header, so never a
 // fragment), to a VIP of its family in `lb_vips` or `lb_vips6` (exact
-// port, then any port), not a packet-tracer probe and without a checksum
+// port, then any port) or else of a prefix group (paper section 4.2, as
+// lb's VipMatcher: the longest prefix of any group in `lb_prefixes` picks
+// the group, the address's host part under the group's cluster prefix
+// length is the suffix, looked up in `lb_suffixes`, exact port then any
+// port), not a packet-tracer probe and without a checksum
 // left partial by a local sender, to a backend whose outer addresses are
 // both IPv4 or both IPv6 (GRE over either, whatever the inner family). For
 // it this program does what lb's worker does (crates/lb/src/worker.rs): the
@@ -26,8 +30,7 @@
 // IPv6 extension headers (a chain of up to 8 of them, each of its own
 // length: a loop the verifier would have to bound, for packets the common
 // case does not carry) and with them IPv6 fragments; IPv4 options and
-// fragments; VLAN tags; ICMP; VIPs of prefix groups (a longest-prefix match
-// over every group, then a suffix lookup); a fleet's fragment redirects.
+// fragments; VLAN tags; ICMP; a fleet's fragment redirects.
 //
 // Everything the tables say lives in maps the daemon writes (lb's
 // `xdp::maps`): the VIPs, the backends and the Maglev tables (these two
@@ -97,6 +100,23 @@ struct {
 	__type(key, struct lb_vip6_key);
 	__type(value, struct lb_vip);
 } lb_vips6 SEC(".maps");
+
+// Addresses in key form (IPv4-mapped for IPv4), as VipMatcher matches
+// them, so one trie holds both families' prefixes.
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, LB_DEFAULT_VIPS);
+	__type(key, struct lb_prefix_key);
+	__type(value, struct lb_prefix_group);
+} lb_prefixes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_DEFAULT_VIPS);
+	__type(key, struct lb_suffix_key);
+	__type(value, struct lb_vip);
+} lb_suffixes SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -238,6 +258,39 @@ static __always_inline __u32 select_backend(struct lb_conf *conf, void *conns, v
 	if (bpf_map_update_elem(conns, k, &fresh, BPF_ANY) == 0)
 		st->ct_inserts++;
 	return backend;
+}
+
+// The prefix-group VIP of a destination (`addr`: key form, as loaded) that
+// no VIP matched exactly, as VipMatcher::lookup goes on: NULL if none.
+static __always_inline struct lb_vip *prefix_vip(struct lb_conf *conf, __u32 *addr, __u16 port,
+						 __u8 proto)
+{
+	struct lb_prefix_key pk = { .prefixlen = 128 };
+	struct lb_suffix_key sk = {};
+	struct lb_prefix_group *g;
+	struct lb_vip *vip;
+	int i;
+
+	if (!conf->groups)
+		return 0;
+#pragma unroll
+	for (i = 0; i < 4; i++)
+		pk.addr[i] = addr[i];
+	g = bpf_map_lookup_elem(&lb_prefixes, &pk);
+	if (!g)
+		return 0;
+	sk.group = g->group;
+#pragma unroll
+	for (i = 0; i < 4; i++)
+		sk.suffix[i] = addr[i] & g->host[i];
+	sk.port = port;
+	sk.proto = proto;
+	vip = bpf_map_lookup_elem(&lb_suffixes, &sk);
+	if (!vip) {
+		sk.port = LB_ANY_PORT;
+		vip = bpf_map_lookup_elem(&lb_suffixes, &sk);
+	}
+	return vip;
 }
 
 static __always_inline void count(struct lb_conf *conf, __u32 index, __u64 bytes)
@@ -434,6 +487,11 @@ static __always_inline int lb_v4(struct xdp_md *ctx, struct lb_conf *conf, struc
 	if (!vip) {
 		vk.port = LB_ANY_PORT;
 		vip = bpf_map_lookup_elem(&lb_vips, &vk);
+	}
+	if (!vip) {
+		__u32 mapped[4] = { 0, 0, bpf_htonl(0xffff), ip->daddr };
+
+		vip = prefix_vip(conf, mapped, dport, ip->protocol);
 		if (!vip)
 			return steer(ctx);
 	}
@@ -527,6 +585,13 @@ static __always_inline int lb_v6(struct xdp_md *ctx, struct lb_conf *conf, struc
 	if (!vip) {
 		vk.port = LB_ANY_PORT;
 		vip = bpf_map_lookup_elem(&lb_vips6, &vk);
+	}
+	if (!vip) {
+		// An IPv4-mapped destination is an IPv4 VIP's address to the
+		// worker, which only `lb_vips` holds: user space decides.
+		if (!vk.addr[0] && !vk.addr[1] && vk.addr[2] == bpf_htonl(0xffff))
+			return steer(ctx);
+		vip = prefix_vip(conf, vk.addr, dport, proto);
 		if (!vip)
 			return steer(ctx);
 	}

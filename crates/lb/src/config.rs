@@ -1123,25 +1123,29 @@ impl Config {
     /// `[forwarder]`: thread count, batch, queue and pool sizes, waits.
     fn check_forwarder(&self) -> Result<(), Problem> {
         let f = &self.forwarder;
-        // The XDP program steers listed VIP addresses; a prefix group's
-        // addresses are not known in advance. `auto` falls back to
-        // AF_PACKET for such a configuration; an explicit XDP driver would
-        // be refused by the daemon at start, so it is refused here.
-        if matches!(f.driver, Driver::AfXdp | Driver::Xdp)
-            && self.vips.iter().any(|v| v.address.is_none())
-        {
-            return problem(
-                "forwarder.driver".into(),
-                format!(
-                    "\"{}\" cannot serve prefix-group VIPs (the XDP program lists VIP \
-                     addresses); use driver = \"af-packet\" or \"auto\"",
-                    if f.driver == Driver::Xdp {
-                        "xdp"
-                    } else {
-                        "af-xdp"
-                    }
-                ),
-            );
+        // The XDP program steers VIP addresses and the prefix groups'
+        // prefixes, the latter in a trie of a fixed size: a configuration
+        // with more prefixes than it holds would be refused by the daemon
+        // at start (`auto` would fall back to AF_PACKET), so it is refused
+        // here.
+        if matches!(f.driver, Driver::AfXdp | Driver::Xdp) {
+            let prefixes = crate::vip::VipMatcher::new(self).prefixes().len();
+            if prefixes > netio::afxdp::MAX_VIP_PREFIXES {
+                return problem(
+                    "forwarder.driver".into(),
+                    format!(
+                        "\"{}\" steers at most {} prefix-group prefixes (the XDP program's \
+                         trie), and the prefix groups have {prefixes}; use driver = \
+                         \"af-packet\" or \"auto\"",
+                        if f.driver == Driver::Xdp {
+                            "xdp"
+                        } else {
+                            "af-xdp"
+                        },
+                        netio::afxdp::MAX_VIP_PREFIXES
+                    ),
+                );
+            }
         }
         if f.threads > 64 {
             return problem(
@@ -2847,26 +2851,42 @@ pool = "web"
         );
     }
 
-    /// check-config once accepted what the daemon refuses or should
-    /// never accept. Each is now refused by the text's validation.
+    /// Every driver serves prefix-group VIPs (the XDP program steers the
+    /// groups' prefixes); with more prefixes than its trie holds, the XDP
+    /// drivers are refused here as the daemon would refuse them at start.
     #[test]
-    fn an_xdp_driver_with_prefix_group_vips_is_refused_as_the_daemon_would() {
-        let groups = "[[prefix_groups]]\nname = \"g\"\nprefixes = [\"74.125.0.0/16\"]\n\
-                      cluster_prefix_len = 24\n[[vips]]\nname = \"svc\"\nprefix_group = \"g\"\n\
-                      suffix = \"0.0.0.1\"\nport = 443\nprotocol = \"tcp\"\npool = \"web\"\n";
-        let with = |driver: &str| {
-            format!("{GOOD}\n{groups}").replace(
+    fn xdp_drivers_take_prefix_group_vips_up_to_the_steering_trie() {
+        let groups = |prefixes: &str| {
+            format!(
+                "[[prefix_groups]]\nname = \"g\"\nprefixes = [{prefixes}]\n\
+                 cluster_prefix_len = 28\n[[vips]]\nname = \"svc\"\nprefix_group = \"g\"\n\
+                 suffix = \"0.0.0.1\"\nport = 443\nprotocol = \"tcp\"\npool = \"web\"\n"
+            )
+        };
+        let with = |driver: &str, prefixes: &str| {
+            format!("{GOOD}\n{}", groups(prefixes)).replace(
                 "[encap]",
                 &format!("[forwarder]\ndriver = \"{driver}\"\n[encap]"),
             )
         };
+        let many = |n: usize| {
+            (0..n)
+                .map(|i| format!("\"74.{}.{}.0/24\"", i / 256, i % 256))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let most = netio::afxdp::MAX_VIP_PREFIXES;
+        for d in ["af-xdp", "xdp", "auto", "af-packet"] {
+            Config::parse(&with(d, "\"74.125.0.0/16\""), "t").unwrap();
+            Config::parse(&with(d, &many(most)), "t").unwrap();
+        }
         for d in ["af-xdp", "xdp"] {
-            let e = err(&with(d));
+            let e = err(&with(d, &many(most + 1)));
             assert_eq!(e.key, "forwarder.driver", "{e}");
-            assert!(e.problem.contains("prefix-group"), "{e}");
+            assert!(e.problem.contains(&format!("have {}", most + 1)), "{e}");
         }
         for d in ["auto", "af-packet"] {
-            Config::parse(&with(d), "t").unwrap();
+            Config::parse(&with(d, &many(most + 1)), "t").unwrap();
         }
     }
 

@@ -114,6 +114,33 @@ impl VipMatcher {
         })
     }
 
+    /// The prefix groups' prefixes, as [`VipMatcher::lookup`] matches them:
+    /// network (key form, as a number), length (in the 128 bits of key
+    /// form: 96 more for IPv4), the group's index, and the host bits under
+    /// the group's cluster prefix length (whose address bits are the
+    /// suffix). A prefix listed by several groups is given once, for the
+    /// first of them, which is the one the longest-prefix match picks.
+    pub fn prefixes(&self) -> Vec<(u128, u8, u16, u128)> {
+        let mut seen = FxHashSet::default();
+        let mut out = Vec::new();
+        for (gi, g) in self.groups.iter().enumerate() {
+            for &(net, len) in &g.prefixes {
+                if seen.insert((net, len)) {
+                    out.push((net, len, gi as u16, !mask(g.cluster_len)));
+                }
+            }
+        }
+        out
+    }
+
+    /// The prefix-group VIPs: group index, suffix (key form, as a number),
+    /// port (`None`: any port), protocol and VIP index.
+    pub fn suffixes(&self) -> impl Iterator<Item = (u16, u128, Option<u16>, u8, u32)> + '_ {
+        self.suffix
+            .iter()
+            .map(|(&(g, suffix, port, proto), &i)| (g, suffix, u16::try_from(port).ok(), proto, i))
+    }
+
     /// The VIP a packet to `dst:port` over `proto` is for, if any.
     #[inline]
     pub fn lookup(&self, dst: &[u8; 16], port: u16, proto: u8) -> Option<u32> {

@@ -860,3 +860,148 @@ fn the_driver_counts_what_it_forwards_over_ipv6() {
     let st = both.tables.maps().stats().unwrap();
     assert_eq!((st.forwarded, st.forwarded6), (50, 50));
 }
+
+/// Prefix groups (paper section 4.2) of both families, beside the sample's
+/// VIPs: `class-a` (two IPv4 /16s of /24 clusters) and the longer
+/// `narrow` (/22 of /28 clusters, overlapping it), `v6` (2001:db8:100::/48
+/// of /64 clusters), each with VIPs by suffix.
+fn config_groups() -> Config {
+    let base = lab::sample::CONFIG.replace(
+        "[encap]\n",
+        "[encap]\ngateway_mac = \"02:00:00:00:0e:01\"\nmac = \"02:00:00:00:0e:02\"\n",
+    );
+    let text = format!(
+        "{base}
+[[prefix_groups]]
+name = \"class-a\"
+prefixes = [\"74.125.0.0/16\", \"173.194.0.0/16\"]
+cluster_prefix_len = 24
+[[prefix_groups]]
+name = \"narrow\"
+prefixes = [\"74.125.200.0/22\"]
+cluster_prefix_len = 28
+[[prefix_groups]]
+name = \"v6\"
+prefixes = [\"2001:db8:100::/48\"]
+cluster_prefix_len = 64
+[[vips]]
+name = \"svc1\"
+prefix_group = \"class-a\"
+suffix = \"0.0.0.1\"
+port = 80
+protocol = \"tcp\"
+pool = \"web\"
+[[vips]]
+name = \"narrow-any\"
+prefix_group = \"narrow\"
+suffix = \"0.0.0.5\"
+protocol = \"udp\"
+pool = \"dns\"
+[[vips]]
+name = \"svc6\"
+prefix_group = \"v6\"
+suffix = \"::1\"
+port = 80
+protocol = \"tcp\"
+pool = \"web6\"
+[[vips]]
+name = \"svc6-dns\"
+prefix_group = \"v6\"
+suffix = \"::53\"
+protocol = \"udp\"
+pool = \"dns\"
+"
+    );
+    Config::parse(&text, "test").unwrap()
+}
+
+/// Frames to addresses in and out of prefix groups, both families, every
+/// port and protocol the VIPs serve and some they do not: the same bytes
+/// out of both, and every one the worker finds a prefix-group VIP for
+/// forwarded in the driver.
+#[test]
+fn the_driver_forwards_prefix_group_vips_as_the_worker_does() {
+    let mut both = Both::new(config_groups());
+    let v4: [[u8; 4]; 9] = [
+        [74, 125, 137, 1],
+        [173, 194, 71, 1],
+        [74, 125, 9, 1],
+        [74, 125, 137, 2],
+        [74, 125, 201, 5],
+        [74, 125, 201, 21],
+        [74, 125, 201, 1],
+        [8, 8, 8, 8],
+        [192, 0, 2, 80],
+    ];
+    let v6: [&str; 6] = [
+        "2001:db8:100:7::1",
+        "2001:db8:100:ffff::53",
+        "2001:db8:100:7::2",
+        "2001:db8:101::1",
+        "2001:db8::80",
+        "::ffff:74.125.137.1",
+    ];
+    let t = both.control.tables().load_full();
+    let (mut fast, mut want) = (0, 0);
+    for (i, (tcp, port)) in [(true, 80u16), (true, 443), (false, 53), (false, 80)]
+        .into_iter()
+        .enumerate()
+    {
+        for (j, d) in v4.iter().enumerate() {
+            let f = frame(
+                [198, 51, 100, 1 + j as u8],
+                *d,
+                tcp,
+                1000 + i as u16,
+                port,
+                0x02,
+                0,
+                true,
+                &[1; 8],
+                0,
+            );
+            let vip = t
+                .matcher
+                .lookup(&packet::flow::mapped(*d), port, if tcp { 6 } else { 17 });
+            let forwarded = both.compare(&f);
+            fast += usize::from(forwarded);
+            want += usize::from(vip.is_some());
+            assert_eq!(forwarded, vip.is_some(), "{d:?}:{port} tcp={tcp}");
+        }
+        for (j, d) in v6.iter().enumerate() {
+            let dst: std::net::Ipv6Addr = d.parse().unwrap();
+            let mut src = SOURCES6[0];
+            src[15] = j as u8;
+            let f = frame6(
+                src,
+                dst.octets(),
+                tcp,
+                1000 + i as u16,
+                port,
+                0x02,
+                0,
+                0,
+                64,
+                &[1; 8],
+                0,
+                Shape::Plain,
+            );
+            let vip = t
+                .matcher
+                .lookup(&dst.octets(), port, if tcp { 6 } else { 17 });
+            let forwarded = both.compare(&f);
+            fast += usize::from(forwarded);
+            // An IPv4-mapped destination is left to user space.
+            let mapped = packet::flow::unmapped(&dst.octets()).is_some();
+            want += usize::from(vip.is_some() && !mapped);
+            assert_eq!(forwarded, vip.is_some() && !mapped, "{d}:{port} tcp={tcp}");
+        }
+    }
+    assert_eq!(fast, want);
+    assert!(
+        want >= 10,
+        "only {want} frames for a VIP: the test tests little"
+    );
+    let s = both.tables.sync(&t).unwrap();
+    assert_eq!(s.vips_in_user_space, 0, "{s:?}");
+}

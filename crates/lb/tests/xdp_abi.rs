@@ -149,6 +149,9 @@ fn c_lays_out_every_shared_struct_as_rust_does() {
         ("lb_conf", std::mem::size_of::<abi::Conf>()),
         ("lb_vip_key", std::mem::size_of::<abi::VipKey>()),
         ("lb_vip6_key", std::mem::size_of::<abi::VipKey6>()),
+        ("lb_prefix_key", std::mem::size_of::<abi::PrefixKey>()),
+        ("lb_prefix_group", std::mem::size_of::<abi::PrefixGroup>()),
+        ("lb_suffix_key", std::mem::size_of::<abi::SuffixKey>()),
         ("lb_vip", std::mem::size_of::<abi::VipEntry>()),
         ("lb_backend", std::mem::size_of::<abi::BackendEntry>()),
         ("lb_pair", std::mem::size_of::<abi::SlotPair>()),
@@ -158,6 +161,14 @@ fn c_lays_out_every_shared_struct_as_rust_does() {
     for (name, size) in rust {
         assert_eq!(c[&format!("size {name}")], size as u64, "sizeof {name}");
     }
+    // User space writes the prefix trie's keys as aya's LPM key over the
+    // address words: the same bytes as `lb_prefix_key`.
+    assert_eq!(
+        std::mem::size_of::<aya::maps::lpm_trie::Key<[u32; 4]>>(),
+        std::mem::size_of::<abi::PrefixKey>()
+    );
+    assert_eq!(std::mem::offset_of!(abi::PrefixKey, prefixlen), 0);
+    assert_eq!(std::mem::offset_of!(abi::PrefixKey, addr), 4);
 }
 
 #[test]

@@ -20,20 +20,33 @@ pub enum OpenError {
     /// The interface could not be opened.
     #[error(transparent)]
     Port(#[from] netio::Error),
-    /// AF_XDP was asked for, but prefix-group VIPs cannot be listed in the
-    /// XDP program's VIP set.
-    #[error("AF_XDP: prefix-group VIPs cannot be listed in the XDP program's VIP set; use driver = \"af-packet\"")]
-    PrefixVipsNeedAfPacket,
 }
 
-/// The VIP addresses the XDP program steers (prefix-group VIPs cannot be
-/// listed: their addresses are not known in advance).
+/// The VIP addresses the XDP program steers (prefix-group VIPs are
+/// steered by [`vip_prefixes`]: their addresses are not known in advance).
 pub(crate) fn vip_addresses(cfg: &Config) -> Vec<[u8; 16]> {
     cfg.vips
         .iter()
         .filter_map(|v| v.address)
         .map(packet::flow::from_ip)
         .collect()
+}
+
+/// The prefix groups' prefixes, IPv4-mapped as the VIP addresses are: the
+/// XDP program steers every frame within them, as the worker's
+/// [`lb::vip::VipMatcher`] looks every such frame up.
+pub(crate) fn vip_prefixes(cfg: &Config) -> Vec<([u8; 16], u8)> {
+    lb::vip::VipMatcher::new(cfg)
+        .prefixes()
+        .into_iter()
+        .map(|(net, len, _, _)| (net.to_be_bytes(), len))
+        .collect()
+}
+
+/// The XDP program's steering set made the configuration's: addresses
+/// were given at open, prefixes follow.
+fn steer_prefixes(filter: &VipFilter, cfg: &Config) -> Result<(), netio::Error> {
+    filter.set_prefixes(&vip_prefixes(cfg))
 }
 
 /// The number of receive queues of an interface (from sysfs; 1 if unknown).
@@ -150,7 +163,11 @@ impl Plan {
                 &vip_addresses(cfg),
                 cfg.forwarder.threads as u32,
                 program,
-            ) {
+            )
+            .and_then(|ports| match ports.first() {
+                Some(p) => steer_prefixes(&p.vip_filter(), cfg).map(|()| ports),
+                None => Ok(ports),
+            }) {
                 Ok(ports) => {
                     let filter = ports[0].vip_filter();
                     let xdp_lb = loader.maps();
@@ -188,13 +205,15 @@ impl Plan {
                 (open_packet()?, None, None)
             }
             Driver::AfXdp | Driver::Xdp | Driver::Auto => {
-                let prefix_vips = cfg.vips.iter().any(|v| v.address.is_none());
-                let xdp = if prefix_vips {
-                    Err(OpenError::PrefixVipsNeedAfPacket)
-                } else {
-                    AllQueues::open_with(interface, pool, &vip_addresses(cfg), self.queues, program)
-                        .map_err(OpenError::from)
-                };
+                let xdp = AllQueues::open_with(
+                    interface,
+                    pool,
+                    &vip_addresses(cfg),
+                    self.queues,
+                    program,
+                )
+                .and_then(|p| steer_prefixes(&p.first().vip_filter(), cfg).map(|()| p))
+                .map_err(OpenError::from);
                 match (xdp, driver) {
                     (Ok(p), _) => {
                         let xdp_lb = loader.maps();

@@ -2,8 +2,9 @@
 // lb's `bpf/lb.c` (the load balancer in the driver, which steers what it
 // does not forward itself; lb's build finds this header through netio's
 // build script): frames for a VIP (destination address in the `vips` map
-// with value VIP_ALL, IPv4 stored IPv4-mapped) go to the AF_XDP socket
-// bound to the queue; so do fragments a fleet peer redirected to this load
+// with value VIP_ALL, IPv4 stored IPv4-mapped, or else within a prefix of
+// the `vip_prefixes` trie: the prefix groups' address space, whose VIPs
+// are not known as addresses) go to the AF_XDP socket bound to the queue; so do fragments a fleet peer redirected to this load
 // balancer's own address (value VIP_REDIRECTS: only GRE with the key
 // FRAGMENT_REDIRECT_KEY); everything else (ARP, BGP, health-check replies,
 // management) goes to the kernel as usual.
@@ -41,6 +42,21 @@ struct {
 	__type(key, struct vip_key);
 	__type(value, __u8);
 } vips SEC(".maps");
+
+// Prefixes in the same IPv4-mapped form (an IPv4 /n is a /96+n), value
+// VIP_ALL.
+struct vip_prefix_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 4096);
+	__type(key, struct vip_prefix_key);
+	__type(value, __u8);
+} vip_prefixes SEC(".maps");
 
 // Where a frame goes when nothing else takes it: a VIP's frames (and
 // redirected fragments to our own addresses) to the AF_XDP socket of its
@@ -88,8 +104,14 @@ static __always_inline int steer(struct xdp_md *ctx)
 		return XDP_PASS;
 	}
 	kind = bpf_map_lookup_elem(&vips, &key);
-	if (!kind)
-		return XDP_PASS;
+	if (!kind) {
+		struct vip_prefix_key pk = { .prefixlen = 128 };
+
+		__builtin_memcpy(pk.addr, key.addr, 16);
+		kind = bpf_map_lookup_elem(&vip_prefixes, &pk);
+		if (!kind)
+			return XDP_PASS;
+	}
 	if (*kind == VIP_REDIRECTS) {
 		// GRE version 0 with a key and nothing else, and our key.
 		__u16 *gre = l4;

@@ -133,6 +133,14 @@ pub enum Error {
         #[source]
         source: Box<MapError>,
     },
+    /// A set of steered prefixes the program cannot hold.
+    #[error("AF_XDP on {iface}: steering prefixes: {why}")]
+    Prefixes {
+        /// The interface.
+        iface: String,
+        /// What is wrong with the set.
+        why: String,
+    },
     /// A device map of the program could not be set to the interface.
     #[error("AF_XDP on {iface}: the {program}'s device map {map}: {source}")]
     DevMap {
@@ -486,6 +494,8 @@ impl std::fmt::Debug for Program<'_> {
 #[derive(Clone)]
 pub struct VipFilter {
     map: Arc<Mutex<aya::maps::HashMap<MapData, [u8; 16], u8>>>,
+    /// `vip_prefixes` (`steer.h`), if the program has it.
+    prefixes: Option<Arc<Mutex<PrefixTrie>>>,
     iface: Arc<str>,
     /// The addresses last set.
     entries: Arc<Mutex<Entries>>,
@@ -498,7 +508,17 @@ struct Entries {
     vips: Vec<[u8; 16]>,
     /// Own addresses: redirected fragments go to the socket.
     own: Vec<[u8; 16]>,
+    /// Prefixes (address, length in the IPv4-mapped form): every frame to
+    /// an address within one goes to the socket.
+    prefixes: Vec<([u8; 16], u8)>,
 }
+
+/// `steer.h`'s `vip_prefixes`: address (IPv4-mapped) and length -> kind.
+type PrefixTrie = aya::maps::LpmTrie<MapData, [u8; 16], u8>;
+
+/// The most prefixes the steering program's `vip_prefixes` trie holds
+/// (`steer.h`).
+pub const MAX_VIP_PREFIXES: usize = 4096;
 
 /// Map value: every frame to the address goes to the socket.
 const VIP_ALL: u8 = 1;
@@ -520,6 +540,59 @@ impl VipFilter {
         let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         e.own = addrs.to_vec();
         self.write(&e.vips, &e.own)
+    }
+
+    /// Makes the set of steered prefixes exactly `prefixes` (address in
+    /// the IPv4-mapped form, bits beyond the length zero, length up to
+    /// 128: an IPv4 /n is a /96+n): every frame to an address within one
+    /// goes to the socket, as to a VIP (prefix groups, whose VIPs are not
+    /// known as addresses). Refused whole, the set unchanged, when the
+    /// program has no prefix trie (an empty set is always accepted), a
+    /// length is over 128, or there are more than [`MAX_VIP_PREFIXES`].
+    pub fn set_prefixes(&self, prefixes: &[([u8; 16], u8)]) -> Result<(), crate::Error> {
+        let refuse = |why: String| -> crate::Error {
+            Error::Prefixes {
+                iface: self.iface.to_string(),
+                why,
+            }
+            .into()
+        };
+        let mut want: Vec<([u8; 16], u8)> = prefixes.to_vec();
+        want.sort_unstable();
+        want.dedup();
+        if let Some((_, l)) = want.iter().find(|(_, l)| *l > 128) {
+            return Err(refuse(format!("prefix length {l} is over 128")));
+        }
+        if want.len() > MAX_VIP_PREFIXES {
+            return Err(refuse(format!(
+                "{} prefixes, more than the program's trie holds ({MAX_VIP_PREFIXES})",
+                want.len()
+            )));
+        }
+        let Some(trie) = &self.prefixes else {
+            if want.is_empty() {
+                return Ok(());
+            }
+            return Err(refuse("the XDP program has no `vip_prefixes` trie".into()));
+        };
+        let map_err = |source| Error::Map {
+            iface: self.iface.to_string(),
+            what: "VIP prefix trie",
+            source: Box::new(source),
+        };
+        let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = trie.lock().unwrap_or_else(|p| p.into_inner());
+        let key = |(a, l): &([u8; 16], u8)| aya::maps::lpm_trie::Key::new(u32::from(*l), *a);
+        // New ones first, then the old ones that went: a frame to an
+        // address in both is steered throughout.
+        for p in &want {
+            t.insert(&key(p), VIP_ALL, 0).map_err(map_err)?;
+        }
+        for p in e.prefixes.iter().filter(|p| want.binary_search(p).is_err()) {
+            t.remove(&key(p)).map_err(map_err)?;
+        }
+        e.prefixes = want;
+        Ok(())
     }
 
     /// Writes the map: VIPs, then own addresses that are not VIPs.
@@ -1031,8 +1104,17 @@ impl AfXdpPort {
                 }
             })?)
             .map_err(map_err("VIP map"))?;
+        // A program that includes `steer.h` has the prefix trie; one that
+        // steers by its own rules may not.
+        let prefixes = match prog.bpf.take_map("vip_prefixes") {
+            Some(m) => Some(Arc::new(Mutex::new(
+                aya::maps::LpmTrie::try_from(m).map_err(map_err("VIP prefix trie"))?,
+            ))),
+            None => None,
+        };
         let filter = VipFilter {
             map: Arc::new(Mutex::new(vip_map)),
+            prefixes,
             iface: iface.into(),
             entries: Arc::new(Mutex::new(Entries::default())),
         };

@@ -322,6 +322,106 @@ fn redirected_fragments_to_our_own_address_reach_the_socket() {
     );
 }
 
+/// Prefixes (a prefix group's address space, set with `set_prefixes`):
+/// every frame to an address within one reaches the socket, IPv4 and IPv6
+/// alike, frames outside stay with the kernel; a bad set is refused whole
+/// and the steering stays as it was; an empty set steers nothing more.
+#[test]
+fn frames_within_steered_prefixes_reach_the_socket() {
+    in_veth_ns(
+        "fp-xdpp",
+        ("x4", "02:00:00:00:0c:05"),
+        ("x5", "02:00:00:00:0c:06"),
+        1,
+        |pool| {
+            let mut h = pool.handle();
+            let mut xdp = AfXdpPort::open("x4", &pool, &[]).unwrap();
+            let v6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
+            let prefixes = [
+                (packet::flow::mapped([198, 18, 4, 0]), 96 + 24),
+                (v6("2001:db8:5::"), 48),
+            ];
+            xdp.vip_filter().set_prefixes(&prefixes).unwrap();
+            let mut peer = AfPacketPort::open(afpacket::Config::new("x5")).unwrap();
+            let src4: IpAddr = "10.9.0.1".parse().unwrap();
+            let src6: IpAddr = "2001:db8:1::1".parse().unwrap();
+            let to = |dsts: &[&str]| -> Vec<Vec<u8>> {
+                dsts.iter()
+                    .flat_map(|d| {
+                        let d: IpAddr = d.parse().unwrap();
+                        let s = if d.is_ipv4() { src4 } else { src6 };
+                        (0..10u16).map(move |i| Frame::udp(s, d, 7000 + i, 443, b"x").to_bytes())
+                    })
+                    .collect()
+            };
+            let inside = to(&[
+                "198.18.4.0",
+                "198.18.4.7",
+                "198.18.4.255",
+                "2001:db8:5::1",
+                "2001:db8:5:ffff::9",
+            ]);
+            let outside = to(&[
+                "198.18.5.7",
+                "198.18.3.255",
+                "2001:db8:6::1",
+                "2001:db8:4:ffff::1",
+            ]);
+            let mut arrive = |port: &mut AfXdpPort, h: &mut maio::Handle, frames: &[Vec<u8>]| {
+                let set: HashSet<Vec<u8>> = frames.iter().cloned().collect();
+                let slots = slots_with(&pool, h, frames);
+                send_all(&mut peer, &pool, &slots);
+                std::thread::sleep(Duration::from_millis(200));
+                let mut got = HashSet::new();
+                for _ in 0..8 {
+                    got.extend(receive_all_once(port, &pool, h, &set));
+                }
+                for mut s in slots {
+                    h.free(s.buf.take().unwrap()).unwrap();
+                }
+                got.len()
+            };
+            assert_eq!(
+                arrive(&mut xdp, &mut h, &inside),
+                inside.len(),
+                "frames within the prefixes"
+            );
+            assert_eq!(
+                arrive(&mut xdp, &mut h, &outside),
+                0,
+                "frames outside stay with the kernel"
+            );
+            // Refused whole: a length over 128, too many prefixes.
+            let bad = [prefixes[0], (v6("2001:db8:7::"), 129)];
+            assert!(xdp.vip_filter().set_prefixes(&bad).is_err());
+            let too_many: Vec<([u8; 16], u8)> = (0..=netio::afxdp::MAX_VIP_PREFIXES as u32)
+                .map(|i| {
+                    (
+                        packet::flow::mapped((0x0a00_0000 + (i << 8)).to_be_bytes()),
+                        120,
+                    )
+                })
+                .collect();
+            let e = xdp.vip_filter().set_prefixes(&too_many).unwrap_err();
+            assert!(e.to_string().contains("more than"), "{e}");
+            assert_eq!(
+                arrive(&mut xdp, &mut h, &inside),
+                inside.len(),
+                "the set stayed"
+            );
+            // One prefix left: the other's frames go back to the kernel.
+            xdp.vip_filter().set_prefixes(&prefixes[1..]).unwrap();
+            assert_eq!(
+                arrive(&mut xdp, &mut h, &inside),
+                20,
+                "only the IPv6 prefix's"
+            );
+            xdp.vip_filter().set_prefixes(&[]).unwrap();
+            assert_eq!(arrive(&mut xdp, &mut h, &inside), 0, "nothing steered");
+        },
+    );
+}
+
 /// Receives up to `want` frames (for up to 5 s) into slots of their own.
 fn receive_slots(port: &mut dyn Nic, pool: &Pool, h: &mut maio::Handle, want: usize) -> Vec<Slot> {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);

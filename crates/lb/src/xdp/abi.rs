@@ -177,6 +177,9 @@ shared! {
         /// Its host bits in words 2 and 3 (host order): a prefix is /64 or
         /// longer, so the flow hash (64 bits) reaches no further.
         pub spread6_host: [u32; 2],
+        /// Non-zero: there are prefix groups (`lb_prefixes`,
+        /// `lb_suffixes`), looked up when no VIP matches exactly.
+        pub groups: u32,
     }
 }
 
@@ -210,7 +213,50 @@ shared! {
 }
 
 shared! {
-    /// A value of the VIP maps (`lb_vips`, `lb_vips6`).
+    /// A key of the prefix groups' prefixes (`lb_prefixes`, a longest
+    /// prefix match trie, which wants the length first; user space writes
+    /// the same bytes as aya's `lpm_trie::Key<[u32; 4]>`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct PrefixKey as "lb_prefix_key" {
+        /// Bits of the address that count: the prefix's length in key
+        /// form (96 more for IPv4); a lookup gives 128.
+        pub prefixlen: u32,
+        /// The address in key form (IPv4-mapped for IPv4), as four words
+        /// of its bytes as they lie in the packet (as [`VipKey6::addr`]).
+        pub addr: [u32; 4],
+    }
+}
+
+shared! {
+    /// A value of the prefix map (`lb_prefixes`): the group a prefix is of.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct PrefixGroup as "lb_prefix_group" {
+        /// The group's index (the worker's).
+        pub group: u32,
+        /// The host bits under the group's cluster prefix length, as the
+        /// address's words: a destination's suffix is its address and
+        /// these.
+        pub host: [u32; 4],
+    }
+}
+
+shared! {
+    /// A key of the prefix-group VIP map (`lb_suffixes`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct SuffixKey as "lb_suffix_key" {
+        /// The group's index.
+        pub group: u32,
+        /// The VIP's suffix (host part), as [`PrefixKey::addr`].
+        pub suffix: [u32; 4],
+        /// Its port, host order, or LB_ANY_PORT.
+        pub port: u32,
+        /// Its IP protocol.
+        pub proto: u32,
+    }
+}
+
+shared! {
+    /// A value of the VIP maps (`lb_vips`, `lb_vips6`, `lb_suffixes`).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
     pub struct VipEntry as "lb_vip" {
         /// Its index (the worker's VIP index, for counters and connections).
@@ -313,6 +359,9 @@ pub const STRUCTS: &[Struct] = &[
     Conf::C,
     VipKey::C,
     VipKey6::C,
+    PrefixKey::C,
+    PrefixGroup::C,
+    SuffixKey::C,
     VipEntry::C,
     BackendEntry::C,
     SlotPair::C,

@@ -24,7 +24,10 @@ use aya::{Ebpf, EbpfError, EbpfLoader};
 use memmap2::{MmapMut, MmapOptions};
 use netio::afxdp::{LoadProgram, XdpProgram};
 
-use super::abi::{BackendEntry, Conf, Stats, Traffic, VipEntry, VipKey, VipKey6};
+use super::abi::{
+    BackendEntry, Conf, PrefixGroup, PrefixKey, Stats, SuffixKey, Traffic, VipEntry, VipKey,
+    VipKey6,
+};
 
 #[cfg(fastpath_xdp_obj)]
 // Aligned: the ELF parser reads the object in place.
@@ -89,9 +92,17 @@ pub enum Error {
     },
 }
 
-// SAFETY: seventeen u32 fields (arrays included), no padding, any bit
+// SAFETY: eighteen u32 fields (arrays included), no padding, any bit
 // pattern valid.
 unsafe impl aya::Pod for Conf {}
+
+// SAFETY: five u32 fields (one and an array of four), no padding, any bit
+// pattern valid.
+unsafe impl aya::Pod for PrefixGroup {}
+
+// SAFETY: seven u32 fields (an array of four among them), no padding, any
+// bit pattern valid.
+unsafe impl aya::Pod for SuffixKey {}
 
 // SAFETY: three u32 fields, no padding, any bit pattern valid.
 unsafe impl aya::Pod for VipKey {}
@@ -117,6 +128,8 @@ pub struct Sizes {
     pub slots: u32,
     /// Connection-table entries (of each table, IPv4 and IPv6).
     pub conns: u32,
+    /// Prefixes of the prefix groups.
+    pub prefixes: u32,
 }
 
 /// The CPUs the kernel may run the program on (`nr_cpu_ids`): the
@@ -201,6 +214,10 @@ struct Inner {
     vip_set: HashSet<VipKey>,
     vips6: aya::maps::HashMap<MapData, VipKey6, VipEntry>,
     vip6_set: HashSet<VipKey6>,
+    prefixes: aya::maps::LpmTrie<MapData, [u32; 4], PrefixGroup>,
+    prefix_set: HashSet<PrefixKey>,
+    suffixes: aya::maps::HashMap<MapData, SuffixKey, VipEntry>,
+    suffix_set: HashSet<SuffixKey>,
     backends: Mapped<BackendEntry>,
     /// The slot array's elements ([`SlotPair`](super::abi::SlotPair)),
     /// slot by slot.
@@ -223,6 +240,7 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
         backends: sizes.backends.max(1),
         slots: sizes.slots.max(2).next_multiple_of(2),
         conns: sizes.conns.max(64),
+        prefixes: sizes.prefixes.max(1),
     };
     let stride = sizes.vips as usize + sizes.backends as usize;
     let traffic = stride * cpus;
@@ -242,6 +260,8 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
         )
         .set_max_entries("lb_conns", sizes.conns)
         .set_max_entries("lb_conns6", sizes.conns)
+        .set_max_entries("lb_prefixes", sizes.prefixes)
+        .set_max_entries("lb_suffixes", sizes.vips)
         .load(LB_OBJ)
         .map_err(|e| Error::Load(Box::new(e)))?;
     let prog: &mut Xdp = bpf
@@ -271,6 +291,16 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
     let vips6 =
         aya::maps::HashMap::try_from(bpf.take_map("lb_vips6").ok_or(Error::Missing("lb_vips6"))?)
             .map_err(map("IPv6 VIP map"))?;
+    let prefixes = aya::maps::LpmTrie::try_from(
+        bpf.take_map("lb_prefixes")
+            .ok_or(Error::Missing("lb_prefixes"))?,
+    )
+    .map_err(map("prefix map"))?;
+    let suffixes = aya::maps::HashMap::try_from(
+        bpf.take_map("lb_suffixes")
+            .ok_or(Error::Missing("lb_suffixes"))?,
+    )
+    .map_err(map("prefix-group VIP map"))?;
     let stats = aya::maps::PerCpuArray::try_from(
         bpf.take_map("lb_stats").ok_or(Error::Missing("lb_stats"))?,
     )
@@ -281,6 +311,10 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
         vip_set: HashSet::new(),
         vips6,
         vip6_set: HashSet::new(),
+        prefixes,
+        prefix_set: HashSet::new(),
+        suffixes,
+        suffix_set: HashSet::new(),
         backends: Mapped::new(&mut bpf, "lb_backends", sizes.backends as usize)?,
         slots: Mapped::new(&mut bpf, "lb_ring", sizes.slots as usize)?,
         traffic: Mapped::new(&mut bpf, "lb_traffic", traffic)?,
@@ -418,6 +452,67 @@ impl XdpLb {
         Ok(())
     }
 
+    /// Makes the prefix groups exactly `prefixes` (each prefix's group)
+    /// and `suffixes` (their VIPs), as [`XdpLb::set_vips`] does the VIPs.
+    pub fn set_groups(
+        &self,
+        prefixes: &[(PrefixKey, PrefixGroup)],
+        suffixes: &[(SuffixKey, VipEntry)],
+    ) -> Result<(), Error> {
+        for (what, cap, n) in [
+            ("prefix map", self.sizes.prefixes, prefixes.len()),
+            ("prefix-group VIP map", self.sizes.vips, suffixes.len()),
+        ] {
+            if n > cap as usize {
+                return Err(Error::Full {
+                    what,
+                    cap: cap as usize,
+                    asked: n,
+                });
+            }
+        }
+        let cap = self.sizes.vips as usize;
+        if let Some((_, e)) = suffixes.iter().find(|(_, e)| e.index as usize >= cap) {
+            return Err(Error::Full {
+                what: "VIP counters",
+                cap,
+                asked: e.index as usize + 1,
+            });
+        }
+        fence(Ordering::SeqCst);
+        let map = |what| {
+            move |e| Error::Map {
+                what,
+                source: Box::new(e),
+            }
+        };
+        let trie_key = |k: &PrefixKey| aya::maps::lpm_trie::Key::new(k.prefixlen, k.addr);
+        let mut g = self.lock();
+        let want: HashSet<SuffixKey> = suffixes.iter().map(|(k, _)| *k).collect();
+        for (k, e) in suffixes {
+            g.suffixes
+                .insert(k, e, 0)
+                .map_err(map("prefix-group VIP map"))?;
+        }
+        let want_prefixes: HashSet<PrefixKey> = prefixes.iter().map(|(k, _)| *k).collect();
+        for (k, v) in prefixes {
+            g.prefixes
+                .insert(&trie_key(k), v, 0)
+                .map_err(map("prefix map"))?;
+        }
+        let stale: Vec<PrefixKey> = g.prefix_set.difference(&want_prefixes).copied().collect();
+        for k in &stale {
+            g.prefixes.remove(&trie_key(k)).map_err(map("prefix map"))?;
+        }
+        g.prefix_set = want_prefixes;
+        let stale: Vec<SuffixKey> = g.suffix_set.difference(&want).copied().collect();
+        for k in &stale {
+            g.suffixes.remove(k).map_err(map("prefix-group VIP map"))?;
+        }
+        g.suffix_set = want;
+        Ok(())
+    }
+
     /// The program's counters, summed over CPUs.
     pub fn stats(&self) -> Result<Stats, Error> {
         let g = self.lock();
@@ -546,7 +641,10 @@ mod tests {
             "lb.c defines its own LB_ values"
         );
         // The shapes the program reads (its structs, in order).
-        assert_eq!(std::mem::size_of::<Conf>(), 68);
+        assert_eq!(std::mem::size_of::<Conf>(), 72);
+        assert_eq!(std::mem::size_of::<PrefixKey>(), 20);
+        assert_eq!(std::mem::size_of::<PrefixGroup>(), 20);
+        assert_eq!(std::mem::size_of::<SuffixKey>(), 28);
         assert_eq!(std::mem::size_of::<VipKey>(), 12);
         assert_eq!(std::mem::size_of::<VipKey6>(), 24);
         assert_eq!(std::mem::size_of::<VipEntry>(), 16);

@@ -8,11 +8,13 @@
 //!
 //! The program forwards what a packet thread would forward the same way
 //! (same flow hash, same Maglev slot, same connection rules, same GRE
-//! bytes) for TCP and UDP to exactly matched VIPs, IPv4 (without options)
-//! and IPv6 (without extension headers), to IPv4 and IPv6 backends alike;
-//! the rest (fragments, ICMP, extension headers, prefix-group VIPs, probes,
-//! partial checksums, redirects among a fleet) reaches the packet threads
-//! through AF_XDP as before. Its
+//! bytes) for TCP and UDP to VIPs, exactly matched or of a prefix group
+//! (longest prefix, then suffix, as [`crate::vip::VipMatcher`]), IPv4
+//! (without options) and IPv6 (without extension headers), to IPv4 and
+//! IPv6 backends alike; the rest (fragments, ICMP, extension headers,
+//! probes, partial checksums, redirects among a fleet) reaches the packet
+//! threads through AF_XDP as before (the groups' prefixes are steered
+//! whole: netio's `steer.h`). Its
 //! connection tables (one per family) are its own: a flow it forwarded and
 //! whose next packet goes to user space (an ICMP error quoting it, say) is looked up by
 //! Maglev there, which agrees unless the tables changed in between.
@@ -40,8 +42,8 @@ pub mod abi;
 pub mod maps;
 
 pub use abi::{
-    BackendEntry, Conf, VipEntry, VipKey, VipKey6, ACCEPTING, ANY_PORT, EMPTY, FLOW_SEED, HEALTHY,
-    V4, V6,
+    BackendEntry, Conf, PrefixGroup, PrefixKey, SuffixKey, VipEntry, VipKey, VipKey6, ACCEPTING,
+    ANY_PORT, EMPTY, FLOW_SEED, HEALTHY, V4, V6,
 };
 pub use maps::{Detached, Loader, Sizes, Verdict, XdpLb, XDP_TX};
 
@@ -68,6 +70,7 @@ pub fn sizes(cfg: &Config, t: &Tables) -> Sizes {
         backends: clamp((2 * t.backends.len() as u64).max(256)),
         slots: clamp((2 * slots).max(1 << 18)),
         conns: clamp((cfg.conntrack.size as u64 * threads).max(4096)),
+        prefixes: clamp((2 * t.matcher.prefixes().len() as u64).max(64)),
     }
 }
 
@@ -109,7 +112,8 @@ pub struct Sync {
     pub reason: Option<String>,
     /// VIPs forwarded in the driver.
     pub vips: usize,
-    /// VIPs left to user space (prefix groups).
+    /// VIPs left to user space (none unless a VIP's index is beyond the
+    /// snapshot's).
     pub vips_in_user_space: usize,
     /// Tables written by this sync.
     pub tables_written: usize,
@@ -304,6 +308,45 @@ impl XdpTables {
         if let Err(e) = self.lb.set_vips(&vips, &vips6) {
             return self.off(e.to_string(), s).map(Placement::Done);
         }
+        let prefixes: Vec<(PrefixKey, PrefixGroup)> = t
+            .matcher
+            .prefixes()
+            .into_iter()
+            .map(|(net, len, group, host)| {
+                (
+                    PrefixKey {
+                        prefixlen: u32::from(len),
+                        addr: words(&net.to_be_bytes()),
+                    },
+                    PrefixGroup {
+                        group: u32::from(group),
+                        host: words(&host.to_be_bytes()),
+                    },
+                )
+            })
+            .collect();
+        let mut suffixes = Vec::new();
+        for (group, suffix, port, proto, index) in t.matcher.suffixes() {
+            let Some(e) = self.entry(t, index, &mut used, &mut s)? else {
+                continue;
+            };
+            let e = match e {
+                Ok(e) => e,
+                Err(why) => return Ok(Placement::NoRoom(why, s)),
+            };
+            suffixes.push((
+                SuffixKey {
+                    group: u32::from(group),
+                    suffix: words(&suffix.to_be_bytes()),
+                    port: port.map_or(ANY_PORT, u32::from),
+                    proto: u32::from(proto),
+                },
+                e,
+            ));
+        }
+        if let Err(e) = self.lb.set_groups(&prefixes, &suffixes) {
+            return self.off(e.to_string(), s).map(Placement::Done);
+        }
         let gone: Vec<TableKey> = self
             .placed
             .keys()
@@ -332,9 +375,10 @@ impl XdpTables {
                 conf.spread6_host = host;
             }
         }
+        conf.groups = u32::from(!prefixes.is_empty());
         self.lb.set_conf(conf)?;
         s.enabled = true;
-        s.vips = vips.len() + vips6.len();
+        s.vips = vips.len() + vips6.len() + suffixes.len();
         s.vips_in_user_space = t.vips.len().saturating_sub(s.vips);
         Ok(Placement::Done(s))
     }
