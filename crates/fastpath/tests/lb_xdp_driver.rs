@@ -10,6 +10,46 @@ mod common;
 
 use std::time::Duration;
 
+use lab::topology::Topology;
+
+/// Starts load balancer 1 and waits until the VIP answers, with the load
+/// balancer in the driver.
+fn start_in_the_driver(t: &mut Topology) {
+    t.start_lb().unwrap();
+    t.wait_for_vip(Duration::from_secs(20)).unwrap();
+    let status = t.status_of(1).unwrap();
+    assert!(
+        status.driver.contains("in the driver"),
+        "driver: {}",
+        status.driver
+    );
+}
+
+fn status_json(t: &Topology) -> serde_json::Value {
+    serde_json::from_str(&t.api("GET", "/status").unwrap()).unwrap()
+}
+
+fn forwarded(v: &serde_json::Value) -> u64 {
+    v["forwarded"].as_u64().unwrap_or(0)
+}
+
+fn in_driver(v: &serde_json::Value) -> u64 {
+    v["forwarded_in_driver"].as_u64().unwrap_or(0)
+}
+
+/// `/status` once `enough` says so of it, or after 3 s (the counters
+/// reach the daemon's within a publication interval).
+fn status_once(t: &Topology, enough: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let s = status_json(t);
+        if enough(&s) || std::time::Instant::now() > deadline {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn http_through_the_load_balancer_in_the_driver() {
     let Some(mut t) = common::topology(1, 2, "xdpd") else {
@@ -22,33 +62,15 @@ fn http_through_the_load_balancer_in_the_driver() {
         text.replacen("[forwarder]\n", "[forwarder]\ndriver = \"xdp\"\n", 1),
     )
     .unwrap();
-    t.start_lb().unwrap();
-    t.wait_for_vip(Duration::from_secs(20)).unwrap();
-    let status = t.status_of(1).unwrap();
-    assert!(
-        status.driver.contains("in the driver"),
-        "driver: {}",
-        status.driver
-    );
-    let status_json = |t: &lab::topology::Topology| -> serde_json::Value {
-        serde_json::from_str(&t.api("GET", "/status").unwrap()).unwrap()
-    };
+    start_in_the_driver(&mut t);
     let before = status_json(&t);
     let by = t.requests(40).unwrap();
     assert_eq!(by.get(""), None, "no request failed: {by:?}");
     assert_eq!(by.len(), 2, "both backends answered: {by:?}");
-    let forwarded = |v: &serde_json::Value| v["forwarded"].as_u64().unwrap_or(0);
     // 40 connections of several segments each from the client, through
     // the driver: its counters reach the daemon's within a publication
     // interval (100 ms).
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    let after = loop {
-        let s = status_json(&t);
-        if forwarded(&s) - forwarded(&before) >= 40 * 3 || std::time::Instant::now() > deadline {
-            break s;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let after = status_once(&t, |s| forwarded(s) - forwarded(&before) >= 40 * 3);
     let n = forwarded(&after) - forwarded(&before);
     assert!(n >= 40 * 3, "forwarded {n}: {after}");
     let per_backend: u64 = after["vips"][0]["backends"]
@@ -61,7 +83,6 @@ fn http_through_the_load_balancer_in_the_driver() {
     );
     // The driver forwarded them, not the packet threads: every segment of
     // these connections is plain IPv4 TCP to the VIP.
-    let in_driver = |v: &serde_json::Value| v["forwarded_in_driver"].as_u64().unwrap_or(0);
     let d = in_driver(&after) - in_driver(&before);
     assert!(d >= n, "the driver forwarded {d} of {n}: {after}");
 
@@ -131,36 +152,17 @@ fn http_to_a_prefix_group_vip_through_the_driver() {
             "replace",
             "198.18.0.0/24",
             "via",
-            &lab::topology::Topology::lb_address(1),
+            &Topology::lb_address(1),
             "proto",
             "static",
         ])
         .unwrap();
-    t.start_lb().unwrap();
-    t.wait_for_vip(Duration::from_secs(20)).unwrap();
-    let status = t.status_of(1).unwrap();
-    assert!(
-        status.driver.contains("in the driver"),
-        "driver: {}",
-        status.driver
-    );
-    let status_json = |t: &lab::topology::Topology| -> serde_json::Value {
-        serde_json::from_str(&t.api("GET", "/status").unwrap()).unwrap()
-    };
-    let in_driver = |v: &serde_json::Value| v["forwarded_in_driver"].as_u64().unwrap_or(0);
-    let forwarded = |v: &serde_json::Value| v["forwarded"].as_u64().unwrap_or(0);
+    start_in_the_driver(&mut t);
     let before = status_json(&t);
     let by = t.requests(40).unwrap();
     assert_eq!(by.get(""), None, "no request failed: {by:?}");
     assert_eq!(by.len(), 2, "both backends answered: {by:?}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    let after = loop {
-        let s = status_json(&t);
-        if in_driver(&s) - in_driver(&before) >= 40 * 3 || std::time::Instant::now() > deadline {
-            break s;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let after = status_once(&t, |s| in_driver(s) - in_driver(&before) >= 40 * 3);
     let d = in_driver(&after) - in_driver(&before);
     let n = forwarded(&after) - forwarded(&before);
     assert!(
@@ -173,11 +175,10 @@ fn http_to_a_prefix_group_vip_through_the_driver() {
     // forwarded in the driver; without the trie they would go to the load
     // balancer's kernel and never be answered.
     let before = status_json(&t);
-    let answers: Vec<Result<String, String>> =
-        lab::topology::Topology::inside(&t.client, move || {
-            (0..10).map(|_| get_with_ip_options(vip)).collect()
-        })
-        .unwrap();
+    let answers: Vec<Result<String, String>> = Topology::inside(&t.client, move || {
+        (0..10).map(|_| get_with_ip_options(vip)).collect()
+    })
+    .unwrap();
     let ok: Vec<&String> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
     assert_eq!(ok.len(), 10, "requests with IP options: {answers:?}");
     assert!(ok.iter().all(|b| b.starts_with("backend-")), "{answers:?}");
@@ -185,14 +186,7 @@ fn http_to_a_prefix_group_vip_through_the_driver() {
         (forwarded(after) - forwarded(&before))
             .saturating_sub(in_driver(after) - in_driver(&before))
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    let after = loop {
-        let s = status_json(&t);
-        if user(&s) >= 10 * 3 || std::time::Instant::now() > deadline {
-            break s;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let after = status_once(&t, |s| user(s) >= 10 * 3);
     let user = user(&after);
     assert!(
         user >= 10 * 3,
