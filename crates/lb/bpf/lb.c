@@ -421,6 +421,53 @@ static __always_inline int forward(struct xdp_md *ctx, struct lb_conf *conf, str
 	return bpf_redirect_map(&lb_out, 0, XDP_TX);
 }
 
+// The TCP or UDP header of a packet, as the worker reads it.
+struct lb_l4 {
+	__u16 sport;
+	__u16 dport;
+	__u16 *field; // its checksum
+	void *payload;
+	__u8 flags; // TCP's; 0 for UDP
+};
+
+// Reads the TCP or UDP header at `l4`, `l4len` bytes of transport (the IP
+// header's word for it) ending at or before `end`, into `t`, with the
+// worker's checks (the whole header in the frame, a UDP length or TCP
+// data offset within `l4len`): 0, or -1 for anything else.
+static __always_inline int transport(void *l4, void *end, __u8 proto, __u32 l4len,
+				     struct lb_l4 *t)
+{
+	if (proto == IPPROTO_UDP) {
+		struct udphdr *udp = l4;
+		if ((void *)(udp + 1) > end)
+			return -1;
+		__u16 ulen = bpf_ntohs(udp->len);
+		if (ulen < sizeof(*udp) || ulen > l4len)
+			return -1;
+		t->sport = bpf_ntohs(udp->source);
+		t->dport = bpf_ntohs(udp->dest);
+		t->flags = 0;
+		t->field = &udp->check;
+		t->payload = udp + 1;
+		return 0;
+	}
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *tcp = l4;
+		if ((void *)(tcp + 1) > end)
+			return -1;
+		__u32 doff = tcp->doff * 4;
+		if (doff < sizeof(*tcp) || doff > l4len)
+			return -1;
+		t->sport = bpf_ntohs(tcp->source);
+		t->dport = bpf_ntohs(tcp->dest);
+		t->flags = ((__u8 *)tcp)[13];
+		t->field = &tcp->check;
+		t->payload = (void *)tcp + (doff & 0x3c);
+		return 0;
+	}
+	return -1;
+}
+
 // IPv4 (the Ethernet header is whole and says IPv4).
 static __always_inline int lb_v4(struct xdp_md *ctx, struct lb_conf *conf, struct lb_stats *st)
 {
@@ -432,9 +479,8 @@ static __always_inline int lb_v4(struct xdp_md *ctx, struct lb_conf *conf, struc
 	struct lb_vip_key vk = {};
 	struct lb_ct_key ck = {};
 	struct lb_vip *vip;
-	__u16 tot_len, sport, dport, *field, *w;
-	__u8 flags = 0;
-	void *payload;
+	__u16 tot_len, *w;
+	struct lb_l4 t;
 	__u64 hash;
 	int i;
 
@@ -453,35 +499,10 @@ static __always_inline int lb_v4(struct xdp_md *ctx, struct lb_conf *conf, struc
 	if (fold(sum) != 0xffff)
 		return steer(ctx);
 	l4len = tot_len - sizeof(*ip);
-	if (ip->protocol == IPPROTO_UDP) {
-		struct udphdr *udp = (void *)(ip + 1);
-		if ((void *)(udp + 1) > end)
-			return steer(ctx);
-		__u16 ulen = bpf_ntohs(udp->len);
-		if (ulen < sizeof(*udp) || ulen > l4len)
-			return steer(ctx);
-		sport = bpf_ntohs(udp->source);
-		dport = bpf_ntohs(udp->dest);
-		field = &udp->check;
-		payload = udp + 1;
-	} else if (ip->protocol == IPPROTO_TCP) {
-		struct tcphdr *tcp = (void *)(ip + 1);
-		if ((void *)(tcp + 1) > end)
-			return steer(ctx);
-		__u32 doff = tcp->doff * 4;
-		if (doff < sizeof(*tcp) || doff > l4len)
-			return steer(ctx);
-		sport = bpf_ntohs(tcp->source);
-		dport = bpf_ntohs(tcp->dest);
-		flags = ((__u8 *)tcp)[13];
-		field = &tcp->check;
-		doff &= 0x3c;
-		payload = (void *)tcp + doff;
-	} else {
+	if (transport(ip + 1, end, ip->protocol, l4len, &t))
 		return steer(ctx);
-	}
 	vk.addr = ip->daddr;
-	vk.port = dport;
+	vk.port = t.dport;
 	vk.proto = ip->protocol;
 	vip = bpf_map_lookup_elem(&lb_vips, &vk);
 	if (!vip) {
@@ -491,29 +512,29 @@ static __always_inline int lb_v4(struct xdp_md *ctx, struct lb_conf *conf, struc
 	if (!vip) {
 		__u32 mapped[4] = { 0, 0, bpf_htonl(0xffff), ip->daddr };
 
-		vip = prefix_vip(conf, mapped, dport, ip->protocol);
+		vip = prefix_vip(conf, mapped, t.dport, ip->protocol);
 		if (!vip)
 			return steer(ctx);
 	}
 	// A packet-tracer probe (its payload begins with the magic), within
 	// the packet: reported by user space.
-	if (payload + 8 <= end && payload + 8 <= (void *)ip + tot_len &&
-	    *(__u64 *)payload == LB_TRACE_MAGIC)
+	if (t.payload + 8 <= end && t.payload + 8 <= (void *)ip + tot_len &&
+	    *(__u64 *)t.payload == LB_TRACE_MAGIC)
 		return to_socket(ctx, st);
 	// A checksum a local sender left for offload: the field holds the
 	// pseudo-header sum (as packet::checksum::complete_partial tests).
 	sum = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
 	      (ip->daddr >> 16) + bpf_htons(ip->protocol) + bpf_htons(l4len);
-	if (*field == fold(sum))
+	if (*t.field == fold(sum))
 		return to_socket(ctx, st);
 
 	ck.src = ip->saddr;
 	ck.dst = ip->daddr;
-	ck.sport = sport;
-	ck.dport = dport;
+	ck.sport = t.sport;
+	ck.dport = t.dport;
 	ck.proto = ip->protocol;
-	hash = flow_hash4(ip->saddr, ip->daddr, sport, dport, ip->protocol);
-	backend = select_backend(conf, &lb_conns, &ck, ip->protocol, vip, hash, flags, st);
+	hash = flow_hash4(ip->saddr, ip->daddr, t.sport, t.dport, ip->protocol);
+	backend = select_backend(conf, &lb_conns, &ck, ip->protocol, vip, hash, t.flags, st);
 	if (backend == LB_EMPTY)
 		return to_socket(ctx, st);
 	return forward(ctx, conf, st, vip->index, backend, hash, frame_len, tot_len, ip->tos,
@@ -534,9 +555,9 @@ static __always_inline int lb_v6(struct xdp_md *ctx, struct lb_conf *conf, struc
 	struct lb_vip6_key vk = {};
 	struct lb_ct6_key ck = {};
 	struct lb_vip *vip;
-	__u16 sport, dport, *field, *w;
-	__u8 flags = 0, proto, tos;
-	void *payload;
+	__u16 *w;
+	__u8 proto, tos;
+	struct lb_l4 t;
 	__u64 hash;
 	int i;
 
@@ -549,37 +570,12 @@ static __always_inline int lb_v6(struct xdp_md *ctx, struct lb_conf *conf, struc
 	if (sizeof(*eth) + sizeof(*ip6) + l4len > frame_len)
 		return steer(ctx);
 	proto = ip6->nexthdr;
-	if (proto == IPPROTO_UDP) {
-		struct udphdr *udp = (void *)(ip6 + 1);
-		if ((void *)(udp + 1) > end)
-			return steer(ctx);
-		__u16 ulen = bpf_ntohs(udp->len);
-		if (ulen < sizeof(*udp) || ulen > l4len)
-			return steer(ctx);
-		sport = bpf_ntohs(udp->source);
-		dport = bpf_ntohs(udp->dest);
-		field = &udp->check;
-		payload = udp + 1;
-	} else if (proto == IPPROTO_TCP) {
-		struct tcphdr *tcp = (void *)(ip6 + 1);
-		if ((void *)(tcp + 1) > end)
-			return steer(ctx);
-		__u32 doff = tcp->doff * 4;
-		if (doff < sizeof(*tcp) || doff > l4len)
-			return steer(ctx);
-		sport = bpf_ntohs(tcp->source);
-		dport = bpf_ntohs(tcp->dest);
-		flags = ((__u8 *)tcp)[13];
-		field = &tcp->check;
-		doff &= 0x3c;
-		payload = (void *)tcp + doff;
-	} else {
+	if (transport(ip6 + 1, end, proto, l4len, &t))
 		return steer(ctx);
-	}
 #pragma unroll
 	for (i = 0; i < 4; i++)
 		vk.addr[i] = ip6->daddr.in6_u.u6_addr32[i];
-	vk.port = dport;
+	vk.port = t.dport;
 	vk.proto = proto;
 	vip = bpf_map_lookup_elem(&lb_vips6, &vk);
 	if (!vip) {
@@ -591,12 +587,12 @@ static __always_inline int lb_v6(struct xdp_md *ctx, struct lb_conf *conf, struc
 		// worker, which only `lb_vips` holds: user space decides.
 		if (!vk.addr[0] && !vk.addr[1] && vk.addr[2] == bpf_htonl(0xffff))
 			return steer(ctx);
-		vip = prefix_vip(conf, vk.addr, dport, proto);
+		vip = prefix_vip(conf, vk.addr, t.dport, proto);
 		if (!vip)
 			return steer(ctx);
 	}
-	if (payload + 8 <= end && payload + 8 <= (void *)(ip6 + 1) + l4len &&
-	    *(__u64 *)payload == LB_TRACE_MAGIC)
+	if (t.payload + 8 <= end && t.payload + 8 <= (void *)(ip6 + 1) + l4len &&
+	    *(__u64 *)t.payload == LB_TRACE_MAGIC)
 		return to_socket(ctx, st);
 	// The pseudo-header sum (RFC 8200 section 8.1), folded, in the
 	// checksum field: left partial by a local sender.
@@ -605,7 +601,7 @@ static __always_inline int lb_v6(struct xdp_md *ctx, struct lb_conf *conf, struc
 	for (i = 0; i < 16; i++)
 		sum += w[i];
 	sum += bpf_htons(proto) + bpf_htons(l4len);
-	if (*field == fold(sum))
+	if (*t.field == fold(sum))
 		return to_socket(ctx, st);
 
 #pragma unroll
@@ -613,11 +609,11 @@ static __always_inline int lb_v6(struct xdp_md *ctx, struct lb_conf *conf, struc
 		ck.src[i] = ip6->saddr.in6_u.u6_addr32[i];
 		ck.dst[i] = ip6->daddr.in6_u.u6_addr32[i];
 	}
-	ck.sport = sport;
-	ck.dport = dport;
+	ck.sport = t.sport;
+	ck.dport = t.dport;
 	ck.proto = proto;
-	hash = flow_hash6(&ip6->saddr, &ip6->daddr, sport, dport, proto);
-	backend = select_backend(conf, &lb_conns6, &ck, proto, vip, hash, flags, st);
+	hash = flow_hash6(&ip6->saddr, &ip6->daddr, t.sport, t.dport, proto);
+	backend = select_backend(conf, &lb_conns6, &ck, proto, vip, hash, t.flags, st);
 	if (backend == LB_EMPTY)
 		return to_socket(ctx, st);
 	tos = (((__u8 *)ip6)[0] << 4) | (((__u8 *)ip6)[1] >> 4);
