@@ -136,6 +136,38 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// The frame `b` begins, with TCP (the flags of `flags` that etherparse
+/// sets: SYN, FIN, RST, ACK) or UDP from `sport` to `dport` carrying
+/// `payload`.
+fn transport(
+    b: etherparse::PacketBuilderStep<IpHeaders>,
+    tcp: bool,
+    sport: u16,
+    dport: u16,
+    flags: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    if tcp {
+        let mut t = b.tcp(sport, dport, 1000, 65535);
+        if flags & 0x02 != 0 {
+            t = t.syn();
+        }
+        if flags & 0x01 != 0 {
+            t = t.fin();
+        }
+        if flags & 0x04 != 0 {
+            t = t.rst();
+        }
+        if flags & 0x10 != 0 {
+            t = t.ack(7);
+        }
+        t.write(&mut out, payload).unwrap();
+    } else {
+        b.udp(sport, dport).write(&mut out, payload).unwrap();
+    }
+    out
+}
 /// A TCP or UDP frame over IPv4 made by etherparse.
 #[allow(clippy::too_many_arguments)]
 fn frame(
@@ -161,25 +193,7 @@ fn frame(
     ip.dont_fragment = df;
     let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 9], [2, 0, 0, 0, 0x0e, 2])
         .ip(IpHeaders::Ipv4(ip, Default::default()));
-    let mut out = Vec::new();
-    if tcp {
-        let mut t = b.tcp(sport, dport, 1000, 65535);
-        if flags & 0x02 != 0 {
-            t = t.syn();
-        }
-        if flags & 0x01 != 0 {
-            t = t.fin();
-        }
-        if flags & 0x04 != 0 {
-            t = t.rst();
-        }
-        if flags & 0x10 != 0 {
-            t = t.ack(7);
-        }
-        t.write(&mut out, payload).unwrap();
-    } else {
-        b.udp(sport, dport).write(&mut out, payload).unwrap();
-    }
+    let mut out = transport(b, tcp, sport, dport, flags, payload);
     out.resize(out.len() + pad, 0);
     out
 }
@@ -515,25 +529,7 @@ fn frame6(
     };
     let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 9], [2, 0, 0, 0, 0x0e, 2])
         .ip(IpHeaders::Ipv6(ip, Default::default()));
-    let mut out = Vec::new();
-    if tcp {
-        let mut t = b.tcp(sport, dport, 1000, 65535);
-        if flags & 0x02 != 0 {
-            t = t.syn();
-        }
-        if flags & 0x01 != 0 {
-            t = t.fin();
-        }
-        if flags & 0x04 != 0 {
-            t = t.rst();
-        }
-        if flags & 0x10 != 0 {
-            t = t.ack(7);
-        }
-        t.write(&mut out, payload).unwrap();
-    } else {
-        b.udp(sport, dport).write(&mut out, payload).unwrap();
-    }
+    let mut out = transport(b, tcp, sport, dport, flags, payload);
     let l4 = 14 + 40;
     match shape {
         Shape::Plain => {}
