@@ -32,11 +32,11 @@ pub(crate) fn vip_addresses(cfg: &Config) -> Vec<[u8; 16]> {
         .collect()
 }
 
-/// The prefix groups' prefixes, IPv4-mapped as the VIP addresses are: the
-/// XDP program steers every frame within them, as the worker's
-/// [`lb::vip::VipMatcher`] looks every such frame up.
-pub(crate) fn vip_prefixes(cfg: &Config) -> Vec<([u8; 16], u8)> {
-    lb::vip::VipMatcher::new(cfg)
+/// The prefix groups' prefixes of the tables' `matcher`, IPv4-mapped as
+/// the VIP addresses are: the XDP program steers every frame within them,
+/// as the worker's matcher looks every such frame up.
+pub(crate) fn vip_prefixes(matcher: &lb::vip::VipMatcher) -> Vec<([u8; 16], u8)> {
+    matcher
         .prefixes()
         .into_iter()
         .map(|(net, len, _, _)| (net.to_be_bytes(), len))
@@ -45,8 +45,8 @@ pub(crate) fn vip_prefixes(cfg: &Config) -> Vec<([u8; 16], u8)> {
 
 /// The XDP program's steering set made the configuration's: addresses
 /// were given at open, prefixes follow.
-fn steer_prefixes(filter: &VipFilter, cfg: &Config) -> Result<(), netio::Error> {
-    filter.set_prefixes(&vip_prefixes(cfg))
+fn steer_prefixes(filter: &VipFilter, tables: &Tables) -> Result<(), netio::Error> {
+    filter.set_prefixes(&vip_prefixes(&tables.matcher))
 }
 
 /// The number of receive queues of an interface (from sysfs; 1 if unknown).
@@ -165,7 +165,7 @@ impl Plan {
                 program,
             )
             .and_then(|ports| match ports.first() {
-                Some(p) => steer_prefixes(&p.vip_filter(), cfg).map(|()| ports),
+                Some(p) => steer_prefixes(&p.vip_filter(), tables).map(|()| ports),
                 None => Ok(ports),
             }) {
                 Ok(ports) => {
@@ -212,7 +212,7 @@ impl Plan {
                     self.queues,
                     program,
                 )
-                .and_then(|p| steer_prefixes(&p.first().vip_filter(), cfg).map(|()| p))
+                .and_then(|p| steer_prefixes(&p.first().vip_filter(), tables).map(|()| p))
                 .map_err(OpenError::from);
                 match (xdp, driver) {
                     (Ok(p), _) => {

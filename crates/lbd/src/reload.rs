@@ -172,7 +172,8 @@ impl Shared {
         if let Some(f) = &self.datapath.xdp_vips {
             f.set(&crate::ports::vip_addresses(&cfg))
                 .map_err(ReloadError::XdpVips)?;
-            f.set_prefixes(&crate::ports::vip_prefixes(&cfg))
+            // The prefixes of the tables just applied (their matcher).
+            f.set_prefixes(&crate::ports::vip_prefixes(&c.tables().load().matcher))
                 .map_err(ReloadError::XdpVips)?;
             crate::tasks::peers::set_xdp_redirects(f, &cfg).map_err(ReloadError::XdpVips)?;
         }
