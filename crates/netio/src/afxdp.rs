@@ -583,13 +583,30 @@ impl VipFilter {
         let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let mut t = trie.lock().unwrap_or_else(|p| p.into_inner());
         let key = |(a, l): &([u8; 16], u8)| aya::maps::lpm_trie::Key::new(u32::from(*l), *a);
-        // New ones first, then the old ones that went: a frame to an
-        // address in both is steered throughout.
+        let going: Vec<([u8; 16], u8)> = e
+            .prefixes
+            .iter()
+            .filter(|p| want.binary_search(p).is_err())
+            .copied()
+            .collect();
+        // New ones first, then the ones that went, so that a frame to an
+        // address under both an old and a new prefix is steered
+        // throughout; but when the two sets together overflow the trie,
+        // the ones that went first (they are going anyway).
+        let room_for_both = want.len() + going.len() <= MAX_VIP_PREFIXES;
+        let remove = |t: &mut PrefixTrie| -> Result<(), Error> {
+            going
+                .iter()
+                .try_for_each(|p| t.remove(&key(p)).map_err(map_err))
+        };
+        if !room_for_both {
+            remove(&mut t)?;
+        }
         for p in &want {
             t.insert(&key(p), VIP_ALL, 0).map_err(map_err)?;
         }
-        for p in e.prefixes.iter().filter(|p| want.binary_search(p).is_err()) {
-            t.remove(&key(p)).map_err(map_err)?;
+        if room_for_both {
+            remove(&mut t)?;
         }
         e.prefixes = want;
         Ok(())

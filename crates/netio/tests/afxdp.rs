@@ -409,6 +409,18 @@ fn frames_within_steered_prefixes_reach_the_socket() {
                 inside.len(),
                 "the set stayed"
             );
+            // A full trie replaced by another full one (their union is
+            // twice what it holds), then the set before them again.
+            let full = |base: u32| -> Vec<([u8; 16], u8)> {
+                (0..netio::afxdp::MAX_VIP_PREFIXES as u32)
+                    .map(|i| (packet::flow::mapped((base + (i << 8)).to_be_bytes()), 120))
+                    .collect()
+            };
+            xdp.vip_filter().set_prefixes(&full(0x0a00_0000)).unwrap();
+            xdp.vip_filter().set_prefixes(&full(0x0b00_0000)).unwrap();
+            assert_eq!(arrive(&mut xdp, &mut h, &inside), 0, "not in the full sets");
+            xdp.vip_filter().set_prefixes(&prefixes).unwrap();
+            assert_eq!(arrive(&mut xdp, &mut h, &inside), inside.len(), "back");
             // One prefix left: the other's frames go back to the kernel.
             xdp.vip_filter().set_prefixes(&prefixes[1..]).unwrap();
             assert_eq!(
