@@ -11,17 +11,14 @@
 //! 5-tuple kept the old connection's closing entry, so it was re-hashed
 //! once the old one's linger ran out.
 
+mod common;
+
 use std::process::Command;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use lab::soak::{FAULT_GRACE_S, POOL_MARGIN, REMOVAL_BOUND_S, RSS_MARGIN_KIB};
 use lab::topology::{HttpConn, Topology};
 use serde_json::Value;
-
-/// One namespace topology at a time: the soak's timings assume the machine
-/// is not also building another.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 fn skip() -> bool {
     if !lab::netns::available() {
@@ -39,7 +36,7 @@ fn u(v: &Value, key: &str) -> u64 {
 
 #[test]
 fn soak_60_seconds_loses_no_established_connection_and_does_not_grow() {
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = common::one_at_a_time();
     if skip() {
         return;
     }
@@ -213,7 +210,7 @@ fn soak_60_seconds_loses_no_established_connection_and_does_not_grow() {
 /// another backend, which resets it.
 #[test]
 fn a_reused_port_keeps_its_backend_after_the_old_connections_linger() {
-    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = common::one_at_a_time();
     if skip() {
         return;
     }

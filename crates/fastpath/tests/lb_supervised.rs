@@ -13,6 +13,8 @@
 //! Needs root, bird2, systemd, dpkg-deb and util-linux (scripts/setup.sh);
 //! run it under `flock /tmp/fastpath-ns.lock` as every namespace test.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,10 +38,6 @@ fn have(tool: &str) -> bool {
         .output()
         .is_ok_and(|o| o.status.success())
 }
-
-/// The tests here measure how fast supervision reacts: one at a time, so
-/// that neither's private systemd slows the other's figures.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// A scratch file or directory, removed when dropped.
 struct Scratch(PathBuf);
@@ -280,7 +278,7 @@ fn install(sd: &Systemd, deb: &str, config: &str, me: &str, router: &str) {
 
 #[test]
 fn a_killed_or_frozen_load_balancer_leaves_the_routers_ecmp_set_within_a_second() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = common::one_at_a_time();
     let Some(Prepared {
         tag,
         canary,
@@ -546,7 +544,7 @@ fn load(ns: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Vec<
 /// plain `lb run`s with their own BIRDs (lab's fleet).
 #[test]
 fn under_load_a_killed_frozen_or_stuck_load_balancer_costs_at_most_a_second_of_its_share() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = common::one_at_a_time();
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let Some(Prepared {

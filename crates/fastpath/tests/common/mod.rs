@@ -7,6 +7,14 @@ pub mod probe;
 
 use std::process::Command;
 
+/// Held by each of a test binary's tests that must not run beside
+/// another of them (cargo runs one binary's tests in parallel): those
+/// whose timings or timeouts assume the two cores are theirs.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The `fastpath` binary under test.
 pub fn fastpath() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fastpath"))
