@@ -3,7 +3,7 @@
 CARGO ?= cargo
 OUT ?= out
 
-.PHONY: setup demo test examples bench lint fuzz soak install deb
+.PHONY: setup demo test check examples bench lint fuzz soak install deb
 
 setup:
 	@scripts/setup.sh
@@ -31,10 +31,21 @@ demo: setup
 	./target/release/fastpath lb hash-eval --quick --plot-dir $(OUT)/plots
 	./target/release/fastpath lb fleet-sim --plot-dir $(OUT)/plots
 
-## Every test, after the conventions: formatting, then clippy with every
-## warning an error (the workspace lints deny missing docs and unsafe blocks
-## without a SAFETY comment).
+## Every test of both tiers, after the conventions: formatting, then clippy
+## with every warning an error (the workspace lints deny missing docs and
+## unsafe blocks without a SAFETY comment). The hermetic tests, then the
+## system tests (`#[ignore = "system test: ..."]`: root, namespaces, QEMU,
+## BIRD, nginx, systemd, tshark, DPDK), which scripts/setup.sh has made
+## runnable: a system test whose prerequisite is missing fails, naming it
+## (crates/systest). Tests named `by_hand_` are measurements, not tests.
 test: setup lint examples
+	$(CARGO) test --workspace --locked --no-fail-fast -- --include-ignored --skip by_hand_
+
+## The hermetic tier alone, for contributors: formatting, clippy, every test
+## that needs neither root nor an outside program (the system tests are
+## listed as ignored, with what they need), and the library examples. No
+## set-up, no root, nothing installed.
+check: lint examples
 	$(CARGO) test --workspace --locked --no-fail-fast
 
 ## The runnable examples of the libraries a program embeds (README, "Library
@@ -116,6 +127,6 @@ install: $(BUILT)
 ## example configuration and the BIRD configuration the load balancers
 ## include (dist/bird), built by dpkg-deb from PROFILE's binary
 ## (scripts/build-deb.sh). `make test` builds and installs one from the
-## test build (crates/fastpath/tests/package.rs).
+## test build (crates/fastpath/tests/sys_package.rs).
 deb: $(BUILT)
 	scripts/build-deb.sh $(BUILT) $(OUT)

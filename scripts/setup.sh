@@ -15,7 +15,7 @@ APT_PACKAGES=(
   python3-scapy # an independent packet library: captures fastpath did not write (lone fragments)
   bird2        # the BGP daemon the load balancer announces VIPs through (and the test's router)
   nginx-light  # the demo's HTTP backends
-  wrk          # the HTTP load generator of the soak (make soak, crates/fastpath/tests/lb_soak.rs)
+  wrk          # the HTTP load generator of the soak (make soak, crates/fastpath/tests/sys_lb_soak.rs)
   clang        # compiles the XDP programs (crates/netio/bpf, crates/lb/bpf, crates/bench/bpf)
   llvm
   libbpf-dev   # its headers

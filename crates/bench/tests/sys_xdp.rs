@@ -1,7 +1,7 @@
 //! The veth bench's XDP harness on a veth pair inside a namespace this
 //! test creates: the AF_XDP generator offers its frames round and round,
 //! and the XDP forwarder rewrites frames and sends them back out. Needs
-//! root (run with the others under `flock /tmp/fastpath-ns.lock`).
+//! root: system tests.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -23,10 +23,7 @@ use common::{frames, receive_all, send_all, slots_with};
 /// veth pair `a`-`b` (name, MAC; both up), with a fresh pool. The
 /// namespace is removed when `f` has returned.
 fn in_veth_ns(tag: &str, a: (&str, &str), b: (&str, &str), f: impl FnOnce(Pool) + Send + 'static) {
-    assert!(
-        netns::available(),
-        "this test needs root and iproute2 (run scripts/setup.sh as root)"
-    );
+    systest::require_netns();
     let ns = Netns::new(&format!("{tag}-{}", std::process::id())).unwrap();
     ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
         .unwrap();
@@ -49,6 +46,7 @@ fn in_veth_ns(tag: &str, a: (&str, &str), b: (&str, &str), f: impl FnOnce(Pool) 
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, XDP"]
 fn the_generator_offers_its_frames_round_and_round() {
     in_veth_ns(
         "fp-xdpgen",
@@ -87,6 +85,7 @@ fn the_generator_offers_its_frames_round_and_round() {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, XDP"]
 fn the_xdp_forwarder_rewrites_and_sends_back_out() {
     in_veth_ns(
         "fp-xdpfwd",

@@ -4,8 +4,8 @@
 //! a bind mount; a file that is only the user's scratch space needs no
 //! flag. The decision is made on the descriptor written through, so a
 //! symlink swapped under the path cannot send a write elsewhere. (Loop
-//! devices, mounts in a mount namespace of each test's own, swap; needs
-//! root, skips otherwise. Run these with `flock /tmp/fastpath-ns.lock`.)
+//! devices, mounts in a mount namespace of each test's own, swap: system
+//! tests that need root and fail without it; the file cases are hermetic.)
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -64,11 +64,9 @@ fn files_are_writable_without_the_flag() {
 }
 
 #[test]
+#[ignore = "system test: root, loop devices, mounts"]
 fn block_devices_need_the_flag_and_mounted_ones_are_refused() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: needs root for loop devices");
-        return;
-    }
+    systest::require_root();
     let pid = std::process::id();
     let file = std::env::temp_dir().join(format!("fp-disk-loop-{pid}.img"));
     std::fs::write(&file, vec![0u8; 32 << 20]).unwrap();
@@ -147,7 +145,14 @@ fn in_private_mounts(test: &str) -> bool {
     let out = Command::new("unshare")
         .args(["-m", "--propagation", "private"])
         .arg(&exe)
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        // System tests are ignored unless asked for: this one is.
+        .args([
+            test,
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("FP_DISK_PRIVATE_MOUNTS", "1")
         .output();
     match out {
@@ -172,12 +177,10 @@ fn in_private_mounts(test: &str) -> bool {
     }
 }
 
+/// Loop devices and mounts need root: a system test fails without it.
 fn root() -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("skipped: needs root for loop devices and mounts");
-    false
+    systest::require_root();
+    true
 }
 
 /// A scratch directory, removed with what is left in it.
@@ -302,6 +305,7 @@ fn refusal(r: Result<Device, Error>) -> String {
 }
 
 #[test]
+#[ignore = "system test: root, loop devices, mounts"]
 fn a_file_backing_a_mounted_loop_device_is_refused() {
     if !root() || !in_private_mounts("a_file_backing_a_mounted_loop_device_is_refused") {
         return;
@@ -338,6 +342,7 @@ fn a_file_backing_a_mounted_loop_device_is_refused() {
 }
 
 #[test]
+#[ignore = "system test: root, loop devices, mounts"]
 fn a_file_with_a_bind_mount_is_refused() {
     if !root() || !in_private_mounts("a_file_with_a_bind_mount_is_refused") {
         return;
@@ -358,6 +363,7 @@ fn a_file_with_a_bind_mount_is_refused() {
 }
 
 #[test]
+#[ignore = "system test: root, loop devices, mounts"]
 fn a_mounted_loop_device_and_its_file_are_refused() {
     if !root() || !in_private_mounts("a_mounted_loop_device_and_its_file_are_refused") {
         return;
@@ -391,6 +397,7 @@ fn mbr(sectors: u32) -> [u8; 512] {
 }
 
 #[test]
+#[ignore = "system test: root, loop devices, mounts"]
 fn a_loop_device_with_a_mounted_partition_is_refused() {
     if !root() || !in_private_mounts("a_loop_device_with_a_mounted_partition_is_refused") {
         return;
@@ -410,11 +417,10 @@ fn a_loop_device_with_a_mounted_partition_is_refused() {
         let _ = sh(&["partx", "-a", &lo.0]);
     }
     if !sys.exists() {
-        eprintln!(
-            "skipped: the kernel made no partition device for {} here",
+        systest::missing(&format!(
+            "a partition device for {} (the loop driver's partition scan or partx)",
             lo.0
-        );
-        return;
+        ));
     }
     // No udev in a container: the partition's node is made here.
     let dev = std::fs::read_to_string(sys.join("dev")).unwrap();
@@ -443,20 +449,16 @@ fn a_loop_device_with_a_mounted_partition_is_refused() {
 }
 
 #[test]
+#[ignore = "system test: root, loop devices, mounts"]
 fn swap_is_refused() {
-    if !root() {
-        return;
-    }
+    systest::require_root();
     let s = Scratch::new("swap");
     let img = s.file("swap.img", 16 << 20);
     let lo = LoopDev::over(&img, false);
     sh(&["mkswap", &lo.0]).expect("mkswap");
     let on = match sh(&["swapon", &lo.0]) {
         Ok(_) => Swap(lo.0.clone()),
-        Err(e) => {
-            eprintln!("skipped: swapon is refused here ({e})");
-            return;
-        }
+        Err(e) => systest::missing(&format!("swapon on a loop device ({e})")),
     };
     for flag in [false, true] {
         let why = refusal(Device::open(lo.path(), true, flag));
@@ -468,6 +470,7 @@ fn swap_is_refused() {
 }
 
 #[test]
+#[ignore = "system test: root, loop devices, mounts"]
 fn a_symlink_swapped_to_a_mounted_device_never_gets_written() {
     if !root() || !in_private_mounts("a_symlink_swapped_to_a_mounted_device_never_gets_written") {
         return;

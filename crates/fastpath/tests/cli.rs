@@ -4,15 +4,15 @@ mod common;
 
 use common::fastpath;
 
-/// Held by the tests that run `lb bench --topology veth`: each pins its
-/// generator to CPU 0 and the device under test to CPU 1, so two at once
-/// would halve each other's rates and the rates' sanity checks would test
-/// the contention instead (CI once saw nftables deliver 0.47 of what
-/// reached d0 while the other veth bench ran).
-static VETH_BENCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn veth_bench_alone() -> std::sync::MutexGuard<'static, ()> {
-    VETH_BENCH.lock().unwrap_or_else(|e| e.into_inner())
+/// What the tests that run `lb bench --topology veth` need, held while
+/// they run: each pins its generator to CPU 0 and the device under test to
+/// CPU 1, so two at once would halve each other's rates and the rates'
+/// sanity checks would test the contention instead (CI once saw nftables
+/// deliver 0.47 of what reached d0 while the other veth bench ran).
+fn veth_bench_alone() -> systest::Exclusive {
+    systest::require_netns();
+    systest::require_program("nft");
+    systest::exclusive()
 }
 
 #[test]
@@ -240,6 +240,7 @@ fn lb_bench_scaling_json_document() {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, nftables"]
 fn lb_bench_veth_json_document() {
     let _alone = veth_bench_alone();
     let v = common::json(&[
@@ -296,6 +297,7 @@ fn lb_bench_veth_json_document() {
 /// the bench refuses, giving both figures and why; it no longer measures a
 /// generator that more queues slow down.
 #[test]
+#[ignore = "system test: root, namespaces, nftables"]
 fn lb_bench_veth_refuses_queues_that_offer_no_more() {
     let _alone = veth_bench_alone();
     let out = fastpath()
@@ -395,6 +397,7 @@ fn top_level_help_describes_what_exists() {
 /// once forwarded 1 in 30, the rest expiring after 64 round trips of
 /// their page).
 #[test]
+#[ignore = "system test: root, namespaces, nftables"]
 fn lb_bench_veth_xdp_generator_rows_are_valid() {
     let _alone = veth_bench_alone();
     let v = common::json(&[

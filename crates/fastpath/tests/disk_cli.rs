@@ -175,15 +175,16 @@ fn a_recorded_trace_is_analyzed_like_the_live_run() {
 }
 
 #[test]
+#[ignore = "system test: root, loop devices"]
 fn writing_a_block_device_without_the_flag_is_refused_by_the_cli() {
+    systest::require_root();
     // /dev/loop-control is a character device; pick a block device that
     // certainly exists instead: any /dev/loopN.
     let dev = (0..8)
         .map(|i| format!("/dev/loop{i}"))
         .find(|p| std::path::Path::new(p).exists());
     let Some(dev) = dev else {
-        eprintln!("skipped: no loop device nodes");
-        return;
+        systest::missing("a block device node /dev/loop0-7 (root with loop devices)");
     };
     let out = fastpath()
         .args(["disk", "skippy", "--device", &dev])
@@ -310,14 +311,11 @@ impl Drop for LoopDev {
 }
 
 #[test]
+#[ignore = "system test: root, loop devices"]
 fn the_file_behind_a_mounted_loop_device_is_refused_by_the_cli() {
-    // Needs root (loop devices, a mount); run with flock
-    // /tmp/fastpath-ns.lock. The mount is made in a mount namespace of its
-    // own, which ends with the command.
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+    // Needs root (loop devices, a mount). The mount is made in a mount
+    // namespace of its own, which ends with the command.
+    systest::require_root();
     let dir = std::env::temp_dir().join(format!("fp-disk-cli-loop-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("mnt")).unwrap();
     let img = dir.join("fs.img");

@@ -311,7 +311,10 @@ fn switch_rejects_a_bad_config_and_pktgen_bad_arguments() {
 }
 
 #[test]
+#[ignore = "system test: root (TAP devices)"]
 fn switch_bench_quick_json_document() {
+    // The TAP backend of Figure 1 creates TAP devices.
+    systest::require_root();
     let t0 = Instant::now();
     // Figure 1 and ring-to-ring forwarding; the memif rows beside DPDK's
     // testpmd are a measurement of several seconds with two testpmd

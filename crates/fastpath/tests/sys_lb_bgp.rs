@@ -31,6 +31,7 @@ fn announced(t: &Topology, k: usize) -> Option<bool> {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, BIRD, nginx"]
 fn check_config_says_which_vips_bgp_will_not_announce() {
     let dir = std::env::temp_dir().join(format!("fastpath-bgp-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -201,10 +202,9 @@ fn round(t: &Topology) -> Round {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, BIRD, nginx"]
 fn birdc_configure_under_load_is_put_back_and_never_reported_announced() {
-    let Some(mut t) = common::topology(2, 2, "g") else {
-        return;
-    };
+    let mut t = common::topology(2, 2, "g");
     t.start_lbs().unwrap();
     t.wait_for_ecmp(&[1, 2], Duration::from_secs(40)).unwrap();
     t.wait_for_vip(Duration::from_secs(20)).unwrap();
@@ -261,15 +261,13 @@ fn birdc_configure_under_load_is_put_back_and_never_reported_announced() {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, BIRD, nginx"]
 fn an_ipv6_vip_is_announced_and_served_by_two_load_balancers() {
     let tag = format!("v{}", std::process::id() % 100_000);
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fastpath"));
     let mut t = match Topology::build_dual_stack(bin, 2, 2, &tag) {
         Ok(t) => t,
-        Err(lab::Error::Unavailable) => {
-            eprintln!("skipped: needs root and iproute2");
-            return;
-        }
+        Err(lab::Error::Unavailable) => systest::missing("root and iproute2 (network namespaces)"),
         Err(e) => panic!("{e}"),
     };
     t.start_lbs().unwrap();

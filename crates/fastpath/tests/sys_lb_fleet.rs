@@ -23,7 +23,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, UdpSocket};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lab::topology::{Topology, UDP_ECHO_PORT, VIP};
@@ -56,13 +55,6 @@ for line in sys.stdin:
         s, dm = macs[ifc]
         sendp(Ether(src=s, dst=dm) / p, iface=ifc, verbose=False)
 "#;
-
-fn have_scapy() -> bool {
-    Command::new(PY)
-        .args(["-c", "import scapy"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
 
 /// Runs SEND in the router's namespace with `lines`.
 fn send(t: &Topology, lines: &[String]) {
@@ -176,11 +168,9 @@ fn fleet_status(t: &Topology) -> (bool, serde_json::Value) {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, BIRD, nginx, python3-scapy"]
 fn the_demo_meets_its_goals_and_matches_the_simulator() {
-    if !lab::netns::available() {
-        eprintln!("skipped: needs root and iproute2");
-        return;
-    }
+    systest::require_netns();
     let v = common::json(&[
         "lb",
         "demo",
@@ -233,14 +223,10 @@ fn the_demo_meets_its_goals_and_matches_the_simulator() {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, BIRD, nginx, python3-scapy"]
 fn fragments_tracer_and_agreement_across_the_fleet() {
-    if !have_scapy() {
-        eprintln!("skipped: python3-scapy is not installed (scripts/setup.sh installs it)");
-        return;
-    }
-    let Some(mut t) = common::topology(3, 3, "f") else {
-        return;
-    };
+    systest::require_python_module("scapy");
+    let mut t = common::topology(3, 3, "f");
     t.start_udp_echo().unwrap();
     let sources = t.add_client_addresses(8).unwrap();
     t.start_lbs().unwrap();

@@ -37,16 +37,10 @@ print(len(out))
 "#;
 
 #[test]
+#[ignore = "system test: python3-scapy"]
 fn a_foreign_capture_of_lone_later_fragments_ends_and_accounts_for_every_frame() {
     let py = "/usr/bin/python3";
-    let have_scapy = Command::new(py)
-        .args(["-c", "import scapy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !have_scapy {
-        eprintln!("skipped: python3-scapy is not installed (scripts/setup.sh installs it)");
-        return;
-    }
+    systest::require_python_module("scapy");
     let dir = std::env::temp_dir().join(format!("fastpath-foreign-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (inp, out) = (dir.join("in.pcap"), dir.join("out.pcap"));

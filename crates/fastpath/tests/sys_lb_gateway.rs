@@ -234,11 +234,9 @@ impl Probe {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn the_next_hop_is_resolved_followed_and_reported() {
-    if !netns::available() {
-        eprintln!("skipped: needs root and iproute2");
-        return;
-    }
+    systest::require_netns();
     let n = net();
     let probe = n.gw.inside(|| Probe::open("w1")).unwrap();
     let lb = Lb::start(&n, "a", &config(&["10.205.8.5", "10.205.8.6"]));
@@ -375,16 +373,10 @@ fn the_next_hop_is_resolved_followed_and_reported() {
 /// a missing token file no longer gets that far: the configuration is
 /// refused before the gateway is looked for).
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn logs_have_colour_only_on_a_terminal_without_no_color() {
-    if !netns::available()
-        || std::process::Command::new("script")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
-        eprintln!("skipped: needs root, iproute2 and script(1)");
-        return;
-    }
+    systest::require_netns();
+    systest::require_program("script");
     let ns = Netns::new(&format!("fpgw-c-{}", std::process::id() % 100_000)).unwrap();
     let path = std::env::temp_dir().join(format!("fpgw-colour-{}.toml", std::process::id()));
     let token = std::env::temp_dir().join(format!("fpgw-colour-{}.token", std::process::id()));
@@ -440,11 +432,9 @@ fn logs_have_colour_only_on_a_terminal_without_no_color() {
 /// although the load balancer's kernel had never talked IPv6 to the
 /// router (its MAC is resolved, not only looked up).
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn a_dual_stack_pool_through_one_router_is_not_warned_about() {
-    if !netns::available() {
-        eprintln!("skipped: needs root and iproute2");
-        return;
-    }
+    systest::require_netns();
     let id = std::process::id() % 100_000;
     let lb_ns = Netns::new(&format!("fpgw6-l-{id}")).unwrap();
     let gw = Netns::new(&format!("fpgw6-g-{id}")).unwrap();

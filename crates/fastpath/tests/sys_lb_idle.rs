@@ -11,7 +11,7 @@
 //! time per mode (`FASTPATH_BIN` compares another build):
 //!
 //! ```text
-//! cargo test --release -p fastpath --test lb_idle -- --ignored --nocapture
+//! cargo test --release -p fastpath --test lb_idle -- --ignored by_hand_ --nocapture
 //! ```
 
 mod common;
@@ -247,10 +247,6 @@ fn xdp_unavailable(why: &str) -> bool {
         .any(|s| why.contains(s))
 }
 
-fn skip(driver: &str, why: &str) {
-    eprintln!("skipped {driver}: {why}");
-}
-
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -258,14 +254,13 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// The test: idle CPU under the limit, and frames after idle periods are
 /// forwarded.
 fn sleeps_when_idle(driver: &str, threads: usize) {
-    if !netns::available() {
-        eprintln!("skipped: needs root and iproute2");
-        return;
-    }
+    systest::require_netns();
     let tag = format!("{}{threads}", &driver[3..4]);
     let lb = match Lb::start(&bin(), &tag, driver, threads) {
         Ok(lb) => lb,
-        Err(why) if driver == "af-xdp" && xdp_unavailable(&why) => return skip(driver, &why),
+        Err(why) if driver == "af-xdp" && xdp_unavailable(&why) => {
+            systest::missing(&format!("AF_XDP on veth ({why})"))
+        }
         Err(why) => panic!("{why}"),
     };
     // Let it settle after the first frame, then measure.
@@ -295,21 +290,25 @@ fn sleeps_when_idle(driver: &str, threads: usize) {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn af_packet_inline_sleeps_when_idle_and_wakes_for_a_frame() {
     sleeps_when_idle("af-packet", 0);
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn af_packet_threads_sleep_when_idle_and_wake_for_a_frame() {
     sleeps_when_idle("af-packet", 2);
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn af_xdp_inline_sleeps_when_idle_and_wakes_for_a_frame() {
     sleeps_when_idle("af-xdp", 0);
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn af_xdp_threads_sleep_when_idle_and_wake_for_a_frame() {
     sleeps_when_idle("af-xdp", 2);
 }
@@ -319,9 +318,9 @@ fn af_xdp_threads_sleep_when_idle_and_wake_for_a_frame() {
 /// sent one at a time after `GAP_MS` (20) of silence: median, 99th
 /// percentile, worst. `FASTPATH_BIN` measures another build.
 #[test]
-#[ignore = "a measurement of a few minutes; run by hand"]
-fn measure_idle_cpu_and_wake_latency() {
-    assert!(netns::available(), "needs root and iproute2");
+#[ignore = "a measurement of a few minutes, not a test: run by hand (make test skips by_hand_)"]
+fn by_hand_measure_idle_cpu_and_wake_latency() {
+    systest::require_netns();
     let env = |k: &str, d: u64| {
         std::env::var(k)
             .ok()
@@ -338,7 +337,7 @@ fn measure_idle_cpu_and_wake_latency() {
             let lb = match Lb::start(&bin, &tag, driver, threads) {
                 Ok(lb) => lb,
                 Err(why) => {
-                    skip(driver, &why);
+                    println!("{driver:<10} {threads:>7}  not measured: {why}");
                     continue;
                 }
             };

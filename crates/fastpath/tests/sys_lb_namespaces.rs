@@ -33,7 +33,10 @@ fn metric(t: &Topology, line_start: &str) -> Option<u64> {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn http_through_the_vip_failover_reload_and_bgp() {
+    systest::require_netns();
+    systest::require_programs(&["bird", "birdc", "nginx"]);
     let tag = format!("t{}", std::process::id() % 100_000);
     let mut t = Topology::build(
         std::path::Path::new(env!("CARGO_BIN_EXE_fastpath")),

@@ -11,11 +11,9 @@ use std::time::{Duration, Instant};
 use lab::netns::{self, Netns};
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn a_second_load_balancer_on_the_same_interface_is_refused() {
-    if !netns::available() {
-        eprintln!("skipped: needs root and iproute2");
-        return;
-    }
+    systest::require_netns();
     let ns = Netns::new(&format!("fp1pi-{}", std::process::id() % 100_000)).unwrap();
     netns::veth(
         &ns,

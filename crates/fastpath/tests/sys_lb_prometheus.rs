@@ -58,18 +58,10 @@ fn query(t: &Topology, q: &str) -> Option<f64> {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, BIRD, nginx, Prometheus"]
 fn prometheus_scrapes_the_load_balancer_and_the_dashboard_names_real_metrics() {
-    if std::process::Command::new("prometheus")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: prometheus is not installed (scripts/setup.sh installs it)");
-        return;
-    }
-    let Some(mut t) = common::topology(1, 3, "p") else {
-        return;
-    };
+    systest::require_program("prometheus");
+    let mut t = common::topology(1, 3, "p");
     t.start_lb().unwrap();
     t.wait_for_vip(Duration::from_secs(30)).unwrap();
     let by = t.requests(30).unwrap();

@@ -170,11 +170,9 @@ impl Drop for Files {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn drain_undrain_and_weight_through_the_cli_survive_a_restart() {
-    if !netns::available() {
-        eprintln!("skipped: network namespaces are not available (needs root)");
-        return;
-    }
+    systest::require_netns();
     let pid = std::process::id() % 100_000;
     let dir = std::env::temp_dir().join(format!("fpops-rc-{pid}"));
     std::fs::create_dir_all(&dir).unwrap();

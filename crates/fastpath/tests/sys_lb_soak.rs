@@ -20,14 +20,6 @@ use lab::soak::{FAULT_GRACE_S, POOL_MARGIN, REMOVAL_BOUND_S, RSS_MARGIN_KIB};
 use lab::topology::{HttpConn, Topology};
 use serde_json::Value;
 
-fn skip() -> bool {
-    if !lab::netns::available() {
-        eprintln!("skipped: needs root and iproute2");
-        return true;
-    }
-    false
-}
-
 fn u(v: &Value, key: &str) -> u64 {
     v[key]
         .as_u64()
@@ -35,11 +27,10 @@ fn u(v: &Value, key: &str) -> u64 {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, BIRD, nginx, wrk"]
 fn soak_60_seconds_loses_no_established_connection_and_does_not_grow() {
-    let _one = common::one_at_a_time();
-    if skip() {
-        return;
-    }
+    let _one = systest::exclusive();
+    systest::require_netns();
     assert!(
         Command::new("wrk").arg("--version").output().is_ok(),
         "wrk is missing: run scripts/setup.sh (it installs the Debian package)"
@@ -209,11 +200,10 @@ fn soak_60_seconds_loses_no_established_connection_and_does_not_grow() {
 /// current table, and after a table change the connection moves to
 /// another backend, which resets it.
 #[test]
+#[ignore = "system test: root, namespaces, BIRD, nginx, wrk"]
 fn a_reused_port_keeps_its_backend_after_the_old_connections_linger() {
-    let _one = common::one_at_a_time();
-    if skip() {
-        return;
-    }
+    let _one = systest::exclusive();
+    systest::require_netns();
     let tag = format!("r{}", std::process::id() % 100_000);
     let mut t = Topology::build(
         std::path::Path::new(env!("CARGO_BIN_EXE_fastpath")),

@@ -1,6 +1,6 @@
 //! The shipped supervision, run for real: the .deb that `make deb` builds
 //! (from this test build) is installed with dpkg into a private systemd
-//! (lab::systemd: its own PID and mount namespaces over an overlay of /,
+//! (tests/common/systemd.rs: its own PID and mount namespaces over an overlay of /,
 //! in the load balancer's network namespace), and `fastpath-lb@test` runs
 //! as shipped, announcing its VIP through the packaged BIRD with the
 //! shipped BIRD configuration to a router's BIRD. A load balancer that
@@ -10,8 +10,9 @@
 //! the same withdrawal), the router's route to the VIP is watched every
 //! 10 ms until it is gone. The figures are printed.
 //!
-//! Needs root, bird2, systemd, dpkg-deb and util-linux (scripts/setup.sh);
-//! run it under `flock /tmp/fastpath-ns.lock` as every namespace test.
+//! System tests: they need root, bird2, systemd, dpkg-deb and util-linux
+//! (scripts/setup.sh) and fail naming whichever is missing; they hold the
+//! machine alone (`systest::exclusive`), their timings being its.
 
 mod common;
 
@@ -19,8 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::systemd::Systemd;
 use lab::netns::{self, Netns};
-use lab::systemd::Systemd;
 use lab::topology::Procs;
 
 const VIP: &str = "198.18.0.80";
@@ -30,13 +31,6 @@ const GOAL: Duration = Duration::from_secs(1);
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 /// A scratch file or directory, removed when dropped.
@@ -160,13 +154,10 @@ struct Prepared {
     deb: String,
 }
 
-/// Checks for root and the tools (scripts/setup.sh installs them) and
-/// builds the package; `None` (said why) when the test cannot run here.
-fn prepare(what: &str, more_tools: &[&str]) -> Option<Prepared> {
-    if !netns::available() {
-        eprintln!("skipped: needs root and iproute2");
-        return None;
-    }
+/// Requires root and the tools (scripts/setup.sh installs them; a missing
+/// one fails the test, named) and builds the package.
+fn prepare(what: &str, more_tools: &[&str]) -> Prepared {
+    systest::require_netns();
     let tools = [
         "bird",
         "birdc",
@@ -176,23 +167,21 @@ fn prepare(what: &str, more_tools: &[&str]) -> Option<Prepared> {
         "setpriv",
         "systemctl",
     ];
-    if let Some(tool) = tools.iter().chain(more_tools).find(|t| !have(t)) {
-        eprintln!("skipped: needs {tool} (scripts/setup.sh)");
-        return None;
-    }
+    let all: Vec<&str> = tools.iter().chain(more_tools).copied().collect();
+    systest::require_programs(&all);
     let tag = std::process::id() % 100_000;
     let canary = Scratch(std::env::temp_dir().join(format!("fastpath-canary-{what}-{tag}")));
     std::fs::write(&canary.0, "still here").unwrap();
     let work = Scratch(std::env::temp_dir().join(format!("fastpath-{what}-{tag}")));
     let _ = std::fs::remove_dir_all(&work.0);
     let (debs, deb) = build_deb(&work.0);
-    Some(Prepared {
+    Prepared {
         tag,
         canary,
         work,
         debs,
         deb,
-    })
+    }
 }
 
 /// Builds the .deb (`scripts/build-deb.sh`, from this test build) into
@@ -277,18 +266,16 @@ fn install(sd: &Systemd, deb: &str, config: &str, me: &str, router: &str) {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, systemd, BIRD, dpkg, nginx"]
 fn a_killed_or_frozen_load_balancer_leaves_the_routers_ecmp_set_within_a_second() {
-    let _serial = common::one_at_a_time();
-    let Some(Prepared {
+    let _serial = systest::exclusive();
+    let Prepared {
         tag,
         canary,
         work,
         debs,
         deb,
-    }) = prepare("supervised", &[])
-    else {
-        return;
-    };
+    } = prepare("supervised", &[]);
 
     // The router and the load balancer's machine, one link between them.
     let router = Netns::new(&format!("fpsr-{tag}")).unwrap();
@@ -543,20 +530,18 @@ fn load(ns: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Vec<
 /// would lose; none may fail while all three forward. The two others are
 /// plain `lb run`s with their own BIRDs (lab's fleet).
 #[test]
+#[ignore = "system test: root, namespaces, systemd, BIRD, dpkg, nginx"]
 fn under_load_a_killed_frozen_or_stuck_load_balancer_costs_at_most_a_second_of_its_share() {
-    let _serial = common::one_at_a_time();
+    let _serial = systest::exclusive();
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let Some(Prepared {
+    let Prepared {
         tag,
         canary,
         work: _work,
         debs,
         deb,
-    }) = prepare("underload", &["nginx"])
-    else {
-        return;
-    };
+    } = prepare("underload", &["nginx"]);
 
     let bin = Path::new(env!("CARGO_BIN_EXE_fastpath"));
     let mut t = lab::topology::Topology::build_fleet(bin, 3, 2, &format!("u{tag}")).unwrap();

@@ -69,13 +69,12 @@ fn status_once(t: &Topology, enough: impl Fn(&serde_json::Value) -> bool) -> ser
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, XDP, nginx"]
 fn http_through_the_load_balancer_in_the_driver() {
     // Two topologies with nginx and XDP at once on 2 cores made a request
     // miss its timeout once.
-    let _one = common::one_at_a_time();
-    let Some(mut t) = common::topology(1, 2, "xdpd") else {
-        return;
-    };
+    let _one = systest::exclusive();
+    let mut t = common::topology(1, 2, "xdpd");
     start_in_the_driver(&mut t, |text| text);
     let before = forty_requests_to_both_backends(&t);
     // 40 connections of several segments each from the client, through
@@ -139,13 +138,12 @@ fn http_through_the_load_balancer_in_the_driver() {
 /// steering prefix trie. Prefix groups are not announced through BGP, so
 /// the router gets a static route to the group's prefix.
 #[test]
+#[ignore = "system test: root, namespaces, XDP, nginx"]
 fn http_to_a_prefix_group_vip_through_the_driver() {
     // Two topologies with nginx and XDP at once on 2 cores made a request
     // miss its timeout once.
-    let _one = common::one_at_a_time();
-    let Some(mut t) = common::topology(1, 2, "xdpg") else {
-        return;
-    };
+    let _one = systest::exclusive();
+    let mut t = common::topology(1, 2, "xdpg");
     let vip = lab::topology::VIP;
     t.router
         .ip(&[

@@ -4,7 +4,9 @@
 mod common;
 
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn maio_bench_quick_json_document() {
+    systest::require_memlock(64 << 20);
     let v = common::json(&[
         "maio",
         "bench",
@@ -120,7 +122,9 @@ fn maio_bench_quick_json_document() {
 }
 
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn maio_bench_runs_only_the_figures_asked_for() {
+    systest::require_memlock(64 << 20);
     let bench = || {
         let mut c = common::fastpath();
         c.args(["maio", "bench", "--format", "json", "--reps", "1"])

@@ -15,13 +15,6 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// Runs a command; its stdout, or a panic with everything it printed.
 fn run(c: &mut Command) -> String {
     let out = c.output().unwrap_or_else(|e| panic!("{c:?}: {e}"));
@@ -52,24 +45,18 @@ pub fn build_deb(out: &Path) -> PathBuf {
 }
 
 #[test]
+#[ignore = "system test: root, dpkg, binutils, systemd-analyze"]
 fn the_package_builds_installs_into_a_scratch_root_and_removes() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: needs root (dpkg installs root-owned files)");
-        return;
-    }
-    for tool in [
+    // dpkg installs root-owned files.
+    systest::require_root();
+    systest::require_programs(&[
         "dpkg-deb",
         "dpkg",
         "objdump",
         "readelf",
         "strip",
         "systemd-analyze",
-    ] {
-        if !have(tool) {
-            eprintln!("skipped: needs {tool} (scripts/setup.sh)");
-            return;
-        }
-    }
+    ]);
     let work =
         Scratch::new(std::env::temp_dir().join(format!("fastpath-package-{}", std::process::id())));
     let work = &work.0;

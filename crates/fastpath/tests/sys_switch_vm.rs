@@ -6,10 +6,9 @@
 //! other, then a new QEMU takes the dead one's port; and `fastpath switch
 //! bench --part vm --quick` reports every key it promises.
 //!
-//! Needs root, QEMU 10 and the guest image (scripts/setup.sh); each test
-//! says "skipped" and passes without them. They boot guests: run them one
-//! at a time (`flock /tmp/fastpath-ns.lock cargo test -p fastpath --test
-//! switch_vm`).
+//! System tests: they need root, QEMU 10 and the guest image
+//! (scripts/setup.sh), and fail naming whichever is missing. They boot
+//! guests, so they hold the machine one at a time (`systest::exclusive`).
 
 mod common;
 
@@ -30,16 +29,18 @@ const HOST_IP: &str = "10.76.0.254";
 const IP_A: &str = "10.76.0.1";
 const IP_B: &str = "10.76.0.2";
 
-fn ready() -> bool {
-    if !lab::netns::available() {
-        eprintln!("skipped: needs root and iproute2");
-        return false;
+/// Requires what booting guests on the switch needs, and holds the
+/// machine while the test runs (guests under TCG take both cores).
+fn ready() -> systest::Exclusive {
+    systest::require_netns();
+    systest::require_program(lab::guest::QEMU);
+    for file in ["vmlinuz", "initrd.gz"] {
+        systest::require_path(
+            Path::new(lab::guest::IMAGE_DIR).join(file),
+            "the guest image (scripts/guest-image.sh)",
+        );
     }
-    if !lab::guest::available() {
-        eprintln!("skipped: qemu-system-x86_64 or the guest image is missing (scripts/setup.sh)");
-        return false;
-    }
-    true
+    systest::exclusive()
 }
 
 /// The switch process, killed when dropped.
@@ -91,10 +92,9 @@ fn ping_ok(g: &mut Guest, to: &str, n: u32) {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, QEMU, the guest image"]
 fn guests_talk_to_each_other_and_to_a_tap_port_through_the_switch() {
-    if !ready() {
-        return;
-    }
+    let _machine = ready();
     let pid = std::process::id();
     let dir = std::env::temp_dir().join(format!("fp-switch-vm-{pid}"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -241,10 +241,9 @@ fn guests_talk_to_each_other_and_to_a_tap_port_through_the_switch() {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces, QEMU, the guest image"]
 fn bench_part_vm_reports_its_keys_with_ratios_and_limits() {
-    if !ready() {
-        return;
-    }
+    let _machine = ready();
     let doc = common::json(&[
         "switch", "bench", "--part", "vm", "--quick", "--format", "json",
     ]);

@@ -4,8 +4,7 @@
 //! balancer's namespace topology with BIRD
 //! and nginx ([`topology`]), the demo that shows it to a person ([`demo`]),
 //! sample traffic for the forwarder ([`sample`]), the soak that runs
-//! the load balancer under load while faults are injected ([`soak`]), a
-//! private systemd that runs the shipped service units ([`systemd`]),
+//! the load balancer under load while faults are injected ([`soak`]),
 //! QEMU guests attached to the switch, to QEMU's TAP backend or as an
 //! emulated e1000 ([`guest`]), and the demo of two guests talking through
 //! the switch ([`switch_demo`]).
@@ -16,12 +15,13 @@
 
 pub mod demo;
 pub mod guest;
-pub mod sample;
 pub mod soak;
 pub mod switch_demo;
-pub mod systemd;
 pub mod topology;
 
+/// Sample traffic for the forwarder: a crate of its own (lb's tests use it
+/// without the daemon), re-exported here.
+pub use lb_sample as sample;
 pub use netns;
 
 use std::io;

@@ -75,7 +75,7 @@ pub const LONG_LIVED_PER_BACKEND: usize = 2;
 /// Seconds within which a failed backend must be out of the table: fall (2)
 /// x interval (200 ms) plus the timeout (300 ms) is 0.7 s; the rest is
 /// slack for a loaded 2-core machine (the same bound as
-/// crates/fastpath/tests/lb_tunnel_health.rs).
+/// crates/fastpath/tests/sys_lb_tunnel_health.rs).
 pub const REMOVAL_BOUND_S: f64 = 2.5;
 /// Seconds after a backend's repair (or re-addition) during which its own
 /// connections may still fail: a request sent during the outage waits up to

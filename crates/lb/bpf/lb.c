@@ -22,7 +22,7 @@
 // TTL or hop limit included; an outer IPv4 header with the inner TOS and
 // DF, always DF over IPv6; an outer IPv6 header with the flow hash in its
 // flow label), then back out of the interface (one-armed; `lb_out`). lb's
-// tests run both on the same frames and compare the bytes (tests/xdp.rs, as
+// tests run both on the same frames and compare the bytes (tests/sys_xdp.rs, as
 // root), and check without root that this side's constants, map layouts
 // and flow hash are the worker's (tests/xdp_abi.rs).
 //

@@ -17,7 +17,7 @@ use packet::build::Frame;
 use packet::gre::{decapsulate, SourcePrefix, Spread};
 use packet::{flow, parse_frame, proto};
 
-use lab::sample::{ip, mixed_traffic, CONFIG};
+use lb_sample::{ip, mixed_traffic, CONFIG};
 
 fn config(extra: &str) -> Config {
     Config::parse(

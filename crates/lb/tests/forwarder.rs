@@ -22,7 +22,7 @@ use packet::build::Frame;
 use packet::gre::decapsulate;
 use packet::{flow, parse_frame, FlowKey};
 
-use lab::sample::{expected_backend, flow_of, ip, mixed_traffic, tcp, Expect, CONFIG};
+use lb_sample::{expected_backend, flow_of, ip, mixed_traffic, tcp, Expect, CONFIG};
 
 fn backend(cfg: &Config, pool: &str, flow: &FlowKey) -> IpAddr {
     expected_backend(cfg, pool, flow).unwrap()

@@ -262,7 +262,7 @@ proptest! {
             }
             let done = deliver(&mut lbs, &pool, arrivals);
             let responsible = lb::frag_redirect::responsible(&cfg.fleet.as_ref().unwrap().peers, &flow).unwrap();
-            let backend = lab::sample::expected_backend(&cfg, "dns", &flow).unwrap();
+            let backend = lb_sample::expected_backend(&cfg, "dns", &flow).unwrap();
             prop_assert_eq!(done.len(), frags.len(), "every fragment forwarded once");
             let mut inner: Vec<Vec<u8>> = done.iter().map(|(s, _)| s.inner.clone()).collect();
             let mut want: Vec<Vec<u8>> = frags.iter().map(|f| ip_packet(f)).collect();
@@ -499,7 +499,7 @@ fn redirected_fragments_meet_their_datagram_on_one_packet_thread() {
         assert_eq!(read(&redirected[0]).dst, ip(me));
         frames.push(redirected[0].clone());
         frames.extend(frags[1..].iter().cloned());
-        let backend = lab::sample::expected_backend(&cfg, "dns", &flow).unwrap();
+        let backend = lb_sample::expected_backend(&cfg, "dns", &flow).unwrap();
         for f in &frags {
             want.insert(ip_packet(f), backend);
         }
@@ -583,7 +583,7 @@ fn redirected_fragments_meet_their_datagram_across_receive_queues() {
                 q0.push(redirect(f, &mut peer));
             }
         }
-        let backend = lab::sample::expected_backend(&cfg, "dns", &flow).unwrap();
+        let backend = lb_sample::expected_backend(&cfg, "dns", &flow).unwrap();
         for f in &frags {
             want.insert(ip_packet(f), backend);
         }

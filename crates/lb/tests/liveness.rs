@@ -26,7 +26,7 @@ use packet::build::{Frame, L4};
 use packet::proto;
 use proptest::prelude::*;
 
-use lab::sample::CONFIG;
+use lb_sample::CONFIG;
 use oracle::Oracle;
 
 /// How long a run may take before the watchdog stops it (runs take

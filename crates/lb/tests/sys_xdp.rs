@@ -6,7 +6,7 @@
 //! IPv6, to IPv4 and IPv6 backends; what it leaves to user space is only
 //! what it must (fragments, ICMP, IPv6 extension headers, probes, partial
 //! checksums). Frames are made by etherparse and proptest, and the sample
-//! capture of `lab`, not by the code under test.
+//! capture of `lb-sample`, not by the code under test.
 //!
 //! The program runs through `BPF_PROG_TEST_RUN` (no interface needed);
 //! that needs root, as every XDP test here.
@@ -28,7 +28,7 @@ use maio::{Hugepages, Pool};
 use proptest::prelude::*;
 
 fn config(extra_encap: &str) -> Config {
-    let text = lab::sample::CONFIG.replace(
+    let text = lb_sample::CONFIG.replace(
         "[encap]\n",
         &format!("[encap]\ngateway_mac = \"02:00:00:00:0e:01\"\nmac = \"02:00:00:00:0e:02\"\n{extra_encap}"),
     );
@@ -57,6 +57,7 @@ struct Both {
 
 impl Both {
     fn new(cfg: Config) -> Self {
+        systest::require_root();
         let control = Control::new(cfg.clone()).unwrap();
         let t = control.tables().load_full();
         let xdp = Detached::load(lb::xdp::sizes(&cfg, &t))
@@ -202,10 +203,11 @@ fn frame(
 /// the same; the common case is forwarded there, IPv4 and IPv6 (whose
 /// backends are IPv6: GRE over IPv6); fragments and ICMP errors are not.
 #[test]
+#[ignore = "system test: root (BPF programs and maps)"]
 fn the_driver_forwards_the_sample_capture_as_the_worker_does() {
     let mut both = Both::new(config(""));
     let (mut forwarded, mut forwarded6) = (0, 0);
-    for s in lab::sample::mixed_traffic() {
+    for s in lb_sample::mixed_traffic() {
         let p = packet::parse_frame(&s.frame);
         let fast = both.compare(&s.frame);
         if let Ok(p) = &p {
@@ -309,11 +311,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
+    #[ignore = "system test: root (BPF programs and maps)"]
     fn the_driver_and_the_worker_agree_on_every_frame(cases in prop::collection::vec(case(), 1..40)) {
         flows_agree("", &cases);
     }
 
     #[test]
+    #[ignore = "system test: root (BPF programs and maps)"]
     fn they_agree_with_source_prefixes_too(cases in prop::collection::vec(case(), 1..20)) {
         flows_agree("source_prefix = \"198.18.100.0/24\"\n", &cases);
     }
@@ -321,6 +325,7 @@ proptest! {
 
 /// A packet-tracer probe and a checksum left partial go to user space.
 #[test]
+#[ignore = "system test: root (BPF programs and maps)"]
 fn probes_and_partial_checksums_are_left_to_user_space() {
     let both = Both::new(config(""));
     let mut probe = b"FPTRACE1".to_vec();
@@ -380,6 +385,7 @@ fn probes_and_partial_checksums_are_left_to_user_space() {
 
 /// What the driver forwarded shows in the counters, per VIP and backend.
 #[test]
+#[ignore = "system test: root (BPF programs and maps)"]
 fn the_driver_counts_what_it_forwards() {
     let mut both = Both::new(config(""));
     let mut n = 0;
@@ -410,6 +416,7 @@ fn the_driver_counts_what_it_forwards() {
 /// (frames go to user space) and says why; once a reload drops a VIP so
 /// that the rest fits, it starts over and forwards again.
 #[test]
+#[ignore = "system test: root (BPF programs and maps)"]
 fn maps_too_small_turn_the_driver_off_until_the_tables_fit() {
     let cfg = config("");
     let mut control = Control::new(cfg.clone()).unwrap();
@@ -455,7 +462,7 @@ fn maps_too_small_turn_the_driver_off_until_the_tables_fit() {
 /// pool (GRE over IPv4 with an IPv6 inner packet, as the lab's topology
 /// does), and `http46` (192.0.2.81, TCP 80), IPv4 over the IPv6 pool.
 fn config6(extra_encap: &str) -> Config {
-    let base = lab::sample::CONFIG.replace(
+    let base = lb_sample::CONFIG.replace(
         "[encap]\n",
         &format!("[encap]\ngateway_mac = \"02:00:00:00:0e:01\"\nmac = \"02:00:00:00:0e:02\"\n{extra_encap}"),
     );
@@ -759,11 +766,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
+    #[ignore = "system test: root (BPF programs and maps)"]
     fn the_driver_and_the_worker_agree_on_every_ipv6_frame(cases in prop::collection::vec(case6(), 1..40)) {
         flows_agree6("", &cases);
     }
 
     #[test]
+    #[ignore = "system test: root (BPF programs and maps)"]
     fn they_agree_on_ipv6_with_source_prefixes_too(cases in prop::collection::vec(case6(), 1..20)) {
         flows_agree6("source_prefix = \"198.18.100.0/24\"\nsource_prefix6 = \"fd00:100::/64\"\n", &cases);
     }
@@ -771,6 +780,7 @@ proptest! {
     /// IPv4 frames to a VIP over IPv6 backends: GRE over IPv6 with an IPv4
     /// inner packet, the same bytes.
     #[test]
+    #[ignore = "system test: root (BPF programs and maps)"]
     fn they_agree_on_ipv4_over_ipv6_backends(
         cases in prop::collection::vec(case(), 1..30),
         prefix in any::<bool>(),
@@ -791,6 +801,7 @@ proptest! {
 /// IPv6 packet-tracer probes and partial checksums go to user space; the
 /// same frames without them through the driver.
 #[test]
+#[ignore = "system test: root (BPF programs and maps)"]
 fn ipv6_probes_and_partial_checksums_are_left_to_user_space() {
     let both = Both::new(config6(""));
     let (s, d) = (SOURCES6[0], {
@@ -813,6 +824,7 @@ fn ipv6_probes_and_partial_checksums_are_left_to_user_space() {
 /// What the driver forwarded over IPv6 shows in the counters, per VIP and
 /// backend, and in its IPv6 count.
 #[test]
+#[ignore = "system test: root (BPF programs and maps)"]
 fn the_driver_counts_what_it_forwards_over_ipv6() {
     let mut both = Both::new(config6(""));
     let dst = {
@@ -862,7 +874,7 @@ fn the_driver_counts_what_it_forwards_over_ipv6() {
 /// `narrow` (/22 of /28 clusters, overlapping it), `v6` (2001:db8:100::/48
 /// of /64 clusters), each with VIPs by suffix.
 fn config_groups() -> Config {
-    let base = lab::sample::CONFIG.replace(
+    let base = lb_sample::CONFIG.replace(
         "[encap]\n",
         "[encap]\ngateway_mac = \"02:00:00:00:0e:01\"\nmac = \"02:00:00:00:0e:02\"\n",
     );
@@ -916,6 +928,7 @@ pool = \"dns\"
 /// out of both, and every one the worker finds a prefix-group VIP for
 /// forwarded in the driver.
 #[test]
+#[ignore = "system test: root (BPF programs and maps)"]
 fn the_driver_forwards_prefix_group_vips_as_the_worker_does() {
     let mut both = Both::new(config_groups());
     let v4: [[u8; 4]; 9] = [

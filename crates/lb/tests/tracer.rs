@@ -18,7 +18,7 @@ use packet::build::Frame;
 use packet::gre::decapsulate;
 use packet::{flow, parse_frame};
 
-use lab::sample::{expected_backend, flow_of, ip, CONFIG};
+use lb_sample::{expected_backend, flow_of, ip, CONFIG};
 
 const VIP: &str = "192.0.2.80:80";
 const REPORT_TO: &str = "198.51.100.9:9999";
@@ -96,7 +96,7 @@ fn a_probe_is_forwarded_and_reported_once_then_hits_conntrack() {
     for threads in [0, 2] {
         let pr = probe(41, 40_000, ProbeProto::Tcp);
         let f = pr.frame().unwrap();
-        let plain = lab::sample::tcp("203.0.113.10", 1234, "192.0.2.80", 80, 0x02);
+        let plain = lb_sample::tcp("203.0.113.10", 1234, "192.0.2.80", 80, 0x02);
         let (stats, out, records, control, cfg) =
             run(vec![f.clone(), plain.clone(), f.clone()], threads, 100, 100);
         assert_eq!(stats.counters.tx, 3, "threads={threads}: all forwarded");

@@ -4,7 +4,7 @@
 //! (`bpf/flow.h`) are compiled with the host's C compiler into a small
 //! program that prints how C lays out every shared struct, the value of
 //! every shared constant, and the flow hash and Maglev slot of the flows it
-//! is given (IPv4 and IPv6); each must be what Rust says. (`tests/xdp.rs` runs the program
+//! is given (IPv4 and IPv6); each must be what Rust says. (`tests/sys_xdp.rs` runs the program
 //! itself against the worker, frame by frame, as root.)
 
 use std::collections::HashMap;

@@ -43,18 +43,11 @@ fn child_registers_a_pool_over_its_memlock_limit() {
 }
 
 #[test]
+#[ignore = "system test: root, util-linux"]
 fn a_lowered_memlock_limit_is_a_clear_error() {
-    let root = rustix::process::geteuid().is_root();
-    let tools = ["setpriv", "prlimit"].iter().all(|t| {
-        Command::new(t)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if !root || !tools {
-        eprintln!("skipped: needs root, setpriv and prlimit (util-linux)");
-        return;
-    }
+    // Root, to drop CAP_IPC_LOCK (with it, the limit is not enforced).
+    systest::require_root();
+    systest::require_programs(&["setpriv", "prlimit"]);
     let exe = std::env::current_exe().unwrap();
     let out = Command::new("setpriv")
         .args([

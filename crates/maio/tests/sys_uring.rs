@@ -14,6 +14,8 @@ fn pool() -> Pool {
 }
 
 fn pool_of(buffers: u32, buf_size: usize) -> Pool {
+    // The pool and the rings are locked memory.
+    systest::require_memlock(buffers as u64 * buf_size as u64 + (8 << 20));
     Pool::new(maio::Config {
         buffers,
         buf_size,
@@ -28,6 +30,7 @@ fn pattern(i: usize, n: usize) -> Vec<u8> {
 }
 
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn zero_copy_tcp_send_returns_every_buffer_and_reports_the_copy() {
     let (ring, (zc_half, plain_half)) = tcp_sends(true);
     // The first send asked for zero copy and was copied (local delivery).
@@ -45,6 +48,7 @@ fn zero_copy_tcp_send_returns_every_buffer_and_reports_the_copy() {
 }
 
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn without_adaptation_every_send_asks_for_zero_copy() {
     let (ring, _) = tcp_sends(false);
     assert_eq!(ring.plain_sends, 0);
@@ -144,6 +148,7 @@ fn tcp_sends(adaptive_zc: bool) -> (Ring, (u64, u64)) {
 }
 
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn receive_into_pool_buffers_as_a_scatter_gather_list() {
     let pool = pool();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -182,6 +187,7 @@ fn receive_into_pool_buffers_as_a_scatter_gather_list() {
 }
 
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn copy_mode_and_udp() {
     let pool = pool();
     let (mut ring, s, rx, _tx) = udp_ring(&pool, Config::default());
@@ -223,6 +229,7 @@ fn copy_mode_and_udp() {
 }
 
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn misuse_is_an_error() {
     let pool = pool();
     let mut ring = Ring::new(
@@ -248,12 +255,14 @@ fn misuse_is_an_error() {
 }
 
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn a_proxy_forwards_received_buffers_without_copying_them_in_order() {
     let ring = proxy(false);
     assert_eq!(ring.plain_sends, 0);
 }
 
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn a_proxy_on_a_copying_route_forwards_with_ordinary_sends_in_order() {
     let ring = proxy(true);
     assert!(
@@ -391,6 +400,7 @@ fn proxy(adaptive_zc: bool) -> Ring {
 }
 
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn batched_submission_sends_a_batch_per_system_call() {
     let pool = pool();
     let (mut ring, s, rx, _tx) = batched_udp(&pool);
@@ -489,6 +499,7 @@ fn send_and_check(ring: &mut Ring, s: maio::uring::SockId, rx: &UdpSocket, batch
 }
 
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn batched_datagrams_of_one_size_go_segmented_and_arrive_one_by_one() {
     let pool = pool();
     let (mut ring, s, rx, _tx) = batched_udp(&pool);
@@ -510,6 +521,7 @@ fn batched_datagrams_of_one_size_go_segmented_and_arrive_one_by_one() {
 }
 
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn a_socket_that_refuses_segmentation_loses_nothing() {
     let pool = pool();
     let (mut ring, s, rx, tx) = batched_udp(&pool);
@@ -538,6 +550,7 @@ proptest::proptest! {
     /// fixed-size messages makes them, broken by other lengths) arrives as
     /// sent.
     #[test]
+    #[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
     fn any_datagram_lengths_arrive_as_sent(
         batches in proptest::collection::vec(
             proptest::collection::vec((0usize..1500, 1usize..40), 1..6),
@@ -570,6 +583,7 @@ proptest::proptest! {
 /// An empty message on a datagram socket is an empty datagram, alone or
 /// between segmented runs, batched or not.
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn an_empty_copy_mode_send_is_an_empty_datagram() {
     let pool = pool();
     let (mut ring, s, rx, _tx) = batched_udp(&pool);
@@ -593,6 +607,7 @@ fn an_empty_copy_mode_send_is_an_empty_datagram() {
 /// Figure 4 benchmark hung with 64 buffers, stalled with 16). Each configuration
 /// must move all of its bytes, in order, before a deadline.
 #[test]
+#[ignore = "system test: memlock over 8 MiB for registered io_uring buffers (root, or ulimit -l)"]
 fn a_proxy_with_few_receive_buffers_never_stops_receiving() {
     let pool = pool_of(256, 65536);
     let data = std::sync::Arc::new(pattern(5, 24 << 20));

@@ -53,11 +53,9 @@ fn receive(
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn veth_round_trip_and_fanout() {
-    assert!(
-        netns::available(),
-        "this test needs root and iproute2 (run scripts/setup.sh as root)"
-    );
+    systest::require_netns();
     let ns = Netns::new(&format!("fp-afp-{}", std::process::id())).unwrap();
     ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
         .unwrap();
@@ -104,11 +102,9 @@ fn veth_round_trip_and_fanout() {
 /// An idle port sleeps in `wait` and wakes for a frame (after the block
 /// timeout, when the kernel hands the block over).
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn wait_sleeps_until_a_frame_arrives() {
-    assert!(
-        netns::available(),
-        "this test needs root and iproute2 (run scripts/setup.sh as root)"
-    );
+    systest::require_netns();
     let ns = Netns::new(&format!("fp-afw-{}", std::process::id())).unwrap();
     ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
         .unwrap();
@@ -130,6 +126,7 @@ fn wait_sleeps_until_a_frame_arrives() {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn missing_interface_is_a_clear_error() {
     let e = AfPacketPort::open(Config::new("no-such-if0"))
         .err()

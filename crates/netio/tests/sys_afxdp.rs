@@ -57,10 +57,7 @@ fn in_veth_ns(
     queues: u32,
     f: impl FnOnce(Pool) + Send + 'static,
 ) {
-    assert!(
-        netns::available(),
-        "this test needs root and iproute2 (run scripts/setup.sh as root)"
-    );
+    systest::require_netns();
     let ns = Netns::new(&veth_ns_name(tag)).unwrap();
     ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
         .unwrap();
@@ -85,6 +82,7 @@ fn in_veth_ns(
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn veth_receive_and_transmit() {
     in_veth_ns(
         "fp-xdp",
@@ -167,6 +165,7 @@ fn veth_receive_and_transmit() {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn one_socket_per_queue() {
     in_veth_ns(
         "fp-xdq",
@@ -213,6 +212,7 @@ fn one_socket_per_queue() {
 /// An idle AF_XDP port sleeps in `wait` (poll on the socket, the rings
 /// bound with need_wakeup) and wakes for a frame.
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn wait_sleeps_until_a_frame_arrives() {
     in_veth_ns(
         "fp-xdw",
@@ -263,6 +263,7 @@ fn gre_frame(to: [u8; 4], key: Option<u32>, n: u16) -> Vec<u8> {
 /// other GRE and other traffic to that address stay with the kernel (BGP,
 /// health checks), and so does redirect-keyed GRE to another address.
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn redirected_fragments_to_our_own_address_reach_the_socket() {
     in_veth_ns(
         "fp-xdpr",
@@ -327,6 +328,7 @@ fn redirected_fragments_to_our_own_address_reach_the_socket() {
 /// alike, frames outside stay with the kernel; a bad set is refused whole
 /// and the steering stays as it was; an empty set steers nothing more.
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn frames_within_steered_prefixes_reach_the_socket() {
     in_veth_ns(
         "fp-xdpp",
@@ -462,6 +464,7 @@ fn receive_slots(port: &mut dyn Nic, pool: &Pool, h: &mut maio::Handle, want: us
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn forwarding_in_place_sends_the_received_buffer_without_a_copy() {
     in_veth_ns(
         "fp-xdpzc",
@@ -545,6 +548,7 @@ fn forwarding_in_place_sends_the_received_buffer_without_a_copy() {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn busy_polling_stops_where_the_queue_has_no_napi_instance() {
     let tag = "fp-bpoll";
     let name = veth_ns_name(tag);

@@ -10,7 +10,7 @@
 //!     fd00:203::2/64 -- fd00:203::1, fd00:203:8::/64 via fd00:203::1
 //! ```
 //!
-//! Needs root and iproute2; skipped (with a note) without them.
+//! System tests: they need root and iproute2, and fail naming what is missing.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -27,11 +27,8 @@ struct Net {
     gw: Netns,
 }
 
-fn net(tag: &str) -> Option<Net> {
-    if !netns::available() {
-        eprintln!("skipped: needs root and iproute2");
-        return None;
-    }
+fn net(tag: &str) -> Net {
+    systest::require_netns();
     let id = std::process::id() % 100_000;
     let lb = Netns::new(&format!("fpnl-{tag}-{id}")).unwrap();
     let gw = Netns::new(&format!("fpng-{tag}-{id}")).unwrap();
@@ -50,7 +47,7 @@ fn net(tag: &str) -> Option<Net> {
         .unwrap();
     lb.ip(&["route", "add", "fd00:203:8::/64", "via", "fd00:203::1"])
         .unwrap();
-    Some(Net { lb, gw })
+    Net { lb, gw }
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -58,8 +55,9 @@ fn ip(s: &str) -> IpAddr {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn the_gateways_mac_is_found_from_the_route_and_the_neighbour_table() {
-    let Some(n) = net("found") else { return };
+    let n = net("found");
     // The neighbour table starts empty: resolution has to be triggered.
     let before =
         n.lb.inside(|| neigh::neighbour(netio::afpacket::ifindex("n0").unwrap(), ip("10.203.0.1")))
@@ -95,8 +93,9 @@ fn the_gateways_mac_is_found_from_the_route_and_the_neighbour_table() {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn a_missing_gateway_is_a_clear_error() {
-    let Some(n) = net("missing") else { return };
+    let n = net("missing");
     // Routed through 10.203.0.9, which nobody has: ARP goes unanswered.
     let t = Instant::now();
     let e =
@@ -182,8 +181,9 @@ fn until_mac(n: &Net, want: [u8; 6], limit: Duration) -> Duration {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn a_changed_neighbour_mac_is_picked_up() {
-    let Some(n) = net("changed") else { return };
+    let n = net("changed");
     until_mac(&n, G0_MAC, Duration::from_secs(5));
     // The entry changed in the kernel's table (as `ip neigh replace` or a
     // routing daemon would): the next look sees it.

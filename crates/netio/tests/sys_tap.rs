@@ -19,11 +19,9 @@ fn is_up(link: &str) -> bool {
 }
 
 #[test]
+#[ignore = "system test: root, namespaces"]
 fn tap_and_tun_open_up_and_take_frames() {
-    assert!(
-        netns::available(),
-        "this test needs root and iproute2 (run scripts/setup.sh as root)"
-    );
+    systest::require_netns();
     let ns = Netns::new(&format!("fp-tap-{}", std::process::id())).unwrap();
     ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
         .unwrap();

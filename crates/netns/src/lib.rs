@@ -278,11 +278,9 @@ mod tests {
     use super::*;
 
     #[test]
+    #[ignore = "system test: root, iproute2"]
     fn threads_inside_see_the_namespace_and_commands_get_their_input() {
-        if !available() {
-            eprintln!("skipped: needs root and iproute2");
-            return;
-        }
+        systest::require_netns();
         let ns = Netns::new(&format!("fplab{}", std::process::id())).expect("namespace");
         veth(
             &ns,

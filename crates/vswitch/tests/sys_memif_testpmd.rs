@@ -29,6 +29,7 @@ impl Drop for Kill {
 }
 
 #[test]
+#[ignore = "system test: DPDK testpmd"]
 fn testpmd_exchanges_traffic_with_pktgen_through_the_switch() {
     exchange("irq", Config::default());
 }
@@ -38,6 +39,7 @@ fn testpmd_exchanges_traffic_with_pktgen_through_the_switch() {
 /// moderated, and once the traffic stops it unmasks testpmd's interrupts
 /// (after `QUIET_WAKES` empty looks), so that the next frame wakes it.
 #[test]
+#[ignore = "system test: DPDK testpmd"]
 fn testpmd_exchanges_traffic_through_a_moderated_switch() {
     let s = exchange(
         "mod",
@@ -75,7 +77,9 @@ fn memif_port(s: &serde_json::Value) -> serde_json::Value {
 /// returns the switch's status then.
 fn exchange(tag: &str, cfg: Config) -> serde_json::Value {
     let Some(pmd) = testpmd() else {
-        panic!("dpdk-testpmd not found: scripts/setup.sh installs dpdk-dev and librte-net-memif23");
+        systest::missing(
+            "dpdk-testpmd (scripts/setup.sh installs dpdk-dev and librte-net-memif23)",
+        );
     };
     let pid = std::process::id();
     let ctl = std::env::temp_dir().join(format!("fp-memif-ctl-{pid}-{tag}.sock"));

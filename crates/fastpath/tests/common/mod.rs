@@ -4,16 +4,9 @@
 #![allow(dead_code)]
 
 pub mod probe;
+pub mod systemd;
 
 use std::process::Command;
-
-/// Held by each of a test binary's tests that must not run beside
-/// another of them (cargo runs one binary's tests in parallel): those
-/// whose timings or timeouts assume the two cores are theirs.
-pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    ONE.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The `fastpath` binary under test.
 pub fn fastpath() -> Command {
@@ -44,17 +37,17 @@ pub fn json(args: &[&str]) -> serde_json::Value {
 
 /// A namespace network (`lab::topology`) around this `fastpath`: `lbs`
 /// load balancers, `backends` backends, names tagged with `prefix` and this
-/// process's id. None, with a line saying why, where this machine cannot
-/// build one (not root, no iproute2); any other failure fails the test.
-pub fn topology(lbs: usize, backends: usize, prefix: &str) -> Option<lab::topology::Topology> {
+/// process's id. A system test's: where this machine cannot build one (not
+/// root, no iproute2) the test fails saying so, as on any other failure.
+pub fn topology(lbs: usize, backends: usize, prefix: &str) -> lab::topology::Topology {
+    systest::require_netns();
+    // The router and the load balancers run BIRD, the backends nginx.
+    systest::require_programs(&["bird", "birdc", "nginx"]);
     let tag = format!("{prefix}{}", std::process::id() % 100_000);
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_fastpath"));
     match lab::topology::Topology::build_fleet(bin, lbs, backends, &tag) {
-        Ok(t) => Some(t),
-        Err(lab::Error::Unavailable) => {
-            eprintln!("skipped: needs root and iproute2");
-            None
-        }
+        Ok(t) => t,
+        Err(lab::Error::Unavailable) => systest::missing("root and iproute2 (network namespaces)"),
         Err(e) => panic!("{e}"),
     }
 }
@@ -64,6 +57,7 @@ pub fn topology(lbs: usize, backends: usize, prefix: &str) -> Option<lab::topolo
 /// GRE's outer and inner headers, is comma-separated), with the
 /// preferences `prefs` (`-o` values such as `ip.check_checksum:TRUE`).
 pub fn tshark_fields(pcap: &std::path::Path, prefs: &[&str], fields: &[&str]) -> Vec<String> {
+    systest::require_program("tshark");
     let mut cmd = Command::new("tshark");
     cmd.arg("-r").arg(pcap);
     for p in prefs {

@@ -4,7 +4,7 @@
 //! [`Systemd::boot`] starts systemd as PID 1 of new PID, mount, UTS and
 //! IPC namespaces, inside a given network namespace, over an overlay of /
 //! whose writes land in a tmpfs, with the units that touch kernel-wide
-//! state masked (`scripts/systemd-boot.sh`, run as it is: a systemd booted
+//! state masked (`tests/scripts/systemd-boot.sh`, run as it is: a systemd booted
 //! without the overlay and the masks ran systemd-tmpfiles and wiped the
 //! host's /tmp, applied sysctls and triggered udev). Only what is started
 //! in it runs (journald, and the units a test starts); its /tmp and /run
@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::netns::Netns;
-use crate::{Error, Result};
+use lab::netns::{self, Netns};
+use lab::{Error, Result};
 
 /// The boot script: the recipe, run as the first process of the new
 /// namespaces (kept as a file so that it can be read and run by hand).

@@ -21,7 +21,7 @@ use lb::datapath::Datapath;
 use libfuzzer_sys::fuzz_target;
 use oracle::Oracle;
 
-/// The sample configuration (`lab::sample::CONFIG`).
+/// The sample configuration (`lb_sample::CONFIG`).
 const CONFIG: &str = include_str!("../../../../examples/lb.toml");
 
 /// How long a run may take before the watchdog stops it and the input
