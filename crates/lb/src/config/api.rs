@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{problem, Config, Problem};
+use super::{problem, Problem};
 
 /// `[api]`: the HTTP control API.
 ///
@@ -44,12 +44,12 @@ impl Api {
     }
 }
 
-impl Config {
+impl Api {
     /// `[api]`: anyone who reaches a non-loopback API could reconfigure the
     /// load balancer, so such an address needs a token.
-    pub(super) fn check_api(&self) -> Result<(), Problem> {
-        if let Some(addr) = self.api.listen {
-            if !addr.ip().is_loopback() && self.api.token_file.is_none() {
+    pub(super) fn check(&self) -> Result<(), Problem> {
+        if let Some(addr) = self.listen {
+            if !addr.ip().is_loopback() && self.token_file.is_none() {
                 return problem(
                     "api.listen".into(),
                     format!(
@@ -59,7 +59,7 @@ impl Config {
                 );
             }
         }
-        if self.api.token_for_reads == Some(true) && self.api.token_file.is_none() {
+        if self.token_for_reads == Some(true) && self.token_file.is_none() {
             return problem(
                 "api.token_for_reads".into(),
                 "reads cannot need a token when there is none: set api.token_file".into(),

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{problem, Config, Problem, LIVE_INTERVAL_MS};
+use super::{problem, Problem, LIVE_INTERVAL_MS};
 
 /// `[bgp]`: announcing VIPs through BIRD. BIRD's static protocols are per
 /// address family, so there are two of each: fastpath writes the IPv4 VIPs
@@ -115,99 +115,97 @@ fn default_bgp_poll() -> u64 {
     500
 }
 
-impl Config {
+impl Bgp {
     /// `[bgp]`: a birdc command, a BIRD protocol name, a poll interval.
-    pub(super) fn check_bgp(&self) -> Result<(), Problem> {
-        if let Some(b) = &self.bgp {
-            if b.birdc.is_empty() {
-                return problem(
-                    "bgp.birdc".into(),
-                    "needs a command, e.g. [\"birdc\"]".into(),
-                );
-            }
-            if b.birdc.len() > 64 || b.birdc.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
-                return problem(
-                    "bgp.birdc".into(),
-                    "must be at most 64 arguments of at most 4096 bytes, without NUL".into(),
-                );
-            }
-            if b.vips_file.as_os_str().is_empty() {
-                return problem(
-                    "bgp.vips_file".into(),
-                    "needs the path of the file BIRD includes".into(),
-                );
-            }
-            // BIRD's symbols are at most 64 characters.
-            let bird_name =
-                |n: &str| n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if b.protocol.is_empty() || !bird_name(&b.protocol) {
-                return problem(
-                    "bgp.protocol".into(),
-                    format!("{:?} is not a BIRD protocol name", b.protocol),
-                );
-            }
-            // Empty: no IPv6 protocol in this BIRD.
-            if !bird_name(&b.protocol6) || b.protocol6 == b.protocol {
-                return problem(
-                    "bgp.protocol6".into(),
-                    format!(
-                        "{:?} is not a BIRD protocol name other than bgp.protocol (empty: no IPv6 announcements)",
-                        b.protocol6
-                    ),
-                );
-            }
-            if b.routes_file6() == b.vips_file || b.routes_file6().as_os_str().is_empty() {
-                return problem(
-                    "bgp.vips_file6".into(),
-                    "needs a path other than vips_file: each family's routes have their own file"
-                        .into(),
-                );
-            }
-            // Counters reach the control plane every LIVE_INTERVAL_MS: a
-            // shorter quiet time would call a busy forwarder drained. A
-            // drain is bounded: a stop must not wait for ever.
-            if b.drain_ms > MAX_DRAIN_MS {
-                return problem(
-                    "bgp.drain_ms".into(),
-                    format!(
-                        "{} is longer than {MAX_DRAIN_MS} (a stop must end; 0 stops at once)",
-                        b.drain_ms
-                    ),
-                );
-            }
-            let min_quiet = 2 * LIVE_INTERVAL_MS;
-            if b.drain_quiet_ms > MAX_DRAIN_MS
-                || (b.drain_ms > 0
-                    && (b.drain_quiet_ms < min_quiet || b.drain_quiet_ms > b.drain_ms))
-            {
-                return problem(
-                    "bgp.drain_quiet_ms".into(),
-                    format!(
-                        "{} must be between {min_quiet} (counters are published every {} ms) and drain_ms ({})",
-                        b.drain_quiet_ms,
-                        LIVE_INTERVAL_MS,
-                        b.drain_ms
-                    ),
-                );
-            }
-            // The forwarder's heartbeat advances every ~20 ms when idle; a
-            // faster poll would see an idle forwarder as stalled.
-            if b.poll_ms < MIN_BGP_POLL_MS {
-                return problem(
-                    "bgp.poll_ms".into(),
-                    format!("must be at least {MIN_BGP_POLL_MS} (an idle forwarder's heartbeat advances every ~20 ms)"),
-                );
-            }
-            if b.poll_ms > MAX_BGP_POLL_MS {
-                return problem(
-                    "bgp.poll_ms".into(),
-                    format!(
-                        "{} is longer than {MAX_BGP_POLL_MS} (three polls without a heartbeat \
-                         withdraw the VIPs: a dead forwarder would stay announced that long)",
-                        b.poll_ms
-                    ),
-                );
-            }
+    pub(super) fn check(&self) -> Result<(), Problem> {
+        let b = self;
+        if b.birdc.is_empty() {
+            return problem(
+                "bgp.birdc".into(),
+                "needs a command, e.g. [\"birdc\"]".into(),
+            );
+        }
+        if b.birdc.len() > 64 || b.birdc.iter().any(|a| a.len() > 4096 || a.contains('\0')) {
+            return problem(
+                "bgp.birdc".into(),
+                "must be at most 64 arguments of at most 4096 bytes, without NUL".into(),
+            );
+        }
+        if b.vips_file.as_os_str().is_empty() {
+            return problem(
+                "bgp.vips_file".into(),
+                "needs the path of the file BIRD includes".into(),
+            );
+        }
+        // BIRD's symbols are at most 64 characters.
+        let bird_name =
+            |n: &str| n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if b.protocol.is_empty() || !bird_name(&b.protocol) {
+            return problem(
+                "bgp.protocol".into(),
+                format!("{:?} is not a BIRD protocol name", b.protocol),
+            );
+        }
+        // Empty: no IPv6 protocol in this BIRD.
+        if !bird_name(&b.protocol6) || b.protocol6 == b.protocol {
+            return problem(
+                "bgp.protocol6".into(),
+                format!(
+                    "{:?} is not a BIRD protocol name other than bgp.protocol (empty: no IPv6 announcements)",
+                    b.protocol6
+                ),
+            );
+        }
+        if b.routes_file6() == b.vips_file || b.routes_file6().as_os_str().is_empty() {
+            return problem(
+                "bgp.vips_file6".into(),
+                "needs a path other than vips_file: each family's routes have their own file"
+                    .into(),
+            );
+        }
+        // Counters reach the control plane every LIVE_INTERVAL_MS: a
+        // shorter quiet time would call a busy forwarder drained. A
+        // drain is bounded: a stop must not wait for ever.
+        if b.drain_ms > MAX_DRAIN_MS {
+            return problem(
+                "bgp.drain_ms".into(),
+                format!(
+                    "{} is longer than {MAX_DRAIN_MS} (a stop must end; 0 stops at once)",
+                    b.drain_ms
+                ),
+            );
+        }
+        let min_quiet = 2 * LIVE_INTERVAL_MS;
+        if b.drain_quiet_ms > MAX_DRAIN_MS
+            || (b.drain_ms > 0 && (b.drain_quiet_ms < min_quiet || b.drain_quiet_ms > b.drain_ms))
+        {
+            return problem(
+                "bgp.drain_quiet_ms".into(),
+                format!(
+                    "{} must be between {min_quiet} (counters are published every {} ms) and drain_ms ({})",
+                    b.drain_quiet_ms,
+                    LIVE_INTERVAL_MS,
+                    b.drain_ms
+                ),
+            );
+        }
+        // The forwarder's heartbeat advances every ~20 ms when idle; a
+        // faster poll would see an idle forwarder as stalled.
+        if b.poll_ms < MIN_BGP_POLL_MS {
+            return problem(
+                "bgp.poll_ms".into(),
+                format!("must be at least {MIN_BGP_POLL_MS} (an idle forwarder's heartbeat advances every ~20 ms)"),
+            );
+        }
+        if b.poll_ms > MAX_BGP_POLL_MS {
+            return problem(
+                "bgp.poll_ms".into(),
+                format!(
+                    "{} is longer than {MAX_BGP_POLL_MS} (three polls without a heartbeat \
+                     withdraw the VIPs: a dead forwarder would stay announced that long)",
+                    b.poll_ms
+                ),
+            );
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{problem, Config, Problem, MAX_DURATION_MS};
+use super::{problem, Problem, MAX_DURATION_MS};
 
 /// The largest `[conntrack] size` per packet thread: 16,777,216 entries
 /// (about 0.9 GiB per thread).
@@ -37,10 +37,10 @@ impl Default for Conntrack {
     }
 }
 
-impl Config {
+impl Conntrack {
     /// `[conntrack]`: table size and timeouts.
-    pub(super) fn check_conntrack(&self) -> Result<(), Problem> {
-        let c = &self.conntrack;
+    pub(super) fn check(&self) -> Result<(), Problem> {
+        let c = self;
         if !c.size.is_power_of_two() || c.size < 4 || c.size > MAX_CONNTRACK_SIZE {
             return problem(
                 "conntrack.size".into(),

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{not_a_host, not_a_station, parse_mac, parse_prefix, problem, Config, Problem};
+use super::{not_a_host, not_a_station, parse_mac, parse_prefix, problem, Problem};
 
 /// `[encap]`.
 ///
@@ -76,10 +76,10 @@ impl Default for Encap {
 /// `/status`; such frames are lost).
 pub const PLACEHOLDER_GATEWAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xfe];
 
-impl Config {
+impl Encap {
     /// `[encap]`: addresses, MACs, TTL.
-    pub(super) fn check_encap(&self) -> Result<(), Problem> {
-        let e = &self.encap;
+    pub(super) fn check(&self) -> Result<(), Problem> {
+        let e = self;
         if let Some(m) = e.mac.as_deref().filter(|m| parse_mac(m).is_none()) {
             return problem(
                 "encap.mac".into(),

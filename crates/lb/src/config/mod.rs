@@ -256,12 +256,14 @@ impl Config {
     fn check_all(&self) -> Result<(), Problem> {
         self.check_counts()?;
         self.check_forwarder()?;
-        self.check_conntrack()?;
-        self.check_encap()?;
-        self.check_api()?;
-        self.check_tracer()?;
+        self.conntrack.check()?;
+        self.encap.check()?;
+        self.api.check()?;
+        self.tracer.check()?;
         let resolved = self.check_pools()?;
-        self.check_bgp()?;
+        if let Some(b) = &self.bgp {
+            b.check()?;
+        }
         self.check_fleet()?;
         self.check_prefix_groups()?;
         self.check_vips(&resolved)?;

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{overlaps, parse_prefix, problem, Config, Problem, NOT_UNICAST};
+use super::{overlaps, parse_prefix, problem, Problem, NOT_UNICAST};
 
 /// `[tracer]`: packet-tracer probes (Maglev section 4.4, [`crate::tracer`]).
 /// A probe is forwarded as usual; this load balancer also reports what it
@@ -48,11 +48,11 @@ impl Default for TracerConf {
     }
 }
 
-impl Config {
+impl TracerConf {
     /// `[tracer]`: a rate and burst of at least one report (turn the tracer
     /// off with `enabled = false`), a name that fits in a report.
-    pub(super) fn check_tracer(&self) -> Result<(), Problem> {
-        let t = &self.tracer;
+    pub(super) fn check(&self) -> Result<(), Problem> {
+        let t = self;
         for (k, v) in [
             ("tracer.rate_per_s", t.rate_per_s),
             ("tracer.burst", t.burst),
