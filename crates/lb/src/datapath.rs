@@ -1173,8 +1173,9 @@ struct LivePublisher {
     dirty: bool,
 }
 
-/// How often live counters are refreshed.
-pub const LIVE_INTERVAL_MS: u64 = 100;
+/// How often live counters are refreshed (defined with the configuration,
+/// whose drain bounds depend on it).
+pub use crate::config::LIVE_INTERVAL_MS;
 
 impl LivePublisher {
     /// Returns the time since `start` it read.

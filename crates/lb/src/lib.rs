@@ -13,7 +13,6 @@
 //! drives this crate through [`Control`] table swaps.
 
 pub mod config;
-pub mod config_chunks;
 pub mod conntrack;
 pub mod counters;
 pub mod datapath;
@@ -27,6 +26,8 @@ pub mod vip;
 pub mod worker;
 pub mod xdp;
 
+/// The parse cache's old path, which the daemon still names.
+pub use config::cache as config_chunks;
 pub use config::Config;
 pub use tables::Control;
 pub use worker::{flow_hash, Mode};

@@ -15,6 +15,8 @@
 //! pool changed; the others are carried over from the running snapshot.
 //! Tables that must be built are built in parallel, one thread per core.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -22,8 +24,95 @@ use arc_swap::ArcSwap;
 use maglev::Maglev;
 use packet::gre::Outer;
 
-use crate::config::{parse_mac, Config, ConfigError, PLACEHOLDER_GATEWAY_MAC};
+use crate::config::{
+    parse_mac, parse_prefix, BackendConf, Config, ConfigError, Encap, FleetConf, IncludeCycle,
+    PoolConf, PLACEHOLDER_GATEWAY_MAC,
+};
 use crate::vip::VipMatcher;
+
+// What the tables make of a configuration, defined here on the
+// configuration's own types (so every caller keeps calling them as
+// methods) and not in `config`, which is the file's model and its
+// validation: a pool flattened into the backends its table is built from,
+// drained ones at weight 0; this load balancer among its fleet; the
+// per-flow spread of outer sources.
+
+impl Config {
+    /// The backends of a pool of a *validated* configuration with its
+    /// included pools, as [`Config::flatten`]: a pool without includes or
+    /// drained backends is its own backend list, borrowed (validation made
+    /// its names unique).
+    /// `index` is [`Config::pool_index`].
+    pub fn pool_members<'a>(
+        &'a self,
+        index: &HashMap<&str, &'a PoolConf>,
+        pool: &str,
+    ) -> Result<std::borrow::Cow<'a, [BackendConf]>, IncludeCycle> {
+        match index.get(pool) {
+            Some(p) if p.include.is_empty() && p.drained.is_empty() => {
+                Ok(std::borrow::Cow::Borrowed(&p.backends))
+            }
+            _ => self.flatten_in(index, pool).map(std::borrow::Cow::Owned),
+        }
+    }
+
+    /// The backends of a pool with its included pools, each backend once
+    /// (first occurrence wins), or the cycle that prevents it. A backend in
+    /// its pool's `drained` list comes with weight 0.
+    pub fn flatten(&self, pool: &str) -> Result<Vec<BackendConf>, IncludeCycle> {
+        self.flatten_in(&self.pool_index(), pool)
+    }
+
+    /// [`Config::flatten`] with the pools by name ([`Config::pool_index`]),
+    /// for callers flattening many pools.
+    pub fn flatten_in(
+        &self,
+        index: &HashMap<&str, &PoolConf>,
+        pool: &str,
+    ) -> Result<Vec<BackendConf>, IncludeCycle> {
+        Ok(self
+            .members_as_written(index, pool)?
+            .into_iter()
+            .map(|(mut b, drained)| {
+                // Drained: no share of the table (the file keeps its
+                // weight to restore).
+                if drained {
+                    b.weight = 0;
+                }
+                b
+            })
+            .collect())
+    }
+}
+
+impl FleetConf {
+    /// This load balancer's own address in [`FleetConf::peers`]: `[encap]
+    /// source` for IPv4 peers, `source6` for IPv6 ones.
+    pub fn own(&self, encap: &Encap) -> Option<IpAddr> {
+        if self.peers.first().is_some_and(IpAddr::is_ipv6) {
+            encap.source6
+        } else {
+            encap.source
+        }
+    }
+}
+
+impl Encap {
+    /// Per-flow entropy from `source_prefix` and `source_prefix6`, if
+    /// either is set (validation has checked them; an invalid one counts
+    /// as unset here).
+    pub fn spread(&self) -> Option<packet::gre::Spread> {
+        let parse = |s: &Option<String>| {
+            let (a, l) = parse_prefix(s.as_deref()?)?;
+            packet::gre::SourcePrefix::new(a, l).ok()
+        };
+        let s = packet::gre::Spread {
+            v4: parse(&self.source_prefix).filter(|p| p.is_v4()),
+            v6: parse(&self.source_prefix6).filter(|p| !p.is_v4()),
+        };
+        (s.v4.is_some() || s.v6.is_some()).then_some(s)
+    }
+}
 
 /// A backend in a snapshot.
 #[derive(Debug, Clone)]

@@ -13,19 +13,10 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::config::{parse_prefix, Config};
+use crate::config::{key_mask as mask, parse_prefix, prefix_key, Config};
 
 /// Marker for "any port" in keys.
 const ANY_PORT: u32 = 1 << 16;
-
-/// Bits of a 128-bit (IPv4-mapped) address under a prefix of `len` bits.
-fn mask(len: u8) -> u128 {
-    if len == 0 {
-        0
-    } else {
-        u128::MAX << (128 - u32::from(len))
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Group {
@@ -59,8 +50,7 @@ impl VipMatcher {
             for p in &g.prefixes {
                 if let Some((a, l)) = parse_prefix(p) {
                     v4 = a.is_ipv4();
-                    let l128 = if v4 { 96 + l } else { l };
-                    prefixes.push((key_addr(a) & mask(l128), l128));
+                    prefixes.push(prefix_key(a, l));
                 }
             }
             let cluster_len = if v4 {

@@ -263,3 +263,147 @@ mod tests {
         );
     }
 }
+
+/// Validation and flattening of deep and wide include graphs, end to end:
+/// in time linear in the graph, and on a small stack.
+#[cfg(test)]
+mod walk_tests {
+    use crate::config::tests::{err, ip};
+    use crate::config::{Config, MAX_RESOLVED};
+
+    /// Runs `f` on a thread with a 256 KiB stack: validation must not need
+    /// more, whatever the configuration's depth.
+    fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    /// Pools `p0` including `p1` ... including `p{n-1}`, which has the one
+    /// backend; a VIP over `p0`.
+    fn chain(n: usize) -> String {
+        let mut t = String::from("[encap]\nsource = \"10.0.0.1\"\n");
+        for i in 0..n {
+            t += &format!("[[pools]]\nname = \"p{i}\"\n");
+            if i + 1 < n {
+                t += &format!("include = [\"p{}\"]\n", i + 1);
+            } else {
+                t += "backends = [{ address = \"10.1.0.1\" }]\n";
+            }
+        }
+        t + "[[vips]]\nname = \"v\"\naddress = \"192.0.2.80\"\nprotocol = \"tcp\"\npool = \"p0\"\n"
+    }
+
+    /// Pools including each other 6,000 levels deep once overflowed the
+    /// stack of the thread that validated them (the daemon died on a
+    /// reload). The walks keep their path on the heap, and a chain deeper
+    /// than 64 levels is an error naming it.
+    #[test]
+    fn deep_includes_are_an_error_not_a_stack_overflow() {
+        let e = on_small_stack(|| Config::parse(&chain(6000), "t").unwrap_err());
+        assert_eq!(e.key, "pools[0].include", "{e}");
+        assert!(
+            e.problem.contains("more than 64 levels") && e.problem.contains("p0 -> p1"),
+            "{e}"
+        );
+        // 64 levels (65 pools) is the most.
+        let c = on_small_stack(|| Config::parse(&chain(65), "t").unwrap());
+        assert_eq!(c.flatten("p0").unwrap().len(), 1);
+        let e = err(&chain(66));
+        assert!(e.problem.contains("(65 levels)"), "{e}");
+        // A chain met through a pool walked before is measured too.
+        let text = chain(66).replace(
+            "[[pools]]\nname = \"p0\"\n",
+            "[[pools]]\nname = \"top\"\ninclude = [\"p2\"]\n[[pools]]\nname = \"p0\"\n",
+        );
+        let e = err(&text);
+        assert!(e.problem.contains("64 levels"), "{e}");
+        // Hand-built, unvalidated: flattening a deep chain walks it
+        // without recursion.
+        let deep = on_small_stack(|| {
+            let mut c = Config::from_toml(&chain(20_000), "t").unwrap();
+            c.pools.reverse();
+            c.flatten("p0").unwrap().len()
+        });
+        assert_eq!(deep, 1);
+    }
+
+    /// Pools in `levels` levels of two, each including both of the next
+    /// level: 2^levels paths from the top, 2 x levels pools.
+    fn diamond(levels: usize) -> String {
+        let mut t = String::from("[encap]\nsource = \"10.0.0.1\"\n");
+        for l in 0..levels {
+            for side in ["a", "b"] {
+                t += &format!("[[pools]]\nname = \"l{l}{side}\"\n");
+                if l + 1 < levels {
+                    t += &format!("include = [\"l{n}a\", \"l{n}b\"]\n", n = l + 1);
+                }
+                t += &format!(
+                    "backends = [{{ address = \"10.1.{l}.{}\" }}]\n",
+                    if side == "a" { 1 } else { 2 }
+                );
+            }
+        }
+        t + "[[vips]]\nname = \"v\"\naddress = \"192.0.2.80\"\nprotocol = \"tcp\"\npool = \"l0a\"\n\
+             [[pools]]\nname = \"h\"\ninclude = [\"l0a\"]\nhealth = { kind = \"tcp\", port = 80, via = \"tunnel\" }\n\
+             [[vips]]\nname = \"w\"\naddress = \"192.0.2.81\"\nprotocol = \"tcp\"\npool = \"h\"\n"
+    }
+
+    /// 80 pools including each other as a diamond once made validation
+    /// walk 2^levels paths (check-config never ended; a reload froze the
+    /// control plane). Each walk enters a pool once.
+    #[test]
+    fn diamonds_are_walked_in_linear_time() {
+        let started = std::time::Instant::now();
+        let c = on_small_stack(|| Config::parse(&diamond(60), "t").unwrap());
+        assert_eq!(c.flatten("l0a").unwrap().len(), 119);
+        assert_eq!(c.tunnel_vip("l59b"), Some(ip("192.0.2.80")));
+        let index = c.pool_index();
+        assert_eq!(c.members_as_written(&index, "l1b").unwrap().len(), 117);
+        let e = on_small_stack(|| Config::parse(&diamond(80), "t").unwrap_err());
+        assert!(e.problem.contains("64 levels"), "{e}");
+        // Unvalidated, 200 levels: 2^200 paths, 400 pools.
+        let big = on_small_stack(|| {
+            let c = Config::from_toml(&diamond(200), "t").unwrap();
+            (c.flatten("l0a").unwrap().len(), c.tunnel_vip("l199a"))
+        });
+        assert_eq!(big, (399, Some(ip("192.0.2.80"))));
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        // Many pools sharing one large pool resolve to pools x backends:
+        // bounded, and the bound is an error naming the pool where it ran out.
+        let mut wide = String::from(
+            "[encap]\nsource = \"10.0.0.1\"\n[[pools]]\nname = \"big\"\nbackends = [\n",
+        );
+        for b in 0..4000 {
+            wide += &format!("{{ address = \"10.1.{}.{}\" }},\n", b / 250, b % 250 + 1);
+        }
+        wide += "]\n";
+        for p in 0..600 {
+            wide += &format!("[[pools]]\nname = \"w{p}\"\ninclude = [\"big\"]\n");
+        }
+        let started = std::time::Instant::now();
+        let e = on_small_stack(move || Config::parse(&wide, "t").unwrap_err());
+        assert!(
+            e.key.starts_with("pools[") && e.problem.contains(&MAX_RESOLVED.to_string()),
+            "{e}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // A cycle is still named from the pool it comes back to.
+        let cyclic = diamond(5).replace(
+            "[[pools]]\nname = \"l4b\"\n",
+            "[[pools]]\nname = \"l4b\"\ninclude = [\"l2a\"]\n",
+        );
+        let e = err(&cyclic);
+        assert!(
+            e.key == "pools[4].include" && e.problem.contains("l2a -> l3a -> l4b -> l2a"),
+            "{e}"
+        );
+    }
+}

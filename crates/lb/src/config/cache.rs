@@ -31,7 +31,7 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
-use crate::config::{Config, PoolConf, PrefixGroupConf, VipConf};
+use super::{Config, PoolConf, PrefixGroupConf, VipConf};
 
 /// The arrays of tables a file is split at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
