@@ -40,4 +40,8 @@ macro_rules! reports {
     };
 }
 
-reports!(vswitch::Status);
+reports!(
+    vswitch::Status,
+    bench::control::Report,
+    bench::fleet_sim::Report,
+);
