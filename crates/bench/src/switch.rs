@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use vswitch::pktgen::{self, udp_frame, Params, Report, Role};
-use vswitch::{spawn, Config, EchoPort, GenPort, SinkPort, Switch, TapPort};
+use vswitch::{spawn, Config, EchoPort, GenPort, SinkPort, Switch, SwitchStats, TapPort};
 
 /// Why a switch bench measurement could not run.
 #[derive(Debug, thiserror::Error)]
@@ -108,7 +108,7 @@ pub enum Error {
         path: PathBuf,
         /// Why.
         #[source]
-        source: ring::Error,
+        source: vswitch::StatusError,
     },
     /// The memif window cannot measure: shorter than testpmd's
     /// once-a-second reports need, or longer than allowed.
@@ -730,15 +730,14 @@ pub struct Forwarding {
     pub paper_vale_mpps: f64,
 }
 
-/// A counter of the port called `name` in a switch status document (0 if
-/// absent).
-fn port_counter(status: Option<&Value>, name: &str, key: &str) -> u64 {
+/// Frames dropped at the full ring of the port called `name`, by a switch's
+/// status (0 if there is no status or no such port).
+fn dropped_full_at(status: Option<&vswitch::Status>, name: &str) -> u64 {
     status
-        .and_then(|v| v["ports"].as_array())
         .into_iter()
-        .flatten()
-        .filter(|p| p["name"] == name)
-        .filter_map(|p| p[key].as_u64())
+        .flat_map(|s| &s.ports)
+        .filter(|p| p.name == name)
+        .map(|p| p.dropped_full)
         .sum()
 }
 
@@ -847,11 +846,9 @@ pub fn forwarding(
     rx.driver.flush(Duration::from_secs(1));
     std::thread::sleep(Duration::from_millis(20));
     tx.driver.recv(16, |_| ());
-    let before = ring::control::status(&sock).ok();
-    let count = |v: &Option<Value>, k: &str| {
-        v.as_ref()
-            .and_then(|v| v["switch"][k].as_u64())
-            .unwrap_or(0)
+    let before = vswitch::status::ask(&sock).ok();
+    let count = |v: &Option<vswitch::Status>, k: fn(&SwitchStats) -> u64| {
+        v.as_ref().map_or(0, |v| k(&v.switch))
     };
     let done = Arc::new(AtomicBool::new(false));
     let d2 = done.clone();
@@ -909,16 +906,18 @@ pub fn forwarding(
     drop((tx, rx));
     let _ = std::fs::remove_file(&sock);
     let st = sw.map(|s| s.stats).unwrap_or_default();
-    let full_at_b = |v: &Option<Value>| port_counter(v.as_ref(), "b", "dropped_full");
+    let full_at_b = |v: &Option<vswitch::Status>| dropped_full_at(v.as_ref(), "b");
     let dropped_at_receiver = full_at_b(&after).saturating_sub(full_at_b(&before));
-    let fwd = st.forwarded.saturating_sub(count(&before, "forwarded"));
+    let fwd = st.forwarded.saturating_sub(count(&before, |s| s.forwarded));
     let dropped = st
         .no_destination
-        .saturating_sub(count(&before, "no_destination"));
-    let batches = st.batches.saturating_sub(count(&before, "batches"));
-    let passes = st.passes.saturating_sub(count(&before, "passes"));
-    let idle = st.idle_passes.saturating_sub(count(&before, "idle_passes"));
-    let busy = st.busy_ns.saturating_sub(count(&before, "busy_ns")) as f64 * 1e-9;
+        .saturating_sub(count(&before, |s| s.no_destination));
+    let batches = st.batches.saturating_sub(count(&before, |s| s.batches));
+    let passes = st.passes.saturating_sub(count(&before, |s| s.passes));
+    let idle = st
+        .idle_passes
+        .saturating_sub(count(&before, |s| s.idle_passes));
+    let busy = st.busy_ns.saturating_sub(count(&before, |s| s.busy_ns)) as f64 * 1e-9;
     // Drops at the receiver's full ring are counted at its port, not the
     // switch: what the sender queued and the switch did not deliver.
     let dropped = dropped.max(t.packets.saturating_sub(fwd));
@@ -931,7 +930,7 @@ pub fn forwarding(
         dropped_at_receiver,
         dropped_no_destination: st
             .no_destination
-            .saturating_sub(count(&before, "no_destination")),
+            .saturating_sub(count(&before, |s| s.no_destination)),
         switch_idle_share: Some(idle_share),
         // Both rings' slots: what the switch had not yet taken from the
         // sender and the receiver had not yet read when it stopped.
@@ -1283,11 +1282,11 @@ fn wait_for(
 /// The switch's status on `ctl`, or an error naming the switch if it does
 /// not answer within [`STATUS_TIMEOUT`] (the request runs on a thread of
 /// its own, which the switch's end releases).
-fn switch_status(ctl: &std::path::Path, why: &str) -> Result<Value, Error> {
+fn switch_status(ctl: &std::path::Path, why: &str) -> Result<vswitch::Status, Error> {
     let (tx, rx) = std::sync::mpsc::channel();
     let path = ctl.to_path_buf();
     std::thread::spawn(move || {
-        let _ = tx.send(ring::control::status(&path));
+        let _ = tx.send(vswitch::status::ask(&path));
     });
     match rx.recv_timeout(STATUS_TIMEOUT) {
         Ok(Ok(v)) => Ok(v),
@@ -1579,13 +1578,8 @@ fn with_memif_switch(
 }
 
 /// The switch's frames dropped at full rings, over all its ports.
-fn dropped_full_total(status: &Value) -> u64 {
-    status["ports"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p["dropped_full"].as_u64())
-        .sum()
+fn dropped_full_total(status: &vswitch::Status) -> u64 {
+    status.ports.iter().map(|p| p.dropped_full).sum()
 }
 
 /// testpmd txonly -> memif -> switch -> memif -> testpmd rxonly.
@@ -1624,7 +1618,7 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
             || {
                 switch_status(ctl, "its ports")
                     .ok()
-                    .and_then(|s| s["ports"].as_array().map(|a| a.len()))
+                    .map(|s| s.ports.len())
                     .unwrap_or(0)
                     >= 1
             },
@@ -1636,7 +1630,7 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
             "txonly",
             &["--txpkts=60".into(), format!("--eth-peer=0,{SINK_MAC}")],
         )?;
-        let mut marks: Vec<(f64, Value)> = Vec::new();
+        let mut marks: Vec<(f64, vswitch::Status)> = Vec::new();
         let (mut v, t) = measure_pair(gen, sink, o.seconds, || {
             marks.push((
                 clock.as_ref().map_or(f64::NAN, ThreadClock::secs),
@@ -1648,30 +1642,27 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
         let end = switch_status(ctl, "its totals after testpmd stopped")?;
         let mut dropped_full = 0;
         if let [(c0, s0), (c1, s1)] = &marks[..] {
-            let d = |k: &str| {
-                s1["switch"][k].as_u64().unwrap_or(0) as f64
-                    - s0["switch"][k].as_u64().unwrap_or(0) as f64
-            };
+            let d = |k: fn(&SwitchStats) -> u64| k(&s1.switch) as f64 - k(&s0.switch) as f64;
             let cpu = c1 - c0;
             let wall = v["window_s"].as_f64().unwrap_or(f64::NAN);
             v["switch_cpu_s"] = json!(cpu);
-            v["switch_forwarded"] = json!(d("forwarded"));
-            v["switch_flooded"] = json!(d("flooded"));
-            v["switch_mpps_per_core"] = json!(d("forwarded") / cpu / 1e6);
-            v["switch_idle_pass_share"] = json!(d("idle_passes") / d("passes").max(1.0));
+            v["switch_forwarded"] = json!(d(|s| s.forwarded));
+            v["switch_flooded"] = json!(d(|s| s.flooded));
+            v["switch_mpps_per_core"] = json!(d(|s| s.forwarded) / cpu / 1e6);
+            v["switch_idle_pass_share"] = json!(d(|s| s.idle_passes) / d(|s| s.passes).max(1.0));
             v["share_of_cores"]["switch"] = json!(cpu / (wall * cores()));
             dropped_full = dropped_full_total(s1);
             v["switch_dropped_full_total"] = json!(dropped_full);
         }
-        let total = |k: &str| end["switch"][k].as_u64().unwrap_or(0);
-        let idle = total("idle_passes") as f64 / total("passes").max(1) as f64;
+        let total = |k: fn(&SwitchStats) -> u64| k(&end.switch);
+        let idle = total(|s| s.idle_passes) as f64 / total(|s| s.passes).max(1) as f64;
         let figures = t.gen.zip(t.sink).map(|(g, s)| PathFigures {
             offered: g.2,
             refused_at_generator: g.3,
-            forwarded: Some(total("forwarded")),
+            forwarded: Some(total(|s| s.forwarded)),
             received: s.0,
             dropped_at_receiver: s.1 + dropped_full,
-            dropped_no_destination: total("no_destination"),
+            dropped_no_destination: total(|s| s.no_destination),
             switch_idle_share: Some(idle),
             in_flight_allowance: memif_in_flight(o, 2),
         });
@@ -1777,11 +1768,8 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
             .collect();
         let totals = forward_totals(&log);
         let refused = refused_share(totals);
-        let d = |k: &str| {
-            s1["switch"][k].as_u64().unwrap_or(0) as f64
-                - s0["switch"][k].as_u64().unwrap_or(0) as f64
-        };
-        let total = |k: &str| end["switch"][k].as_u64().unwrap_or(0);
+        let d = |k: fn(&SwitchStats) -> u64| k(&s1.switch) as f64 - k(&s0.switch) as f64;
+        let total = |k: fn(&SwitchStats) -> u64| k(&end.switch);
         let dropped_full = dropped_full_total(&s1);
         let c = cores();
         let mut v = json!({
@@ -1794,10 +1782,10 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
             "testpmd_cpu_s": pc,
             "switch_cpu_s": cpu,
             "window_s": wall,
-            "switch_forwarded": d("forwarded"),
-            "switch_flooded": d("flooded"),
-            "switch_mpps_per_core": d("forwarded") / cpu / 1e6,
-            "switch_idle_pass_share": d("idle_passes") / d("passes").max(1.0),
+            "switch_forwarded": d(|s| s.forwarded),
+            "switch_flooded": d(|s| s.flooded),
+            "switch_mpps_per_core": d(|s| s.forwarded) / cpu / 1e6,
+            "switch_idle_pass_share": d(|s| s.idle_passes) / d(|s| s.passes).max(1.0),
             "switch_dropped_full_total": dropped_full,
             "share_of_cores": {"cores": c, "generator": pc / (wall * c), "sink": 0.0, "switch": cpu / (wall * c)},
             "testpmd_totals": totals.map(|(r, rd, t, td)| json!({"rx_packets": r, "rx_dropped": rd, "tx_packets": t, "tx_dropped": td})),
@@ -1807,11 +1795,13 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
         let figures = totals.map(|(r, rd, t, td)| PathFigures {
             offered: t,
             refused_at_generator: td,
-            forwarded: Some(total("forwarded")),
+            forwarded: Some(total(|s| s.forwarded)),
             received: r,
             dropped_at_receiver: rd + dropped_full,
-            dropped_no_destination: total("no_destination"),
-            switch_idle_share: Some(total("idle_passes") as f64 / total("passes").max(1) as f64),
+            dropped_no_destination: total(|s| s.no_destination),
+            switch_idle_share: Some(
+                total(|s| s.idle_passes) as f64 / total(|s| s.passes).max(1) as f64,
+            ),
             in_flight_allowance: memif_in_flight(o, 2),
         });
         verdict(&mut v, figures, "sink_rx_pps_samples");

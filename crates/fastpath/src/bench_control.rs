@@ -2,6 +2,7 @@
 
 use clap::Args;
 
+use crate::report::emit;
 use crate::Format;
 
 /// Measure the control plane at scale: load, one-backend reload, memory.
@@ -68,9 +69,5 @@ pub fn run(a: BenchControlArgs) -> anyhow::Result<()> {
         runs: a.runs,
     };
     let report = bench::control::run(&spec, &mut |what| eprintln!("measuring {what}"))?;
-    match a.format {
-        Format::Table => print!("{}", report.to_text()),
-        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-    }
-    Ok(())
+    emit(a.format, &report)
 }

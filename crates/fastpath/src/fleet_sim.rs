@@ -2,9 +2,9 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 
+use crate::report::emit;
 use crate::Format;
 
 /// Simulate a Maglev fleet behind ECMP: broken connections per event, 4 schemes.
@@ -130,13 +130,7 @@ pub fn run(a: FleetSimArgs) -> anyhow::Result<()> {
     cfg.rendezvous_table_size = a.rendezvous_table_size;
     cfg.karger_views = a.karger_views;
     let report = bench::fleet_sim::run(&cfg)?;
-    match a.format {
-        Format::Table => println!("{}", report.to_text()),
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&report).context("serializing the report")?
-        ),
-    }
+    emit(a.format, &report)?;
     if let Some(dir) = a.plot_dir {
         for f in report.plot(&dir)? {
             eprintln!("wrote {}", f.display());

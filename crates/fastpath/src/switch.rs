@@ -13,6 +13,7 @@ use ring::control::AttachRequest;
 use ring::Mode;
 use vswitch::pktgen::{Params, Role};
 
+use crate::report::{emit, Report};
 use crate::Format;
 
 pub const DEFAULT_SOCKET: &str = "/run/fastpath/switch.sock";
@@ -442,57 +443,52 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
 }
 
 pub fn status(socket: &std::path::Path, format: Format) -> anyhow::Result<()> {
-    let s = ring::control::status(socket)
+    let s = vswitch::status::ask(socket)
         .with_context(|| format!("asking the switch on {}", socket.display()))?;
-    if matches!(format, Format::Json) {
-        println!("{}", serde_json::to_string_pretty(&s)?);
-        return Ok(());
-    }
-    let mut t = Table::new([
-        "port",
-        "kind",
-        "from port",
-        "to port",
-        "dropped (full)",
-        "spoofed",
-        "kicks",
-        "interrupts",
-        "kicks/pkt",
-        "irq/pkt",
-        "state",
-    ])
-    .title("switch ports");
-    for p in s["ports"].as_array().into_iter().flatten() {
-        let d = &p["detail"];
-        let n = |v: &serde_json::Value| v.as_u64().map(|x| x.to_string()).unwrap_or("-".into());
-        let packets = p["from_port"].as_u64().unwrap_or(0) + p["to_port"].as_u64().unwrap_or(0);
-        let per = |v: &serde_json::Value| match v.as_u64() {
-            Some(x) if packets > 0 => format!("{:.4}", x as f64 / packets as f64),
-            _ => "-".into(),
-        };
-        let state = match (d["broken"].as_str(), d["connected"].as_bool()) {
-            (Some(b), _) => format!("broken: {b}"),
-            (None, Some(false)) => "waiting for QEMU".to_string(),
-            _ => "ok".to_string(),
-        };
+    emit(format, &s)
+}
+
+/// What `fastpath pktgen` prints: the run's report (its JSON is the
+/// report's own), and the port it ran on for the table's title.
+#[derive(serde::Serialize)]
+#[serde(transparent)]
+struct PktgenRun<'a> {
+    report: &'a vswitch::pktgen::Report,
+    #[serde(skip)]
+    title: String,
+    #[serde(skip)]
+    ping_pong: bool,
+}
+
+impl Report for PktgenRun<'_> {
+    fn to_text(&self) -> String {
+        let r = self.report;
+        let mut t = Table::new(["metric", "value"]).title(self.title.clone());
+        t.row(["packets".to_string(), r.packets.to_string()]);
+        t.row(["seconds".to_string(), format!("{:.3}", r.seconds)]);
+        t.row(["Kpps".to_string(), format!("{:.1}", r.pps / 1e3)]);
+        t.row(["Mbps".to_string(), format!("{:.1}", r.mbps)]);
         t.row([
-            p["name"].as_str().unwrap_or("?").to_string(),
-            p["kind"].as_str().unwrap_or("?").to_string(),
-            n(&p["from_port"]),
-            n(&p["to_port"]),
-            n(&p["dropped_full"]),
-            n(&p["spoofed"]),
-            n(&d["kicks"]),
-            n(&d["interrupts"]),
-            per(&d["kicks"]),
-            per(&d["interrupts"]),
-            state,
+            "kicks/packet".to_string(),
+            format!("{:.4}", r.kicks_per_packet),
         ]);
+        t.row([
+            "interrupts/packet".to_string(),
+            format!("{:.4}", r.interrupts_per_packet),
+        ]);
+        if self.ping_pong {
+            t.row([
+                "transactions/s".to_string(),
+                format!("{:.0}", r.transactions_per_sec),
+            ]);
+            t.row(["rtt p50 us".to_string(), format!("{:.1}", r.rtt_us_p50)]);
+            t.row(["rtt p90 us".to_string(), format!("{:.1}", r.rtt_us_p90)]);
+            t.row(["rtt p99 us".to_string(), format!("{:.1}", r.rtt_us_p99)]);
+            t.row(["rtt max us".to_string(), format!("{:.1}", r.rtt_us_max)]);
+            t.row(["lost".to_string(), r.lost.to_string()]);
+        }
+        t.to_string()
     }
-    print!("{t}");
-    println!("switch: {}", s["switch"]);
-    println!("learned addresses: {}", s["macs"]);
-    Ok(())
 }
 
 pub fn pktgen(a: PktgenArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
@@ -530,40 +526,17 @@ pub fn pktgen(a: PktgenArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         dst_mac: parse_mac(&a.dst_mac)?,
     };
     let r = vswitch::pktgen::run(&mut port.driver, &p, &|| stop.load(Ordering::Relaxed));
-    match a.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
-        Format::Table => {
-            let mut t = Table::new(["metric", "value"]).title(format!(
+    emit(
+        a.format,
+        &PktgenRun {
+            title: format!(
                 "pktgen {} on port {} ({} itr={})",
                 r.mode, a.name, a.port_mode, a.itr
-            ));
-            t.row(["packets".to_string(), r.packets.to_string()]);
-            t.row(["seconds".to_string(), format!("{:.3}", r.seconds)]);
-            t.row(["Kpps".to_string(), format!("{:.1}", r.pps / 1e3)]);
-            t.row(["Mbps".to_string(), format!("{:.1}", r.mbps)]);
-            t.row([
-                "kicks/packet".to_string(),
-                format!("{:.4}", r.kicks_per_packet),
-            ]);
-            t.row([
-                "interrupts/packet".to_string(),
-                format!("{:.4}", r.interrupts_per_packet),
-            ]);
-            if a.mode == Role::PingPong {
-                t.row([
-                    "transactions/s".to_string(),
-                    format!("{:.0}", r.transactions_per_sec),
-                ]);
-                t.row(["rtt p50 us".to_string(), format!("{:.1}", r.rtt_us_p50)]);
-                t.row(["rtt p90 us".to_string(), format!("{:.1}", r.rtt_us_p90)]);
-                t.row(["rtt p99 us".to_string(), format!("{:.1}", r.rtt_us_p99)]);
-                t.row(["rtt max us".to_string(), format!("{:.1}", r.rtt_us_max)]);
-                t.row(["lost".to_string(), r.lost.to_string()]);
-            }
-            print!("{t}");
-        }
-    }
-    Ok(())
+            ),
+            ping_pong: a.mode == Role::PingPong,
+            report: &r,
+        },
+    )
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {

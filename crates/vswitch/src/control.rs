@@ -10,9 +10,10 @@ use std::path::Path;
 
 use ring::control::{Conn, Listener, Request};
 use ring::device::DevicePort;
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use crate::ports::{Attach, Counters, Owner, RingPort, Served};
+use crate::status::Reply;
 use crate::switch::STATUS_PAGE_BYTES;
 use crate::{chain, Error, Switch};
 
@@ -88,28 +89,22 @@ impl Attach for ControlServer {
             Ok(Some((m, _fds))) => m,
             Ok(None) | Err(_) => return self.close(id),
         };
-        let reply = match serde_json::from_slice::<Request>(&msg) {
-            Err(e) => (
-                json!({"ok": false, "error": format!("bad request: {e}")}),
+        let (bytes, fds) = match serde_json::from_slice::<Request>(&msg) {
+            Err(e) => (Reply::refused(format!("bad request: {e}")).bytes(), vec![]),
+            Ok(Request::Status) => (
+                Reply::ok(sw.status_page(0, STATUS_PAGE_BYTES)).bytes(),
                 vec![],
             ),
-            Ok(Request::Status) => {
-                let mut v = sw.status_page(0, STATUS_PAGE_BYTES);
-                v["ok"] = json!(true);
-                (v, vec![])
-            }
-            Ok(Request::StatusPage(p)) => {
-                let mut v = sw.status_page(p.from as usize, STATUS_PAGE_BYTES);
-                v["ok"] = json!(true);
-                (v, vec![])
-            }
+            Ok(Request::StatusPage(p)) => (
+                Reply::ok(sw.status_page(p.from as usize, STATUS_PAGE_BYTES)).bytes(),
+                vec![],
+            ),
             Ok(Request::Attach(req)) => match attach(sw, owner, &req) {
-                Ok((v, fds)) => (v, fds),
-                Err(e) => (json!({"ok": false, "error": chain(&e)}), vec![]),
+                Ok((v, fds)) => (Reply::ok(v).bytes(), fds),
+                Err(e) => (Reply::refused(chain(&e)).bytes(), vec![]),
             },
         };
-        let fds: Vec<BorrowedFd<'_>> = reply.1.iter().map(|f| f.as_fd()).collect();
-        let bytes = serde_json::to_vec(&reply.0).unwrap_or_default();
+        let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
         if let Some(conn) = self.conns.get(&id) {
             if ring::control::send_fds(conn.as_fd(), &bytes, &fds).is_err() {
                 return self.close(id);
@@ -119,13 +114,23 @@ impl Attach for ControlServer {
     }
 }
 
+/// The reply to an attach request that succeeded: the port's index and
+/// what it was made with.
+#[derive(Serialize)]
+struct Attached {
+    port: u16,
+    name: String,
+    slots: u32,
+    buf_size: u32,
+}
+
 /// Make the ring port `req` asks for and add it to `sw` as `owner`'s;
 /// returns the reply and the driver's descriptors.
 fn attach(
     sw: &mut Switch,
     owner: Owner,
     req: &ring::control::AttachRequest,
-) -> Result<(Value, Vec<OwnedFd>), AttachError> {
+) -> Result<(Attached, Vec<OwnedFd>), AttachError> {
     if req.name.is_empty() || req.name.len() > 64 {
         return Err(AttachError::Name);
     }
@@ -146,7 +151,12 @@ fn attach(
     };
     let idx = sw.add_owned(Box::new(port), Some(owner))?;
     Ok((
-        json!({"ok": true, "port": idx, "name": req.name, "slots": req.slots, "buf_size": req.buf_size}),
+        Attached {
+            port: idx,
+            name: req.name.clone(),
+            slots: req.slots,
+            buf_size: req.buf_size,
+        },
         fds.into(),
     ))
 }

@@ -60,6 +60,7 @@ mod control;
 mod event_loop;
 pub mod pktgen;
 pub mod ports;
+pub mod status;
 mod switch;
 
 pub use config::{
@@ -68,6 +69,7 @@ pub use config::{
 pub use event_loop::spawn;
 pub use ports::vhost::VhostPort;
 pub use ports::{Counters, EchoPort, GenPort, Port, RingPort, SinkPort, TapPort};
+pub use status::{PortDetail, PortStatus, Status, StatusError};
 pub use switch::{Error, Switch, SwitchStats, BATCH, MAX_PORTS, STATUS_PAGE_BYTES};
 
 /// An error and its sources as one line, `outer: inner: ...` (a source whose

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use ring::device::FrameRef;
-use serde_json::{json, Value};
 
 use crate::bridge::{Mac, MacTable};
 use crate::event_loop::{Poller, Token};
 use crate::ports::{self, memif, vhost, Attach, Owner, Port};
+use crate::status::{PortStatus, Status};
 use crate::Config;
 
 /// Frames taken from one port per pass.
@@ -71,7 +71,7 @@ pub enum Error {
 }
 
 /// Switch-wide counters.
-#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Default, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct SwitchStats {
     /// Frames delivered to at least one port.
     pub forwarded: u64,
@@ -457,7 +457,7 @@ impl Switch {
     }
 
     /// The status document: the switch's counters and every port.
-    pub fn status(&mut self) -> Value {
+    pub fn status(&mut self) -> Status {
         self.status_page(0, usize::MAX)
     }
 
@@ -468,7 +468,7 @@ impl Switch {
     /// [`STATUS_PAGE_BYTES`], so that a reply fits one message whatever the
     /// number of ports; ports that come and go between pages may be missed
     /// or seen twice, as in any paged listing.
-    pub fn status_page(&mut self, from: usize, max_bytes: usize) -> Value {
+    pub fn status_page(&mut self, from: usize, max_bytes: usize) -> Status {
         let mut ports = Vec::new();
         let mut bytes = 0usize;
         let mut next = None;
@@ -476,7 +476,7 @@ impl Switch {
             let Some(s) = p else {
                 continue;
             };
-            let v = port_json(i, s);
+            let v = port_status(i, s);
             let n = serde_json::to_vec(&v).map(|b| b.len()).unwrap_or(0) + 1;
             if !ports.is_empty() && bytes.saturating_add(n) > max_bytes {
                 next = Some(i);
@@ -485,15 +485,12 @@ impl Switch {
             bytes += n;
             ports.push(v);
         }
-        let mut doc = json!({
-            "switch": self.stats,
-            "macs": self.macs.len(),
-            "ports": ports,
-        });
-        if let Some(n) = next {
-            doc["next"] = json!(n);
+        Status {
+            switch: self.stats,
+            macs: self.macs.len(),
+            ports,
+            next,
         }
-        doc
     }
 
     /// The control socket's path, if it has one.
@@ -503,18 +500,18 @@ impl Switch {
 }
 
 /// One port's entry in the status document.
-fn port_json(i: usize, s: &mut Slot) -> Value {
+fn port_status(i: usize, s: &mut Slot) -> PortStatus {
     let c = *s.port.counters();
-    json!({
-        "index": i,
-        "name": s.port.name(),
-        "kind": s.port.kind(),
-        "from_port": c.from_port,
-        "to_port": c.to_port,
-        "to_port_bytes": c.to_port_bytes,
-        "dropped_full": c.dropped_full,
-        "spoofed": c.spoofed,
-        "locked_mac": s.lock.map(|m| crate::bridge::mac_text(&m)),
-        "detail": s.port.status(),
-    })
+    PortStatus {
+        index: i,
+        name: s.port.name().to_string(),
+        kind: s.port.kind().to_string(),
+        from_port: c.from_port,
+        to_port: c.to_port,
+        to_port_bytes: c.to_port_bytes,
+        dropped_full: c.dropped_full,
+        spoofed: c.spoofed,
+        locked_mac: s.lock.map(|m| crate::bridge::mac_text(&m)),
+        detail: s.port.status(),
+    }
 }

@@ -3,9 +3,9 @@
 use std::time::Instant;
 
 use ring::device::FrameRef;
-use serde_json::{json, Value};
 
 use super::{Counters, Port};
+use crate::status::{EchoDetail, PortDetail};
 
 /// A reflector inside the switch: sends every frame back with its addresses
 /// swapped (the host side of a ping-pong benchmark).
@@ -77,7 +77,9 @@ impl Port for EchoPort {
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }
-    fn status(&self) -> Value {
-        json!({ "queued": self.queue.len() })
+    fn status(&self) -> PortDetail {
+        PortDetail::Echo(EchoDetail {
+            queued: self.queue.len(),
+        })
     }
 }

@@ -3,9 +3,9 @@
 use std::time::Instant;
 
 use ring::device::FrameRef;
-use serde_json::{json, Value};
 
 use super::{Counters, Port};
+use crate::status::{GeneratorDetail, PortDetail};
 
 /// A source inside the switch: frames from a template, as fast as the switch
 /// takes them (the host side of a guest-receive benchmark).
@@ -62,7 +62,9 @@ impl Port for GenPort {
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }
-    fn status(&self) -> Value {
-        json!({ "frame_len": self.frame.len() })
+    fn status(&self) -> PortDetail {
+        PortDetail::Generator(GeneratorDetail {
+            frame_len: self.frame.len(),
+        })
     }
 }

@@ -31,7 +31,6 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Instant;
 
 use ::ring::device::FrameRef;
-use serde_json::{json, Value};
 
 use crate::{Config, Error, Switch};
 
@@ -135,8 +134,8 @@ pub trait Port: Send {
     /// The port's counters (the switch updates some of them).
     fn counters(&mut self) -> &mut Counters;
     /// Port-specific details for the status document.
-    fn status(&self) -> Value {
-        json!({})
+    fn status(&self) -> crate::status::PortDetail {
+        crate::status::PortDetail::None(crate::status::NoDetail {})
     }
     /// The port as `Any`, for the program that added it to reach its own
     /// kind's methods through [`Switch::port_as`] (a VM port's

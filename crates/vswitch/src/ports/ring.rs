@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use ring::device::{DevicePort, FrameRef};
-use serde_json::{json, Value};
 
 use super::{Counters, Port};
+use crate::status::{PortDetail, RingDetail};
 
 /// The device side of a paravirtual NIC attached through the control socket.
 pub struct RingPort {
@@ -93,16 +93,16 @@ impl Port for RingPort {
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }
-    fn status(&self) -> Value {
+    fn status(&self) -> PortDetail {
         let s = &self.dev.stats;
-        json!({
-            "mode": self.dev.mode().to_string(),
-            "slots": self.dev.geometry().slots,
-            "kicks": s.kicks.load(Relaxed),
-            "interrupts": s.irqs.load(Relaxed),
-            "bad_slots": s.bad_slots.load(Relaxed),
-            "bad_index": s.bad_index.load(Relaxed),
-            "broken": self.dev.broken(),
+        PortDetail::Ring(RingDetail {
+            mode: self.dev.mode().to_string(),
+            slots: self.dev.geometry().slots,
+            kicks: s.kicks.load(Relaxed),
+            interrupts: s.irqs.load(Relaxed),
+            bad_slots: s.bad_slots.load(Relaxed),
+            bad_index: s.bad_index.load(Relaxed),
+            broken: self.dev.broken().map(str::to_string),
         })
     }
 }

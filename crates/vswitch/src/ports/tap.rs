@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use netio::tap::Tap;
 use ring::device::FrameRef;
-use serde_json::{json, Value};
 
 use super::{Counters, Port};
+use crate::status::{PortDetail, TapDetail};
 
 /// Frames to and from the kernel through a TAP device: a system call per
 /// frame each way, as a hypervisor's TAP backend.
@@ -89,7 +89,9 @@ impl Port for TapPort {
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }
-    fn status(&self) -> Value {
-        json!({ "write_errors": self.write_errors })
+    fn status(&self) -> PortDetail {
+        PortDetail::Tap(TapDetail {
+            write_errors: self.write_errors,
+        })
     }
 }

@@ -12,10 +12,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::time::{Duration, Instant};
 
+use crate::status::{MemifDetail, PortDetail};
 use memmap2::MmapRaw;
 use ring::device::FrameRef;
 use ring::notify::EventFd;
-use serde_json::{json, Value};
 
 use super::layout::{
     ring_bytes, Desc, DescRepr, RingHeader, CACHE_LINE, COOKIE, RING_FLAG_MASK_INT,
@@ -445,16 +445,16 @@ impl Port for MemifPort {
     fn counters(&mut self) -> &mut Counters {
         &mut self.c
     }
-    fn status(&self) -> Value {
-        json!({
-            "peer": self.peer,
-            "ring_size": self.c2s.size,
-            "bad_descriptors": self.bad_desc,
-            "too_long": self.too_long,
-            "moderation_us": self.moderation.as_micros() as u64,
-            "moderated_sleeps": self.moderated_sleeps,
-            "interrupts_masked": self.c2s.hdr().client.flags.load(Relaxed) & RING_FLAG_MASK_INT != 0,
-            "broken": self.broken,
+    fn status(&self) -> PortDetail {
+        PortDetail::Memif(MemifDetail {
+            peer: self.peer.clone(),
+            ring_size: self.c2s.size,
+            bad_descriptors: self.bad_desc,
+            too_long: self.too_long,
+            moderation_us: self.moderation.as_micros() as u64,
+            moderated_sleeps: self.moderated_sleeps,
+            interrupts_masked: self.c2s.hdr().client.flags.load(Relaxed) & RING_FLAG_MASK_INT != 0,
+            broken: self.broken.clone(),
         })
     }
 }

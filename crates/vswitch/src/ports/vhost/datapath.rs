@@ -53,7 +53,7 @@ use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64};
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::{json, Value};
+use crate::status::QueueStatus;
 use virtio_bindings::virtio_ring::{
     VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
     VRING_USED_F_NO_NOTIFY,
@@ -242,21 +242,24 @@ impl QueueStats {
         self.refused.iter().sum()
     }
 
-    /// The counters as JSON.
-    pub fn json(&self) -> Value {
-        let refused: serde_json::Map<String, Value> = ChainError::ALL
-            .iter()
-            .map(|e| (e.name().to_string(), json!(self.refused[*e as usize])))
-            .collect();
-        json!({
-            "kicks": self.kicks,
-            "calls": self.calls,
-            "calls_held": self.calls_held,
-            "calls_suppressed": self.calls_suppressed,
-            "chains": self.chains,
-            "refused": refused,
-            "broke": self.broke,
-        })
+    /// The counters as the status document shows them, for a queue that
+    /// is not running (the caller adds a running queue's state).
+    pub fn status(&self) -> QueueStatus {
+        QueueStatus {
+            kicks: self.kicks,
+            calls: self.calls,
+            calls_held: self.calls_held,
+            calls_suppressed: self.calls_suppressed,
+            chains: self.chains,
+            refused: ChainError::ALL
+                .iter()
+                .map(|e| (e.name().to_string(), self.refused[*e as usize]))
+                .collect(),
+            broke: self.broke,
+            size: None,
+            broken: None,
+            running: Some(false),
+        }
     }
 }
 

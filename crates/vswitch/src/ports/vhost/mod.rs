@@ -65,8 +65,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::status::{FrontendStatus, PortDetail, Queues, VhostDetail};
 use rustix::event::epoll;
-use serde_json::{json, Value};
 
 use ::ring::device::FrameRef;
 use ::ring::Mode;
@@ -538,30 +538,29 @@ impl Port for VhostPort {
         &mut self.c
     }
 
-    fn status(&self) -> Value {
+    fn status(&self) -> PortDetail {
         let per = |n: u64, d: u64| if d == 0 { 0.0 } else { n as f64 / d as f64 };
         let [rxq, txq] = &self.st;
         let queue = |i: usize| {
-            let mut v = self.st[i].json();
+            let mut v = self.st[i].status();
             if let Some(q) = self.dev.as_ref().and_then(|d| d.queues[i].as_ref()) {
-                v["size"] = json!(q.size());
-                v["broken"] = json!(q.broken());
-            } else {
-                v["running"] = json!(false);
+                v.size = Some(q.size());
+                v.broken = q.broken().map(str::to_string);
+                v.running = None;
             }
             v
         };
         let frontend = self.conn.as_ref().map(|c| {
             let f = c.frontend();
-            json!({
-                "features": f.acked_features().map(|x| format!("{x:#x}")),
-                "protocol_features": format!("{:#x}", f.acked_protocol_features()),
-                "event_idx": f.event_idx(),
-                "memory_bytes": f.memory().map(|m| m.mapped_bytes()),
-                "memory_regions": f.memory().map(|m| format!("{m:?}")),
-                "memory_seals": f.memory().map(|m| m.seals()),
-                "requests": c.requests,
-            })
+            FrontendStatus {
+                features: f.acked_features().map(|x| format!("{x:#x}")),
+                protocol_features: format!("{:#x}", f.acked_protocol_features()),
+                event_idx: f.event_idx(),
+                memory_bytes: f.memory().map(|m| m.mapped_bytes()),
+                memory_regions: f.memory().map(|m| format!("{m:?}")),
+                memory_seals: f.memory().map(|m| m.seals()),
+                requests: c.requests,
+            }
         });
         let broken = self.dev.as_ref().and_then(|d| {
             d.queues
@@ -569,27 +568,30 @@ impl Port for VhostPort {
                 .flatten()
                 .find_map(|q| q.broken().map(str::to_string))
         });
-        json!({
-            "socket": self.cfg.path.display().to_string(),
-            "mode": self.cfg.mode.to_string(),
-            "itr": self.cfg.itr,
-            "mac": self.cfg.mac.map(|m| mac_text(&m)),
-            "connected": self.conn.is_some(),
-            "running": self.running(),
+        PortDetail::Vhost(Box::new(VhostDetail {
+            socket: self.cfg.path.display().to_string(),
+            mode: self.cfg.mode.to_string(),
+            itr: self.cfg.itr,
+            mac: self.cfg.mac.map(|m| mac_text(&m)),
+            connected: self.conn.is_some(),
+            running: self.running(),
             // Both queues together, as the other ports count them: the
             // guest's doorbell writes, and the interrupts asked of QEMU.
-            "kicks": txq.kicks + rxq.kicks,
-            "interrupts": txq.calls + rxq.calls,
-            "broken": broken,
-            "frontend": frontend,
-            "queues": { "rx": queue(RXQ), "tx": queue(TXQ) },
-            "kicks_per_packet": per(txq.kicks, self.c.from_port),
-            "tx_interrupts_per_packet": per(txq.calls, self.c.from_port),
-            "rx_interrupts_per_packet": per(rxq.calls, self.c.to_port),
-            "accepted": self.cs.accepted,
-            "turned_away": self.cs.turned_away,
-            "closed": self.cs.closed,
-            "last_close": self.cs.last_close,
-        })
+            kicks: txq.kicks + rxq.kicks,
+            interrupts: txq.calls + rxq.calls,
+            broken,
+            frontend,
+            queues: Queues {
+                rx: queue(RXQ),
+                tx: queue(TXQ),
+            },
+            kicks_per_packet: per(txq.kicks, self.c.from_port),
+            tx_interrupts_per_packet: per(txq.calls, self.c.from_port),
+            rx_interrupts_per_packet: per(rxq.calls, self.c.to_port),
+            accepted: self.cs.accepted,
+            turned_away: self.cs.turned_away,
+            closed: self.cs.closed,
+            last_close: self.cs.last_close.clone(),
+        }))
     }
 }

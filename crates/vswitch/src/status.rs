@@ -1,0 +1,576 @@
+//! The status document as types: what the switch sends (whole, or in pages
+//! that fit one control message), what `fastpath switch status` reads back
+//! ([`ask`]), and its table for people ([`Status::to_text`]). The JSON is
+//! these types' serde form, so the switch, the client and scripts agree on
+//! one set of field names without reading each other's code.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use measure::Table;
+use ring::control::{Conn, Request, StatusPage};
+use serde::{Deserialize, Serialize};
+
+use crate::SwitchStats;
+
+/// Why the status could not be had from a running switch.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// Connecting, sending or receiving on the control socket failed.
+    #[error("control socket {}", path.display())]
+    Socket {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: ring::Error,
+    },
+    /// The switch closed the connection instead of answering.
+    #[error("the switch closed the connection without answering")]
+    Closed,
+    /// The switch refused the request.
+    #[error("the switch refused: {0}")]
+    Refused(String),
+    /// The reply is not a status document.
+    #[error("the switch's reply is not a status document")]
+    Reply(#[source] serde_json::Error),
+}
+
+/// The status document: the switch's counters and its ports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    /// Switch-wide counters.
+    pub switch: SwitchStats,
+    /// Addresses in the MAC table.
+    pub macs: usize,
+    /// The ports (of this page, when paged).
+    pub ports: Vec<PortStatus>,
+    /// The port index the next page starts at; absent on the last page
+    /// and in a whole document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<usize>,
+}
+
+/// One port's entry in the status document.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PortStatus {
+    /// The port's slot in the switch.
+    pub index: usize,
+    /// Its name, unique in the switch.
+    pub name: String,
+    /// Its kind (`ring`, `memif`, `vhost-user`, `tap`, ...).
+    pub kind: String,
+    /// Frames the port handed the switch.
+    pub from_port: u64,
+    /// Frames the switch gave the port.
+    pub to_port: u64,
+    /// Bytes of those frames.
+    pub to_port_bytes: u64,
+    /// Frames for this port dropped because it could not take them.
+    pub dropped_full: u64,
+    /// Frames from this port dropped by port security.
+    pub spoofed: u64,
+    /// The only source address the port may use, if it is locked.
+    pub locked_mac: Option<String>,
+    /// What only this kind of port has.
+    pub detail: PortDetail,
+}
+
+/// The part of a port's status that depends on its kind. Serialized as the
+/// kind's own object (no tag: the entry's `kind` names it); each variant's
+/// fields are exactly its kind's, so reading one back picks its variant.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PortDetail {
+    /// A shared-memory ring port.
+    Ring(RingDetail),
+    /// A memif client's port.
+    Memif(MemifDetail),
+    /// A virtual machine's port.
+    Vhost(Box<VhostDetail>),
+    /// A TAP device.
+    Tap(TapDetail),
+    /// The frame generator inside the switch.
+    Generator(GeneratorDetail),
+    /// The reflector inside the switch.
+    Echo(EchoDetail),
+    /// A kind with nothing of its own to say.
+    None(NoDetail),
+}
+
+impl PortDetail {
+    /// Notifications from the port's driver (doorbells), where it counts them.
+    pub fn kicks(&self) -> Option<u64> {
+        match self {
+            PortDetail::Ring(d) => Some(d.kicks),
+            PortDetail::Vhost(d) => Some(d.kicks),
+            _ => None,
+        }
+    }
+
+    /// Interrupts the switch asked of the port's driver, where it counts them.
+    pub fn interrupts(&self) -> Option<u64> {
+        match self {
+            PortDetail::Ring(d) => Some(d.interrupts),
+            PortDetail::Vhost(d) => Some(d.interrupts),
+            _ => None,
+        }
+    }
+
+    /// Why the port is no longer served, if it is broken.
+    pub fn broken(&self) -> Option<&str> {
+        match self {
+            PortDetail::Ring(d) => d.broken.as_deref(),
+            PortDetail::Memif(d) => d.broken.as_deref(),
+            PortDetail::Vhost(d) => d.broken.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Whether the port's peer is connected, for kinds that wait for one.
+    pub fn connected(&self) -> Option<bool> {
+        match self {
+            PortDetail::Vhost(d) => Some(d.connected),
+            _ => None,
+        }
+    }
+}
+
+/// A ring port's own status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RingDetail {
+    /// How the port notifies (`base`, `sc`, `csb`).
+    pub mode: String,
+    /// Ring slots.
+    pub slots: u32,
+    /// The driver's kicks.
+    pub kicks: u64,
+    /// Interrupts sent to the driver.
+    pub interrupts: u64,
+    /// Slots the driver filled with impossible values.
+    pub bad_slots: u64,
+    /// Impossible ring indexes from the driver.
+    pub bad_index: u64,
+    /// Why the port broke, if it did.
+    pub broken: Option<String>,
+}
+
+/// A memif port's own status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemifDetail {
+    /// The client's name for itself.
+    pub peer: String,
+    /// Slots in each ring.
+    pub ring_size: u16,
+    /// Descriptors the client filled with impossible values.
+    pub bad_descriptors: u64,
+    /// Frames longer than a buffer.
+    pub too_long: u64,
+    /// Interrupt moderation, microseconds (0: off).
+    pub moderation_us: u64,
+    /// Sleeps during which the client's interrupts were masked.
+    pub moderated_sleeps: u64,
+    /// Whether the client's interrupts are masked now.
+    pub interrupts_masked: bool,
+    /// Why the port broke, if it did.
+    pub broken: Option<String>,
+}
+
+/// A vhost-user (virtual machine) port's own status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VhostDetail {
+    /// The socket QEMU connects to.
+    pub socket: String,
+    /// The notification scheme.
+    pub mode: String,
+    /// Interrupt moderation, 250 ns units.
+    pub itr: u32,
+    /// The guest's address, if configured.
+    pub mac: Option<String>,
+    /// Whether a frontend is connected.
+    pub connected: bool,
+    /// Whether both queues are running.
+    pub running: bool,
+    /// The guest's doorbell writes, both queues.
+    pub kicks: u64,
+    /// Interrupts asked of QEMU, both queues.
+    pub interrupts: u64,
+    /// Why a queue broke, if one did.
+    pub broken: Option<String>,
+    /// The connected frontend, if any.
+    pub frontend: Option<FrontendStatus>,
+    /// The two queues.
+    pub queues: Queues,
+    /// Guest kicks per frame it sent.
+    pub kicks_per_packet: f64,
+    /// Interrupts per frame the guest sent.
+    pub tx_interrupts_per_packet: f64,
+    /// Interrupts per frame the guest received.
+    pub rx_interrupts_per_packet: f64,
+    /// Frontends accepted.
+    pub accepted: u64,
+    /// Frontends turned away (one at a time).
+    pub turned_away: u64,
+    /// Frontend connections closed.
+    pub closed: u64,
+    /// Why the last connection closed.
+    pub last_close: Option<String>,
+}
+
+/// What a vhost-user frontend negotiated.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FrontendStatus {
+    /// Acked virtio features, hex, once set.
+    pub features: Option<String>,
+    /// Acked vhost-user protocol features, hex.
+    pub protocol_features: String,
+    /// Whether event-index notification suppression was negotiated.
+    pub event_idx: bool,
+    /// Guest memory mapped, bytes.
+    pub memory_bytes: Option<u64>,
+    /// The memory table, as text.
+    pub memory_regions: Option<String>,
+    /// The seals on the guest's memory files.
+    pub memory_seals: Option<Vec<String>>,
+    /// vhost-user requests served.
+    pub requests: u64,
+}
+
+/// A VM port's receive and transmit queues.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Queues {
+    /// The guest's receive queue.
+    pub rx: QueueStatus,
+    /// The guest's transmit queue.
+    pub tx: QueueStatus,
+}
+
+/// One virtqueue's counters and state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueueStatus {
+    /// Kicks from the guest.
+    pub kicks: u64,
+    /// Calls made.
+    pub calls: u64,
+    /// Calls held by moderation.
+    pub calls_held: u64,
+    /// Calls the guest's window suppressed.
+    pub calls_suppressed: u64,
+    /// Chains completed.
+    pub chains: u64,
+    /// Chains refused, by reason.
+    pub refused: BTreeMap<String, u64>,
+    /// Times the queue broke.
+    pub broke: u64,
+    /// Entries, while the queue runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u16>,
+    /// Why the queue broke, if it runs and did.
+    #[serde(default)]
+    pub broken: Option<String>,
+    /// `false` while the queue is not running (absent while it is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<bool>,
+}
+
+/// A TAP port's own status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TapDetail {
+    /// Frames the kernel refused.
+    pub write_errors: u64,
+}
+
+/// The generator's own status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GeneratorDetail {
+    /// Bytes per frame.
+    pub frame_len: usize,
+}
+
+/// The reflector's own status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EchoDetail {
+    /// Frames waiting to go back.
+    pub queued: usize,
+}
+
+/// Nothing: `{}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoDetail {}
+
+impl Status {
+    /// The ports as a table, then the switch's counters and the number of
+    /// learned addresses.
+    pub fn to_text(&self) -> String {
+        let mut t = Table::new([
+            "port",
+            "kind",
+            "from port",
+            "to port",
+            "dropped (full)",
+            "spoofed",
+            "kicks",
+            "interrupts",
+            "kicks/pkt",
+            "irq/pkt",
+            "state",
+        ])
+        .title("switch ports");
+        let n = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |x| x.to_string());
+        for p in &self.ports {
+            let d = &p.detail;
+            let packets = p.from_port + p.to_port;
+            let per = |v: Option<u64>| match v {
+                Some(x) if packets > 0 => format!("{:.4}", x as f64 / packets as f64),
+                _ => "-".into(),
+            };
+            let state = match (d.broken(), d.connected()) {
+                (Some(b), _) => format!("broken: {b}"),
+                (None, Some(false)) => "waiting for QEMU".to_string(),
+                _ => "ok".to_string(),
+            };
+            t.row([
+                p.name.clone(),
+                p.kind.clone(),
+                p.from_port.to_string(),
+                p.to_port.to_string(),
+                p.dropped_full.to_string(),
+                p.spoofed.to_string(),
+                n(d.kicks()),
+                n(d.interrupts()),
+                per(d.kicks()),
+                per(d.interrupts()),
+                state,
+            ]);
+        }
+        format!(
+            "{t}switch: {}\nlearned addresses: {}\n",
+            serde_json::to_string(&self.switch).unwrap_or_default(),
+            self.macs
+        )
+    }
+}
+
+/// The first part of every reply on the control socket: whether the
+/// switch did what was asked, and if not, why.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Outcome {
+    pub(crate) ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) error: Option<String>,
+}
+
+/// A reply on the control socket: the outcome, and what was asked for
+/// beside it in the same object.
+#[derive(Serialize)]
+pub(crate) struct Reply<T: Serialize> {
+    #[serde(flatten)]
+    pub(crate) outcome: Outcome,
+    #[serde(flatten)]
+    pub(crate) body: T,
+}
+
+impl<T: Serialize> Reply<T> {
+    /// Done, and here is `body`.
+    pub(crate) fn ok(body: T) -> Reply<T> {
+        Reply {
+            outcome: Outcome {
+                ok: true,
+                error: None,
+            },
+            body,
+        }
+    }
+}
+
+impl<T: Serialize> Reply<T> {
+    /// The reply as the message that carries it. Serializing these types
+    /// cannot fail (no map keys that are not strings, no failing
+    /// `Serialize`), so an empty message is never sent in practice.
+    pub(crate) fn bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+impl Reply<NoDetail> {
+    /// Refused, because `why`.
+    pub(crate) fn refused(why: String) -> Reply<NoDetail> {
+        Reply {
+            outcome: Outcome {
+                ok: false,
+                error: Some(why),
+            },
+            body: NoDetail {},
+        }
+    }
+}
+
+/// Ask the switch listening on `path` for its status document, every page
+/// of it (a switch with many ports sends them in pages that each fit one
+/// message).
+pub fn ask(path: &Path) -> Result<Status, StatusError> {
+    let sock = |source| StatusError::Socket {
+        path: path.to_path_buf(),
+        source,
+    };
+    let conn = Conn::connect(path).map_err(sock)?;
+    let page = |req: &Request| -> Result<Status, StatusError> {
+        let msg = serde_json::to_vec(req).map_err(StatusError::Reply)?;
+        conn.send(&msg, &[]).map_err(sock)?;
+        let (bytes, _fds) = conn.recv().map_err(sock)?.ok_or(StatusError::Closed)?;
+        let outcome: Outcome = serde_json::from_slice(&bytes).map_err(StatusError::Reply)?;
+        if !outcome.ok {
+            return Err(StatusError::Refused(
+                outcome.error.unwrap_or_else(|| "no reason given".into()),
+            ));
+        }
+        serde_json::from_slice(&bytes).map_err(StatusError::Reply)
+    };
+    let mut doc = page(&Request::Status)?;
+    while let Some(from) = doc.next {
+        let Ok(from) = u32::try_from(from) else {
+            break;
+        };
+        let more = page(&Request::StatusPage(StatusPage { from }))?;
+        doc.ports.extend(more.ports);
+        // A page must move on; a switch that answers the same page again
+        // would otherwise keep us here.
+        match more.next {
+            Some(n) if n > from as usize => doc.next = Some(n),
+            _ => {
+                doc.switch = more.switch;
+                doc.next = None;
+            }
+        }
+    }
+    Ok(doc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue() -> QueueStatus {
+        QueueStatus {
+            kicks: 1,
+            calls: 2,
+            calls_held: 3,
+            calls_suppressed: 4,
+            chains: 5,
+            refused: [("loop".to_string(), 6)].into_iter().collect(),
+            broke: 0,
+            size: Some(256),
+            broken: None,
+            running: None,
+        }
+    }
+
+    /// One detail of every kind.
+    fn every_kind() -> Vec<PortDetail> {
+        vec![
+            PortDetail::Ring(RingDetail {
+                mode: "csb".into(),
+                slots: 1024,
+                kicks: 1,
+                interrupts: 2,
+                bad_slots: 0,
+                bad_index: 0,
+                broken: None,
+            }),
+            PortDetail::Memif(MemifDetail {
+                peer: "testpmd".into(),
+                ring_size: 1024,
+                bad_descriptors: 3,
+                too_long: 0,
+                moderation_us: 10,
+                moderated_sleeps: 7,
+                interrupts_masked: true,
+                broken: Some("bad ring".into()),
+            }),
+            PortDetail::Vhost(Box::new(VhostDetail {
+                socket: "/tmp/vm.sock".into(),
+                mode: "sc".into(),
+                itr: 100,
+                mac: Some("52:54:00:00:00:01".into()),
+                connected: false,
+                running: false,
+                kicks: 9,
+                interrupts: 8,
+                broken: None,
+                frontend: None,
+                queues: Queues {
+                    rx: queue(),
+                    tx: QueueStatus {
+                        size: None,
+                        running: Some(false),
+                        ..queue()
+                    },
+                },
+                kicks_per_packet: 0.5,
+                tx_interrupts_per_packet: 0.25,
+                rx_interrupts_per_packet: 0.0,
+                accepted: 2,
+                turned_away: 0,
+                closed: 1,
+                last_close: Some("peer closed".into()),
+            })),
+            PortDetail::Tap(TapDetail { write_errors: 4 }),
+            PortDetail::Generator(GeneratorDetail { frame_len: 60 }),
+            PortDetail::Echo(EchoDetail { queued: 2 }),
+            PortDetail::None(NoDetail {}),
+        ]
+    }
+
+    #[test]
+    fn every_kind_of_detail_reads_back_as_itself() {
+        for d in every_kind() {
+            let text = serde_json::to_string(&d).unwrap();
+            let back: PortDetail = serde_json::from_str(&text).unwrap();
+            assert_eq!(
+                std::mem::discriminant(&back),
+                std::mem::discriminant(&d),
+                "{text}"
+            );
+            assert_eq!(serde_json::to_string(&back).unwrap(), text);
+        }
+    }
+
+    #[test]
+    fn the_table_shows_each_port_and_the_switch() {
+        let ports = every_kind()
+            .into_iter()
+            .enumerate()
+            .map(|(i, detail)| PortStatus {
+                index: i,
+                name: format!("p{i}"),
+                kind: "k".into(),
+                from_port: 10,
+                to_port: 10,
+                to_port_bytes: 600,
+                dropped_full: 0,
+                spoofed: 0,
+                locked_mac: None,
+                detail,
+            })
+            .collect();
+        let s = Status {
+            switch: SwitchStats::default(),
+            macs: 3,
+            ports,
+            next: None,
+        };
+        let text = s.to_text();
+        assert!(text.contains("broken: bad ring"), "{text}");
+        assert!(text.contains("waiting for QEMU"), "{text}");
+        assert!(text.contains("learned addresses: 3"), "{text}");
+        let back: Status = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back.to_text(), text);
+    }
+}
