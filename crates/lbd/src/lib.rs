@@ -30,6 +30,7 @@
 //! axum; it drives the forwarder through atomic table swaps and never sits
 //! on the packet path.
 
+pub mod access;
 pub mod agreement;
 pub mod client;
 pub mod daemon;

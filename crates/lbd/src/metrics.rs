@@ -130,18 +130,17 @@ fn set(f: &Family<Labels, Gauge>, l: &[(&str, &str)], v: u64) {
         .set(i64::try_from(v).unwrap_or(i64::MAX));
 }
 
-impl Shared {
-    /// The exposition in `format`.
-    pub fn metrics(&self, format: Format) -> String {
-        encode_metrics_as(
-            format,
-            &self.status(),
-            &self.datapath.counters(),
-            self.health
-                .inconclusive
-                .load(std::sync::atomic::Ordering::Relaxed),
-        )
-    }
+/// The exposition in `format`.
+pub fn metrics(shared: &Shared, format: Format) -> String {
+    encode_metrics_as(
+        format,
+        &crate::status::status(shared),
+        &shared.datapath.counters(),
+        shared
+            .health
+            .inconclusive
+            .load(std::sync::atomic::Ordering::Relaxed),
+    )
 }
 
 /// The OpenMetrics exposition of one snapshot: `s` (the `/status`

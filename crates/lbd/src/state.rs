@@ -43,9 +43,9 @@ pub struct Shared {
     pub(crate) gateway: Gateway,
     /// The API's bearer token (`[api] token_file`) and whether reads need
     /// it too.
-    pub(crate) api: crate::http::Access,
+    pub(crate) api: crate::access::Access,
     /// The API's open connections and their cap.
-    pub(crate) api_connections: Arc<crate::http::Connections>,
+    pub(crate) api_connections: Arc<crate::access::Connections>,
     /// How the open files are shared out: the API's cap follows the
     /// configuration's health checks.
     pub(crate) budget: Mutex<crate::limits::Budget>,
