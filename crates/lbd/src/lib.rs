@@ -32,6 +32,8 @@
 
 pub mod access;
 pub mod agreement;
+pub mod announce;
+pub mod bird;
 pub mod client;
 pub mod daemon;
 pub mod gateway;

@@ -38,7 +38,7 @@ pub struct Shared {
     /// What the datapath runs with and publishes.
     pub(crate) datapath: DatapathState,
     /// BGP: what the controller wants of BIRD, and BIRD's last reading.
-    pub(crate) bgp: crate::tasks::bgp::BgpShared,
+    pub(crate) bgp: crate::announce::BgpState,
     /// The next hop's MAC: resolved, configured or unresolved.
     pub(crate) gateway: Gateway,
     /// The API's bearer token (`[api] token_file`) and whether reads need

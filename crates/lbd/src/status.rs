@@ -12,6 +12,16 @@ use serde::Serialize;
 
 use crate::state::Shared;
 
+/// BGP as BIRD says it now beside what the controller wants (none
+/// without `[bgp]`): BIRD is read for the question (or within
+/// [`crate::announce::READING_SHARED_FOR`] of it), so "announced" is never
+/// older than the moment it is asked.
+fn bgp(shared: &Shared) -> Option<crate::announce::BgpStatus> {
+    let plan = shared.bgp.plan()?;
+    let reading = shared.bgp.read(&crate::bird::Birdc(&plan.bgp.birdc));
+    Some(crate::announce::status(&plan, &reading))
+}
+
 /// The `/status` document.
 pub fn status(shared: &Shared) -> Status {
     let (c, forwarded_in_driver) = shared.datapath.counters_and_driver();
@@ -21,7 +31,7 @@ pub fn status(shared: &Shared) -> Status {
         (control.tables().load_full(), control.config().clone())
     };
     // What BIRD says now, beside what the controller wants.
-    let bgp = shared.bgp_status();
+    let bgp = bgp(shared);
     let fleet = crate::tasks::peers::status(&tables, &c, &cfg);
     // The weight written in the configuration and the drain state, by
     // backend name, per pool (the tables hold 0 for a drained backend).
@@ -384,7 +394,7 @@ pub struct Status {
     /// the mismatch if they differ (absent without `[bgp]` and in
     /// documents from versions without it).
     #[serde(default)]
-    pub bgp: Option<crate::tasks::bgp::BgpStatus>,
+    pub bgp: Option<crate::announce::BgpStatus>,
     /// `[encap]`: what the fleet must agree on (absent in documents from
     /// versions without it).
     #[serde(default)]
