@@ -288,9 +288,10 @@ pub struct Announcer {
     memory: Memory,
     /// Times BIRD was put back.
     pub repairs: u64,
-    /// The last step's errors, in words, if it had any (logged when they
-    /// change).
-    pub last_error: Option<String>,
+    /// The last step's errors as they were logged, if it had any: they
+    /// are logged again only when they change (the step's own are typed,
+    /// in [`Plan::error`]).
+    last_logged: Option<String>,
 }
 
 impl Announcer {
@@ -482,10 +483,10 @@ impl Announcer {
     fn finish(&mut self, plan: &mut Plan, reading: &Reading, errors: Vec<AnnounceError>) {
         let error = (!errors.is_empty()).then(|| Arc::new(StepError(errors)));
         let words = error.as_ref().map(ToString::to_string);
-        if words.is_some() && words != self.last_error {
+        if words.is_some() && words != self.last_logged {
             tracing::error!("BGP controller: {}", words.as_deref().unwrap_or(""));
         }
-        self.last_error = words;
+        self.last_logged = words;
         plan.error = error;
         plan.announced = reading.view.as_ref().is_ok_and(|v| {
             plan.families
