@@ -170,7 +170,7 @@ pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
             )
         }),
         bgp: cfg.bgp.as_ref().map(|b| {
-            let families: Vec<String> = lbd::tasks::bgp::targets(b)
+            let families: Vec<String> = lbd::announce::targets(b)
                 .iter()
                 .map(|t| {
                     format!(
@@ -198,7 +198,7 @@ pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
             .iter()
             .cloned()
             .chain(lbd::health::warnings(cfg))
-            .chain(lbd::tasks::bgp::unannounced(cfg))
+            .chain(lbd::announce::unannounced(cfg))
             .collect(),
     };
     match a.format {

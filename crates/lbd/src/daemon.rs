@@ -192,7 +192,7 @@ fn serve(
     // The API's listener and token before anything runs: a port in use or a
     // missing token stops the start instead of leaving a daemon without API.
     let api_listener = cfg.api.listen.map(http::bind).transpose()?;
-    let api = http::Access {
+    let api = crate::access::Access {
         token: cfg
             .api
             .token_file
@@ -229,7 +229,7 @@ fn serve(
         bgp: Default::default(),
         gateway,
         api,
-        api_connections: http::Connections::new(crate::limits::MIN_API_CONNECTIONS),
+        api_connections: crate::access::Connections::new(crate::limits::MIN_API_CONNECTIONS),
         budget: Mutex::new(crate::limits::Budget {
             limit: crate::limits::nofile().limit(),
             at_start: 0,
@@ -248,7 +248,12 @@ fn serve(
     }
     // Everything the datapath and the tunnel need is open: what is left,
     // less what health checks, peers and BIRD need, is the API's.
-    shared.share_open_files(&cfg, Some(crate::limits::open_descriptors().unwrap_or(0)));
+    crate::limits::share_open_files(
+        &shared.budget,
+        &shared.api_connections,
+        &cfg,
+        Some(crate::limits::open_descriptors().unwrap_or(0)),
+    );
     // `stop` (the signal) starts a graceful stop: the BGP controller
     // withdraws the VIPs, then the drainer keeps the datapath, the API and
     // health checks running until the router has moved the traffic away,
@@ -396,7 +401,7 @@ async fn control_plane(
         let s = Arc::clone(&shared);
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
-                let _ = s.reload();
+                let _ = crate::reload::reload(&s);
             }
         });
     }

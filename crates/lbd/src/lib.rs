@@ -10,12 +10,16 @@
 //! - [`reload`]: reloads and runtime changes (drain, undrain, weight),
 //!   applied whole or not at all; [`runtime`] edits the file for the latter.
 //! - [`status`]: the `/status` document; [`metrics`]: `/metrics`.
-//! - [`http`]: the API's routes and their listener; [`paths`]: its paths,
-//!   written once for the routes and the [`client`] the command line uses.
+//! - [`http`]: the API's routes and their listener; [`access`]: who may
+//!   use it (the token) and how many at once (the connection cap);
+//!   [`paths`]: its paths, written once for the routes and the [`client`]
+//!   the command line uses.
 //! - [`tasks`]: the work beside the datapath: health checks, the BGP
-//!   controller (VIP announcements through BIRD), the `[fleet]` peers'
-//!   liveness, the sync of the load balancer in the driver, the
-//!   packet-tracer's reporter.
+//!   controller, the `[fleet]` peers' liveness, the sync of the load
+//!   balancer in the driver, the packet-tracer's reporter.
+//! - [`announce`]: what the BGP controller does of each poll (the VIP
+//!   routes files, and BIRD made to show what is wanted, decided by a pure
+//!   function); [`bird`]: the BIRD client, the only place `birdc` is run.
 //! - [`health`]: what a health check is and how its verdict is reached;
 //!   [`tunnel`]: checks that go through GRE as client traffic does.
 //! - [`gateway`]: the next hop's MAC resolved from the kernel; [`lock`]: one
@@ -29,23 +33,34 @@
 //! This is the only crate of the load balancer that depends on tokio and
 //! axum; it drives the forwarder through atomic table swaps and never sits
 //! on the packet path.
+//!
+//! The modules import one another without a circle: the shared state
+//! ([`state`]) depends only on the parts it holds (access, limits, the
+//! announcement's state, the next hop, health checks and their tunnel), and
+//! what acts on it (the API, reloads, `/status`, `/metrics`, the tasks)
+//! sits above it.
+//! `python3 scripts/modgraph.py crates/lbd/src` checks it. Modules only the
+//! daemon itself uses are `pub(crate)`.
 
+pub(crate) mod access;
 pub mod agreement;
+pub mod announce;
+pub mod bird;
 pub mod client;
 pub mod daemon;
-pub mod gateway;
+pub(crate) mod gateway;
 pub mod health;
 pub mod http;
-pub mod limits;
-pub mod lock;
-pub mod metrics;
-pub mod notify;
-pub mod paths;
-pub mod ports;
+pub(crate) mod limits;
+pub(crate) mod lock;
+pub(crate) mod metrics;
+pub(crate) mod notify;
+pub(crate) mod paths;
+pub(crate) mod ports;
 pub mod reload;
 pub mod runtime;
-pub mod state;
+pub(crate) mod state;
 pub mod status;
-pub mod tasks;
-pub mod tunnel;
+pub(crate) mod tasks;
+pub(crate) mod tunnel;
 pub mod withdraw;

@@ -13,13 +13,16 @@
 //! in flight), and a margin for `birdc`, the configuration file, the
 //! tracer's socket and netlink. The API may hold what is left, at most
 //! [`MAX_API_CONNECTIONS`]; above that it closes new connections at once
-//! ([`crate::http::Connections`]). A reload that changes the checks sets
+//! ([`Connections`]). A reload that changes the checks sets
 //! the API's share again.
 
 use std::io;
+use std::sync::Mutex;
 
 use lb::Config;
 use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+
+use crate::access::Connections;
 
 /// The most API connections open at once, however many descriptors there
 /// are: more than the operators, scrapers and fleet checks of a load
@@ -154,37 +157,41 @@ impl Budget {
     }
 }
 
-impl crate::state::Shared {
-    /// Sets the API's share of open files for `cfg`'s health checks and
-    /// peers. `at_start`, the descriptors open when the API starts, is
-    /// measured once at start; a reload keeps it (`None`).
-    pub(crate) fn share_open_files(&self, cfg: &Config, at_start: Option<usize>) {
-        let mut b = self.budget.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = at_start {
-            b.at_start = n;
-        }
-        b.reserved = needed_besides_api(cfg);
-        let cap = b.api_connections();
-        if cap != self.api_connections.cap() || at_start.is_some() {
-            tracing::info!(
-                limit = b.limit,
-                open_at_start = b.at_start,
-                reserved = b.reserved,
-                "HTTP API: at most {cap} connections at once (the rest of the open files \
-                 is kept for the datapath, health checks, peers and BIRD)"
-            );
-        }
-        if b.tight() {
-            tracing::warn!(
-                limit = b.limit,
-                open_at_start = b.at_start,
-                reserved = b.reserved,
-                "the open-files limit barely covers this configuration's health checks; \
-                 raise the hard limit (LimitNOFILE= in a service unit, or ulimit -Hn)"
-            );
-        }
-        self.api_connections.set_cap(cap);
+/// Sets the API's share of open files (`conns`' cap, and `budget`'s
+/// reservation) for `cfg`'s health checks and peers. `at_start`, the
+/// descriptors open when the API starts, is measured once at start; a
+/// reload keeps it (`None`).
+pub(crate) fn share_open_files(
+    budget: &Mutex<Budget>,
+    conns: &Connections,
+    cfg: &Config,
+    at_start: Option<usize>,
+) {
+    let mut b = budget.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = at_start {
+        b.at_start = n;
     }
+    b.reserved = needed_besides_api(cfg);
+    let cap = b.api_connections();
+    if cap != conns.cap() || at_start.is_some() {
+        tracing::info!(
+            limit = b.limit,
+            open_at_start = b.at_start,
+            reserved = b.reserved,
+            "HTTP API: at most {cap} connections at once (the rest of the open files \
+             is kept for the datapath, health checks, peers and BIRD)"
+        );
+    }
+    if b.tight() {
+        tracing::warn!(
+            limit = b.limit,
+            open_at_start = b.at_start,
+            reserved = b.reserved,
+            "the open-files limit barely covers this configuration's health checks; \
+             raise the hard limit (LimitNOFILE= in a service unit, or ulimit -Hn)"
+        );
+    }
+    conns.set_cap(cap);
 }
 
 #[cfg(test)]

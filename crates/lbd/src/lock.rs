@@ -132,7 +132,8 @@ impl InterfaceLock {
         Ok(InterfaceLock { _file: file, path })
     }
 
-    /// The lock file.
+    /// The lock file (for the tests: the daemon only holds the lock).
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }

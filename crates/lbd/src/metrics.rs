@@ -130,28 +130,31 @@ fn set(f: &Family<Labels, Gauge>, l: &[(&str, &str)], v: u64) {
         .set(i64::try_from(v).unwrap_or(i64::MAX));
 }
 
-impl Shared {
-    /// The exposition in `format`.
-    pub fn metrics(&self, format: Format) -> String {
-        encode_metrics_as(
-            format,
-            &self.status(),
-            &self.datapath.counters(),
-            self.health
-                .inconclusive
-                .load(std::sync::atomic::Ordering::Relaxed),
-        )
-    }
+/// The exposition in `format`.
+pub fn metrics(shared: &Shared, format: Format) -> String {
+    encode_metrics_as(
+        format,
+        &crate::status::status(shared),
+        &shared.datapath.counters(),
+        shared
+            .health
+            .inconclusive
+            .load(std::sync::atomic::Ordering::Relaxed),
+    )
 }
 
 /// The OpenMetrics exposition of one snapshot: `s` (the `/status`
 /// document), `c` (the packet threads' counters summed) and the control
-/// plane's count of inconclusive health checks.
+/// plane's count of inconclusive health checks (the tests' shorthand: the
+/// API negotiates the format).
+#[cfg(test)]
 pub fn encode_metrics(s: &Status, c: &Counters, checks_inconclusive: u64) -> String {
     encode_metrics_as(Format::OpenMetrics, s, c, checks_inconclusive)
 }
 
-/// [`encode_metrics`] in the format asked for.
+/// The exposition of one snapshot in the format asked for: `s` (the
+/// `/status` document), `c` (the packet threads' counters summed) and the
+/// control plane's count of inconclusive health checks.
 pub fn encode_metrics_as(
     format: Format,
     s: &Status,

@@ -102,176 +102,189 @@ pub struct Reloaded {
     pub parsed: lb::config::ChunkStats,
 }
 
-impl Shared {
-    /// Re-reads the configuration file and swaps it in, or explains why not.
-    /// Keys that cannot change while running are reported, not applied.
-    pub fn reload(&self) -> Result<Reloaded, ReloadError> {
-        let mut applied = self.file.applied.lock().unwrap_or_else(|p| p.into_inner());
-        let applied = &mut *applied;
-        let started = std::time::Instant::now();
-        let result = Config::load_with(&self.file.path, &mut applied.cache)
-            .map(|c| (c.config, c.text))
-            .map_err(ReloadError::from)
-            .and_then(|(cfg, text)| {
-                let mut r = self.apply_config(cfg)?;
-                applied.text = text;
-                r.took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-                r.parsed = applied.cache.last();
-                Ok(r)
-            });
-        match &result {
-            Ok(r) => {
-                self.changes.reloads.fetch_add(1, Ordering::Relaxed);
-                *self
-                    .changes
-                    .last_reload_error
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = None;
-                tracing::info!(
-                    generation = r.generation,
-                    took_ms = r.took_us as f64 / 1e3,
-                    elements_parsed = r.parsed.parsed,
-                    elements = r.parsed.chunks,
-                    "configuration reloaded"
-                );
-                if !r.not_applied.is_empty() {
-                    tracing::warn!(
-                        "not applied until the next start: {} (the running values stay)",
-                        r.not_applied.join(", ")
-                    );
-                }
-            }
-            Err(e) => {
-                self.changes.reload_failures.fetch_add(1, Ordering::Relaxed);
-                *self
-                    .changes
-                    .last_reload_error
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-                tracing::error!("reload rejected, the running configuration stays: {e}");
-            }
-        }
-        result
-    }
-
-    /// Swaps in a validated configuration (a reload's or a runtime
-    /// change's) in one step, or changes nothing; counts a generation.
-    fn apply_config(&self, mut cfg: Config) -> Result<Reloaded, ReloadError> {
-        if cfg.encap.mac.is_none() {
-            cfg.encap.mac.clone_from(&self.file.interface_mac);
-        }
-        let checks = health::checks(&cfg);
-        self.health.ensure_tunnel(&checks)?;
-        let mut c = self.control.lock().unwrap_or_else(|p| p.into_inner());
-        c.apply(cfg.clone())?;
-        *self
-            .health
-            .check_names
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = checks;
-        if let Some(f) = &self.datapath.xdp_vips {
-            f.set(&crate::ports::vip_addresses(&cfg))
-                .map_err(ReloadError::XdpVips)?;
-            // The prefixes of the tables just applied (their matcher).
-            f.set_prefixes(&crate::ports::vip_prefixes(&c.tables().load().matcher))
-                .map_err(ReloadError::XdpVips)?;
-            crate::tasks::peers::set_xdp_redirects(f, &cfg).map_err(ReloadError::XdpVips)?;
-        }
-        drop(c);
-        // The checks, and so the API's share of open files, may have changed.
-        self.share_open_files(&cfg, None);
-        // The backends or gateway_mac may have changed.
-        self.gateway.kick();
-        Ok(Reloaded {
-            generation: self.file.generation.fetch_add(1, Ordering::Relaxed) + 1,
-            not_applied: self.file.boot.restart_keys(&cfg),
-            took_us: 0,
-            parsed: lb::config::ChunkStats::default(),
-        })
-    }
-
-    /// Drains, undrains or reweighs `backend` (a name, or an address) in
-    /// every pool that lists it: the file's text is edited
-    /// ([`crate::runtime::edit`]), the result validated and applied whole
-    /// like a reload, then written back in one step. Nothing changes on
-    /// any error: an unknown backend, a file edited since it was loaded
-    /// (reload it first), a configuration the change makes invalid.
-    pub fn runtime_change(
-        &self,
-        backend: &str,
-        change: crate::runtime::Change,
-    ) -> Result<RuntimeChanged, RuntimeError> {
-        let result = self.runtime_change_inner(backend, change);
-        match &result {
-            Ok(r) => {
-                self.changes.runtime_changes.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(
-                    backend,
-                    %change,
-                    pools = ?r.pools,
-                    generation = r.generation,
-                    changed = r.changed,
-                    "runtime change applied and written to the configuration file"
+/// Re-reads the configuration file and swaps it in, or explains why not.
+/// Keys that cannot change while running are reported, not applied.
+pub fn reload(shared: &Shared) -> Result<Reloaded, ReloadError> {
+    let mut applied = shared
+        .file
+        .applied
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let applied = &mut *applied;
+    let started = std::time::Instant::now();
+    let result = Config::load_with(&shared.file.path, &mut applied.cache)
+        .map(|c| (c.config, c.text))
+        .map_err(ReloadError::from)
+        .and_then(|(cfg, text)| {
+            let mut r = apply_config(shared, cfg)?;
+            applied.text = text;
+            r.took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            r.parsed = applied.cache.last();
+            Ok(r)
+        });
+    match &result {
+        Ok(r) => {
+            shared.changes.reloads.fetch_add(1, Ordering::Relaxed);
+            *shared
+                .changes
+                .last_reload_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+            tracing::info!(
+                generation = r.generation,
+                took_ms = r.took_us as f64 / 1e3,
+                elements_parsed = r.parsed.parsed,
+                elements = r.parsed.chunks,
+                "configuration reloaded"
+            );
+            if !r.not_applied.is_empty() {
+                tracing::warn!(
+                    "not applied until the next start: {} (the running values stay)",
+                    r.not_applied.join(", ")
                 );
             }
-            Err(e) => {
-                self.changes
-                    .runtime_change_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(backend, %change, "runtime change refused: {e}");
-            }
         }
-        result
+        Err(e) => {
+            shared
+                .changes
+                .reload_failures
+                .fetch_add(1, Ordering::Relaxed);
+            *shared
+                .changes
+                .last_reload_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+            tracing::error!("reload rejected, the running configuration stays: {e}");
+        }
     }
+    result
+}
 
-    fn runtime_change_inner(
-        &self,
-        backend: &str,
-        change: crate::runtime::Change,
-    ) -> Result<RuntimeChanged, RuntimeError> {
-        let mut applied = self.file.applied.lock().unwrap_or_else(|p| p.into_inner());
-        let path = &self.file.path;
-        let file = path.display().to_string();
-        let on_disk = std::fs::read_to_string(path).map_err(|source| RuntimeError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        if on_disk != applied.text {
-            return Err(RuntimeError::FileChanged { path: path.clone() });
+/// Swaps in a validated configuration (a reload's or a runtime
+/// change's) in one step, or changes nothing; counts a generation.
+fn apply_config(shared: &Shared, mut cfg: Config) -> Result<Reloaded, ReloadError> {
+    if cfg.encap.mac.is_none() {
+        cfg.encap.mac.clone_from(&shared.file.interface_mac);
+    }
+    let checks = health::checks(&cfg);
+    shared.health.ensure_tunnel(&checks)?;
+    let mut c = shared.control.lock().unwrap_or_else(|p| p.into_inner());
+    c.apply(cfg.clone())?;
+    *shared
+        .health
+        .check_names
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = checks;
+    if let Some(f) = &shared.datapath.xdp_vips {
+        f.set(&crate::ports::vip_addresses(&cfg))
+            .map_err(ReloadError::XdpVips)?;
+        // The prefixes of the tables just applied (their matcher).
+        f.set_prefixes(&crate::ports::vip_prefixes(&c.tables().load().matcher))
+            .map_err(ReloadError::XdpVips)?;
+        crate::tasks::peers::set_xdp_redirects(f, &cfg).map_err(ReloadError::XdpVips)?;
+    }
+    drop(c);
+    // The checks, and so the API's share of open files, may have changed.
+    crate::limits::share_open_files(&shared.budget, &shared.api_connections, &cfg, None);
+    // The backends or gateway_mac may have changed.
+    shared.gateway.kick();
+    Ok(Reloaded {
+        generation: shared.file.generation.fetch_add(1, Ordering::Relaxed) + 1,
+        not_applied: shared.file.boot.restart_keys(&cfg),
+        took_us: 0,
+        parsed: lb::config::ChunkStats::default(),
+    })
+}
+
+/// Drains, undrains or reweighs `backend` (a name, or an address) in
+/// every pool that lists it: the file's text is edited
+/// ([`crate::runtime::edit`]), the result validated and applied whole
+/// like a reload, then written back in one step. Nothing changes on
+/// any error: an unknown backend, a file edited since it was loaded
+/// (reload it first), a configuration the change makes invalid.
+pub fn runtime_change(
+    shared: &Shared,
+    backend: &str,
+    change: crate::runtime::Change,
+) -> Result<RuntimeChanged, RuntimeError> {
+    let result = runtime_change_inner(shared, backend, change);
+    match &result {
+        Ok(r) => {
+            shared
+                .changes
+                .runtime_changes
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                backend,
+                %change,
+                pools = ?r.pools,
+                generation = r.generation,
+                changed = r.changed,
+                "runtime change applied and written to the configuration file"
+            );
         }
-        // Only the pools that list the backend are parsed and edited: the
-        // running configuration was parsed from exactly this text.
-        let edited = {
-            let c = self.control();
-            crate::runtime::edit_with(&on_disk, c.config(), backend, change)?
-        };
-        let generation = self.file.generation.load(Ordering::Relaxed);
-        let mut out = RuntimeChanged {
-            backend: backend.to_string(),
-            change,
-            pools: edited.pools.clone(),
-            changed: edited.changed,
-            generation,
-            file,
-        };
-        if !edited.changed {
-            return Ok(out);
+        Err(e) => {
+            shared
+                .changes
+                .runtime_change_failures
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(backend, %change, "runtime change refused: {e}");
         }
-        let cfg = Config::check_text(edited.text.clone(), &out.file, &mut applied.cache)?.config;
-        let old = self.control().config().clone();
-        crate::runtime::write_atomically(path, &edited.text)?;
-        match self.apply_config(cfg) {
-            Ok(r) => {
-                out.generation = r.generation;
-                applied.text = edited.text;
-                Ok(out)
-            }
-            Err(e) => {
-                // Not applied: the file goes back to what runs.
-                let _ = crate::runtime::write_atomically(path, &on_disk);
-                let _ = self.control().apply(old);
-                Err(e.into())
-            }
+    }
+    result
+}
+
+fn runtime_change_inner(
+    shared: &Shared,
+    backend: &str,
+    change: crate::runtime::Change,
+) -> Result<RuntimeChanged, RuntimeError> {
+    let mut applied = shared
+        .file
+        .applied
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let path = &shared.file.path;
+    let file = path.display().to_string();
+    let on_disk = std::fs::read_to_string(path).map_err(|source| RuntimeError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    if on_disk != applied.text {
+        return Err(RuntimeError::FileChanged { path: path.clone() });
+    }
+    // Only the pools that list the backend are parsed and edited: the
+    // running configuration was parsed from exactly this text.
+    let edited = {
+        let c = shared.control();
+        crate::runtime::edit_with(&on_disk, c.config(), backend, change)?
+    };
+    let generation = shared.file.generation.load(Ordering::Relaxed);
+    let mut out = RuntimeChanged {
+        backend: backend.to_string(),
+        change,
+        pools: edited.pools.clone(),
+        changed: edited.changed,
+        generation,
+        file,
+    };
+    if !edited.changed {
+        return Ok(out);
+    }
+    let cfg = Config::check_text(edited.text.clone(), &out.file, &mut applied.cache)?.config;
+    let old = shared.control().config().clone();
+    crate::runtime::write_atomically(path, &edited.text)?;
+    match apply_config(shared, cfg) {
+        Ok(r) => {
+            out.generation = r.generation;
+            applied.text = edited.text;
+            Ok(out)
+        }
+        Err(e) => {
+            // Not applied: the file goes back to what runs.
+            let _ = crate::runtime::write_atomically(path, &on_disk);
+            let _ = shared.control().apply(old);
+            Err(e.into())
         }
     }
 }

@@ -38,14 +38,14 @@ pub struct Shared {
     /// What the datapath runs with and publishes.
     pub(crate) datapath: DatapathState,
     /// BGP: what the controller wants of BIRD, and BIRD's last reading.
-    pub(crate) bgp: crate::tasks::bgp::BgpShared,
+    pub(crate) bgp: crate::announce::BgpState,
     /// The next hop's MAC: resolved, configured or unresolved.
     pub(crate) gateway: Gateway,
     /// The API's bearer token (`[api] token_file`) and whether reads need
     /// it too.
-    pub(crate) api: crate::http::Access,
+    pub(crate) api: crate::access::Access,
     /// The API's open connections and their cap.
-    pub(crate) api_connections: Arc<crate::http::Connections>,
+    pub(crate) api_connections: Arc<crate::access::Connections>,
     /// How the open files are shared out: the API's cap follows the
     /// configuration's health checks.
     pub(crate) budget: Mutex<crate::limits::Budget>,

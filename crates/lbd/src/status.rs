@@ -1,6 +1,6 @@
 //! The `/status` document: what the daemon runs and has done, as JSON for
 //! programs ([`Status`]) and as tables for people ([`Status::to_text`]),
-//! built from one look at the shared state ([`Shared::status`]).
+//! built from one look at the shared state ([`status`]).
 //!
 //! Documents from older versions still parse: fields added since default,
 //! renamed ones are read under their old names too.
@@ -12,131 +12,142 @@ use serde::Serialize;
 
 use crate::state::Shared;
 
-impl Shared {
-    /// The `/status` document.
-    pub fn status(&self) -> Status {
-        let (c, forwarded_in_driver) = self.datapath.counters_and_driver();
-        // The tables and the configuration they were built from, together.
-        let (tables, cfg) = {
-            let control = self.control();
-            (control.tables().load_full(), control.config().clone())
-        };
-        // What BIRD says now, beside what the controller wants.
-        let bgp = self.bgp_status();
-        let fleet = crate::tasks::peers::status(&tables, &c, &cfg);
-        // The weight written in the configuration and the drain state, by
-        // backend name, per pool (the tables hold 0 for a drained backend).
-        let mut configured: HashMap<&str, HashMap<String, (u32, bool)>> = HashMap::new();
-        let backend = |id: u32, weight: u32, written: Option<&(u32, bool)>| {
-            let b = &tables.backends[id as usize];
-            let t = c.per_backend.get(id as usize).copied().unwrap_or_default();
-            let (weight, drained) = match written {
-                Some(&(w, d)) => (w, d || w == 0),
-                None => (weight, weight == 0),
-            };
-            BackendStatus {
-                name: b.name.clone(),
-                address: packet::flow::to_ip(&b.addr).to_string(),
-                healthy: b.healthy,
-                packets: t.packets,
-                bytes: t.bytes,
-                weight,
-                drained,
-            }
-        };
-        let pool = self.datapath.pool.stats();
-        let memory = tables.memory();
-        Status {
-            driver: self.datapath.driver.clone(),
-            pool_buffers: pool.buffers,
-            pool_in_use: pool.in_use,
-            generation: self.file.generation.load(Ordering::Relaxed),
-            tables_generation: tables.generation,
-            health_changes: self.health.changes.load(Ordering::Relaxed),
-            runtime_changes: self.changes.runtime_changes.load(Ordering::Relaxed),
-            runtime_change_failures: self.changes.runtime_change_failures.load(Ordering::Relaxed),
-            tables_bytes: memory.total as u64,
-            distinct_tables: memory.distinct_tables,
-            uptime_s: self.started.elapsed().as_secs_f64(),
-            reloads: self.changes.reloads.load(Ordering::Relaxed),
-            reload_failures: self.changes.reload_failures.load(Ordering::Relaxed),
-            last_reload_error: self
-                .changes
-                .last_reload_error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-            forwarded: c.tx,
-            forwarded_in_driver,
-            dropped: c.dropped_excluding_not_for_vip(),
-            drops: c
-                .drop_table_excluding_not_for_vip()
-                .into_iter()
-                .map(|(n, v)| (n.to_string(), v))
-                .collect(),
-            not_for_vip: c.not_for_vip(),
-            not_for_vip_by_kind: c
-                .not_for_vip_table()
-                .into_iter()
-                .map(|(n, v)| (n.to_string(), v))
-                .collect(),
-            csum_completed: c.csum_completed,
-            conntrack_entries: c.conntrack.entries,
-            active_connections: Some(c.conntrack.active()),
-            gateway: Some(self.gateway.status()),
-            bgp_announced: bgp.as_ref().map(|b| b.announced),
-            bgp_error: bgp.as_ref().and_then(|b| b.error.clone()),
-            bgp,
-            encap: Some(EncapStatus::of(&cfg.encap)),
-            fleet,
-            tracer: self.datapath.tracer.as_ref().map(|t| TracerStatus {
-                reports: c.trace_reports,
-                rate_limited: c.trace_rate_limited,
-                queue_full: c.trace_queue_full,
-                invalid: c.trace_invalid,
-                sent: t.sent.load(Ordering::Relaxed),
-                send_errors: t.send_errors.load(Ordering::Relaxed),
-            }),
-            api: Some(ApiStatus {
-                connections: self.api_connections.open(),
-                max_connections: self.api_connections.cap(),
-                refused: self.api_connections.refused(),
-            }),
+/// BGP as BIRD says it now beside what the controller wants (none
+/// without `[bgp]`): BIRD is read for the question (or within
+/// [`crate::announce::READING_SHARED_FOR`] of it), so "announced" is never
+/// older than the moment it is asked.
+fn bgp(shared: &Shared) -> Option<crate::announce::BgpStatus> {
+    let plan = shared.bgp.plan()?;
+    let reading = shared.bgp.read(&crate::bird::Birdc(&plan.bgp.birdc));
+    Some(crate::announce::status(&plan, &reading))
+}
 
-            vips: tables
-                .vips
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    let t = c.per_vip.get(i).copied().unwrap_or_default();
-                    let written = configured
-                        .entry(v.pool.as_str())
-                        .or_insert_with(|| crate::runtime::configured(&cfg, &v.pool));
-                    VipStatus {
-                        name: v.name.clone(),
-                        packets: t.packets,
-                        bytes: t.bytes,
-                        healthy_backends: v.slots.len(),
-                        backends: v
-                            .backends
-                            .iter()
-                            .zip(&v.weights)
-                            .map(|(&id, &w)| {
-                                backend(id, w, written.get(&tables.backends[id as usize].name))
-                            })
-                            .collect(),
-                        fingerprint: format!("{:016x}", v.fingerprint),
-                        pool: v.pool.clone(),
-                        table_bytes: memory.per_vip.get(i).map_or(0, |&b| b as u64),
-                        table_size: cfg
-                            .pools
-                            .iter()
-                            .find(|p| p.name == v.pool)
-                            .map_or(0, |p| p.table_size),
-                    }
-                })
-                .collect(),
+/// The `/status` document.
+pub fn status(shared: &Shared) -> Status {
+    let (c, forwarded_in_driver) = shared.datapath.counters_and_driver();
+    // The tables and the configuration they were built from, together.
+    let (tables, cfg) = {
+        let control = shared.control();
+        (control.tables().load_full(), control.config().clone())
+    };
+    // What BIRD says now, beside what the controller wants.
+    let bgp = bgp(shared);
+    let fleet = crate::tasks::peers::status(&tables, &c, &cfg);
+    // The weight written in the configuration and the drain state, by
+    // backend name, per pool (the tables hold 0 for a drained backend).
+    let mut configured: HashMap<&str, HashMap<String, (u32, bool)>> = HashMap::new();
+    let backend = |id: u32, weight: u32, written: Option<&(u32, bool)>| {
+        let b = &tables.backends[id as usize];
+        let t = c.per_backend.get(id as usize).copied().unwrap_or_default();
+        let (weight, drained) = match written {
+            Some(&(w, d)) => (w, d || w == 0),
+            None => (weight, weight == 0),
+        };
+        BackendStatus {
+            name: b.name.clone(),
+            address: packet::flow::to_ip(&b.addr).to_string(),
+            healthy: b.healthy,
+            packets: t.packets,
+            bytes: t.bytes,
+            weight,
+            drained,
         }
+    };
+    let pool = shared.datapath.pool.stats();
+    let memory = tables.memory();
+    Status {
+        driver: shared.datapath.driver.clone(),
+        pool_buffers: pool.buffers,
+        pool_in_use: pool.in_use,
+        generation: shared.file.generation.load(Ordering::Relaxed),
+        tables_generation: tables.generation,
+        health_changes: shared.health.changes.load(Ordering::Relaxed),
+        runtime_changes: shared.changes.runtime_changes.load(Ordering::Relaxed),
+        runtime_change_failures: shared
+            .changes
+            .runtime_change_failures
+            .load(Ordering::Relaxed),
+        tables_bytes: memory.total as u64,
+        distinct_tables: memory.distinct_tables,
+        uptime_s: shared.started.elapsed().as_secs_f64(),
+        reloads: shared.changes.reloads.load(Ordering::Relaxed),
+        reload_failures: shared.changes.reload_failures.load(Ordering::Relaxed),
+        last_reload_error: shared
+            .changes
+            .last_reload_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone(),
+        forwarded: c.tx,
+        forwarded_in_driver,
+        dropped: c.dropped_excluding_not_for_vip(),
+        drops: c
+            .drop_table_excluding_not_for_vip()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect(),
+        not_for_vip: c.not_for_vip(),
+        not_for_vip_by_kind: c
+            .not_for_vip_table()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
+            .collect(),
+        csum_completed: c.csum_completed,
+        conntrack_entries: c.conntrack.entries,
+        active_connections: Some(c.conntrack.active()),
+        gateway: Some(shared.gateway.status()),
+        bgp_announced: bgp.as_ref().map(|b| b.announced),
+        bgp_error: bgp.as_ref().and_then(|b| b.error.clone()),
+        bgp,
+        encap: Some(EncapStatus::of(&cfg.encap)),
+        fleet,
+        tracer: shared.datapath.tracer.as_ref().map(|t| TracerStatus {
+            reports: c.trace_reports,
+            rate_limited: c.trace_rate_limited,
+            queue_full: c.trace_queue_full,
+            invalid: c.trace_invalid,
+            sent: t.sent.load(Ordering::Relaxed),
+            send_errors: t.send_errors.load(Ordering::Relaxed),
+        }),
+        api: Some(ApiStatus {
+            connections: shared.api_connections.open(),
+            max_connections: shared.api_connections.cap(),
+            refused: shared.api_connections.refused(),
+        }),
+
+        vips: tables
+            .vips
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let t = c.per_vip.get(i).copied().unwrap_or_default();
+                let written = configured
+                    .entry(v.pool.as_str())
+                    .or_insert_with(|| crate::runtime::configured(&cfg, &v.pool));
+                VipStatus {
+                    name: v.name.clone(),
+                    packets: t.packets,
+                    bytes: t.bytes,
+                    healthy_backends: v.slots.len(),
+                    backends: v
+                        .backends
+                        .iter()
+                        .zip(&v.weights)
+                        .map(|(&id, &w)| {
+                            backend(id, w, written.get(&tables.backends[id as usize].name))
+                        })
+                        .collect(),
+                    fingerprint: format!("{:016x}", v.fingerprint),
+                    pool: v.pool.clone(),
+                    table_bytes: memory.per_vip.get(i).map_or(0, |&b| b as u64),
+                    table_size: cfg
+                        .pools
+                        .iter()
+                        .find(|p| p.name == v.pool)
+                        .map_or(0, |p| p.table_size),
+                }
+            })
+            .collect(),
     }
 }
 
@@ -383,7 +394,7 @@ pub struct Status {
     /// the mismatch if they differ (absent without `[bgp]` and in
     /// documents from versions without it).
     #[serde(default)]
-    pub bgp: Option<crate::tasks::bgp::BgpStatus>,
+    pub bgp: Option<crate::announce::BgpStatus>,
     /// `[encap]`: what the fleet must agree on (absent in documents from
     /// versions without it).
     #[serde(default)]

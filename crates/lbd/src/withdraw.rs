@@ -16,7 +16,8 @@
 //! no error; `birdc` defaults as the daemon's.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use crate::bird::{BirdError, Birdc};
 
 /// What to withdraw, as the configuration's `[bgp]` names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,15 +78,9 @@ pub enum WithdrawError {
         /// The file.
         path: PathBuf,
     },
-    /// birdc could not be started.
-    #[error("running {program}: {source} (is bird2 installed?)")]
-    Spawn {
-        /// The program.
-        program: String,
-        /// The system's answer.
-        #[source]
-        source: std::io::Error,
-    },
+    /// birdc could not be run.
+    #[error(transparent)]
+    Bird(#[from] BirdError),
     /// BIRD runs and refused to disable a protocol (or birdc failed).
     #[error("birdc disable {protocol}: {output}")]
     Refused {
@@ -198,23 +193,8 @@ pub fn withdraw(config: &Path) -> Result<Vec<(String, Outcome)>, WithdrawError> 
 
 /// `birdc disable PROTOCOL`, its answer classified.
 fn disable(birdc: &[String], protocol: &Protocol) -> Result<Outcome, WithdrawError> {
-    let (program, rest) = birdc.split_first().ok_or(WithdrawError::NoBirdc {
-        path: PathBuf::new(),
-    })?;
-    let out = Command::new(program)
-        .args(rest)
-        .args(["disable", &protocol.name])
-        .output()
-        .map_err(|source| WithdrawError::Spawn {
-            program: program.clone(),
-            source,
-        })?;
-    classify(
-        protocol,
-        out.status.success(),
-        &String::from_utf8_lossy(&out.stdout),
-        &String::from_utf8_lossy(&out.stderr),
-    )
+    let a = Birdc(birdc).answer(&["disable", &protocol.name])?;
+    classify(protocol, a.success, &a.stdout, &a.stderr)
 }
 
 /// What birdc's answer to `disable` means. birdc says "NAME: disabled" or

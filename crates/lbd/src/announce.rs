@@ -1,0 +1,1397 @@
+//! The paper's section 3.2 announcement: fastpath writes the VIP routes
+//! into a file per address family that BIRD includes, and enables or
+//! disables the static protocol that holds them (one per family: BIRD's
+//! static protocols are). No BGP is spoken here: BIRD holds the sessions,
+//! and is asked through [`crate::bird`].
+//!
+//! An announcement is a promise that this load balancer forwards, so it is
+//! never assumed: every step reads back from BIRD (`birdc show protocols
+//! all`) whether each protocol is up, how many routes it holds, and what the
+//! established BGP sessions export, and puts BIRD back where it differs
+//! from what fastpath wants. `birdc configure` (an operator changing BFD
+//! timers, say) resets the protocols to their configured `disabled`; a
+//! restarted BIRD starts so; a routes file may have been replaced: each is
+//! repaired at the next step. What to do is decided by a pure function
+//! ([`decide`]: what fastpath wants and what BIRD shows in, [`Action`]s
+//! out); [`Announcer::apply`] carries it out through a [`Bird`], and
+//! [`Announcer::step`] is one poll of the controller
+//! ([`crate::tasks::bgp`]): the routes files, then the decisions.
+//!
+//! `/status`, `/metrics` and `lb status` say what BIRD says at the moment
+//! they are asked ([`BgpState::read`], [`status`]), beside what fastpath
+//! wants and a `mismatch` in words when the two differ.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lb::config::{Bgp, Config};
+use serde::{Deserialize, Serialize};
+
+use crate::bird::{read_view, Bird, BirdError, BirdView, Family, FamilyView, Target};
+
+/// Why a step of the announcer fell short; each is kept, typed.
+#[derive(Debug, thiserror::Error)]
+pub enum AnnounceError {
+    /// The file of VIP routes that BIRD includes could not be written.
+    #[error("writing {path}: {source}")]
+    RoutesFile {
+        /// The file (`[bgp] vips_file` or `vips_file6`).
+        path: PathBuf,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// BIRD did not answer, or refused a command.
+    #[error(transparent)]
+    Bird(#[from] Arc<BirdError>),
+    /// BIRD has no protocol of the name `[bgp]` gives.
+    #[error(
+        "BIRD has no protocol {protocol} for the {family} VIPs: its configuration must define it \
+         (dist/bird/fastpath.conf does, as [bgp] {key} names it)"
+    )]
+    NoProtocol {
+        /// The protocol's name.
+        protocol: String,
+        /// Its family.
+        family: Family,
+        /// The key that names it.
+        key: &'static str,
+    },
+}
+
+impl From<BirdError> for AnnounceError {
+    fn from(e: BirdError) -> AnnounceError {
+        AnnounceError::Bird(Arc::new(e))
+    }
+}
+
+/// Everything one step of the announcer could not do, in the order met.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", join(.0))]
+pub struct StepError(pub Vec<AnnounceError>);
+
+/// The errors in words, `; ` between them.
+fn join(errors: &[AnnounceError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// One family as the controller wants it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FamilyPlan {
+    /// Its protocol and routes file.
+    pub target: Target,
+    /// The routes in its file: its VIPs with a healthy backend.
+    pub routes: u64,
+}
+
+/// What the controller wants of BIRD and what it did, shared with the API.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The `[bgp]` section it works with.
+    pub bgp: Bgp,
+    /// Whether the datapath beats: the VIPs are to be announced.
+    pub forwarding: bool,
+    /// The families it manages: IPv4, and IPv6 from its first VIP on.
+    pub families: Vec<FamilyPlan>,
+    /// Times BIRD was found changed behind fastpath's back and put back.
+    pub repairs: u64,
+    /// What the last step could not do.
+    pub error: Option<Arc<StepError>>,
+    /// Whether BIRD announced some VIP when the last step ended.
+    pub announced: bool,
+}
+
+impl Plan {
+    /// Whether fastpath wants some VIP announced.
+    pub fn wanted(&self) -> bool {
+        self.forwarding && self.families.iter().any(|f| f.routes > 0)
+    }
+}
+
+/// A reading of BIRD's state and when it began.
+#[derive(Debug, Clone)]
+pub struct Reading {
+    /// When the question was put.
+    pub started: Instant,
+    /// BIRD's answer, or why there was none.
+    pub view: Result<BirdView, Arc<BirdError>>,
+}
+
+impl Reading {
+    /// Asks BIRD now.
+    pub fn take(bird: &dyn Bird) -> Reading {
+        let started = Instant::now();
+        Reading {
+            started,
+            view: read_view(bird).map_err(Arc::new),
+        }
+    }
+}
+
+/// One family as fastpath wants it, for [`decide`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted {
+    /// Its protocol and routes file.
+    pub target: Target,
+    /// The routes file's text as fastpath wrote it.
+    pub text: String,
+    /// The routes in it.
+    pub routes: u64,
+}
+
+/// What the announcer remembers between steps, for [`decide`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// A `birdc configure` is owed: a routes file was written and BIRD has
+    /// not read it since.
+    pub configure_owed: bool,
+    /// Per family, the routes file's text for which a configure was made
+    /// because BIRD held other routes: not made again for the same text
+    /// (BIRD's configuration may not include the file; a configure per
+    /// poll would reset every other protocol enabled at run time).
+    pub stale_configured: BTreeMap<Family, String>,
+    /// Protocols fastpath enabled and saw up: one found down later was
+    /// reset behind its back.
+    pub enabled: BTreeSet<String>,
+}
+
+/// Why a protocol is disabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// Fastpath had it announced and the datapath stopped beating.
+    Stalled,
+    /// BIRD has it up though fastpath never enabled it and does not
+    /// forward: a repair.
+    Unasked,
+}
+
+/// One thing to do so that BIRD shows what fastpath wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// BIRD holds other routes than the family's file (it read another
+    /// version of it, or none): a configure is owed, once for this text.
+    Stale {
+        /// The family.
+        family: Family,
+        /// The file's text it was found stale against.
+        text: String,
+    },
+    /// Have BIRD read its configuration (and so the routes files) again;
+    /// this resets every protocol to its configured state, so what follows
+    /// it in the same decision is decided again on a fresh reading.
+    Configure,
+    /// The protocol is up as wanted: remember that fastpath has it on.
+    Keep {
+        /// The protocol.
+        protocol: String,
+    },
+    /// Enable the protocol: announce the family's VIPs.
+    Enable {
+        /// The family's protocol and file.
+        target: Target,
+        /// The state BIRD shows it in (`down`, mostly).
+        state: String,
+        /// Whether fastpath had it on and BIRD turned it off (a
+        /// `birdc configure` or a restarted BIRD): a repair.
+        repair: bool,
+    },
+    /// Disable the protocol: withdraw the family's VIPs.
+    Disable {
+        /// The family's protocol and file.
+        target: Target,
+        /// Why.
+        why: Withdrawal,
+    },
+    /// BIRD has no such protocol: nothing can be done but say so.
+    Missing {
+        /// The family's protocol and file.
+        target: Target,
+    },
+}
+
+/// What to do so that BIRD shows what fastpath wants: the families in
+/// `wanted` announced if `forwarding`, withdrawn otherwise, given what BIRD
+/// shows (`view`) and what the announcer remembers. Pure: it reads nothing
+/// and runs nothing; [`Announcer::apply`] carries the actions out.
+pub fn decide(
+    forwarding: bool,
+    wanted: &[Wanted],
+    view: &BirdView,
+    memory: &Memory,
+) -> Vec<Action> {
+    let mut actions = Vec::new();
+    let mut configure = memory.configure_owed;
+    for w in wanted {
+        let v = view.family(&w.target);
+        if v.state.as_deref() == Some("up")
+            && v.routes != w.routes
+            && memory.stale_configured.get(&w.target.family) != Some(&w.text)
+        {
+            actions.push(Action::Stale {
+                family: w.target.family,
+                text: w.text.clone(),
+            });
+            configure = true;
+        }
+    }
+    if configure {
+        actions.push(Action::Configure);
+    }
+    for w in wanted {
+        let t = &w.target;
+        let Some(state) = view.family(t).state else {
+            actions.push(Action::Missing { target: t.clone() });
+            continue;
+        };
+        let enabled = memory.enabled.contains(&t.protocol);
+        match (forwarding, state.as_str()) {
+            // On its way up or down: BIRD is at it already.
+            (_, "start" | "stop") => {}
+            (true, "up") => actions.push(Action::Keep {
+                protocol: t.protocol.clone(),
+            }),
+            (true, _) => actions.push(Action::Enable {
+                target: t.clone(),
+                state: state.clone(),
+                repair: enabled,
+            }),
+            (false, "up") => actions.push(Action::Disable {
+                target: t.clone(),
+                why: if enabled {
+                    Withdrawal::Stalled
+                } else {
+                    Withdrawal::Unasked
+                },
+            }),
+            (false, _) => {}
+        }
+    }
+    actions
+}
+
+/// Announcement state, driven by [`Announcer::step`].
+#[derive(Debug, Default)]
+pub struct Announcer {
+    /// The families managed in this run: IPv4, and IPv6 once the
+    /// configuration has an IPv6 VIP (before that, a BIRD without an IPv6
+    /// protocol is no error).
+    managed: Vec<Target>,
+    /// What [`decide`] is told of the steps before.
+    memory: Memory,
+    /// Times BIRD was put back.
+    pub repairs: u64,
+    /// The last step's errors as they were logged, if it had any: they
+    /// are logged again only when they change (the step's own are typed,
+    /// in [`Plan::error`]).
+    last_logged: Option<String>,
+}
+
+impl Announcer {
+    /// Makes BIRD's state match: for each managed family, the routes of the
+    /// VIPs of `cfg` that `serving` accepts (those with a healthy backend)
+    /// in its routes file, read by BIRD, and its protocol enabled if the
+    /// forwarder is `forwarding`, disabled otherwise. Reads BIRD first and
+    /// acts only where it differs ([`decide`], then [`Announcer::apply`]).
+    /// What it wants, and BIRD's state as it left it.
+    pub fn step(
+        &mut self,
+        bird: &dyn Bird,
+        b: &Bgp,
+        cfg: &Config,
+        forwarding: bool,
+        serving: &dyn Fn(usize) -> bool,
+    ) -> (Plan, Reading) {
+        let mut errors: Vec<AnnounceError> = Vec::new();
+        // Families: IPv4, IPv6 once it has VIPs; targets renamed by a
+        // reload are withdrawn.
+        let targets = targets(b);
+        for old in std::mem::take(&mut self.managed) {
+            if targets.contains(&old) {
+                self.managed.push(old);
+            } else {
+                self.disable(bird, &old, "no longer named in [bgp]");
+            }
+        }
+        for t in targets {
+            let has_vips = cfg
+                .vips
+                .iter()
+                .any(|v| v.address.is_some_and(|a| Family::of(a) == t.family));
+            if !self.managed.contains(&t) && (t.family == Family::Ipv4 || has_vips) {
+                self.managed.push(t);
+            }
+        }
+        // The routes files, as the file system has them: rewritten where
+        // they differ (a restarted machine's empty /run, another writer).
+        let mut wanted = Vec::new();
+        for t in &self.managed {
+            let text = routes(cfg, t.family == Family::Ipv6, serving);
+            if std::fs::read_to_string(&t.routes_file).ok().as_deref() != Some(text.as_str()) {
+                match write_routes(&t.routes_file, &text) {
+                    Ok(()) => self.memory.configure_owed = true,
+                    Err(e) => errors.push(e),
+                }
+            }
+            wanted.push(Wanted {
+                target: t.clone(),
+                routes: route_count(&text),
+                text,
+            });
+        }
+        let mut plan = Plan {
+            bgp: b.clone(),
+            forwarding,
+            families: wanted
+                .iter()
+                .map(|w| FamilyPlan {
+                    target: w.target.clone(),
+                    routes: w.routes,
+                })
+                .collect(),
+            repairs: self.repairs,
+            error: None,
+            announced: false,
+        };
+        let reading = self.apply(bird, forwarding, &wanted, &mut errors);
+        plan.repairs = self.repairs;
+        self.finish(&mut plan, &reading, errors);
+        (plan, reading)
+    }
+
+    /// Reads BIRD, and carries out what [`decide`] says to make it show
+    /// `wanted`; a configure that succeeds is followed by a fresh reading
+    /// and a fresh decision (at most one configure a step). Errors are
+    /// added to `errors`; BIRD's state as it was left is returned.
+    pub fn apply(
+        &mut self,
+        bird: &dyn Bird,
+        forwarding: bool,
+        wanted: &[Wanted],
+        errors: &mut Vec<AnnounceError>,
+    ) -> Reading {
+        let mut reading = Reading::take(bird);
+        let mut configured = false;
+        let mut acted = false;
+        'decide: loop {
+            let view = match &reading.view {
+                Ok(v) => v.clone(),
+                Err(e) => {
+                    errors.push(AnnounceError::Bird(Arc::clone(e)));
+                    return reading;
+                }
+            };
+            for action in decide(forwarding, wanted, &view, &self.memory) {
+                match action {
+                    Action::Stale { family, text } => {
+                        self.memory.stale_configured.insert(family, text);
+                        self.memory.configure_owed = true;
+                    }
+                    // Owed still: made at the next step.
+                    Action::Configure if configured => {}
+                    Action::Configure => {
+                        configured = true;
+                        match bird.run(&["configure"]) {
+                            Ok(_) => {
+                                self.memory.configure_owed = false;
+                                // A configuration read resets every protocol
+                                // to its configured state: ours are disabled
+                                // again.
+                                self.memory.enabled.clear();
+                                reading = Reading::take(bird);
+                                continue 'decide;
+                            }
+                            Err(e) => errors.push(e.into()),
+                        }
+                    }
+                    Action::Keep { protocol } => {
+                        self.memory.enabled.insert(protocol);
+                    }
+                    Action::Enable {
+                        target: t,
+                        state,
+                        repair,
+                    } => {
+                        if repair {
+                            self.repairs += 1;
+                            self.memory.enabled.remove(&t.protocol);
+                            tracing::warn!(
+                                protocol = %t.protocol,
+                                state,
+                                "BGP: BIRD has {} {state} though fastpath announced its {} VIPs \
+                                 (a `birdc configure` or a restarted BIRD resets it): enabling it again",
+                                t.protocol,
+                                t.family
+                            );
+                        } else {
+                            tracing::info!(protocol = %t.protocol, "BGP: {} VIPs announced", t.family);
+                        }
+                        match bird.run(&["enable", &t.protocol]) {
+                            Ok(_) => {
+                                acted = true;
+                                self.memory.enabled.insert(t.protocol.clone());
+                            }
+                            Err(e) => errors.push(e.into()),
+                        }
+                    }
+                    Action::Disable { target: t, why } => {
+                        self.memory.enabled.remove(&t.protocol);
+                        match why {
+                            Withdrawal::Stalled => tracing::warn!(
+                                protocol = %t.protocol,
+                                "BGP: {} VIPs withdrawn: the datapath stopped beating",
+                                t.family
+                            ),
+                            Withdrawal::Unasked => {
+                                self.repairs += 1;
+                                tracing::warn!(
+                                    protocol = %t.protocol,
+                                    "BGP: BIRD has {} up though fastpath does not forward: disabling it",
+                                    t.protocol
+                                );
+                            }
+                        }
+                        match bird.run(&["disable", &t.protocol]) {
+                            Ok(_) => acted = true,
+                            Err(e) => errors.push(e.into()),
+                        }
+                    }
+                    Action::Missing { target: t } => errors.push(AnnounceError::NoProtocol {
+                        protocol: t.protocol.clone(),
+                        family: t.family,
+                        key: t.key(),
+                    }),
+                }
+            }
+            break;
+        }
+        if acted {
+            reading = Reading::take(bird);
+        }
+        reading
+    }
+
+    /// Records the step's errors (logged when they change) and whether
+    /// BIRD announces.
+    fn finish(&mut self, plan: &mut Plan, reading: &Reading, errors: Vec<AnnounceError>) {
+        let error = (!errors.is_empty()).then(|| Arc::new(StepError(errors)));
+        let words = error.as_ref().map(ToString::to_string);
+        if words.is_some() && words != self.last_logged {
+            tracing::error!("BGP controller: {}", words.as_deref().unwrap_or(""));
+        }
+        self.last_logged = words;
+        plan.error = error;
+        plan.announced = reading.view.as_ref().is_ok_and(|v| {
+            plan.families
+                .iter()
+                .any(|f| v.family(&f.target).announced())
+        });
+    }
+
+    fn disable(&mut self, bird: &dyn Bird, t: &Target, why: &str) {
+        match bird.run(&["disable", &t.protocol]) {
+            Ok(_) => {
+                tracing::info!(protocol = %t.protocol, "BGP: {} VIPs withdrawn ({why})", t.family)
+            }
+            Err(e) => tracing::error!(
+                protocol = %t.protocol,
+                "BGP controller: could not withdraw the {} VIPs: {e}",
+                t.family
+            ),
+        }
+        self.memory.enabled.remove(&t.protocol);
+    }
+
+    /// Withdraws every VIP (on shutdown, and when `[bgp]` goes away).
+    pub fn withdraw(&mut self, bird: &dyn Bird) {
+        for t in std::mem::take(&mut self.managed) {
+            self.disable(bird, &t, "stopping");
+        }
+    }
+}
+
+/// The families `[bgp]` can announce: IPv4 always, IPv6 unless
+/// `protocol6` is empty.
+pub fn targets(b: &Bgp) -> Vec<Target> {
+    let mut t = vec![Target {
+        family: Family::Ipv4,
+        protocol: b.protocol.clone(),
+        routes_file: b.vips_file.clone(),
+    }];
+    if !b.protocol6.is_empty() {
+        t.push(Target {
+            family: Family::Ipv6,
+            protocol: b.protocol6.clone(),
+            routes_file: b.routes_file6(),
+        });
+    }
+    t
+}
+
+/// What a configuration with `[bgp]` will not announce, in words: IPv6
+/// VIPs when `protocol6` is empty, VIPs that match a prefix group (they
+/// have no one address to announce). `check-config` prints these and the
+/// daemon logs them at start, so that no VIP goes unannounced silently.
+pub fn unannounced(cfg: &Config) -> Vec<String> {
+    let Some(b) = &cfg.bgp else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let v6: Vec<&str> = cfg
+        .vips
+        .iter()
+        .filter(|v| v.address.is_some_and(|a| a.is_ipv6()))
+        .map(|v| v.name.as_str())
+        .collect();
+    if !v6.is_empty() && b.protocol6.is_empty() {
+        out.push(format!(
+            "IPv6 VIPs {} are not announced: [bgp] protocol6 is empty (set it to BIRD's IPv6 static \
+             protocol, fastpath_vips6 in dist/bird/fastpath.conf, or route them another way)",
+            v6.join(", ")
+        ));
+    }
+    let grouped: Vec<&str> = cfg
+        .vips
+        .iter()
+        .filter(|v| v.address.is_none())
+        .map(|v| v.name.as_str())
+        .collect();
+    if !grouped.is_empty() {
+        out.push(format!(
+            "VIPs {} match prefix groups and are not announced through [bgp] (no one address to \
+             announce): route their prefixes to the load balancers another way",
+            grouped.join(", ")
+        ));
+    }
+    out
+}
+
+/// The BIRD static routes for the configuration's address VIPs whose
+/// index `serving` accepts (one route per address, whatever its ports; an
+/// address is announced if any VIP on it serves). Only the family of `ipv6`
+/// is written: BIRD's static protocol is per address family.
+pub fn routes(cfg: &Config, ipv6: bool, serving: &dyn Fn(usize) -> bool) -> String {
+    let mut addrs: Vec<std::net::IpAddr> = cfg
+        .vips
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| serving(*i))
+        .filter_map(|(_, v)| v.address)
+        .filter(|a| a.is_ipv6() == ipv6)
+        .collect();
+    addrs.sort();
+    addrs.dedup();
+    let mut s = String::from(lb::config::VIPS_FILE_HEADER);
+    for a in addrs {
+        let len = if a.is_ipv4() { 32 } else { 128 };
+        let _ = writeln!(s, "route {a}/{len} blackhole;");
+    }
+    s
+}
+
+/// The routes in a routes file's text.
+fn route_count(text: &str) -> u64 {
+    text.lines().filter(|l| l.starts_with("route ")).count() as u64
+}
+
+/// Replaces `path` with `text` whole: written to a new file of a name of
+/// its own beside it (never an existing file or link), then renamed over
+/// it, so BIRD never reads half a file.
+fn write_routes(path: &Path, text: &str) -> Result<(), AnnounceError> {
+    use std::io::Write as _;
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let err = |source| AnnounceError::RoutesFile {
+        path: path.to_path_buf(),
+        source,
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = path.with_file_name(format!(
+        ".{name}.{}.{}.{nanos:x}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(err)?;
+    let res = f
+        .write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res.map_err(err)
+}
+
+/// How long a reading of BIRD serves later questions: `/status` and
+/// `/metrics` asked within this long of one another share one birdc run,
+/// so requests cannot make the daemon run birdc without bound.
+pub const READING_SHARED_FOR: Duration = Duration::from_millis(10);
+
+/// The controller's part of the shared state: what it wants, and BIRD's
+/// last reading (one birdc at a time).
+#[derive(Debug, Default)]
+pub struct BgpState {
+    /// What the controller wants and did (none without `[bgp]`).
+    plan: Mutex<Option<Plan>>,
+    /// BIRD's last reading.
+    reading: Mutex<Option<Reading>>,
+}
+
+impl BgpState {
+    /// What the controller wants, as of its last step.
+    pub fn plan(&self) -> Option<Plan> {
+        self.plan.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn set(&self, plan: Option<Plan>, reading: Option<Reading>) {
+        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = plan;
+        if let Some(r) = reading {
+            *self.reading.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        }
+    }
+
+    /// BIRD's state now: a reading begun after this call was made, or
+    /// within [`READING_SHARED_FOR`] of it. Callers that come while birdc
+    /// runs wait for it.
+    pub fn read(&self, bird: &dyn Bird) -> Reading {
+        let asked = Instant::now();
+        let mut r = self.reading.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(x) = r.as_ref() {
+            if x.started >= asked || asked.duration_since(x.started) < READING_SHARED_FOR {
+                return x.clone();
+            }
+        }
+        let fresh = Reading::take(bird);
+        *r = Some(fresh.clone());
+        fresh
+    }
+}
+
+/// One family in `/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpFamilyStatus {
+    /// `ipv4` or `ipv6`.
+    pub family: Family,
+    /// BIRD's static protocol that holds its VIPs.
+    pub protocol: String,
+    /// The routes file fastpath writes for it.
+    pub routes_file: String,
+    /// Routes fastpath wants announced: its VIPs with a healthy backend
+    /// while the datapath beats, else 0.
+    pub wanted_routes: u64,
+    /// The protocol's state as BIRD says: `up`, `down` (disabled or
+    /// failed), `start`, `stop`, or `missing` (BIRD has no such protocol,
+    /// or did not answer).
+    pub state: String,
+    /// Routes BIRD holds in the protocol.
+    pub routes: u64,
+    /// Established BGP sessions that carry the family.
+    pub sessions: u64,
+    /// Routes those sessions export.
+    pub exported: u64,
+    /// Whether the router is told: the protocol is up with routes and an
+    /// established session exports routes of the family.
+    pub announced: bool,
+}
+
+/// BGP in `/status`: what fastpath wants and what BIRD says, read when the
+/// document was made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpStatus {
+    /// Whether fastpath wants VIPs announced: its datapath beats and some
+    /// VIP has a healthy backend.
+    pub wanted: bool,
+    /// Whether BIRD announces VIPs to the router now (some family is
+    /// announced), as BIRD says.
+    pub announced: bool,
+    /// What differs between what fastpath wants and what BIRD does, in
+    /// words; none when they agree. The controller puts BIRD back at its
+    /// next poll where it can.
+    pub mismatch: Option<String>,
+    /// Times the controller found BIRD changed behind its back and put it
+    /// back (re-enabled after a `birdc configure` or a BIRD restart, say).
+    pub repairs: u64,
+    /// How long before this document BIRD was read, milliseconds.
+    pub read_ms_ago: u64,
+    /// The last error talking to BIRD, or BIRD's missing protocols.
+    pub error: Option<String>,
+    /// Each family fastpath manages.
+    pub families: Vec<BgpFamilyStatus>,
+}
+
+/// What fastpath wants (`plan`) beside what BIRD says (`reading`).
+pub fn status(plan: &Plan, reading: &Reading) -> BgpStatus {
+    let mut mismatches = Vec::new();
+    let mut families = Vec::new();
+    for f in &plan.families {
+        let t = &f.target;
+        let v = match &reading.view {
+            Ok(view) => view.family(t),
+            Err(_) => FamilyView::default(),
+        };
+        let wanted_routes = if plan.forwarding { f.routes } else { 0 };
+        let announced = v.announced();
+        let state = v.state.clone().unwrap_or_else(|| "missing".into());
+        let p = &t.protocol;
+        let why = if wanted_routes > 0 && !announced {
+            Some(match &v.state {
+                None if reading.view.is_err() => "BIRD did not answer".to_string(),
+                None => format!("BIRD has no protocol {p}"),
+                Some(s) if s != "up" => format!("{p} is {s} in BIRD"),
+                Some(_) if v.routes == 0 => format!("{p} holds no routes in BIRD"),
+                Some(_) if v.sessions == 0 => {
+                    format!("no established BGP session carries {}", t.family)
+                }
+                Some(_) => "the established BGP sessions export none of them".to_string(),
+            })
+        } else if wanted_routes == 0 && announced {
+            Some(format!(
+                "{p} still announces {} routes though fastpath withdrew them",
+                v.routes
+            ))
+        } else if wanted_routes > 0 && v.routes != wanted_routes {
+            Some(format!(
+                "BIRD holds {} routes in {p}, fastpath wrote {wanted_routes} (does it include {}?)",
+                v.routes,
+                t.routes_file.display()
+            ))
+        } else {
+            None
+        };
+        if let Some(w) = why {
+            mismatches.push(format!(
+                "{}: {} wanted, {w}",
+                t.family,
+                if wanted_routes > 0 {
+                    "announcement"
+                } else {
+                    "withdrawal"
+                }
+            ));
+        }
+        families.push(BgpFamilyStatus {
+            family: t.family,
+            protocol: t.protocol.clone(),
+            routes_file: t.routes_file.display().to_string(),
+            wanted_routes,
+            state,
+            routes: v.routes,
+            sessions: v.sessions,
+            exported: v.exported,
+            announced,
+        });
+    }
+    let error = match (&plan.error, &reading.view) {
+        (_, Err(e)) => Some(e.to_string()),
+        (e, Ok(_)) => e.as_ref().map(ToString::to_string),
+    };
+    BgpStatus {
+        wanted: plan.wanted(),
+        announced: families.iter().any(|f| f.announced),
+        mismatch: (!mismatches.is_empty()).then(|| mismatches.join("; ")),
+        repairs: plan.repairs,
+        read_ms_ago: reading.started.elapsed().as_millis() as u64,
+        error,
+        families,
+    }
+}
+
+impl BgpStatus {
+    /// The `BGP:` line of `fastpath lb status`.
+    pub fn to_text(&self) -> String {
+        let families: Vec<String> = self
+            .families
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} {} {} ({} of {} routes, exported {} on {} sessions)",
+                    f.family,
+                    f.protocol,
+                    f.state,
+                    f.routes,
+                    f.wanted_routes,
+                    f.exported,
+                    f.sessions
+                )
+            })
+            .collect();
+        let mut out = format!(
+            "BGP: VIPs {} (fastpath {} them), as BIRD says: {}; {} repairs\n",
+            if self.announced {
+                "announced"
+            } else {
+                "not announced"
+            },
+            if self.wanted {
+                "announces"
+            } else {
+                "withdraws"
+            },
+            families.join(", "),
+            self.repairs
+        );
+        if let Some(m) = &self.mismatch {
+            let _ = writeln!(out, "BGP MISMATCH: {m}");
+        }
+        if let Some(e) = &self.error {
+            let _ = writeln!(out, "BGP error: {e}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    #[test]
+    fn routes_per_family_deduplicated() {
+        let cfg = Config::parse(
+            r#"
+[encap]
+source = "10.0.0.1"
+source6 = "fd00::1"
+[[pools]]
+name = "p"
+backends = [{ address = "10.1.0.1" }]
+[[vips]]
+name = "a"
+address = "192.0.2.80"
+port = 80
+protocol = "tcp"
+pool = "p"
+[[vips]]
+name = "b"
+address = "192.0.2.80"
+port = 443
+protocol = "tcp"
+pool = "p"
+[[vips]]
+name = "c"
+address = "2001:db8::80"
+protocol = "udp"
+pool = "p"
+"#,
+            "t",
+        )
+        .unwrap();
+        let v4 = routes(&cfg, false, &|_| true);
+        assert_eq!(v4.matches("route").count(), 1);
+        assert!(v4.contains("route 192.0.2.80/32 blackhole;"));
+        assert!(routes(&cfg, true, &|_| true).contains("route 2001:db8::80/128 blackhole;"));
+        // A VIP with no healthy backend is not announced; an address stays
+        // announced while any VIP on it serves.
+        assert!(!routes(&cfg, true, &|i| i != 2).contains("2001:db8::80"));
+        assert!(routes(&cfg, false, &|i| i == 1).contains("192.0.2.80"));
+        assert!(!routes(&cfg, false, &|i| i == 2).contains("192.0.2.80"));
+    }
+
+    /// What [`decide`] does, case by case: BIRD's protocols as `show
+    /// protocols all` lists them (name, state, routes held), what the
+    /// announcer remembers, and the actions it is to take.
+    #[test]
+    fn decisions_follow_what_bird_shows() {
+        let v4 = Target {
+            family: Family::Ipv4,
+            protocol: "v4".into(),
+            routes_file: PathBuf::from("/run/v4.conf"),
+        };
+        let v6 = Target {
+            family: Family::Ipv6,
+            protocol: "v6".into(),
+            routes_file: PathBuf::from("/run/v6.conf"),
+        };
+        let wanted = [
+            Wanted {
+                target: v4.clone(),
+                text: "route 192.0.2.80/32 blackhole;\n".into(),
+                routes: 1,
+            },
+            Wanted {
+                target: v6.clone(),
+                text: "route 2001:db8::80/128 blackhole;\n".into(),
+                routes: 1,
+            },
+        ];
+        // BIRD's answer with each protocol in a state, holding routes.
+        let show = |protocols: &[(&str, &str, &str, u64)]| {
+            let mut out = String::from("BIRD 2.0.12 ready.\n");
+            for (name, channel, state, routes) in protocols {
+                let up = if *state == "up" { "UP" } else { "DOWN" };
+                let _ = writeln!(
+                    out,
+                    "{name} Static master {state} 00:00:00.000\n  Channel {channel}\n    \
+                     State: {up}\n    Routes: {routes} imported, 0 exported, {routes} preferred"
+                );
+            }
+            crate::bird::parse_protocols(&out)
+        };
+        let remembering = |enabled: &[&str], configure_owed: bool| Memory {
+            configure_owed,
+            stale_configured: BTreeMap::new(),
+            enabled: enabled.iter().map(|p| p.to_string()).collect(),
+        };
+        let keep = |p: &str| Action::Keep { protocol: p.into() };
+        let enable = |t: &Target, repair| Action::Enable {
+            target: t.clone(),
+            state: "down".into(),
+            repair,
+        };
+        let disable = |t: &Target, why| Action::Disable {
+            target: t.clone(),
+            why,
+        };
+        let both_down = show(&[("v4", "ipv4", "down", 0), ("v6", "ipv6", "down", 0)]);
+        let both_up = show(&[("v4", "ipv4", "up", 1), ("v6", "ipv6", "up", 1)]);
+        let cases: Vec<(&str, bool, BirdView, Memory, Vec<Action>)> = vec![
+            (
+                "nothing announced yet: both enabled",
+                true,
+                both_down.clone(),
+                Memory::default(),
+                vec![enable(&v4, false), enable(&v6, false)],
+            ),
+            (
+                "all announced: nothing to do but remember",
+                true,
+                both_up.clone(),
+                remembering(&["v4", "v6"], false),
+                vec![keep("v4"), keep("v6")],
+            ),
+            (
+                "partly announced: the missing family enabled",
+                true,
+                show(&[("v4", "ipv4", "up", 1), ("v6", "ipv6", "down", 0)]),
+                remembering(&["v4"], false),
+                vec![keep("v4"), enable(&v6, false)],
+            ),
+            (
+                "BIRD restarted: what fastpath had on is down, a repair",
+                true,
+                both_down.clone(),
+                remembering(&["v4", "v6"], false),
+                vec![enable(&v4, true), enable(&v6, true)],
+            ),
+            (
+                "the datapath stalled: what was announced is withdrawn",
+                false,
+                both_up.clone(),
+                remembering(&["v4", "v6"], false),
+                vec![
+                    disable(&v4, Withdrawal::Stalled),
+                    disable(&v6, Withdrawal::Stalled),
+                ],
+            ),
+            (
+                "not forwarding, BIRD has a protocol up unasked: a repair",
+                false,
+                show(&[("v4", "ipv4", "up", 1), ("v6", "ipv6", "down", 0)]),
+                Memory::default(),
+                vec![disable(&v4, Withdrawal::Unasked)],
+            ),
+            (
+                "not forwarding, protocols down: nothing to do",
+                false,
+                both_down.clone(),
+                Memory::default(),
+                vec![],
+            ),
+            (
+                "protocols on their way up or down are left to BIRD",
+                true,
+                show(&[("v4", "ipv4", "start", 0), ("v6", "ipv6", "stop", 0)]),
+                remembering(&["v4"], false),
+                vec![],
+            ),
+            (
+                "a protocol BIRD does not have is missing",
+                true,
+                show(&[("v4", "ipv4", "up", 1)]),
+                remembering(&["v4"], false),
+                vec![keep("v4"), Action::Missing { target: v6.clone() }],
+            ),
+            (
+                "BIRD down entirely: every protocol missing",
+                true,
+                BirdView::default(),
+                Memory::default(),
+                vec![
+                    Action::Missing { target: v4.clone() },
+                    Action::Missing { target: v6.clone() },
+                ],
+            ),
+            (
+                "a routes file written since BIRD read it: configure first",
+                true,
+                both_down.clone(),
+                remembering(&[], true),
+                vec![Action::Configure, enable(&v4, false), enable(&v6, false)],
+            ),
+            (
+                "BIRD holds other routes than the file: stale, configure",
+                true,
+                show(&[("v4", "ipv4", "up", 3), ("v6", "ipv6", "up", 1)]),
+                remembering(&["v4", "v6"], false),
+                vec![
+                    Action::Stale {
+                        family: Family::Ipv4,
+                        text: wanted[0].text.clone(),
+                    },
+                    Action::Configure,
+                    keep("v4"),
+                    keep("v6"),
+                ],
+            ),
+            (
+                "stale again for the same text: no second configure",
+                true,
+                show(&[("v4", "ipv4", "up", 3), ("v6", "ipv6", "up", 1)]),
+                Memory {
+                    stale_configured: [(Family::Ipv4, wanted[0].text.clone())].into(),
+                    ..remembering(&["v4", "v6"], false)
+                },
+                vec![keep("v4"), keep("v6")],
+            ),
+        ];
+        for (case, forwarding, view, memory, expected) in cases {
+            assert_eq!(
+                decide(forwarding, &wanted, &view, &memory),
+                expected,
+                "{case}"
+            );
+        }
+    }
+
+    /// A stand-in for BIRD that behaves as BIRD 2.0.12 does where it
+    /// matters here: static protocols read their routes file when the
+    /// configuration is read (at start and on `configure`), which also
+    /// puts every protocol back to its configured `disabled`; an
+    /// established session exports what the static protocols hold.
+    struct FakeBird {
+        /// Protocol name -> (family, routes file, enabled, routes held).
+        protocols: RefCell<BTreeMap<String, (Family, PathBuf, bool, u64)>>,
+        /// Whether it answers at all.
+        running: RefCell<bool>,
+        /// Every command it was given.
+        log: RefCell<Vec<String>>,
+    }
+
+    impl FakeBird {
+        fn new(protocols: &[(&str, Family, &Path)]) -> FakeBird {
+            let b = FakeBird {
+                protocols: RefCell::new(
+                    protocols
+                        .iter()
+                        .map(|(n, f, p)| (n.to_string(), (*f, p.to_path_buf(), false, 0)))
+                        .collect(),
+                ),
+                running: RefCell::new(true),
+                log: RefCell::new(Vec::new()),
+            };
+            b.read_configuration();
+            b
+        }
+
+        fn read_configuration(&self) {
+            for (_, (_, file, enabled, routes)) in self.protocols.borrow_mut().iter_mut() {
+                *enabled = false;
+                *routes = std::fs::read_to_string(file)
+                    .map(|t| route_count(&t))
+                    .unwrap_or(0);
+            }
+        }
+
+        fn enabled(&self, name: &str) -> bool {
+            self.protocols.borrow()[name].2
+        }
+    }
+
+    impl Bird for FakeBird {
+        fn run(&self, args: &[&str]) -> Result<String, BirdError> {
+            self.log.borrow_mut().push(args.join(" "));
+            if !*self.running.borrow() {
+                return Err(BirdError::Refused {
+                    command: args.join(" "),
+                    output: "Unable to connect to server control socket".into(),
+                });
+            }
+            match args {
+                ["configure"] => {
+                    self.read_configuration();
+                    Ok("Reconfiguration in progress\n".into())
+                }
+                ["enable" | "disable", name] => {
+                    let mut p = self.protocols.borrow_mut();
+                    let Some(x) = p.get_mut(*name) else {
+                        return Err(BirdError::Refused {
+                            command: args.join(" "),
+                            output: "syntax error".into(),
+                        });
+                    };
+                    x.2 = args[0] == "enable";
+                    Ok(format!("{name}: {}d\n", args[0]))
+                }
+                ["show", "protocols", "all"] => {
+                    let mut out =
+                        String::from("BIRD 2.0.12 ready.\nName Proto Table State Since Info\n");
+                    let mut exported: BTreeMap<Family, u64> = BTreeMap::new();
+                    for (name, (family, _, enabled, routes)) in self.protocols.borrow().iter() {
+                        let (state, up) = if *enabled {
+                            ("up", "UP")
+                        } else {
+                            ("down", "DOWN")
+                        };
+                        let _ = writeln!(out, "{name} Static master {state} 00:00:00.000\n  Channel {family}\n    State: {up}");
+                        if *enabled {
+                            let _ = writeln!(
+                                out,
+                                "    Routes: {routes} imported, 0 exported, {routes} preferred"
+                            );
+                            *exported.entry(*family).or_default() += routes;
+                        }
+                    }
+                    let _ = writeln!(out, "uplink BGP --- up 00:00:00.000 Established");
+                    for f in [Family::Ipv4, Family::Ipv6] {
+                        let n = exported.get(&f).copied().unwrap_or(0);
+                        let _ = writeln!(out, "  Channel {f}\n    State: UP\n    Routes: 0 imported, {n} exported, 0 preferred");
+                    }
+                    Ok(out)
+                }
+                _ => Err(BirdError::Refused {
+                    command: args.join(" "),
+                    output: "unexpected".into(),
+                }),
+            }
+        }
+    }
+
+    const DUAL: &str = r#"
+[encap]
+source = "10.0.0.1"
+source6 = "fd00::1"
+[bgp]
+vips_file = "VIPS"
+[[pools]]
+name = "p"
+backends = [{ address = "10.1.0.1" }]
+[[vips]]
+name = "a"
+address = "192.0.2.80"
+port = 80
+protocol = "tcp"
+pool = "p"
+[[vips]]
+name = "c"
+address = "2001:db8::80"
+port = 80
+protocol = "tcp"
+pool = "p"
+"#;
+
+    fn dual(dir: &Path) -> Config {
+        let text = DUAL.replace("VIPS", &dir.join("vips.conf").display().to_string());
+        Config::parse(&text, "t").unwrap()
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("fastpath-bgp-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A reconfigured BIRD (`birdc configure`) disables fastpath's
+    /// protocols: the status says so at once (not "announced"), names the
+    /// mismatch, and the next step enables them again without a configure
+    /// of its own. Both families are announced, each from its own file.
+    #[test]
+    fn a_reconfigured_bird_is_seen_and_put_back() {
+        let d = scratch("reconf");
+        let cfg = dual(&d);
+        let b = cfg.bgp.clone().unwrap();
+        let bird = FakeBird::new(&[
+            ("fastpath_vips", Family::Ipv4, &d.join("vips.conf")),
+            ("fastpath_vips6", Family::Ipv6, &d.join("vips6.conf")),
+        ]);
+        let mut ann = Announcer::default();
+        let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        assert!(std::fs::read_to_string(d.join("vips.conf"))
+            .unwrap()
+            .contains("route 192.0.2.80/32 blackhole;"));
+        assert!(std::fs::read_to_string(d.join("vips6.conf"))
+            .unwrap()
+            .contains("route 2001:db8::80/128 blackhole;"));
+        assert!(bird.enabled("fastpath_vips") && bird.enabled("fastpath_vips6"));
+        let s = status(&plan, &reading);
+        assert!(s.wanted && s.announced && s.mismatch.is_none(), "{s:?}");
+        assert!(s.families.iter().all(|f| f.announced && f.routes == 1));
+        assert!(plan.announced);
+
+        // Someone runs `birdc configure`.
+        bird.run(&["configure"]).unwrap();
+        let now = status(&plan, &Reading::take(&bird));
+        assert!(now.wanted && !now.announced, "{now:?}");
+        let m = now.mismatch.unwrap();
+        assert!(
+            m.contains("fastpath_vips is down") && m.contains("ipv6"),
+            "{m}"
+        );
+
+        // The next poll puts it back, without configuring BIRD again.
+        bird.log.borrow_mut().clear();
+        let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        assert!(bird.enabled("fastpath_vips") && bird.enabled("fastpath_vips6"));
+        assert!(
+            !bird.log.borrow().iter().any(|c| c == "configure"),
+            "{:?}",
+            bird.log.borrow()
+        );
+        let s = status(&plan, &reading);
+        assert!(s.announced && s.mismatch.is_none(), "{s:?}");
+        assert_eq!(s.repairs, 2);
+
+        // A steady state costs one question a poll and changes nothing.
+        bird.log.borrow_mut().clear();
+        ann.step(&bird, &b, &cfg, true, &|_| true);
+        assert_eq!(*bird.log.borrow(), ["show protocols all"]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A restarted BIRD on a machine whose /run was emptied: the routes
+    /// files are written again, read, and the protocols enabled; while
+    /// BIRD is away the status says it did not answer.
+    #[test]
+    fn a_restarted_bird_gets_its_files_and_its_protocols_back() {
+        let d = scratch("restart");
+        let cfg = dual(&d);
+        let b = cfg.bgp.clone().unwrap();
+        let bird = FakeBird::new(&[
+            ("fastpath_vips", Family::Ipv4, &d.join("vips.conf")),
+            ("fastpath_vips6", Family::Ipv6, &d.join("vips6.conf")),
+        ]);
+        let mut ann = Announcer::default();
+        ann.step(&bird, &b, &cfg, true, &|_| true);
+        *bird.running.borrow_mut() = false;
+        std::fs::remove_file(d.join("vips.conf")).unwrap();
+        let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        let s = status(&plan, &reading);
+        assert!(!s.announced && s.error.is_some(), "{s:?}");
+        assert!(s.mismatch.unwrap().contains("BIRD did not answer"));
+        // BIRD starts again: its configuration read, protocols disabled.
+        *bird.running.borrow_mut() = true;
+        bird.read_configuration();
+        let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        let s = status(&plan, &reading);
+        assert!(s.announced && s.mismatch.is_none(), "{s:?}");
+        assert!(std::fs::read_to_string(d.join("vips.conf"))
+            .unwrap()
+            .contains("192.0.2.80/32"));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A BIRD without the IPv6 protocol: IPv4 is announced all the same,
+    /// and the IPv6 VIPs' non-announcement is an error and a mismatch,
+    /// never silent. A configuration without IPv6 VIPs never touches the
+    /// IPv6 protocol.
+    #[test]
+    fn ipv6_vips_without_birds_ipv6_protocol_are_reported() {
+        let d = scratch("no6");
+        let cfg = dual(&d);
+        let b = cfg.bgp.clone().unwrap();
+        let bird = FakeBird::new(&[("fastpath_vips", Family::Ipv4, &d.join("vips.conf"))]);
+        let mut ann = Announcer::default();
+        let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        let s = status(&plan, &reading);
+        assert!(s.announced, "{s:?}");
+        assert!(s
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("no protocol fastpath_vips6"));
+        assert!(s.mismatch.as_deref().unwrap().contains("ipv6"), "{s:?}");
+
+        let v4_only = Config::parse(
+            &DUAL
+                .replace("VIPS", &d.join("vips.conf").display().to_string())
+                .replace("address = \"2001:db8::80\"", "address = \"192.0.2.81\""),
+            "t",
+        )
+        .unwrap();
+        let mut ann = Announcer::default();
+        bird.log.borrow_mut().clear();
+        let (plan, reading) = ann.step(
+            &bird,
+            v4_only.bgp.as_ref().unwrap(),
+            &v4_only,
+            true,
+            &|_| true,
+        );
+        assert!(!bird
+            .log
+            .borrow()
+            .iter()
+            .any(|c| c.contains("fastpath_vips6")));
+        let s = status(&plan, &reading);
+        assert!(s.error.is_none() && s.mismatch.is_none(), "{s:?}");
+        assert_eq!(s.families.len(), 1);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A stalled datapath withdraws; a BIRD that has the protocol up
+    /// while fastpath withdraws is disabled again.
+    #[test]
+    fn withdrawal_is_kept_too() {
+        let d = scratch("withdraw");
+        let cfg = dual(&d);
+        let b = cfg.bgp.clone().unwrap();
+        let bird = FakeBird::new(&[
+            ("fastpath_vips", Family::Ipv4, &d.join("vips.conf")),
+            ("fastpath_vips6", Family::Ipv6, &d.join("vips6.conf")),
+        ]);
+        let mut ann = Announcer::default();
+        ann.step(&bird, &b, &cfg, true, &|_| true);
+        let (plan, reading) = ann.step(&bird, &b, &cfg, false, &|_| true);
+        assert!(!bird.enabled("fastpath_vips"));
+        let s = status(&plan, &reading);
+        assert!(!s.wanted && !s.announced && s.mismatch.is_none(), "{s:?}");
+        bird.run(&["enable", "fastpath_vips"]).unwrap();
+        let s = status(&plan, &Reading::take(&bird));
+        assert!(s.mismatch.unwrap().contains("withdrawal wanted"));
+        ann.step(&bird, &b, &cfg, false, &|_| true);
+        assert!(!bird.enabled("fastpath_vips"));
+        ann.withdraw(&bird);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn what_is_not_announced_is_said() {
+        let d = scratch("said");
+        let cfg = dual(&d);
+        assert!(unannounced(&cfg).is_empty());
+        let text = DUAL.replace("VIPS", "/run/v.conf").replace(
+            "vips_file = \"/run/v.conf\"",
+            "vips_file = \"/run/v.conf\"\nprotocol6 = \"\"",
+        );
+        let w = unannounced(&Config::parse(&text, "t").unwrap());
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("IPv6 VIPs c are not announced"), "{w:?}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

@@ -1,0 +1,397 @@
+//! The BIRD client: the one place the daemon (and `fastpath lb withdraw`)
+//! runs `birdc`, and the reading of its answers. No BGP is spoken here:
+//! BIRD holds the sessions; fastpath asks it what it has (`show protocols
+//! all`, read into a [`BirdView`]) and has it read its configuration,
+//! enable or disable a protocol. What to ask for is decided elsewhere
+//! ([`crate::announce`] for the daemon, [`crate::withdraw`] after it).
+//!
+//! [`Bird`] is what the decisions are applied through: BIRD itself
+//! ([`Birdc`]) or a stand-in in tests.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+/// Why talking to BIRD failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BirdError {
+    /// `[bgp] birdc` names no command (rejected by validation; kept for
+    /// callers that build a configuration by hand).
+    #[error("bgp.birdc is empty: it needs a command, e.g. [\"birdc\"]")]
+    NoBirdc,
+    /// birdc could not be started.
+    #[error("running {program}: {source} (is bird2 installed?)")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// birdc ran and BIRD refused (codes 8xxx/9xxx, or a failed exit).
+    #[error("birdc {command}: {output}")]
+    Refused {
+        /// The birdc arguments.
+        command: String,
+        /// What birdc printed.
+        output: String,
+    },
+}
+
+/// What birdc printed and how it exited, as it was: [`Bird::run`] reads
+/// it as an answer or a refusal; `lb withdraw` classifies it itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// Whether birdc exited with success.
+    pub success: bool,
+    /// What it printed on stdout (BIRD's answer, errors included).
+    pub stdout: String,
+    /// What it printed on stderr (birdc's own complaints).
+    pub stderr: String,
+}
+
+/// The real BIRD, through a birdc command line (`[bgp] birdc`: the program
+/// and its own arguments, e.g. `["birdc", "-s", "/run/bird/bird.ctl"]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Birdc<'a>(pub &'a [String]);
+
+impl Birdc<'_> {
+    /// Runs birdc with `args` after its own arguments; what it printed and
+    /// how it exited.
+    pub fn answer(&self, args: &[&str]) -> Result<Answer, BirdError> {
+        let (program, rest) = self.0.split_first().ok_or(BirdError::NoBirdc)?;
+        let out = Command::new(program)
+            .args(rest)
+            .args(args)
+            .output()
+            .map_err(|source| BirdError::Spawn {
+                program: program.clone(),
+                source,
+            })?;
+        Ok(Answer {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+}
+
+/// Something that answers birdc commands: BIRD itself through [`Birdc`],
+/// or a stand-in in tests.
+pub trait Bird {
+    /// Runs one birdc command (`["show", "protocols", "all"]`); its output.
+    fn run(&self, args: &[&str]) -> Result<String, BirdError>;
+}
+
+impl Bird for Birdc<'_> {
+    fn run(&self, args: &[&str]) -> Result<String, BirdError> {
+        let a = self.answer(args)?;
+        // birdc reports errors on stdout with codes 8xxx/9xxx and exits 0.
+        if !a.success
+            || a.stdout
+                .lines()
+                .any(|l| l.starts_with('8') || l.starts_with('9'))
+        {
+            return Err(BirdError::Refused {
+                command: args.join(" "),
+                output: format!("{}{}", a.stdout.trim(), a.stderr.trim()),
+            });
+        }
+        Ok(a.stdout)
+    }
+}
+
+/// An address family: BIRD's static protocols and channels are per family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// IPv4 (channel `ipv4`).
+    Ipv4,
+    /// IPv6 (channel `ipv6`).
+    Ipv6,
+}
+
+impl Family {
+    /// BIRD's name of the family's channel.
+    pub fn channel(self) -> &'static str {
+        match self {
+            Family::Ipv4 => "ipv4",
+            Family::Ipv6 => "ipv6",
+        }
+    }
+
+    /// The family of an address.
+    pub fn of(a: std::net::IpAddr) -> Family {
+        if a.is_ipv4() {
+            Family::Ipv4
+        } else {
+            Family::Ipv6
+        }
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.channel())
+    }
+}
+
+/// One family's BIRD protocol and routes file, as `[bgp]` names them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The family.
+    pub family: Family,
+    /// BIRD's static protocol holding its VIP routes.
+    pub protocol: String,
+    /// The routes file BIRD includes in it.
+    pub routes_file: PathBuf,
+}
+
+impl Target {
+    /// The `[bgp]` key that names the protocol.
+    pub(crate) fn key(&self) -> &'static str {
+        match self.family {
+            Family::Ipv4 => "protocol",
+            Family::Ipv6 => "protocol6",
+        }
+    }
+}
+
+/// One channel of a BIRD protocol, from `show protocols all`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BirdChannel {
+    /// Its name: `ipv4`, `ipv6`.
+    pub name: String,
+    /// Whether its state is UP.
+    pub up: bool,
+    /// Routes it imported (for a static protocol: the routes it holds).
+    pub imported: u64,
+    /// Routes it exports now (for a BGP session: what the peer is told).
+    pub exported: u64,
+}
+
+/// One BIRD protocol, from `show protocols all`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BirdProtocol {
+    /// Its name.
+    pub name: String,
+    /// Its kind: `Static`, `BGP`, `Kernel`, ...
+    pub kind: String,
+    /// Its state: `up`, `down` (also when disabled), `start`, `stop`.
+    pub state: String,
+    /// What follows (a BGP session's state: `Established`, `Active`, ...).
+    pub info: String,
+    /// Its channels.
+    pub channels: Vec<BirdChannel>,
+}
+
+/// What BIRD said to `show protocols all`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BirdView {
+    /// Every protocol.
+    pub protocols: Vec<BirdProtocol>,
+}
+
+/// What BIRD says about one family's VIP routes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FamilyView {
+    /// The static protocol's state; `None` if BIRD has no such protocol.
+    pub state: Option<String>,
+    /// Routes the protocol holds (0 unless it is up).
+    pub routes: u64,
+    /// Established BGP sessions with an UP channel of the family.
+    pub sessions: u64,
+    /// Routes those sessions export (to the router).
+    pub exported: u64,
+}
+
+impl FamilyView {
+    /// Whether the router is told: the protocol is up with routes, and an
+    /// established session exports routes of the family.
+    pub fn announced(&self) -> bool {
+        self.state.as_deref() == Some("up")
+            && self.routes > 0
+            && self.sessions > 0
+            && self.exported > 0
+    }
+}
+
+/// Reads BIRD's answer to `show protocols all`: a line per protocol
+/// (name, kind, table, state, since, info) followed by indented details,
+/// among them `Channel NAME`, its `State:` and `Routes: N imported, ...,
+/// M exported` lines.
+pub fn parse_protocols(text: &str) -> BirdView {
+    let mut v = BirdView::default();
+    for line in text.lines() {
+        if line.trim().is_empty() || line.starts_with("BIRD ") || line.starts_with("Name ") {
+            continue;
+        }
+        let t = line.trim_start();
+        if !line.starts_with(char::is_whitespace) {
+            let mut w = line.split_whitespace();
+            let (Some(name), Some(kind), Some(_table), Some(state)) =
+                (w.next(), w.next(), w.next(), w.next())
+            else {
+                continue;
+            };
+            let _since = w.next();
+            v.protocols.push(BirdProtocol {
+                name: name.into(),
+                kind: kind.into(),
+                state: state.into(),
+                info: w.collect::<Vec<_>>().join(" "),
+                channels: Vec::new(),
+            });
+            continue;
+        }
+        let Some(p) = v.protocols.last_mut() else {
+            continue;
+        };
+        if let Some(name) = t.strip_prefix("Channel ") {
+            p.channels.push(BirdChannel {
+                name: name.trim().into(),
+                ..BirdChannel::default()
+            });
+        } else if let Some(state) = t.strip_prefix("State:") {
+            if let Some(c) = p.channels.last_mut() {
+                c.up = state.trim() == "UP";
+            }
+        } else if let Some(routes) = t.strip_prefix("Routes:") {
+            if let Some(c) = p.channels.last_mut() {
+                let w: Vec<&str> = routes.split([' ', ',']).filter(|s| !s.is_empty()).collect();
+                for pair in w.windows(2) {
+                    match (pair[0].parse::<u64>(), pair[1]) {
+                        (Ok(n), "imported") => c.imported = n,
+                        (Ok(n), "exported") => c.exported = n,
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+impl BirdView {
+    /// The protocol of a name.
+    pub fn protocol(&self, name: &str) -> Option<&BirdProtocol> {
+        self.protocols.iter().find(|p| p.name == name)
+    }
+
+    /// What BIRD says about `t`'s routes: its static protocol's state and
+    /// routes, and what the established BGP sessions export of the family.
+    pub fn family(&self, t: &Target) -> FamilyView {
+        let mut f = FamilyView::default();
+        if let Some(p) = self.protocol(&t.protocol) {
+            f.state = Some(p.state.clone());
+            f.routes = p
+                .channels
+                .iter()
+                .filter(|c| c.up && c.name == t.family.channel())
+                .map(|c| c.imported)
+                .sum();
+        }
+        for p in self.protocols.iter().filter(|p| {
+            p.kind == "BGP"
+                && p.state == "up"
+                && p.info.split_whitespace().next() == Some("Established")
+        }) {
+            for c in p
+                .channels
+                .iter()
+                .filter(|c| c.up && c.name == t.family.channel())
+            {
+                f.sessions += 1;
+                f.exported += c.exported;
+            }
+        }
+        f
+    }
+}
+
+/// Asks BIRD for its protocols.
+pub fn read_view(bird: &dyn Bird) -> Result<BirdView, BirdError> {
+    bird.run(&["show", "protocols", "all"])
+        .map(|t| parse_protocols(&t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// BIRD 2.0.12's answer, as it printed it for a load balancer whose
+    /// IPv4 protocol is up and exported, IPv6 disabled.
+    const SHOW: &str = "BIRD 2.0.12 ready.
+Name       Proto      Table      State  Since         Info
+device1    Device     ---        up     16:26:35.741  
+
+fastpath_vips Static     master4    up     16:26:38.765  
+  Channel ipv4
+    State:          UP
+    Table:          master4
+    Preference:     200
+    Input filter:   ACCEPT
+    Output filter:  REJECT
+    Routes:         1 imported, 0 exported, 1 preferred
+    Route change stats:     received   rejected   filtered    ignored   accepted
+      Import updates:              1          0          0          0          1
+
+fastpath_vips6 Static     master6    down   16:26:49.190  
+  Channel ipv6
+    State:          DOWN
+    Table:          master6
+
+uplink     BGP        ---        up     16:26:40.344  Established   
+  BGP state:          Established
+    Neighbor address: 10.99.0.2
+  Channel ipv4
+    State:          UP
+    Table:          master4
+    Routes:         0 imported, 1 exported, 0 preferred
+  Channel ipv6
+    State:          UP
+    Table:          master6
+    Routes:         0 imported, 0 exported, 0 preferred
+";
+
+    fn target(family: Family, protocol: &str) -> Target {
+        Target {
+            family,
+            protocol: protocol.into(),
+            routes_file: PathBuf::from("/run/x"),
+        }
+    }
+
+    #[test]
+    fn birds_answer_is_read_per_family() {
+        let v = parse_protocols(SHOW);
+        assert_eq!(v.protocols.len(), 4);
+        let v4 = v.family(&target(Family::Ipv4, "fastpath_vips"));
+        assert_eq!(
+            v4,
+            FamilyView {
+                state: Some("up".into()),
+                routes: 1,
+                sessions: 1,
+                exported: 1
+            }
+        );
+        assert!(v4.announced());
+        let v6 = v.family(&target(Family::Ipv6, "fastpath_vips6"));
+        assert_eq!(
+            (v6.state.as_deref(), v6.routes, v6.sessions),
+            (Some("down"), 0, 1)
+        );
+        assert!(!v6.announced());
+        assert_eq!(v.family(&target(Family::Ipv4, "nosuch")).state, None);
+        // A session that is not established carries nothing.
+        let down = parse_protocols(&SHOW.replace(
+            "up     16:26:40.344  Established",
+            "start  16:26:40.344  Active",
+        ));
+        assert!(!down
+            .family(&target(Family::Ipv4, "fastpath_vips"))
+            .announced());
+    }
+}
