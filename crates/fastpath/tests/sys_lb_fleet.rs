@@ -225,7 +225,7 @@ fn the_demo_meets_its_goals_and_matches_the_simulator() {
 #[test]
 #[ignore = "system test: root, namespaces, BIRD, nginx, python3-scapy"]
 fn fragments_tracer_and_agreement_across_the_fleet() {
-    systest::require_python_module("scapy");
+    systest::require_python_module(PY, "scapy");
     let mut t = common::topology(3, 3, "f");
     t.start_udp_echo().unwrap();
     let sources = t.add_client_addresses(8).unwrap();

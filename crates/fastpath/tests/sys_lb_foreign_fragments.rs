@@ -40,7 +40,7 @@ print(len(out))
 #[ignore = "system test: python3-scapy"]
 fn a_foreign_capture_of_lone_later_fragments_ends_and_accounts_for_every_frame() {
     let py = "/usr/bin/python3";
-    systest::require_python_module("scapy");
+    systest::require_python_module(py, "scapy");
     let dir = std::env::temp_dir().join(format!("fastpath-foreign-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (inp, out) = (dir.join("in.pcap"), dir.join("out.pcap"));

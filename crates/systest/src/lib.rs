@@ -137,16 +137,18 @@ pub fn require_netns() {
     require_program("ip");
 }
 
-/// Requires a Python 3 module (e.g. `scapy` from python3-scapy).
+/// Requires a Python module (e.g. `scapy` from python3-scapy) in the
+/// interpreter `python` that the test runs (a path: `python3` on PATH may
+/// be another installation than Debian's, which has Debian's modules).
 #[track_caller]
-pub fn require_python_module(module: &str) {
-    require_program("python3");
-    let ok = Command::new("python3")
+pub fn require_python_module(python: &str, module: &str) {
+    require_program(python);
+    let ok = Command::new(python)
         .args(["-c", &format!("import {module}")])
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        missing(&format!("the Python 3 module `{module}`"));
+        missing(&format!("the Python module `{module}` in {python}"));
     }
 }
 
