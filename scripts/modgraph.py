@@ -237,6 +237,10 @@ def use_trees(toks, i):
                 paths.append((segs, None, True))
                 return i + 1
             if t == "::":
+                if not segs:
+                    # A leading `::` (`use ::ring::x;`) names another
+                    # crate, even where a child module has the same name.
+                    segs = ["::"]
                 i += 1
                 continue
             if t in (",", "}", ";"):
