@@ -15,7 +15,11 @@ whose files are crates of their own), maps each file to its module
   `tasks::bgp::spawn()` refers to `tasks/bgp.rs`).
 
 A reference goes to the file of the longest module prefix of its path
-(`crate::a::b::T` is `a/b.rs` if it exists, otherwise `a.rs`). Comments
+(`crate::a::b::T` is `a/b.rs` if it exists, otherwise `a.rs`), except that
+a name a module only re-exports is followed to where it comes from: with
+`pub use a::T;` in lib.rs, `crate::T` is `a.rs`, not lib.rs (a `use` at
+the top of a module, `pub` or not, binds the name there; chains of them
+are followed, glob re-exports are not). Comments
 (doc comments and their intra-doc links included) and string literals are
 not read. `mod x;` declarations are not references: a parent declaring a
 child does not depend on it. Inline `mod x { ... }` blocks (tests) count as
@@ -173,6 +177,31 @@ class Crate:
                 if mod in self.files and rel.endswith("main.rs"):
                     continue
                 self.files[mod] = rel
+        # module path -> {name: absolute path} its top-level `use`s bind.
+        self.uses = {}
+        for mod, rel in self.files.items():
+            self.uses[mod] = module_uses(self, rel)
+
+    def canonical(self, path):
+        """`path` with names modules only re-export followed to their source.
+
+        `crate::T` with `pub use a::T;` in lib.rs is `a::T`; a chain of
+        such re-exports is followed (at most a few steps, so that a cycle
+        of them cannot hang the script).
+        """
+        path = list(path)
+        for _ in range(16):
+            k = len(path)
+            while k > 0 and tuple(path[:k]) not in self.files:
+                k -= 1
+            if k == len(path):
+                break
+            uses = self.uses.get(tuple(path[:k]), {})
+            target = uses.get(path[k])
+            if target is None or target == path[: k + 1]:
+                break
+            path = list(target) + path[k + 1 :]
+        return path
 
     def file_of(self, path):
         """The file of the longest module prefix of an absolute path."""
@@ -208,6 +237,10 @@ def use_trees(toks, i):
                 paths.append((segs, None, True))
                 return i + 1
             if t == "::":
+                if not segs:
+                    # A leading `::` (`use ::ring::x;`) names another
+                    # crate, even where a child module has the same name.
+                    segs = ["::"]
                 i += 1
                 continue
             if t in (",", "}", ";"):
@@ -231,6 +264,60 @@ def use_trees(toks, i):
         if i < len(toks) and toks[i] == ",":
             i += 1
     return paths, i
+
+
+def module_uses(crate, rel):
+    """The names a file's top-level `use` declarations bind in its module.
+
+    Returns {name: absolute path} for the non-glob items (`pub use a::T;`,
+    `use super::x::U as V;`) of `use` declarations outside any braces, so
+    that a path through the module to such a name can be followed to the
+    item itself. Paths into other crates are left out.
+    """
+    with open(os.path.join(crate.src, rel), encoding="utf-8") as f:
+        toks = tokens(strip(f.read()))
+    here = module_of(rel)
+    names = {}
+    depth = 0
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        if t == "{":
+            depth += 1
+        elif t == "}":
+            depth -= 1
+        elif t == "use" and depth == 0 and (i == 0 or toks[i - 1] != "::"):
+            paths, i = use_trees(toks, i + 1)
+            for segs, alias, glob in paths:
+                if glob or not segs:
+                    continue
+                head = segs[0]
+                if head == "crate":
+                    absolute = list(segs[1:])
+                elif head in ("self", "super"):
+                    base = list(here)
+                    k = 0
+                    ok = True
+                    while k < len(segs) and segs[k] in ("self", "super"):
+                        if segs[k] == "super":
+                            if not base:
+                                ok = False
+                                break
+                            base.pop()
+                        k += 1
+                    if not ok:
+                        continue
+                    absolute = base + list(segs[k:])
+                elif crate.is_module(list(here) + [head]):
+                    absolute = list(here) + list(segs)
+                else:
+                    continue
+                name = alias or segs[-1]
+                if absolute and name not in ("self", "super", "crate", "_"):
+                    names[name] = absolute
+            continue
+        i += 1
+    return names
 
 
 def references(crate, rel, skip_tests):
@@ -273,7 +360,7 @@ def references(crate, rel, skip_tests):
     def add(path, shown):
         if path is None:
             return
-        target = crate.file_of(path)
+        target = crate.file_of(crate.canonical(path))
         if target is not None and target != rel:
             refs.setdefault(target, shown)
 
@@ -321,6 +408,7 @@ def references(crate, rel, skip_tests):
                 if absolute is None:
                     continue
                 add(absolute, "::".join(segs))
+                absolute = crate.canonical(absolute)
                 if not glob and crate.is_module(absolute):
                     name = alias or (segs[-1] if segs else None)
                     if name and name not in ("self", "super", "crate"):

@@ -435,7 +435,7 @@ fn measure(
             }
         }
     }
-    let (stop, h) = spawn(sw);
+    let (stop, h) = spawn(sw).map_err(Error::Switch)?;
     let result = (|| {
         let mut g = attach(
             &sock,
@@ -819,7 +819,7 @@ pub fn forwarding(
         ..Config::default()
     })
     .map_err(Error::Switch)?;
-    let (stop, h) = spawn(sw);
+    let (stop, h) = spawn(sw).map_err(Error::Switch)?;
     let clock = ThreadClock::of(&h);
     let req = |name: &str| AttachRequest {
         name: name.into(),
@@ -1560,7 +1560,7 @@ fn with_memif_switch(
         ..Config::default()
     })
     .map_err(Error::Switch)?;
-    let (stop, h) = spawn(sw);
+    let (stop, h) = spawn(sw).map_err(Error::Switch)?;
     let m = MemifSwitch {
         n,
         cpu,

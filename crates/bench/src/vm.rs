@@ -209,7 +209,7 @@ struct Running {
 impl Running {
     fn start(&mut self) {
         if let Some(sw) = self.sw.take() {
-            self.run = Some(vswitch::spawn(sw));
+            self.run = Some(vswitch::spawn(sw).expect("a switch that binds no socket starts"));
         }
     }
 

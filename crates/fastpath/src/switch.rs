@@ -409,7 +409,9 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
     }
-    let mut sw = vswitch::Switch::new(cfg.clone()).context("starting the switch")?;
+    let mut sw = vswitch::Switch::new(cfg.clone())
+        .and_then(vswitch::EventLoop::new)
+        .context("starting the switch")?;
     for t in file.taps.iter().chain(a.tap.iter()) {
         let tap = netio::tap::Tap::open(t).with_context(|| format!("TAP port {t} (needs root)"))?;
         sw.add_port(Box::new(vswitch::TapPort::new(tap)))?;

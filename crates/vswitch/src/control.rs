@@ -12,10 +12,11 @@ use ring::control::{Conn, Listener, Request};
 use ring::device::DevicePort;
 use serde::Serialize;
 
-use crate::ports::{Attach, Counters, Owner, RingPort, Served};
-use crate::status::Reply;
-use crate::switch::STATUS_PAGE_BYTES;
-use crate::{chain, Error, Switch};
+use crate::attach::{Attach, Served};
+use crate::ports::ring::RingPort;
+use crate::ports::Counters;
+use crate::status::{Reply, Status};
+use crate::{chain, Error};
 
 /// Why the switch refused a port asked for on the control socket (the text
 /// goes back in the reply).
@@ -35,10 +36,21 @@ enum AttachError {
     Switch(#[from] Error),
 }
 
+/// One connection to the control socket.
+struct Client {
+    conn: Conn,
+    /// Whether a port it asked for is in the switch (one per connection;
+    /// it goes when the connection closes).
+    has_port: bool,
+    /// The reply to an attach request whose port the event loop is adding,
+    /// and the driver's descriptors that go with it.
+    pending: Option<(Attached, Vec<OwnedFd>)>,
+}
+
 /// The control socket and its connections.
 pub(crate) struct ControlServer {
     listener: Listener,
-    conns: HashMap<u32, Conn>,
+    conns: HashMap<u32, Client>,
     next: u32,
 }
 
@@ -60,9 +72,21 @@ impl ControlServer {
     /// watching.
     fn close(&mut self, id: u32) -> Served {
         match self.conns.remove(&id) {
-            Some(c) => Served::Closed(c.into_fd()),
+            Some(c) => Served::Closed(c.conn.into_fd()),
             None => Served::Open,
         }
+    }
+
+    /// Send connection `id` a reply with descriptors; a connection that
+    /// cannot take it is closed.
+    fn reply(&mut self, id: u32, bytes: &[u8], fds: &[OwnedFd]) -> Served {
+        let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+        if let Some(c) = self.conns.get(&id) {
+            if ring::control::send_fds(c.conn.as_fd(), bytes, &fds).is_err() {
+                return self.close(id);
+            }
+        }
+        Served::Open
     }
 }
 
@@ -72,45 +96,67 @@ impl Attach for ControlServer {
     }
 
     fn accept_all(&mut self, watch: &mut dyn FnMut(u32, BorrowedFd<'_>) -> bool) {
-        while let Some(c) = self.listener.accept() {
+        while let Some(conn) = self.listener.accept() {
             let id = self.next;
             self.next = self.next.wrapping_add(1) & 0xff_ffff;
-            if watch(id, c.as_fd()) {
-                self.conns.insert(id, c);
+            if watch(id, conn.as_fd()) {
+                self.conns.insert(
+                    id,
+                    Client {
+                        conn,
+                        has_port: false,
+                        pending: None,
+                    },
+                );
             }
         }
     }
 
-    fn serve_conn(&mut self, id: u32, owner: Owner, sw: &mut Switch) -> Served {
-        let Some(conn) = self.conns.get(&id) else {
+    fn serve_conn(&mut self, id: u32) -> Served {
+        let Some(client) = self.conns.get_mut(&id) else {
             return Served::Open;
         };
-        let msg = match conn.recv() {
+        let msg = match client.conn.recv() {
             Ok(Some((m, _fds))) => m,
             Ok(None) | Err(_) => return self.close(id),
         };
-        let (bytes, fds) = match serde_json::from_slice::<Request>(&msg) {
-            Err(e) => (Reply::refused(format!("bad request: {e}")).bytes(), vec![]),
-            Ok(Request::Status) => (
-                Reply::ok(sw.status_page(0, STATUS_PAGE_BYTES)).bytes(),
-                vec![],
-            ),
-            Ok(Request::StatusPage(p)) => (
-                Reply::ok(sw.status_page(p.from as usize, STATUS_PAGE_BYTES)).bytes(),
-                vec![],
-            ),
-            Ok(Request::Attach(req)) => match attach(sw, owner, &req) {
-                Ok((v, fds)) => (Reply::ok(v).bytes(), fds),
-                Err(e) => (Reply::refused(chain(&e)).bytes(), vec![]),
+        let bytes = match serde_json::from_slice::<Request>(&msg) {
+            Err(e) => Reply::refused(format!("bad request: {e}")).bytes(),
+            Ok(Request::Status) => return Served::Status(0),
+            Ok(Request::StatusPage(p)) => return Served::Status(p.from as usize),
+            Ok(Request::Attach(req)) => match make_port(client.has_port, &req) {
+                Ok((port, attached, fds)) => {
+                    client.pending = Some((attached, fds));
+                    return Served::Port(port);
+                }
+                Err(e) => Reply::refused(chain(&e)).bytes(),
             },
         };
-        let fds: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-        if let Some(conn) = self.conns.get(&id) {
-            if ring::control::send_fds(conn.as_fd(), &bytes, &fds).is_err() {
-                return self.close(id);
+        self.reply(id, &bytes, &[])
+    }
+
+    fn added(&mut self, id: u32, result: Result<u16, Error>) -> Served {
+        let Some(client) = self.conns.get_mut(&id) else {
+            return Served::Open;
+        };
+        let Some((mut attached, fds)) = client.pending.take() else {
+            return Served::Open;
+        };
+        match result {
+            Ok(idx) => {
+                client.has_port = true;
+                attached.port = idx;
+                self.reply(id, &Reply::ok(attached).bytes(), &fds)
+            }
+            Err(e) => {
+                let e = AttachError::from(e);
+                self.reply(id, &Reply::refused(chain(&e)).bytes(), &[])
             }
         }
-        Served::Open
+    }
+
+    fn status(&mut self, id: u32, page: Status) -> Served {
+        self.reply(id, &Reply::ok(page).bytes(), &[])
     }
 }
 
@@ -124,17 +170,18 @@ struct Attached {
     buf_size: u32,
 }
 
-/// Make the ring port `req` asks for and add it to `sw` as `owner`'s;
-/// returns the reply and the driver's descriptors.
-fn attach(
-    sw: &mut Switch,
-    owner: Owner,
+/// Make the ring port `req` asks for, for a connection that already has
+/// one (`has_port`: refused) or not; returns the port, the reply once it is
+/// in the switch (its index still to fill in) and the driver's
+/// descriptors.
+fn make_port(
+    has_port: bool,
     req: &ring::control::AttachRequest,
-) -> Result<(Attached, Vec<OwnedFd>), AttachError> {
+) -> Result<(Box<RingPort>, Attached, Vec<OwnedFd>), AttachError> {
     if req.name.is_empty() || req.name.len() > 64 {
         return Err(AttachError::Name);
     }
-    if sw.owns(owner) {
+    if has_port {
         return Err(AttachError::SecondPort);
     }
     if req.itr > 65535 {
@@ -149,10 +196,10 @@ fn attach(
         c: Counters::default(),
         mac: req.mac,
     };
-    let idx = sw.add_owned(Box::new(port), Some(owner))?;
     Ok((
+        Box::new(port),
         Attached {
-            port: idx,
+            port: 0,
             name: req.name.clone(),
             slots: req.slots,
             buf_size: req.buf_size,

@@ -1,8 +1,12 @@
-//! The event loop: passes over the ports while frames flow, polling for a
-//! while when they stop, then sleeping in epoll until a kick, a control
-//! connection or a moderation timer; and the dispatch of epoll events to
-//! ports and to the servers of the port kinds outside programs attach.
+//! The event loop, [`EventLoop`]: the switch, the epoll instance it sleeps
+//! in and the servers of the port kinds outside programs attach. It makes
+//! passes over the ports while frames flow, polls for a while when they
+//! stop, then sleeps in epoll until a kick, a control connection or a
+//! moderation timer; it dispatches epoll events to ports and servers, and
+//! adds to the switch the ports the servers' connections bring (and removes
+//! them when the connections close).
 
+use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,8 +14,11 @@ use std::time::{Duration, Instant};
 
 use rustix::event::epoll;
 
-use crate::ports::{Owner, Served};
-use crate::{Error, Switch};
+use crate::attach::{Attach, Served};
+use crate::control::ControlServer;
+use crate::ports::{memif, Port};
+use crate::switch::{Owner, STATUS_PAGE_BYTES};
+use crate::{Config, Error, Switch};
 
 /// While busy (or idle with only polled ports), the switch looks for events
 /// (kicks, control messages) at least this often.
@@ -20,11 +27,10 @@ const BUSY_EPOLL_EVERY: Duration = Duration::from_micros(10);
 /// What an epoll event is about: its token's class in bits 40..48, a
 /// server's index in bits 32..40, and a port index or connection id below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Token {
+enum Token {
     /// The descriptor of the port at this index.
     Port(u16),
-    /// The listening socket of the server at this index
-    /// ([`crate::ports::servers`]).
+    /// The listening socket of the server at this index ([`servers`]).
     Listen(u8),
     /// A connection (its id) of the server at this index.
     Conn(u8, u32),
@@ -59,14 +65,14 @@ impl Token {
 }
 
 /// The switch's epoll instance: every descriptor it watches carries a token.
-pub(crate) struct Poller(OwnedFd);
+struct Poller(OwnedFd);
 
 impl Poller {
-    pub(crate) fn new() -> std::io::Result<Poller> {
+    fn new() -> std::io::Result<Poller> {
         Ok(Poller(epoll::create(epoll::CreateFlags::CLOEXEC)?))
     }
 
-    pub(crate) fn watch(&self, fd: BorrowedFd<'_>, token: Token) -> Result<(), Error> {
+    fn watch(&self, fd: BorrowedFd<'_>, token: Token) -> Result<(), Error> {
         epoll::add(
             &self.0,
             fd,
@@ -76,13 +82,13 @@ impl Poller {
         .map_err(|e| Error::Watch(e.into()))
     }
 
-    pub(crate) fn unwatch(&self, fd: BorrowedFd<'_>) {
+    fn unwatch(&self, fd: BorrowedFd<'_>) {
         // Failure only means it was not watched.
         let _ = epoll::delete(&self.0, fd);
     }
 
     /// Wait up to `timeout_us` microseconds (0: just look) for events.
-    pub(crate) fn wait(&self, events: &mut [libc::epoll_event], timeout_us: i64) -> usize {
+    fn wait(&self, events: &mut [libc::epoll_event], timeout_us: i64) -> usize {
         let ts = libc::timespec {
             tv_sec: timeout_us / 1_000_000,
             tv_nsec: (timeout_us % 1_000_000) * 1000,
@@ -105,53 +111,139 @@ impl Poller {
     }
 }
 
-impl Switch {
+/// The servers of the kinds of port that outside programs attach, bound to
+/// the sockets `cfg` names, in a fixed order (a server's index is part of
+/// its epoll tokens and of its ports' [`Owner`]). A new kind that attaches
+/// through a socket registers here: one line that binds its server.
+fn servers(cfg: &Config) -> Result<Vec<Box<dyn Attach>>, Error> {
+    let mut servers: Vec<Box<dyn Attach>> = Vec::new();
+    if let Some(p) = &cfg.socket {
+        servers.push(Box::new(ControlServer::bind(p)?));
+    }
+    if let Some(p) = &cfg.memif_socket {
+        servers.push(Box::new(memif::Attached::bind(p, cfg.memif_moderation)?));
+    }
+    Ok(servers)
+}
+
+/// A switch and what drives it: the epoll instance it sleeps in (every
+/// descriptor it watches, ports' and servers', carries a token) and the
+/// servers of the port kinds outside programs attach.
+///
+/// It derefs to its [`Switch`], for reading counters and reaching ports;
+/// add and remove ports through the event loop's own
+/// [`EventLoop::add_port`] and [`EventLoop::remove_port`], which also watch
+/// and unwatch their descriptors.
+pub struct EventLoop {
+    switch: Switch,
+    poller: Poller,
+    /// In their registration order ([`servers`]).
+    servers: Vec<Box<dyn Attach>>,
+}
+
+impl EventLoop {
+    /// Drive `switch`: bind the control and memif sockets its configuration
+    /// names, and watch them and its ports' descriptors.
+    pub fn new(switch: Switch) -> Result<EventLoop, Error> {
+        let poller = Poller::new().map_err(Error::Epoll)?;
+        let servers = servers(&switch.cfg)?;
+        for (k, server) in servers.iter().enumerate() {
+            poller.watch(server.listen_fd(), Token::Listen(k as u8))?;
+        }
+        for (idx, slot) in switch.ports.iter().enumerate() {
+            if let Some(fd) = slot.as_ref().and_then(|s| s.port.fd()) {
+                poller.watch(fd, Token::Port(idx as u16))?;
+            }
+        }
+        Ok(EventLoop {
+            switch,
+            poller,
+            servers,
+        })
+    }
+
+    /// The switch, no longer driven (its sockets closed).
+    pub fn into_switch(self) -> Switch {
+        self.switch
+    }
+
+    /// Add a port and watch its descriptor; returns its index.
+    pub fn add_port(&mut self, port: Box<dyn Port>) -> Result<u16, Error> {
+        self.add_owned(port, None)
+    }
+
+    /// Add a port that connection `owner` brought (none: the caller's) and
+    /// watch its descriptor; returns its index.
+    fn add_owned(&mut self, port: Box<dyn Port>, owner: Option<Owner>) -> Result<u16, Error> {
+        let idx = self.switch.add_owned(port, owner)?;
+        let watched = match self.switch.port_mut(idx).and_then(|p| p.fd()) {
+            Some(fd) => self.poller.watch(fd, Token::Port(idx)),
+            None => Ok(()),
+        };
+        if let Err(e) = watched {
+            // A port whose events nobody sees is not in the switch.
+            self.switch.remove_port(idx);
+            return Err(e);
+        }
+        Ok(idx)
+    }
+
+    /// Stop watching a port's descriptor and remove it; its addresses are
+    /// forgotten.
+    pub fn remove_port(&mut self, idx: u16) -> Option<Box<dyn Port>> {
+        if let Some(fd) = self.switch.port_mut(idx)?.fd() {
+            self.poller.unwatch(fd);
+        }
+        self.switch.remove_port(idx)
+    }
+
     /// Run until `stop` is set. `status_flag` (SIGUSR1) prints status.
     pub fn run(&mut self, stop: &AtomicBool, status_flag: Option<&AtomicBool>) {
         let mut idle_since: Option<Instant> = None;
         let mut last_epoll = Instant::now();
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         while !stop.load(Ordering::Relaxed) {
+            let sw = &mut self.switch;
             let now = Instant::now();
-            let work = self.forward_all(now);
+            let work = sw.forward_all(now);
             // Ports whose pending() sees new frames without an event: while
             // all are, even idle passes need not look in epoll every time.
-            let all_polled = self.ports.iter().flatten().all(|p| p.port.polled());
-            self.stats.passes += 1;
+            let all_polled = sw.ports.iter().flatten().all(|p| p.port.polled());
+            sw.stats.passes += 1;
             if work == 0 {
-                self.stats.idle_passes += 1;
+                sw.stats.idle_passes += 1;
             } else {
-                self.stats.busy_ns += now.elapsed().as_nanos() as u64;
+                sw.stats.busy_ns += now.elapsed().as_nanos() as u64;
             }
-            for p in self.ports.iter_mut().flatten() {
+            for p in sw.ports.iter_mut().flatten() {
                 p.port.timer(now);
             }
             if let Some(f) = status_flag {
                 if f.swap(false, Ordering::Relaxed) {
                     eprintln!(
                         "{}",
-                        serde_json::to_string_pretty(&self.status()).unwrap_or_default()
+                        serde_json::to_string_pretty(&sw.status()).unwrap_or_default()
                     );
                 }
             }
-            if now.duration_since(self.last_aging) > Duration::from_secs(1) {
-                self.age(now);
+            if now.duration_since(sw.last_aging) > Duration::from_secs(1) {
+                sw.age(now);
             }
             let timeout_us: i64 = if work > 0 {
                 idle_since = None;
                 0
             } else {
                 let since = *idle_since.get_or_insert(now);
-                if now.duration_since(since) < Duration::from_micros(self.cfg.poll_us) {
+                if now.duration_since(since) < Duration::from_micros(sw.cfg.poll_us) {
                     0
-                } else if self
+                } else if sw
                     .ports
                     .iter_mut()
                     .flatten()
                     .all(|p| p.port.prepare_sleep())
                 {
-                    self.stats.sleeps += 1;
-                    let next = self
+                    sw.stats.sleeps += 1;
+                    let next = sw
                         .ports
                         .iter()
                         .flatten()
@@ -181,7 +273,7 @@ impl Switch {
                 0
             };
             if timeout_us > 0 {
-                for p in self.ports.iter_mut().flatten() {
+                for p in self.switch.ports.iter_mut().flatten() {
                     p.port.wake();
                 }
             }
@@ -191,38 +283,11 @@ impl Switch {
         }
     }
 
-    /// Forward a batch from every port with frames waiting; returns the
-    /// frames forwarded.
-    fn forward_all(&mut self, now: Instant) -> usize {
-        let mut work = 0;
-        for s in 0..self.ports.len() {
-            let pending = match self.ports.get_mut(s) {
-                Some(Some(p)) => p.port.broken().is_none() && p.port.pending(),
-                _ => false,
-            };
-            if pending {
-                work += self.forward(s, now);
-            }
-        }
-        work
-    }
-
-    /// One pass, for a program that drives the switch step by step
-    /// instead of [`Switch::run`] (a test that plays a peer in the same
-    /// thread, say): a batch from every port with frames, then the timers
-    /// that are due. Returns the frames forwarded.
-    pub fn pass(&mut self) -> usize {
-        let now = Instant::now();
-        let work = self.forward_all(now);
-        for p in self.ports.iter_mut().flatten() {
-            p.port.timer(now);
-        }
-        work
-    }
-
     /// Serve what the switch's descriptors have waiting (kicks, control
     /// and attach connections, vhost-user messages), without waiting: the
-    /// other half of driving the switch step by step ([`Switch::pass`]).
+    /// other half, with [`Switch::pass`], of driving the switch step by
+    /// step instead of [`EventLoop::run`] (a test that plays a peer in the
+    /// same thread, say).
     pub fn poll_events(&mut self) {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         let n = self.poller.wait(&mut events, 0);
@@ -236,8 +301,8 @@ impl Switch {
     fn dispatch(&mut self, token: u64) {
         match Token::decode(token) {
             Some(Token::Port(idx)) => {
-                if let Some(Some(p)) = self.ports.get_mut(idx as usize) {
-                    p.port.on_event();
+                if let Some(p) = self.switch.port_mut(idx) {
+                    p.on_event();
                 }
             }
             Some(Token::Listen(k)) => self.accept_on(k),
@@ -254,44 +319,69 @@ impl Switch {
         }
     }
 
-    /// Let server `k` handle what arrived on its connection `id`; when the
-    /// connection closed, stop watching it and remove the ports it brought.
+    /// Let server `k` handle what arrived on its connection `id`, and do
+    /// what that asks of the switch (add the port the connection brings,
+    /// hand it a page of the status document) until it asks nothing more;
+    /// when the connection closed, stop watching it and remove the ports it
+    /// brought.
     fn serve_on(&mut self, k: u8, id: u32) {
-        // The server is taken out while it serves, so that it can add its
-        // ports to (and read the status of) the switch that holds it.
-        let mut servers = std::mem::take(&mut self.servers);
-        let served = match servers.get_mut(k as usize) {
-            Some(server) => server.serve_conn(
-                id,
-                Owner {
-                    server: k,
-                    conn: id,
-                },
-                self,
-            ),
-            None => Served::Open,
+        let owner = Owner {
+            server: k,
+            conn: id,
         };
-        self.servers = servers;
-        if let Served::Closed(fd) = served {
-            self.poller.unwatch(fd.as_fd());
-            self.remove_owned(Owner {
-                server: k,
-                conn: id,
-            });
+        let Some(server) = self.servers.get_mut(k as usize) else {
+            return;
+        };
+        let mut served = server.serve_conn(id);
+        loop {
+            served = match served {
+                Served::Open => return,
+                Served::Closed(fd) => {
+                    self.poller.unwatch(fd.as_fd());
+                    for idx in self.switch.owned_by(owner) {
+                        self.remove_port(idx);
+                    }
+                    return;
+                }
+                Served::Port(port) => {
+                    let added = self.add_owned(port, Some(owner));
+                    self.servers[k as usize].added(id, added)
+                }
+                Served::Status(from) => {
+                    let page = self.switch.status_page(from, STATUS_PAGE_BYTES);
+                    self.servers[k as usize].status(id, page)
+                }
+            };
         }
     }
 }
 
-/// Run a switch on its own thread; returns a handle to stop it.
-pub fn spawn(mut sw: Switch) -> (Arc<AtomicBool>, std::thread::JoinHandle<Switch>) {
+impl Deref for EventLoop {
+    type Target = Switch;
+
+    fn deref(&self) -> &Switch {
+        &self.switch
+    }
+}
+
+impl DerefMut for EventLoop {
+    fn deref_mut(&mut self) -> &mut Switch {
+        &mut self.switch
+    }
+}
+
+/// Run a switch on its own thread, its sockets bound before this returns;
+/// returns a handle to stop it, and the thread, which gives the switch back.
+pub fn spawn(sw: Switch) -> Result<(Arc<AtomicBool>, std::thread::JoinHandle<Switch>), Error> {
+    let mut el = EventLoop::new(sw)?;
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     let h = std::thread::Builder::new()
         .name("switch".into())
         .spawn(move || {
-            sw.run(&s2, None);
-            sw
+            el.run(&s2, None);
+            el.into_switch()
         })
         .expect("spawn switch thread");
-    (stop, h)
+    Ok((stop, h))
 }

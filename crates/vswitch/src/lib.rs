@@ -21,19 +21,26 @@
 //!
 //! # Where things are
 //!
-//! - `switch.rs`: the core: [`Switch`]'s port slots, the MAC table, the
-//!   forwarding pass, the status document.
-//! - `event_loop.rs`: [`Switch::run`]: passes, polling then sleeping in
-//!   epoll, moderation timers, and the dispatch of epoll events (epoll
-//!   tokens are made there).
+//! From the top down (each file imports only files below it):
+//!
+//! - `event_loop.rs`: [`EventLoop`], which owns the [`Switch`], the epoll
+//!   instance and the attach servers: passes, polling then sleeping in
+//!   epoll, moderation timers, the dispatch of epoll events (epoll tokens
+//!   are made there), the registration of the attach servers, and adding
+//!   (and removing) the ports their connections bring.
 //! - `control.rs`: the control server: ring ports attach over the control
 //!   socket, and anyone may ask for the status document.
+//! - `attach.rs`: `Attach`, what the event loop asks of a server of
+//!   attached ports, and `Served`, what a server asks of the switch.
+//! - `switch.rs`: the core: [`Switch`]'s port slots, the MAC table, the
+//!   forwarding pass, the status document; no descriptor, no socket.
 //! - `config.rs`: [`Config`], and the TOML file, [`FileConfig`].
 //! - [`ports`]: the [`Port`] trait and every kind of port (`ring`, `tap`,
 //!   `memif/`, `vhost/` for virtual machines, and the benchmarks' ports
 //!   inside the switch).
 //! - [`bridge`]: MAC learning; [`pktgen`]: the generator on the driver side
-//!   of a ring port.
+//!   of a ring port; [`status`]: the status document's types (leaf data,
+//!   that port kinds may import).
 //!
 //! # Adding a kind of port
 //!
@@ -41,20 +48,24 @@
 //!    protocol of its own is a directory shaped like `ports/memif/` (shared
 //!    structures, protocol and datapath apart).
 //! 2. Ports made by the program itself (as TAP ports are) go to
-//!    [`Switch::add_port`]; nothing more is needed. A kind that is one
+//!    [`Switch::add_port`] (or [`EventLoop::add_port`] once a loop drives
+//!    the switch); nothing more is needed. A kind that is one
 //!    device on a socket of its own, listening for its one peer across
 //!    reconnects (vhost-user: QEMU), is such a port too: it brings its own
 //!    epoll descriptor as [`Port::fd`], and [`Config`] lists the ones to
 //!    make (`vhost_user`).
 //! 3. Ports that outside programs attach through a socket of their own
-//!    need a server implementing `ports::Attach` (listening socket, accept,
-//!    serve a connection, as `ports/memif/mod.rs` does for memif), the
-//!    socket's path in [`Config`] (and [`FileConfig`]), and one line in
-//!    `ports::servers` that binds it: the registration. The event loop then
-//!    watches its sockets under tokens of their own, and the ports a
-//!    connection brings go when it closes.
+//!    need a server implementing `attach::Attach` (listening socket,
+//!    accept, serve a connection and hand back the ports it brings, as
+//!    `ports/memif/mod.rs` does for memif), the socket's path in [`Config`]
+//!    (and [`FileConfig`]), and one line in `event_loop::servers` that
+//!    binds it: the registration. The event loop then watches its sockets
+//!    under tokens of their own, adds the ports a connection brings, and
+//!    removes them when it closes.
 
+mod attach;
 pub mod bridge;
+mod chain;
 mod config;
 mod control;
 mod event_loop;
@@ -66,24 +77,17 @@ mod switch;
 pub use config::{
     Config, ConfigError, FileConfig, VhostUserEntry, VhostUserError, MAX_INTERVAL_US,
 };
-pub use event_loop::spawn;
+pub use event_loop::{spawn, EventLoop};
 pub use ports::vhost::VhostPort;
-pub use ports::{Counters, EchoPort, GenPort, Port, RingPort, SinkPort, TapPort};
+// The kinds are re-exported from their own modules, not through `ports`,
+// so that `ports` (the trait every kind implements) does not import them.
+pub use ports::echo::EchoPort;
+pub use ports::generator::GenPort;
+pub use ports::ring::RingPort;
+pub use ports::sink::SinkPort;
+pub use ports::tap::TapPort;
+pub use ports::{Counters, Port};
 pub use status::{PortDetail, PortStatus, Status, StatusError};
+// Leaf modules name it `crate::chain`.
+use chain::chain;
 pub use switch::{Error, Switch, SwitchStats, BATCH, MAX_PORTS, STATUS_PAGE_BYTES};
-
-/// An error and its sources as one line, `outer: inner: ...` (a source whose
-/// text its parent already ends with is not repeated).
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(src) = cur {
-        let t = src.to_string();
-        if !s.ends_with(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = src.source();
-    }
-    s
-}

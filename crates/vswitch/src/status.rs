@@ -11,7 +11,35 @@ use measure::Table;
 use ring::control::{Conn, Request, StatusPage};
 use serde::{Deserialize, Serialize};
 
-use crate::SwitchStats;
+/// Switch-wide counters.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize, serde::Deserialize)]
+pub struct SwitchStats {
+    /// Frames delivered to at least one port.
+    pub forwarded: u64,
+    /// Frames sent to every port (unknown or group destination).
+    pub flooded: u64,
+    /// Frames shorter than an Ethernet header.
+    pub runts: u64,
+    /// Frames whose destination is the port they came from.
+    pub same_port: u64,
+    /// Frames no port received (flooded with no other port, or all full).
+    pub no_destination: u64,
+    /// Frames dropped by port security (a locked port's frame from another
+    /// source address, or any port's frame from an address locked to
+    /// another port).
+    pub spoofed: u64,
+    /// Batches forwarded (one per port with frames, per pass).
+    pub batches: u64,
+    /// Times the switch slept in epoll.
+    pub sleeps: u64,
+    /// Passes over the ports (each looks at every port once).
+    pub passes: u64,
+    /// Passes that found no frames anywhere (polling while idle).
+    pub idle_passes: u64,
+    /// Wall-clock nanoseconds spent in passes that found frames (the
+    /// forwarding itself; idle polling and sleeping excluded).
+    pub busy_ns: u64,
+}
 
 /// Why the status could not be had from a running switch.
 #[derive(Debug, thiserror::Error)]

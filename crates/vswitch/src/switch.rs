@@ -1,7 +1,9 @@
 //! The switch core: the port slots, the MAC table (with the addresses
 //! locked ports pin), the forwarding pass, and the status document (whole,
-//! or in pages that fit one control message). The loop that drives it is in
-//! [`crate::event_loop`]; ports come from [`crate::ports`].
+//! or in pages that fit one control message). The loop that drives it is
+//! [`crate::EventLoop`]; ports come from [`crate::ports`]. The switch knows
+//! ports only through [`Port`]; it watches no descriptor and serves no
+//! socket (the event loop does both).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -9,8 +11,8 @@ use std::time::Instant;
 use ring::device::FrameRef;
 
 use crate::bridge::{Mac, MacTable};
-use crate::event_loop::{Poller, Token};
-use crate::ports::{self, memif, vhost, Attach, Owner, Port};
+use crate::ports::{vhost, Port};
+pub use crate::status::SwitchStats;
 use crate::status::{PortStatus, Status};
 use crate::Config;
 
@@ -45,7 +47,7 @@ pub enum Error {
     },
     /// The memif socket could not be bound.
     #[error(transparent)]
-    Memif(#[from] memif::Error),
+    Memif(#[from] crate::ports::memif::Error),
     /// Port names are unique.
     #[error("a port named {0:?} exists")]
     PortExists(String),
@@ -70,34 +72,15 @@ pub enum Error {
     Vhost(#[from] vhost::Error),
 }
 
-/// Switch-wide counters.
-#[derive(Debug, Default, Clone, Copy, serde::Serialize, serde::Deserialize)]
-pub struct SwitchStats {
-    /// Frames delivered to at least one port.
-    pub forwarded: u64,
-    /// Frames sent to every port (unknown or group destination).
-    pub flooded: u64,
-    /// Frames shorter than an Ethernet header.
-    pub runts: u64,
-    /// Frames whose destination is the port they came from.
-    pub same_port: u64,
-    /// Frames no port received (flooded with no other port, or all full).
-    pub no_destination: u64,
-    /// Frames dropped by port security (a locked port's frame from another
-    /// source address, or any port's frame from an address locked to
-    /// another port).
-    pub spoofed: u64,
-    /// Batches forwarded (one per port with frames, per pass).
-    pub batches: u64,
-    /// Times the switch slept in epoll.
-    pub sleeps: u64,
-    /// Passes over the ports (each looks at every port once).
-    pub passes: u64,
-    /// Passes that found no frames anywhere (polling while idle).
-    pub idle_passes: u64,
-    /// Wall-clock nanoseconds spent in passes that found frames (the
-    /// forwarding itself; idle polling and sleeping excluded).
-    pub busy_ns: u64,
+/// Which connection brought a port: the index of its server in the event
+/// loop's list and the connection's id there. The port goes when the
+/// connection closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owner {
+    /// The server's index.
+    pub(crate) server: u8,
+    /// The connection's id on that server.
+    pub(crate) conn: u32,
 }
 
 /// A port and the connection that brought it, if one did.
@@ -113,10 +96,6 @@ pub(crate) struct Slot {
 pub struct Switch {
     pub(crate) ports: Vec<Option<Slot>>,
     macs: MacTable,
-    pub(crate) poller: Poller,
-    /// The servers of the port kinds outside programs attach
-    /// ([`ports::servers`]), in their registration order.
-    pub(crate) servers: Vec<Box<dyn Attach>>,
     pub(crate) cfg: Config,
     /// Switch-wide counters.
     pub stats: SwitchStats,
@@ -126,20 +105,14 @@ pub struct Switch {
 }
 
 impl Switch {
-    /// A switch listening on the sockets `cfg` names, with the vhost-user
-    /// ports it lists (each listening on its own socket for QEMU).
+    /// A switch with the vhost-user ports `cfg` lists (each listening on
+    /// its own socket for QEMU). The control and memif sockets `cfg` names
+    /// are bound by the [`crate::EventLoop`] that drives it.
     pub fn new(cfg: Config) -> Result<Switch, Error> {
-        let poller = Poller::new().map_err(Error::Epoll)?;
-        let servers = ports::servers(&cfg)?;
-        for (k, server) in servers.iter().enumerate() {
-            poller.watch(server.listen_fd(), Token::Listen(k as u8))?;
-        }
         let vms = cfg.vhost_user.clone();
         let mut sw = Switch {
             ports: Vec::new(),
             macs: MacTable::new(cfg.aging, cfg.max_macs),
-            poller,
-            servers,
             stats: SwitchStats::default(),
             frames: Vec::with_capacity(BATCH as usize),
             dst: Vec::with_capacity(BATCH as usize),
@@ -152,7 +125,9 @@ impl Switch {
         Ok(sw)
     }
 
-    /// Add a port; returns its index.
+    /// Add a port; returns its index. While an [`crate::EventLoop`] drives
+    /// the switch, add ports through it instead, so that it watches their
+    /// descriptors.
     pub fn add_port(&mut self, port: Box<dyn Port>) -> Result<u16, Error> {
         self.add_owned(port, None)
     }
@@ -191,9 +166,6 @@ impl Switch {
             }
             None => return Err(Error::TooManyPorts),
         };
-        if let Some(fd) = port.fd() {
-            self.poller.watch(fd, Token::Port(idx as u16))?;
-        }
         if self.cfg.log_ports {
             tracing::info!(port = port.name(), kind = port.kind(), "port attached");
         }
@@ -204,12 +176,11 @@ impl Switch {
         Ok(idx as u16)
     }
 
-    /// Remove a port; its addresses are forgotten.
+    /// Remove a port; its addresses are forgotten. While an
+    /// [`crate::EventLoop`] drives the switch, remove ports through it
+    /// instead, so that it stops watching their descriptors.
     pub fn remove_port(&mut self, idx: u16) -> Option<Box<dyn Port>> {
         let slot = self.ports.get_mut(idx as usize)?.take()?;
-        if let Some(fd) = slot.port.fd() {
-            self.poller.unwatch(fd);
-        }
         self.macs.forget_port(idx);
         if self.cfg.log_ports {
             tracing::info!(port = slot.port.name(), "port detached");
@@ -217,23 +188,14 @@ impl Switch {
         Some(slot.port)
     }
 
-    /// Whether connection `owner` brought a port that is still here.
-    pub(crate) fn owns(&self, owner: Owner) -> bool {
-        self.ports.iter().flatten().any(|p| p.owner == Some(owner))
-    }
-
-    /// Remove every port the connection `owner` brought.
-    pub(crate) fn remove_owned(&mut self, owner: Owner) {
-        let owned: Vec<u16> = self
-            .ports
+    /// The indices of the ports the connection `owner` brought.
+    pub(crate) fn owned_by(&self, owner: Owner) -> Vec<u16> {
+        self.ports
             .iter()
             .enumerate()
             .filter(|(_, p)| p.as_ref().is_some_and(|s| s.owner == Some(owner)))
             .map(|(i, _)| i as u16)
-            .collect();
-        for i in owned {
-            self.remove_port(i);
-        }
+            .collect()
     }
 
     /// The index of the port named `name`.
@@ -264,8 +226,38 @@ impl Switch {
         self.last_aging = now;
     }
 
+    /// Forward a batch from every port with frames waiting; returns the
+    /// frames forwarded.
+    pub(crate) fn forward_all(&mut self, now: Instant) -> usize {
+        let mut work = 0;
+        for s in 0..self.ports.len() {
+            let pending = match self.ports.get_mut(s) {
+                Some(Some(p)) => p.port.broken().is_none() && p.port.pending(),
+                _ => false,
+            };
+            if pending {
+                work += self.forward(s, now);
+            }
+        }
+        work
+    }
+
+    /// One pass, for a program that drives the switch step by step
+    /// instead of [`crate::EventLoop::run`] (a test that plays a peer in
+    /// the same thread, say, with [`crate::EventLoop::poll_events`]): a
+    /// batch from every port with frames, then the timers that are due.
+    /// Returns the frames forwarded.
+    pub fn pass(&mut self) -> usize {
+        let now = Instant::now();
+        let work = self.forward_all(now);
+        for p in self.ports.iter_mut().flatten() {
+            p.port.timer(now);
+        }
+        work
+    }
+
     /// Forward one batch from port `s`; returns frames taken.
-    pub(crate) fn forward(&mut self, s: usize, now: Instant) -> usize {
+    fn forward(&mut self, s: usize, now: Instant) -> usize {
         self.frames.clear();
         self.dst.clear();
         let (token, lock) = {

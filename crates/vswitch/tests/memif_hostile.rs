@@ -132,7 +132,8 @@ fn lying_memif_clients_are_refused_or_contained() {
             ..Config::default()
         })
         .unwrap(),
-    );
+    )
+    .unwrap();
     let size = 2 * RING_BYTES + 65536;
 
     // Unsealed memory: refused with DISCONNECT (8).
@@ -254,7 +255,8 @@ fn a_memif_client_cannot_make_the_switch_hoard_descriptors() {
             ..Config::default()
         })
         .unwrap(),
-    );
+    )
+    .unwrap();
     let before = open_fds();
     let size = 2 * RING_BYTES + 65536;
     let c = Conn::connect(&msock).unwrap();
@@ -349,7 +351,8 @@ fn a_memif_region_s_seals_are_checked_before_its_size() {
             ..Config::default()
         })
         .unwrap(),
-    );
+    )
+    .unwrap();
     let c = Conn::connect(&msock).unwrap();
     assert_eq!(next_msg(&c).0, 2);
     send_msg(

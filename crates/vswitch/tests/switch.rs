@@ -27,7 +27,7 @@ fn start(
         ..Config::default()
     })
     .unwrap();
-    let (stop, h) = spawn(sw);
+    let (stop, h) = spawn(sw).unwrap();
     (path, stop, h)
 }
 
@@ -326,7 +326,7 @@ fn status_reaches_the_client_whole_at_a_thousand_ports() {
         whole > 2 * ring::control::MAX_MSG,
         "the document ({whole} bytes) should need several messages"
     );
-    let (stop, h) = spawn(sw);
+    let (stop, h) = spawn(sw).unwrap();
     let s = status(&path).unwrap();
     let ports = s["ports"].as_array().unwrap();
     assert_eq!(ports.len(), 1000);

@@ -90,7 +90,7 @@ fn exchange(tag: &str, cfg: Config) -> serde_json::Value {
         ..cfg
     })
     .unwrap();
-    let (stop, h) = spawn(sw);
+    let (stop, h) = spawn(sw).unwrap();
 
     let log = std::env::temp_dir().join(format!("fp-testpmd-{pid}-{tag}.log"));
     let child = Command::new(pmd)

@@ -27,7 +27,7 @@ use proptest::test_runner::{Config as PtConfig, TestCaseError, TestRunner};
 use ring::Mode;
 use vswitch::ports::vhost::control::PARTIAL_TIMEOUT;
 use vswitch::ports::vhost::datapath::{ChainError, QueueStats, MAX_FRAME, RXQ, TXQ};
-use vswitch::{SinkPort, Switch};
+use vswitch::{EventLoop, SinkPort};
 
 const HOSTILE: u16 = 0;
 const VICTIM: u16 = 1;
@@ -40,7 +40,7 @@ fn dir(name: &str) -> std::path::PathBuf {
 
 /// hostile (0), victim (1), capture (2); no learning: every frame goes to
 /// every other port.
-fn switch(d: &std::path::Path) -> Switch {
+fn switch(d: &std::path::Path) -> EventLoop {
     let mut sw = common::switch();
     for name in ["hostile", "victim"] {
         add_vport(&mut sw, d, name, Mode::Csb, 0);
@@ -50,7 +50,7 @@ fn switch(d: &std::path::Path) -> Switch {
     sw
 }
 
-fn hostile(sw: &mut Switch) -> &mut vswitch::VhostPort {
+fn hostile(sw: &mut EventLoop) -> &mut vswitch::VhostPort {
     vport(sw, HOSTILE)
 }
 
@@ -71,7 +71,12 @@ fn is_victim(f: &[u8]) -> bool {
 
 /// The victim sends `n` frames; they must reach the capture port, and the
 /// victim must get all its chains back.
-fn victim_sends(sw: &mut Switch, v: &mut TestGuest, seq: &mut u64, n: u64) -> Result<(), String> {
+fn victim_sends(
+    sw: &mut EventLoop,
+    v: &mut TestGuest,
+    seq: &mut u64,
+    n: u64,
+) -> Result<(), String> {
     let before = capture(sw, CAPTURE)
         .frames
         .iter()
@@ -725,7 +730,7 @@ fn hostile_protocol_messages_never_stop_the_switch() {
 // ---------------------------------------------------------------------
 // Named attacks, one each.
 
-fn two_port_setup(name: &str) -> (std::path::PathBuf, Switch, TestGuest) {
+fn two_port_setup(name: &str) -> (std::path::PathBuf, EventLoop, TestGuest) {
     let d = dir(name);
     let mut sw = switch(&d);
     let v = TestGuest::attach(&mut sw, &d.join("victim.sock"), 256).expect("victim");
@@ -992,7 +997,7 @@ fn a_vm_port_given_its_guest_s_mac_is_locked_to_it() {
     vm.post_rx(32);
     thief.post_rx(32);
     settle(&mut sw);
-    let spoofed = |sw: &mut Switch, i: u16| sw.port_mut(i).expect("port").counters().spoofed;
+    let spoofed = |sw: &mut EventLoop, i: u16| sw.port_mut(i).expect("port").counters().spoofed;
     // The thief sends from the guest's address: dropped, counted.
     thief.send_frame(&frame([0xff; 6], VM, 1));
     settle(&mut sw);

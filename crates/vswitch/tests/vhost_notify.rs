@@ -12,11 +12,11 @@ use common::{add_vport, settle, vport};
 use ring::device::FrameRef;
 use ring::Mode;
 use vswitch::ports::vhost::datapath::{RXQ, TXQ};
-use vswitch::{Port, SinkPort, Switch};
+use vswitch::{EventLoop, Port, SinkPort};
 
 const NUM: u16 = 64;
 
-fn setup(name: &str, mode: Mode, itr: u32) -> (std::path::PathBuf, Switch, TestGuest) {
+fn setup(name: &str, mode: Mode, itr: u32) -> (std::path::PathBuf, EventLoop, TestGuest) {
     let d = common::dir(&format!("notify-{name}"));
     let mut sw = common::switch();
     add_vport(&mut sw, &d, "vm", mode, itr);

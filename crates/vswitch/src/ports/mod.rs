@@ -1,5 +1,4 @@
-//! The kinds of switch port, and where a kind that outside programs attach
-//! is registered.
+//! The kinds of switch port.
 //!
 //! Every port implements [`Port`]; the switch holds them as `Box<dyn Port>`
 //! and knows nothing of their kind beyond that trait.
@@ -14,10 +13,11 @@
 //!   or reflect frames; only benchmarks and tests use them.
 //!
 //! A kind whose ports outside programs attach through a socket of its own
-//! has a server implementing `Attach`, bound in `servers`: the one
-//! registration such a kind needs. The event loop watches each server's
-//! listening socket and connections under epoll tokens of their own, and
-//! removes the ports a connection brought when the server says it closed.
+//! also has a server implementing the event loop's `Attach` (as
+//! `memif/mod.rs` does); the event loop binds it (its `servers`), adds the
+//! ports its connections bring and removes them when they close. Port
+//! kinds import the status types ([`crate::status`]) and nothing of the
+//! switch itself.
 
 pub mod echo;
 pub mod generator;
@@ -27,18 +27,10 @@ pub mod sink;
 pub mod tap;
 pub mod vhost;
 
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
 use ::ring::device::FrameRef;
-
-use crate::{Config, Error, Switch};
-
-pub use echo::EchoPort;
-pub use generator::GenPort;
-pub use ring::RingPort;
-pub use sink::SinkPort;
-pub use tap::TapPort;
 
 /// Counters every port keeps (frames into the switch from the port, and out
 /// of the switch to the port).
@@ -138,61 +130,10 @@ pub trait Port: Send {
         crate::status::PortDetail::None(crate::status::NoDetail {})
     }
     /// The port as `Any`, for the program that added it to reach its own
-    /// kind's methods through [`Switch::port_as`] (a VM port's
+    /// kind's methods through [`crate::Switch::port_as`] (a VM port's
     /// notification scheme, say). Kinds with such methods return
     /// `Some(self)`.
     fn as_any(&mut self) -> Option<&mut dyn std::any::Any> {
         None
     }
-}
-
-/// Which connection brought a port: the index of its server in
-/// [`servers`]' list and the connection's id there. The port goes when the
-/// connection closes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Owner {
-    /// The server's index.
-    pub(crate) server: u8,
-    /// The connection's id on that server.
-    pub(crate) conn: u32,
-}
-
-/// What serving a connection left behind.
-pub(crate) enum Served {
-    /// The connection stays open.
-    Open,
-    /// The connection ended: its descriptor, for the event loop to stop
-    /// watching before it drops (closes) it; the ports it brought go.
-    Closed(OwnedFd),
-}
-
-/// The server of a kind of port that outside programs attach through a
-/// socket of its own: it owns the listening socket and the connections, and
-/// speaks the kind's protocol; the event loop calls it when they are
-/// readable.
-pub(crate) trait Attach: Send {
-    /// The listening socket, readable when a client is waiting.
-    fn listen_fd(&self) -> BorrowedFd<'_>;
-    /// Accept every waiting connection. `watch` starts watching a new
-    /// connection's descriptor under its id (ids below 2^24) and says
-    /// whether it could.
-    fn accept_all(&mut self, watch: &mut dyn FnMut(u32, BorrowedFd<'_>) -> bool);
-    /// Handle what arrived on connection `id`, which brings its ports to
-    /// `sw` as `owner` ([`Switch::add_owned`]).
-    fn serve_conn(&mut self, id: u32, owner: Owner, sw: &mut Switch) -> Served;
-}
-
-/// The servers of the kinds of port that outside programs attach, bound to
-/// the sockets `cfg` names, in a fixed order (a server's index is part of
-/// its epoll tokens and of its ports' [`Owner`]). A new kind that attaches
-/// through a socket registers here: one line that binds its server.
-pub(crate) fn servers(cfg: &Config) -> Result<Vec<Box<dyn Attach>>, Error> {
-    let mut servers: Vec<Box<dyn Attach>> = Vec::new();
-    if let Some(p) = &cfg.socket {
-        servers.push(Box::new(crate::control::ControlServer::bind(p)?));
-    }
-    if let Some(p) = &cfg.memif_socket {
-        servers.push(Box::new(memif::Server::bind(p)?));
-    }
-    Ok(servers)
 }

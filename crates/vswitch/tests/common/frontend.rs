@@ -5,7 +5,7 @@
 //! disconnect half-way.
 //!
 //! The switch runs in the caller's thread: every request that expects a
-//! reply takes the switch to pump ([`Switch::poll_events`]) until the reply
+//! reply takes the switch to pump ([`EventLoop::poll_events`]) until the reply
 //! comes.
 
 use std::fs::File;
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 
 use ring::notify::EventFd;
-use vswitch::Switch;
+use vswitch::EventLoop;
 
 /// Request codes used here.
 pub mod req {
@@ -260,7 +260,7 @@ impl Wire {
     }
 
     /// Wait (pumping the switch) for a reply's 8-byte value.
-    pub fn reply(&mut self, sw: &mut Switch) -> Option<u64> {
+    pub fn reply(&mut self, sw: &mut EventLoop) -> Option<u64> {
         let mut buf = Vec::new();
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(2) {
@@ -286,7 +286,7 @@ impl Wire {
     }
 
     /// A request with a reply.
-    pub fn ask(&mut self, sw: &mut Switch, code: u32, payload: &[u8]) -> Option<u64> {
+    pub fn ask(&mut self, sw: &mut EventLoop, code: u32, payload: &[u8]) -> Option<u64> {
         self.send(code, VERSION, payload, &[]).ok()?;
         self.reply(sw)
     }
@@ -377,7 +377,7 @@ impl TestGuest {
     /// Connect to `path` and set the device up, as QEMU does: features,
     /// memory table, then for each queue size, base, addresses, kick,
     /// call, enable.
-    pub fn attach(sw: &mut Switch, path: &Path, num: u16) -> std::io::Result<TestGuest> {
+    pub fn attach(sw: &mut EventLoop, path: &Path, num: u16) -> std::io::Result<TestGuest> {
         let mem = SharedMem::new(MEM, true)?;
         let wire = Wire::connect(path)?;
         let mut g = TestGuest {

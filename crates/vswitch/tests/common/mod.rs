@@ -12,7 +12,7 @@ use std::time::Instant;
 use ring::device::FrameRef;
 use ring::Mode;
 use vswitch::ports::vhost::{Config as VhostConfig, VhostPort};
-use vswitch::{Config, Counters, Port, Switch};
+use vswitch::{Config, Counters, EventLoop, Port, Switch};
 
 /// Keeps a copy of every frame it is given.
 pub struct CapturePort {
@@ -72,17 +72,18 @@ pub fn dir(tag: &str) -> PathBuf {
 
 /// A switch that learns no address (every frame goes to every other
 /// port), driven by the test: [`settle`].
-pub fn switch() -> Switch {
-    Switch::new(Config {
+pub fn switch() -> EventLoop {
+    let sw = Switch::new(Config {
         max_macs: 0,
         log_ports: false,
         ..Config::default()
     })
-    .expect("switch")
+    .expect("switch");
+    EventLoop::new(sw).expect("event loop")
 }
 
 /// A vhost-user port `name` on `dir/name.sock`, added to `sw`.
-pub fn add_vport(sw: &mut Switch, dir: &Path, name: &str, mode: Mode, itr: u32) -> u16 {
+pub fn add_vport(sw: &mut EventLoop, dir: &Path, name: &str, mode: Mode, itr: u32) -> u16 {
     let mut c = VhostConfig::new(name, &dir.join(format!("{name}.sock")));
     c.mode = mode;
     c.itr = itr;
@@ -91,7 +92,7 @@ pub fn add_vport(sw: &mut Switch, dir: &Path, name: &str, mode: Mode, itr: u32) 
 }
 
 /// Let the switch serve what is waiting and forward it, a few times over.
-pub fn settle(sw: &mut Switch) {
+pub fn settle(sw: &mut EventLoop) {
     for _ in 0..4 {
         sw.poll_events();
         sw.pass();
@@ -99,11 +100,11 @@ pub fn settle(sw: &mut Switch) {
 }
 
 /// The vhost-user port at `i`.
-pub fn vport(sw: &mut Switch, i: u16) -> &mut VhostPort {
+pub fn vport(sw: &mut EventLoop, i: u16) -> &mut VhostPort {
     sw.port_as::<VhostPort>(i).expect("a vhost-user port")
 }
 
 /// The capture port at `i`.
-pub fn capture(sw: &mut Switch, i: u16) -> &mut CapturePort {
+pub fn capture(sw: &mut EventLoop, i: u16) -> &mut CapturePort {
     sw.port_as::<CapturePort>(i).expect("a capture port")
 }

@@ -16,7 +16,20 @@ use std::path::{Path, PathBuf};
 use ring::notify::EventFd;
 
 use super::datapath::{MemifPort, Region, RingError, RingInfo};
-use super::Error;
+
+/// Errors setting up the memif server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The memif socket could not be bound.
+    #[error("memif socket {}", path.display())]
+    Bind {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: ring::Error,
+    },
+}
 
 /// Protocol version 2.0, the only one spoken.
 pub const VERSION: u16 = 0x0200;

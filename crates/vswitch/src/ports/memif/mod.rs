@@ -13,67 +13,80 @@
 //! - [`datapath`]: the mapped regions, the checked rings, and the
 //!   [`MemifPort`] that copies frames in and out.
 //!
-//! This file plugs the [`Server`] into the switch as the server of a port
-//! kind that outside programs attach (registered in `ports::servers`).
+//! This file plugs the [`Server`] into the switch's event loop as the
+//! server of a port kind that outside programs attach (`Attached`,
+//! registered in the event loop's `servers`).
 
 pub mod control;
 pub mod datapath;
 pub mod layout;
 
 use std::os::fd::BorrowedFd;
-use std::path::PathBuf;
+use std::path::Path;
+use std::time::Duration;
 
-use crate::ports::{Attach, Owner, Served};
-use crate::{chain, Switch};
+use crate::attach::{Attach, Served};
+use crate::chain;
 
-pub use control::{Event, Refusal, Server, MAX_CONNECTIONS, VERSION};
+pub use control::{Error, Event, Refusal, Server, MAX_CONNECTIONS, VERSION};
 pub use datapath::{MemifPort, RingError, QUIET_WAKES};
 pub use layout::COOKIE;
 
-/// Errors setting up the memif server.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The memif socket could not be bound.
-    #[error("memif socket {}", path.display())]
-    Bind {
-        /// The socket path.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: ring::Error,
-    },
+/// The memif [`Server`] as the event loop drives it, with the interrupt
+/// moderation its ports get.
+pub(crate) struct Attached {
+    server: Server,
+    moderation: Duration,
 }
 
-impl Attach for Server {
+impl Attached {
+    /// Listen on `path`; the ports clients attach moderate their
+    /// interrupts to one per `moderation` (zero: none).
+    pub(crate) fn bind(path: &Path, moderation: Duration) -> Result<Attached, Error> {
+        Ok(Attached {
+            server: Server::bind(path)?,
+            moderation,
+        })
+    }
+}
+
+impl Attach for Attached {
     fn listen_fd(&self) -> BorrowedFd<'_> {
-        Server::listen_fd(self)
+        self.server.listen_fd()
     }
 
     fn accept_all(&mut self, watch: &mut dyn FnMut(u32, BorrowedFd<'_>) -> bool) {
-        while let Some((id, fd)) = self.accept() {
+        while let Some((id, fd)) = self.server.accept() {
             // A connection epoll cannot watch would never be served, yet
             // hold its descriptors for ever: close it.
             if !watch(id, fd) {
                 tracing::warn!("memif: cannot watch connection {id}; closed");
-                self.close(id);
+                self.server.close(id);
             }
         }
     }
 
-    fn serve_conn(&mut self, id: u32, owner: Owner, sw: &mut Switch) -> Served {
-        match self.serve(id) {
+    fn serve_conn(&mut self, id: u32) -> Served {
+        match self.server.serve(id) {
             Event::None => Served::Open,
             Event::Connected(mut port) => {
-                port.set_moderation(sw.cfg.memif_moderation);
-                if let Err(e) = sw.add_owned(port, Some(owner)) {
-                    tracing::warn!("memif port refused: {}", chain(&e));
-                    if let Some(fd) = self.close(id) {
-                        return Served::Closed(fd);
-                    }
-                }
-                Served::Open
+                port.set_moderation(self.moderation);
+                Served::Port(port)
             }
             Event::Closed(fd) => Served::Closed(fd),
+        }
+    }
+
+    fn added(&mut self, id: u32, result: Result<u16, crate::Error>) -> Served {
+        match result {
+            Ok(_) => Served::Open,
+            Err(e) => {
+                tracing::warn!("memif port refused: {}", chain(&e));
+                match self.server.close(id) {
+                    Some(fd) => Served::Closed(fd),
+                    None => Served::Open,
+                }
+            }
         }
     }
 }
@@ -88,10 +101,10 @@ mod tests {
     fn a_connection_epoll_cannot_watch_is_closed() {
         let path =
             std::env::temp_dir().join(format!("fp-memif-unwatched-{}.sock", std::process::id()));
-        let mut server = Server::bind(&path).unwrap();
+        let mut server = Attached::bind(&path, Duration::ZERO).unwrap();
         let client = ring::control::Conn::connect(&path).unwrap();
         server.accept_all(&mut |_, _| false);
-        assert_eq!(server.connections(), 0);
+        assert_eq!(server.server.connections(), 0);
         // The client sees the greeting, then the end of the connection.
         let hello = ring::control::recv_msg(client.fd()).unwrap();
         assert!(hello.is_some());
