@@ -44,4 +44,5 @@ reports!(
     vswitch::Status,
     bench::control::Report,
     bench::fleet_sim::Report,
+    bench::switch::Report,
 );
