@@ -28,6 +28,7 @@ pub mod fleet_sim;
 pub mod forwarder;
 pub mod hash_eval;
 pub mod maio;
+mod nan;
 mod proc;
 pub mod scaling;
 pub mod switch;

@@ -7,6 +7,8 @@
 //! a TAP device, a system call each, and the host end is a packet socket on
 //! that TAP). Each figure is a separate short run on a fresh switch.
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -16,10 +18,9 @@ use std::time::Duration;
 use measure::upper_median;
 use ring::control::{attach, AttachRequest};
 use ring::Mode;
-use serde::Serialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
-use vswitch::pktgen::{self, udp_frame, Params, Report, Role};
+use vswitch::pktgen::{self, udp_frame, Params, Role};
 use vswitch::{spawn, Config, EchoPort, GenPort, SinkPort, Switch, SwitchStats, TapPort};
 
 /// Why a switch bench measurement could not run.
@@ -127,7 +128,7 @@ pub enum Error {
 }
 
 /// The host side of the virtual NIC.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// The switch, with the host's port inside it.
@@ -185,7 +186,7 @@ pub const ROWS: [Row; 5] = [
 
 /// The paper's figures for a row: TX Kpps (UDP, 8-byte payload), RX Kpps,
 /// Mbps with 1460-byte payloads, TCP_RR thousands of transactions/s.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct Paper {
     /// Guest transmit, thousands of packets per second.
     pub tx_kpps: Option<f64>,
@@ -221,31 +222,40 @@ pub fn paper(backend: Backend, key: &str) -> Paper {
 }
 
 /// Our figures for a row.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RowResult {
     /// The row's label.
-    pub label: &'static str,
+    pub label: String,
     /// The guest port's notification mode.
     pub mode: Mode,
     /// Interrupt moderation, in 250 ns units.
     pub itr: u32,
     /// Guest transmit, thousands of 60-byte packets per second.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub tx_kpps: f64,
     /// Guest receive, thousands of 60-byte packets per second.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub rx_kpps: f64,
     /// Guest transmit, megabits per second with 1514-byte frames.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub mbps_1514: f64,
     /// (kicks + interrupts) per packet on the 60-byte transmit run.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub notifications_per_packet: f64,
     /// Kicks per packet on the same run.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub kicks_per_packet: f64,
     /// Interrupts per packet on the same run.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub interrupts_per_packet: f64,
     /// Ping-pong transactions per second.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub rr_tps: f64,
     /// Ping-pong median round-trip time (us).
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub rtt_us_p50: f64,
     /// Ping-pong 99th percentile round-trip time (us).
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub rtt_us_p99: f64,
     /// The paper's figures for this row.
     pub paper: Paper,
@@ -372,7 +382,7 @@ fn measure(
     kind: Kind,
     secs: f64,
     burst: usize,
-) -> Result<Report, Error> {
+) -> Result<pktgen::Report, Error> {
     let n = RUN.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
     let sock = std::env::temp_dir().join(format!("fp-bench-{pid}-{n}.sock"));
@@ -541,7 +551,7 @@ fn pin<T>(h: &std::thread::JoinHandle<T>, cpu: usize) -> bool {
 
 /// What set the pace of a generator -> (switch) -> receiver run, as far as
 /// the run's own counters tell.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "limit", content = "why", rename_all = "snake_case")]
 pub enum Limit {
     /// The run measured nothing, or its counters contradict each other: no
@@ -589,7 +599,7 @@ impl Limit {
 
 /// The counters of one run from a generator to a receiver, possibly through
 /// the switch, that decide its [`Limit`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PathFigures {
     /// Frames the generator put on the path.
     pub offered: u64,
@@ -671,49 +681,66 @@ pub fn classify(f: &PathFigures) -> Limit {
 
 /// The switch's forwarding rate between two ring ports, and where the CPU
 /// time went.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Forwarding {
     /// Frame size in bytes.
     pub frame_bytes: usize,
     /// Wall-clock seconds of the sender's run.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub seconds: f64,
-    /// What the sending pktgen queued.
-    pub sender: Report,
-    /// What the receiving pktgen got (rate over the sender's interval).
-    pub receiver: Report,
+    /// What the sending pktgen queued. pktgen's report is written, not
+    /// read back (it is the switch crate's): a saved document reads as its
+    /// default here, and the figures the text uses are copied beside it.
+    #[serde(skip_deserializing)]
+    pub sender: pktgen::Report,
+    /// What the receiving pktgen got (rate over the sender's interval);
+    /// read back as for `sender`.
+    #[serde(skip_deserializing)]
+    pub receiver: pktgen::Report,
     /// Frames the switch forwarded during the run.
     pub switch_forwarded: u64,
     /// Frames the switch dropped at the receiver's full ring.
     pub switch_dropped: u64,
     /// CPU seconds of the switch thread over the run.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub switch_cpu_s: f64,
     /// CPU seconds of the sending thread.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub sender_cpu_s: f64,
     /// CPU seconds of the receiving thread.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub receiver_cpu_s: f64,
     /// Frames forwarded per second of the switch thread's CPU time, in
     /// millions: the switch's own rate per core.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub switch_mpps_per_core: f64,
     /// Frames the receiver got per wall-clock second, in millions.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub end_to_end_mpps: f64,
     /// Frames per second of sender CPU, in millions.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub sender_mpps_per_core: f64,
     /// Frames per second of receiver CPU, in millions.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub receiver_mpps_per_core: f64,
     /// Share of the machine's CPU time (cores x seconds) each thread used.
-    pub share_of_cores: Value,
+    pub share_of_cores: ThreadShares,
     /// Share of the switch's passes that found no frame (it polled idle).
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub switch_idle_pass_share: f64,
     /// Seconds the switch spent in passes that found frames.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub switch_busy_s: f64,
     /// Frames forwarded per second spent in those passes, in millions (the
     /// forwarding loop's own rate, without idle polling and sleeping).
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub switch_mpps_per_busy_second: f64,
     /// How long the switch polled after the last frame before sleeping.
     pub switch_poll_us: u64,
     /// Where the three threads ran.
     pub placement: Placement,
     /// Frames per batch the switch took from the sender's port.
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub switch_frames_per_batch: f64,
     /// The sender set the pace: nothing was dropped or lost and the switch
     /// waited for frames on most of its passes (`limit` is "generator").
@@ -727,7 +754,36 @@ pub struct Forwarding {
     /// The counters the limit was decided from.
     pub figures: PathFigures,
     /// The paper's VALE figure (Mpps per core, 60-byte frames).
+    #[serde(deserialize_with = "crate::nan::f64")]
     pub paper_vale_mpps: f64,
+    /// `end_to_end_mpps` under the name the first documents used.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub ring_to_ring_mpps: f64,
+    /// What the sender queued per wall-clock second, in millions.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub sender_mpps: f64,
+    /// Frames the sender queued that the receiver did not get.
+    pub lost: u64,
+    /// `switch_mpps_per_core` over the 30 Mpps goal.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub switch_per_core_over_goal: f64,
+}
+
+/// The share of the machine's CPU time (cores x seconds) each thread of the
+/// ring-to-ring run used.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct ThreadShares {
+    /// CPUs the process may use.
+    pub cores: f64,
+    /// The sending pktgen.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub sender: f64,
+    /// The switch thread.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub switch: f64,
+    /// The receiving pktgen.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub receiver: f64,
 }
 
 /// Frames dropped at the full ring of the port called `name`, by a switch's
@@ -746,7 +802,7 @@ fn cores() -> f64 {
 }
 
 /// Where the ring-to-ring measurement's three threads run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Placement {
     /// The sender alone on the first CPU, the switch and the receiver on
@@ -950,12 +1006,12 @@ pub fn forwarding(
         end_to_end_mpps: r.pps / 1e6,
         sender_mpps_per_core: t.packets as f64 / sender_cpu / 1e6,
         receiver_mpps_per_core: r.packets as f64 / receiver_cpu / 1e6,
-        share_of_cores: json!({
-            "cores": c,
-            "sender": sender_cpu / (wall * c),
-            "switch": switch_cpu / (wall * c),
-            "receiver": receiver_cpu / (wall * c),
-        }),
+        share_of_cores: ThreadShares {
+            cores: c,
+            sender: sender_cpu / (wall * c),
+            switch: switch_cpu / (wall * c),
+            receiver: receiver_cpu / (wall * c),
+        },
         switch_idle_pass_share: idle_share,
         switch_busy_s: busy,
         switch_mpps_per_busy_second: fwd as f64 / busy / 1e6,
@@ -967,6 +1023,10 @@ pub fn forwarding(
         limit,
         figures,
         paper_vale_mpps: 20.0,
+        ring_to_ring_mpps: r.pps / 1e6,
+        sender_mpps: t.pps / 1e6,
+        lost: t.packets.saturating_sub(r.packets),
+        switch_per_core_over_goal: fwd as f64 / switch_cpu / 1e6 / 30.0,
         sender: t,
         receiver: r,
     })
@@ -1012,13 +1072,47 @@ impl SwitchPlacement {
             SwitchPlacement::Unpinned => None,
         }
     }
+}
 
-    /// For the JSON document: "auto", "none" or the CPU's number.
-    fn key(self) -> Value {
+/// In documents as on the command line: "auto", "none" or the CPU's
+/// number.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum PlacementKey {
+    Cpu(usize),
+    Name(String),
+}
+
+impl Serialize for SwitchPlacement {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match *self {
+            SwitchPlacement::Auto => PlacementKey::Name("auto".into()),
+            SwitchPlacement::Cpu(c) => PlacementKey::Cpu(c),
+            SwitchPlacement::Unpinned => PlacementKey::Name("none".into()),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for SwitchPlacement {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match PlacementKey::deserialize(d)? {
+            PlacementKey::Cpu(c) => Ok(SwitchPlacement::Cpu(c)),
+            PlacementKey::Name(n) if n == "auto" => Ok(SwitchPlacement::Auto),
+            PlacementKey::Name(n) if n == "none" => Ok(SwitchPlacement::Unpinned),
+            PlacementKey::Name(n) => Err(serde::de::Error::custom(format!(
+                "switch placement {n:?}: not \"auto\", \"none\" or a CPU number"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for SwitchPlacement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SwitchPlacement::Auto => json!("auto"),
-            SwitchPlacement::Cpu(c) => json!(c),
-            SwitchPlacement::Unpinned => json!("none"),
+            SwitchPlacement::Auto => f.write_str("auto"),
+            SwitchPlacement::Cpu(c) => write!(f, "{c}"),
+            SwitchPlacement::Unpinned => f.write_str("none"),
         }
     }
 }
@@ -1308,6 +1402,140 @@ fn switch_status(ctl: &std::path::Path, why: &str) -> Result<vswitch::Status, Er
 const GEN_MAC: &str = "02:fa:00:00:01:01";
 const SINK_MAC: &str = "02:fa:00:00:01:02";
 
+/// A generator testpmd's totals when it stopped.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct GeneratorTotals {
+    /// Frames it sent.
+    pub tx_packets: u64,
+    /// Frames its ring refused.
+    pub tx_dropped: u64,
+}
+
+/// A sink testpmd's totals when it stopped.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct SinkTotals {
+    /// Frames it received.
+    pub rx_packets: u64,
+    /// Frames it dropped.
+    pub rx_dropped: u64,
+}
+
+/// The totals of a testpmd that both sends and receives.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct TestpmdTotals {
+    /// Frames it received.
+    pub rx_packets: u64,
+    /// Frames it dropped on receive.
+    pub rx_dropped: u64,
+    /// Frames it sent.
+    pub tx_packets: u64,
+    /// Frames its ring refused.
+    pub tx_dropped: u64,
+}
+
+/// The share of the machine's CPU time (cores x seconds) each thread of a
+/// memif row used.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct MemifShares {
+    /// CPUs the process may use.
+    pub cores: f64,
+    /// The generating testpmd (the only one, in the one-testpmd row).
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub generator: f64,
+    /// The sink testpmd (0 in the one-testpmd row: the generator sinks).
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub sink: f64,
+    /// The switch thread, in the rows through the switch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch: Option<f64>,
+}
+
+/// One memif row: testpmd to testpmd, directly or through the switch. The
+/// switch's figures are there only in the rows through it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct MemifRow {
+    /// What the frames went through.
+    pub path: String,
+    /// Median of the sink's per-second rate, millions; `None` when the row
+    /// measured nothing (never a 0 that reads as a measurement).
+    pub delivered_mpps: Option<f64>,
+    /// Median of the generator's per-second rate, millions.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub generator_mpps: f64,
+    /// The sink's per-second rates inside the window.
+    #[serde(deserialize_with = "crate::nan::vec")]
+    pub sink_rx_pps_samples: Vec<f64>,
+    /// The generator's per-second rates inside the window.
+    #[serde(deserialize_with = "crate::nan::vec")]
+    pub generator_tx_pps_samples: Vec<f64>,
+    /// Share of its sends the generator could not place in its ring.
+    pub generator_refused_share: Option<f64>,
+    /// CPU seconds of the generating testpmd (two-testpmd rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator_cpu_s: Option<f64>,
+    /// CPU seconds of the sink testpmd (two-testpmd rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink_cpu_s: Option<f64>,
+    /// CPU seconds of the one testpmd (the one-testpmd row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub testpmd_cpu_s: Option<f64>,
+    /// CPU seconds of the switch thread over the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_cpu_s: Option<f64>,
+    /// Wall-clock seconds of the window.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub window_s: f64,
+    /// Frames the switch forwarded in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_forwarded: Option<f64>,
+    /// Frames the switch flooded in the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_flooded: Option<f64>,
+    /// Frames forwarded per second of the switch's CPU time, millions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_mpps_per_core: Option<f64>,
+    /// Share of the switch's passes in the window that found no frame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_idle_pass_share: Option<f64>,
+    /// Frames the switch dropped at full rings since it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_dropped_full_total: Option<u64>,
+    /// Each thread's share of the machine's CPU time.
+    pub share_of_cores: MemifShares,
+    /// The generator's totals (two-testpmd rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub testpmd_generator_totals: Option<GeneratorTotals>,
+    /// The sink's totals (two-testpmd rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub testpmd_sink_totals: Option<SinkTotals>,
+    /// The one testpmd's totals (the one-testpmd row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub testpmd_totals: Option<TestpmdTotals>,
+    /// The CPU the switch thread was to run on (rows through the switch;
+    /// none there: the scheduler placed it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_pinned_cpu: Option<usize>,
+    /// Whether pinning the switch thread took (when it was asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_pinned: Option<bool>,
+    /// The counters the verdict was decided from.
+    pub figures: Option<PathFigures>,
+    /// What set the pace: a [`Limit::key`], or "unclassified" (the direct
+    /// row whose totals cannot be trusted) or "testpmd" (the one-testpmd
+    /// row, whose generator and receiver are one thread).
+    pub limit: String,
+    /// Why the limit is what it is, where that needs saying.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The generator set the pace.
+    pub generator_limited: bool,
+    /// The row measured something.
+    pub valid: bool,
+    /// What made the row measure nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid_reason: Option<String>,
+}
+
 /// testpmd's totals of a pair run: the generator's and the sink's.
 #[derive(Clone, Copy, Debug, Default)]
 struct PairTotals {
@@ -1327,7 +1555,7 @@ fn measure_pair(
     sink: Pmd,
     secs: f64,
     mut around: impl FnMut() -> Result<(), Error>,
-) -> Result<(Value, PairTotals), Error> {
+) -> Result<(MemifRow, PairTotals), Error> {
     wait_for(
         &format!("traffic at the sink ({} printing Rx-pps > 0)", sink.name),
         30.0,
@@ -1383,19 +1611,35 @@ fn measure_pair(
     let refused = refused_share(totals.gen);
     let c = cores();
     Ok((
-        json!({
-            "delivered_mpps": upper_median(&mut rx.clone()).unwrap_or(0.0) / 1e6,
-            "generator_mpps": upper_median(&mut tx.clone()).unwrap_or(0.0) / 1e6,
-            "sink_rx_pps_samples": rx,
-            "generator_tx_pps_samples": tx,
-            "generator_refused_share": refused,
-            "generator_cpu_s": gc,
-            "sink_cpu_s": sc,
-            "window_s": wall,
-            "share_of_cores": {"cores": c, "generator": gc / (wall * c), "sink": sc / (wall * c)},
-            "testpmd_generator_totals": totals.gen.map(|(_, _, t, d)| json!({"tx_packets": t, "tx_dropped": d})),
-            "testpmd_sink_totals": totals.sink.map(|(r, d, _, _)| json!({"rx_packets": r, "rx_dropped": d})),
-        }),
+        MemifRow {
+            delivered_mpps: Some(upper_median(&mut rx.clone()).unwrap_or(0.0) / 1e6),
+            generator_mpps: upper_median(&mut tx.clone()).unwrap_or(0.0) / 1e6,
+            sink_rx_pps_samples: rx,
+            generator_tx_pps_samples: tx,
+            generator_refused_share: refused,
+            generator_cpu_s: Some(gc),
+            sink_cpu_s: Some(sc),
+            window_s: wall,
+            share_of_cores: MemifShares {
+                cores: c,
+                generator: gc / (wall * c),
+                sink: sc / (wall * c),
+                switch: None,
+            },
+            testpmd_generator_totals: totals.gen.map(|(_, _, tx_packets, tx_dropped)| {
+                GeneratorTotals {
+                    tx_packets,
+                    tx_dropped,
+                }
+            }),
+            testpmd_sink_totals: totals
+                .sink
+                .map(|(rx_packets, rx_dropped, _, _)| SinkTotals {
+                    rx_packets,
+                    rx_dropped,
+                }),
+            ..MemifRow::default()
+        },
         totals,
     ))
 }
@@ -1411,8 +1655,8 @@ fn memif_in_flight(o: &MemifOptions, memifs: u64) -> u64 {
 /// (no report inside its window, a zero rate, counters that contradict
 /// each other) `delivered_mpps` null and `invalid_reason`: never a 0 that
 /// reads as a measurement.
-fn verdict(v: &mut Value, figures: Option<PathFigures>, samples_key: &str) {
-    let no_samples = v[samples_key].as_array().is_none_or(|a| a.is_empty());
+fn verdict(v: &mut MemifRow, figures: Option<PathFigures>) {
+    let no_samples = v.sink_rx_pps_samples.is_empty();
     let limit = match figures {
         _ if no_samples => Limit::Invalid("no testpmd report fell inside the window".into()),
         None => Limit::Invalid("testpmd printed no totals when it stopped".into()),
@@ -1420,24 +1664,24 @@ fn verdict(v: &mut Value, figures: Option<PathFigures>, samples_key: &str) {
     };
     let limit = match limit {
         Limit::Invalid(_) => limit,
-        _ if v["delivered_mpps"].as_f64().is_none_or(|x| x <= 0.0) => {
+        _ if v.delivered_mpps.is_none_or(|x| x <= 0.0) => {
             Limit::Invalid("testpmd reported 0 packets per second at the sink".into())
         }
         l => l,
     };
-    v["figures"] = serde_json::to_value(figures).unwrap_or_default();
-    v["limit"] = json!(limit.key());
-    v["generator_limited"] = json!(limit == Limit::Generator);
-    v["valid"] = json!(!matches!(limit, Limit::Invalid(_)));
-    if let Limit::Invalid(why) = &limit {
-        v["delivered_mpps"] = Value::Null;
-        v["invalid_reason"] = json!(why);
+    v.figures = figures;
+    v.limit = limit.key().to_string();
+    v.generator_limited = limit == Limit::Generator;
+    v.valid = !matches!(limit, Limit::Invalid(_));
+    if let Limit::Invalid(why) = limit {
+        v.delivered_mpps = None;
+        v.invalid_reason = Some(why);
     }
 }
 
 /// testpmd txonly -> testpmd rxonly over one memif, each forwarding on its
 /// own CPU.
-fn memif_direct(o: &MemifOptions) -> Result<Value, Error> {
+fn memif_direct(o: &MemifOptions) -> Result<MemifRow, Error> {
     let n = RUN.fetch_add(1, Ordering::Relaxed);
     let sock = std::env::temp_dir().join(format!("fp-swbench-{}-{n}.memif", std::process::id()));
     let _ = std::fs::remove_file(&sock);
@@ -1486,33 +1730,26 @@ fn memif_direct(o: &MemifOptions) -> Result<Value, Error> {
     // wrap (seen: a server's TX 0, a client's RX 2^64 - 1). The per-second
     // figures, taken while both ran, are right: when both printed some,
     // the rate stands and the totals decide no limit.
-    let nonzero = |k: &str| {
-        v[k].as_array()
-            .is_some_and(|a| a.iter().any(|x| x.as_f64().is_some_and(|x| x > 0.0)))
-    };
-    let rates_ok = nonzero("generator_tx_pps_samples") && nonzero("sink_rx_pps_samples");
-    verdict(&mut v, figures, "sink_rx_pps_samples");
-    if rates_ok && v["valid"] == false {
-        let why = v["invalid_reason"].take();
-        v["delivered_mpps"] = v["sink_rx_pps_samples"]
-            .as_array()
-            .map(|a| {
-                json!(
-                    upper_median(&mut a.iter().filter_map(Value::as_f64).collect::<Vec<_>>())
-                        .unwrap_or(0.0)
-                        / 1e6
-                )
-            })
-            .unwrap_or(Value::Null);
-        v["valid"] = json!(true);
-        v["limit"] = json!("unclassified");
-        v["why"] = json!(format!(
+    let nonzero = |a: &[f64]| a.iter().any(|&x| x > 0.0);
+    let rates_ok = nonzero(&v.generator_tx_pps_samples) && nonzero(&v.sink_rx_pps_samples);
+    verdict(&mut v, figures);
+    if rates_ok && !v.valid {
+        let why = v.invalid_reason.take();
+        let mut rx: Vec<f64> = v
+            .sink_rx_pps_samples
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite())
+            .collect();
+        v.delivered_mpps = Some(upper_median(&mut rx).unwrap_or(0.0) / 1e6);
+        v.valid = true;
+        v.limit = "unclassified".into();
+        v.why = Some(format!(
             "testpmd's totals of a memif pair are unreliable once one side stops ({}); the per-second rates are the measurement, the totals decide no limit",
-            why.as_str().unwrap_or("?")
+            why.as_deref().unwrap_or("?")
         ));
-        v.as_object_mut().map(|o| o.remove("invalid_reason"));
     }
-    v["path"] = json!("testpmd txonly -> memif -> testpmd rxonly");
+    v.path = "testpmd txonly -> memif -> testpmd rxonly".into();
     Ok(v)
 }
 
@@ -1538,8 +1775,8 @@ struct MemifSwitch {
 fn with_memif_switch(
     o: &MemifOptions,
     cpu: Option<usize>,
-    body: impl FnOnce(&MemifSwitch) -> Result<Value, Error>,
-) -> Result<Value, Error> {
+    body: impl FnOnce(&MemifSwitch) -> Result<MemifRow, Error>,
+) -> Result<MemifRow, Error> {
     let n = RUN.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
     let sock = std::env::temp_dir().join(format!("fp-swbench-{pid}-{n}.memif"));
@@ -1583,7 +1820,7 @@ fn dropped_full_total(status: &vswitch::Status) -> u64 {
 }
 
 /// testpmd txonly -> memif -> switch -> memif -> testpmd rxonly.
-fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
+fn memif_switched(o: &MemifOptions) -> Result<MemifRow, Error> {
     // Both cores busy-poll (a testpmd each): the switch shares the sender's.
     let cpu = o.switch_cpu.cpu(forwarding_cpu(0), None);
     with_memif_switch(o, cpu, |m| {
@@ -1644,15 +1881,15 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
         if let [(c0, s0), (c1, s1)] = &marks[..] {
             let d = |k: fn(&SwitchStats) -> u64| k(&s1.switch) as f64 - k(&s0.switch) as f64;
             let cpu = c1 - c0;
-            let wall = v["window_s"].as_f64().unwrap_or(f64::NAN);
-            v["switch_cpu_s"] = json!(cpu);
-            v["switch_forwarded"] = json!(d(|s| s.forwarded));
-            v["switch_flooded"] = json!(d(|s| s.flooded));
-            v["switch_mpps_per_core"] = json!(d(|s| s.forwarded) / cpu / 1e6);
-            v["switch_idle_pass_share"] = json!(d(|s| s.idle_passes) / d(|s| s.passes).max(1.0));
-            v["share_of_cores"]["switch"] = json!(cpu / (wall * cores()));
+            let wall = v.window_s;
+            v.switch_cpu_s = Some(cpu);
+            v.switch_forwarded = Some(d(|s| s.forwarded));
+            v.switch_flooded = Some(d(|s| s.flooded));
+            v.switch_mpps_per_core = Some(d(|s| s.forwarded) / cpu / 1e6);
+            v.switch_idle_pass_share = Some(d(|s| s.idle_passes) / d(|s| s.passes).max(1.0));
+            v.share_of_cores.switch = Some(cpu / (wall * cores()));
             dropped_full = dropped_full_total(s1);
-            v["switch_dropped_full_total"] = json!(dropped_full);
+            v.switch_dropped_full_total = Some(dropped_full);
         }
         let total = |k: fn(&SwitchStats) -> u64| k(&end.switch);
         let idle = total(|s| s.idle_passes) as f64 / total(|s| s.passes).max(1) as f64;
@@ -1666,10 +1903,10 @@ fn memif_switched(o: &MemifOptions) -> Result<Value, Error> {
             switch_idle_share: Some(idle),
             in_flight_allowance: memif_in_flight(o, 2),
         });
-        verdict(&mut v, figures, "sink_rx_pps_samples");
-        v["path"] = json!("testpmd txonly -> memif -> switch -> memif -> testpmd rxonly");
-        v["switch_pinned_cpu"] = json!(pinned_cpu);
-        v["switch_pinned"] = json!(pinned);
+        verdict(&mut v, figures);
+        v.path = "testpmd txonly -> memif -> switch -> memif -> testpmd rxonly".into();
+        v.switch_pinned_cpu = pinned_cpu;
+        v.switch_pinned = pinned;
         Ok(v)
     })
 }
@@ -1684,7 +1921,7 @@ fn per_report(v: &[f64], ports: usize) -> Vec<f64> {
 /// discards on one port, generates on the other), with two memif ports on
 /// the switch and one forwarding core: generator and sink in one thread, so
 /// that it and the switch are the only busy threads on the 2 cores.
-fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
+fn memif_switched_loop(o: &MemifOptions) -> Result<MemifRow, Error> {
     // One core busy-polls (testpmd's forwarding lcore); its main lcore's
     // core is free for the switch.
     let cpu = o.switch_cpu.cpu(forwarding_cpu(0), Some(forwarding_cpu(1)));
@@ -1772,26 +2009,39 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
         let total = |k: fn(&SwitchStats) -> u64| k(&end.switch);
         let dropped_full = dropped_full_total(&s1);
         let c = cores();
-        let mut v = json!({
-            "path": "testpmd flowgen port 0 -> memif -> switch -> memif -> port 1 (and back), one testpmd forwarding core",
-            "delivered_mpps": upper_median(&mut rxs.clone()).unwrap_or(0.0) / 1e6,
-            "generator_mpps": upper_median(&mut txs.clone()).unwrap_or(0.0) / 1e6,
-            "sink_rx_pps_samples": rxs,
-            "generator_tx_pps_samples": txs,
-            "generator_refused_share": refused,
-            "testpmd_cpu_s": pc,
-            "switch_cpu_s": cpu,
-            "window_s": wall,
-            "switch_forwarded": d(|s| s.forwarded),
-            "switch_flooded": d(|s| s.flooded),
-            "switch_mpps_per_core": d(|s| s.forwarded) / cpu / 1e6,
-            "switch_idle_pass_share": d(|s| s.idle_passes) / d(|s| s.passes).max(1.0),
-            "switch_dropped_full_total": dropped_full,
-            "share_of_cores": {"cores": c, "generator": pc / (wall * c), "sink": 0.0, "switch": cpu / (wall * c)},
-            "testpmd_totals": totals.map(|(r, rd, t, td)| json!({"rx_packets": r, "rx_dropped": rd, "tx_packets": t, "tx_dropped": td})),
-            "switch_pinned_cpu": pinned_cpu,
-            "switch_pinned": pinned,
-        });
+        let mut v = MemifRow {
+            path: "testpmd flowgen port 0 -> memif -> switch -> memif -> port 1 (and back), one testpmd forwarding core".into(),
+            delivered_mpps: Some(upper_median(&mut rxs.clone()).unwrap_or(0.0) / 1e6),
+            generator_mpps: upper_median(&mut txs.clone()).unwrap_or(0.0) / 1e6,
+            sink_rx_pps_samples: rxs,
+            generator_tx_pps_samples: txs,
+            generator_refused_share: refused,
+            testpmd_cpu_s: Some(pc),
+            switch_cpu_s: Some(cpu),
+            window_s: wall,
+            switch_forwarded: Some(d(|s| s.forwarded)),
+            switch_flooded: Some(d(|s| s.flooded)),
+            switch_mpps_per_core: Some(d(|s| s.forwarded) / cpu / 1e6),
+            switch_idle_pass_share: Some(d(|s| s.idle_passes) / d(|s| s.passes).max(1.0)),
+            switch_dropped_full_total: Some(dropped_full),
+            share_of_cores: MemifShares {
+                cores: c,
+                generator: pc / (wall * c),
+                sink: 0.0,
+                switch: Some(cpu / (wall * c)),
+            },
+            testpmd_totals: totals.map(|(rx_packets, rx_dropped, tx_packets, tx_dropped)| {
+                TestpmdTotals {
+                    rx_packets,
+                    rx_dropped,
+                    tx_packets,
+                    tx_dropped,
+                }
+            }),
+            switch_pinned_cpu: pinned_cpu,
+            switch_pinned: pinned,
+            ..MemifRow::default()
+        };
         let figures = totals.map(|(r, rd, t, td)| PathFigures {
             offered: t,
             refused_at_generator: td,
@@ -1804,68 +2054,174 @@ fn memif_switched_loop(o: &MemifOptions) -> Result<Value, Error> {
             ),
             in_flight_allowance: memif_in_flight(o, 2),
         });
-        verdict(&mut v, figures, "sink_rx_pps_samples");
+        verdict(&mut v, figures);
         // Generator and receiver are one testpmd thread here: either verdict
         // names that thread.
-        if matches!(v["limit"].as_str(), Some("receiver" | "generator")) {
-            v["why"] = json!(format!(
+        if matches!(v.limit.as_str(), "receiver" | "generator") {
+            v.why = Some(format!(
                 "{} (testpmd's one forwarding thread both sends and receives)",
-                v["limit"].as_str().unwrap_or("?")
+                v.limit
             ));
-            v["limit"] = json!("testpmd");
+            v.limit = "testpmd".into();
         }
         Ok(v)
     })
 }
 
-/// `row`'s delivered rate over `base`'s, or null when either row is
+/// `row`'s delivered rate over `base`'s, or none when either row is
 /// invalid (measured nothing).
-fn ratio(row: &Value, base: &Value) -> Value {
-    match (
-        row["delivered_mpps"].as_f64(),
-        base["delivered_mpps"].as_f64(),
-    ) {
-        (Some(a), Some(b)) if b > 0.0 => json!(a / b),
-        _ => Value::Null,
+fn ratio(row: &MemifRow, base: &MemifRow) -> Option<f64> {
+    match (row.delivered_mpps, base.delivered_mpps) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
     }
 }
 
-/// Both memif rows in one run, and the ratio switched / direct (null when
+/// The memif rows of one run and their ratios.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Memif {
+    /// One testpmd through the switch over the direct pair.
+    pub switched_one_testpmd_over_direct: Option<f64>,
+    /// One testpmd (flowgen) sending and receiving through the switch.
+    pub switched_one_testpmd: MemifRow,
+    /// Frame size in bytes.
+    pub frame_bytes: usize,
+    /// log2 of the memif ring size.
+    pub ring_log2: u8,
+    /// Seconds of measurement per row.
+    pub seconds: f64,
+    /// The switch's memif interrupt moderation, microseconds.
+    pub switch_moderation_us: u64,
+    /// Where the switch thread was asked to run.
+    pub switch_cpu: SwitchPlacement,
+    /// The switched pair over the direct pair.
+    pub switched_over_direct: Option<f64>,
+    /// Two testpmds over one memif, no switch.
+    pub direct: MemifRow,
+    /// Two testpmds, each on a memif of the switch.
+    pub switched: MemifRow,
+    /// What `switched_over_direct` should reach.
+    pub goal_switched_over_direct: f64,
+}
+
+/// The memif part of a report: measured, or skipped and why.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MemifPart {
+    /// Not run.
+    Skipped {
+        /// Why.
+        skipped: String,
+    },
+    /// The rows.
+    Measured(Box<Memif>),
+}
+
+/// Both memif rows in one run, and the ratio switched / direct (none when
 /// a row measured nothing).
-pub fn memif_compare(o: &MemifOptions) -> Result<Value, Error> {
+pub fn memif_compare(o: &MemifOptions) -> Result<Memif, Error> {
     check_memif_seconds(o.seconds)?;
     let direct = memif_direct(o)?;
     let switched = memif_switched(o)?;
     let looped = memif_switched_loop(o)?;
-    Ok(json!({
-        "switched_one_testpmd_over_direct": ratio(&looped, &direct),
-        "switched_one_testpmd": looped,
-        "frame_bytes": 60,
-        "ring_log2": o.ring_log2,
-        "seconds": o.seconds,
-        "switch_moderation_us": o.moderation_us,
-        "switch_cpu": o.switch_cpu.key(),
-        "switched_over_direct": ratio(&switched, &direct),
-        "direct": direct,
-        "switched": switched,
-        "goal_switched_over_direct": 0.5,
-    }))
+    Ok(Memif {
+        switched_one_testpmd_over_direct: ratio(&looped, &direct),
+        switched_one_testpmd: looped,
+        frame_bytes: 60,
+        ring_log2: o.ring_log2,
+        seconds: o.seconds,
+        switch_moderation_us: o.moderation_us,
+        switch_cpu: o.switch_cpu,
+        switched_over_direct: ratio(&switched, &direct),
+        direct,
+        switched,
+        goal_switched_over_direct: 0.5,
+    })
 }
 
-/// Run the whole table; returns the JSON document.
-pub fn run(o: &Options) -> Result<Value, Error> {
-    let mut backends = serde_json::Map::new();
+/// One backend's transmit rates with fewer notifications over BASE's.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct BackendRatios {
+    /// itr=100 SC over BASE itr=0, guest transmit.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub sc_over_base_tx: f64,
+    /// itr=100 CSB over BASE itr=0, guest transmit.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub csb_over_base_tx: f64,
+}
+
+/// The switch's itr=0 CSB row over the TAP's.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct SwitchOverTap {
+    /// Guest transmit.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub tx: f64,
+    /// Guest receive.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub rx: f64,
+}
+
+/// Ratios between Figure 1's rows, where both rows were measured.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct Ratios {
+    /// The switch backend's rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch: Option<BackendRatios>,
+    /// The TAP backend's rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tap: Option<BackendRatios>,
+    /// Switch over TAP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switch_over_tap: Option<SwitchOverTap>,
+}
+
+impl Ratios {
+    fn is_empty(&self) -> bool {
+        self.switch.is_none() && self.tap.is_none() && self.switch_over_tap.is_none()
+    }
+}
+
+/// `fastpath switch bench`: the parts that ran, each absent when it did
+/// not.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Report {
+    /// Seconds per measurement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_per_run: Option<f64>,
+    /// Frame size of the transmit and receive rows, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frame_bytes: Option<usize>,
+    /// Figure 1: per backend, its rows by [`Row::key`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub backends: BTreeMap<Backend, BTreeMap<String, RowResult>>,
+    /// The switch's ring-to-ring forwarding rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarding: Option<Forwarding>,
+    /// DPDK testpmd over memif, directly and through the switch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memif: Option<MemifPart>,
+    /// Ratios between Figure 1's rows.
+    #[serde(default, skip_serializing_if = "Ratios::is_empty")]
+    pub ratios: Ratios,
+    /// Figure 1 with QEMU guests ([`crate::vm`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<crate::vm::VmPart>,
+}
+
+/// Run the parts `o` asks for; the vm part is [`crate::vm::run`]'s.
+pub fn run(o: &Options) -> Result<Report, Error> {
+    let mut backends = BTreeMap::new();
     let mut results: Vec<(Backend, Vec<RowResult>)> = Vec::new();
     for &b in &o.backends {
         let mut rows = Vec::new();
-        let mut doc = serde_json::Map::new();
+        let mut doc = BTreeMap::new();
         for row in &ROWS {
             let tx = measure(b, row, Kind::Tx(60), o.seconds, o.burst)?;
             let rx = measure(b, row, Kind::Rx, o.seconds, o.burst)?;
             let big = measure(b, row, Kind::Tx(1514), o.seconds, o.burst)?;
             let rr = measure(b, row, Kind::Rr, o.seconds, o.burst)?;
             let r = RowResult {
-                label: row.label,
+                label: row.label.to_string(),
                 mode: row.mode,
                 itr: row.itr,
                 tx_kpps: tx.pps / 1e3,
@@ -1891,13 +2247,10 @@ pub fn run(o: &Options) -> Result<Value, Error> {
                     r.rr_tps
                 ));
             }
-            doc.insert(
-                row.key.into(),
-                serde_json::to_value(&r).map_err(Error::Json)?,
-            );
+            doc.insert(row.key.to_string(), r.clone());
             rows.push(r);
         }
-        backends.insert(format!("{b:?}").to_lowercase(), Value::Object(doc));
+        backends.insert(b, doc);
         results.push((b, rows));
     }
     let fwd = if o.forwarding {
@@ -1928,25 +2281,24 @@ pub fn run(o: &Options) -> Result<Value, Error> {
         Some(m) => {
             let v = memif_compare(m)?;
             if let Some(p) = &o.progress {
-                let rate = |r: &Value| match r["delivered_mpps"].as_f64() {
-                    Some(x) => format!("{x:.2} Mpps ({})", r["limit"].as_str().unwrap_or("?")),
+                let rate = |r: &MemifRow| match r.delivered_mpps {
+                    Some(x) => format!("{x:.2} Mpps ({})", r.limit),
                     None => format!(
                         "INVALID ({})",
-                        r["invalid_reason"].as_str().unwrap_or("measured nothing")
+                        r.invalid_reason.as_deref().unwrap_or("measured nothing")
                     ),
                 };
                 p(&format!(
                     "memif: direct {}, switched {}, ratio {}",
-                    rate(&v["direct"]),
-                    rate(&v["switched"]),
-                    v["switched_over_direct"]
-                        .as_f64()
+                    rate(&v.direct),
+                    rate(&v.switched),
+                    v.switched_over_direct
                         .map_or("none (a row is invalid)".to_string(), |x| format!(
                             "{x:.2}x"
                         )),
                 ));
             }
-            Some(v)
+            Some(MemifPart::Measured(Box::new(v)))
         }
         None => None,
     };
@@ -1957,49 +2309,270 @@ pub fn run(o: &Options) -> Result<Value, Error> {
             .find(|(x, _)| *x == b)
             .map(|(_, rows)| &rows[i])
     };
-    let mut ratios = serde_json::Map::new();
-    for b in &o.backends {
+    let mut ratios = Ratios::default();
+    for &b in &o.backends {
         if let (Some(base), Some(sc), Some(csb)) = (
-            get(*b, "base_itr0"),
-            get(*b, "sc_itr100"),
-            get(*b, "csb_itr100"),
+            get(b, "base_itr0"),
+            get(b, "sc_itr100"),
+            get(b, "csb_itr100"),
         ) {
-            ratios.insert(
-                format!("{b:?}").to_lowercase(),
-                json!({
-                    "sc_over_base_tx": sc.tx_kpps / base.tx_kpps,
-                    "csb_over_base_tx": csb.tx_kpps / base.tx_kpps,
-                }),
-            );
+            let r = Some(BackendRatios {
+                sc_over_base_tx: sc.tx_kpps / base.tx_kpps,
+                csb_over_base_tx: csb.tx_kpps / base.tx_kpps,
+            });
+            match b {
+                Backend::Switch => ratios.switch = r,
+                Backend::Tap => ratios.tap = r,
+            }
         }
     }
     if let (Some(s), Some(t)) = (
         get(Backend::Switch, "csb_itr0"),
         get(Backend::Tap, "csb_itr0"),
     ) {
-        ratios.insert(
-            "switch_over_tap".into(),
-            json!({
-                "tx": s.tx_kpps / t.tx_kpps,
-                "rx": s.rx_kpps / t.rx_kpps,
-            }),
-        );
+        ratios.switch_over_tap = Some(SwitchOverTap {
+            tx: s.tx_kpps / t.tx_kpps,
+            rx: s.rx_kpps / t.rx_kpps,
+        });
     }
-    Ok(json!({
-        "seconds_per_run": o.seconds,
-        "frame_bytes": 60,
-        "backends": backends,
-        "forwarding": fwd.map(|f| {
-            let mut v = serde_json::to_value(&f).unwrap_or_default();
-            v["ring_to_ring_mpps"] = json!(f.end_to_end_mpps);
-            v["sender_mpps"] = json!(f.sender.pps / 1e6);
-            v["lost"] = json!(f.sender.packets.saturating_sub(f.receiver.packets));
-            v["switch_per_core_over_goal"] = json!(f.switch_mpps_per_core / 30.0);
-            v
-        }),
-        "memif": memif,
-        "ratios": ratios,
-    }))
+    Ok(Report {
+        seconds_per_run: Some(o.seconds),
+        frame_bytes: Some(60),
+        backends,
+        forwarding: fwd,
+        memif,
+        ratios,
+        vm: None,
+    })
+}
+
+/// `x` with `digits` decimals, `-` when there is none.
+fn opt(x: Option<f64>, digits: usize) -> String {
+    crate::nan::cell(x, digits)
+}
+
+impl Report {
+    /// Figure 1's tables, then each other part that ran.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for (b, rows) in &self.backends {
+            let mut t = measure::Table::new([
+                "row",
+                "TX Kpps",
+                "paper",
+                "RX Kpps",
+                "paper",
+                "Mbps 1514",
+                "paper",
+                "notif/pkt",
+                "kicks/pkt",
+                "irq/pkt",
+                "RR tps",
+                "paper",
+                "RTT p50 us",
+            ])
+            .title(format!(
+                "backend: {} (paper: {})",
+                match b {
+                    Backend::Switch => "switch",
+                    Backend::Tap => "tap",
+                },
+                match b {
+                    Backend::Switch => "VALE, guest-guest",
+                    Backend::Tap => "TAP, guest-host, 1 VCPU",
+                }
+            ));
+            for row in ROWS {
+                let r = rows.get(row.key);
+                let f = |k: fn(&RowResult) -> f64, d: usize| opt(r.map(k), d);
+                let p =
+                    |k: fn(&Paper) -> Option<f64>, d: usize| opt(r.and_then(|r| k(&r.paper)), d);
+                t.row([
+                    row.label.to_string(),
+                    f(|r| r.tx_kpps, 0),
+                    p(|p| p.tx_kpps, 0),
+                    f(|r| r.rx_kpps, 0),
+                    p(|p| p.rx_kpps, 0),
+                    f(|r| r.mbps_1514, 0),
+                    p(|p| p.mbps_1514, 0),
+                    f(|r| r.notifications_per_packet, 4),
+                    f(|r| r.kicks_per_packet, 4),
+                    f(|r| r.interrupts_per_packet, 4),
+                    f(|r| r.rr_tps, 0),
+                    p(|p| p.rr_ktps.map(|k| k * 1e3), 0),
+                    f(|r| r.rtt_us_p50, 1),
+                ]);
+            }
+            let _ = writeln!(out, "{t}");
+        }
+        if let Some(f) = &self.forwarding {
+            out += &f.to_text();
+        }
+        match &self.memif {
+            Some(MemifPart::Skipped { skipped }) => {
+                let _ = writeln!(out, "memif side-by-side skipped: {skipped}");
+            }
+            Some(MemifPart::Measured(m)) => out += &m.to_text(),
+            None => {}
+        }
+        if let Some(v) = &self.vm {
+            out += &v.to_text();
+        }
+        if !self.ratios.is_empty() {
+            let _ = writeln!(
+                out,
+                "ratios: {}",
+                serde_json::to_string(&self.ratios).unwrap_or_default()
+            );
+        }
+        out
+    }
+}
+
+impl Forwarding {
+    /// The ring-to-ring table and the switch's rates, with the verdict.
+    pub fn to_text(&self) -> String {
+        let sh = |x: f64| x * 100.0;
+        let s = &self.share_of_cores;
+        let mut t = measure::Table::new(["thread", "CPU s", "% of the 2 cores", "Mpps per CPU second"]).title(
+            format!(
+                "switch forwarding, ring port to ring port (CSB, {}-byte frames, {:.2} s; sender, switch and receiver share {} cores; {})",
+                self.frame_bytes, self.seconds, s.cores,
+                match self.placement {
+                    Placement::Pinned => "sender on CPU 0, switch and receiver on CPU 1",
+                    Placement::Scheduler => "placed by the scheduler",
+                }
+            ),
+        );
+        for (name, cpu, share, rate) in [
+            (
+                "sender (pktgen tx)",
+                self.sender_cpu_s,
+                s.sender,
+                self.sender_mpps_per_core,
+            ),
+            (
+                "switch",
+                self.switch_cpu_s,
+                s.switch,
+                self.switch_mpps_per_core,
+            ),
+            (
+                "receiver (pktgen rx)",
+                self.receiver_cpu_s,
+                s.receiver,
+                self.receiver_mpps_per_core,
+            ),
+        ] {
+            t.row([
+                name.to_string(),
+                format!("{cpu:.3}"),
+                format!("{:.0}", sh(share)),
+                format!("{rate:.2}"),
+            ]);
+        }
+        let mut out = format!("{t}\n");
+        let _ = writeln!(
+            out,
+            "switch forwarding loop: {:.2} Mpps per second of busy passes ({:.3} s busy of {:.3} s CPU; poll_us {})",
+            self.switch_mpps_per_busy_second, self.switch_busy_s, self.switch_cpu_s, self.switch_poll_us
+        );
+        let _ = writeln!(
+            out,
+            "switch: {:.2} Mpps per core of its CPU time ({:.2}x the 30 Mpps goal; VALE in the paper: about 20); end to end {:.2} Mpps (sender {:.2} Mpps, {} not delivered); {:.0} frames per batch, {:.0}% of passes idle{}",
+            self.switch_mpps_per_core,
+            self.switch_per_core_over_goal,
+            self.end_to_end_mpps,
+            self.sender_mpps,
+            self.lost,
+            self.switch_frames_per_batch,
+            self.switch_idle_pass_share * 100.0,
+            match &self.limit {
+                Limit::Generator =>
+                    " [generator-limited: nothing dropped and the switch mostly waited for frames]".to_string(),
+                Limit::Receiver => format!(
+                    " [receiver-limited: the switch dropped {} frames at the receiver's full ring; its per-core figure is a lower bound]",
+                    self.switch_dropped_at_receiver
+                ),
+                Limit::Switch => " [switch-limited: nothing dropped and the switch busy on most passes]".to_string(),
+                Limit::Lossy => " [lossy: frames lost where no counter says; the rates bound nothing]".to_string(),
+                Limit::Invalid(why) => format!(" [INVALID: {why}]"),
+            }
+        );
+        out
+    }
+}
+
+impl Memif {
+    /// The three rows in a table, what made any invalid, the ratios.
+    pub fn to_text(&self) -> String {
+        let mut t = measure::Table::new([
+            "path",
+            "delivered Mpps",
+            "generator Mpps",
+            "refused at gen",
+            "gen CPU %",
+            "sink CPU %",
+            "switch CPU %",
+            "switch Mpps/core",
+            "switch on CPU",
+            "limit",
+        ])
+        .title(format!(
+            "DPDK testpmd over memif ({}-byte frames, ring 2^{}, {} s; medians of testpmd's per-second Rx-pps/Tx-pps; switch placement {}, memif moderation {} us)",
+            self.frame_bytes, self.ring_log2, self.seconds, self.switch_cpu, self.switch_moderation_us
+        ));
+        let rows = [
+            ("testpmd -> testpmd (direct)", "direct", &self.direct),
+            ("testpmd -> switch -> testpmd", "switched", &self.switched),
+            (
+                "one testpmd (flowgen) <-> switch",
+                "one testpmd",
+                &self.switched_one_testpmd,
+            ),
+        ];
+        for (label, _, r) in rows {
+            let pc = |x: Option<f64>| opt(x.map(|x| x * 100.0), 0);
+            t.row([
+                label.to_string(),
+                if r.valid {
+                    opt(r.delivered_mpps, 2)
+                } else {
+                    "INVALID".to_string()
+                },
+                opt(Some(r.generator_mpps), 2),
+                opt(r.generator_refused_share.map(|x| x * 100.0), 1) + "%",
+                pc(Some(r.share_of_cores.generator)),
+                pc(Some(r.share_of_cores.sink)),
+                pc(r.share_of_cores.switch),
+                opt(r.switch_mpps_per_core, 2),
+                // The direct row has no switch; a row through it that was
+                // not pinned ran wherever the scheduler put it.
+                match (r.switch_pinned_cpu, r.switch_pinned) {
+                    (None, None) if r.switch_cpu_s.is_none() => "-".to_string(),
+                    (None, _) => "any".to_string(),
+                    (Some(c), Some(false)) => format!("{c} (pin failed)"),
+                    (Some(c), _) => c.to_string(),
+                },
+                r.limit.clone(),
+            ]);
+        }
+        let mut out = format!("{t}\n");
+        for (_, label, r) in rows {
+            if let Some(why) = &r.invalid_reason {
+                let _ = writeln!(out, "{label}: INVALID, measured nothing: {why}");
+            }
+        }
+        let ratio =
+            |x: Option<f64>| x.map_or("none (a row is invalid)".to_string(), |x| format!("{x:.2}"));
+        let _ = writeln!(
+            out,
+            "switched / direct: {}; one testpmd through the switch / direct: {} (goal >= 0.5)",
+            ratio(self.switched_over_direct),
+            ratio(self.switched_one_testpmd_over_direct)
+        );
+        out
+    }
 }
 
 #[cfg(test)]
@@ -2143,31 +2716,78 @@ mod tests {
             received: 1000,
             ..PathFigures::default()
         };
+        let row = |delivered: f64, samples: &[f64]| MemifRow {
+            delivered_mpps: Some(delivered),
+            sink_rx_pps_samples: samples.to_vec(),
+            ..MemifRow::default()
+        };
         // No report inside the window: the median of nothing.
-        let mut v = json!({"delivered_mpps": 0.0, "sink_rx_pps_samples": []});
-        verdict(&mut v, Some(f), "sink_rx_pps_samples");
-        assert_eq!(v["valid"], false);
-        assert!(v["delivered_mpps"].is_null(), "{v}");
+        let mut v = row(0.0, &[]);
+        verdict(&mut v, Some(f));
+        assert!(!v.valid);
+        assert!(v.delivered_mpps.is_none(), "{v:?}");
         assert!(
-            v["invalid_reason"].as_str().unwrap().contains("report"),
-            "{v}"
+            v.invalid_reason.as_deref().unwrap().contains("report"),
+            "{v:?}"
         );
-        assert_eq!(v["generator_limited"], false);
+        assert!(!v.generator_limited);
         // Reports of zero: invalid too.
-        let mut v = json!({"delivered_mpps": 0.0, "sink_rx_pps_samples": [0.0, 0.0]});
-        verdict(&mut v, Some(f), "sink_rx_pps_samples");
-        assert_eq!(v["valid"], false);
-        assert!(v["delivered_mpps"].is_null(), "{v}");
+        let mut v = row(0.0, &[0.0, 0.0]);
+        verdict(&mut v, Some(f));
+        assert!(!v.valid);
+        assert!(v.delivered_mpps.is_none(), "{v:?}");
         // A measured row keeps its rate and gets its limit.
-        let mut v = json!({"delivered_mpps": 1.5, "sink_rx_pps_samples": [1.5e6, 1.5e6]});
-        verdict(&mut v, Some(f), "sink_rx_pps_samples");
-        assert_eq!(v["valid"], true);
-        assert_eq!(v["delivered_mpps"], 1.5);
-        assert_eq!(v["limit"], "generator");
+        let mut v = row(1.5, &[1.5e6, 1.5e6]);
+        verdict(&mut v, Some(f));
+        assert!(v.valid);
+        assert_eq!(v.delivered_mpps, Some(1.5));
+        assert_eq!(v.limit, "generator");
         // No totals from testpmd: nothing to decide from.
-        let mut v = json!({"delivered_mpps": 1.5, "sink_rx_pps_samples": [1.5e6]});
-        verdict(&mut v, None, "sink_rx_pps_samples");
-        assert_eq!(v["valid"], false);
+        let mut v = row(1.5, &[1.5e6]);
+        verdict(&mut v, None);
+        assert!(!v.valid);
+        // In the document, a row that measured nothing says null, not 0.
+        let mut v = row(0.0, &[]);
+        verdict(&mut v, Some(f));
+        let doc = serde_json::to_value(&v).unwrap();
+        assert!(doc["delivered_mpps"].is_null(), "{doc}");
+        assert_eq!(doc["valid"], false);
+    }
+
+    #[test]
+    fn a_report_reads_back_what_it_wrote_and_prints_invalid_rows_as_such() {
+        let mut direct = MemifRow {
+            delivered_mpps: Some(2.0),
+            sink_rx_pps_samples: vec![2e6, f64::NAN],
+            ..MemifRow::default()
+        };
+        verdict(&mut direct, None);
+        let report = Report {
+            memif: Some(MemifPart::Measured(Box::new(Memif {
+                switched_one_testpmd_over_direct: None,
+                switched_one_testpmd: MemifRow::default(),
+                frame_bytes: 60,
+                ring_log2: 10,
+                seconds: 2.0,
+                switch_moderation_us: 0,
+                switch_cpu: SwitchPlacement::Cpu(1),
+                switched_over_direct: None,
+                direct,
+                switched: MemifRow::default(),
+                goal_switched_over_direct: 0.5,
+            }))),
+            ..Report::default()
+        };
+        let doc = serde_json::to_value(&report).unwrap();
+        assert!(doc["memif"]["direct"]["delivered_mpps"].is_null(), "{doc}");
+        assert_eq!(doc["memif"]["switch_cpu"], 1);
+        let back: Report = serde_json::from_value(doc.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&back).unwrap(), doc);
+        let text = back.to_text();
+        assert!(text.contains("INVALID"), "{text}");
+        assert!(text.contains("switched / direct: none"), "{text}");
+        let skipped: Report = serde_json::from_str(r#"{"memif": {"skipped": "no DPDK"}}"#).unwrap();
+        assert_eq!(skipped.to_text(), "memif side-by-side skipped: no DPDK\n");
     }
 
     #[test]
@@ -2182,8 +2802,15 @@ mod tests {
         // Asked for, a CPU or the scheduler holds in every row.
         assert_eq!(SwitchPlacement::Cpu(1).cpu(1, Some(0)), Some(1));
         assert_eq!(SwitchPlacement::Unpinned.cpu(1, Some(0)), None);
-        assert_eq!(auto.key(), json!("auto"));
-        assert_eq!(SwitchPlacement::Cpu(3).key(), json!(3));
-        assert_eq!(SwitchPlacement::Unpinned.key(), json!("none"));
+        let key = |p: SwitchPlacement| serde_json::to_value(p).unwrap();
+        assert_eq!(key(auto), serde_json::json!("auto"));
+        assert_eq!(key(SwitchPlacement::Cpu(3)), serde_json::json!(3));
+        assert_eq!(key(SwitchPlacement::Unpinned), serde_json::json!("none"));
+        for p in [auto, SwitchPlacement::Cpu(3), SwitchPlacement::Unpinned] {
+            assert_eq!(
+                serde_json::from_value::<SwitchPlacement>(key(p)).unwrap(),
+                p
+            );
+        }
     }
 }

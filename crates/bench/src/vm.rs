@@ -35,6 +35,8 @@
 //! exit per kick and per e1000 register write, an injection per
 //! interrupt) is said, not measured: this machine cannot run KVM guests.
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -43,7 +45,8 @@ use std::time::{Duration, Instant};
 use lab::guest::{Guest, GuestError, GuestOpts, Nic};
 use lab::netns::Netns;
 use ring::Mode;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use vswitch::ports::vhost::datapath::TXQ;
 use vswitch::{Config, SinkPort, Switch, VhostPort, VhostUserEntry};
 
@@ -188,15 +191,410 @@ fn loadavg() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// min, median and max of a figure over the repeats, and its samples.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Stats {
+    /// The smallest finite sample.
+    pub min: Option<f64>,
+    /// The median of the finite samples.
+    pub median: Option<f64>,
+    /// The largest finite sample.
+    pub max: Option<f64>,
+    /// Every sample, in run order (a non-finite one is `null`).
+    #[serde(deserialize_with = "crate::nan::vec")]
+    pub samples: Vec<f64>,
+}
+
 /// min, median, max (and the samples) of a figure.
-pub fn stats(samples: &[f64]) -> Value {
+pub fn stats(samples: &[f64]) -> Stats {
     let mut v: Vec<f64> = samples.iter().copied().filter(|x| x.is_finite()).collect();
     if v.is_empty() {
-        return json!({"min": null, "median": null, "max": null, "samples": samples});
+        return Stats {
+            samples: samples.to_vec(),
+            ..Stats::default()
+        };
     }
     v.sort_by(f64::total_cmp);
     let med = measure::median(&mut v.clone());
-    json!({"min": v[0], "median": med, "max": v[v.len() - 1], "samples": samples})
+    Stats {
+        min: Some(v[0]),
+        median: Some(med),
+        max: Some(v[v.len() - 1]),
+        samples: samples.to_vec(),
+    }
+}
+
+impl Stats {
+    /// `min / median / max`, scaled.
+    fn mmm(&self, scale: f64, digits: usize) -> String {
+        let f = |x: Option<f64>| crate::nan::cell(x.map(|x| x * scale), digits);
+        format!("{} / {} / {}", f(self.min), f(self.median), f(self.max))
+    }
+}
+
+/// Guest A over vhost-user in one notification scheme and burst.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VhostRow {
+    /// The scheme's label.
+    pub label: String,
+    /// The port's notification mode.
+    pub mode: String,
+    /// Interrupt moderation, in 250 ns units.
+    pub itr: u32,
+    /// Frames per doorbell.
+    pub burst: u32,
+    /// Guest transmit, packets per second.
+    pub guest_tx_pps: Stats,
+    /// Kicks per packet.
+    pub kicks_per_packet: Stats,
+    /// Interrupts per packet.
+    pub interrupts_per_packet: Stats,
+    /// Kicks and interrupts per packet.
+    pub notifications_per_packet: Stats,
+    /// The paper's figure for this scheme, Kpps.
+    pub paper_vale_guest_guest_udp_kpps: Option<f64>,
+    /// What bounds the row.
+    pub limit: String,
+}
+
+/// One scheme's two bursts.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Bursts {
+    /// One frame per doorbell.
+    pub burst1: VhostRow,
+    /// 32 frames per doorbell.
+    pub burst32: VhostRow,
+}
+
+/// Guest A over QEMU's TAP backend in one burst.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TapRow {
+    /// Frames per doorbell.
+    pub burst: u32,
+    /// Guest transmit, packets per second.
+    pub guest_tx_pps: Stats,
+    /// Interrupts per packet, in the guest.
+    pub interrupts_per_packet: Stats,
+    /// The paper's TAP figure, Kpps.
+    pub paper_tap_guest_host_pktgen_kpps: f64,
+    /// What bounds the row.
+    pub limit: String,
+}
+
+/// Guest A over an emulated e1000 in one throttle setting and burst.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct E1000Row {
+    /// The driver's InterruptThrottleRate (0: off).
+    pub interrupt_throttle_rate: u32,
+    /// Frames per doorbell.
+    pub burst: u32,
+    /// Guest transmit, packets per second.
+    pub guest_tx_pps: Stats,
+    /// Interrupts per packet, in the guest.
+    pub interrupts_per_packet: Stats,
+    /// The paper's e1000 figure, Kpps.
+    pub paper_tap_e1000_udp_kpps: f64,
+    /// What bounds the row.
+    pub limit: String,
+}
+
+/// The e1000 rows, and whether the throttling did anything.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct E1000 {
+    /// Throttling off, one frame per doorbell.
+    pub moderation_off_burst1: E1000Row,
+    /// Throttling off, 32 frames per doorbell.
+    pub moderation_off_burst32: E1000Row,
+    /// Throttling on, one frame per doorbell.
+    pub moderation_on_burst1: E1000Row,
+    /// Throttling on, 32 frames per doorbell.
+    pub moderation_on_burst32: E1000Row,
+    /// Interrupts per packet throttled over unthrottled (medians), burst 1.
+    pub throttled_over_unthrottled_irq_per_packet_burst1: Option<f64>,
+    /// The same, burst 32.
+    pub throttled_over_unthrottled_irq_per_packet_burst32: Option<f64>,
+}
+
+/// The paper's VALE guest-to-guest pkt-gen rates, Kpps.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct TxRx {
+    /// Transmit.
+    pub tx: f64,
+    /// Receive.
+    pub rx: f64,
+}
+
+/// Guest A to the sink and to guest B, and ping between the guests.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GuestToGuest {
+    /// A to the sink, packets per second.
+    pub sink: Stats,
+    /// A to B through the switch, packets per second.
+    pub pps: Stats,
+    /// What `pps` counts.
+    pub pps_is: String,
+    /// What B received, packets per second.
+    pub rx_pps: Stats,
+    /// What `rx_pps` counts.
+    pub rx_pps_is: String,
+    /// Frames dropped at B's full ring per run.
+    pub dropped_at_full_ring: Stats,
+    /// `pps` over the sink's rate.
+    pub ratio_over_sink: Stats,
+    /// `rx_pps` over the sink's rate.
+    pub rx_ratio_over_sink: Stats,
+    /// Ping's median round trip, microseconds.
+    pub rtt_us_p50: Stats,
+    /// Pings without a reply.
+    pub ping_lost: u32,
+    /// The paper's figures.
+    pub paper_vale_guest_guest_pktgen_kpps: TxRx,
+    /// The paper's request-response rate, thousands per second.
+    pub paper_vale_csb_rr_ktps: f64,
+    /// What bounds the rates.
+    pub limit: String,
+    /// What bounds the round trips.
+    pub rtt_limit: String,
+}
+
+/// The vhost-user rows and the figures taken from them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VhostUser {
+    /// CSB, burst 32: guest transmit.
+    pub guest_tx_pps: Stats,
+    /// What `guest_tx_pps` measures.
+    pub guest_tx_pps_is: String,
+    /// CSB, burst 1: guest transmit.
+    pub guest_tx_pps_burst1: Stats,
+    /// CSB, burst 32: notifications per packet.
+    pub notifications_per_packet: Stats,
+    /// Which row `notifications_per_packet` is.
+    pub notifications_row: String,
+    /// Every scheme's rows, by scheme key.
+    pub schemes: BTreeMap<String, Bursts>,
+    /// What bounds the rows.
+    pub limit: String,
+}
+
+/// The QEMU TAP rows.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct QemuTap {
+    /// Burst 32: guest transmit.
+    pub guest_tx_pps: Stats,
+    /// What `guest_tx_pps` measures.
+    pub guest_tx_pps_is: String,
+    /// One frame per doorbell.
+    pub burst1: TapRow,
+    /// 32 frames per doorbell.
+    pub burst32: TapRow,
+    /// What bounds the rows.
+    pub limit: String,
+}
+
+/// Guest A to the sink port.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GuestToSink {
+    /// Packets per second.
+    pub pps: Stats,
+    /// What bounds it.
+    pub limit: String,
+}
+
+/// What the vm part set out to show.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct Goals {
+    /// vhost-user over QEMU TAP.
+    pub ratio_vhost_user_over_tap_at_least: f64,
+    /// Notifications per packet at saturation.
+    pub notifications_per_packet_at_most: f64,
+    /// Guest to guest over guest to sink.
+    pub guest_to_guest_over_sink_at_least: f64,
+}
+
+/// The machine and the run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Machine {
+    /// QEMU's accelerator.
+    pub accel: String,
+    /// The guest.
+    pub guest: String,
+    /// Seconds until both guests were up.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub boot_s: f64,
+    /// The 1-minute load average at each run's start.
+    pub load_avg_1min: Stats,
+    /// Its largest.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub load_avg_max: f64,
+    /// pktgen frames per run.
+    pub frames_per_run: u64,
+    /// Runs per figure.
+    pub repeats: usize,
+    /// The switch's `poll_us`.
+    pub switch_poll_us: u64,
+    /// Seconds of the whole part.
+    #[serde(deserialize_with = "crate::nan::f64")]
+    pub seconds: f64,
+}
+
+/// Figure 1 with QEMU guests: the vm part of `fastpath switch bench`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Vm {
+    /// Over the switch's vhost-user ports.
+    pub vhost_user: VhostUser,
+    /// Over QEMU's TAP backend.
+    pub qemu_tap: QemuTap,
+    /// vhost-user over QEMU TAP, burst 32, paired per repeat.
+    pub ratio_vhost_user_over_tap: Stats,
+    /// The same, burst 1.
+    pub ratio_vhost_user_over_tap_burst1: Stats,
+    /// The paper's VALE over TAP with pkt-gen.
+    pub ratio_paper_vale_over_tap_pktgen: f64,
+    /// Guest A to the sink port.
+    pub guest_to_sink: GuestToSink,
+    /// Guest A to guest B.
+    pub guest_to_guest: GuestToGuest,
+    /// Over an emulated e1000.
+    pub e1000: E1000,
+    /// What the part set out to show.
+    pub goals: Goals,
+    /// The machine and the run.
+    pub machine: Machine,
+}
+
+/// The vm part of a report: measured, or skipped and why.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum VmPart {
+    /// Not run.
+    Skipped {
+        /// Why.
+        skipped: String,
+    },
+    /// The figures.
+    Measured(Box<Vm>),
+}
+
+impl VmPart {
+    /// The vm part's table and lines, or why it was skipped.
+    pub fn to_text(&self) -> String {
+        match self {
+            VmPart::Skipped { skipped } => format!("vm part skipped: {skipped}\n"),
+            VmPart::Measured(v) => v.to_text(),
+        }
+    }
+}
+
+impl Vm {
+    /// Guest transmit in every path, then guest to guest, ratios, limits.
+    pub fn to_text(&self) -> String {
+        let opt = crate::nan::cell;
+        let mut t = measure::Table::new([
+            "path",
+            "burst",
+            "guest TX Kpps (min/med/max)",
+            "kicks/pkt",
+            "irq/pkt",
+            "notif/pkt",
+            "paper Kpps",
+        ])
+        .title("guest transmit, 60-byte frames (pktgen in a TCG guest)");
+        for (key, rows) in &self.vhost_user.schemes {
+            for r in [&rows.burst1, &rows.burst32] {
+                t.row([
+                    format!("vhost-user {key}"),
+                    r.burst.to_string(),
+                    r.guest_tx_pps.mmm(1e-3, 1),
+                    opt(r.kicks_per_packet.median, 4),
+                    opt(r.interrupts_per_packet.median, 4),
+                    opt(r.notifications_per_packet.median, 4),
+                    opt(r.paper_vale_guest_guest_udp_kpps, 0),
+                ]);
+            }
+        }
+        for r in [&self.qemu_tap.burst1, &self.qemu_tap.burst32] {
+            t.row([
+                "QEMU TAP backend".to_string(),
+                r.burst.to_string(),
+                r.guest_tx_pps.mmm(1e-3, 1),
+                "-".into(),
+                opt(r.interrupts_per_packet.median, 4),
+                "-".into(),
+                opt(Some(r.paper_tap_guest_host_pktgen_kpps), 0),
+            ]);
+        }
+        let e = &self.e1000;
+        for (key, r) in [
+            ("moderation_off", &e.moderation_off_burst1),
+            ("moderation_off", &e.moderation_off_burst32),
+            ("moderation_on", &e.moderation_on_burst1),
+            ("moderation_on", &e.moderation_on_burst32),
+        ] {
+            t.row([
+                format!("e1000 {key}"),
+                r.burst.to_string(),
+                r.guest_tx_pps.mmm(1e-3, 1),
+                "-".into(),
+                opt(r.interrupts_per_packet.median, 4),
+                "-".into(),
+                opt(Some(r.paper_tap_e1000_udp_kpps), 0),
+            ]);
+        }
+        let mut out = format!("{t}\n");
+        let _ = writeln!(
+            out,
+            "e1000 interrupts per packet, throttled over unthrottled: {} (burst 1), {} (burst 32)",
+            opt(e.throttled_over_unthrottled_irq_per_packet_burst1, 2),
+            opt(e.throttled_over_unthrottled_irq_per_packet_burst32, 2),
+        );
+        let g = &self.guest_to_guest;
+        let _ = writeln!(
+            out,
+            "guest to sink: {} Kpps; guest to guest: A sends {} Kpps through the switch, ratio {} (goal >= 0.5); B receives {} Kpps, ratio {}",
+            self.guest_to_sink.pps.mmm(1e-3, 1),
+            g.pps.mmm(1e-3, 1),
+            g.ratio_over_sink.mmm(1.0, 2),
+            g.rx_pps.mmm(1e-3, 1),
+            g.rx_ratio_over_sink.mmm(1.0, 2),
+        );
+        let _ = writeln!(
+            out,
+            "ping A to B: p50 {} us ({} lost)",
+            g.rtt_us_p50.mmm(1.0, 0),
+            g.ping_lost
+        );
+        let _ = writeln!(
+            out,
+            "vhost-user / QEMU TAP: {} (burst 32), {} (burst 1); goal >= 2; the paper's VALE / TAP with pkt-gen: {:.1}",
+            self.ratio_vhost_user_over_tap.mmm(1.0, 2),
+            self.ratio_vhost_user_over_tap_burst1.mmm(1.0, 2),
+            self.ratio_paper_vale_over_tap_pktgen
+        );
+        let _ = writeln!(
+            out,
+            "notifications per packet at saturation (CSB, burst 32): {} (goal <= 0.05)",
+            self.vhost_user.notifications_per_packet.mmm(1.0, 4)
+        );
+        let m = &self.machine;
+        let _ = writeln!(
+            out,
+            "load average (1 min) over the runs: {}; guests booted in {:.0} s; {:.0} s in all",
+            m.load_avg_1min.mmm(1.0, 1),
+            m.boot_s,
+            m.seconds
+        );
+        out += "limits:\n";
+        for (what, l) in [
+            ("vhost-user", &self.vhost_user.limit),
+            ("QEMU TAP", &self.qemu_tap.limit),
+            ("guest to guest", &g.limit),
+            ("ping", &g.rtt_limit),
+            ("e1000", &e.moderation_off_burst1.limit),
+        ] {
+            let _ = writeln!(out, "  {what}: {l}");
+        }
+        out
+    }
 }
 
 /// The switch, running on its own thread between measurements; taken back
@@ -300,7 +698,7 @@ impl Bench<'_> {
     }
 
     /// Guest A's pktgen over vhost-user to the sink in `s`'s scheme.
-    fn vhost_row(&mut self, s: &Scheme, burst: u32) -> Result<Value, VmError> {
+    fn vhost_row(&mut self, s: &Scheme, burst: u32) -> Result<VhostRow, VmError> {
         let mut pps = Vec::new();
         let mut kpp = Vec::new();
         let mut ipp = Vec::new();
@@ -354,22 +752,22 @@ impl Bench<'_> {
                 p.sent
             ));
         }
-        Ok(json!({
-            "label": s.label,
-            "mode": s.mode.to_string(),
-            "itr": s.itr,
-            "burst": burst,
-            "guest_tx_pps": stats(&pps),
-            "kicks_per_packet": stats(&kpp),
-            "interrupts_per_packet": stats(&ipp),
-            "notifications_per_packet": stats(&npp),
-            "paper_vale_guest_guest_udp_kpps": s.paper_kpps,
-            "limit": LIMIT_TCG,
-        }))
+        Ok(VhostRow {
+            label: s.label.into(),
+            mode: s.mode.to_string(),
+            itr: s.itr,
+            burst,
+            guest_tx_pps: stats(&pps),
+            kicks_per_packet: stats(&kpp),
+            interrupts_per_packet: stats(&ipp),
+            notifications_per_packet: stats(&npp),
+            paper_vale_guest_guest_udp_kpps: s.paper_kpps,
+            limit: LIMIT_TCG.into(),
+        })
     }
 
     /// Guest A's pktgen over QEMU's TAP backend.
-    fn tap_row(&mut self, burst: u32) -> Result<Value, VmError> {
+    fn tap_row(&mut self, burst: u32) -> Result<TapRow, VmError> {
         let irq = self.a.irq_name(&self.a_tap.clone()).map_err(err("A"))?;
         let mut pps = Vec::new();
         let mut ipp = Vec::new();
@@ -401,19 +799,19 @@ impl Bench<'_> {
                 p.pps
             ));
         }
-        Ok(json!({
-            "burst": burst,
-            "guest_tx_pps": stats(&pps),
-            "interrupts_per_packet": stats(&ipp),
-            "paper_tap_guest_host_pktgen_kpps": 720.0,
-            "limit": LIMIT_TAP,
-        }))
+        Ok(TapRow {
+            burst,
+            guest_tx_pps: stats(&pps),
+            interrupts_per_packet: stats(&ipp),
+            paper_tap_guest_host_pktgen_kpps: 720.0,
+            limit: LIMIT_TAP.into(),
+        })
     }
 
     /// The e1000 with the driver's throttling off, then at 2,000 interrupts
     /// a second.
-    fn e1000_rows(&mut self) -> Result<Value, VmError> {
-        let mut out = serde_json::Map::new();
+    fn e1000_rows(&mut self) -> Result<E1000, VmError> {
+        let mut out = Vec::new();
         for (key, itr) in [("moderation_off", 0u32), ("moderation_on", 2000)] {
             self.check()?;
             self.a_e1000 = self.a.e1000_throttle(itr, MAC_A_E1000).map_err(err("A"))?;
@@ -449,40 +847,40 @@ impl Bench<'_> {
                         p.pps
                     ));
                 }
-                out.insert(
-                    format!("{key}_burst{burst}"),
-                    json!({
-                        "interrupt_throttle_rate": itr,
-                        "burst": burst,
-                        "guest_tx_pps": stats(&pps),
-                        "interrupts_per_packet": stats(&ipp),
-                        "paper_tap_e1000_udp_kpps": if itr == 0 { json!(30.0) } else { json!(82.0) },
-                        "limit": LIMIT_E1000,
-                    }),
-                );
+                out.push(E1000Row {
+                    interrupt_throttle_rate: itr,
+                    burst,
+                    guest_tx_pps: stats(&pps),
+                    interrupts_per_packet: stats(&ipp),
+                    paper_tap_e1000_udp_kpps: if itr == 0 { 30.0 } else { 82.0 },
+                    limit: LIMIT_E1000.into(),
+                });
             }
         }
+        let [off1, off32, on1, on32]: [E1000Row; 4] =
+            out.try_into().expect("two settings of two bursts each");
         // Whether the throttling did anything: interrupts per packet with it
         // over without it, per burst (medians).
-        for b in [1, 32] {
-            let irq = |k: &str| out[k]["interrupts_per_packet"]["median"].as_f64();
-            let on = irq(&format!("moderation_on_burst{b}"));
-            let off = irq(&format!("moderation_off_burst{b}"));
-            let r = match (on, off) {
-                (Some(on), Some(off)) if off > 0.0 => json!(on / off),
-                _ => Value::Null,
-            };
-            out.insert(
-                format!("throttled_over_unthrottled_irq_per_packet_burst{b}"),
-                r,
-            );
-        }
-        Ok(Value::Object(out))
+        let over = |on: &E1000Row, off: &E1000Row| match (
+            on.interrupts_per_packet.median,
+            off.interrupts_per_packet.median,
+        ) {
+            (Some(on), Some(off)) if off > 0.0 => Some(on / off),
+            _ => None,
+        };
+        Ok(E1000 {
+            throttled_over_unthrottled_irq_per_packet_burst1: over(&on1, &off1),
+            throttled_over_unthrottled_irq_per_packet_burst32: over(&on32, &off32),
+            moderation_off_burst1: off1,
+            moderation_off_burst32: off32,
+            moderation_on_burst1: on1,
+            moderation_on_burst32: on32,
+        })
     }
 
     /// Guest A to the sink, then to guest B, in each repeat (CSB, burst
     /// 32); then ping between the guests.
-    fn guest_to_guest(&mut self) -> Result<Value, VmError> {
+    fn guest_to_guest(&mut self) -> Result<GuestToGuest, VmError> {
         let sw = self.sw.stop();
         for i in [self.idx_a, self.idx_b] {
             if let Some(v) = sw.port_as::<VhostPort>(i) {
@@ -590,44 +988,41 @@ impl Bench<'_> {
                 ping.sent
             ));
         }
-        Ok(json!({
-            "sink": stats(&sink),
-            "pps": stats(&g2g),
-            "pps_is": "guest A's pktgen to guest B through the switch (CSB, burst 32): frames the switch took from A and copied into B's ring or dropped at it when full (counted), per second of A's run; the paper's TX side",
-            "rx_pps": stats(&received),
-            "rx_pps_is": "frames guest B's kernel received per second of A's run (the paper's RX side)",
-            "dropped_at_full_ring": stats(&dropped),
-            "ratio_over_sink": stats(&ratio),
-            "rx_ratio_over_sink": stats(&rx_ratio),
-            "rtt_us_p50": stats(&rtt),
-            "ping_lost": lost,
-            "paper_vale_guest_guest_pktgen_kpps": {"tx": 6300.0, "rx": 4700.0},
-            "paper_vale_csb_rr_ktps": 7.2,
-            "limit": LIMIT_G2G,
-            "rtt_limit": LIMIT_RTT,
-        }))
+        Ok(GuestToGuest {
+            sink: stats(&sink),
+            pps: stats(&g2g),
+            pps_is: "guest A's pktgen to guest B through the switch (CSB, burst 32): frames the switch took from A and copied into B's ring or dropped at it when full (counted), per second of A's run; the paper's TX side".into(),
+            rx_pps: stats(&received),
+            rx_pps_is: "frames guest B's kernel received per second of A's run (the paper's RX side)".into(),
+            dropped_at_full_ring: stats(&dropped),
+            ratio_over_sink: stats(&ratio),
+            rx_ratio_over_sink: stats(&rx_ratio),
+            rtt_us_p50: stats(&rtt),
+            ping_lost: lost,
+            paper_vale_guest_guest_pktgen_kpps: TxRx {
+                tx: 6300.0,
+                rx: 4700.0,
+            },
+            paper_vale_csb_rr_ktps: 7.2,
+            limit: LIMIT_G2G.into(),
+            rtt_limit: LIMIT_RTT.into(),
+        })
     }
 }
 
 /// Paired ratio of two sample lists (a[i] / b[i]).
-fn ratios(a: &Value, b: &Value) -> Value {
-    let xs = |v: &Value| -> Vec<f64> {
-        v["samples"]
-            .as_array()
-            .map(|s| s.iter().map(|x| x.as_f64().unwrap_or(f64::NAN)).collect())
-            .unwrap_or_default()
-    };
-    let (a, b) = (xs(a), xs(b));
+fn ratios(a: &Stats, b: &Stats) -> Stats {
     let r: Vec<f64> = a
+        .samples
         .iter()
-        .zip(&b)
+        .zip(&b.samples)
         .map(|(x, y)| if *y > 0.0 { x / y } else { f64::NAN })
         .collect();
     stats(&r)
 }
 
 /// Boot the guests, measure every row, tear everything down.
-pub fn run(o: &VmOptions) -> Result<Value, VmError> {
+pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
     if !lab::guest::available() {
         return Err(VmError::Unavailable);
     }
@@ -722,71 +1117,71 @@ pub fn run(o: &VmOptions) -> Result<Value, VmError> {
         frames: if o.quick { 20_000 } else { 100_000 },
         loads: vec![load_before],
     };
-    let mut schemes = serde_json::Map::new();
+    let mut schemes = BTreeMap::new();
     for s in &SCHEMES {
-        let mut bursts = serde_json::Map::new();
-        for burst in [1u32, 32] {
-            bursts.insert(format!("burst{burst}"), bench.vhost_row(s, burst)?);
-        }
-        schemes.insert(s.key.to_string(), Value::Object(bursts));
+        let bursts = Bursts {
+            burst1: bench.vhost_row(s, 1)?,
+            burst32: bench.vhost_row(s, 32)?,
+        };
+        schemes.insert(s.key.to_string(), bursts);
     }
     let tap1 = bench.tap_row(1)?;
     let tap32 = bench.tap_row(32)?;
     let e1000 = bench.e1000_rows()?;
     let g2g = bench.guest_to_guest()?;
-    let csb1 = schemes["csb"]["burst1"].clone();
-    let csb32 = schemes["csb"]["burst32"].clone();
-    let ratio1 = ratios(&csb1["guest_tx_pps"], &tap1["guest_tx_pps"]);
-    let ratio32 = ratios(&csb32["guest_tx_pps"], &tap32["guest_tx_pps"]);
+    let csb = &schemes["csb"];
+    let (csb1, csb32) = (csb.burst1.clone(), csb.burst32.clone());
+    let ratio1 = ratios(&csb1.guest_tx_pps, &tap1.guest_tx_pps);
+    let ratio32 = ratios(&csb32.guest_tx_pps, &tap32.guest_tx_pps);
     let loads = bench.loads.clone();
     drop(bench);
     drop(ns);
     let load_max = loads.iter().copied().fold(f64::NAN, f64::max);
-    Ok(json!({
-        "vm": {
-            "vhost_user": {
-                "guest_tx_pps": csb32["guest_tx_pps"],
-                "guest_tx_pps_is": "CSB, pktgen with 32 frames per doorbell (xmit_more), to a sink port",
-                "guest_tx_pps_burst1": csb1["guest_tx_pps"],
-                "notifications_per_packet": csb32["notifications_per_packet"],
-                "notifications_row": "csb, burst 32 (saturation, event-index windows)",
-                "schemes": schemes,
-                "limit": LIMIT_TCG,
-            },
-            "qemu_tap": {
-                "guest_tx_pps": tap32["guest_tx_pps"],
-                "guest_tx_pps_is": "the same guest's pktgen, 32 frames per doorbell, over QEMU's TAP backend",
-                "burst1": tap1,
-                "burst32": tap32,
-                "limit": LIMIT_TAP,
-            },
-            "ratio_vhost_user_over_tap": ratio32,
-            "ratio_vhost_user_over_tap_burst1": ratio1,
-            "ratio_paper_vale_over_tap_pktgen": 7400.0 / 720.0,
-            "guest_to_sink": {
-                "pps": g2g["sink"],
-                "limit": LIMIT_TCG,
-            },
-            "guest_to_guest": g2g,
-            "e1000": e1000,
-            "goals": {
-                "ratio_vhost_user_over_tap_at_least": 2.0,
-                "notifications_per_packet_at_most": 0.05,
-                "guest_to_guest_over_sink_at_least": 0.5,
-            },
-            "machine": {
-                "accel": "tcg",
-                "guest": "Debian 6.1 kernel, busybox initramfs, 1 vCPU, 256 MiB",
-                "boot_s": boot_s,
-                "load_avg_1min": stats(&loads),
-                "load_avg_max": load_max,
-                "frames_per_run": if o.quick { 20_000 } else { 100_000 },
-                "repeats": o.repeats,
-                "switch_poll_us": o.poll_us,
-                "seconds": t0.elapsed().as_secs_f64(),
-            },
-        }
-    }))
+    Ok(Vm {
+        vhost_user: VhostUser {
+            guest_tx_pps: csb32.guest_tx_pps,
+            guest_tx_pps_is: "CSB, pktgen with 32 frames per doorbell (xmit_more), to a sink port"
+                .into(),
+            guest_tx_pps_burst1: csb1.guest_tx_pps,
+            notifications_per_packet: csb32.notifications_per_packet,
+            notifications_row: "csb, burst 32 (saturation, event-index windows)".into(),
+            schemes,
+            limit: LIMIT_TCG.into(),
+        },
+        qemu_tap: QemuTap {
+            guest_tx_pps: tap32.guest_tx_pps.clone(),
+            guest_tx_pps_is:
+                "the same guest's pktgen, 32 frames per doorbell, over QEMU's TAP backend".into(),
+            burst1: tap1,
+            burst32: tap32,
+            limit: LIMIT_TAP.into(),
+        },
+        ratio_vhost_user_over_tap: ratio32,
+        ratio_vhost_user_over_tap_burst1: ratio1,
+        ratio_paper_vale_over_tap_pktgen: 7400.0 / 720.0,
+        guest_to_sink: GuestToSink {
+            pps: g2g.sink.clone(),
+            limit: LIMIT_TCG.into(),
+        },
+        guest_to_guest: g2g,
+        e1000,
+        goals: Goals {
+            ratio_vhost_user_over_tap_at_least: 2.0,
+            notifications_per_packet_at_most: 0.05,
+            guest_to_guest_over_sink_at_least: 0.5,
+        },
+        machine: Machine {
+            accel: "tcg".into(),
+            guest: "Debian 6.1 kernel, busybox initramfs, 1 vCPU, 256 MiB".into(),
+            boot_s,
+            load_avg_1min: stats(&loads),
+            load_avg_max: load_max,
+            frames_per_run: if o.quick { 20_000 } else { 100_000 },
+            repeats: o.repeats,
+            switch_poll_us: o.poll_us,
+            seconds: t0.elapsed().as_secs_f64(),
+        },
+    })
 }
 
 struct RemoveDir(PathBuf);

@@ -201,21 +201,27 @@ pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
             .chain(lbd::announce::unannounced(cfg))
             .collect(),
     };
-    match a.format {
-        Format::Json => {
-            println!("{}", serde_json::to_string_pretty(&s)?);
-            // The document holds them; a person running a script sees them too.
-            for w in &s.warnings {
-                eprintln!("warning: {w}");
-            }
+    crate::report::emit(a.format, &s)?;
+    if matches!(a.format, Format::Json) {
+        // The document holds them; a person running a script sees them too.
+        for w in &s.warnings {
+            eprintln!("warning: {w}");
         }
-        Format::Table => print_summary(&s),
     }
     Ok(())
 }
 
-fn print_summary(s: &Summary) {
-    println!("{}: valid", s.file);
+impl crate::report::Report for Summary {
+    fn to_text(&self) -> String {
+        summary_text(self)
+    }
+}
+
+/// The summary for people: the VIP table, the pools, memory, warnings.
+fn summary_text(s: &Summary) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(out, "{}: valid", s.file);
     let mut t = measure::Table::new([
         "vip",
         "matches",
@@ -234,7 +240,7 @@ fn print_summary(s: &Summary) {
             v.fingerprint.clone(),
         ]);
     }
-    println!("\n{t}");
+    let _ = writeln!(out, "\n{t}");
     let mut p = measure::Table::new(["pool", "backend", "address", "weight", "health"]);
     for pool in &s.pools {
         for (i, b) in pool.backends.iter().enumerate() {
@@ -259,8 +265,9 @@ fn print_summary(s: &Summary) {
             ]);
         }
     }
-    println!("{p}");
-    println!(
+    let _ = writeln!(out, "{p}");
+    let _ = writeln!(
+        out,
         "api: {}\nbgp: {}\nfleet: {}\ntracer: {}\nlookup tables: {:.1} MiB",
         s.api.as_deref().unwrap_or("off"),
         s.bgp.as_deref().unwrap_or("off (no announcements)"),
@@ -272,7 +279,8 @@ fn print_summary(s: &Summary) {
         if s.tracer { "on" } else { "off" },
         s.table_memory_bytes as f64 / (1 << 20) as f64
     );
-    println!(
+    let _ = writeln!(
+        out,
         "memory: about {:.1} MiB for the forwarder{}",
         s.memory_bytes as f64 / (1 << 20) as f64,
         s.machine_memory.as_ref().map_or(String::new(), |m| format!(
@@ -289,8 +297,9 @@ fn print_summary(s: &Summary) {
             part.what.clone(),
         ]);
     }
-    println!("{m}");
+    let _ = writeln!(out, "{m}");
     for w in &s.warnings {
-        println!("warning: {w}");
+        let _ = writeln!(out, "warning: {w}");
     }
+    out
 }

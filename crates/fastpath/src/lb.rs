@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 
+use crate::report::{emit, Report};
 use crate::{stop_flag, Format};
 
 #[derive(Subcommand)]
@@ -496,11 +497,44 @@ fn reload(a: ApiArgs) -> anyhow::Result<()> {
         return fleet_outcome(&r, a.format, "reload", reloaded_text);
     };
     let r = refused(lbd::client::reload(api, token.as_deref()), "reload")?;
-    match a.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
-        Format::Table => print!("{}", reloaded_text(&r)),
+    emit(a.format, &r)
+}
+
+impl Report for lbd::reload::Reloaded {
+    fn to_text(&self) -> String {
+        reloaded_text(self)
     }
-    Ok(())
+}
+
+impl Report for lbd::reload::RuntimeChanged {
+    fn to_text(&self) -> String {
+        changed_text(self)
+    }
+}
+
+/// A fleet-wide change as a report: its document is the whole
+/// [`lbd::client::FleetChange`]; its text one line per load balancer, the
+/// answer in words (`text`) or the error.
+#[derive(serde::Serialize)]
+#[serde(transparent)]
+struct FleetReport<'a, T: serde::Serialize> {
+    change: &'a lbd::client::FleetChange<T>,
+    #[serde(skip)]
+    text: &'a dyn Fn(&T) -> String,
+}
+
+impl<T: serde::Serialize> Report for FleetReport<'_, T> {
+    fn to_text(&self) -> String {
+        let mut out = String::new();
+        for lb in &self.change.lbs {
+            match (&lb.answer, &lb.error) {
+                (Some(a), _) => out += &format!("{}: {}", lb.api, (self.text)(a)),
+                (None, Some(e)) => out += &format!("{}: {e}\n", lb.api),
+                (None, None) => out += &format!("{}: no answer\n", lb.api),
+            }
+        }
+        out
+    }
 }
 
 /// A reload's answer in words.
@@ -536,18 +570,13 @@ fn fleet_outcome<T: serde::Serialize>(
     what: &str,
     text: impl Fn(&T) -> String,
 ) -> anyhow::Result<()> {
-    match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(r)?),
-        Format::Table => {
-            for lb in &r.lbs {
-                match (&lb.answer, &lb.error) {
-                    (Some(a), _) => print!("{}: {}", lb.api, text(a)),
-                    (None, Some(e)) => println!("{}: {e}", lb.api),
-                    (None, None) => println!("{}: no answer", lb.api),
-                }
-            }
-        }
-    }
+    emit(
+        format,
+        &FleetReport {
+            change: r,
+            text: &text,
+        },
+    )?;
     let failed: Vec<&str> = r
         .lbs
         .iter()
@@ -605,11 +634,7 @@ fn runtime_change(a: BackendArgs, change: lbd::runtime::Change) -> anyhow::Resul
         lbd::client::change(api, &a.backend, change, token.as_deref()),
         &what,
     )?;
-    match a.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
-        Format::Table => print!("{}", changed_text(&r)),
-    }
-    Ok(())
+    emit(a.format, &r)
 }
 
 /// `fastpath lb withdraw`: one line per protocol.
@@ -681,15 +706,12 @@ fn soak(a: SoakArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("finding our own binary")?;
     let opts = lab::soak::Options::new(a.seconds);
     let report = lab::soak::run(&exe, &opts, &stop, &mut |line| eprintln!("soak: {line}"))?;
-    let json = serde_json::to_string_pretty(&report)?;
     if let Some(path) = &a.json {
+        let json = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, &json).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("soak: wrote {}", path.display());
     }
-    match a.format {
-        Format::Table => print!("{}", report.to_text()),
-        Format::Json => println!("{json}"),
-    }
+    emit(a.format, &report)?;
     let missed: Vec<&str> = report
         .goals
         .iter()
@@ -791,11 +813,7 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
         let report = bench::veth::run(&exe, secs, a.gen_queues, kind, a.busy_poll, &mut |what| {
             eprintln!("measuring {what}")
         })?;
-        match a.format {
-            Format::Table => print!("{}", report.to_text()),
-            Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        }
-        return Ok(());
+        return emit(a.format, &report);
     }
     if a.scaling {
         let mut b = if a.quick {
@@ -813,11 +831,7 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
             b.repeats = r;
         }
         let report = bench::scaling::run(&b, &mut |what| eprintln!("measuring {what}"))?;
-        match a.format {
-            Format::Table => print!("{}", report.to_text()),
-            Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        }
-        return Ok(());
+        return emit(a.format, &report);
     }
     let mut b = if a.quick {
         bench::forwarder::BenchConfig::quick()
@@ -837,11 +851,7 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
         b.traffic = t;
     }
     let report = bench::forwarder::run(&b, &mut |what| eprintln!("measuring {what}"))?;
-    match a.format {
-        Format::Table => print!("{}", report.to_text()),
-        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-    }
-    Ok(())
+    emit(a.format, &report)
 }
 
 #[derive(Args)]
@@ -906,14 +916,32 @@ fn lb_run(a: RunArgs) -> anyhow::Result<()> {
         (None, Some(inp), Some(out)) => lb::pcap_run::run(&a.config, inp, out, a.threads)?,
         _ => anyhow::bail!("give --interface, or --pcap-in with --pcap-out"),
     };
-    match a.format {
-        Format::Table => print!("{}", lb::pcap_run::report(&stats, &tables)),
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&lb::pcap_run::json(&stats, &tables))?
-        ),
+    emit(
+        a.format,
+        &RunReport {
+            stats: &stats,
+            tables: &tables,
+        },
+    )
+}
+
+/// `fastpath lb run`'s counters and tables at the end. Its document and its
+/// text are lb's own (`lb::pcap_run::json` and `report`).
+struct RunReport<'a> {
+    stats: &'a lb::datapath::RunStats,
+    tables: &'a lb::tables::Tables,
+}
+
+impl serde::Serialize for RunReport<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        lb::pcap_run::json(self.stats, self.tables).serialize(s)
     }
-    Ok(())
+}
+
+impl Report for RunReport<'_> {
+    fn to_text(&self) -> String {
+        lb::pcap_run::report(self.stats, self.tables)
+    }
 }
 
 #[derive(Args)]
@@ -958,13 +986,7 @@ fn hash_eval(a: HashEvalArgs) -> anyhow::Result<()> {
         cfg.repetitions = r;
     }
     let report = bench::hash_eval::run(&cfg)?;
-    match a.format {
-        Format::Table => println!("{}", report.to_text()),
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&report).context("serializing the report")?
-        ),
-    }
+    emit(a.format, &report)?;
     if let Some(dir) = a.plot_dir {
         for f in report.plot(&dir)? {
             eprintln!("wrote {}", f.display());
@@ -1061,11 +1083,7 @@ fn status(
         return fleet_status(&apis, token.as_deref(), format);
     };
     let s = lbd::client::fetch_status_with(api, token.as_deref())?;
-    match format {
-        Format::Table => print!("{}", s.to_text()),
-        Format::Json => println!("{}", serde_json::to_string_pretty(&s)?),
-    }
-    Ok(())
+    emit(format, &s)
 }
 
 /// `fastpath lb status` with several APIs: the fleet table and verdict.
@@ -1075,10 +1093,7 @@ fn fleet_status(
     format: Format,
 ) -> anyhow::Result<()> {
     let a = lbd::agreement::check(apis, token);
-    match format {
-        Format::Table => print!("{}", a.to_text()),
-        Format::Json => println!("{}", serde_json::to_string_pretty(&a)?),
-    }
+    emit(format, &a)?;
     if !a.agree {
         use std::io::Write;
         std::io::stdout().flush()?;

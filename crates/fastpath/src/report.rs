@@ -44,4 +44,12 @@ reports!(
     vswitch::Status,
     bench::control::Report,
     bench::fleet_sim::Report,
+    bench::switch::Report,
+    bench::veth::Report,
+    bench::scaling::Report,
+    bench::forwarder::Report,
+    bench::hash_eval::Report,
+    lab::soak::Report,
+    lbd::status::Status,
+    lbd::agreement::Agreement,
 );

@@ -541,11 +541,6 @@ pub fn pktgen(a: PktgenArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     )
 }
 
-fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map(|x| format!("{x:.digits$}"))
-        .unwrap_or_else(|| "-".into())
-}
-
 pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let seconds = a.seconds.unwrap_or(if a.quick { 0.3 } else { 2.0 });
     if !(0.05..=60.0).contains(&seconds) {
@@ -614,8 +609,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let vm_skipped = vm_wanted && all && !vm_ready;
     let only_vm = !all && a.part.iter().all(|p| *p == PartArg::Vm);
     let progress = o.progress.clone();
-    let mut doc = if only_vm {
-        serde_json::json!({})
+    let mut report = if only_vm {
+        bench::switch::Report::default()
     } else {
         if !json {
             eprintln!("switch bench: {seconds} s per measurement, 4 measurements per row");
@@ -623,11 +618,13 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         bench::switch::run(&o)?
     };
     if memif_skipped {
-        doc["memif"] = serde_json::json!({"skipped": "dpdk-testpmd not installed"});
+        report.memif = Some(bench::switch::MemifPart::Skipped {
+            skipped: "dpdk-testpmd not installed".into(),
+        });
     }
     if vm_skipped {
-        doc["vm"] = serde_json::json!({
-            "skipped": "needs root, qemu-system-x86_64 and the guest image (scripts/setup.sh)"
+        report.vm = Some(bench::vm::VmPart::Skipped {
+            skipped: "needs root, qemu-system-x86_64 and the guest image (scripts/setup.sh)".into(),
         });
     } else if vm_wanted {
         let repeats = a.repeats.unwrap_or(if a.quick { 1 } else { 3 }) as usize;
@@ -642,338 +639,9 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             stop: crate::stop_flag()?,
         };
         let v = bench::vm::run(&vo).context("the vm part")?;
-        doc["vm"] = v["vm"].clone();
+        report.vm = Some(bench::vm::VmPart::Measured(Box::new(v)));
     }
-    if json {
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
-    }
-    for (b, rows) in doc["backends"].as_object().into_iter().flatten() {
-        let mut t = Table::new([
-            "row",
-            "TX Kpps",
-            "paper",
-            "RX Kpps",
-            "paper",
-            "Mbps 1514",
-            "paper",
-            "notif/pkt",
-            "kicks/pkt",
-            "irq/pkt",
-            "RR tps",
-            "paper",
-            "RTT p50 us",
-        ])
-        .title(format!(
-            "backend: {b} (paper: {})",
-            if b == "switch" {
-                "VALE, guest-guest"
-            } else {
-                "TAP, guest-host, 1 VCPU"
-            }
-        ));
-        for row in bench::switch::ROWS {
-            let r = &rows[row.key];
-            let f = |k: &str, d: usize| opt(r[k].as_f64(), d);
-            let p = |k: &str, d: usize| opt(r["paper"][k].as_f64(), d);
-            t.row([
-                row.label.to_string(),
-                f("tx_kpps", 0),
-                p("tx_kpps", 0),
-                f("rx_kpps", 0),
-                p("rx_kpps", 0),
-                f("mbps_1514", 0),
-                p("mbps_1514", 0),
-                f("notifications_per_packet", 4),
-                f("kicks_per_packet", 4),
-                f("interrupts_per_packet", 4),
-                f("rr_tps", 0),
-                opt(r["paper"]["rr_ktps"].as_f64().map(|k| k * 1e3), 0),
-                f("rtt_us_p50", 1),
-            ]);
-        }
-        println!("{t}");
-    }
-    print_forwarding(&doc["forwarding"]);
-    print_memif(&doc["memif"]);
-    print_vm(&doc["vm"]);
-    if doc["ratios"].as_object().is_some_and(|r| !r.is_empty()) {
-        println!("ratios: {}", doc["ratios"]);
-    }
-    Ok(())
-}
-
-fn print_forwarding(f: &serde_json::Value) {
-    if f.is_null() {
-        return;
-    }
-    let n = |k: &str| f[k].as_f64().unwrap_or(f64::NAN);
-    let sh = |k: &str| f["share_of_cores"][k].as_f64().unwrap_or(f64::NAN) * 100.0;
-    let mut t = Table::new(["thread", "CPU s", "% of the 2 cores", "Mpps per CPU second"]).title(
-        format!(
-            "switch forwarding, ring port to ring port (CSB, {}-byte frames, {:.2} s; sender, switch and receiver share {} cores; {})",
-            f["frame_bytes"], n("seconds"), f["share_of_cores"]["cores"],
-            if f["placement"] == "pinned" {
-                "sender on CPU 0, switch and receiver on CPU 1"
-            } else {
-                "placed by the scheduler"
-            }
-        ),
-    );
-    t.row([
-        "sender (pktgen tx)".to_string(),
-        format!("{:.3}", n("sender_cpu_s")),
-        format!("{:.0}", sh("sender")),
-        format!("{:.2}", n("sender_mpps_per_core")),
-    ]);
-    t.row([
-        "switch".to_string(),
-        format!("{:.3}", n("switch_cpu_s")),
-        format!("{:.0}", sh("switch")),
-        format!("{:.2}", n("switch_mpps_per_core")),
-    ]);
-    t.row([
-        "receiver (pktgen rx)".to_string(),
-        format!("{:.3}", n("receiver_cpu_s")),
-        format!("{:.0}", sh("receiver")),
-        format!("{:.2}", n("receiver_mpps_per_core")),
-    ]);
-    println!("{t}");
-    println!(
-        "switch forwarding loop: {:.2} Mpps per second of busy passes ({:.3} s busy of {:.3} s CPU; poll_us {})",
-        n("switch_mpps_per_busy_second"),
-        n("switch_busy_s"),
-        n("switch_cpu_s"),
-        f["switch_poll_us"]
-    );
-    println!(
-        "switch: {:.2} Mpps per core of its CPU time ({:.2}x the 30 Mpps goal; VALE in the paper: about 20); end to end {:.2} Mpps (sender {:.2} Mpps, {} not delivered); {:.0} frames per batch, {:.0}% of passes idle{}",
-        n("switch_mpps_per_core"),
-        n("switch_per_core_over_goal"),
-        n("end_to_end_mpps"),
-        n("sender_mpps"),
-        f["lost"],
-        n("switch_frames_per_batch"),
-        n("switch_idle_pass_share") * 100.0,
-        match f["limit"].as_str() {
-            Some("generator") =>
-                " [generator-limited: nothing dropped and the switch mostly waited for frames]".to_string(),
-            Some("receiver") => format!(
-                " [receiver-limited: the switch dropped {} frames at the receiver's full ring; its per-core figure is a lower bound]",
-                f["switch_dropped_at_receiver"]
-            ),
-            Some("switch") => " [switch-limited: nothing dropped and the switch busy on most passes]".to_string(),
-            Some("lossy") => " [lossy: frames lost where no counter says; the rates bound nothing]".to_string(),
-            Some("invalid") => format!(" [INVALID: {}]", f["why"].as_str().unwrap_or("?")),
-            _ => String::new(),
-        }
-    );
-}
-
-fn print_memif(m: &serde_json::Value) {
-    if m.is_null() {
-        return;
-    }
-    if let Some(why) = m["skipped"].as_str() {
-        println!("memif side-by-side skipped: {why}");
-        return;
-    }
-    let mut t = Table::new([
-        "path",
-        "delivered Mpps",
-        "generator Mpps",
-        "refused at gen",
-        "gen CPU %",
-        "sink CPU %",
-        "switch CPU %",
-        "switch Mpps/core",
-        "switch on CPU",
-        "limit",
-    ])
-    .title(format!(
-        "DPDK testpmd over memif ({}-byte frames, ring 2^{}, {} s; medians of testpmd's per-second Rx-pps/Tx-pps; switch placement {}, memif moderation {} us)",
-        m["frame_bytes"], m["ring_log2"], m["seconds"],
-        m["switch_cpu"].as_u64().map_or_else(|| m["switch_cpu"].as_str().unwrap_or("?").to_string(), |c| c.to_string()),
-        m["switch_moderation_us"]
-    ));
-    for (label, r) in [
-        ("testpmd -> testpmd (direct)", &m["direct"]),
-        ("testpmd -> switch -> testpmd", &m["switched"]),
-        (
-            "one testpmd (flowgen) <-> switch",
-            &m["switched_one_testpmd"],
-        ),
-    ] {
-        let f = |k: &str, d: usize| opt(r[k].as_f64(), d);
-        let pc = |k: &str| opt(r["share_of_cores"][k].as_f64().map(|x| x * 100.0), 0);
-        t.row([
-            label.to_string(),
-            if r["valid"].as_bool() == Some(false) {
-                "INVALID".to_string()
-            } else {
-                f("delivered_mpps", 2)
-            },
-            f("generator_mpps", 2),
-            opt(r["generator_refused_share"].as_f64().map(|x| x * 100.0), 1) + "%",
-            pc("generator"),
-            pc("sink"),
-            pc("switch"),
-            f("switch_mpps_per_core", 2),
-            match (&r["switch_pinned_cpu"], &r["switch_pinned"]) {
-                (serde_json::Value::Null, _) if r.get("switch_pinned").is_none() => "-".to_string(),
-                (serde_json::Value::Null, _) => "any".to_string(),
-                (c, serde_json::Value::Bool(false)) => format!("{c} (pin failed)"),
-                (c, _) => c.to_string(),
-            },
-            r["limit"].as_str().unwrap_or("?").to_string(),
-        ]);
-    }
-    println!("{t}");
-    for (label, r) in [
-        ("direct", &m["direct"]),
-        ("switched", &m["switched"]),
-        ("one testpmd", &m["switched_one_testpmd"]),
-    ] {
-        if let Some(why) = r["invalid_reason"].as_str() {
-            println!("{label}: INVALID, measured nothing: {why}");
-        }
-    }
-    let ratio = |k: &str| {
-        m[k].as_f64()
-            .map_or("none (a row is invalid)".to_string(), |x| format!("{x:.2}"))
-    };
-    println!(
-        "switched / direct: {}; one testpmd through the switch / direct: {} (goal >= 0.5)",
-        ratio("switched_over_direct"),
-        ratio("switched_one_testpmd_over_direct")
-    );
-}
-
-/// `min / median / max` of a `{min, median, max}` figure, scaled.
-fn mmm(v: &serde_json::Value, scale: f64, digits: usize) -> String {
-    let f = |k: &str| opt(v[k].as_f64().map(|x| x * scale), digits);
-    format!("{} / {} / {}", f("min"), f("median"), f("max"))
-}
-
-fn print_vm(v: &serde_json::Value) {
-    if v.is_null() {
-        return;
-    }
-    if let Some(why) = v["skipped"].as_str() {
-        println!("vm part skipped: {why}");
-        return;
-    }
-    let mut t = Table::new([
-        "path",
-        "burst",
-        "guest TX Kpps (min/med/max)",
-        "kicks/pkt",
-        "irq/pkt",
-        "notif/pkt",
-        "paper Kpps",
-    ])
-    .title("guest transmit, 60-byte frames (pktgen in a TCG guest)");
-    for (key, rows) in v["vhost_user"]["schemes"].as_object().into_iter().flatten() {
-        for b in ["burst1", "burst32"] {
-            let r = &rows[b];
-            t.row([
-                format!("vhost-user {key}"),
-                r["burst"].to_string(),
-                mmm(&r["guest_tx_pps"], 1e-3, 1),
-                opt(r["kicks_per_packet"]["median"].as_f64(), 4),
-                opt(r["interrupts_per_packet"]["median"].as_f64(), 4),
-                opt(r["notifications_per_packet"]["median"].as_f64(), 4),
-                opt(r["paper_vale_guest_guest_udp_kpps"].as_f64(), 0),
-            ]);
-        }
-    }
-    for b in ["burst1", "burst32"] {
-        let r = &v["qemu_tap"][b];
-        t.row([
-            "QEMU TAP backend".to_string(),
-            r["burst"].to_string(),
-            mmm(&r["guest_tx_pps"], 1e-3, 1),
-            "-".into(),
-            opt(r["interrupts_per_packet"]["median"].as_f64(), 4),
-            "-".into(),
-            opt(r["paper_tap_guest_host_pktgen_kpps"].as_f64(), 0),
-        ]);
-    }
-    for (key, r) in v["e1000"].as_object().into_iter().flatten() {
-        if !r.is_object() {
-            continue;
-        }
-        t.row([
-            format!("e1000 {}", key.split("_burst").next().unwrap_or(key)),
-            r["burst"].to_string(),
-            mmm(&r["guest_tx_pps"], 1e-3, 1),
-            "-".into(),
-            opt(r["interrupts_per_packet"]["median"].as_f64(), 4),
-            "-".into(),
-            opt(r["paper_tap_e1000_udp_kpps"].as_f64(), 0),
-        ]);
-    }
-    println!("{t}");
-    println!(
-        "e1000 interrupts per packet, throttled over unthrottled: {} (burst 1), {} (burst 32)",
-        opt(
-            v["e1000"]["throttled_over_unthrottled_irq_per_packet_burst1"].as_f64(),
-            2
-        ),
-        opt(
-            v["e1000"]["throttled_over_unthrottled_irq_per_packet_burst32"].as_f64(),
-            2
-        ),
-    );
-    let g = &v["guest_to_guest"];
-    println!(
-        "guest to sink: {} Kpps; guest to guest: A sends {} Kpps through the switch, ratio {} (goal >= 0.5); B receives {} Kpps, ratio {}",
-        mmm(&v["guest_to_sink"]["pps"], 1e-3, 1),
-        mmm(&g["pps"], 1e-3, 1),
-        mmm(&g["ratio_over_sink"], 1.0, 2),
-        mmm(&g["rx_pps"], 1e-3, 1),
-        mmm(&g["rx_ratio_over_sink"], 1.0, 2),
-    );
-    println!(
-        "ping A to B: p50 {} us ({} lost)",
-        mmm(&g["rtt_us_p50"], 1.0, 0),
-        g["ping_lost"]
-    );
-    println!(
-        "vhost-user / QEMU TAP: {} (burst 32), {} (burst 1); goal >= 2; the paper's VALE / TAP with pkt-gen: {:.1}",
-        mmm(&v["ratio_vhost_user_over_tap"], 1.0, 2),
-        mmm(&v["ratio_vhost_user_over_tap_burst1"], 1.0, 2),
-        v["ratio_paper_vale_over_tap_pktgen"].as_f64().unwrap_or(f64::NAN)
-    );
-    println!(
-        "notifications per packet at saturation (CSB, burst 32): {} (goal <= 0.05)",
-        mmm(&v["vhost_user"]["notifications_per_packet"], 1.0, 4)
-    );
-    let m = &v["machine"];
-    println!(
-        "load average (1 min) over the runs: {}; guests booted in {:.0} s; {} s in all",
-        mmm(&m["load_avg_1min"], 1.0, 1),
-        m["boot_s"].as_f64().unwrap_or(f64::NAN),
-        m["seconds"]
-            .as_f64()
-            .map(|x| format!("{x:.0}"))
-            .unwrap_or_default()
-    );
-    println!("limits:");
-    for (what, l) in [
-        ("vhost-user", &v["vhost_user"]["limit"]),
-        ("QEMU TAP", &v["qemu_tap"]["limit"]),
-        ("guest to guest", &g["limit"]),
-        ("ping", &g["rtt_limit"]),
-    ] {
-        println!("  {what}: {}", l.as_str().unwrap_or("?"));
-    }
-    if let Some(r) = v["e1000"]
-        .as_object()
-        .and_then(|o| o.values().find(|r| r.is_object()))
-    {
-        println!("  e1000: {}", r["limit"].as_str().unwrap_or("?"));
-    }
+    emit(a.format, &report)
 }
 
 /// `X[,mac=MAC]`: the argument and its MAC, if given.

@@ -63,6 +63,7 @@ pub struct TraceArgs {
 }
 
 /// One probe and what came back for it.
+#[derive(serde::Serialize)]
 struct Traced {
     /// Probe id (in the marker).
     probe: u64,
@@ -74,7 +75,10 @@ struct Traced {
     reports: Vec<Report>,
 }
 
-/// What `trace` found.
+/// What `trace` found. The JSON document: vip, proto, report_to,
+/// unreported, ignored, and probes[]{probe, src, fragmented, reports[]}
+/// with each report as the load balancer sent it (`lb::tracer::Report`).
+#[derive(serde::Serialize)]
 struct Output {
     vip: SocketAddr,
     proto: &'static str,
@@ -214,10 +218,7 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
         probes,
         ignored,
     };
-    match a.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&json(&out))?),
-        Format::Table => print!("{}", table(&out)),
-    }
+    crate::report::emit(a.format, &out)?;
     if out.unreported == out.probes.len() {
         bail!(
             "no load balancer reported within {} ms (is [tracer] enabled, is {} reachable from them, \
@@ -229,23 +230,10 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The JSON document: vip, proto, report_to, unreported, ignored, and
-/// probes[]{probe, src, fragmented, reports[]} with each report as the
-/// load balancer sent it (`lb::tracer::Report`).
-fn json(o: &Output) -> serde_json::Value {
-    serde_json::json!({
-        "vip": o.vip.to_string(),
-        "proto": o.proto,
-        "report_to": o.report_to.to_string(),
-        "unreported": o.unreported,
-        "ignored": o.ignored,
-        "probes": o.probes.iter().map(|p| serde_json::json!({
-            "probe": p.probe,
-            "src": p.src.to_string(),
-            "fragmented": p.fragmented,
-            "reports": p.reports,
-        })).collect::<Vec<_>>(),
-    })
+impl crate::report::Report for Output {
+    fn to_text(&self) -> String {
+        table(self)
+    }
 }
 
 fn table(o: &Output) -> String {
