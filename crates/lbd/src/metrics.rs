@@ -618,15 +618,9 @@ mod tests {
     /// promtool (Prometheus' own checker, which we did not write) reads
     /// the classic exposition, evil names included, without an error.
     #[test]
+    #[ignore = "system test: promtool (Prometheus)"]
     fn promtool_accepts_the_classic_format() {
-        if std::process::Command::new("promtool")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            eprintln!("skipped: promtool is not installed (scripts/setup.sh installs prometheus)");
-            return;
-        }
+        systest::require_program("promtool");
         let mut s = status();
         s.vips[0].backends[0].name = "b\"1\nx".into();
         let text = encode_metrics_as(Format::Classic, &s, &Counters::new(), 0);
@@ -701,18 +695,12 @@ mod tests {
     /// Python's OpenMetrics parser (prometheus_client, a parser we did not
     /// write) reads the exposition whole.
     #[test]
+    #[ignore = "system test: python3-prometheus-client"]
     fn python_openmetrics_parser_accepts_it() {
         let py = "/usr/bin/python3";
         let check = "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families as p\n\
                      fams = list(p(sys.stdin.read()))\nprint(len(fams), sum(len(f.samples) for f in fams))";
-        let have = std::process::Command::new(py)
-            .args(["-c", "import prometheus_client"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !have {
-            eprintln!("skipped: python3-prometheus-client is not installed (scripts/setup.sh installs it)");
-            return;
-        }
+        systest::require_python_module(py, "prometheus_client");
         let text = encode_metrics(&status(), &Counters::new(), 0);
         let mut child = std::process::Command::new(py)
             .args(["-c", check])
