@@ -1,17 +1,22 @@
 //! `fastpath disk ...`: argument parsing, and one small function per
 //! subcommand that calls the `disk` crate and prints what it returns.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use clap::{Args, Subcommand};
 use disk::extract::{Extraction, ZoneFits};
+use disk::seeker::SeekPoint;
 use disk::skippy::{SkippyMode, SkippyOpts};
-use disk::validate::PresetResult;
+use disk::validate::{PresetResult, SeedReport};
+use disk::zoned::ZonePoint;
 use disk::{Op, Target};
 use indicatif::{ProgressBar, ProgressStyle};
 use measure::Table;
+use serde::Serialize;
 
+use crate::report::{emit, Report};
 use crate::Format;
 
 #[derive(Args, Clone)]
@@ -183,79 +188,87 @@ pub enum DiskCommand {
     Presets,
 }
 
-fn print_extraction(ex: &Extraction, format: Format) -> anyhow::Result<()> {
-    use disk::extract::param as P;
-    if matches!(format, Format::Json) {
-        println!("{}", serde_json::to_string_pretty(ex)?);
-        return Ok(());
-    }
-    match ex {
-        Extraction::NoRotation { reason } => println!("no rotational signature: {reason}"),
-        Extraction::Rotational(e) => {
-            let mut t = Table::new(["parameter", "value", ""])
-                .title(format!("SKIPPY extraction ({:?} run)", e.direction));
-            let flag = |p: &str| {
-                e.uncertain(p)
-                    .map_or(String::new(), |_| "UNCERTAIN (see below)".to_string())
-            };
-            let o = |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or("-".into());
-            t.row([
-                "rotation (sawtooth height), ms".to_string(),
-                format!("{:.3}", e.rotation_ms),
-                flag(P::ROTATION),
-            ]);
-            t.row([
-                "latency at step 0, ms".to_string(),
-                format!("{:.3}", e.rotation_step0_ms),
-                "the paper's other rotation estimate".to_string(),
-            ]);
-            t.row([
-                "MTM, ms".to_string(),
-                format!("{:.3}", e.mtm_ms),
-                flag(P::MTM),
-            ]);
-            t.row(["STM, sectors".to_string(), e.stm.to_string(), String::new()]);
-            t.row([
-                "steps used".to_string(),
-                format!("{}-{}", e.steps_used.0, e.steps_used.1),
-                "the part that follows the sawtooth (see the notes)".to_string(),
-            ]);
-            t.row([
-                "sectors per track".to_string(),
-                format!("{:.2}", e.sectors_per_track),
-                flag(P::SPT),
-            ]);
-            t.row([
-                "head switch as SKIPPY sees it (skew cost), ms".to_string(),
-                o(e.head_switch_ms, 3),
-                flag(P::HEAD),
-            ]);
-            t.row([
-                "cylinder switch as SKIPPY sees it (skew cost), ms".to_string(),
-                o(e.cyl_switch_ms, 3),
-                flag(P::CYL),
-            ]);
-            t.row([
-                "surfaces".to_string(),
-                e.surfaces.map(|s| s.to_string()).unwrap_or("-".into()),
-                flag(P::SURFACES),
-            ]);
-            t.row([
-                "noise (robust sigma), ms".to_string(),
-                format!("{:.3}", e.noise_ms),
-                String::new(),
-            ]);
-            print!("{t}");
-            println!("note: the switch times are what a stream loses at a boundary (the skew, plus any spare sectors there); the mechanical switch is shorter, hidden by the skew");
-            for u in &e.uncertain {
-                println!("UNCERTAIN {}: {}", u.param, u.reason);
+/// What SKIPPY extracted, from a run or a recorded trace; its document is
+/// the extraction itself.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct ExtractionReport<'a>(&'a Extraction);
+
+impl Report for ExtractionReport<'_> {
+    fn to_text(&self) -> String {
+        use disk::extract::param as P;
+        let mut out = String::new();
+        match self.0 {
+            Extraction::NoRotation { reason } => {
+                let _ = writeln!(out, "no rotational signature: {reason}");
             }
-            for n in &e.notes {
-                println!("note: {n}");
+            Extraction::Rotational(e) => {
+                let mut t = Table::new(["parameter", "value", ""])
+                    .title(format!("SKIPPY extraction ({:?} run)", e.direction));
+                let flag = |p: &str| {
+                    e.uncertain(p)
+                        .map_or(String::new(), |_| "UNCERTAIN (see below)".to_string())
+                };
+                let o =
+                    |v: Option<f64>, d: usize| v.map(|x| format!("{x:.d$}")).unwrap_or("-".into());
+                t.row([
+                    "rotation (sawtooth height), ms".to_string(),
+                    format!("{:.3}", e.rotation_ms),
+                    flag(P::ROTATION),
+                ]);
+                t.row([
+                    "latency at step 0, ms".to_string(),
+                    format!("{:.3}", e.rotation_step0_ms),
+                    "the paper's other rotation estimate".to_string(),
+                ]);
+                t.row([
+                    "MTM, ms".to_string(),
+                    format!("{:.3}", e.mtm_ms),
+                    flag(P::MTM),
+                ]);
+                t.row(["STM, sectors".to_string(), e.stm.to_string(), String::new()]);
+                t.row([
+                    "steps used".to_string(),
+                    format!("{}-{}", e.steps_used.0, e.steps_used.1),
+                    "the part that follows the sawtooth (see the notes)".to_string(),
+                ]);
+                t.row([
+                    "sectors per track".to_string(),
+                    format!("{:.2}", e.sectors_per_track),
+                    flag(P::SPT),
+                ]);
+                t.row([
+                    "head switch as SKIPPY sees it (skew cost), ms".to_string(),
+                    o(e.head_switch_ms, 3),
+                    flag(P::HEAD),
+                ]);
+                t.row([
+                    "cylinder switch as SKIPPY sees it (skew cost), ms".to_string(),
+                    o(e.cyl_switch_ms, 3),
+                    flag(P::CYL),
+                ]);
+                t.row([
+                    "surfaces".to_string(),
+                    e.surfaces.map(|s| s.to_string()).unwrap_or("-".into()),
+                    flag(P::SURFACES),
+                ]);
+                t.row([
+                    "noise (robust sigma), ms".to_string(),
+                    format!("{:.3}", e.noise_ms),
+                    String::new(),
+                ]);
+                let _ = write!(out, "{t}");
+                let _ = writeln!(out, "note: the switch times are what a stream loses at a boundary (the skew, plus any spare sectors there); the mechanical switch is shorter, hidden by the skew");
+                for u in &e.uncertain {
+                    let _ = writeln!(out, "UNCERTAIN {}: {}", u.param, u.reason);
+                }
+                for n in &e.notes {
+                    let _ = writeln!(out, "note: {n}");
+                }
             }
         }
+        out
     }
-    Ok(())
 }
 
 /// Run one `fastpath disk` subcommand.
@@ -347,7 +360,7 @@ fn skippy(
     if let Some(p) = plot {
         disk::plots::skippy(p, &format!("SKIPPY, {}", t.describe()), &pts, &ex)?;
     }
-    print_extraction(&ex, format)
+    emit(format, &ExtractionReport(&ex))
 }
 
 /// `disk analyze`: a recorded SKIPPY trace, extracted and plotted like a
@@ -377,7 +390,7 @@ fn analyze(
             &ex,
         )?;
     }
-    print_extraction(&ex, format)
+    emit(format, &ExtractionReport(&ex))
 }
 
 /// `disk zoned`: bandwidth per region with a progress bar, the fits.
@@ -401,15 +414,31 @@ fn zoned(
     if let Some(p) = plot {
         disk::plots::zoned(p, &format!("ZONED, {}", t.describe()), &z, f.as_ref())?;
     }
-    if matches!(format, Format::Json) {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({"points": z, "fits": f}))?
-        );
-    } else if let Some(f) = f {
-        print!("{}", zone_fits_table(&f));
+    emit(
+        format,
+        &ZonedReport {
+            points: &z,
+            fits: f,
+        },
+    )
+}
+
+/// ZONED's bandwidth per region and the fits, when there were enough
+/// regions to fit.
+#[derive(Serialize)]
+struct ZonedReport<'a> {
+    points: &'a [ZonePoint],
+    fits: Option<ZoneFits>,
+}
+
+impl Report for ZonedReport<'_> {
+    fn to_text(&self) -> String {
+        // Without fits a person has nothing to read; the points are in the
+        // document and the plot.
+        self.fits
+            .as_ref()
+            .map_or(String::new(), |f| zone_fits_table(f).to_string())
     }
-    Ok(())
 }
 
 fn zone_fits_table(f: &ZoneFits) -> Table {
@@ -452,16 +481,22 @@ fn seeker(
     if let Some(p) = plot {
         disk::plots::seeker(p, &format!("SEEKER, {}", t.describe()), &s)?;
     }
-    if matches!(format, Format::Json) {
-        println!("{}", serde_json::to_string_pretty(&s)?);
-    } else {
+    emit(format, &SeekerReport(&s))
+}
+
+/// SEEKER's shortest access per place; its document is the list itself.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct SeekerReport<'a>(&'a [SeekPoint]);
+
+impl Report for SeekerReport<'_> {
+    fn to_text(&self) -> String {
         let mut t = Table::new(["sector", "shortest access (ms)"]).title("SEEKER");
-        for p in &s {
+        for p in self.0 {
             t.row([p.lba.to_string(), format!("{:.3}", p.min_ms)]);
         }
-        print!("{t}");
+        t.to_string()
     }
-    Ok(())
 }
 
 /// `disk validate --seeds N`: per preset and parameter, how the printed
@@ -472,81 +507,116 @@ fn validate_over_seeds(n: u32, format: Format) -> anyhow::Result<()> {
     let goal_met = rep.share_ok() >= 0.98
         && rep.runs_impossible_as_fact == 0
         && rep.longest_skippy_disk_ms <= 2000.0;
-    if matches!(format, Format::Json) {
-        let mut doc = serde_json::to_value(&rep)?;
-        doc["share_ok"] = rep.share_ok().into();
-        doc["goal_met"] = goal_met.into();
-        doc["wall_seconds"] = t0.elapsed().as_secs_f64().into();
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
+    emit(
+        format,
+        &SeedsReport {
+            share_ok: rep.share_ok(),
+            rep: &rep,
+            goal_met,
+            wall_seconds: t0.elapsed().as_secs_f64(),
+        },
+    )
+}
+
+/// `disk validate --seeds N`: the library's counts, with the verdict and
+/// the wall time beside them.
+#[derive(Serialize)]
+struct SeedsReport<'a> {
+    #[serde(flatten)]
+    rep: &'a SeedReport,
+    share_ok: f64,
+    goal_met: bool,
+    wall_seconds: f64,
+}
+
+impl Report for SeedsReport<'_> {
+    fn to_text(&self) -> String {
+        let rep = self.rep;
+        let mut t = Table::new([
+            "preset",
+            "SKIPPY",
+            "parameter",
+            "goal",
+            "runs",
+            "within goal",
+            "flagged uncertain",
+            "not printed",
+            "out of goal, printed",
+            "impossible as fact",
+            "worst |error| printed",
+        ])
+        .title(format!(
+            "every preset under seeds 1..={}: random zone, start and noise",
+            rep.seeds
+        ));
+        for x in &rep.params {
+            t.row([
+                x.preset.to_string(),
+                format!("{:?}", x.mode).to_lowercase(),
+                x.param.to_string(),
+                x.goal.to_string(),
+                x.runs.to_string(),
+                x.within_goal.to_string(),
+                x.flagged_uncertain.to_string(),
+                x.absent.to_string(),
+                x.out_of_goal_but_printed.to_string(),
+                x.impossible_as_fact.to_string(),
+                format!("{:.4}", x.worst_abs_error),
+            ]);
+        }
+        let mut out = format!("{t}\n");
+        for m in &rep.misses {
+            let _ = writeln!(out, "  miss: {m}");
+        }
+        let _ = writeln!(
+            out,
+            "{} runs: {} ({:.1}%) printed every value within its goal or flagged it uncertain; {} printed an impossible value as fact; {} found no rotational signature; longest SKIPPY {:.0} ms of disk time; goal (>= 98%, 0 impossible) met: {}; wall time {:.1} s",
+            rep.runs,
+            rep.runs_ok,
+            100.0 * self.share_ok,
+            rep.runs_impossible_as_fact,
+            rep.runs_no_rotation,
+            rep.longest_skippy_disk_ms,
+            self.goal_met,
+            self.wall_seconds
+        );
+        out
     }
-    let mut t = Table::new([
-        "preset",
-        "SKIPPY",
-        "parameter",
-        "goal",
-        "runs",
-        "within goal",
-        "flagged uncertain",
-        "not printed",
-        "out of goal, printed",
-        "impossible as fact",
-        "worst |error| printed",
-    ])
-    .title(format!(
-        "every preset under seeds 1..={n}: random zone, start and noise"
-    ));
-    for x in &rep.params {
-        t.row([
-            x.preset.to_string(),
-            format!("{:?}", x.mode).to_lowercase(),
-            x.param.to_string(),
-            x.goal.to_string(),
-            x.runs.to_string(),
-            x.within_goal.to_string(),
-            x.flagged_uncertain.to_string(),
-            x.absent.to_string(),
-            x.out_of_goal_but_printed.to_string(),
-            x.impossible_as_fact.to_string(),
-            format!("{:.4}", x.worst_abs_error),
-        ]);
-    }
-    println!("{t}");
-    for m in &rep.misses {
-        println!("  miss: {m}");
-    }
-    println!(
-        "{} runs: {} ({:.1}%) printed every value within its goal or flagged it uncertain; {} printed an impossible value as fact; {} found no rotational signature; longest SKIPPY {:.0} ms of disk time; goal (>= 98%, 0 impossible) met: {goal_met}; wall time {:.1} s",
-        rep.runs,
-        rep.runs_ok,
-        100.0 * rep.share_ok(),
-        rep.runs_impossible_as_fact,
-        rep.runs_no_rotation,
-        rep.longest_skippy_disk_ms,
-        t0.elapsed().as_secs_f64()
-    );
-    Ok(())
 }
 
 /// `disk validate`: every preset, extracted against specified.
 fn validate(plot_dir: Option<&Path>, format: Format) -> anyhow::Result<()> {
     let (results, doc) = disk::validate::all(&disk::sim::presets(), plot_dir)?;
-    if matches!(format, Format::Json) {
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
-    }
-    for r in &results {
-        println!("{}", preset_result_table(r));
-        for n in &r.notes {
-            println!("  note: {n}");
+    emit(format, &ValidateReport { results, doc })
+}
+
+/// `disk validate`: its document is the library's; the tables come from
+/// the per-preset results behind it.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct ValidateReport {
+    #[serde(skip)]
+    results: Vec<PresetResult>,
+    doc: serde_json::Value,
+}
+
+impl Report for ValidateReport {
+    fn to_text(&self) -> String {
+        let mut out = String::new();
+        for r in &self.results {
+            let _ = writeln!(out, "{}", preset_result_table(r));
+            for n in &r.notes {
+                let _ = writeln!(out, "  note: {n}");
+            }
         }
+        let _ = writeln!(
+            out,
+            "all goals met: {}; wall time {:.2} s",
+            self.doc["all_ok"],
+            self.doc["wall_seconds"].as_f64().unwrap_or(0.0)
+        );
+        out
     }
-    println!(
-        "all goals met: {}; wall time {:.2} s",
-        doc["all_ok"],
-        doc["wall_seconds"].as_f64().unwrap_or(0.0)
-    );
-    Ok(())
 }
 
 fn preset_result_table(r: &PresetResult) -> Table {

@@ -18,7 +18,9 @@ pub fn emit(format: Format, report: &impl Report) -> anyhow::Result<()> {
     match format {
         Format::Table => {
             let text = report.to_text();
-            if text.ends_with('\n') {
+            // A report with nothing for a person (ZONED without enough
+            // regions to fit) prints nothing, not an empty line.
+            if text.is_empty() || text.ends_with('\n') {
                 print!("{text}");
             } else {
                 println!("{text}");
