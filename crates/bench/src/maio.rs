@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use io_uring::{cqueue, opcode, types, IoUring};
 use rustix::net::{MMsgHdr, SendAncillaryBuffer, SendFlags};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use maio::uring::{Config as RingConfig, Ring, RxBuf};
@@ -1468,7 +1469,7 @@ fn figure2(d: Duration, dest: Dest, reps: usize, hz: f64, progress: &dyn Fn(&str
 
 /// Run the chosen figures (all when `o.figures` is empty); `progress`
 /// gets a line per method.
-pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
+pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Report, Error> {
     let d = Duration::from_secs_f64(o.seconds);
     let hz = hz();
     let big = pool(CHUNK, 1024);
@@ -1611,19 +1612,158 @@ pub fn run(o: Options, progress: &dyn Fn(&str)) -> Result<Value, Error> {
         progress(&load_line(&fig4));
         doc.insert("figure4".into(), fig4);
     }
-    let mut out = json!({
-        "seconds_per_run": o.seconds,
-        "repetitions": reps,
-        "cpu_hz": hz,
-        "cycles": "estimated: CPU seconds (getrusage, all threads incl. SQPOLL, minus the peer threads) x clock rate; app: the application thread alone; machine: every CPU's busy time in /proc/stat (needs a quiet machine); added (Figure 4): machine less no_proxy's in the same round",
-    });
-    out.as_object_mut().expect("object").extend(doc);
-    Ok(out)
+    let mut figure = |k: &str| doc.remove(k).filter(|v| !v.is_null());
+    Ok(Report {
+        seconds_per_run: o.seconds,
+        repetitions: reps,
+        cpu_hz: hz,
+        cycles: CYCLES.to_string(),
+        figure2: figure("figure2"),
+        figure2_veth: figure("figure2_veth"),
+        figure3: figure("figure3"),
+        figure3_udp_veth: figure("figure3_udp_veth"),
+        figure4: figure("figure4"),
+    })
+}
+
+/// How the cycle figures of a [`Report`] are estimated.
+const CYCLES: &str = "estimated: CPU seconds (getrusage, all threads incl. SQPOLL, minus the peer threads) x clock rate; app: the application thread alone; machine: every CPU's busy time in /proc/stat (needs a quiet machine); added (Figure 4): machine less no_proxy's in the same round";
+
+/// What [`run`] measured: the settings, and one document per figure run (a
+/// figure not asked for is absent). A figure's document is a row per method
+/// (min/median/max over the rounds, and the ratios to the figure's base),
+/// its load average, and for Figure 2 which MAIO mode the run-time probe
+/// chose; or `skipped` with the reason when its veth could not be made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// Seconds per run.
+    pub seconds_per_run: f64,
+    /// Rounds per figure.
+    pub repetitions: usize,
+    /// The clock rate cycles are estimated with.
+    pub cpu_hz: f64,
+    /// How the cycles are estimated.
+    pub cycles: String,
+    /// Figure 2 to a never-read local socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub figure2: Option<Value>,
+    /// Figure 2 into the veth whose far end drops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub figure2_veth: Option<Value>,
+    /// Figure 3: 16 KiB TCP sends to a local receiver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub figure3: Option<Value>,
+    /// Figure 3 with no local delivery: 16 KiB UDP datagrams into the veth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub figure3_udp_veth: Option<Value>,
+    /// Figure 4: the TCP splicing proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub figure4: Option<Value>,
+}
+
+impl Report {
+    /// The summary printed after the progress lines: MAIO against sendmsg
+    /// in Figure 2, and the lowest cycles per byte of Figures 3 and 4.
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write as _;
+        let median = |v: &Value| v["median"].as_f64();
+        let mut out = String::from("\n");
+        for (fig, to) in [
+            (&self.figure2, "to a never-read local socket"),
+            (&self.figure2_veth, "into the dropping veth"),
+        ] {
+            let Some(fig) = fig else { continue };
+            let Some(method) = fig["maio_choice"]["method"].as_str() else {
+                continue;
+            };
+            let vs = &fig[method]["vs_sendmsg"];
+            let (Some(app), Some(cpu), Some(wall)) = (
+                median(&vs["pps_per_app_core"]),
+                median(&vs["pps_per_cpu"]),
+                median(&vs["pps"]),
+            ) else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                "Figure 2 {to}: MAIO ({}) / sendmsg, medians: {app:.2}x per application core, \
+                 {cpu:.2}x per CPU second of all threads, {wall:.2}x wall clock (the paper: 1.2x)",
+                fig["maio_choice"]["mode"].as_str().unwrap_or("?")
+            );
+            if let (Some(m), Some(g)) = (
+                median(&fig[method]["pps_per_cpu"]),
+                median(&fig["sendmsg_udp_gso"]["pps_per_cpu"]),
+            ) {
+                let _ = writeln!(
+                    out,
+                    "  (MAIO / sendmsg with UDP_SEGMENT, the kernel's segmentation that MAIO's \
+                     batches use: {:.2}x per CPU second, medians)",
+                    m / g.max(1e-9)
+                );
+            }
+        }
+        for (f, fig, base) in [
+            ("figure3", &self.figure3, "send"),
+            ("figure3_udp_veth", &self.figure3_udp_veth, "send"),
+            ("figure4", &self.figure4, "splice"),
+        ] {
+            let Some(m) = fig.as_ref().and_then(Value::as_object) else {
+                continue;
+            };
+            // The no_proxy row moves the bytes without a proxy: no proxy
+            // cycles to compare.
+            let lowest = |key: &str| {
+                m.iter()
+                    .filter(|(k, _)| k.as_str() != NO_PROXY)
+                    .filter_map(|(k, v)| Some((k, median(&v[key])?)))
+                    .min_by(|a, b| a.1.total_cmp(&b.1))
+            };
+            if let Some((k, v)) = lowest("cycles_per_byte") {
+                let _ = writeln!(
+                    out,
+                    "{f}: lowest cycles/byte (median): {k} ({v:.3}); ratios are to {base}"
+                );
+            }
+            if let Some((k, v)) = lowest("added_cycles_per_byte") {
+                let _ = writeln!(
+                    out,
+                    "{f}: lowest machine-wide cycles/byte added by the proxy (median): {k} ({v:.3})"
+                );
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::busy_ticks;
+
+    #[test]
+    fn report_reads_back_from_its_document_and_summarizes_it() {
+        let doc = serde_json::json!({
+            "seconds_per_run": 0.05,
+            "repetitions": 1,
+            "cpu_hz": 3.0e9,
+            "cycles": "estimated",
+            "figure4": {
+                "no_proxy": {"cycles_per_byte": {"median": 0.0}},
+                "splice": {"cycles_per_byte": {"median": 0.5}},
+                "maio": {"cycles_per_byte": {"median": 0.25}},
+            },
+        });
+        let r: super::Report = serde_json::from_value(doc.clone()).expect("a report");
+        assert!(r.figure2.is_none() && r.figure3.is_none());
+        // A figure not run stays absent, not null, in the document.
+        assert_eq!(serde_json::to_value(&r).expect("serializes"), doc);
+        let text = r.to_text();
+        assert!(
+            text.contains(
+                "figure4: lowest cycles/byte (median): maio (0.250); ratios are to splice"
+            ),
+            "{text}"
+        );
+    }
 
     #[test]
     fn busy_time_counts_interrupts_not_idle_or_guest_twice() {

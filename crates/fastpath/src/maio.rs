@@ -2,6 +2,7 @@
 
 use clap::Subcommand;
 
+use crate::report::emit;
 use crate::Format;
 
 #[derive(Subcommand)]
@@ -91,80 +92,18 @@ fn maio_bench(
     if !(0.05..=60.0).contains(&seconds) || reps == 0 || reps > 100 {
         anyhow::bail!("--seconds must be 0.05..=60 and --reps 1..=100");
     }
-    let json = matches!(format, Format::Json);
-    let doc = bench::maio::run(
+    let text = format.is_text();
+    let report = bench::maio::run(
         bench::maio::Options {
             seconds,
             reps,
             figures,
         },
         &|l: &str| {
-            if !json {
+            if text {
                 println!("{l}");
             }
         },
     )?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
-    }
-    let median = |v: &serde_json::Value| v["median"].as_f64();
-    println!();
-    for (f, to) in [
-        ("figure2", "to a never-read local socket"),
-        ("figure2_veth", "into the dropping veth"),
-    ] {
-        let fig = &doc[f];
-        let Some(method) = fig["maio_choice"]["method"].as_str() else {
-            continue;
-        };
-        let vs = &fig[method]["vs_sendmsg"];
-        let (Some(app), Some(cpu), Some(wall)) = (
-            median(&vs["pps_per_app_core"]),
-            median(&vs["pps_per_cpu"]),
-            median(&vs["pps"]),
-        ) else {
-            continue;
-        };
-        println!(
-            "Figure 2 {to}: MAIO ({}) / sendmsg, medians: {app:.2}x per application core, \
-             {cpu:.2}x per CPU second of all threads, {wall:.2}x wall clock (the paper: 1.2x)",
-            fig["maio_choice"]["mode"].as_str().unwrap_or("?")
-        );
-        if let (Some(m), Some(g)) = (
-            median(&fig[method]["pps_per_cpu"]),
-            median(&fig["sendmsg_udp_gso"]["pps_per_cpu"]),
-        ) {
-            println!(
-                "  (MAIO / sendmsg with UDP_SEGMENT, the kernel's segmentation that MAIO's \
-                 batches use: {:.2}x per CPU second, medians)",
-                m / g.max(1e-9)
-            );
-        }
-    }
-    for (f, base) in [
-        ("figure3", "send"),
-        ("figure3_udp_veth", "send"),
-        ("figure4", "splice"),
-    ] {
-        if let Some(m) = doc[f].as_object() {
-            // The no_proxy row moves the bytes without a proxy: no proxy
-            // cycles to compare.
-            let lowest = |key: &str| {
-                m.iter()
-                    .filter(|(k, _)| k.as_str() != bench::maio::NO_PROXY)
-                    .filter_map(|(k, v)| Some((k, median(&v[key])?)))
-                    .min_by(|a, b| a.1.total_cmp(&b.1))
-            };
-            if let Some((k, v)) = lowest("cycles_per_byte") {
-                println!("{f}: lowest cycles/byte (median): {k} ({v:.3}); ratios are to {base}");
-            }
-            if let Some((k, v)) = lowest("added_cycles_per_byte") {
-                println!(
-                    "{f}: lowest machine-wide cycles/byte added by the proxy (median): {k} ({v:.3})"
-                );
-            }
-        }
-    }
-    Ok(())
+    emit(format, &report)
 }

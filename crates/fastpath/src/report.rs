@@ -13,6 +13,14 @@ pub trait Report: Serialize {
     fn to_text(&self) -> String;
 }
 
+impl Format {
+    /// Whether the output is for a person, so that progress lines may share
+    /// stdout with it; a document must stay parseable.
+    pub fn is_text(self) -> bool {
+        matches!(self, Format::Table)
+    }
+}
+
 /// Print `report` in `format` on stdout.
 pub fn emit(format: Format, report: &impl Report) -> anyhow::Result<()> {
     match format {
@@ -51,6 +59,7 @@ reports!(
     bench::scaling::Report,
     bench::forwarder::Report,
     bench::hash_eval::Report,
+    bench::maio::Report,
     lab::soak::Report,
     lbd::status::Status,
     lbd::agreement::Agreement,
