@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use measure::Table;
-use ring::control::{Conn, Request, StatusPage};
 use serde::{Deserialize, Serialize};
 
 /// Switch-wide counters.
@@ -44,7 +43,8 @@ pub struct SwitchStats {
 /// Why the status could not be had from a running switch.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
-    /// Connecting, sending or receiving on the control socket failed.
+    /// Asking on the control socket failed: connecting, sending or
+    /// receiving, a closed connection, or the switch's refusal.
     #[error("control socket {}", path.display())]
     Socket {
         /// The socket path.
@@ -53,12 +53,6 @@ pub enum StatusError {
         #[source]
         source: ring::Error,
     },
-    /// The switch closed the connection instead of answering.
-    #[error("the switch closed the connection without answering")]
-    Closed,
-    /// The switch refused the request.
-    #[error("the switch refused: {0}")]
-    Refused(String),
     /// The reply is not a status document.
     #[error("the switch's reply is not a status document")]
     Reply(#[source] serde_json::Error),
@@ -444,41 +438,13 @@ impl Reply<NoDetail> {
 /// of it (a switch with many ports sends them in pages that each fit one
 /// message).
 pub fn ask(path: &Path) -> Result<Status, StatusError> {
-    let sock = |source| StatusError::Socket {
+    // ring's client gathers the pages (and refuses a switch that answers
+    // the same page again); the document is then read as typed.
+    let doc = ring::control::status(path).map_err(|source| StatusError::Socket {
         path: path.to_path_buf(),
         source,
-    };
-    let conn = Conn::connect(path).map_err(sock)?;
-    let page = |req: &Request| -> Result<Status, StatusError> {
-        let msg = serde_json::to_vec(req).map_err(StatusError::Reply)?;
-        conn.send(&msg, &[]).map_err(sock)?;
-        let (bytes, _fds) = conn.recv().map_err(sock)?.ok_or(StatusError::Closed)?;
-        let outcome: Outcome = serde_json::from_slice(&bytes).map_err(StatusError::Reply)?;
-        if !outcome.ok {
-            return Err(StatusError::Refused(
-                outcome.error.unwrap_or_else(|| "no reason given".into()),
-            ));
-        }
-        serde_json::from_slice(&bytes).map_err(StatusError::Reply)
-    };
-    let mut doc = page(&Request::Status)?;
-    while let Some(from) = doc.next {
-        let Ok(from) = u32::try_from(from) else {
-            break;
-        };
-        let more = page(&Request::StatusPage(StatusPage { from }))?;
-        doc.ports.extend(more.ports);
-        // A page must move on; a switch that answers the same page again
-        // would otherwise keep us here.
-        match more.next {
-            Some(n) if n > from as usize => doc.next = Some(n),
-            _ => {
-                doc.switch = more.switch;
-                doc.next = None;
-            }
-        }
-    }
-    Ok(doc)
+    })?;
+    serde_json::from_value(doc).map_err(StatusError::Reply)
 }
 
 #[cfg(test)]
