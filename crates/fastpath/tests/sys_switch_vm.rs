@@ -33,12 +33,8 @@ const IP_B: &str = "10.76.0.2";
 /// machine while the test runs (guests under TCG take both cores).
 fn ready() -> systest::Exclusive {
     systest::require_netns();
-    systest::require_program(lab::guest::QEMU);
-    for file in ["vmlinuz", "initrd.gz"] {
-        systest::require_path(
-            Path::new(lab::guest::IMAGE_DIR).join(file),
-            "the guest image (scripts/guest-image.sh)",
-        );
+    if let Some(what) = lab::guest::missing() {
+        systest::missing(&what);
     }
     systest::exclusive()
 }

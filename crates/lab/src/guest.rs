@@ -303,15 +303,29 @@ impl GuestOpts {
     }
 }
 
-/// Whether QEMU and the guest image are here (the tests and benchmarks
-/// that boot guests say so and skip without them).
+/// Whether QEMU and the guest image are here (the benchmarks that boot
+/// guests say so and skip without them).
 pub fn available() -> bool {
-    Path::new(IMAGE_DIR).join("vmlinuz").exists()
-        && Path::new(IMAGE_DIR).join("initrd.gz").exists()
-        && Command::new(QEMU)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
+    missing().is_none()
+}
+
+/// What of QEMU and the guest image is not here, said for a person
+/// (`None`: a guest can boot).
+pub fn missing() -> Option<String> {
+    for file in ["vmlinuz", "initrd.gz"] {
+        let p = Path::new(IMAGE_DIR).join(file);
+        if !p.exists() {
+            return Some(format!(
+                "the guest image's {} (scripts/guest-image.sh)",
+                p.display()
+            ));
+        }
+    }
+    let runs = Command::new(QEMU)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    (!runs).then(|| format!("the program `{QEMU}` on PATH (QEMU 10, scripts/setup.sh)"))
 }
 
 /// A running guest.

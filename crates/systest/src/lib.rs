@@ -101,16 +101,6 @@ pub fn require_programs(programs: &[&str]) {
     }
 }
 
-/// Requires that `path` exists; `what` says what it is (e.g. "the guest
-/// image that scripts/guest-image.sh builds").
-#[track_caller]
-pub fn require_path(path: impl AsRef<Path>, what: &str) {
-    let path = path.as_ref();
-    if !path.exists() {
-        missing(&format!("{what} at {}", path.display()));
-    }
-}
-
 /// Requires that this process may lock `bytes` of memory (io_uring's
 /// registered buffers): root, whose CAP_IPC_LOCK passes any limit, or a
 /// soft RLIMIT_MEMLOCK of at least `bytes` (Debian's default is 8 MiB).
