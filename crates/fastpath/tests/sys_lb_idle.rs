@@ -11,7 +11,7 @@
 //! time per mode (`FASTPATH_BIN` compares another build):
 //!
 //! ```text
-//! cargo test --release -p fastpath --test lb_idle -- --ignored by_hand_ --nocapture
+//! cargo test --release -p fastpath --test sys_lb_idle -- --ignored by_hand_ --nocapture
 //! ```
 
 mod common;
