@@ -55,6 +55,7 @@ pub mod driver;
 pub mod layout;
 pub mod notify;
 pub mod shm;
+pub mod signaller;
 
 pub use layout::{Geometry, Slot};
 pub use notify::{EventFd, Mode};

@@ -2,10 +2,15 @@
 //! interrupt moderation timer.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
+use rustix::io::ReadWriteFlags;
+
+use crate::signaller;
+pub use crate::signaller::{Line, LineStats};
 
 use crate::{sys, Result};
 
@@ -57,42 +62,81 @@ impl std::fmt::Display for Mode {
 /// The unit of `itr`, as in the e1000 and the paper: 250 ns.
 pub const ITR_UNIT_NS: u64 = 250;
 
-/// A non-blocking eventfd: a kick or an interrupt line.
+/// An eventfd: a kick or an interrupt line, often shared with a peer.
+///
+/// No call on it blocks, whatever the peer does with the descriptor it
+/// shares: the `O_NONBLOCK` flag lives in the open file description, which
+/// the peer can change, so it is set here but never relied on. Reads ask
+/// the kernel not to wait on each call (`preadv2(RWF_NOWAIT)`); writes go
+/// through [`crate::signaller`], which never sleeps and holds at most one
+/// write in flight per line.
 #[derive(Debug)]
-pub struct EventFd(OwnedFd);
+pub struct EventFd {
+    fd: OwnedFd,
+    line: Arc<Line>,
+}
 
 impl EventFd {
     /// A fresh eventfd (non-blocking, close-on-exec), counter at 0.
     pub fn new() -> Result<EventFd> {
         eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)
-            .map(EventFd)
+            .map(EventFd::own)
             .map_err(sys("eventfd"))
     }
 
-    /// Adopt a descriptor received from a peer. It is made non-blocking; if it
-    /// is not an eventfd, signal and drain simply fail and are ignored.
+    fn own(fd: OwnedFd) -> EventFd {
+        EventFd {
+            fd,
+            line: Arc::default(),
+        }
+    }
+
+    /// Adopt a descriptor received from a peer. It is made non-blocking (as
+    /// a courtesy: nothing here depends on it); if it is not an eventfd,
+    /// signal and drain simply fail and are counted or ignored.
     pub fn from_fd(fd: OwnedFd) -> EventFd {
         // Failure is ignored on purpose: fcntl fails only on a descriptor that
         // is no descriptor, and on one that is no eventfd the calls below fail.
         if let Ok(fl) = fcntl_getfl(&fd) {
             let _ = fcntl_setfl(&fd, fl | OFlags::NONBLOCK);
         }
-        EventFd(fd)
+        EventFd::own(fd)
     }
 
-    /// Raise the notification (one write of 1).
+    /// Raise the notification (one write of 1). Never blocks: a write the
+    /// peer makes wait (its counter full, its flags changed) waits in a
+    /// kernel worker, and signals raised meanwhile are counted as held.
     #[inline]
     pub fn signal(&self) {
-        // A full counter (EAGAIN) means the peer has 2^64-2 unread
-        // notifications: nothing is lost by failing.
-        let _ = rustix::io::write(&self.0, &1u64.to_ne_bytes());
+        if !signaller::signal(self.fd.as_fd(), &self.line) {
+            // No io_uring (disabled by the administrator): a write checked
+            // for room first. A peer can still race it; daemons refuse to
+            // start without the ring (see [`signaller::ready`]).
+            let mut p = [PollFd::new(&self.fd, PollFlags::OUT)];
+            let room = matches!(poll(&mut p, Some(&Timespec::default())), Ok(1));
+            if !room || rustix::io::write(&self.fd, &1u64.to_ne_bytes()).is_err() {
+                self.line.failed_one();
+            }
+        }
+    }
+
+    /// What became of the signals raised on this line.
+    pub fn stats(&self) -> LineStats {
+        self.line.stats()
     }
 
     /// Consume pending notifications; returns how many were raised (0 if none).
+    /// Never blocks, even on a descriptor the peer made blocking.
     #[inline]
     pub fn drain(&self) -> u64 {
         let mut v = [0u8; 8];
-        match rustix::io::read(&self.0, &mut v) {
+        // -1 (u64::MAX): the file's own position; an eventfd has none.
+        match rustix::io::preadv2(
+            &self.fd,
+            &mut [std::io::IoSliceMut::new(&mut v)],
+            u64::MAX,
+            ReadWriteFlags::NOWAIT,
+        ) {
             Ok(8) => u64::from_ne_bytes(v),
             _ => 0,
         }
@@ -108,24 +152,30 @@ impl EventFd {
             tv_nsec: (ms % 1000) * 1_000_000,
         };
         // An interrupted or failed poll is a spurious wake-up: drain tells.
-        let _ = poll(&mut [PollFd::new(&self.0, PollFlags::IN)], Some(&t));
+        let _ = poll(&mut [PollFd::new(&self.fd, PollFlags::IN)], Some(&t));
         self.drain()
     }
 
     /// A second descriptor for the same eventfd, to hand to the peer.
     pub fn dup(&self) -> Result<OwnedFd> {
-        self.0.try_clone().map_err(sys("dup eventfd"))
+        self.fd.try_clone().map_err(sys("dup eventfd"))
     }
 
     /// The descriptor number, e.g. to register with epoll.
     pub fn raw(&self) -> RawFd {
-        self.0.as_raw_fd()
+        self.fd.as_raw_fd()
+    }
+}
+
+impl Drop for EventFd {
+    fn drop(&mut self) {
+        signaller::cancel(&self.line);
     }
 }
 
 impl AsFd for EventFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.0.as_fd()
+        self.fd.as_fd()
     }
 }
 
