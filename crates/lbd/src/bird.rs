@@ -8,8 +8,10 @@
 //! [`Bird`] is what the decisions are applied through: BIRD itself
 //! ([`Birdc`]) or a stand-in in tests.
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +30,25 @@ pub enum BirdError {
         /// The system's answer.
         #[source]
         source: std::io::Error,
+    },
+    /// birdc did not end within its deadline (killed, with what it
+    /// started).
+    #[error("birdc {command}: no answer within {after:?} (is BIRD stuck?); birdc was killed")]
+    Deadline {
+        /// The birdc arguments.
+        command: String,
+        /// The deadline it was given.
+        after: Duration,
+    },
+    /// birdc printed more than the output bound (killed).
+    #[error(
+        "birdc {command}: printed more than {limit} bytes; birdc was killed and its answer ignored"
+    )]
+    TooLong {
+        /// The birdc arguments.
+        command: String,
+        /// The bound, in bytes.
+        limit: usize,
     },
     /// birdc ran and BIRD refused (codes 8xxx/9xxx, or a failed exit).
     #[error("birdc {command}: {output}")]
@@ -56,25 +77,162 @@ pub struct Answer {
 #[derive(Debug, Clone, Copy)]
 pub struct Birdc<'a>(pub &'a [String]);
 
+/// How long one birdc command may run: a BIRD that stops answering costs
+/// this much, never more (`lb withdraw` runs one per protocol, two at most).
+pub const DEADLINE: Duration = Duration::from_secs(2);
+
+/// How much birdc may print (stdout and stderr together). `show protocols
+/// all` prints about 1.5 KiB per protocol, so this holds thousands of BGP
+/// sessions; a BIRD (or something in its place) that prints more is cut
+/// off rather than read into memory.
+pub const OUTPUT_LIMIT: usize = 8 << 20;
+
 impl Birdc<'_> {
     /// Runs birdc with `args` after its own arguments; what it printed and
-    /// how it exited.
+    /// how it exited. Bounded: birdc (and anything it started) is killed
+    /// after [`DEADLINE`] or once it printed [`OUTPUT_LIMIT`] bytes.
     pub fn answer(&self, args: &[&str]) -> Result<Answer, BirdError> {
+        self.answer_within(args, DEADLINE, OUTPUT_LIMIT)
+    }
+
+    /// [`Birdc::answer`] with the bounds given.
+    pub fn answer_within(
+        &self,
+        args: &[&str],
+        deadline: Duration,
+        limit: usize,
+    ) -> Result<Answer, BirdError> {
         let (program, rest) = self.0.split_first().ok_or(BirdError::NoBirdc)?;
-        let out = Command::new(program)
+        let command = || args.join(" ");
+        let mut child = Command::new(program)
             .args(rest)
             .args(args)
-            .output()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group, so that what it starts dies with it.
+            .process_group(0)
+            .spawn()
             .map_err(|source| BirdError::Spawn {
                 program: program.clone(),
                 source,
             })?;
+        let read = read_bounded(&mut child, Instant::now() + deadline, limit);
+        if read.is_err() {
+            if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
+            let _ = child.kill();
+        }
+        // Reaps it; after SIGKILL or closed pipes this does not wait long.
+        let status = child.wait();
+        let (stdout, stderr) = match read {
+            Ok(out) => out,
+            Err(Cut::Deadline) => {
+                return Err(BirdError::Deadline {
+                    command: command(),
+                    after: deadline,
+                })
+            }
+            Err(Cut::Limit) => {
+                return Err(BirdError::TooLong {
+                    command: command(),
+                    limit,
+                })
+            }
+            Err(Cut::Io(source)) => {
+                return Err(BirdError::Spawn {
+                    program: program.clone(),
+                    source,
+                })
+            }
+        };
         Ok(Answer {
-            success: out.status.success(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            success: status.map(|s| s.success()).unwrap_or(false),
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
         })
     }
+}
+
+/// Why reading birdc's output stopped before it ended.
+enum Cut {
+    Deadline,
+    Limit,
+    Io(std::io::Error),
+}
+
+/// Reads the child's stdout and stderr until both end, the deadline passes
+/// or `limit` bytes came, without ever blocking past the deadline.
+fn read_bounded(
+    child: &mut std::process::Child,
+    deadline: Instant,
+    limit: usize,
+) -> Result<(Vec<u8>, Vec<u8>), Cut> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    use std::io::Read;
+    let (Some(mut out), Some(mut err)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(Cut::Io(std::io::Error::other(
+            "birdc's pipes were not set up",
+        )));
+    };
+    let (mut o, mut e) = (Vec::new(), Vec::new());
+    let (mut out_open, mut err_open) = (true, true);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut total = 0usize;
+    while out_open || err_open {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Cut::Deadline);
+        }
+        let t = Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        let mut fds = Vec::with_capacity(2);
+        if out_open {
+            fds.push(PollFd::new(&out, PollFlags::IN));
+        }
+        if err_open {
+            fds.push(PollFd::new(&err, PollFlags::IN));
+        }
+        match poll(&mut fds, Some(&t)) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(Cut::Io(e.into())),
+        }
+        let ready: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
+        drop(fds);
+        let mut i = 0;
+        for (open, pipe, sink) in [
+            (&mut out_open, &mut out as &mut dyn Read, &mut o),
+            (&mut err_open, &mut err as &mut dyn Read, &mut e),
+        ] {
+            if !*open {
+                continue;
+            }
+            let r = ready[i];
+            i += 1;
+            if !r {
+                continue;
+            }
+            // Readable (or hung up): one read cannot block.
+            match pipe.read(&mut buf) {
+                Ok(0) => *open = false,
+                Ok(n) => {
+                    sink.extend_from_slice(&buf[..n]);
+                    total += n;
+                    if total > limit {
+                        return Err(Cut::Limit);
+                    }
+                }
+                Err(x) if x.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(x) => return Err(Cut::Io(x)),
+            }
+        }
+    }
+    Ok((o, e))
 }
 
 /// Something that answers birdc commands: BIRD itself through [`Birdc`],
@@ -319,6 +477,99 @@ pub fn read_view(bird: &dyn Bird) -> Result<BirdView, BirdError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A birdc that is a shell script (`sh -c SCRIPT`): birdc's own
+    /// arguments follow as `$0 $1 ...`.
+    fn script(s: &str) -> Vec<String> {
+        vec!["sh".into(), "-c".into(), s.into()]
+    }
+
+    #[test]
+    fn a_birdc_that_never_answers_is_killed_at_its_deadline_with_what_it_started() {
+        let dir = std::env::temp_dir().join(format!("fp-birdc-hang-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pidfile = dir.join("pid");
+        // The script starts a grandchild that holds the pipes open, as a
+        // birdc stuck on a socket would, and waits for it.
+        let b = script(&format!(
+            "sleep 100 & echo $! > {}; wait",
+            pidfile.display()
+        ));
+        let t = Instant::now();
+        let e = Birdc(&b)
+            .answer_within(
+                &["show", "protocols", "all"],
+                Duration::from_millis(300),
+                1 << 20,
+            )
+            .unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            t.elapsed()
+        );
+        assert!(matches!(e, BirdError::Deadline { .. }), "{e}");
+        assert!(e.to_string().contains("no answer within"), "{e}");
+        let pid = std::fs::read_to_string(&pidfile).unwrap();
+        let proc_dir = format!("/proc/{}", pid.trim());
+        let gone = Instant::now() + Duration::from_secs(2);
+        // Killed, then reaped by init (or left a zombie of the dead shell).
+        while Instant::now() < gone {
+            let state = std::fs::read_to_string(format!("{proc_dir}/stat")).unwrap_or_default();
+            if state.is_empty() || state.contains(") Z ") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let state = std::fs::read_to_string(format!("{proc_dir}/stat")).unwrap_or_default();
+        assert!(
+            state.is_empty() || state.contains(") Z "),
+            "birdc's child lives on: {state}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_birdc_that_trickles_is_cut_at_its_deadline() {
+        let b = script("while :; do printf x; sleep 0.1; done");
+        let t = Instant::now();
+        let e = Birdc(&b)
+            .answer_within(&["show", "protocols"], Duration::from_millis(500), 1 << 20)
+            .unwrap_err();
+        assert!(matches!(e, BirdError::Deadline { .. }), "{e}");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_birdc_that_floods_is_cut_at_the_output_bound() {
+        let b = script("exec cat /dev/zero");
+        let t = Instant::now();
+        let e = Birdc(&b)
+            .answer_within(&["show", "protocols"], Duration::from_secs(10), 1 << 20)
+            .unwrap_err();
+        assert!(
+            matches!(e, BirdError::TooLong { limit, .. } if limit == 1 << 20),
+            "{e}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_prompt_birdc_is_read_whole_with_its_exit() {
+        let b = script("echo \"$0 $1\"; echo complaint >&2; exit 3");
+        let a = Birdc(&b).answer(&["disable", "fastpath_vips"]).unwrap();
+        assert_eq!(a.stdout, "disable fastpath_vips\n");
+        assert_eq!(a.stderr, "complaint\n");
+        assert!(!a.success);
+    }
 
     /// BIRD 2.0.12's answer, as it printed it for a load balancer whose
     /// IPv4 protocol is up and exported, IPv6 disabled.
