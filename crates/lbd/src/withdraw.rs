@@ -121,6 +121,14 @@ pub fn target(text: &str, path: &Path) -> Result<Option<Target>, WithdrawError> 
     let mut protocols: Vec<Protocol> = Vec::new();
     for (key, v) in bgp.iter().filter(|(k, _)| k.starts_with("protocol")) {
         for name in strings(key, v)? {
+            // Empty: this BIRD has no such protocol (`protocol6 = ""`: no
+            // IPv6), so there is nothing to disable.
+            if name.is_empty() {
+                continue;
+            }
+            // The daemon's own check: never `all` or another keyword.
+            lb::config::bird_protocol_name(&name)
+                .map_err(|why| parse(format!("bgp.{key}: {why}")))?;
             if !protocols.iter().any(|p| p.name == name) {
                 protocols.push(Protocol { name, named: true });
             }
@@ -289,6 +297,21 @@ mod tests {
         assert!(e.to_string().contains("bgp.protocol"), "{e}");
         let e = target("[bgp\n", Path::new("t.toml")).unwrap_err();
         assert!(e.to_string().starts_with("t.toml: "), "{e}");
+    }
+
+    #[test]
+    fn names_the_daemon_would_refuse_are_refused_and_empty_means_none() {
+        // `disable all` would take down every BGP session of the router.
+        for bad in ["all", "ALL", "protocol", "bgp", "1v4", "a-b", "a b"] {
+            let e =
+                target(&format!("[bgp]\nprotocol = {bad:?}\n"), Path::new("t.toml")).unwrap_err();
+            assert!(e.to_string().contains("bgp.protocol"), "{bad}: {e}");
+        }
+        let e = target("[bgp]\nprotocol6 = \"all\"\n", Path::new("t.toml")).unwrap_err();
+        assert!(e.to_string().contains("keyword"), "{e}");
+        // The documented `protocol6 = ""`: no IPv6 protocol to disable.
+        let v4 = t("[bgp]\nprotocol = \"v4\"\nprotocol6 = \"\"\n").unwrap();
+        assert_eq!(names(&v4), [("v4", true)]);
     }
 
     #[test]

@@ -96,6 +96,45 @@ impl Bgp {
         self.vips_file.with_file_name(name)
     }
 }
+/// BIRD's keywords, which name no protocol (see the file's header).
+const BIRD_KEYWORDS: &str = include_str!("bird_keywords.txt");
+
+/// Whether `name` can name a BIRD protocol in the commands fastpath sends
+/// (`enable NAME`, `disable NAME`, `show protocols all NAME`): a BIRD
+/// symbol (a letter or `_`, then letters, digits and `_`, at most 64
+/// characters) that is none of BIRD's keywords, so never `all`, which
+/// BIRD reads as every protocol, BGP sessions included. The one check of
+/// `check-config`, the daemon and `fastpath lb withdraw`; the error says
+/// why, for the caller to name the key.
+pub fn bird_protocol_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let symbol = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 64;
+    if !symbol {
+        return Err(format!(
+            "{name:?} is not a BIRD protocol name (a letter or _, then letters, digits and _, at most 64)"
+        ));
+    }
+    let lower = name.to_ascii_lowercase();
+    let keyword = BIRD_KEYWORDS
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .flat_map(str::split_whitespace)
+        .any(|k| k == lower);
+    if keyword {
+        return Err(format!(
+            "{name:?} is one of BIRD's keywords{}, not a protocol name",
+            if lower == "all" {
+                " (`disable all` would disable every protocol, BGP sessions included)"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(())
+}
+
 fn default_birdc() -> Vec<String> {
     vec!["birdc".into()]
 }
@@ -137,21 +176,23 @@ impl Bgp {
                 "needs the path of the file BIRD includes".into(),
             );
         }
-        // BIRD's symbols are at most 64 characters.
-        let bird_name =
-            |n: &str| n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if b.protocol.is_empty() || !bird_name(&b.protocol) {
-            return problem(
-                "bgp.protocol".into(),
-                format!("{:?} is not a BIRD protocol name", b.protocol),
-            );
+        if let Err(why) = bird_protocol_name(&b.protocol) {
+            return problem("bgp.protocol".into(), why);
         }
         // Empty: no IPv6 protocol in this BIRD.
-        if !bird_name(&b.protocol6) || b.protocol6 == b.protocol {
+        if !b.protocol6.is_empty() {
+            if let Err(why) = bird_protocol_name(&b.protocol6) {
+                return problem(
+                    "bgp.protocol6".into(),
+                    format!("{why} (empty: no IPv6 announcements)"),
+                );
+            }
+        }
+        if b.protocol6 == b.protocol {
             return problem(
                 "bgp.protocol6".into(),
                 format!(
-                    "{:?} is not a BIRD protocol name other than bgp.protocol (empty: no IPv6 announcements)",
+                    "{:?} is bgp.protocol too: each family needs its own protocol (empty: no IPv6 announcements)",
                     b.protocol6
                 ),
             );
@@ -249,5 +290,37 @@ mod tests {
         ] {
             assert_eq!(err(&bgp(extra)).key, key, "{extra}");
         }
+    }
+}
+
+#[cfg(test)]
+mod protocol_names {
+    use super::bird_protocol_name;
+
+    #[test]
+    fn bird_protocol_names_are_symbols_and_never_keywords() {
+        for ok in [
+            "fastpath_vips",
+            "fastpath_vips6",
+            "_x",
+            "v4",
+            "Static1",
+            &"a".repeat(64),
+        ] {
+            assert!(bird_protocol_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "1v4", "a-b", "a b", "a.b", "\"x\"", &"a".repeat(65)] {
+            let e = bird_protocol_name(bad).unwrap_err();
+            assert!(e.contains("not a BIRD protocol name"), "{bad}: {e}");
+        }
+        for kw in [
+            "all", "All", "protocol", "bgp", "static", "define", "disabled", "table",
+        ] {
+            let e = bird_protocol_name(kw).unwrap_err();
+            assert!(e.contains("keywords"), "{kw}: {e}");
+        }
+        assert!(bird_protocol_name("all")
+            .unwrap_err()
+            .contains("every protocol"));
     }
 }

@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 
 pub use addr::{not_a_host, not_a_station, parse_mac, parse_prefix};
 pub use api::Api;
-pub use bgp::{Bgp, MAX_BGP_POLL_MS, MAX_DRAIN_MS, MIN_BGP_POLL_MS};
+pub use bgp::{bird_protocol_name, Bgp, MAX_BGP_POLL_MS, MAX_DRAIN_MS, MIN_BGP_POLL_MS};
 pub use cache::{ChunkStats, ParseCache};
 pub use conntrack::{Conntrack, MAX_CONNTRACK_SIZE};
 pub use encap::{Encap, PLACEHOLDER_GATEWAY_MAC};
