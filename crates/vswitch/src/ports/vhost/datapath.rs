@@ -59,8 +59,8 @@ use virtio_bindings::virtio_ring::{
     VRING_USED_F_NO_NOTIFY,
 };
 
-use super::mem::GuestMemory;
-use ::ring::device::{copy_frame, FrameRef};
+use super::mem::{FrontendAddr, GuestAddr, GuestMemory, GuestSlice};
+use ::ring::device::FrameRef;
 use ::ring::notify::{EventFd, Mode, Moderator};
 
 /// The receive queue's index (frames to the guest).
@@ -98,7 +98,7 @@ const _: () = assert!(std::mem::offset_of!(Desc, next) == 14);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DescRepr {
     /// Guest-physical address.
-    pub addr: u64,
+    pub addr: GuestAddr,
     /// Length.
     pub len: u32,
     /// Flags.
@@ -112,7 +112,7 @@ impl Desc {
     #[inline]
     pub fn read(&self) -> DescRepr {
         DescRepr {
-            addr: self.addr.load(Relaxed),
+            addr: GuestAddr(self.addr.load(Relaxed)),
             len: self.len.load(Relaxed),
             flags: self.flags.load(Relaxed),
             next: self.next.load(Relaxed),
@@ -264,7 +264,8 @@ impl QueueStats {
 }
 
 /// The addresses of one queue as the frontend gave them (its own virtual
-/// addresses), and the queue's size.
+/// addresses, as on the wire: [`RingAddrs::frontend`] types them), and the
+/// queue's size.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RingAddrs {
     /// Entries.
@@ -275,6 +276,14 @@ pub struct RingAddrs {
     pub avail: u64,
     /// Used ring.
     pub used: u64,
+}
+
+impl RingAddrs {
+    /// The descriptor table, available and used rings, as the frontend
+    /// addresses they are.
+    pub fn frontend(&self) -> [FrontendAddr; 3] {
+        [self.desc, self.avail, self.used].map(FrontendAddr)
+    }
 }
 
 /// The three areas of one queue, translated and checked.
@@ -289,19 +298,21 @@ impl RingMem {
         if a.num == 0 || a.num > MAX_QUEUE_SIZE || !a.num.is_power_of_two() {
             return Err(RingError::Size(a.num));
         }
-        let area = |area: &'static str, addr: u64, len: u64, align: usize| {
+        let area = |area: &'static str, at: FrontendAddr, len: u64, align: usize| {
+            let addr = at.0;
             let p = mem
-                .user(addr, len)
+                .user(at, len)
                 .ok_or(RingError::Outside { area, addr, len })?;
             if !(p.as_ptr() as usize).is_multiple_of(align) {
                 return Err(RingError::Align { area, addr, align });
             }
-            Ok(p)
+            Ok(p.as_non_null())
         };
+        let [desc, avail, used] = a.frontend();
         Ok(RingMem {
-            desc: area("descriptor", a.desc, desc_bytes(a.num), 16)?.cast(),
-            avail: area("available", a.avail, avail_bytes(a.num), 2)?.cast(),
-            used: area("used", a.used, used_bytes(a.num), 4)?,
+            desc: area("descriptor", desc, desc_bytes(a.num), 16)?.cast(),
+            avail: area("available", avail, avail_bytes(a.num), 2)?.cast(),
+            used: area("used", used, used_bytes(a.num), 4)?,
         })
     }
 }
@@ -506,7 +517,7 @@ impl Queue {
     }
 
     /// Walk the chain at `head` (checked by the caller), calling `seg` with
-    /// each buffer's pointer and length. `write`: the chain must be
+    /// each buffer. `write`: the chain must be
     /// device-writable (receive) or device-readable (transmit). Returns the
     /// chain's total length.
     #[inline]
@@ -514,7 +525,7 @@ impl Queue {
         &self,
         head: u16,
         write: bool,
-        mut seg: impl FnMut(NonNull<u8>, u32) -> Result<(), ChainError>,
+        mut seg: impl FnMut(GuestSlice<'_>) -> Result<(), ChainError>,
     ) -> Result<u64, ChainError> {
         let mut i = head;
         let mut total = 0u64;
@@ -530,7 +541,7 @@ impl Queue {
                 .mem
                 .gpa(d.addr, u64::from(d.len))
                 .ok_or(ChainError::Outside)?;
-            seg(p, d.len)?;
+            seg(p)?;
             total += u64::from(d.len);
             if d.flags & F_NEXT == 0 {
                 return Ok(total);
@@ -589,9 +600,11 @@ impl Queue {
             if len > MAX_FRAME {
                 return Err(ChainError::Long);
             }
+            let frame = p
+                .sub(skip as usize, len as usize)
+                .ok_or(ChainError::Outside)?;
             Ok(FrameRef {
-                // SAFETY: skip <= d.len and the d.len bytes at p are mapped.
-                ptr: unsafe { p.as_ptr().add(skip as usize) },
+                ptr: frame.as_ptr(),
                 len,
             })
         };
@@ -616,22 +629,12 @@ impl Queue {
         // refused for its first structural fault before any length.
         let mut skip = hdr_len as usize;
         let mut at = 0usize;
-        let total = self.walk(head, false, |p, len| {
-            let mut len = len as usize;
-            let cut = skip.min(len);
+        let total = self.walk(head, false, |p| {
+            let cut = skip.min(p.len());
             skip -= cut;
-            len -= cut;
-            if at + len <= slot.len() {
-                // SAFETY: p is mapped for the descriptor's length (walk
-                // checked it) and cut + len is that length; slot has room
-                // for at + len bytes (just checked); distinct memory.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        p.as_ptr().add(cut),
-                        slot.as_mut_ptr().add(at),
-                        len,
-                    )
-                };
+            let len = p.len() - cut;
+            if let Some(dst) = slot.get_mut(at..at + len) {
+                p.read_into(cut, dst);
             }
             at += len;
             Ok(())
@@ -734,36 +737,32 @@ impl Queue {
             if u64::from(d.len) < need {
                 return Err(ChainError::Small);
             }
-            // SAFETY: p is mapped for d.len >= need = hdr_len + f.len bytes
-            // (gpa checked); the caller guarantees f; guest memory and the
-            // frame's memory are distinct mappings or distinct buffers.
-            unsafe {
-                std::ptr::copy_nonoverlapping(hdr.as_ptr(), p.as_ptr(), hdr.len());
-                copy_frame(f.ptr, p.as_ptr().add(hdr.len()), f.len as usize);
-            }
+            p.write_from(0, hdr);
+            // SAFETY: the caller guarantees f is readable for f.len bytes;
+            // it lies in another port's mapping or a buffer of the
+            // switch's, never in this port's own mapping.
+            unsafe { p.write_from_raw(hdr.len(), f.ptr, f.len as usize) };
             return Ok(());
         }
         // Scatter header then frame over the chain's buffers.
         let mut from = 0u64;
-        let total = self.walk(head, true, |p, len| {
+        let total = self.walk(head, true, |p| {
+            let len = p.len() as u64;
             let mut at = 0u64;
-            while at < u64::from(len) && from < need {
-                let n = (u64::from(len) - at).min(need - from);
-                let (src, m) = if from < u64::from(hdr_len) {
+            while at < len && from < need {
+                let n = (len - at).min(need - from);
+                let m = if from < u64::from(hdr_len) {
                     let m = n.min(u64::from(hdr_len) - from);
-                    (hdr[from as usize..].as_ptr(), m)
+                    p.write_from(at as usize, &hdr[from as usize..from as usize + m as usize]);
+                    m
                 } else {
-                    // SAFETY: from - hdr_len < f.len: inside the frame.
-                    (
-                        unsafe { f.ptr.add((from - u64::from(hdr_len)) as usize) },
-                        n.min(need - from),
-                    )
-                };
-                // SAFETY: p is mapped for len bytes (walk checked it) and
-                // at + m <= len; src is readable for m bytes (the header
-                // array, or the caller's frame); distinct memory.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src, p.as_ptr().add(at as usize), m as usize)
+                    // from - hdr_len + n <= f.len: inside the frame.
+                    let src = f.ptr.wrapping_add((from - u64::from(hdr_len)) as usize);
+                    // SAFETY: the caller guarantees f is readable for f.len
+                    // bytes, and [from - hdr_len, + n) lies inside it; it is
+                    // not in this port's own mapping.
+                    unsafe { p.write_from_raw(at as usize, src, n as usize) };
+                    n
                 };
                 at += m;
                 from += m;
