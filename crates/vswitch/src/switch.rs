@@ -127,6 +127,10 @@ pub struct Switch {
     dst: Vec<u16>,
     /// Per flooded frame of a batch: whether some port took it.
     delivered: Vec<bool>,
+    /// The switch's own copies of a batch that port security checks
+    /// ([`Switch::own_frames`]); it only grows, and only before `frames`
+    /// points into it.
+    copies: Vec<u8>,
     pub(crate) last_aging: Instant,
 }
 
@@ -143,6 +147,7 @@ impl Switch {
             frames: Vec::with_capacity(BATCH as usize),
             dst: Vec::with_capacity(BATCH as usize),
             delivered: Vec::with_capacity(BATCH as usize),
+            copies: Vec::new(),
             last_aging: Instant::now(),
             cfg,
         };
@@ -292,7 +297,14 @@ impl Switch {
             return 0;
         };
         let n = self.frames.len();
-        let (route, spoofed) = self.look_up(s, lock, now);
+        // Port security: only when this port is locked or some address is
+        // pinned are source addresses checked, and then on the switch's
+        // own copy, which is what is delivered.
+        let guard = lock.is_some() || self.macs.has_pins();
+        if guard {
+            self.own_frames();
+        }
+        let (route, spoofed) = self.look_up(s, lock, guard, now);
         let done = match route {
             Route::One(d) => self.deliver_one(d, now),
             Route::Flood => match self.only_other_port(s) {
@@ -325,14 +337,35 @@ impl Switch {
         Some((src.port.rx(BATCH, &mut self.frames), src.lock))
     }
 
+    /// Copy the batch out of the port's memory into the switch's own
+    /// buffer, once, and point `frames` at the copies. A port's frames lie
+    /// in memory its peer can write (guest memory, a shared ring or memif
+    /// region) at any time: checking a frame's source address there and
+    /// then copying it again to deliver it would deliver whatever the peer
+    /// wrote in between. What port security checks is what is delivered.
+    fn own_frames(&mut self) {
+        let total: usize = self.frames.iter().map(|f| f.len as usize).sum();
+        if self.copies.len() < total {
+            self.copies.resize(total, 0);
+        }
+        let mut at = 0;
+        for f in &mut self.frames {
+            let len = f.len as usize;
+            let dst = &mut self.copies[at..at + len];
+            // SAFETY: the port guarantees f.ptr is readable for f.len bytes
+            // until rx_done; dst is the switch's own buffer, f.len bytes,
+            // never a port's memory.
+            unsafe { ring::device::copy_frame(f.ptr, dst.as_mut_ptr(), len) };
+            f.ptr = dst.as_ptr();
+            at += len;
+        }
+    }
+
     /// Each frame's destination into `dst` (a port, [`FLOOD`] or [`DROP`]),
     /// learning source addresses and dropping those port security refuses;
     /// returns how the batch can be delivered and the frames refused as
     /// spoofed.
-    fn look_up(&mut self, s: usize, lock: Option<Mac>, now: Instant) -> (Route, u64) {
-        // Port security: only when this port is locked or some address is
-        // pinned are source addresses checked.
-        let guard = lock.is_some() || self.macs.has_pins();
+    fn look_up(&mut self, s: usize, lock: Option<Mac>, guard: bool, now: Instant) -> (Route, u64) {
         let mut src_ok = true;
         let mut spoofed = 0u64;
         let n = self.frames.len();

@@ -15,13 +15,30 @@
 //! Nothing the guest writes is trusted. The available index is read once
 //! per look and may run at most `num` entries ahead of what was consumed
 //! (more breaks the queue: it stops until the frontend sets it up again);
-//! every head and `next` index is checked against `num`; a chain longer
-//! than the ring (a loop) is cut; every descriptor's address range must lie
-//! inside one guest-memory region; indirect descriptors (not offered) and
-//! descriptors of the wrong direction are refused. A refused chain is
-//! returned to the guest as used with length 0 and counted by reason; the
-//! device-written indices (`used.idx`, `avail_event`) are kept here and only
-//! written, never read back.
+//! every head and `next` index is checked against `num`; every descriptor's
+//! address range must lie inside one guest-memory region; indirect
+//! descriptors (not offered) and descriptors of the wrong direction are
+//! refused. A refused chain is returned to the guest as used with length 0
+//! and counted by reason; the device-written indices (`used.idx`,
+//! `avail_event`) are kept here and only written, never read back.
+//!
+//! The work one guest can cause is bounded, so that it cannot take the
+//! switch's time from the other ports:
+//! - per chain: a legal chain has at most `num` descriptors (each belongs
+//!   to one chain, and the table has `num`), so a chain still going after
+//!   `num` is a loop. It is refused and breaks the queue, which stops until
+//!   the frontend sets it up again (as for an impossible index), instead of
+//!   trying the next buffer, whose chain may loop as well (`num` chains of
+//!   `num` descriptors per frame);
+//! - per pass: a queue reads at most [`DESC_BUDGET`] descriptors per pass
+//!   (the transmit queue per batch taken, the receive queue per batch
+//!   delivered), give or take the one chain under way when the budget runs
+//!   out, which is paid for in the passes after (its queue is skipped until
+//!   the debt is paid): chains of thousands of descriptors, looping or
+//!   legal, cost the switch no more per pass, on average, than a queue of
+//!   ordinary ones. Frames left in a transmit ring wait for the next pass;
+//!   frames for a receive queue out of budget are dropped, as for a full
+//!   ring. Every descriptor read is counted ([`QueueStats::desc_reads`]).
 //!
 //! Each descriptor is read once into a [`DescRepr`], checked, then used. A
 //! chain is refused for its first structural fault along the chain
@@ -47,6 +64,7 @@
 //! - `itr` > 0: calls that survive the above are moderated, at most one per
 //!   `itr` x 250 ns, a held one fired by the switch's timer.
 
+use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64};
@@ -75,6 +93,15 @@ pub const MAX_QUEUE_SIZE: u32 = 32768;
 pub const MAX_FRAME: u32 = 2048;
 /// The shortest frame taken from a guest: an Ethernet header.
 pub const MIN_FRAME: u32 = 14;
+/// Descriptor reads one queue may make per pass, on average (four per
+/// frame of a full batch: more than any ordinary guest's chains need).
+pub const DESC_BUDGET: u64 = 4 * 256;
+/// Descriptor reads one chain may cost beyond the budget: the whole ring
+/// (a legal chain's longest) and the two descriptors a transmit chain's
+/// fast paths look at before walking it.
+pub const fn chain_reads(num: u16) -> u64 {
+    num as u64 + 2
+}
 
 /// One descriptor of the table, as the guest lays it out.
 #[repr(C)]
@@ -232,8 +259,14 @@ pub struct QueueStats {
     pub chains: u64,
     /// Chains refused, by [`ChainError`] (in [`ChainError::ALL`] order).
     pub refused: [u64; 8],
-    /// Times the queue broke (impossible index; it then stops).
+    /// Times the queue broke (impossible index, or a looping chain; it
+    /// then stops).
     pub broke: u64,
+    /// Descriptors read (each field once per read), valid or not.
+    pub desc_reads: u64,
+    /// Passes cut short because the queue had spent its descriptor budget
+    /// ([`DESC_BUDGET`]).
+    pub over_budget: u64,
 }
 
 impl QueueStats {
@@ -256,6 +289,8 @@ impl QueueStats {
                 .map(|e| (e.name().to_string(), self.refused[*e as usize]))
                 .collect(),
             broke: self.broke,
+            desc_reads: self.desc_reads,
+            over_budget: self.over_budget,
             size: None,
             broken: None,
             running: Some(false),
@@ -319,6 +354,8 @@ impl RingMem {
 
 /// One running queue.
 pub struct Queue {
+    /// The port and queue, for the log.
+    name: String,
     /// Keeps the mapping the pointers below point into.
     mem: Arc<GuestMemory>,
     ring: RingMem,
@@ -341,6 +378,11 @@ pub struct Queue {
     call: Option<Arc<EventFd>>,
     moder: Moderator,
     broken: Option<String>,
+    /// Descriptors read since the last [`Queue::settle_reads`].
+    reads: Cell<u64>,
+    /// Descriptor reads left this pass; below zero, the debt a long chain
+    /// left ([`DESC_BUDGET`]).
+    credit: i64,
 }
 
 // SAFETY: the ring pointers point into the mapping `mem` keeps alive; the
@@ -377,11 +419,13 @@ pub struct QueueSetup {
 }
 
 impl Queue {
-    /// Translate and check a queue's rings in `mem`.
-    pub fn new(mem: Arc<GuestMemory>, s: QueueSetup) -> Result<Queue, RingError> {
+    /// Translate and check a queue's rings in `mem`; `name` says which
+    /// port's queue it is, in the log.
+    pub fn new(name: String, mem: Arc<GuestMemory>, s: QueueSetup) -> Result<Queue, RingError> {
         let ring = RingMem::new(&mem, &s.addrs)?;
         let num = s.addrs.num as u16; // 32768 at most, checked in RingMem::new
         let mut q = Queue {
+            name,
             mem,
             ring,
             num,
@@ -397,6 +441,8 @@ impl Queue {
             call: s.call,
             moder: Moderator::new(s.itr),
             broken: None,
+            reads: Cell::new(0),
+            credit: DESC_BUDGET as i64,
         };
         q.ask_kicks(s.kicks || s.mode == Mode::Base);
         Ok(q)
@@ -419,7 +465,7 @@ impl Queue {
 
     fn mark_broken(&mut self, why: String, st: &mut QueueStats) {
         if self.broken.is_none() {
-            tracing::warn!("vhost queue stopped: {why}");
+            tracing::warn!("vhost queue stopped ({}): {why}", self.name);
             st.broke += 1;
             self.broken = Some(why);
         }
@@ -469,9 +515,43 @@ impl Queue {
         }
     }
 
+    /// A new pass: the budget is refilled, less any debt.
+    fn refill(&mut self) {
+        self.credit = (self.credit + DESC_BUDGET as i64).min(DESC_BUDGET as i64);
+    }
+
+    /// Charge the reads since the last call to the budget and the counter.
+    fn settle_reads(&mut self, st: &mut QueueStats) {
+        let n = self.reads.replace(0);
+        st.desc_reads += n;
+        self.credit -= n as i64;
+    }
+
+    /// Whether the budget allows another chain; counts a pass cut short.
+    fn budget_left(&mut self, st: &mut QueueStats) -> bool {
+        self.settle_reads(st);
+        if self.credit > 0 {
+            return true;
+        }
+        st.over_budget += 1;
+        false
+    }
+
+    /// A chain that loops: the queue stops (see the module's bounds).
+    fn looped(&mut self, head: u16, st: &mut QueueStats) {
+        self.mark_broken(
+            format!(
+                "the chain at head {head} is longer than the ring ({}): a loop",
+                self.num
+            ),
+            st,
+        );
+    }
+
     #[inline]
     fn desc(&self, i: u16) -> DescRepr {
         debug_assert!(i < self.num);
+        self.reads.set(self.reads.get() + 1);
         // SAFETY: callers check i < num; the table lies inside the mapping,
         // 16-byte aligned (RingMem::new); atomics only.
         unsafe { self.ring.desc.add((i & self.mask) as usize).as_ref() }.read()
@@ -567,18 +647,30 @@ impl Queue {
         bounce: &mut Bounce,
         st: &mut QueueStats,
     ) -> u32 {
+        self.refill();
         let n = u32::from(self.avail(st)).min(max) as u16;
         bounce.ensure(n as usize);
         for k in 0..n {
+            if !self.budget_left(st) {
+                return k as u32;
+            }
             let Some(head) = self.head(k, st) else {
                 return k as u32;
             };
             heads.push(head);
             match self.frame_at(head, hdr_len, bounce.slot(k as usize)) {
                 Ok(f) => out.push(f),
-                Err(e) => st.refused[e as usize] += 1,
+                Err(e) => {
+                    st.refused[e as usize] += 1;
+                    if e == ChainError::Loop {
+                        self.settle_reads(st);
+                        self.looped(head, st);
+                        return u32::from(k) + 1;
+                    }
+                }
             }
         }
+        self.settle_reads(st);
         n as u32
     }
 
@@ -689,7 +781,7 @@ impl Queue {
         'frames: for f in frames {
             // A frame whose buffer is refused tries the next one.
             loop {
-                if left == 0 {
+                if left == 0 || !self.budget_left(st) {
                     break 'frames;
                 }
                 let Some(head) = self.head(k, st) else {
@@ -708,10 +800,16 @@ impl Queue {
                     Err(e) => {
                         st.refused[e as usize] += 1;
                         self.push_used(head, 0);
+                        if e == ChainError::Loop {
+                            self.settle_reads(st);
+                            self.looped(head, st);
+                            break 'frames;
+                        }
                     }
                 }
             }
         }
+        self.settle_reads(st);
         self.last_avail = self.last_avail.wrapping_add(k);
         st.chains += u64::from(k);
         (ok, bytes)
@@ -999,10 +1097,13 @@ impl Device {
         }
     }
 
-    /// Publish what [`Device::tx`] wrote, and notify.
+    /// Publish what [`Device::tx`] wrote, and notify. A delivery batch
+    /// ends here: the receive queue's descriptor budget is refilled for
+    /// the next.
     pub fn tx_flush(&mut self, now: Instant, st: &mut [QueueStats; 2]) {
         if let Some(q) = &mut self.queues[RXQ] {
             q.publish(now, &mut st[RXQ]);
+            q.refill();
         }
     }
 
