@@ -30,13 +30,14 @@
 //!   the frontend sets it up again (as for an impossible index), instead of
 //!   trying the next buffer, whose chain may loop as well (`num` chains of
 //!   `num` descriptors per frame);
-//! - per pass: a queue reads at most [`DESC_BUDGET`] descriptors per pass
-//!   (the transmit queue per batch taken, the receive queue per batch
-//!   delivered), give or take the one chain under way when the budget runs
-//!   out, which is paid for in the passes after (its queue is skipped until
-//!   the debt is paid): chains of thousands of descriptors, looping or
-//!   legal, cost the switch no more per pass, on average, than a queue of
-//!   ordinary ones. Frames left in a transmit ring wait for the next pass;
+//! - per pass: beyond the first [`FREE_READS`] descriptors of each chain
+//!   (all an ordinary frame needs), a queue reads at most [`DESC_BUDGET`]
+//!   descriptors per pass (the transmit queue per batch taken, the receive
+//!   queue per batch delivered), give or take the one chain under way when
+//!   the budget runs out, which is paid for in the passes after (its queue
+//!   is skipped until the debt is paid): chains of thousands of
+//!   descriptors, looping or legal, cost the switch little more per pass,
+//!   on average, than a queue of ordinary ones. Frames left in a transmit ring wait for the next pass;
 //!   frames for a receive queue out of budget are dropped, as for a full
 //!   ring. Every descriptor read is counted ([`QueueStats::desc_reads`]).
 //!
@@ -93,9 +94,14 @@ pub const MAX_QUEUE_SIZE: u32 = 32768;
 pub const MAX_FRAME: u32 = 2048;
 /// The shortest frame taken from a guest: an Ethernet header.
 pub const MIN_FRAME: u32 = 14;
-/// Descriptor reads one queue may make per pass, on average (four per
-/// frame of a full batch: more than any ordinary guest's chains need).
-pub const DESC_BUDGET: u64 = 4 * 256;
+/// Descriptor reads one queue may make per pass, on average, beyond the
+/// first [`FREE_READS`] of each chain: one more per frame of a full batch.
+pub const DESC_BUDGET: u64 = 256;
+/// Reads of each chain not charged to the budget: the one or two
+/// descriptors an ordinary frame takes (header and frame together, or
+/// apart), which the batch size and the ring already bound, so that
+/// ordinary guests never meet the budget.
+pub const FREE_READS: u64 = 2;
 /// Descriptor reads one chain may cost beyond the budget: the whole ring
 /// (a legal chain's longest) and the two descriptors a transmit chain's
 /// fast paths look at before walking it.
@@ -520,11 +526,12 @@ impl Queue {
         self.credit = (self.credit + DESC_BUDGET as i64).min(DESC_BUDGET as i64);
     }
 
-    /// Charge the reads since the last call to the budget and the counter.
+    /// Charge the reads since the last call (one chain's) to the budget,
+    /// less the free ones, and to the counter.
     fn settle_reads(&mut self, st: &mut QueueStats) {
         let n = self.reads.replace(0);
         st.desc_reads += n;
-        self.credit -= n as i64;
+        self.credit -= n.saturating_sub(FREE_READS) as i64;
     }
 
     /// Whether the budget allows another chain; counts a pass cut short.
