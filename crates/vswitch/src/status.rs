@@ -139,6 +139,24 @@ impl PortDetail {
         }
     }
 
+    /// Times a queue of the port stopped for what its peer wrote
+    /// (impossible indices, looping chains), where it counts them.
+    pub fn queue_stops(&self) -> Option<u64> {
+        match self {
+            PortDetail::Vhost(d) => Some(d.queues.rx.broke + d.queues.tx.broke),
+            _ => None,
+        }
+    }
+
+    /// Passes the port's queues cut short for their descriptor budget,
+    /// where it counts them.
+    pub fn over_budget(&self) -> Option<u64> {
+        match self {
+            PortDetail::Vhost(d) => Some(d.queues.rx.over_budget + d.queues.tx.over_budget),
+            _ => None,
+        }
+    }
+
     /// Why the port is no longer served, if it is broken.
     pub fn broken(&self) -> Option<&str> {
         match self {
@@ -287,6 +305,12 @@ pub struct QueueStatus {
     pub refused: BTreeMap<String, u64>,
     /// Times the queue broke.
     pub broke: u64,
+    /// Descriptors read.
+    #[serde(default)]
+    pub desc_reads: u64,
+    /// Passes cut short by the queue's descriptor budget.
+    #[serde(default)]
+    pub over_budget: u64,
     /// Entries, while the queue runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<u16>,
@@ -342,6 +366,8 @@ impl Status {
             "interrupts",
             "kicks/pkt",
             "irq/pkt",
+            "queue stops",
+            "over budget",
             "state",
         ])
         .title("switch ports");
@@ -369,6 +395,8 @@ impl Status {
                 n(d.interrupts()),
                 per(d.kicks()),
                 per(d.interrupts()),
+                n(d.queue_stops()),
+                n(d.over_budget()),
                 state,
             ]);
         }
@@ -460,6 +488,8 @@ mod tests {
             chains: 5,
             refused: [("loop".to_string(), 6)].into_iter().collect(),
             broke: 0,
+            desc_reads: 7,
+            over_budget: 0,
             size: Some(256),
             broken: None,
             running: None,

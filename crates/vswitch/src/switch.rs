@@ -92,6 +92,30 @@ pub(crate) struct Slot {
     pub(crate) lock: Option<Mac>,
 }
 
+/// How a looked-up batch can be delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// Every frame to this one port.
+    One(u16),
+    /// Every frame flooded.
+    Flood,
+    /// Anything else: several destinations, or frames dropped; `flood`:
+    /// some frame is flooded.
+    Mixed { flood: bool },
+}
+
+/// What a delivery step did with a batch.
+#[derive(Clone, Copy, Debug, Default)]
+struct Delivery {
+    /// Unicast frames a destination took.
+    unicast_ok: u64,
+    /// Frames flooded.
+    flooded: u64,
+    /// Frames no port took: floods nobody took, and unicast frames whose
+    /// port went away.
+    lost: u64,
+}
+
 /// The switch.
 pub struct Switch {
     pub(crate) ports: Vec<Option<Slot>>,
@@ -101,6 +125,12 @@ pub struct Switch {
     pub stats: SwitchStats,
     frames: Vec<FrameRef>,
     dst: Vec<u16>,
+    /// Per flooded frame of a batch: whether some port took it.
+    delivered: Vec<bool>,
+    /// The switch's own copies of a batch that port security checks
+    /// ([`Switch::own_frames`]); it only grows, and only before `frames`
+    /// points into it.
+    copies: Vec<u8>,
     pub(crate) last_aging: Instant,
 }
 
@@ -116,6 +146,8 @@ impl Switch {
             stats: SwitchStats::default(),
             frames: Vec::with_capacity(BATCH as usize),
             dst: Vec::with_capacity(BATCH as usize),
+            delivered: Vec::with_capacity(BATCH as usize),
+            copies: Vec::new(),
             last_aging: Instant::now(),
             cfg,
         };
@@ -256,30 +288,95 @@ impl Switch {
         work
     }
 
-    /// Forward one batch from port `s`; returns frames taken.
+    /// Forward one batch from port `s`; returns frames taken. Three steps:
+    /// [`Switch::receive`] the batch, [`Switch::look_up`] each frame's
+    /// destination, then deliver by the strategy the destinations allow
+    /// (one port, a flood with one port to reach, or one pass per port).
     fn forward(&mut self, s: usize, now: Instant) -> usize {
+        let Some((token, lock)) = self.receive(s) else {
+            return 0;
+        };
+        let n = self.frames.len();
+        // Port security: only when this port is locked or some address is
+        // pinned are source addresses checked, and then on the switch's
+        // own copy, which is what is delivered.
+        let guard = lock.is_some() || self.macs.has_pins();
+        if guard {
+            self.own_frames();
+        }
+        let (route, spoofed) = self.look_up(s, lock, guard, now);
+        let done = match route {
+            Route::One(d) => self.deliver_one(d, now),
+            Route::Flood => match self.only_other_port(s) {
+                Some(p) => self.deliver_flood_single(p, now),
+                None => self.deliver_each(s, true, now),
+            },
+            Route::Mixed { flood } => self.deliver_each(s, flood, now),
+        };
+        self.stats.forwarded += done.unicast_ok + (done.flooded - done.lost.min(done.flooded));
+        self.stats.flooded += done.flooded;
+        self.stats.no_destination += done.lost;
+        self.stats.batches += 1;
+        self.stats.spoofed += spoofed;
+        if let Some(Some(src)) = self.ports.get_mut(s) {
+            src.port.counters().spoofed += spoofed;
+            src.port.rx_done(token, n as u64, now);
+        }
+        n
+    }
+
+    /// Take a batch from port `s` into `frames`: the port's token for
+    /// `rx_done` and the address the port is locked to. None if there is
+    /// no port at `s`.
+    fn receive(&mut self, s: usize) -> Option<(u32, Option<Mac>)> {
         self.frames.clear();
         self.dst.clear();
-        let (token, lock) = {
-            let Some(Some(src)) = self.ports.get_mut(s) else {
-                return 0;
-            };
-            (src.port.rx(BATCH, &mut self.frames), src.lock)
+        let Some(Some(src)) = self.ports.get_mut(s) else {
+            return None;
         };
-        // Port security: only when this port is locked or some address is
-        // pinned are source addresses checked.
-        let guard = lock.is_some() || self.macs.has_pins();
+        Some((src.port.rx(BATCH, &mut self.frames), src.lock))
+    }
+
+    /// Copy the batch out of the port's memory into the switch's own
+    /// buffer, once, and point `frames` at the copies. A port's frames lie
+    /// in memory its peer can write (guest memory, a shared ring or memif
+    /// region) at any time: checking a frame's source address there and
+    /// then copying it again to deliver it would deliver whatever the peer
+    /// wrote in between. What port security checks is what is delivered.
+    fn own_frames(&mut self) {
+        let total: usize = self.frames.iter().map(|f| f.len as usize).sum();
+        if self.copies.len() < total {
+            self.copies.resize(total, 0);
+        }
+        let mut at = 0;
+        for f in &mut self.frames {
+            let len = f.len as usize;
+            let dst = &mut self.copies[at..at + len];
+            // SAFETY: the port guarantees f.ptr is readable for f.len bytes
+            // until rx_done; dst is the switch's own buffer, f.len bytes,
+            // never a port's memory.
+            unsafe { ring::device::copy_frame(f.ptr, dst.as_mut_ptr(), len) };
+            f.ptr = dst.as_ptr();
+            at += len;
+        }
+    }
+
+    /// Each frame's destination into `dst` (a port, [`FLOOD`] or [`DROP`]),
+    /// learning source addresses and dropping those port security refuses;
+    /// returns how the batch can be delivered and the frames refused as
+    /// spoofed.
+    fn look_up(&mut self, s: usize, lock: Option<Mac>, guard: bool, now: Instant) -> (Route, u64) {
         let mut src_ok = true;
         let mut spoofed = 0u64;
         let n = self.frames.len();
-        // Lookup pass. The frames' first bytes were written by another core:
-        // start fetching them a few frames ahead of reading their addresses.
+        // The frames' first bytes were written by another core: start
+        // fetching them a few frames ahead of reading their addresses.
         const AHEAD: usize = 8;
         for f in self.frames.iter().take(AHEAD) {
             ring::device::prefetch(f.ptr);
         }
         let mut flood = false;
-        // All frames to one unicast port (bulk traffic): one batched copy.
+        // All frames to one destination (bulk traffic): one batched copy.
         let mut uniform: Option<u16> = None;
         let mut mixed = false;
         // Bulk traffic repeats its addresses: remember the last pair so a
@@ -346,106 +443,114 @@ impl Switch {
             }
             self.dst.push(d);
         }
-        let mut any_unicast_ok = 0u64;
-        let mut delivered = vec![false; 0];
-        // A flooded batch with one other port to reach: that port is its
-        // only destination (two-port switches with unlearned addresses).
-        let mut flood_single: Option<u64> = None;
-        if uniform == Some(FLOOD) && !mixed {
-            let mut others = self
-                .ports
-                .iter()
-                .enumerate()
-                .filter(|(p, slot)| {
-                    *p != s && slot.as_ref().is_some_and(|x| x.port.broken().is_none())
-                })
-                .map(|(p, _)| p);
-            if let (Some(p), None) = (others.next(), others.next()) {
-                if let Some(Some(dst)) = self.ports.get_mut(p) {
+        let route = match uniform {
+            Some(FLOOD) if !mixed => Route::Flood,
+            Some(d) if !mixed && d != DROP => Route::One(d),
+            _ => Route::Mixed { flood },
+        };
+        (route, spoofed)
+    }
+
+    /// The one live port other than `s`, if there is exactly one (a
+    /// flooded batch then has a single destination: two-port switches with
+    /// unlearned addresses).
+    fn only_other_port(&self, s: usize) -> Option<usize> {
+        let mut others = self
+            .ports
+            .iter()
+            .enumerate()
+            .filter(|(p, slot)| *p != s && slot.as_ref().is_some_and(|x| x.port.broken().is_none()))
+            .map(|(p, _)| p);
+        match (others.next(), others.next()) {
+            (Some(p), None) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The whole batch to port `d` (the common case): one batched copy.
+    fn deliver_one(&mut self, d: u16, now: Instant) -> Delivery {
+        let mut done = Delivery::default();
+        match self.ports.get_mut(d as usize) {
+            Some(Some(dst)) => {
+                if dst.port.broken().is_none() {
                     // SAFETY: the frames are valid until the source's
-                    // rx_done below.
-                    flood_single = Some(unsafe { dst.port.tx_batch(&self.frames) });
+                    // rx_done, after delivery.
+                    done.unicast_ok = unsafe { dst.port.tx_batch(&self.frames) };
                     dst.port.tx_flush(now);
                 }
             }
+            // The port went away since its address was learned.
+            _ => done.lost = self.frames.len() as u64,
         }
-        match uniform {
-            _ if flood_single.is_some() => {}
-            // The common case: the whole batch goes to one port.
-            Some(d) if !mixed && d != FLOOD && d != DROP => {
-                if let Some(Some(dst)) = self.ports.get_mut(d as usize) {
-                    if dst.port.broken().is_none() {
-                        // SAFETY: the frames are valid until the source's
-                        // rx_done below.
-                        any_unicast_ok = unsafe { dst.port.tx_batch(&self.frames) };
-                        dst.port.tx_flush(now);
+        done
+    }
+
+    /// A flooded batch to the only other port, `p`, in one batched copy.
+    fn deliver_flood_single(&mut self, p: usize, now: Instant) -> Delivery {
+        let n = self.frames.len() as u64;
+        let mut ok = 0;
+        if let Some(Some(dst)) = self.ports.get_mut(p) {
+            // SAFETY: the frames are valid until the source's rx_done,
+            // after delivery.
+            ok = unsafe { dst.port.tx_batch(&self.frames) };
+            dst.port.tx_flush(now);
+        }
+        Delivery {
+            unicast_ok: 0,
+            flooded: n,
+            lost: n - ok,
+        }
+    }
+
+    /// Mixed destinations: one pass over the batch per live port other
+    /// than the source `s`, each frame to the ports its destination names
+    /// (`flood`: some frame is flooded).
+    fn deliver_each(&mut self, s: usize, flood: bool, now: Instant) -> Delivery {
+        let mut done = Delivery::default();
+        self.delivered.clear();
+        if flood {
+            self.delivered.resize(self.frames.len(), false);
+        }
+        for p in 0..self.ports.len() {
+            if p == s {
+                continue;
+            }
+            let Some(Some(dst)) = self.ports.get_mut(p) else {
+                continue;
+            };
+            if dst.port.broken().is_some() {
+                continue;
+            }
+            let mut touched = false;
+            for (i, f) in self.frames.iter().enumerate() {
+                let d = self.dst[i];
+                if d == p as u16 || d == FLOOD {
+                    touched = true;
+                    // SAFETY: f is valid until the source's rx_done, after
+                    // delivery.
+                    let ok = unsafe { dst.port.tx(*f) };
+                    if d == FLOOD {
+                        self.delivered[i] |= ok;
+                    } else if ok {
+                        done.unicast_ok += 1;
                     }
                 }
             }
-            _ => {
-                // One pass per destination.
-                if flood {
-                    delivered = vec![false; n];
-                }
-                for p in 0..self.ports.len() {
-                    if p == s {
-                        continue;
-                    }
-                    let Some(Some(dst)) = self.ports.get_mut(p) else {
-                        continue;
-                    };
-                    if dst.port.broken().is_some() {
-                        continue;
-                    }
-                    let mut touched = false;
-                    for (i, f) in self.frames.iter().enumerate() {
-                        let d = self.dst[i];
-                        if d == p as u16 || d == FLOOD {
-                            touched = true;
-                            // SAFETY: f is valid until the source's rx_done below.
-                            let ok = unsafe { dst.port.tx(*f) };
-                            if d == FLOOD {
-                                delivered[i] |= ok;
-                            } else if ok {
-                                any_unicast_ok += 1;
-                            }
-                        }
-                    }
-                    if touched {
-                        dst.port.tx_flush(now);
-                    }
-                }
+            if touched {
+                dst.port.tx_flush(now);
             }
-        }
-        let mut flooded = 0;
-        let mut lost = 0;
-        if let Some(ok) = flood_single {
-            flooded = n as u64;
-            lost = n as u64 - ok;
         }
         for (i, &d) in self.dst.iter().enumerate() {
-            if flood_single.is_some() {
-                break;
-            }
             if d == FLOOD {
-                flooded += 1;
-                if !delivered[i] {
-                    lost += 1;
+                done.flooded += 1;
+                if !self.delivered[i] {
+                    done.lost += 1;
                 }
             } else if d != DROP && self.ports.get(d as usize).is_none_or(|p| p.is_none()) {
-                lost += 1;
+                done.lost += 1;
             }
         }
-        self.stats.forwarded += any_unicast_ok + (flooded - lost.min(flooded));
-        self.stats.flooded += flooded;
-        self.stats.no_destination += lost;
-        self.stats.batches += 1;
-        self.stats.spoofed += spoofed;
-        if let Some(Some(src)) = self.ports.get_mut(s) {
-            src.port.counters().spoofed += spoofed;
-            src.port.rx_done(token, n as u64, now);
-        }
-        n
+        done
     }
 
     /// The status document: the switch's counters and every port.

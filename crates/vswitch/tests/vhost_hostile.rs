@@ -214,7 +214,14 @@ fn model_tx(mem: &SharedMem, l: &Layout, published: u16) -> TxModel {
             return m;
         }
         m.heads.push(head);
-        m.fates.push(model_tx_chain(mem, l, head));
+        let fate = model_tx_chain(mem, l, head);
+        // A chain longer than the ring loops: refused, and the queue stops.
+        let looped = fate == Fate::Refused(ChainError::Loop);
+        m.fates.push(fate);
+        if looped {
+            m.broken = true;
+            return m;
+        }
     }
     m
 }
@@ -277,6 +284,11 @@ fn model_rx(mem: &SharedMem, l: &Layout, published: u16, frames: &[Vec<u8>]) -> 
                 Err(e) => {
                     m.used.push((head, 0));
                     m.refused[e as usize] += 1;
+                    // A looping chain stops the queue.
+                    if e == ChainError::Loop {
+                        m.broken = true;
+                        break 'frames;
+                    }
                 }
             }
         }

@@ -378,12 +378,25 @@ impl TestGuest {
     /// memory table, then for each queue size, base, addresses, kick,
     /// call, enable.
     pub fn attach(sw: &mut EventLoop, path: &Path, num: u16) -> std::io::Result<TestGuest> {
-        let mem = SharedMem::new(MEM, true)?;
+        let q = [Layout::standard(0, num), Layout::standard(1, num)];
+        TestGuest::attach_with(sw, path, MEM, q)
+    }
+
+    /// [`TestGuest::attach`] with `size` bytes of guest memory and the
+    /// queues where `q` puts them (rings larger than the standard layout
+    /// holds).
+    pub fn attach_with(
+        sw: &mut EventLoop,
+        path: &Path,
+        size: u64,
+        q: [Layout; 2],
+    ) -> std::io::Result<TestGuest> {
+        let mem = SharedMem::new(size, true)?;
         let wire = Wire::connect(path)?;
         let mut g = TestGuest {
             wire,
             mem,
-            q: [Layout::standard(0, num), Layout::standard(1, num)],
+            q,
             kick: [eventfd()?, eventfd()?],
             call: [eventfd()?, eventfd()?],
             avail_idx: [0; 2],
@@ -401,7 +414,7 @@ impl TestGuest {
         g.wire.send(req::SET_OWNER, VERSION, &[], &[])?;
         g.wire
             .send(req::SET_FEATURES, VERSION, &u64p(FEATURES), &[])?;
-        g.set_mem_table(&[(0, MEM, g.mem.uaddr, 0)], &[g.mem.file.as_fd()])?;
+        g.set_mem_table(&[(0, size, g.mem.uaddr, 0)], &[g.mem.file.as_fd()])?;
         for i in 0..2u32 {
             g.setup_queue(i)?;
         }

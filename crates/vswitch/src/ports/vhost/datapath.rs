@@ -15,13 +15,31 @@
 //! Nothing the guest writes is trusted. The available index is read once
 //! per look and may run at most `num` entries ahead of what was consumed
 //! (more breaks the queue: it stops until the frontend sets it up again);
-//! every head and `next` index is checked against `num`; a chain longer
-//! than the ring (a loop) is cut; every descriptor's address range must lie
-//! inside one guest-memory region; indirect descriptors (not offered) and
-//! descriptors of the wrong direction are refused. A refused chain is
-//! returned to the guest as used with length 0 and counted by reason; the
-//! device-written indices (`used.idx`, `avail_event`) are kept here and only
-//! written, never read back.
+//! every head and `next` index is checked against `num`; every descriptor's
+//! address range must lie inside one guest-memory region; indirect
+//! descriptors (not offered) and descriptors of the wrong direction are
+//! refused. A refused chain is returned to the guest as used with length 0
+//! and counted by reason; the device-written indices (`used.idx`,
+//! `avail_event`) are kept here and only written, never read back.
+//!
+//! The work one guest can cause is bounded, so that it cannot take the
+//! switch's time from the other ports:
+//! - per chain: a legal chain has at most `num` descriptors (each belongs
+//!   to one chain, and the table has `num`), so a chain still going after
+//!   `num` is a loop. It is refused and breaks the queue, which stops until
+//!   the frontend sets it up again (as for an impossible index), instead of
+//!   trying the next buffer, whose chain may loop as well (`num` chains of
+//!   `num` descriptors per frame);
+//! - per pass: beyond the first [`FREE_READS`] descriptors of each chain
+//!   (all an ordinary frame needs), a queue reads at most [`DESC_BUDGET`]
+//!   descriptors per pass (the transmit queue per batch taken, the receive
+//!   queue per batch delivered), give or take the one chain under way when
+//!   the budget runs out, which is paid for in the passes after (its queue
+//!   is skipped until the debt is paid): chains of thousands of
+//!   descriptors, looping or legal, cost the switch little more per pass,
+//!   on average, than a queue of ordinary ones. Frames left in a transmit ring wait for the next pass;
+//!   frames for a receive queue out of budget are dropped, as for a full
+//!   ring. Every descriptor read is counted ([`QueueStats::desc_reads`]).
 //!
 //! Each descriptor is read once into a [`DescRepr`], checked, then used. A
 //! chain is refused for its first structural fault along the chain
@@ -47,6 +65,7 @@
 //! - `itr` > 0: calls that survive the above are moderated, at most one per
 //!   `itr` x 250 ns, a held one fired by the switch's timer.
 
+use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64};
@@ -59,8 +78,8 @@ use virtio_bindings::virtio_ring::{
     VRING_USED_F_NO_NOTIFY,
 };
 
-use super::mem::GuestMemory;
-use ::ring::device::{copy_frame, FrameRef};
+use super::mem::{FrontendAddr, GuestAddr, GuestMemory, GuestSlice};
+use ::ring::device::FrameRef;
 use ::ring::notify::{EventFd, Mode, Moderator};
 
 /// The receive queue's index (frames to the guest).
@@ -75,6 +94,20 @@ pub const MAX_QUEUE_SIZE: u32 = 32768;
 pub const MAX_FRAME: u32 = 2048;
 /// The shortest frame taken from a guest: an Ethernet header.
 pub const MIN_FRAME: u32 = 14;
+/// Descriptor reads one queue may make per pass, on average, beyond the
+/// first [`FREE_READS`] of each chain: one more per frame of a full batch.
+pub const DESC_BUDGET: u64 = 256;
+/// Reads of each chain not charged to the budget: the one or two
+/// descriptors an ordinary frame takes (header and frame together, or
+/// apart), which the batch size and the ring already bound, so that
+/// ordinary guests never meet the budget.
+pub const FREE_READS: u64 = 2;
+/// Descriptor reads one chain may cost beyond the budget: the whole ring
+/// (a legal chain's longest) and the two descriptors a transmit chain's
+/// fast paths look at before walking it.
+pub const fn chain_reads(num: u16) -> u64 {
+    num as u64 + 2
+}
 
 /// One descriptor of the table, as the guest lays it out.
 #[repr(C)]
@@ -98,7 +131,7 @@ const _: () = assert!(std::mem::offset_of!(Desc, next) == 14);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DescRepr {
     /// Guest-physical address.
-    pub addr: u64,
+    pub addr: GuestAddr,
     /// Length.
     pub len: u32,
     /// Flags.
@@ -112,7 +145,7 @@ impl Desc {
     #[inline]
     pub fn read(&self) -> DescRepr {
         DescRepr {
-            addr: self.addr.load(Relaxed),
+            addr: GuestAddr(self.addr.load(Relaxed)),
             len: self.len.load(Relaxed),
             flags: self.flags.load(Relaxed),
             next: self.next.load(Relaxed),
@@ -232,8 +265,14 @@ pub struct QueueStats {
     pub chains: u64,
     /// Chains refused, by [`ChainError`] (in [`ChainError::ALL`] order).
     pub refused: [u64; 8],
-    /// Times the queue broke (impossible index; it then stops).
+    /// Times the queue broke (impossible index, or a looping chain; it
+    /// then stops).
     pub broke: u64,
+    /// Descriptors read (each field once per read), valid or not.
+    pub desc_reads: u64,
+    /// Passes cut short because the queue had spent its descriptor budget
+    /// ([`DESC_BUDGET`]).
+    pub over_budget: u64,
 }
 
 impl QueueStats {
@@ -256,6 +295,8 @@ impl QueueStats {
                 .map(|e| (e.name().to_string(), self.refused[*e as usize]))
                 .collect(),
             broke: self.broke,
+            desc_reads: self.desc_reads,
+            over_budget: self.over_budget,
             size: None,
             broken: None,
             running: Some(false),
@@ -264,7 +305,8 @@ impl QueueStats {
 }
 
 /// The addresses of one queue as the frontend gave them (its own virtual
-/// addresses), and the queue's size.
+/// addresses, as on the wire: [`RingAddrs::frontend`] types them), and the
+/// queue's size.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RingAddrs {
     /// Entries.
@@ -275,6 +317,14 @@ pub struct RingAddrs {
     pub avail: u64,
     /// Used ring.
     pub used: u64,
+}
+
+impl RingAddrs {
+    /// The descriptor table, available and used rings, as the frontend
+    /// addresses they are.
+    pub fn frontend(&self) -> [FrontendAddr; 3] {
+        [self.desc, self.avail, self.used].map(FrontendAddr)
+    }
 }
 
 /// The three areas of one queue, translated and checked.
@@ -289,25 +339,29 @@ impl RingMem {
         if a.num == 0 || a.num > MAX_QUEUE_SIZE || !a.num.is_power_of_two() {
             return Err(RingError::Size(a.num));
         }
-        let area = |area: &'static str, addr: u64, len: u64, align: usize| {
+        let area = |area: &'static str, at: FrontendAddr, len: u64, align: usize| {
+            let addr = at.0;
             let p = mem
-                .user(addr, len)
+                .user(at, len)
                 .ok_or(RingError::Outside { area, addr, len })?;
             if !(p.as_ptr() as usize).is_multiple_of(align) {
                 return Err(RingError::Align { area, addr, align });
             }
-            Ok(p)
+            Ok(p.as_non_null())
         };
+        let [desc, avail, used] = a.frontend();
         Ok(RingMem {
-            desc: area("descriptor", a.desc, desc_bytes(a.num), 16)?.cast(),
-            avail: area("available", a.avail, avail_bytes(a.num), 2)?.cast(),
-            used: area("used", a.used, used_bytes(a.num), 4)?,
+            desc: area("descriptor", desc, desc_bytes(a.num), 16)?.cast(),
+            avail: area("available", avail, avail_bytes(a.num), 2)?.cast(),
+            used: area("used", used, used_bytes(a.num), 4)?,
         })
     }
 }
 
 /// One running queue.
 pub struct Queue {
+    /// The port and queue, for the log.
+    name: String,
     /// Keeps the mapping the pointers below point into.
     mem: Arc<GuestMemory>,
     ring: RingMem,
@@ -330,6 +384,11 @@ pub struct Queue {
     call: Option<Arc<EventFd>>,
     moder: Moderator,
     broken: Option<String>,
+    /// Descriptors read since the last [`Queue::settle_reads`].
+    reads: Cell<u64>,
+    /// Descriptor reads left this pass; below zero, the debt a long chain
+    /// left ([`DESC_BUDGET`]).
+    credit: i64,
 }
 
 // SAFETY: the ring pointers point into the mapping `mem` keeps alive; the
@@ -366,11 +425,13 @@ pub struct QueueSetup {
 }
 
 impl Queue {
-    /// Translate and check a queue's rings in `mem`.
-    pub fn new(mem: Arc<GuestMemory>, s: QueueSetup) -> Result<Queue, RingError> {
+    /// Translate and check a queue's rings in `mem`; `name` says which
+    /// port's queue it is, in the log.
+    pub fn new(name: String, mem: Arc<GuestMemory>, s: QueueSetup) -> Result<Queue, RingError> {
         let ring = RingMem::new(&mem, &s.addrs)?;
         let num = s.addrs.num as u16; // 32768 at most, checked in RingMem::new
         let mut q = Queue {
+            name,
             mem,
             ring,
             num,
@@ -386,6 +447,8 @@ impl Queue {
             call: s.call,
             moder: Moderator::new(s.itr),
             broken: None,
+            reads: Cell::new(0),
+            credit: DESC_BUDGET as i64,
         };
         q.ask_kicks(s.kicks || s.mode == Mode::Base);
         Ok(q)
@@ -408,7 +471,7 @@ impl Queue {
 
     fn mark_broken(&mut self, why: String, st: &mut QueueStats) {
         if self.broken.is_none() {
-            tracing::warn!("vhost queue stopped: {why}");
+            tracing::warn!("vhost queue stopped ({}): {why}", self.name);
             st.broke += 1;
             self.broken = Some(why);
         }
@@ -458,9 +521,44 @@ impl Queue {
         }
     }
 
+    /// A new pass: the budget is refilled, less any debt.
+    fn refill(&mut self) {
+        self.credit = (self.credit + DESC_BUDGET as i64).min(DESC_BUDGET as i64);
+    }
+
+    /// Charge the reads since the last call (one chain's) to the budget,
+    /// less the free ones, and to the counter.
+    fn settle_reads(&mut self, st: &mut QueueStats) {
+        let n = self.reads.replace(0);
+        st.desc_reads += n;
+        self.credit -= n.saturating_sub(FREE_READS) as i64;
+    }
+
+    /// Whether the budget allows another chain; counts a pass cut short.
+    fn budget_left(&mut self, st: &mut QueueStats) -> bool {
+        self.settle_reads(st);
+        if self.credit > 0 {
+            return true;
+        }
+        st.over_budget += 1;
+        false
+    }
+
+    /// A chain that loops: the queue stops (see the module's bounds).
+    fn looped(&mut self, head: u16, st: &mut QueueStats) {
+        self.mark_broken(
+            format!(
+                "the chain at head {head} is longer than the ring ({}): a loop",
+                self.num
+            ),
+            st,
+        );
+    }
+
     #[inline]
     fn desc(&self, i: u16) -> DescRepr {
         debug_assert!(i < self.num);
+        self.reads.set(self.reads.get() + 1);
         // SAFETY: callers check i < num; the table lies inside the mapping,
         // 16-byte aligned (RingMem::new); atomics only.
         unsafe { self.ring.desc.add((i & self.mask) as usize).as_ref() }.read()
@@ -506,7 +604,7 @@ impl Queue {
     }
 
     /// Walk the chain at `head` (checked by the caller), calling `seg` with
-    /// each buffer's pointer and length. `write`: the chain must be
+    /// each buffer. `write`: the chain must be
     /// device-writable (receive) or device-readable (transmit). Returns the
     /// chain's total length.
     #[inline]
@@ -514,7 +612,7 @@ impl Queue {
         &self,
         head: u16,
         write: bool,
-        mut seg: impl FnMut(NonNull<u8>, u32) -> Result<(), ChainError>,
+        mut seg: impl FnMut(GuestSlice<'_>) -> Result<(), ChainError>,
     ) -> Result<u64, ChainError> {
         let mut i = head;
         let mut total = 0u64;
@@ -530,7 +628,7 @@ impl Queue {
                 .mem
                 .gpa(d.addr, u64::from(d.len))
                 .ok_or(ChainError::Outside)?;
-            seg(p, d.len)?;
+            seg(p)?;
             total += u64::from(d.len);
             if d.flags & F_NEXT == 0 {
                 return Ok(total);
@@ -556,18 +654,30 @@ impl Queue {
         bounce: &mut Bounce,
         st: &mut QueueStats,
     ) -> u32 {
+        self.refill();
         let n = u32::from(self.avail(st)).min(max) as u16;
         bounce.ensure(n as usize);
         for k in 0..n {
+            if !self.budget_left(st) {
+                return k as u32;
+            }
             let Some(head) = self.head(k, st) else {
                 return k as u32;
             };
             heads.push(head);
             match self.frame_at(head, hdr_len, bounce.slot(k as usize)) {
                 Ok(f) => out.push(f),
-                Err(e) => st.refused[e as usize] += 1,
+                Err(e) => {
+                    st.refused[e as usize] += 1;
+                    if e == ChainError::Loop {
+                        self.settle_reads(st);
+                        self.looped(head, st);
+                        return u32::from(k) + 1;
+                    }
+                }
             }
         }
+        self.settle_reads(st);
         n as u32
     }
 
@@ -589,9 +699,11 @@ impl Queue {
             if len > MAX_FRAME {
                 return Err(ChainError::Long);
             }
+            let frame = p
+                .sub(skip as usize, len as usize)
+                .ok_or(ChainError::Outside)?;
             Ok(FrameRef {
-                // SAFETY: skip <= d.len and the d.len bytes at p are mapped.
-                ptr: unsafe { p.as_ptr().add(skip as usize) },
+                ptr: frame.as_ptr(),
                 len,
             })
         };
@@ -616,22 +728,12 @@ impl Queue {
         // refused for its first structural fault before any length.
         let mut skip = hdr_len as usize;
         let mut at = 0usize;
-        let total = self.walk(head, false, |p, len| {
-            let mut len = len as usize;
-            let cut = skip.min(len);
+        let total = self.walk(head, false, |p| {
+            let cut = skip.min(p.len());
             skip -= cut;
-            len -= cut;
-            if at + len <= slot.len() {
-                // SAFETY: p is mapped for the descriptor's length (walk
-                // checked it) and cut + len is that length; slot has room
-                // for at + len bytes (just checked); distinct memory.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        p.as_ptr().add(cut),
-                        slot.as_mut_ptr().add(at),
-                        len,
-                    )
-                };
+            let len = p.len() - cut;
+            if let Some(dst) = slot.get_mut(at..at + len) {
+                p.read_into(cut, dst);
             }
             at += len;
             Ok(())
@@ -686,7 +788,7 @@ impl Queue {
         'frames: for f in frames {
             // A frame whose buffer is refused tries the next one.
             loop {
-                if left == 0 {
+                if left == 0 || !self.budget_left(st) {
                     break 'frames;
                 }
                 let Some(head) = self.head(k, st) else {
@@ -705,10 +807,16 @@ impl Queue {
                     Err(e) => {
                         st.refused[e as usize] += 1;
                         self.push_used(head, 0);
+                        if e == ChainError::Loop {
+                            self.settle_reads(st);
+                            self.looped(head, st);
+                            break 'frames;
+                        }
                     }
                 }
             }
         }
+        self.settle_reads(st);
         self.last_avail = self.last_avail.wrapping_add(k);
         st.chains += u64::from(k);
         (ok, bytes)
@@ -734,36 +842,32 @@ impl Queue {
             if u64::from(d.len) < need {
                 return Err(ChainError::Small);
             }
-            // SAFETY: p is mapped for d.len >= need = hdr_len + f.len bytes
-            // (gpa checked); the caller guarantees f; guest memory and the
-            // frame's memory are distinct mappings or distinct buffers.
-            unsafe {
-                std::ptr::copy_nonoverlapping(hdr.as_ptr(), p.as_ptr(), hdr.len());
-                copy_frame(f.ptr, p.as_ptr().add(hdr.len()), f.len as usize);
-            }
+            p.write_from(0, hdr);
+            // SAFETY: the caller guarantees f is readable for f.len bytes;
+            // it lies in another port's mapping or a buffer of the
+            // switch's, never in this port's own mapping.
+            unsafe { p.write_from_raw(hdr.len(), f.ptr, f.len as usize) };
             return Ok(());
         }
         // Scatter header then frame over the chain's buffers.
         let mut from = 0u64;
-        let total = self.walk(head, true, |p, len| {
+        let total = self.walk(head, true, |p| {
+            let len = p.len() as u64;
             let mut at = 0u64;
-            while at < u64::from(len) && from < need {
-                let n = (u64::from(len) - at).min(need - from);
-                let (src, m) = if from < u64::from(hdr_len) {
+            while at < len && from < need {
+                let n = (len - at).min(need - from);
+                let m = if from < u64::from(hdr_len) {
                     let m = n.min(u64::from(hdr_len) - from);
-                    (hdr[from as usize..].as_ptr(), m)
+                    p.write_from(at as usize, &hdr[from as usize..from as usize + m as usize]);
+                    m
                 } else {
-                    // SAFETY: from - hdr_len < f.len: inside the frame.
-                    (
-                        unsafe { f.ptr.add((from - u64::from(hdr_len)) as usize) },
-                        n.min(need - from),
-                    )
-                };
-                // SAFETY: p is mapped for len bytes (walk checked it) and
-                // at + m <= len; src is readable for m bytes (the header
-                // array, or the caller's frame); distinct memory.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src, p.as_ptr().add(at as usize), m as usize)
+                    // from - hdr_len + n <= f.len: inside the frame.
+                    let src = f.ptr.wrapping_add((from - u64::from(hdr_len)) as usize);
+                    // SAFETY: the caller guarantees f is readable for f.len
+                    // bytes, and [from - hdr_len, + n) lies inside it; it is
+                    // not in this port's own mapping.
+                    unsafe { p.write_from_raw(at as usize, src, n as usize) };
+                    n
                 };
                 at += m;
                 from += m;
@@ -1000,10 +1104,13 @@ impl Device {
         }
     }
 
-    /// Publish what [`Device::tx`] wrote, and notify.
+    /// Publish what [`Device::tx`] wrote, and notify. A delivery batch
+    /// ends here: the receive queue's descriptor budget is refilled for
+    /// the next.
     pub fn tx_flush(&mut self, now: Instant, st: &mut [QueueStats; 2]) {
         if let Some(q) = &mut self.queues[RXQ] {
             q.publish(now, &mut st[RXQ]);
+            q.refill();
         }
     }
 

@@ -6,7 +6,13 @@
 //!   QEMU names the rings by where they lie in *its* address space) to our
 //!   pointers.
 //!
-//! Both refuse any range that does not lie wholly inside one region.
+//! Both refuse any range that does not lie wholly inside one region, and
+//! take their own address type ([`GuestAddr`], [`FrontendAddr`]) so that
+//! one cannot be passed for the other. What they hand out is a
+//! [`GuestSlice`]: a range proven inside one mapping at construction, whose
+//! copy methods are the only code that touches guest bytes. They copy
+//! (never make a Rust reference into guest memory, which the guest may
+//! rewrite at any moment), so a racing guest garbles only its own data.
 //!
 //! The files are the frontend's, not ours. A file that shrank after we
 //! mapped it would turn our next read of the lost pages into SIGBUS, so a
@@ -20,6 +26,7 @@
 //! what a frontend can still do).
 
 use std::fs::File;
+use std::marker::PhantomData;
 use std::os::fd::AsFd;
 use std::ptr::NonNull;
 
@@ -34,6 +41,120 @@ pub const MAX_REGION_SIZE: u64 = 1 << 40;
 
 /// `statfs`'s `f_type` for hugetlbfs (linux/magic.h).
 const HUGETLBFS_MAGIC: u64 = 0x9584_58f6;
+
+/// A guest-physical address: what descriptors hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GuestAddr(pub u64);
+
+/// An address in the frontend's own address space: what `SET_VRING_ADDR`
+/// holds (QEMU names the rings by where they lie in its process).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FrontendAddr(pub u64);
+
+/// `len` bytes of guest memory, proven at construction to lie inside one
+/// mapping of the [`GuestMemory`] it borrows (which keeps the mapping for
+/// at least as long). The guest may write these bytes at any time, so they
+/// are only ever copied, byte for byte, to or from memory the switch owns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestSlice<'a> {
+    ptr: NonNull<u8>,
+    len: usize,
+    _mem: PhantomData<&'a GuestMemory>,
+}
+
+impl<'a> GuestSlice<'a> {
+    /// Bytes in the slice.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the slice holds no byte.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The first byte's address in our address space, for a consumer that
+    /// reads the bytes later under its own contract (a frame handed to the
+    /// switch in place) or for the rings' typed views.
+    #[inline]
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// [`GuestSlice::as_ptr`], never null.
+    #[inline]
+    pub fn as_non_null(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// The `len` bytes from `off`, if they lie inside this slice.
+    #[inline]
+    pub fn sub(&self, off: usize, len: usize) -> Option<GuestSlice<'a>> {
+        if off > self.len || len > self.len - off {
+            return None;
+        }
+        Some(GuestSlice {
+            // SAFETY: off <= self.len: at most one past the end of the
+            // range this slice was proven to cover.
+            ptr: unsafe { self.ptr.add(off) },
+            len,
+            _mem: PhantomData,
+        })
+    }
+
+    /// Copy `dst.len()` bytes from offset `off` into `dst`; false (nothing
+    /// copied) if they do not lie inside the slice.
+    #[inline]
+    pub fn read_into(&self, off: usize, dst: &mut [u8]) -> bool {
+        let Some(src) = self.sub(off, dst.len()) else {
+            return false;
+        };
+        // SAFETY: `src` lies inside a mapping that lives as long as the
+        // borrow (checked by `sub` and at construction); `dst` is memory we
+        // own, distinct from any mapping of guest memory. The guest may
+        // write the source meanwhile: a byte copy through raw pointers
+        // makes no reference to it, and a torn read garbles only its data.
+        unsafe { std::ptr::copy_nonoverlapping(src.ptr.as_ptr(), dst.as_mut_ptr(), dst.len()) };
+        true
+    }
+
+    /// Copy `src` to offset `off`; false (nothing copied) if it does not
+    /// fit inside the slice.
+    #[inline]
+    pub fn write_from(&self, off: usize, src: &[u8]) -> bool {
+        let Some(dst) = self.sub(off, src.len()) else {
+            return false;
+        };
+        // SAFETY: `dst` lies inside a shared, writable mapping that lives
+        // as long as the borrow (checked by `sub` and at construction);
+        // `src` is memory we own, distinct from it. A guest reading or
+        // writing the same bytes meanwhile sees garbled data of its own.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.ptr.as_ptr(), src.len()) };
+        true
+    }
+
+    /// Copy `len` bytes from `src` to offset `off`; false (nothing copied)
+    /// if they do not fit inside the slice.
+    ///
+    /// # Safety
+    /// `src` must be readable for `len` bytes and must not lie in this
+    /// slice's range (a frame in another port's memory, or in a buffer of
+    /// the switch's).
+    #[inline]
+    pub unsafe fn write_from_raw(&self, off: usize, src: *const u8, len: usize) -> bool {
+        let Some(dst) = self.sub(off, len) else {
+            return false;
+        };
+        // SAFETY: `dst` lies inside a shared, writable mapping that lives
+        // as long as the borrow (checked by `sub` and at construction);
+        // `src` is readable for `len` bytes and distinct from it (the
+        // caller's contract).
+        unsafe { ::ring::device::copy_frame(src, dst.ptr.as_ptr(), len) };
+        true
+    }
+}
 
 /// What the frontend says about one region (`VhostUserMemoryRegion`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -271,39 +392,40 @@ impl GuestMemory {
         self.regions.iter().map(|r| r.spec)
     }
 
-    /// Our pointer to the `len` bytes at guest-physical `gpa`, if they lie
-    /// wholly inside one region.
+    /// The `len` bytes at guest-physical `addr`, if they lie wholly inside
+    /// one region.
     #[inline]
-    pub fn gpa(&self, gpa: u64, len: u64) -> Option<NonNull<u8>> {
-        for r in &self.regions {
-            let s = &r.spec;
-            if let Some(off) = gpa.checked_sub(s.guest_phys_addr) {
-                if off < s.memory_size {
-                    return if len <= s.memory_size - off {
-                        // SAFETY: off + len <= memory_size: inside the mapping.
-                        Some(unsafe { r.base.add(off as usize) })
-                    } else {
-                        None
-                    };
-                }
-            }
-        }
-        None
+    pub fn gpa(&self, addr: GuestAddr, len: u64) -> Option<GuestSlice<'_>> {
+        self.find(addr.0, len, |s| s.guest_phys_addr)
     }
 
-    /// Our pointer to the `len` bytes the frontend has at its own address
-    /// `ua`, if they lie wholly inside one region.
-    pub fn user(&self, ua: u64, len: u64) -> Option<NonNull<u8>> {
+    /// The `len` bytes the frontend has at its own address `addr`, if they
+    /// lie wholly inside one region.
+    pub fn user(&self, addr: FrontendAddr, len: u64) -> Option<GuestSlice<'_>> {
+        self.find(addr.0, len, |s| s.user_addr)
+    }
+
+    /// The region whose range (as `start` names it) holds `[a, a + len)`,
+    /// and the slice of it.
+    #[inline]
+    fn find(&self, a: u64, len: u64, start: impl Fn(&RegionSpec) -> u64) -> Option<GuestSlice<'_>> {
         for r in &self.regions {
             let s = &r.spec;
-            if let Some(off) = ua.checked_sub(s.user_addr) {
+            if let Some(off) = a.checked_sub(start(s)) {
                 if off < s.memory_size {
-                    return if len <= s.memory_size - off {
-                        // SAFETY: off + len <= memory_size: inside the mapping.
-                        Some(unsafe { r.base.add(off as usize) })
-                    } else {
-                        None
-                    };
+                    if len > s.memory_size - off {
+                        return None;
+                    }
+                    return Some(GuestSlice {
+                        // SAFETY: off + len <= memory_size: the range lies
+                        // inside the mapping `r` keeps for as long as
+                        // `self` (and so the slice's borrow) lives.
+                        ptr: unsafe { r.base.add(off as usize) },
+                        // memory_size <= MAX_REGION_SIZE and the mapping of
+                        // it succeeded, so it fits in usize.
+                        len: len as usize,
+                        _mem: PhantomData,
+                    });
                 }
             }
         }
@@ -384,18 +506,21 @@ mod tests {
             vec![f, g],
         )
         .unwrap();
-        assert!(m.gpa(0, 1 << 16).is_some());
-        assert!(m.gpa(1, 1 << 16).is_none(), "one byte past the end");
-        assert!(m.gpa(1 << 16, 1).is_none(), "the hole between regions");
-        let b = m.gpa(1 << 20, 1).unwrap();
-        // SAFETY: b is inside a live mapping of at least one byte.
-        unsafe {
-            b.as_ptr().write(7);
-        }
-        assert_eq!(m.user(0x7f00_0010_0000, 1), Some(b));
-        assert!(m.user(0x7f00_0010_0000 + (2 << 16) - 1, 2).is_none());
-        assert!(m.gpa(u64::MAX, 2).is_none());
-        assert!(m.user(u64::MAX - 1, u64::MAX).is_none());
+        let g = GuestAddr;
+        let u = FrontendAddr;
+        assert!(m.gpa(g(0), 1 << 16).is_some());
+        assert!(m.gpa(g(1), 1 << 16).is_none(), "one byte past the end");
+        assert!(m.gpa(g(1 << 16), 1).is_none(), "the hole between regions");
+        let b = m.gpa(g(1 << 20), 1).unwrap();
+        assert!(b.write_from(0, &[7]));
+        assert_eq!(m.user(u(0x7f00_0010_0000), 1), Some(b));
+        let mut seen = [0u8];
+        assert!(b.read_into(0, &mut seen));
+        assert_eq!(seen, [7]);
+        assert!(!b.write_from(1, &[7]), "past the slice's end");
+        assert!(m.user(u(0x7f00_0010_0000 + (2 << 16) - 1), 2).is_none());
+        assert!(m.gpa(g(u64::MAX), 2).is_none());
+        assert!(m.user(u(u64::MAX - 1), u64::MAX).is_none());
     }
 
     #[test]

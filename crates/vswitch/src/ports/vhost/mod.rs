@@ -35,8 +35,12 @@
 //!   (`memory-backend-file`) cannot be sealed and are refused.
 //! - **Punch holes** (`FALLOC_FL_PUNCH_HOLE`, allowed on a sealed memfd):
 //!   on an ordinary (shmem) memfd the pages read as zeros again and a write
-//!   allocates a page; no fault. The rings then hold zeros, which the
-//!   checked datapath reads as "nothing available". Harmless to the switch.
+//!   allocates a page; no fault. The rings then hold zeros: an available
+//!   index of 0 where the queue had consumed entries is an index that went
+//!   backwards, which stops that queue ("available index jumped to 0",
+//!   counted and shown in the port's status) until the frontend sets it up
+//!   again; a queue that had consumed nothing sees nothing available.
+//!   Harmless to the switch and to the other ports.
 //! - **Back the memfd with huge pages** (`hugetlb=on`) and punch a hole: a
 //!   later touch needs a fresh huge page, and with the pool exhausted that
 //!   touch is SIGBUS, which would end the switch. Refused (`fstatfs` says
@@ -356,7 +360,8 @@ impl VhostPort {
             let mut err = None;
             for (i, slot) in queues.iter_mut().enumerate() {
                 if let Some((mem, setup)) = f.queue_setup(i, self.cfg.mode, self.cfg.itr) {
-                    match Queue::new(mem, setup) {
+                    let name = format!("{} {}", self.cfg.name, ["rx", "tx"][i]);
+                    match Queue::new(name, mem, setup) {
                         Ok(q) => *slot = Some(q),
                         Err(source) => {
                             err = Some(Refusal::Ring { index: i, source });
