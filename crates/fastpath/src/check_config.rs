@@ -1,7 +1,7 @@
 //! `fastpath lb check-config FILE`: validate a configuration without
 //! running it, and show what it resolves to.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
@@ -91,12 +91,27 @@ struct Summary {
     warnings: Vec<String>,
 }
 
-/// Runs `lb check-config`.
+/// Runs `lb check-config`: the summary of a valid file as a report; the
+/// first problem of an invalid one as the error.
 pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
-    let checked = lb::config::Config::load(&a.file)?;
+    let s = summarize(&a.file)?;
+    crate::report::emit(a.format, &s)?;
+    if !a.format.is_text() {
+        // The document holds them; a person running a script sees them too.
+        for w in &s.warnings {
+            eprintln!("warning: {w}");
+        }
+    }
+    Ok(())
+}
+
+/// Loads and checks `file` as `lb run` does, builds its tables, and
+/// summarizes what it resolves to.
+fn summarize(file: &Path) -> anyhow::Result<Summary> {
+    let checked = lb::config::Config::load(file)?;
     let cfg = &checked.config;
     let control = lb::tables::Control::new(cfg.clone())
-        .with_context(|| format!("building the tables of {}", a.file.display()))?;
+        .with_context(|| format!("building the tables of {}", file.display()))?;
     let tables = control.tables().load_full();
     let mut pools = Vec::new();
     for p in &cfg.pools {
@@ -154,8 +169,8 @@ pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
             fingerprint: format!("{:016x}", t.fingerprint),
         });
     }
-    let s = Summary {
-        file: a.file.display().to_string(),
+    Ok(Summary {
+        file: file.display().to_string(),
         valid: true,
         vips,
         pools,
@@ -200,15 +215,7 @@ pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
             .chain(lbd::health::warnings(cfg))
             .chain(lbd::announce::unannounced(cfg))
             .collect(),
-    };
-    crate::report::emit(a.format, &s)?;
-    if matches!(a.format, Format::Json) {
-        // The document holds them; a person running a script sees them too.
-        for w in &s.warnings {
-            eprintln!("warning: {w}");
-        }
-    }
-    Ok(())
+    })
 }
 
 impl crate::report::Report for Summary {

@@ -64,3 +64,8 @@ pub mod status;
 pub(crate) mod tasks;
 pub(crate) mod tunnel;
 pub mod withdraw;
+
+/// The `/metrics` exposition of a `/status` snapshot in the format asked
+/// for, as the API serves it: public so that tests outside the crate can
+/// hand it to parsers we did not write (promtool, Python's).
+pub use metrics::{encode_metrics_as, Format as MetricsFormat};

@@ -15,18 +15,19 @@
 //!
 //! The check socket is bound to its local port before it connects, so the
 //! packets read from the TUN device tell by their source port which backend
-//! they are for. Set up needs root: a TUN device and an `ip rule` that sends
-//! marked packets to a routing table whose default route is the device
-//! (made with iproute2, removed again on drop).
+//! they are for. Set up needs root: a TUN device and a policy-routing rule
+//! that sends marked packets to a routing table whose default route is the
+//! device (made over netlink by [`netio::policy`], the rule removed again
+//! on drop; the route goes with the device).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use netio::policy::{self, Family, MarkRule};
 use netio::tap::Tun;
 use packet::ethertype;
 use packet::gre::{GreRepr, HEADER_LEN as GRE_LEN};
@@ -39,6 +40,10 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 pub const DEVICE: &str = "fphc0";
 /// The socket mark and routing table of tunnel checks.
 pub const MARK: u32 = 0x4650;
+/// The priority of the rule that sends marked packets to table [`MARK`]:
+/// before the main table's (32766), so that a check's packets leave
+/// through the device whatever the main table says of the VIP.
+pub const RULE_PRIORITY: u32 = 1000;
 
 /// Why the tunnel could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -46,14 +51,12 @@ pub enum TunnelError {
     /// The TUN device could not be created.
     #[error("health-check tunnel: {0}")]
     Tun(#[from] netio::tap::Error),
-    /// A routing command failed.
-    #[error("health-check tunnel: `{command}` failed: {stderr}")]
-    Route {
-        /// The command line.
-        command: String,
-        /// What it printed.
-        stderr: String,
-    },
+    /// The policy-routing rule or the table's route could not be set up.
+    #[error("health-check tunnel: {0}")]
+    Route(#[source] policy::Error),
+    /// The TUN device vanished before its route was made.
+    #[error("health-check tunnel: device {DEVICE} has no interface index")]
+    NoDevice,
     /// A socket could not be created or set up.
     #[error("health-check tunnel: {what}: {source}")]
     Socket {
@@ -65,21 +68,12 @@ pub enum TunnelError {
     },
 }
 
-fn ip(args: &[&str]) -> Result<(), TunnelError> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|source| TunnelError::Socket {
-            what: "running ip (iproute2)",
-            source,
-        })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(TunnelError::Route {
-            command: format!("ip {}", args.join(" ")),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
+/// The rule that sends packets marked [`MARK`] to table [`MARK`].
+fn rule(family: Family) -> MarkRule {
+    MarkRule {
+        family,
+        mark: MARK,
+        table: MARK,
     }
 }
 
@@ -98,7 +92,7 @@ pub struct TunnelStats {
 /// The tunnel: the device, the routing rule, and which backend each check's
 /// local port is for.
 pub struct Tunnel {
-    families: &'static [&'static str],
+    families: &'static [Family],
     shared: Arc<Mutex<HashMap<u16, IpAddr>>>,
     stop: Arc<AtomicBool>,
     reader: Option<std::thread::JoinHandle<()>>,
@@ -121,18 +115,18 @@ impl Tunnel {
     /// the device to the backends.
     pub fn start(ipv6: bool) -> Result<Tunnel, TunnelError> {
         let tun = Tun::open(DEVICE)?;
-        let mark = MARK.to_string();
-        let families: &[&str] = if ipv6 { &["-4", "-6"] } else { &["-4"] };
-        for &fam in families {
+        let ifindex = netio::afpacket::ifindex(DEVICE).ok_or(TunnelError::NoDevice)?;
+        let families: &[Family] = if ipv6 {
+            &[Family::Ipv4, Family::Ipv6]
+        } else {
+            &[Family::Ipv4]
+        };
+        for &family in families {
             // A stale rule from a killed predecessor would be harmless but
             // would pile up: remove it first.
-            while ip(&[fam, "rule", "del", "fwmark", &mark, "lookup", &mark]).is_ok() {}
-            ip(&[
-                fam, "rule", "add", "fwmark", &mark, "lookup", &mark, "priority", "1000",
-            ])?;
-            ip(&[
-                fam, "route", "replace", "default", "dev", DEVICE, "table", &mark,
-            ])?;
+            policy::delete_all_rules(&rule(family)).map_err(TunnelError::Route)?;
+            policy::add_rule(&rule(family), RULE_PRIORITY).map_err(TunnelError::Route)?;
+            policy::replace_default_route(family, MARK, ifindex).map_err(TunnelError::Route)?;
         }
         let raw = |domain, what| {
             Socket::new(
@@ -171,7 +165,7 @@ impl Tunnel {
 
     /// Whether IPv6 VIPs are routed into the tunnel too.
     pub fn ipv6(&self) -> bool {
-        self.families.contains(&"-6")
+        self.families.contains(&Family::Ipv6)
     }
 
     /// The routing table the reader thread consults (shared with probes).
@@ -186,9 +180,10 @@ impl Drop for Tunnel {
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }
-        let mark = MARK.to_string();
-        for fam in self.families {
-            let _ = ip(&[fam, "rule", "del", "fwmark", &mark, "lookup", &mark]);
+        for &family in self.families {
+            // Nothing to do about a failure here: the next start removes
+            // what is left before adding its own.
+            let _ = policy::delete_rule(&rule(family));
         }
     }
 }

@@ -14,6 +14,7 @@
 //! - [`mem`]: an in-memory port that repeats template frames and counts,
 //!   or keeps, what it is sent (the forwarder's tests and benchmarks).
 //! - [`neigh`]: the kernel's neighbour table and routes (next-hop MACs).
+//! - [`policy`]: policy routing (a mark's rule, its table's default route).
 //!
 //! Nothing here knows about load balancing, and nothing is a benchmark's:
 //! the veth bench's traffic generators and XDP programs are in `bench`.
@@ -23,6 +24,8 @@ pub mod afxdp;
 pub mod mem;
 pub mod neigh;
 pub mod pcap;
+pub mod policy;
+mod rtnl;
 pub mod tap;
 
 use std::os::fd::BorrowedFd;

@@ -17,29 +17,26 @@
 //!    out by the next look.
 //!
 //! Everything runs in the calling thread's network namespace, over
-//! blocking NETLINK_ROUTE sockets (no async runtime), with the messages
-//! built and parsed by the `netlink-packet-route` crate.
+//! blocking NETLINK_ROUTE sockets (no async runtime), each request bounded
+//! in time ([`crate::rtnl`]), with the messages built and parsed by the
+//! `netlink-packet-route` crate.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket};
 use std::time::{Duration, Instant};
 
-use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
-};
+use netlink_packet_core::NLM_F_DUMP;
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
 };
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteType};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
-use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr as NlAddr};
+
+use crate::rtnl;
 
 /// The UDP port a resolution probe is sent to: discard (RFC 863), which
 /// nothing is expected to answer.
 pub const PROBE_PORT: u16 = 9;
-
-/// How long one netlink request may wait for the kernel's answer.
-const NETLINK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How often the neighbour table is read while waiting for resolution.
 const POLL: Duration = Duration::from_millis(20);
@@ -272,69 +269,18 @@ fn netlink(what: &'static str) -> impl Fn(io::Error) -> Error {
     move |source| Error::Netlink { what, source }
 }
 
-/// One request to the kernel; the messages of its answer (one for a get,
-/// all of them for a dump). An error answer is returned as its errno.
+/// One request to the kernel ([`crate::rtnl::request`]); the messages of
+/// its answer (one for a get, all of them for a dump). An error answer is
+/// returned as its errno.
 fn request(
     what: &'static str,
     msg: RouteNetlinkMessage,
     dump: bool,
 ) -> Result<Result<Vec<RouteNetlinkMessage>, io::Error>, Error> {
-    let mut socket = Socket::new(NETLINK_ROUTE).map_err(netlink(what))?;
-    socket.bind_auto().map_err(netlink(what))?;
-    socket.connect(&NlAddr::new(0, 0)).map_err(netlink(what))?;
-    rustix::net::sockopt::set_socket_timeout(
-        &socket,
-        rustix::net::sockopt::Timeout::Recv,
-        Some(NETLINK_TIMEOUT),
-    )
-    .map_err(|e| Error::Netlink {
-        what,
-        source: e.into(),
-    })?;
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | if dump { NLM_F_DUMP } else { 0 };
-    header.sequence_number = 1;
-    let mut req = NetlinkMessage::new(header, NetlinkPayload::from(msg));
-    req.finalize();
-    let mut buf = vec![0; req.buffer_len()];
-    req.serialize(&mut buf);
-    socket.send(&buf, 0).map_err(netlink(what))?;
-    let mut out = Vec::new();
-    loop {
-        let (data, _) = socket.recv_from_full().map_err(netlink(what))?;
-        if data.is_empty() {
-            return Err(Error::Decode {
-                what,
-                detail: "an empty datagram".into(),
-            });
-        }
-        let mut off = 0;
-        while off < data.len() {
-            let m: NetlinkMessage<RouteNetlinkMessage> = NetlinkMessage::deserialize(&data[off..])
-                .map_err(|e| Error::Decode {
-                    what,
-                    detail: e.to_string(),
-                })?;
-            let len = m.header.length as usize;
-            match m.payload {
-                NetlinkPayload::Done(_) => return Ok(Ok(out)),
-                NetlinkPayload::Error(e) if e.code.is_some() => return Ok(Err(e.to_io())),
-                NetlinkPayload::Error(_) => return Ok(Ok(out)),
-                NetlinkPayload::InnerMessage(i) => {
-                    out.push(i);
-                    if !dump {
-                        return Ok(Ok(out));
-                    }
-                }
-                _ => {}
-            }
-            if len == 0 {
-                break;
-            }
-            // Messages in a datagram are 4-byte aligned.
-            off += (len + 3) & !3;
-        }
-    }
+    rtnl::request(msg, if dump { NLM_F_DUMP } else { 0 }).map_err(|e| match e {
+        rtnl::Error::Io(source) => Error::Netlink { what, source },
+        rtnl::Error::Decode(detail) => Error::Decode { what, detail },
+    })
 }
 
 fn family(a: IpAddr) -> AddressFamily {
