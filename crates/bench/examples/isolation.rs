@@ -4,7 +4,10 @@
 //! `cargo run --release -p bench --example isolation`.
 
 fn main() {
-    let opts = bench::isolation::Options::default();
+    let opts = bench::isolation::Options {
+        progress: true,
+        ..bench::isolation::Options::default()
+    };
     match bench::isolation::run(&opts) {
         Ok(r) if std::env::args().any(|a| a == "--json") => {
             match serde_json::to_string_pretty(&r) {

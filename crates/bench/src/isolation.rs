@@ -147,6 +147,8 @@ pub struct Options {
     /// Where the sockets go (default: a fresh directory under the system's
     /// temporary directory, removed at the end).
     pub dir: Option<PathBuf>,
+    /// Say on stderr what runs, step by step (default: off).
+    pub progress: bool,
 }
 
 impl Default for Options {
@@ -158,6 +160,7 @@ impl Default for Options {
             status_every: Duration::from_millis(100),
             trickle_fps: 1000,
             dir: None,
+            progress: false,
         }
     }
 }
@@ -777,13 +780,20 @@ fn one_run(opts: &Options, place: &Placement, dir: &Path) -> Result<Vec<Sample>,
     // The victim's rings fill and the switch learns the addresses.
     std::thread::sleep(Duration::from_millis(200));
     let mut out = Vec::new();
+    let say = |what: &str| {
+        if opts.progress {
+            eprintln!("isolation: {what}");
+        }
+    };
     for (k, &attack) in opts.attacks.iter().enumerate() {
+        say(&format!("{}: calm window", attack.name()));
         let mut s = Sample::default();
         let calm = window(&rig, opts, place);
         s.calm_fps = calm.fps;
         s.offered_calm_fps = calm.offered_fps;
         s.fds[0] = open_fds();
         s.rss_kib[0] = rss_kib();
+        say(&format!("{}: attacking", attack.name()));
         let attacker = Attacker::start(attack, &rig, place)?;
         // Let the attack take hold before measuring.
         std::thread::sleep(Duration::from_millis(100));
@@ -796,10 +806,12 @@ fn one_run(opts: &Options, place: &Placement, dir: &Path) -> Result<Vec<Sample>,
         s.status_ms = w.status_ms;
         s.status_failed = w.status_failed;
         s.notes.extend(w.notes);
+        say(&format!("{}: attacker leaves", attack.name()));
         let (detail, notes) = attacker.stop();
         s.detail = detail;
         s.notes.extend(notes);
         std::thread::sleep(Duration::from_millis(100));
+        say(&format!("{}: a new pair attaches", attack.name()));
         match recovers(&rig.ctl, k) {
             Ok(ok) => s.recovered = ok,
             Err(e) => s.notes.push(format!("recovery check: {}", chain(&e))),
@@ -991,12 +1003,26 @@ impl Attacker {
             Attack::IrqBlocked => {
                 let evil = ring_port(&rig.ctl, "evil", Mode::Base, Some(MAC_EVIL))?;
                 let irq = evil.driver.irq_fd().as_fd();
+                // Fill the counter while the descriptor is still
+                // non-blocking: a write of 2^64-2 succeeds only onto an
+                // empty counter, and the switch may signal between our
+                // read and our write (a blocking write would then sleep
+                // here for ever, as the attack means the switch's to).
+                let full = 0xffff_ffff_ffff_fffeu64.to_ne_bytes();
+                let end = Instant::now() + STEP;
+                loop {
+                    let mut b = [0u8; 8];
+                    let _ = rustix::io::read(irq, &mut b);
+                    match rustix::io::write(irq, &full) {
+                        Ok(8) => break,
+                        Ok(n) => return Err(fail(format!("filling the counter: wrote {n} bytes"))),
+                        Err(rustix::io::Errno::AGAIN) if Instant::now() < end => {}
+                        Err(e) => return Err(fail(format!("filling the counter: {e}"))),
+                    }
+                }
                 let fl = fcntl_getfl(irq).map_err(|e| fail(format!("F_GETFL: {e}")))?;
                 fcntl_setfl(irq, fl - OFlags::NONBLOCK)
                     .map_err(|e| fail(format!("clearing O_NONBLOCK: {e}")))?;
-                let full = 0xffff_ffff_ffff_fffeu64.to_ne_bytes();
-                rustix::io::write(irq, &full)
-                    .map_err(|e| fail(format!("filling the counter: {e}")))?;
                 // It does nothing more: the trickle's broadcasts make the
                 // switch signal it. It leaves when told to.
                 at.thread = Some(spawn_attacker(Box::new(move || {
