@@ -20,6 +20,9 @@
 //! - [`maio`]: MAIO's Figures 2-4 beside the kernel's own interfaces.
 //! - [`xdp`]: the veth bench's traffic generators and XDP programs (the
 //!   forwarder of its limit row, the sink, the pass).
+//! - [`isolation`]: the switch's ports under attack (blocked interrupt
+//!   line, looping and long virtio chains, a spoofing port, idle memif
+//!   connections): a victim pair's rate beside its rate without the attack.
 //! - [`control`]: the control plane at 1,000 VIPs x 100 backends: load,
 //!   a one-backend reload beside a full rebuild, table memory.
 
@@ -27,6 +30,7 @@ pub mod control;
 pub mod fleet_sim;
 pub mod forwarder;
 pub mod hash_eval;
+pub mod isolation;
 pub mod maio;
 mod nan;
 mod proc;

@@ -18,8 +18,8 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use common::frontend::{
-    eventfd, mem_table, req, state, u64p, vring_addr, Layout, RawDesc, SharedMem, TestGuest, Wire,
-    BUF, MEM, RX_BUFS, TX_BUFS, VERSION,
+    eventfd, mem_table, req, state, u64p, vring_addr, Layout, Pumped, RawDesc, SharedMem,
+    TestGuest, Wire, BUF, MEM, RX_BUFS, TX_BUFS, VERSION,
 };
 use common::{add_vport, capture, settle, vport, CapturePort};
 use proptest::prelude::*;

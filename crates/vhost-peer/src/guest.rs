@@ -1,0 +1,259 @@
+//! A well-behaved frontend with one queue pair (queue 0 receives, queue 1
+//! transmits), every value of which its user may change: the device is
+//! set up as QEMU sets it up, then the rings are written by hand.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
+use std::time::Duration;
+
+use ring::notify::EventFd;
+
+use crate::mem::SharedMem;
+use crate::virtq::{Layout, RawDesc, F_WRITE};
+use crate::wire::{mem_table, req, state, u64p, vring_addr, Wire, FEATURES, VERSION};
+use crate::{Error, Result};
+
+/// Where transmit buffers start in the shared memory of a
+/// [`Layout::standard`] guest.
+pub const TX_BUFS: u64 = 0x2_0000;
+/// Where receive buffers start.
+pub const RX_BUFS: u64 = 0xa_0000;
+/// Bytes per buffer.
+pub const BUF: u64 = 2048;
+/// Bytes of shared memory (rings of up to 2048 entries, 256 buffers each
+/// way).
+pub const MEM: u64 = 0x20_0000;
+
+/// Virtio-net's header on every frame (`virtio_net_hdr_mrg_rxbuf`, 12
+/// bytes with VERSION_1).
+pub const HDR: u64 = 12;
+
+/// A fresh eventfd.
+pub fn eventfd() -> std::io::Result<EventFd> {
+    EventFd::new().map_err(std::io::Error::other)
+}
+
+/// A frontend with one queue pair, attached.
+pub struct Guest {
+    /// The connection.
+    pub wire: Wire,
+    /// Guest memory.
+    pub mem: SharedMem,
+    /// Queue 0 (receive) and 1 (transmit).
+    pub q: [Layout; 2],
+    /// Kick eventfds (ours to write).
+    pub kick: [EventFd; 2],
+    /// Call eventfds (ours to read).
+    pub call: [EventFd; 2],
+    /// The available index each queue has published.
+    pub avail_idx: [u16; 2],
+    /// The used index each queue was read up to.
+    pub used_seen: [u16; 2],
+}
+
+impl Guest {
+    /// Connect to `path` and set the device up, as QEMU does, with `size`
+    /// bytes of guest memory and the queues where `q` puts them; for a
+    /// backend running in a thread or process of its own (each reply is
+    /// awaited up to `timeout`).
+    pub fn attach(path: &Path, size: u64, q: [Layout; 2], timeout: Duration) -> Result<Guest> {
+        Guest::attach_inner(path, size, q, timeout, None)
+    }
+
+    /// [`Guest::attach`] for a backend driven in this thread: `pump` runs
+    /// it while a reply is awaited.
+    pub fn attach_pumped(
+        path: &Path,
+        size: u64,
+        q: [Layout; 2],
+        timeout: Duration,
+        pump: &mut dyn FnMut(),
+    ) -> Result<Guest> {
+        Guest::attach_inner(path, size, q, timeout, Some(pump))
+    }
+
+    /// Features, memory table, then for each queue size, base, addresses,
+    /// kick, call, enable: QEMU's order.
+    fn attach_inner(
+        path: &Path,
+        size: u64,
+        q: [Layout; 2],
+        timeout: Duration,
+        mut pump: Option<&mut dyn FnMut()>,
+    ) -> Result<Guest> {
+        let mem = SharedMem::new(size, true).map_err(Error::io("guest memory"))?;
+        let wire = Wire::connect(path).map_err(Error::io("connect to the backend"))?;
+        let ev = || eventfd().map_err(Error::io("eventfd"));
+        let mut g = Guest {
+            wire,
+            mem,
+            q,
+            kick: [ev()?, ev()?],
+            call: [ev()?, ev()?],
+            avail_idx: [0; 2],
+            used_seen: [0; 2],
+        };
+        for (code, name) in [
+            (req::GET_FEATURES, "GET_FEATURES"),
+            (req::GET_PROTOCOL_FEATURES, "GET_PROTOCOL_FEATURES"),
+        ] {
+            let r = match pump.as_mut() {
+                Some(p) => g.wire.request_pumped(code, &[], timeout, &mut **p),
+                None => g.wire.request(code, &[], timeout),
+            };
+            r.ok_or(Error::NoReply(name))?;
+        }
+        g.wire
+            .send(req::SET_PROTOCOL_FEATURES, VERSION, &u64p(0), &[])
+            .map_err(Error::io("send a request"))?;
+        g.wire
+            .send(req::SET_OWNER, VERSION, &[], &[])
+            .map_err(Error::io("send a request"))?;
+        g.wire
+            .send(req::SET_FEATURES, VERSION, &u64p(FEATURES), &[])
+            .map_err(Error::io("send a request"))?;
+        g.set_mem_table(&[(0, size, g.mem.uaddr, 0)], &[g.mem.file.as_fd()])
+            .map_err(Error::io("send a request"))?;
+        for i in 0..2u32 {
+            g.setup_queue(i).map_err(Error::io("send a request"))?;
+        }
+        Ok(g)
+    }
+
+    /// Send a memory table.
+    pub fn set_mem_table(
+        &self,
+        regions: &[(u64, u64, u64, u64)],
+        fds: &[BorrowedFd<'_>],
+    ) -> std::io::Result<()> {
+        self.wire
+            .send(req::SET_MEM_TABLE, VERSION, &mem_table(regions), fds)
+    }
+
+    /// Set queue `i` up with its layout.
+    pub fn setup_queue(&self, i: u32) -> std::io::Result<()> {
+        let l = self.q[i as usize];
+        let ua = self.mem.uaddr;
+        self.wire.send(
+            req::SET_VRING_NUM,
+            VERSION,
+            &state(i, u32::from(l.num)),
+            &[],
+        )?;
+        self.wire
+            .send(req::SET_VRING_BASE, VERSION, &state(i, 0), &[])?;
+        self.wire.send(
+            req::SET_VRING_ADDR,
+            VERSION,
+            &vring_addr(i, ua + l.desc, ua + l.used, ua + l.avail),
+            &[],
+        )?;
+        self.wire.send(
+            req::SET_VRING_KICK,
+            VERSION,
+            &u64p(u64::from(i)),
+            &[self.kick[i as usize].as_fd()],
+        )?;
+        self.wire.send(
+            req::SET_VRING_CALL,
+            VERSION,
+            &u64p(u64::from(i)),
+            &[self.call[i as usize].as_fd()],
+        )?;
+        self.wire
+            .send(req::SET_VRING_ENABLE, VERSION, &state(i, 1), &[])
+    }
+
+    /// Write descriptor `i` of queue `q`.
+    pub fn put_desc(&self, q: usize, i: u16, d: RawDesc) {
+        self.mem.write(self.q[q].desc_at(i), &d.bytes());
+    }
+
+    /// Put `head` in queue `q`'s available ring at the `k`-th entry after
+    /// the published index (not published: see [`Guest::publish`]).
+    pub fn push_avail(&mut self, q: usize, k: u16, head: u16) {
+        let l = self.q[q];
+        let slot = self.avail_idx[q].wrapping_add(k) % l.num;
+        self.mem.w16(l.avail + 4 + 2 * u64::from(slot), head);
+    }
+
+    /// Publish queue `q`'s available index `idx` (written as given, so any
+    /// value) and kick.
+    pub fn publish(&mut self, q: usize, idx: u16) {
+        self.avail_idx[q] = idx;
+        self.mem.w16(self.q[q].avail + 2, idx);
+        self.kick[q].signal();
+    }
+
+    /// Send one frame (header + frame in one descriptor) on queue 1, from
+    /// the [`TX_BUFS`] area.
+    pub fn send_frame(&mut self, frame: &[u8]) {
+        let l = self.q[1];
+        let slot = self.avail_idx[1] % l.num;
+        let off = TX_BUFS + u64::from(slot) * BUF;
+        self.mem.write(off, &[0u8; HDR as usize]);
+        self.mem.write(off + HDR, frame);
+        self.put_desc(
+            1,
+            slot,
+            RawDesc {
+                addr: self.mem.gpa + off,
+                len: HDR as u32 + frame.len() as u32,
+                flags: 0,
+                next: 0,
+            },
+        );
+        self.push_avail(1, 0, slot);
+        let idx = self.avail_idx[1].wrapping_add(1);
+        self.publish(1, idx);
+    }
+
+    /// Post `n` receive buffers on queue 0, from the [`RX_BUFS`] area.
+    pub fn post_rx(&mut self, n: u16) {
+        let l = self.q[0];
+        for k in 0..n {
+            let slot = self.avail_idx[0].wrapping_add(k) % l.num;
+            self.put_desc(
+                0,
+                slot,
+                RawDesc {
+                    addr: self.mem.gpa + RX_BUFS + u64::from(slot) * BUF,
+                    len: BUF as u32,
+                    flags: F_WRITE,
+                    next: 0,
+                },
+            );
+            self.push_avail(0, k, slot);
+        }
+        let idx = self.avail_idx[0].wrapping_add(n);
+        self.publish(0, idx);
+    }
+
+    /// Used entries of queue `q` since last read: (id, len).
+    pub fn take_used(&mut self, q: usize) -> Vec<(u32, u32)> {
+        let l = self.q[q];
+        let idx = self.mem.r16(l.used + 2);
+        let mut out = Vec::new();
+        while self.used_seen[q] != idx {
+            let e = l.used + 4 + 8 * u64::from(self.used_seen[q] % l.num);
+            out.push((self.mem.r32(e), self.mem.r32(e + 4)));
+            self.used_seen[q] = self.used_seen[q].wrapping_add(1);
+        }
+        out
+    }
+
+    /// Frames received on queue 0 since last read (header stripped), from
+    /// buffers that [`Guest::post_rx`] posted.
+    pub fn received(&mut self) -> Vec<Vec<u8>> {
+        let used = self.take_used(0);
+        used.into_iter()
+            .filter(|&(_, len)| u64::from(len) >= HDR)
+            .map(|(id, len)| {
+                self.mem.read(
+                    RX_BUFS + u64::from(id) * BUF + HDR,
+                    (u64::from(len) - HDR) as usize,
+                )
+            })
+            .collect()
+    }
+}
