@@ -65,14 +65,23 @@ fn a_port_that_blocks_and_fills_its_interrupt_line_stops_nobody() {
     let mut b = port(&path, "b", 2);
     let evil = port(&path, "evil", 3);
 
-    // The attack, on the descriptor the protocol handed the client.
+    // The attack, on the descriptor the protocol handed the client: fill
+    // the counter while the line is still non-blocking (a signal of the
+    // switch may land in between: empty the counter and try again), then
+    // make the line blocking.
     let irq = evil.driver.irq_fd().as_fd();
+    let mut filled = false;
+    for _ in 0..1000 {
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(irq, &mut b);
+        if rustix::io::write(irq, &FULL.to_ne_bytes()) == Ok(8) {
+            filled = true;
+            break;
+        }
+    }
+    assert!(filled, "could not fill the interrupt counter");
     let fl = fcntl_getfl(irq).expect("getfl");
     fcntl_setfl(irq, fl - OFlags::NONBLOCK).expect("clear O_NONBLOCK");
-    assert_eq!(
-        rustix::io::write(irq, &FULL.to_ne_bytes()).expect("fill the counter"),
-        8
-    );
 
     // Broadcasts reach 'evil' too, and each delivery raises its interrupt.
     let frame = udp_frame(60, mac(1), BROADCAST);
