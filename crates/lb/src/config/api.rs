@@ -49,6 +49,17 @@ impl Api {
     /// load balancer, so such an address needs a token.
     pub(super) fn check(&self) -> Result<(), Problem> {
         if let Some(addr) = self.listen {
+            // Port 0 would bind a port the kernel picks, which nobody
+            // (`fastpath lb status`, Prometheus) could find.
+            if addr.port() == 0 {
+                return problem(
+                    "api.listen".into(),
+                    format!(
+                        "{addr} has port 0 (the kernel would pick one nobody knows): give a \
+                         port, like 127.0.0.1:9180"
+                    ),
+                );
+            }
             if !addr.ip().is_loopback() && self.token_file.is_none() {
                 return problem(
                     "api.listen".into(),

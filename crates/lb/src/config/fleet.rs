@@ -8,7 +8,9 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::health::{interval, ok200, slash, timeout, two};
-use super::{check_health_conf, problem, CheckKind, CheckPath, Config, HealthConf, Problem};
+use super::{
+    check_health_conf, not_a_host, problem, CheckKind, CheckPath, Config, HealthConf, Problem,
+};
 
 /// `[fleet]`: the load balancers that share the VIPs behind one router (the
 /// Maglev pool of the paper's section 4.3), this one included. A fragment
@@ -94,13 +96,15 @@ impl Config {
                     ),
                 );
             }
-            if a.is_unspecified()
-                || a.is_multicast()
-                || matches!(a, IpAddr::V4(v4) if v4.is_broadcast())
-            {
+            // Loopback included: a peer there would be this machine, and
+            // fragments redirected to it would never leave it.
+            if let Some(why) = not_a_host(*a) {
                 return problem(
                     format!("fleet.peers[{i}]"),
-                    format!("{a} is not a load balancer's address"),
+                    format!(
+                        "{a} is {why}, not a load balancer's address: list each one's own \
+                         [encap] source"
+                    ),
                 );
             }
         }

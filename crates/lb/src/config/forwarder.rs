@@ -168,12 +168,13 @@ impl Config {
                 format!("{} is out of range; expected 1 to 1024", f.batch),
             );
         }
-        if f.batch_timeout_us > MAX_BATCH_TIMEOUT_US {
+        if f.batch_timeout_us == 0 || f.batch_timeout_us > MAX_BATCH_TIMEOUT_US {
             return problem(
                 "forwarder.batch_timeout_us".into(),
                 format!(
-                    "{} is longer than {MAX_BATCH_TIMEOUT_US} (one second: a packet held longer \
-                     would be retransmitted)",
+                    "{} is out of range: expected at least 1 (0 would hand over every partial \
+                     batch at once, a wake-up per packet) and at most {MAX_BATCH_TIMEOUT_US} \
+                     (one second: a packet held longer would be retransmitted); the default is 50",
                     f.batch_timeout_us
                 ),
             );
@@ -234,11 +235,13 @@ impl Config {
                 ),
             );
         }
-        if f.frag_timeout_ms > MAX_DURATION_MS {
+        if f.frag_timeout_ms == 0 || f.frag_timeout_ms > MAX_DURATION_MS {
             return problem(
                 "forwarder.frag_timeout_ms".into(),
                 format!(
-                    "{} is longer than a day ({MAX_DURATION_MS} ms)",
+                    "{} is out of range: expected at least 1 (0 would expire every fragment \
+                     before the next one arrives) and at most a day ({MAX_DURATION_MS} ms); \
+                     the default is 1000",
                     f.frag_timeout_ms
                 ),
             );

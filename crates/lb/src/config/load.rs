@@ -400,11 +400,56 @@ impl Config {
     /// reloads keep one, so that a reload parses only what changed.
     pub fn load_with(path: &Path, cache: &mut ParseCache) -> Result<Checked, ConfigError> {
         let text = Config::read(path)?;
-        Config::check_text(text, &path.display().to_string(), cache)
+        let file = path.display().to_string();
+        let checked = Config::check_text(text, &file, cache)?;
+        checked.config.check_servable(&file)?;
+        Ok(checked)
+    }
+
+    /// Whether every VIP's pool has a backend that takes new connections
+    /// (a weight above 0 and not drained, as the tables flatten it): a
+    /// file whose VIP can never be served is refused where a file is
+    /// loaded (check-config, the start, a reload). A runtime change
+    /// (`fastpath lb drain`, through [`Config::check_text`]) may still
+    /// drain a pool's last backend: that is an operator's act on a
+    /// running load balancer, undone by an undrain, and then the file on
+    /// disk says so until it is.
+    pub fn check_servable(&self, file: &str) -> Result<(), ConfigError> {
+        let index = self.pool_index();
+        let mut seen = std::collections::HashSet::new();
+        for (i, v) in self.vips.iter().enumerate() {
+            if !seen.insert(v.pool.as_str()) {
+                continue;
+            }
+            // Validated: the pool exists and its includes resolve.
+            let Ok(members) = self.members_as_written(&index, &v.pool) else {
+                continue;
+            };
+            if members.is_empty() || members.iter().any(|(b, drained)| b.weight > 0 && !drained) {
+                continue;
+            }
+            let drained = members.iter().filter(|(_, d)| *d).count();
+            let weightless = members.len() - drained;
+            return Err(ConfigError {
+                file: file.into(),
+                key: format!("vips[{i}].pool"),
+                problem: format!(
+                    "VIP {:?} can never be served: none of pool {:?}'s {} backends takes new \
+                     connections ({drained} drained, {weightless} of weight 0, includes \
+                     counted); give one a weight above 0 or remove it from drained \
+                     (`fastpath lb undrain BACKEND` on a running load balancer)",
+                    v.name,
+                    v.pool,
+                    members.len()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// [`Config::load_with`] of a text already read (a runtime change's
-    /// edit of the file); `file` names it in errors.
+    /// edit of the file); `file` names it in errors. It does not ask
+    /// [`Config::check_servable`]: a runtime drain may empty a pool.
     pub fn check_text(
         text: String,
         file: &str,
