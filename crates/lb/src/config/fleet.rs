@@ -96,9 +96,10 @@ impl Config {
                     ),
                 );
             }
-            // Loopback included: a peer there would be this machine, and
-            // fragments redirected to it would never leave it.
-            if let Some(why) = not_a_host(*a) {
+            // Loopback is refused where a file is loaded to run
+            // ([`Config::check_peers_reachable`]): a model of a fleet on
+            // one machine (tests) may put peers there.
+            if let Some(why) = not_a_host(*a).filter(|_| !a.to_canonical().is_loopback()) {
                 return problem(
                     format!("fleet.peers[{i}]"),
                     format!(
@@ -154,6 +155,28 @@ impl Config {
                 return problem(
                     "fleet.name".into(),
                     format!("{n:?} must be 1 to 255 printable characters"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// `[fleet] peers` on a network: none on loopback, where fragments
+    /// redirected in GRE would never leave this machine. Asked where a
+    /// file is loaded to run ([`Config::load`]), not by [`Config::validate`],
+    /// whose models of a fleet on one machine may put peers there.
+    pub(super) fn check_peers_reachable(&self) -> Result<(), Problem> {
+        let Some(f) = &self.fleet else {
+            return Ok(());
+        };
+        for (i, a) in f.peers.iter().enumerate() {
+            if a.to_canonical().is_loopback() {
+                return problem(
+                    format!("fleet.peers[{i}]"),
+                    format!(
+                        "{a} is a loopback address, which no other load balancer reaches: \
+                         list each load balancer's own [encap] source"
+                    ),
                 );
             }
         }

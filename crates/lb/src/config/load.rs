@@ -17,6 +17,10 @@
 //!   first line is a comment naming fastpath (what the daemon writes,
 //!   [`VIPS_FILE_HEADER`], or a placeholder such as `# filled in by
 //!   fastpath` written before BIRD first starts). `/etc/passwd` is refused.
+//! - Every VIP can be served: its pool has a backend of weight above 0 that
+//!   is not drained ([`Config::check_servable`]; a runtime drain may still
+//!   empty a pool), and `[fleet]` peers are off loopback
+//!   ([`Config::check_runnable`]).
 //! - The memory the forwarder would allocate ([`Config::memory_estimate`])
 //!   must fit what this process may have ([`machine_memory`]): the
 //!   machine's available memory plus what the process already holds, and
@@ -402,8 +406,22 @@ impl Config {
         let text = Config::read(path)?;
         let file = path.display().to_string();
         let checked = Config::check_text(text, &file, cache)?;
-        checked.config.check_servable(&file)?;
+        checked.config.check_runnable(&file)?;
         Ok(checked)
+    }
+
+    /// What a file loaded to run needs beyond [`Config::validate`]: VIPs
+    /// that can be served ([`Config::check_servable`]) and `[fleet]` peers
+    /// off loopback. Validation alone also accepts models (of a fleet on
+    /// one machine, of a pool drained at runtime) that a file to run with
+    /// may not be.
+    pub fn check_runnable(&self, file: &str) -> Result<(), ConfigError> {
+        self.check_servable(file)?;
+        self.check_peers_reachable().map_err(|p| ConfigError {
+            file: file.into(),
+            key: p.key,
+            problem: p.problem,
+        })
     }
 
     /// Whether every VIP's pool has a backend that takes new connections
