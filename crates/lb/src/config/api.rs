@@ -16,7 +16,7 @@ use super::{problem, Problem};
 #[serde(deny_unknown_fields, default)]
 pub struct Api {
     /// Where to serve `/metrics`, `/status` and `POST /reload` (off when
-    /// absent). Keep it on a loopback or management address; any other
+    /// absent), on a port other than 0. Keep it on a loopback or management address; any other
     /// address needs `token_file`.
     pub listen: Option<std::net::SocketAddr>,
     /// A file whose first line is a bearer token (at least 16 characters):

@@ -25,9 +25,10 @@ pub const MIN_CONNTRACK_TIMEOUT_S: f64 = 0.001;
 pub struct Conntrack {
     /// Entries per packet thread (a power of two, at least 4).
     pub size: usize,
-    /// Idle timeout of TCP entries, seconds.
+    /// Idle timeout of TCP entries, seconds: from
+    /// [`MIN_CONNTRACK_TIMEOUT_S`] to a day.
     pub tcp_timeout_s: f64,
-    /// Idle timeout of other entries, seconds.
+    /// Idle timeout of other entries, seconds, bounded as TCP's.
     pub udp_timeout_s: f64,
 }
 

@@ -75,7 +75,8 @@ pub struct Forwarder {
     pub threads: usize,
     /// Packets per batch.
     pub batch: usize,
-    /// Microseconds after which a partial batch is handed over.
+    /// Microseconds after which a partial batch is handed over: 1 to
+    /// [`MAX_BATCH_TIMEOUT_US`].
     pub batch_timeout_us: u64,
     /// Per-thread queue size (a power of two).
     pub queue_size: usize,
@@ -85,7 +86,8 @@ pub struct Forwarder {
     pub pool_buffers: Option<u32>,
     /// Fragment table entries per packet thread.
     pub frag_table_size: usize,
-    /// Milliseconds a fragment waits for its datagram's first fragment.
+    /// Milliseconds a fragment waits for its datagram's first fragment: 1
+    /// to a day.
     pub frag_timeout_ms: u64,
 }
 

@@ -96,7 +96,7 @@ pub enum CheckKind {
 pub struct HealthConf {
     /// TCP connect or HTTP GET.
     pub kind: CheckKind,
-    /// Port on the backend's address.
+    /// Port on the backend's address (1 to 65535).
     pub port: u16,
     /// HTTP path.
     #[serde(default = "slash")]

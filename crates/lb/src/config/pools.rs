@@ -81,7 +81,8 @@ pub struct PoolConf {
     /// Other pools whose backends belong to this one.
     #[serde(default)]
     pub include: Vec<String>,
-    /// Maglev table size for VIPs served by this pool (prime).
+    /// Maglev table size for VIPs served by this pool: a prime of at least
+    /// [`MIN_SLOTS_PER_BACKEND`] slots per backend it resolves to.
     #[serde(default = "default_table_size")]
     pub table_size: u64,
     /// Health check for the pool's own backends (none: always healthy).
