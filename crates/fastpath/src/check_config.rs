@@ -26,14 +26,28 @@ use crate::Format;
 /// `warnings`): for example health checks that go straight to backends
 /// behind decap agents, which cannot see a dead agent (use `via = "tunnel"`).
 ///
+/// The file alone is checked, wherever it is checked (CI, a laptop); with
+/// --host, also what it needs of this machine, the one it is to run on:
+/// BIRD's control socket ([bgp] birdc's -s, else /run/bird/bird.ctl)
+/// exists, is a socket and answers, birdc is found, the routes files'
+/// directories exist and take a new file, no VIP is this host's own
+/// address or in a prefix it routes to itself (its loopback), and
+/// [api] token_file is readable by its owner alone. Every such problem is
+/// printed (JSON: `host_problems`), and any of them makes the exit status 1.
+///
 /// Examples:
 ///   fastpath lb check-config examples/lb.toml
+///   fastpath lb check-config /etc/fastpath/lb.toml --host
 ///   fastpath lb check-config /etc/fastpath/lb.toml --format json | jq '.vips[].fingerprint'
 #[derive(Args)]
 #[command(verbatim_doc_comment)]
 pub struct CheckConfigArgs {
     /// The configuration file.
     file: PathBuf,
+    /// Also check this host: BIRD's socket, the routes' directories, VIPs
+    /// that are this host's own addresses, the token file's mode.
+    #[arg(long)]
+    host: bool,
     /// `table`: tables for people; `json`: the summary as one document.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
@@ -89,12 +103,16 @@ struct Summary {
     /// What deserves a look but does not stop a start (VIPs that `[bgp]`
     /// will not announce among them).
     warnings: Vec<String>,
+    /// With `--host`: what this host lacks for the file, each as `file:
+    /// key: problem` (none: it has all it needs); absent without.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_problems: Option<Vec<String>>,
 }
 
 /// Runs `lb check-config`: the summary of a valid file as a report; the
 /// first problem of an invalid one as the error.
 pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
-    let s = summarize(&a.file)?;
+    let s = summarize(&a.file, a.host)?;
     crate::report::emit(a.format, &s)?;
     if !a.format.is_text() {
         // The document holds them; a person running a script sees them too.
@@ -102,14 +120,28 @@ pub fn run(a: CheckConfigArgs) -> anyhow::Result<()> {
             eprintln!("warning: {w}");
         }
     }
-    Ok(())
+    match &s.host_problems {
+        Some(problems) if !problems.is_empty() => anyhow::bail!(
+            "{} problem(s) on this host (--host):\n  {}",
+            problems.len(),
+            problems.join("\n  ")
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Loads and checks `file` as `lb run` does, builds its tables, and
-/// summarizes what it resolves to.
-fn summarize(file: &Path) -> anyhow::Result<Summary> {
+/// summarizes what it resolves to; with `host`, also checks this host
+/// for it ([`lb::config::Config::check_host`]).
+fn summarize(file: &Path, host: bool) -> anyhow::Result<Summary> {
     let checked = lb::config::Config::load(file)?;
     let cfg = &checked.config;
+    let host_problems = host.then(|| {
+        cfg.check_host(&file.display().to_string())
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    });
     let control = lb::tables::Control::new(cfg.clone())
         .with_context(|| format!("building the tables of {}", file.display()))?;
     let tables = control.tables().load_full();
@@ -215,6 +247,7 @@ fn summarize(file: &Path) -> anyhow::Result<Summary> {
             .chain(lbd::health::warnings(cfg))
             .chain(lbd::announce::unannounced(cfg))
             .collect(),
+        host_problems,
     })
 }
 
@@ -307,6 +340,17 @@ fn summary_text(s: &Summary) -> String {
     let _ = writeln!(out, "{m}");
     for w in &s.warnings {
         let _ = writeln!(out, "warning: {w}");
+    }
+    match &s.host_problems {
+        None => {}
+        Some(p) if p.is_empty() => {
+            let _ = writeln!(out, "host: has what the file needs");
+        }
+        Some(p) => {
+            for problem in p {
+                let _ = writeln!(out, "host problem: {problem}");
+            }
+        }
     }
     out
 }

@@ -573,3 +573,84 @@ fn check_config_warns_when_direct_checks_guard_backends_behind_decap_agents() {
     assert!(!text.contains("warning"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `lb check-config --host` checks what the file needs of this machine
+/// (BIRD's socket, the routes' directory, the token file's mode) and
+/// prints every problem, failing; without `--host` the same file is valid
+/// (it may be meant for another machine). With each fixed, it passes.
+#[test]
+fn check_config_host_reports_every_problem_of_this_host() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("fastpath-check-host-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (socket, routes, token) = (dir.join("bird.ctl"), dir.join("routes"), dir.join("token"));
+    std::fs::write(&token, "a-long-enough-secret-token\n").unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let file = dir.join("lb.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[encap]\nsource = \"10.0.0.1\"\n\
+             [api]\nlisten = \"127.0.0.1:9180\"\ntoken_file = \"{}\"\n\
+             [bgp]\nvips_file = \"{}/vips.conf\"\nbirdc = [\"true\", \"-s\", \"{}\"]\n\
+             [[pools]]\nname = \"web\"\nbackends = [{{ address = \"10.1.0.1\" }}]\n\
+             [[vips]]\nname = \"http\"\naddress = \"198.18.0.80\"\nport = 80\nprotocol = \"tcp\"\npool = \"web\"\n",
+            token.display(),
+            routes.display(),
+            socket.display()
+        ),
+    )
+    .unwrap();
+    let check = |args: &[&str]| {
+        let out = fastpath()
+            .args(["lb", "check-config"])
+            .arg(&file)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (ok, _, err) = check(&[]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = check(&["--host"]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("3 problem(s) on this host"), "{err}");
+    for (key, what) in [
+        ("bgp.birdc", "does not exist"),
+        ("bgp.vips_file", "does not exist"),
+        ("api.token_file", "chmod 600"),
+    ] {
+        assert!(
+            err.lines().any(|l| l.contains(key) && l.contains(what)),
+            "{key}: {err}"
+        );
+        assert!(
+            out.contains(&format!("host problem: {}: {key}", file.display())),
+            "{out}"
+        );
+    }
+    let (ok, out, _) = check(&["--host", "--format", "json"]);
+    assert!(!ok);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        doc["host_problems"].as_array().map(Vec::len),
+        Some(3),
+        "{doc}"
+    );
+
+    std::fs::create_dir_all(&routes).unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let _bird = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let (ok, out, err) = check(&["--host"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("host: has what the file needs"), "{out}");
+    let (_, out, _) = check(&["--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(doc.get("host_problems").is_none(), "{doc}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -4,7 +4,9 @@
 //! 5,000 configurations are made from three valid ones by a seeded
 //! generator: lines deleted, duplicated and swapped, values swapped between
 //! keys, numbers replaced by edge and huge ones, addresses by ones of the
-//! wrong class, names by long and unprintable ones, sections added, token
+//! wrong class (IPv4-mapped ones, a VIP's, loopback), prefixes and MACs
+//! with a sign or host bits, names by long and unprintable ones, sections
+//! (fleets, ports 0, drained backends) added, token
 //! and routes files of every kind; and whole files built to hurt: include
 //! cycles, diamonds of 55 to 80 levels, chains of 6,000 pools, includes that
 //! resolve to millions of backends, tables that add up to more memory than
@@ -229,6 +231,7 @@ const NUMBERS: &[&str] = &[
     "9223372036854775807",
     "-1",
     "1e300",
+    "1e-300",
     "nan",
     "0.5",
 ];
@@ -250,6 +253,7 @@ const ADDRESSES: &[&str] = &[
     "fd00::9",
     "2001:db8::80",
     "10.0.0.1",
+    "::ffff:192.0.2.80",
     "not-an-address",
 ];
 
@@ -260,6 +264,7 @@ const MACS: &[&str] = &[
     "33:33:00:00:00:01",
     "02:aa:bb:cc:dd:ee",
     "02:aa:bb:cc:dd",
+    "+2:0:0:0:0:1",
 ];
 
 const PREFIXES: &[&str] = &[
@@ -273,6 +278,9 @@ const PREFIXES: &[&str] = &[
     "ff02::/16",
     "fd00:9::/64",
     "74.125.0.0",
+    "74.125.0.0/+16",
+    "74.125.0.1/16",
+    "224.0.0.0/16",
 ];
 
 /// Lines a mutant may gain (in whatever section they land).
@@ -292,6 +300,11 @@ const EXTRA_LINES: &[&str] = &[
     "[[vips]]\nname = \"s6\"\nprefix_group = \"class-a\"\nsuffix = \"::1\"\nprotocol = \"udp\"\npool = \"web\"",
     "[forwarder]\ndriver = \"xdp\"",
     "[api]\nlisten = \"0.0.0.0:9180\"",
+    "[api]\nlisten = \"127.0.0.1:0\"",
+    "[fleet]\npeers = [\"10.0.0.1\", \"127.0.0.1\"]",
+    "[fleet]\npeers = [\"10.0.0.1\", \"192.0.2.80\"]",
+    "drained = [\"10.1.0.1\"]",
+    "health = { kind = \"tcp\", port = 0 }",
     "include = [\"nowhere\"]",
     "drained = [\"10.1.0.1\", \"10.1.0.1\"]",
     "health = { kind = \"tcp\", port = 80, interval_ms = 0 }",

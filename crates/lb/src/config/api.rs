@@ -16,7 +16,7 @@ use super::{problem, Problem};
 #[serde(deny_unknown_fields, default)]
 pub struct Api {
     /// Where to serve `/metrics`, `/status` and `POST /reload` (off when
-    /// absent). Keep it on a loopback or management address; any other
+    /// absent), on a port other than 0. Keep it on a loopback or management address; any other
     /// address needs `token_file`.
     pub listen: Option<std::net::SocketAddr>,
     /// A file whose first line is a bearer token (at least 16 characters):
@@ -49,6 +49,17 @@ impl Api {
     /// load balancer, so such an address needs a token.
     pub(super) fn check(&self) -> Result<(), Problem> {
         if let Some(addr) = self.listen {
+            // Port 0 would bind a port the kernel picks, which nobody
+            // (`fastpath lb status`, Prometheus) could find.
+            if addr.port() == 0 {
+                return problem(
+                    "api.listen".into(),
+                    format!(
+                        "{addr} has port 0 (the kernel would pick one nobody knows): give a \
+                         port, like 127.0.0.1:9180"
+                    ),
+                );
+            }
             if !addr.ip().is_loopback() && self.token_file.is_none() {
                 return problem(
                     "api.listen".into(),

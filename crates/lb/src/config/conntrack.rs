@@ -8,6 +8,10 @@ use super::{problem, Problem, MAX_DURATION_MS};
 /// (about 0.9 GiB per thread).
 pub const MAX_CONNTRACK_SIZE: usize = 1 << 24;
 
+/// The shortest `[conntrack]` timeout, seconds: one millisecond, the
+/// connection table's unit.
+pub const MIN_CONNTRACK_TIMEOUT_S: f64 = 0.001;
+
 /// `[conntrack]`.
 ///
 /// ```toml
@@ -21,9 +25,10 @@ pub const MAX_CONNTRACK_SIZE: usize = 1 << 24;
 pub struct Conntrack {
     /// Entries per packet thread (a power of two, at least 4).
     pub size: usize,
-    /// Idle timeout of TCP entries, seconds.
+    /// Idle timeout of TCP entries, seconds: from
+    /// [`MIN_CONNTRACK_TIMEOUT_S`] to a day.
     pub tcp_timeout_s: f64,
-    /// Idle timeout of other entries, seconds.
+    /// Idle timeout of other entries, seconds, bounded as TCP's.
     pub udp_timeout_s: f64,
 }
 
@@ -55,10 +60,16 @@ impl Conntrack {
             ("conntrack.tcp_timeout_s", c.tcp_timeout_s),
             ("conntrack.udp_timeout_s", c.udp_timeout_s),
         ] {
-            if !(v > 0.0 && v <= day_s) {
+            // The datapath counts in milliseconds: anything shorter than
+            // one (1e-300) would round to 0 and expire every entry at once.
+            // NaN and infinities fail the comparison.
+            if !(MIN_CONNTRACK_TIMEOUT_S..=day_s).contains(&v) {
                 return problem(
                     k.into(),
-                    format!("{v} must be a positive number of seconds, at most a day ({day_s})"),
+                    format!(
+                        "{v} must be a number of seconds from {MIN_CONNTRACK_TIMEOUT_S} (one millisecond, \
+                         what the connection table counts in) to a day ({day_s})"
+                    ),
                 );
             }
         }

@@ -6,7 +6,9 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{not_a_host, not_a_station, parse_mac, parse_prefix, problem, Problem};
+use super::{
+    check_prefix, not_a_host, not_a_station, overlapping, parse_mac, problem, Problem, NOT_A_SOURCE,
+};
 
 /// `[encap]`.
 ///
@@ -150,12 +152,7 @@ impl Encap {
             ),
         ] {
             let Some(text) = value else { continue };
-            let Some((addr, len)) = parse_prefix(text) else {
-                return problem(
-                    key.into(),
-                    format!("{text:?} is not a prefix like \"{example}\""),
-                );
-            };
+            let (addr, len) = check_prefix(|| key.into(), text, example)?;
             if addr.is_ipv4() != v4 {
                 return problem(
                     key.into(),
@@ -172,6 +169,18 @@ impl Encap {
             }
             if let Err(err) = packet::gre::SourcePrefix::new(addr, len) {
                 return problem(key.into(), format!("{text:?}: {err}"));
+            }
+            // Backends answer the outer source (health checks through the
+            // tunnel, ICMP errors): it must be a unicast host's address.
+            if let Some(what) = overlapping((addr, len), &NOT_A_SOURCE) {
+                return problem(
+                    key.into(),
+                    format!(
+                        "{text:?} includes {what}, which is no host's own address: backends \
+                         answer the outer source, so give a unicast prefix routed to this load \
+                         balancer, like \"{example}\""
+                    ),
+                );
             }
         }
         Ok(())

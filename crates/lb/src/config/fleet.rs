@@ -8,7 +8,9 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use super::health::{interval, ok200, slash, timeout, two};
-use super::{check_health_conf, problem, CheckKind, CheckPath, Config, HealthConf, Problem};
+use super::{
+    check_health_conf, not_a_host, problem, CheckKind, CheckPath, Config, HealthConf, Problem,
+};
 
 /// `[fleet]`: the load balancers that share the VIPs behind one router (the
 /// Maglev pool of the paper's section 4.3), this one included. A fragment
@@ -94,13 +96,16 @@ impl Config {
                     ),
                 );
             }
-            if a.is_unspecified()
-                || a.is_multicast()
-                || matches!(a, IpAddr::V4(v4) if v4.is_broadcast())
-            {
+            // Loopback is refused where a file is loaded to run
+            // ([`Config::check_peers_reachable`]): a model of a fleet on
+            // one machine (tests) may put peers there.
+            if let Some(why) = not_a_host(*a).filter(|_| !a.to_canonical().is_loopback()) {
                 return problem(
                     format!("fleet.peers[{i}]"),
-                    format!("{a} is not a load balancer's address"),
+                    format!(
+                        "{a} is {why}, not a load balancer's address: list each one's own \
+                         [encap] source"
+                    ),
                 );
             }
         }
@@ -150,6 +155,28 @@ impl Config {
                 return problem(
                     "fleet.name".into(),
                     format!("{n:?} must be 1 to 255 printable characters"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// `[fleet] peers` on a network: none on loopback, where fragments
+    /// redirected in GRE would never leave this machine. Asked where a
+    /// file is loaded to run ([`Config::load`]), not by [`Config::validate`],
+    /// whose models of a fleet on one machine may put peers there.
+    pub(super) fn check_peers_reachable(&self) -> Result<(), Problem> {
+        let Some(f) = &self.fleet else {
+            return Ok(());
+        };
+        for (i, a) in f.peers.iter().enumerate() {
+            if a.to_canonical().is_loopback() {
+                return problem(
+                    format!("fleet.peers[{i}]"),
+                    format!(
+                        "{a} is a loopback address, which no other load balancer reaches: \
+                         list each load balancer's own [encap] source"
+                    ),
                 );
             }
         }

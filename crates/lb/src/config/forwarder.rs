@@ -75,7 +75,8 @@ pub struct Forwarder {
     pub threads: usize,
     /// Packets per batch.
     pub batch: usize,
-    /// Microseconds after which a partial batch is handed over.
+    /// Microseconds after which a partial batch is handed over: 1 to
+    /// [`MAX_BATCH_TIMEOUT_US`].
     pub batch_timeout_us: u64,
     /// Per-thread queue size (a power of two).
     pub queue_size: usize,
@@ -85,7 +86,8 @@ pub struct Forwarder {
     pub pool_buffers: Option<u32>,
     /// Fragment table entries per packet thread.
     pub frag_table_size: usize,
-    /// Milliseconds a fragment waits for its datagram's first fragment.
+    /// Milliseconds a fragment waits for its datagram's first fragment: 1
+    /// to a day.
     pub frag_timeout_ms: u64,
 }
 
@@ -168,12 +170,13 @@ impl Config {
                 format!("{} is out of range; expected 1 to 1024", f.batch),
             );
         }
-        if f.batch_timeout_us > MAX_BATCH_TIMEOUT_US {
+        if f.batch_timeout_us == 0 || f.batch_timeout_us > MAX_BATCH_TIMEOUT_US {
             return problem(
                 "forwarder.batch_timeout_us".into(),
                 format!(
-                    "{} is longer than {MAX_BATCH_TIMEOUT_US} (one second: a packet held longer \
-                     would be retransmitted)",
+                    "{} is out of range: expected at least 1 (0 would hand over every partial \
+                     batch at once, a wake-up per packet) and at most {MAX_BATCH_TIMEOUT_US} \
+                     (one second: a packet held longer would be retransmitted); the default is 50",
                     f.batch_timeout_us
                 ),
             );
@@ -234,11 +237,13 @@ impl Config {
                 ),
             );
         }
-        if f.frag_timeout_ms > MAX_DURATION_MS {
+        if f.frag_timeout_ms == 0 || f.frag_timeout_ms > MAX_DURATION_MS {
             return problem(
                 "forwarder.frag_timeout_ms".into(),
                 format!(
-                    "{} is longer than a day ({MAX_DURATION_MS} ms)",
+                    "{} is out of range: expected at least 1 (0 would expire every fragment \
+                     before the next one arrives) and at most a day ({MAX_DURATION_MS} ms); \
+                     the default is 1000",
                     f.frag_timeout_ms
                 ),
             );

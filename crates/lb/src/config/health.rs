@@ -28,16 +28,29 @@ pub(super) fn check_health_conf(key: &str, h: &HealthConf) -> Result<(), Problem
     if h.rise == 0 || h.fall == 0 {
         return problem(key.into(), "rise and fall must be at least 1".into());
     }
+    // Port 0 is no port: a connection to it is refused by every host, so
+    // every backend would be down.
+    if h.port == 0 {
+        return problem(
+            format!("{key}.port"),
+            "0 is not a port a check can reach: give the port the backends serve on, \
+             like 80"
+                .into(),
+        );
+    }
+    // The path goes into the request line as written: a space, a line
+    // break, a NUL or a TAB would split or end it.
     if !h.path.starts_with('/')
-        || h.path.contains(['\r', '\n', ' '])
+        || h.path.chars().any(|c| c == ' ' || c.is_control())
         || h.path.len() > MAX_PATH_BYTES
     {
         let shown: String = h.path.chars().take(40).collect();
         return problem(
             format!("{key}.path"),
             format!(
-                "{shown:?} must start with / and hold no spaces or line breaks, in at most \
-                 {MAX_PATH_BYTES} bytes"
+                "{shown:?} must start with / and hold no spaces or control characters (line \
+                 breaks, NUL, TAB), in at most {MAX_PATH_BYTES} bytes; encode them as %20, \
+                 %09..."
             ),
         );
     }
@@ -83,7 +96,7 @@ pub enum CheckKind {
 pub struct HealthConf {
     /// TCP connect or HTTP GET.
     pub kind: CheckKind,
-    /// Port on the backend's address.
+    /// Port on the backend's address (1 to 65535).
     pub port: u16,
     /// HTTP path.
     #[serde(default = "slash")]

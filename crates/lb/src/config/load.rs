@@ -17,6 +17,10 @@
 //!   first line is a comment naming fastpath (what the daemon writes,
 //!   [`VIPS_FILE_HEADER`], or a placeholder such as `# filled in by
 //!   fastpath` written before BIRD first starts). `/etc/passwd` is refused.
+//! - Every VIP can be served: its pool has a backend of weight above 0 that
+//!   is not drained ([`Config::check_servable`]; a runtime drain may still
+//!   empty a pool), and `[fleet]` peers are off loopback
+//!   ([`Config::check_runnable`]).
 //! - The memory the forwarder would allocate ([`Config::memory_estimate`])
 //!   must fit what this process may have ([`machine_memory`]): the
 //!   machine's available memory plus what the process already holds, and
@@ -400,11 +404,70 @@ impl Config {
     /// reloads keep one, so that a reload parses only what changed.
     pub fn load_with(path: &Path, cache: &mut ParseCache) -> Result<Checked, ConfigError> {
         let text = Config::read(path)?;
-        Config::check_text(text, &path.display().to_string(), cache)
+        let file = path.display().to_string();
+        let checked = Config::check_text(text, &file, cache)?;
+        checked.config.check_runnable(&file)?;
+        Ok(checked)
+    }
+
+    /// What a file loaded to run needs beyond [`Config::validate`]: VIPs
+    /// that can be served ([`Config::check_servable`]) and `[fleet]` peers
+    /// off loopback. Validation alone also accepts models (of a fleet on
+    /// one machine, of a pool drained at runtime) that a file to run with
+    /// may not be.
+    pub fn check_runnable(&self, file: &str) -> Result<(), ConfigError> {
+        self.check_servable(file)?;
+        self.check_peers_reachable().map_err(|p| ConfigError {
+            file: file.into(),
+            key: p.key,
+            problem: p.problem,
+        })
+    }
+
+    /// Whether every VIP's pool has a backend that takes new connections
+    /// (a weight above 0 and not drained, as the tables flatten it): a
+    /// file whose VIP can never be served is refused where a file is
+    /// loaded (check-config, the start, a reload). A runtime change
+    /// (`fastpath lb drain`, through [`Config::check_text`]) may still
+    /// drain a pool's last backend: that is an operator's act on a
+    /// running load balancer, undone by an undrain, and then the file on
+    /// disk says so until it is.
+    pub fn check_servable(&self, file: &str) -> Result<(), ConfigError> {
+        let index = self.pool_index();
+        let mut seen = std::collections::HashSet::new();
+        for (i, v) in self.vips.iter().enumerate() {
+            if !seen.insert(v.pool.as_str()) {
+                continue;
+            }
+            // Validated: the pool exists and its includes resolve.
+            let Ok(members) = self.members_as_written(&index, &v.pool) else {
+                continue;
+            };
+            if members.is_empty() || members.iter().any(|(b, drained)| b.weight > 0 && !drained) {
+                continue;
+            }
+            let drained = members.iter().filter(|(_, d)| *d).count();
+            let weightless = members.len() - drained;
+            return Err(ConfigError {
+                file: file.into(),
+                key: format!("vips[{i}].pool"),
+                problem: format!(
+                    "VIP {:?} can never be served: none of pool {:?}'s {} backends takes new \
+                     connections ({drained} drained, {weightless} of weight 0, includes \
+                     counted); give one a weight above 0 or remove it from drained \
+                     (`fastpath lb undrain BACKEND` on a running load balancer)",
+                    v.name,
+                    v.pool,
+                    members.len()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// [`Config::load_with`] of a text already read (a runtime change's
-    /// edit of the file); `file` names it in errors.
+    /// edit of the file); `file` names it in errors. It does not ask
+    /// [`Config::check_servable`]: a runtime drain may empty a pool.
     pub fn check_text(
         text: String,
         file: &str,

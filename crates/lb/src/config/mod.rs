@@ -30,7 +30,10 @@
 //! [`TracerConf`], [`FleetConf`], the pools ([`PoolConf`], their includes
 //! in `includes`), health checks ([`HealthConf`]), VIPs and prefix
 //! groups ([`VipConf`], [`PrefixGroupConf`]); the bounds they share are in
-//! `limits`, and `examples/lb.toml` is a whole file with every section.
+//! `limits`; what a configuration needs of the host it runs on (BIRD's
+//! socket, the routes' directory, VIPs that are not the host's own, a
+//! private token) is `host`, asked by `check-config --host` alone; and
+//! `examples/lb.toml` is a whole file with every section.
 //! Here are the whole file ([`Config`]), its parsing, and
 //! [`Config::validate`], which runs each section's check in the order of
 //! the file. What the tables make of a configuration (flattened pools,
@@ -45,7 +48,7 @@ pub use addr::{not_a_host, not_a_station, parse_mac, parse_prefix};
 pub use api::Api;
 pub use bgp::{bird_protocol_name, Bgp, MAX_BGP_POLL_MS, MAX_DRAIN_MS, MIN_BGP_POLL_MS};
 pub use cache::{ChunkStats, ParseCache};
-pub use conntrack::{Conntrack, MAX_CONNTRACK_SIZE};
+pub use conntrack::{Conntrack, MAX_CONNTRACK_SIZE, MIN_CONNTRACK_TIMEOUT_S};
 pub use encap::{Encap, PLACEHOLDER_GATEWAY_MAC};
 pub use fleet::{FleetConf, PEER_PORT};
 pub use forwarder::{
@@ -53,6 +56,7 @@ pub use forwarder::{
     MAX_POOL_BUFFERS, MAX_QUEUE_SIZE,
 };
 pub use health::{CheckKind, CheckPath, HealthConf, MAX_PATH_BYTES};
+pub use host::{bird_socket, HostAddresses, LocalPrefix, BIRD_SOCKET};
 pub use includes::{MAX_INCLUDE_DEPTH, MAX_RESOLVED};
 pub use limits::{
     LIVE_INTERVAL_MS, MAX_BACKENDS, MAX_DURATION_MS, MAX_ELEMENTS, MAX_LIST_ENTRIES, MAX_NAME_BYTES,
@@ -61,12 +65,12 @@ pub use load::{
     machine_memory, read_token, Checked, MachineMemory, MemoryEstimate, MemoryPart, TokenError,
     MAX_CONFIG_BYTES, MAX_TOKEN_FILE_BYTES, MIN_TOKEN_CHARS, VIPS_FILE_HEADER,
 };
-pub use pools::{BackendConf, PoolConf, MAX_TABLE_SIZE};
+pub use pools::{BackendConf, PoolConf, MAX_TABLE_SIZE, MIN_SLOTS_PER_BACKEND};
 pub use tracer::TracerConf;
 pub(crate) use vips::{key_mask, prefix_key};
 pub use vips::{PrefixGroupConf, Protocol, VipConf};
 
-use addr::{overlaps, NOT_UNICAST};
+use addr::{check_prefix, overlapping, overlaps, NOT_A_SOURCE, NOT_UNICAST};
 use health::check_health_conf;
 use limits::check_name;
 use pools::BackendKey;
@@ -80,6 +84,7 @@ mod encap;
 mod fleet;
 mod forwarder;
 mod health;
+mod host;
 mod includes;
 mod limits;
 mod load;
@@ -267,6 +272,7 @@ impl Config {
         self.check_fleet()?;
         self.check_prefix_groups()?;
         self.check_vips(&resolved)?;
+        self.check_address_collisions()?;
         // After the VIPs: tunnel checks need a VIP over their pool, and a
         // VIP naming a missing pool is the error to report first.
         self.check_health()

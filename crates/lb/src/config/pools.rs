@@ -18,6 +18,14 @@ use super::{check_name, not_a_host, problem, Config, HealthConf, IncludeCycle, P
 /// tables need together is checked against the machine's memory.
 pub const MAX_TABLE_SIZE: u64 = 16_777_213;
 
+/// The fewest Maglev slots per backend a VIP's pool may have: with `M`
+/// slots over `N` equally weighted backends each gets `M/N` slots, give or
+/// take one, so a backend's share is off by at most `N/M`: a tenth here.
+/// The paper asks for `M` much larger than `N` (100 times keeps it near
+/// 1%); `table_size = 2` or `3` for a few backends ignored their weights
+/// and split the flows 2 to 1.
+pub const MIN_SLOTS_PER_BACKEND: u64 = 10;
+
 /// One backend of a pool.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -73,7 +81,8 @@ pub struct PoolConf {
     /// Other pools whose backends belong to this one.
     #[serde(default)]
     pub include: Vec<String>,
-    /// Maglev table size for VIPs served by this pool (prime).
+    /// Maglev table size for VIPs served by this pool: a prime of at least
+    /// [`MIN_SLOTS_PER_BACKEND`] slots per backend it resolves to.
     #[serde(default = "default_table_size")]
     pub table_size: u64,
     /// Health check for the pool's own backends (none: always healthy).

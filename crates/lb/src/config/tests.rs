@@ -496,3 +496,308 @@ fn files_a_configuration_names_are_checked_when_it_loads() {
     assert!(m.bytes > checked.memory.total(), "{m:?}");
     assert!(checked.machine.is_some());
 }
+
+/// A configuration `GOOD` with `from` replaced by `to` (which must occur).
+fn with(from: &str, to: &str) -> String {
+    assert!(GOOD.contains(from), "{from}");
+    GOOD.replacen(from, to, 1)
+}
+
+/// The key `text` is refused at, and that the message names it.
+fn refused_at(text: &str) -> (String, String) {
+    let e = err(text);
+    (e.key, e.problem)
+}
+
+/// A timeout the datapath rounds to 0 ms (`1e-300`), or that is not a
+/// number, expires every connection at once: refused.
+#[test]
+fn conntrack_timeouts_that_round_to_zero_are_refused() {
+    for (k, v) in [
+        ("tcp_timeout_s", "1e-300"),
+        ("tcp_timeout_s", "0.0009"),
+        ("udp_timeout_s", "1e-300"),
+        ("tcp_timeout_s", "nan"),
+        ("udp_timeout_s", "inf"),
+        ("udp_timeout_s", "-inf"),
+    ] {
+        let (key, problem) = refused_at(&with(
+            "[encap]",
+            &format!("[conntrack]\n{k} = {v}\n[encap]"),
+        ));
+        assert_eq!(key, format!("conntrack.{k}"), "{v}: {problem}");
+        assert!(problem.contains("0.001"), "{v}: {problem}");
+    }
+    Config::parse(
+        &with("[encap]", "[conntrack]\ntcp_timeout_s = 0.001\n[encap]"),
+        "t",
+    )
+    .unwrap();
+}
+
+#[test]
+fn frag_timeout_of_zero_is_refused() {
+    let (key, problem) = refused_at(&with(
+        "[encap]",
+        "[forwarder]\nfrag_timeout_ms = 0\n[encap]",
+    ));
+    assert_eq!(key, "forwarder.frag_timeout_ms", "{problem}");
+    assert!(problem.contains("at least 1"), "{problem}");
+}
+
+#[test]
+fn batch_timeout_of_zero_is_refused() {
+    let (key, problem) = refused_at(&with(
+        "[encap]",
+        "[forwarder]\nbatch_timeout_us = 0\n[encap]",
+    ));
+    assert_eq!(key, "forwarder.batch_timeout_us", "{problem}");
+    assert!(problem.contains("at least 1"), "{problem}");
+}
+
+/// Maglev needs a table comfortably larger than its backends: 2 or 3
+/// slots for web's 3 backends cannot spread them by weight.
+#[test]
+fn tables_too_small_for_their_pools_are_refused() {
+    for size in [2, 3, 7, 29] {
+        let (key, problem) = refused_at(&with(
+            "name = \"web\"\n",
+            &format!("name = \"web\"\ntable_size = {size}\n"),
+        ));
+        assert_eq!(key, "pools[0].table_size", "{size}: {problem}");
+        assert!(problem.contains("at least 31"), "{size}: {problem}");
+    }
+    // 10 slots a backend is the least: 31 for 3 backends.
+    Config::parse(
+        &with("name = \"web\"\n", "name = \"web\"\ntable_size = 31\n"),
+        "t",
+    )
+    .unwrap();
+}
+
+/// A VIP whose pool has no backend with a share of the table can never
+/// be served: the file is refused where it is loaded (check-config, the
+/// start, a reload), while a runtime drain of the last backend (an
+/// operator's act, through the same text check) stays possible.
+#[test]
+fn pools_whose_every_backend_is_weightless_or_drained_are_refused_at_load() {
+    let dir = Scratch::new("servable");
+    let weightless = GOOD
+        .replace(
+            "{ address = \"10.1.0.1\" }, { address = \"10.1.0.2\", weight = 2 }",
+            "{ address = \"10.1.0.1\", weight = 0 }, { address = \"10.1.0.2\", weight = 0 }",
+        )
+        .replace(
+            "{ address = \"10.1.0.3\", name = \"third\" }, { address = \"10.1.0.1\" }",
+            "{ address = \"10.1.0.3\", name = \"third\", weight = 0 }",
+        );
+    let drained = GOOD.replace(
+        "include = [\"extra\"]\n",
+        "drained = [\"10.1.0.1\", \"10.1.0.2\"]\n",
+    );
+    for (text, what) in [(&weightless, "weight"), (&drained, "drained")] {
+        assert_ne!(text, GOOD);
+        let f = dir.write("lb.toml", text);
+        let e = Config::load(&f).unwrap_err();
+        assert_eq!(e.key, "vips[0].pool", "{e}");
+        assert!(
+            e.problem.contains("\"web\"") && e.problem.contains(what),
+            "{e}"
+        );
+        // The runtime path (a drain through the API) checks the text alone.
+        Config::check_text(text.to_string(), "t", &mut ParseCache::new()).unwrap();
+    }
+    // One backend with a share is enough.
+    let f = dir.write(
+        "lb.toml",
+        &GOOD.replace("include = [\"extra\"]\n", "drained = [\"10.1.0.1\"]\n"),
+    );
+    Config::load(&f).unwrap();
+}
+
+/// A VIP at a backend's address or at this load balancer's outer source
+/// sends the encapsulated packets back to itself.
+#[test]
+fn a_vip_at_a_backend_or_the_outer_source_is_refused() {
+    for (vip, what) in [
+        ("10.1.0.2", "backend"),
+        ("10.1.0.3", "backend"),
+        ("10.0.0.1", "encap.source"),
+    ] {
+        let (key, problem) = refused_at(&with("192.0.2.80", vip));
+        assert_eq!(key, "vips[0].address", "{vip}: {problem}");
+        assert!(problem.contains(what), "{vip}: {problem}");
+    }
+    let v6 = with(
+        "source = \"10.0.0.1\"",
+        "source = \"10.0.0.1\"\nsource6 = \"fd00::1\"",
+    );
+    let (key, problem) = refused_at(&v6.replace("192.0.2.80", "fd00::1"));
+    assert_eq!(key, "vips[0].address", "{problem}");
+}
+
+/// `::ffff:192.0.2.80` is 192.0.2.80 to the matcher: a second VIP written
+/// so served the same packets, and would be announced as an IPv6 route.
+#[test]
+fn a_vip_written_as_ipv4_mapped_is_refused() {
+    let text = format!(
+        "{GOOD}\n[[vips]]\nname = \"again\"\naddress = \"::ffff:192.0.2.80\"\nport = 80\nprotocol = \"tcp\"\npool = \"web\"\n"
+    );
+    let (key, problem) = refused_at(&text);
+    assert_eq!(key, "vips[1].address", "{problem}");
+    assert!(
+        problem.contains("192.0.2.80") && problem.contains("IPv4"),
+        "{problem}"
+    );
+}
+
+fn group(prefixes: &str, suffix: &str) -> String {
+    format!(
+        "{GOOD}\n[[prefix_groups]]\nname = \"a\"\nprefixes = [{prefixes}]\ncluster_prefix_len = 24\n\
+         [[vips]]\nname = \"s\"\nprefix_group = \"a\"\nsuffix = \"{suffix}\"\nprotocol = \"udp\"\npool = \"web\"\n"
+    )
+}
+
+/// `74.125.0.1/16` (host bits set) and `74.125.0.0/+16` (a sign the
+/// integer parser took) are not what they seem; refused, naming the
+/// prefix meant.
+#[test]
+fn prefixes_with_host_bits_or_a_sign_are_refused() {
+    for bad in ["74.125.0.1/16", "74.125.0.0/+16", "74.125.0.0/-16"] {
+        let (key, problem) = refused_at(&group(&format!("\"{bad}\""), "0.0.0.1"));
+        assert_eq!(key, "prefix_groups[0].prefixes[0]", "{bad}: {problem}");
+    }
+    let (_, problem) = refused_at(&group("\"74.125.0.1/16\"", "0.0.0.1"));
+    assert!(problem.contains("74.125.0.0/16"), "{problem}");
+    for bad in ["10.1.0.1/24", "10.1.0.0/+24"] {
+        let (key, problem) = refused_at(&with(
+            "[encap]",
+            &format!("[tracer]\nenabled = true\nreport_to = [\"{bad}\"]\n[encap]"),
+        ));
+        assert_eq!(key, "tracer.report_to[0]", "{bad}: {problem}");
+    }
+    let (key, problem) = refused_at(&with(
+        "[encap]",
+        "[encap]\nsource_prefix = \"198.18.100.0/+24\"",
+    ));
+    assert_eq!(key, "encap.source_prefix", "{problem}");
+    assert_eq!(parse_prefix("74.125.0.0/+16"), None);
+    assert_eq!(parse_prefix("74.125.0.0/16"), Some((ip("74.125.0.0"), 16)));
+}
+
+/// A group of `0.0.0.0/0` makes every address a VIP (broadcast,
+/// multicast, this host's own); refused like any prefix that is not
+/// unicast.
+#[test]
+fn prefix_groups_over_everything_are_refused() {
+    for (bad, suffix) in [
+        ("0.0.0.0/0", "0.0.0.1"),
+        ("224.0.0.0/8", "0.0.0.1"),
+        ("::/0", "::1"),
+        ("ff00::/8", "::1"),
+    ] {
+        let text = group(&format!("\"{bad}\""), suffix).replace(
+            "cluster_prefix_len = 24",
+            if suffix == "::1" {
+                "cluster_prefix_len = 64"
+            } else {
+                "cluster_prefix_len = 24"
+            },
+        );
+        let (key, problem) = refused_at(&text);
+        assert_eq!(key, "prefix_groups[0].prefixes[0]", "{bad}: {problem}");
+    }
+}
+
+/// Fragments redirected to such a peer go to a service, a backend, or
+/// never leave this machine. Loopback is refused where a file is loaded
+/// to run (a model of a fleet on one machine may put peers there).
+#[test]
+fn fleet_peers_that_are_a_vip_a_backend_or_loopback_are_refused() {
+    let dir = Scratch::new("peers");
+    for (peer, what) in [
+        ("127.0.0.1", "loopback"),
+        ("127.0.0.2", "loopback"),
+        ("192.0.2.80", "VIP"),
+        ("10.1.0.3", "backend"),
+    ] {
+        let text = format!("{GOOD}\n[fleet]\npeers = [\"10.0.0.1\", \"{peer}\"]\n");
+        let e = Config::load(&dir.write("lb.toml", &text)).unwrap_err();
+        assert_eq!(e.key, "fleet.peers[1]", "{peer}: {e}");
+        assert!(e.problem.contains(what), "{peer}: {e}");
+    }
+}
+
+#[test]
+fn health_port_zero_and_control_characters_in_paths_are_refused() {
+    let health = |h: &str| {
+        with(
+            "include = [\"extra\"]",
+            &format!("include = [\"extra\"]\nhealth = {{ kind = \"http\", {h} }}"),
+        )
+    };
+    let (key, problem) = refused_at(&health("port = 0"));
+    assert_eq!(key, "pools[0].health.port", "{problem}");
+    for path in ["/a\\u0000b", "/a\\tb", "/a\\u007fb"] {
+        let (key, problem) = refused_at(&health(&format!("port = 80, path = \"{path}\"")));
+        assert_eq!(key, "pools[0].health.path", "{path}: {problem}");
+    }
+    let fleet = format!(
+        "{GOOD}\n[fleet]\npeers = [\"10.0.0.1\"]\nhealth = {{ kind = \"tcp\", port = 0 }}\n"
+    );
+    assert_eq!(refused_at(&fleet).0, "fleet.health.port");
+}
+
+#[test]
+fn api_listen_on_port_zero_is_refused() {
+    let (key, problem) = refused_at(&with("[encap]", "[api]\nlisten = \"127.0.0.1:0\"\n[encap]"));
+    assert_eq!(key, "api.listen", "{problem}");
+    assert!(problem.contains("port"), "{problem}");
+}
+
+/// `+2:0:0:0:0:1`: the integer parser takes a sign; a MAC is hex digits.
+#[test]
+fn mac_with_a_sign_is_refused() {
+    for bad in [
+        "+2:0:0:0:0:1",
+        "02:00:00:00:00:+1",
+        "002:0:0:0:0:1",
+        " 2:0:0:0:0:1",
+    ] {
+        assert_eq!(parse_mac(bad), None, "{bad}");
+        let (key, _) = refused_at(&with("[encap]", &format!("[encap]\nmac = \"{bad}\"")));
+        assert_eq!(key, "encap.mac", "{bad}");
+        let (key, _) = refused_at(&with(
+            "[encap]",
+            &format!("[encap]\ngateway_mac = \"{bad}\""),
+        ));
+        assert_eq!(key, "encap.gateway_mac", "{bad}");
+    }
+    assert_eq!(parse_mac("2:0:0:0:0:1"), Some([2, 0, 0, 0, 0, 1]));
+    assert_eq!(
+        parse_mac("02:AA:bb:00:00:01"),
+        Some([2, 0xaa, 0xbb, 0, 0, 1])
+    );
+}
+
+/// Outer sources from a multicast or reserved range are not a host's:
+/// backends' answers and ICMP errors would go nowhere.
+#[test]
+fn source_prefix_of_multicast_or_reserved_is_refused() {
+    for bad in ["224.0.0.0/16", "240.0.0.0/16", "127.0.0.0/16", "0.0.0.0/16"] {
+        let (key, problem) = refused_at(&with(
+            "[encap]",
+            &format!("[encap]\nsource_prefix = \"{bad}\""),
+        ));
+        assert_eq!(key, "encap.source_prefix", "{bad}: {problem}");
+    }
+    let v6 = with(
+        "source = \"10.0.0.1\"",
+        "source = \"10.0.0.1\"\nsource6 = \"fd00::1\"",
+    );
+    for bad in ["ff02::/64", "::1/128"] {
+        let (key, problem) =
+            refused_at(&v6.replace("[encap]", &format!("[encap]\nsource_prefix6 = \"{bad}\"")));
+        assert_eq!(key, "encap.source_prefix6", "{bad}: {problem}");
+    }
+}

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{overlaps, parse_prefix, problem, Problem, NOT_UNICAST};
+use super::{check_prefix, overlapping, problem, Problem, NOT_UNICAST};
 
 /// `[tracer]`: packet-tracer probes (Maglev section 4.4, [`crate::tracer`]).
 /// A probe is forwarded as usual; this load balancer also reports what it
@@ -88,19 +88,12 @@ impl TracerConf {
             );
         }
         for (i, p) in t.report_to.iter().enumerate() {
-            let Some(prefix) = parse_prefix(p) else {
-                return problem(
-                    format!("tracer.report_to[{i}]"),
-                    format!("{p:?} is not a prefix like \"10.1.0.0/24\""),
-                );
-            };
+            let key = || format!("tracer.report_to[{i}]");
+            let prefix = check_prefix(key, p, "10.1.0.0/24")?;
             // Reports go to unicast hosts only.
-            if let Some((what, _, _)) = NOT_UNICAST
-                .iter()
-                .find(|(_, a, l)| overlaps(prefix, (*a, *l)))
-            {
+            if let Some(what) = overlapping(prefix, &NOT_UNICAST) {
                 return problem(
-                    format!("tracer.report_to[{i}]"),
+                    key(),
                     format!(
                         "{p:?} includes {what}, where no tracer runs; give the prefix of the \
                          tracers' unicast addresses, e.g. \"10.1.0.0/24\""

@@ -7,7 +7,10 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_name, not_a_host, parse_prefix, problem, Config, Problem};
+use super::{
+    check_name, check_prefix, not_a_host, overlapping, parse_prefix, problem, Config, Problem,
+    MAX_TABLE_SIZE, MIN_SLOTS_PER_BACKEND, NOT_UNICAST,
+};
 
 /// Transport protocol of a VIP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
@@ -105,6 +108,15 @@ pub(crate) fn prefix_key(a: IpAddr, len: u8) -> (u128, u8) {
     )
 }
 
+/// The IPv4 address an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`)
+/// stands for.
+pub(super) fn mapped(a: IpAddr) -> Option<std::net::Ipv4Addr> {
+    match a {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+        IpAddr::V4(_) => None,
+    }
+}
+
 impl Config {
     /// How many distinct prefixes the prefix groups list, in key form: the
     /// prefixes the XDP program steers (the matcher's
@@ -141,21 +153,35 @@ impl Config {
             }
             let mut family = None;
             for (j, p) in g.prefixes.iter().enumerate() {
-                match parse_prefix(p) {
-                    None => return problem(format!("prefix_groups[{i}].prefixes[{j}]"), format!("{p:?} is not a prefix like 74.125.0.0/16")),
-                    Some((a, _)) if *family.get_or_insert(a.is_ipv4()) != a.is_ipv4() => {
-                        return problem(
-                            format!("prefix_groups[{i}].prefixes[{j}]"),
-                            format!("{p:?} is not of the family of the group's first prefix; a group's clusters are all IPv4 or all IPv6"),
-                        )
-                    }
-                    Some((a, l)) if l > g.cluster_prefix_len || (a.is_ipv4() && g.cluster_prefix_len > 32) || g.cluster_prefix_len > 128 => {
-                        return problem(
-                            format!("prefix_groups[{i}].cluster_prefix_len"),
-                            format!("{} must be at least every prefix's length ({l}) and fit the address family", g.cluster_prefix_len),
-                        )
-                    }
-                    Some(_) => {}
+                let key = || format!("prefix_groups[{i}].prefixes[{j}]");
+                let (a, l) = check_prefix(key, p, "74.125.0.0/16")?;
+                // Every address of a group's clusters is a VIP: a prefix
+                // over broadcast, multicast or "this network" (0.0.0.0/0
+                // covers them all) would serve what no client sends to.
+                if let Some(what) = overlapping((a, l), &NOT_UNICAST) {
+                    return problem(
+                        key(),
+                        format!(
+                            "{p:?} includes {what}, which no client reaches a service at: give \
+                             the unicast prefixes routed to this load balancer, like \
+                             \"74.125.0.0/16\""
+                        ),
+                    );
+                }
+                if *family.get_or_insert(a.is_ipv4()) != a.is_ipv4() {
+                    return problem(
+                        key(),
+                        format!("{p:?} is not of the family of the group's first prefix; a group's clusters are all IPv4 or all IPv6"),
+                    );
+                }
+                if l > g.cluster_prefix_len
+                    || (a.is_ipv4() && g.cluster_prefix_len > 32)
+                    || g.cluster_prefix_len > 128
+                {
+                    return problem(
+                        format!("prefix_groups[{i}].cluster_prefix_len"),
+                        format!("{} must be at least every prefix's length ({l}) and fit the address family", g.cluster_prefix_len),
+                    );
                 }
             }
         }
@@ -200,6 +226,19 @@ impl Config {
                             format!("{a} is {why}, not an address clients can reach a service at"),
                         );
                     }
+                    // The matcher keys IPv4 addresses in their mapped form,
+                    // so `::ffff:192.0.2.80` is 192.0.2.80 to it (a second
+                    // VIP so written duplicates the first), while BIRD would
+                    // get an IPv6 route no client reaches.
+                    if let Some(v4) = mapped(*a) {
+                        return problem(
+                            format!("vips[{i}].address"),
+                            format!(
+                                "{a} is the IPv4 address {v4} written in IPv6's IPv4-mapped form: \
+                                 write address = \"{v4}\""
+                            ),
+                        );
+                    }
                     format!("{a}")
                 }
                 (None, Some(g), Some(s)) => {
@@ -234,12 +273,24 @@ impl Config {
                 }
             };
             let (members, size) = (resolved[pool], self.pools[pool].table_size);
-            if members as u64 > size {
+            let least = (members as u64).saturating_mul(MIN_SLOTS_PER_BACKEND);
+            if size < least {
+                let suggest = if least > MAX_TABLE_SIZE {
+                    format!("more than the largest table ({MAX_TABLE_SIZE}): split the pool")
+                } else {
+                    let prime = (least..=MAX_TABLE_SIZE)
+                        .find(|&m| maglev::is_prime(m))
+                        .unwrap_or(MAX_TABLE_SIZE);
+                    format!("give a prime of at least {prime}, or leave table_size out for 65537")
+                };
                 return problem(
-                    format!("vips[{i}].pool"),
+                    format!("pools[{pool}].table_size"),
                     format!(
-                        "pool {:?} has {members} backends, more than its table_size {size}",
-                        v.pool,
+                        "{size} slots are too few for pool {:?}'s {members} backends (VIP {:?} \
+                         uses it): Maglev spreads flows by weight only over many slots per \
+                         backend, at least {MIN_SLOTS_PER_BACKEND} (a backend's share is then \
+                         off by at most a tenth; 100 keeps it within 1%); {suggest}",
+                        v.pool, v.name,
                     ),
                 );
             }
@@ -251,6 +302,89 @@ impl Config {
                         v.port, v.protocol
                     ),
                 );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Addresses that must differ and were given the same: a VIP at this
+    /// load balancer's outer source or at a backend (packets encapsulated
+    /// to the backend would arrive at the VIP again), a `[fleet]` peer at
+    /// a VIP or a backend (fragments redirected to it would go to the
+    /// service, not to a load balancer). Addresses are compared as the
+    /// matcher keys them (IPv4-mapped IPv6 as IPv4). One pass over the
+    /// backends, after the VIPs were checked.
+    pub(super) fn check_address_collisions(&self) -> Result<(), Problem> {
+        let mut vips: HashMap<IpAddr, usize> = HashMap::with_capacity(self.vips.len());
+        for (i, v) in self.vips.iter().enumerate() {
+            if let Some(a) = v.address {
+                vips.entry(a.to_canonical()).or_insert(i);
+            }
+        }
+        let peers: HashMap<IpAddr, usize> = self
+            .fleet
+            .iter()
+            .flat_map(|f| f.peers.iter().enumerate())
+            .map(|(k, a)| (a.to_canonical(), k))
+            .collect();
+        for (k, a) in self.fleet.iter().flat_map(|f| f.peers.iter().enumerate()) {
+            if let Some(&i) = vips.get(&a.to_canonical()) {
+                return problem(
+                    format!("fleet.peers[{k}]"),
+                    format!(
+                        "{a} is the address of VIP {:?} (vips[{i}]), not a load balancer's: \
+                         list each load balancer's own [encap] source",
+                        self.vips[i].name
+                    ),
+                );
+            }
+        }
+        for (key, source) in [
+            ("encap.source", self.encap.source),
+            ("encap.source6", self.encap.source6),
+        ] {
+            let Some(s) = source else { continue };
+            if let Some(&i) = vips.get(&s.to_canonical()) {
+                return problem(
+                    format!("vips[{i}].address"),
+                    format!(
+                        "{s} is {key}, this load balancer's own address (the outer source \
+                         backends answer): give the VIP an address of its own"
+                    ),
+                );
+            }
+        }
+        if vips.is_empty() && peers.is_empty() {
+            return Ok(());
+        }
+        for (p, pool) in self.pools.iter().enumerate() {
+            for (j, b) in pool.backends.iter().enumerate() {
+                let a = b.address.to_canonical();
+                if let Some(&i) = vips.get(&a) {
+                    return problem(
+                        format!("vips[{i}].address"),
+                        format!(
+                            "{} is the address of backend {:?} (pools[{p}].backends[{j}]): \
+                             packets encapsulated to it would arrive at the VIP again; give \
+                             the VIP an address of its own",
+                            b.address,
+                            b.display_name()
+                        ),
+                    );
+                }
+                if let Some(&k) = peers.get(&a) {
+                    return problem(
+                        format!("fleet.peers[{k}]"),
+                        format!(
+                            "{} is the address of backend {:?} (pools[{p}].backends[{j}]), not \
+                             a load balancer's: list each load balancer's own [encap] source",
+                            b.address,
+                            b.display_name()
+                        ),
+                    );
+                }
             }
         }
         Ok(())
