@@ -199,18 +199,6 @@ fn a_mounted_loop_device_and_its_file_are_refused() {
     intact(&lo.0, &mnt, &data);
 }
 
-/// An MBR with one Linux partition from sector 2048 to the end.
-fn mbr(sectors: u32) -> [u8; 512] {
-    let mut b = [0u8; 512];
-    let e = &mut b[446..462];
-    e[4] = 0x83;
-    e[8..12].copy_from_slice(&2048u32.to_le_bytes());
-    e[12..16].copy_from_slice(&(sectors - 2048).to_le_bytes());
-    b[510] = 0x55;
-    b[511] = 0xaa;
-    b
-}
-
 #[test]
 #[ignore = "system test: root, loop devices, mounts"]
 fn a_loop_device_with_a_mounted_partition_is_refused() {

@@ -197,3 +197,15 @@ pub fn refusal(r: Result<Device, Error>) -> String {
         Ok(d) => panic!("opened for writing: {}", d.describe()),
     }
 }
+
+/// An MBR with one Linux partition from sector 2048 to the end.
+pub fn mbr(sectors: u32) -> [u8; 512] {
+    let mut b = [0u8; 512];
+    let e = &mut b[446..462];
+    e[4] = 0x83;
+    e[8..12].copy_from_slice(&2048u32.to_le_bytes());
+    e[12..16].copy_from_slice(&(sectors - 2048).to_le_bytes());
+    b[510] = 0x55;
+    b[511] = 0xaa;
+    b
+}
