@@ -14,8 +14,9 @@
 //! was being checked, what is written is what was checked.
 //!
 //! - A block device (whole disk, partition, loop device) is written only
-//!   with `allow_destructive`, and never while it, one of its partitions or
-//!   its disk is mounted, swapped to or held by another driver: it is
+//!   with `allow_destructive`, and never while it, one of its partitions,
+//!   its disk, or a loop device it backs (loop on loop, partitions, to the
+//!   end of the chain) is mounted, swapped to or held by another driver: it is
 //!   opened exclusively (the kernel refuses that with EBUSY while it is
 //!   mounted or claimed, in any mount namespace), and the mounts, swap
 //!   areas and holders are checked to say which.
@@ -141,7 +142,7 @@ fn may_write(kind: &Kind, p: &str, allow_destructive: bool) -> Result<(), Error>
             if let Some(why) = holders::block(rdev)? {
                 return Err(Error::InUse {
                     path: p.into(),
-                    why: format!("it is {why}"),
+                    why: format!("it {why}"),
                 });
             }
             if !allow_destructive {
@@ -195,7 +196,7 @@ fn open_direct(real: &Path, p: &str, write: bool) -> Result<OwnedFd, Error> {
             Error::InUse {
                 path: p.into(),
                 why: match detail {
-                    Some(d) => format!("it is {d} (the kernel refused exclusive access)"),
+                    Some(d) => format!("it {d} (the kernel refused exclusive access)"),
                     None => "it is in use (the kernel refused exclusive access)".into(),
                 },
             }
