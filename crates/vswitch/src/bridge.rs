@@ -22,7 +22,8 @@ pub fn parse_mac(s: &str) -> Option<Mac> {
     let mut parts = s.split(':');
     for b in m.iter_mut() {
         let p = parts.next()?;
-        if p.is_empty() || p.len() > 2 {
+        // Hex digits only: `from_str_radix` would take a sign ("+2").
+        if p.is_empty() || p.len() > 2 || !p.bytes().all(|c| c.is_ascii_hexdigit()) {
             return None;
         }
         *b = u8::from_str_radix(p, 16).ok()?;
@@ -130,6 +131,27 @@ impl MacTable {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn mac_octets_are_hex_digits_only() {
+        assert_eq!(parse_mac("2:0:0:0:0:a"), Some([2, 0, 0, 0, 0, 10]));
+        assert_eq!(
+            parse_mac("52:54:00:12:34:56"),
+            Some([0x52, 0x54, 0, 0x12, 0x34, 0x56])
+        );
+        for bad in [
+            "+2:0:0:0:0:1",
+            "2:0:0:0:0:+1",
+            "-0:0:0:0:0:1",
+            "2:0:0:0:0",
+            "2:0:0:0:0:0:0",
+            "2:0:0:0:0:100",
+            "2::0:0:0:1",
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad}");
+        }
+    }
+
     use super::*;
 
     #[test]
