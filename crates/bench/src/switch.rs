@@ -21,7 +21,9 @@ use ring::Mode;
 use serde::{Deserialize, Serialize};
 
 use vswitch::pktgen::{self, udp_frame, Params, Role};
-use vswitch::{spawn, Config, EchoPort, GenPort, SinkPort, Switch, SwitchStats, TapPort};
+use vswitch::{spawn, Config, Switch, SwitchStats, TapPort};
+
+use crate::switch_ports::{EchoPort, GenPort, SinkPort};
 
 /// Why a switch bench measurement could not run.
 #[derive(Debug, thiserror::Error)]

@@ -36,8 +36,9 @@
 //!   forwarding pass, the status document; no descriptor, no socket.
 //! - `config.rs`: [`Config`], and the TOML file, [`FileConfig`].
 //! - [`ports`]: the [`Port`] trait and every kind of port (`ring`, `tap`,
-//!   `memif/`, `vhost/` for virtual machines, and the benchmarks' ports
-//!   inside the switch).
+//!   `memif/`, `vhost/` for virtual machines; the benchmarks' ports inside
+//!   the switch, a source, a sink and a reflector, live in the `bench`
+//!   crate).
 //! - [`bridge`]: MAC learning; [`pktgen`]: the generator on the driver side
 //!   of a ring port; [`status`]: the status document's types (leaf data,
 //!   that port kinds may import).
@@ -81,10 +82,7 @@ pub use event_loop::{spawn, EventLoop};
 pub use ports::vhost::VhostPort;
 // The kinds are re-exported from their own modules, not through `ports`,
 // so that `ports` (the trait every kind implements) does not import them.
-pub use ports::echo::EchoPort;
-pub use ports::generator::GenPort;
 pub use ports::ring::RingPort;
-pub use ports::sink::SinkPort;
 pub use ports::tap::TapPort;
 pub use ports::{Counters, Port};
 pub use status::{PortDetail, PortStatus, Status, StatusError};

@@ -1,6 +1,8 @@
 //! The switch with ports attached through its control socket, as separate
 //! processes would attach (here: threads of the test).
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -316,7 +318,7 @@ fn status_reaches_the_client_whole_at_a_thousand_ports() {
     })
     .unwrap();
     for i in 0..1000 {
-        sw.add_port(Box::new(vswitch::SinkPort::new(&format!(
+        sw.add_port(Box::new(common::SinkPort::new(&format!(
             "sink-with-a-long-name-{i:04}"
         ))))
         .unwrap();
