@@ -220,8 +220,21 @@ pub struct RunArgs {
     /// file's stem), mode=base|sc|csb (default csb: event-index windows),
     /// itr=N (interrupt moderation, 250 ns units), mac=MAC (the guest's:
     /// locks the port to it), port_security=on|off, event_idx=on|off.
+    /// PATH must be free or a stale socket: a file that is not a socket,
+    /// another switch's live socket, or a path given twice is refused,
+    /// never deleted; at exit only the sockets this switch made are
+    /// removed.
     #[arg(long, value_name = "PATH[,KEY=VALUE]...")]
     vhost_user: Vec<String>,
+    /// Let the ring port named NAME attach without a MAC address (not
+    /// locked to one), for a port that bridges other stations; repeatable,
+    /// `*` for every ring port. By default a ring port names its MAC when
+    /// it attaches (fastpath pktgen --src-mac) and is locked to it: the
+    /// switch drops its frames from any other address, so it cannot take
+    /// another port's traffic by sending from that port's address.
+    /// Adds to the file's ring_unlocked.
+    #[arg(long, value_name = "NAME")]
+    ring_unlocked: Vec<String>,
     /// Keep polling this long (microseconds) after the last work before sleeping.
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=vswitch::MAX_INTERVAL_US))]
     poll_us: Option<u64>,
@@ -349,17 +362,27 @@ pub struct PktgenArgs {
     /// Ring slots (a power of two).
     #[arg(long, default_value_t = 1024)]
     slots: u32,
-    /// Source MAC.
-    #[arg(long, default_value = "02:fa:00:00:00:01")]
-    src_mac: String,
+    /// Source MAC, the port's own address (it is locked to it): default
+    /// 02:fa:00:00:00:01 for the senders (tx, ping-pong) and
+    /// 02:fa:00:00:00:02, the senders' default destination, for the
+    /// receivers (rx, pong), so that a sender and a receiver with the
+    /// defaults are two stations. Two ports on one switch need two.
+    #[arg(long)]
+    src_mac: Option<String>,
     /// Destination MAC (unknown or broadcast destinations are flooded).
     #[arg(long, default_value = "02:fa:00:00:00:02")]
     dst_mac: String,
     /// Lock the port to --src-mac (port security): the switch drops its
     /// frames from any other address, and no other port can take its
-    /// traffic by sending from this one.
-    #[arg(long)]
+    /// traffic by sending from this one. The default; the flag stays for
+    /// the scripts that give it.
+    #[arg(long, conflicts_with = "unlocked")]
     lock_mac: bool,
+    /// Attach without a MAC address (not locked to one), for a port that
+    /// sends from other stations' addresses: the switch must let it (its
+    /// --ring-unlocked NAME).
+    #[arg(long)]
+    unlocked: bool,
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
 }
@@ -387,6 +410,7 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         .or(cfg.socket)
         .or_else(|| Some(PathBuf::from(DEFAULT_SOCKET)));
     cfg.memif_socket = a.memif.or(cfg.memif_socket);
+    cfg.ring_unlocked.extend(a.ring_unlocked);
     if let Some(p) = a.poll_us {
         cfg.poll_us = p;
     }
@@ -399,12 +423,11 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             .with_context(|| format!("--vhost-user {spec}"))?;
         cfg.vhost_user.push(v);
     }
-    let vm_sockets: Vec<PathBuf> = cfg.vhost_user.iter().map(|v| v.path.clone()).collect();
-    for p in [&cfg.socket, &cfg.memif_socket]
-        .into_iter()
-        .flatten()
-        .chain(vm_sockets.iter())
-    {
+    // Nothing at a path that is not a free or stale socket is touched: a
+    // regular file or another switch's live socket is refused, and a path
+    // given twice too; at exit only the sockets this switch made go.
+    let mut sockets = vswitch::Sockets::claim(&cfg)?;
+    for p in sockets.paths() {
         if let Some(dir) = p.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
@@ -412,6 +435,7 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let mut sw = vswitch::Switch::new(cfg.clone())
         .and_then(vswitch::EventLoop::new)
         .context("starting the switch")?;
+    sockets.bound();
     for t in file.taps.iter().chain(a.tap.iter()) {
         let tap = netio::tap::Tap::open(t).with_context(|| format!("TAP port {t} (needs root)"))?;
         sw.add_port(Box::new(vswitch::TapPort::new(tap)))?;
@@ -434,13 +458,8 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             .collect::<String>()
     );
     sw.run(&stop, Some(&usr1));
-    for p in [&cfg.socket, &cfg.memif_socket]
-        .into_iter()
-        .flatten()
-        .chain(vm_sockets.iter())
-    {
-        let _ = std::fs::remove_file(p);
-    }
+    drop(sw);
+    drop(sockets);
     Ok(())
 }
 
@@ -503,16 +522,20 @@ pub fn pktgen(a: PktgenArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     if a.rate.is_some_and(|r| r <= 0.0 || r.is_nan()) {
         bail!("--rate must be positive");
     }
+    let src_mac = parse_mac(a.src_mac.as_deref().unwrap_or(match a.mode {
+        Role::Tx | Role::PingPong => "02:fa:00:00:00:01",
+        Role::Rx | Role::Pong => "02:fa:00:00:00:02",
+    }))?;
     let req = AttachRequest {
         name: a.name.clone(),
         mode: a.port_mode,
         itr: a.itr,
         slots: a.slots,
         buf_size: 2048,
-        mac: if a.lock_mac {
-            Some(parse_mac(&a.src_mac)?)
-        } else {
+        mac: if a.unlocked && !a.lock_mac {
             None
+        } else {
+            Some(src_mac)
         },
     };
     let mut port = ring::control::attach(&a.socket, &req)
@@ -524,7 +547,7 @@ pub fn pktgen(a: PktgenArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         rate: a.rate,
         count: a.count,
         duration: Duration::from_secs_f64(a.duration),
-        src_mac: parse_mac(&a.src_mac)?,
+        src_mac,
         dst_mac: parse_mac(&a.dst_mac)?,
     };
     let r = vswitch::pktgen::run(&mut port.driver, &p, &|| stop.load(Ordering::Relaxed));

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod frontend;
+pub mod memif;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use ring::notify::EventFd;
 
@@ -47,7 +48,9 @@ pub const RING_FLAG_C2S: u16 = 1;
 /// and rings). Each holds at most its socket, [`MAX_REGIONS`] memfds and
 /// one interrupt eventfd per direction, so the server holds at most this
 /// many times `MAX_REGIONS + 3` descriptors, whatever its clients send; a
-/// connection beyond it is closed at once.
+/// connection beyond it is closed at once. One that has not completed its
+/// handshake (`connected`) within [`crate::HANDSHAKE_TIMEOUT`] is closed
+/// ([`Server::expire`]), so idle connections hold a place only that long.
 pub const MAX_CONNECTIONS: usize = 64;
 
 /// Message types.
@@ -411,6 +414,9 @@ struct MConn {
     c2s: Vec<(u16, RingInfo)>,
     s2c: Vec<(u16, RingInfo)>,
     connected: bool,
+    /// When it was accepted: closed [`crate::HANDSHAKE_TIMEOUT`] after,
+    /// unless connected by then.
+    since: Instant,
 }
 
 /// The memif listener and its connections.
@@ -421,6 +427,8 @@ pub struct Server {
     next: u32,
     /// Connections closed at once because [`MAX_CONNECTIONS`] were held.
     turned_away: u64,
+    /// Connections closed for not completing the handshake in time.
+    expired: u64,
 }
 
 impl Server {
@@ -436,6 +444,7 @@ impl Server {
             conns: HashMap::new(),
             next: 0,
             turned_away: 0,
+            expired: 0,
         })
     }
 
@@ -488,6 +497,7 @@ impl Server {
             c2s: Vec::new(),
             s2c: Vec::new(),
             connected: false,
+            since: Instant::now(),
         });
         Some((id, c.into_mut().fd.as_fd()))
     }
@@ -516,6 +526,38 @@ impl Server {
                 self.closed(id)
             }
         }
+    }
+
+    /// Close every connection that has not completed its handshake within
+    /// [`crate::HANDSHAKE_TIMEOUT`] of being accepted, telling it why;
+    /// returns their ids and descriptors (to forget in epoll before
+    /// dropping them).
+    pub fn expire(&mut self, now: Instant) -> Vec<(u32, OwnedFd)> {
+        let overdue: Vec<u32> = self
+            .conns
+            .values()
+            .filter(|c| !c.connected && now >= c.since + crate::HANDSHAKE_TIMEOUT)
+            .map(|c| c.id)
+            .collect();
+        let mut closed = Vec::with_capacity(overdue.len());
+        for id in overdue {
+            if let Some(c) = self.conns.remove(&id) {
+                self.expired += 1;
+                let _ = disconnect_msg(&format!(
+                    "handshake not completed within {:?}",
+                    crate::HANDSHAKE_TIMEOUT
+                ))
+                .send(c.fd.as_fd());
+                closed.push((id, c.fd));
+            }
+        }
+        closed
+    }
+
+    /// Connections closed because they had not completed their handshake
+    /// in time.
+    pub fn expired(&self) -> u64 {
+        self.expired
     }
 
     fn closed(&mut self, id: u32) -> Event {

@@ -21,9 +21,9 @@ pub mod control;
 pub mod datapath;
 pub mod layout;
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::attach::{Attach, Served};
 use crate::chain;
@@ -75,6 +75,10 @@ impl Attach for Attached {
             }
             Event::Closed(fd) => Served::Closed(fd),
         }
+    }
+
+    fn expire(&mut self, now: Instant) -> Vec<(u32, OwnedFd)> {
+        self.server.expire(now)
     }
 
     fn added(&mut self, id: u32, result: Result<u16, crate::Error>) -> Served {
