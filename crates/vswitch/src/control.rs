@@ -36,6 +36,11 @@ enum AttachError {
          through by the switch (fastpath switch run --ring-unlocked {0})"
     )]
     Unlocked(String),
+    #[error(
+        "port {0:?}: {} is a group address (its first byte is odd): a port is locked to a station's unicast address",
+        crate::bridge::mac_text(.1)
+    )]
+    GroupMac(String, crate::bridge::Mac),
     #[error("creating the port")]
     Device(#[source] ring::Error),
     #[error("handing out the port's descriptors")]
@@ -221,8 +226,13 @@ fn make_port(
     if req.itr > 65535 {
         return Err(AttachError::Itr(req.itr));
     }
-    if req.mac.is_none() && !unlocked.iter().any(|n| n == "*" || *n == req.name) {
-        return Err(AttachError::Unlocked(req.name.clone()));
+    match req.mac {
+        // Pinned to one port, a group address (broadcast, say) would be
+        // delivered to that port alone.
+        Some(m) if m[0] & 1 != 0 => return Err(AttachError::GroupMac(req.name.clone(), m)),
+        Some(_) => {}
+        None if unlocked.iter().any(|n| n == "*" || *n == req.name) => {}
+        None => return Err(AttachError::Unlocked(req.name.clone())),
     }
     let dev = DevicePort::create(&req.name, req.geometry(), req.mode, req.itr)
         .map_err(AttachError::Device)?;

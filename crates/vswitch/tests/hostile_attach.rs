@@ -184,6 +184,50 @@ fn idle_memif_connections_do_not_lock_out_a_real_client() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// Whether the peer closed `fd` (or it has something to read), looking
+/// without waiting.
+fn readable_or_closed(fd: i32) -> bool {
+    let mut pfd = [libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    }];
+    // SAFETY: one live pollfd; a zero timeout only looks.
+    unsafe { libc::poll(pfd.as_mut_ptr(), 1, 0) != 0 }
+}
+
+/// A control connection that asks nothing is closed after the handshake
+/// deadline; one that brought a port is not held to it.
+#[test]
+fn an_idle_control_connection_is_closed_and_a_port_s_is_kept() {
+    let d = dir("control");
+    let ctl = d.join("switch.sock");
+    let (stop, h) = spawn(
+        Switch::new(Config {
+            socket: Some(ctl.clone()),
+            log_ports: false,
+            ..Config::default()
+        })
+        .unwrap(),
+    )
+    .unwrap();
+    let idle = Conn::connect(&ctl).unwrap();
+    let port = ring_port(&ctl, "station", Some(1)).unwrap();
+    std::thread::sleep(HANDSHAKE_TIMEOUT + Duration::from_secs(1));
+    assert!(readable_or_closed(idle.fd()), "the idle connection is open");
+    let names: Vec<String> = status(&ctl).unwrap()["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(names, ["station"], "the port's connection was kept");
+    drop(port);
+    stop.store(true, Ordering::Relaxed);
+    h.join().unwrap();
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// vhost-user's message header (the specification's "Message
 /// Specification"): request, flags (version 1), payload size.
 fn vu_msg(request: u32, payload: &[u8]) -> Vec<u8> {
@@ -343,6 +387,23 @@ fn a_ring_port_is_locked_to_its_mac_by_default() {
         .expect("an unlocked port");
     let text = chain(&e);
     assert!(text.contains("--ring-unlocked"), "{text}");
+    // Nor may a port lock itself to the broadcast address (pinned to it,
+    // every broadcast would go to that port alone).
+    let e = attach(
+        &ctl,
+        &AttachRequest {
+            name: "thief".into(),
+            mode: Mode::Csb,
+            itr: 0,
+            slots: 256,
+            buf_size: 2048,
+            mac: Some([0xff; 6]),
+        },
+    )
+    .err()
+    .expect("a port locked to the broadcast address");
+    let text = chain(&e);
+    assert!(text.contains("group address"), "{text}");
     let mut victim = ring_port(&ctl, "victim", Some(2)).unwrap();
     let mut sender = ring_port(&ctl, "sender", Some(1)).unwrap();
     let mut thief = ring_port(&ctl, "thief", Some(3)).unwrap();
