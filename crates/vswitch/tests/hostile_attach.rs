@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::ring_port::{mac, recv, send};
 use ring::control::{attach, status, AttachRequest, Attached, Conn};
 use ring::Mode;
-use vswitch::pktgen::udp_frame;
 use vswitch::ports::vhost;
 use vswitch::{spawn, Config, ConfigError, SocketPathError, Sockets, Switch, HANDSHAKE_TIMEOUT};
 
@@ -25,6 +25,29 @@ fn dir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("socket directory");
     d
+}
+
+/// A switch running on its own thread, stopped and joined when dropped
+/// (also when a test fails).
+struct Running(
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    Option<std::thread::JoinHandle<Switch>>,
+);
+
+impl Running {
+    fn new(cfg: Config) -> Running {
+        let (stop, h) = spawn(Switch::new(cfg).unwrap()).unwrap();
+        Running(stop, Some(h))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+        if let Some(h) = self.1.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 /// A switch whose one vhost-user port listens on `path`.
@@ -59,15 +82,11 @@ fn a_regular_file_at_a_vhost_user_path_survives_and_is_refused_by_name() {
 fn another_running_switch_s_control_socket_is_refused_and_outlives_us() {
     let d = dir("live");
     let ctl = d.join("switch.sock");
-    let (stop, h) = spawn(
-        Switch::new(Config {
-            socket: Some(ctl.clone()),
-            log_ports: false,
-            ..Config::default()
-        })
-        .unwrap(),
-    )
-    .unwrap();
+    let _switch = Running::new(Config {
+        socket: Some(ctl.clone()),
+        log_ports: false,
+        ..Config::default()
+    });
     // A second switch given the first one's control socket, as its own
     // control socket or as a VM port's.
     for cfg in [
@@ -86,8 +105,6 @@ fn another_running_switch_s_control_socket_is_refused_and_outlives_us() {
     }
     // The first switch still answers on it.
     assert!(status(&ctl).unwrap()["switch"].is_object());
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -134,15 +151,11 @@ fn a_socket_path_given_twice_is_refused() {
 fn idle_memif_connections_do_not_lock_out_a_real_client() {
     let d = dir("memif");
     let msock = d.join("memif.sock");
-    let (stop, h) = spawn(
-        Switch::new(Config {
-            memif_socket: Some(msock.clone()),
-            log_ports: false,
-            ..Config::default()
-        })
-        .unwrap(),
-    )
-    .unwrap();
+    let _switch = Running::new(Config {
+        memif_socket: Some(msock.clone()),
+        log_ports: false,
+        ..Config::default()
+    });
     let idle: Vec<Conn> = (0..vswitch::ports::memif::MAX_CONNECTIONS)
         .map(|_| Conn::connect(&msock).unwrap())
         .collect();
@@ -179,8 +192,6 @@ fn idle_memif_connections_do_not_lock_out_a_real_client() {
         "the connected client was told something or closed"
     );
     drop(idle);
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -202,15 +213,11 @@ fn readable_or_closed(fd: i32) -> bool {
 fn an_idle_control_connection_is_closed_and_a_port_s_is_kept() {
     let d = dir("control");
     let ctl = d.join("switch.sock");
-    let (stop, h) = spawn(
-        Switch::new(Config {
-            socket: Some(ctl.clone()),
-            log_ports: false,
-            ..Config::default()
-        })
-        .unwrap(),
-    )
-    .unwrap();
+    let _switch = Running::new(Config {
+        socket: Some(ctl.clone()),
+        log_ports: false,
+        ..Config::default()
+    });
     let idle = Conn::connect(&ctl).unwrap();
     let port = ring_port(&ctl, "station", Some(1)).unwrap();
     std::thread::sleep(HANDSHAKE_TIMEOUT + Duration::from_secs(1));
@@ -223,8 +230,6 @@ fn an_idle_control_connection_is_closed_and_a_port_s_is_kept() {
         .collect();
     assert_eq!(names, ["station"], "the port's connection was kept");
     drop(port);
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -263,7 +268,7 @@ fn get_features(s: &mut UnixStream) -> Option<u64> {
 fn a_silent_vhost_user_connection_gives_way_to_a_real_frontend() {
     let d = dir("vhost");
     let path = d.join("vm.sock");
-    let (stop, h) = spawn(Switch::new(with_vm_port(&path)).unwrap()).unwrap();
+    let _switch = Running::new(with_vm_port(&path));
     let silent = UnixStream::connect(&path).unwrap();
     // Let the switch take the silent one first.
     std::thread::sleep(Duration::from_millis(200));
@@ -299,8 +304,6 @@ fn a_silent_vhost_user_connection_gives_way_to_a_real_frontend() {
         get_features(&mut front).is_some(),
         "the frontend that claimed the device was closed"
     );
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -313,10 +316,6 @@ fn chain(e: &dyn std::error::Error) -> String {
         s = c.source();
     }
     text
-}
-
-fn mac(n: u8) -> [u8; 6] {
-    [2, 0, 0, 0, 0, n]
 }
 
 fn ring_port(ctl: &Path, name: &str, m: Option<u8>) -> Result<Attached, ring::Error> {
@@ -333,39 +332,6 @@ fn ring_port(ctl: &Path, name: &str, m: Option<u8>) -> Result<Attached, ring::Er
     )
 }
 
-/// Send `n` frames from `src` to `dst`; returns how many went.
-fn send(p: &mut Attached, n: usize, src: u8, dst: u8) -> usize {
-    let f = udp_frame(60, mac(src), mac(dst));
-    let mut sent = 0;
-    let end = Instant::now() + Duration::from_secs(5);
-    while sent < n && Instant::now() < end {
-        let k = p.driver.send(n - sent, |_, b| {
-            b[..60].copy_from_slice(&f);
-            60
-        });
-        if k == 0 {
-            p.driver.wait_tx(Duration::from_millis(5));
-        }
-        sent += k;
-    }
-    p.driver.flush(Duration::from_secs(2));
-    sent
-}
-
-/// Frames waiting at `p` within `quiet` of the last one.
-fn drain(p: &mut Attached, quiet: Duration) -> Vec<Vec<u8>> {
-    let mut got = Vec::new();
-    let mut last = Instant::now();
-    while last.elapsed() < quiet {
-        if p.driver.recv(256, |f| got.push(f.to_vec())) > 0 {
-            last = Instant::now();
-        } else {
-            p.driver.wait_rx(Duration::from_millis(2));
-        }
-    }
-    got
-}
-
 /// By default a ring port is locked to the address it names: one that
 /// names none is refused, and one that sends from another port's address
 /// takes none of that port's frames.
@@ -373,15 +339,11 @@ fn drain(p: &mut Attached, quiet: Duration) -> Vec<Vec<u8>> {
 fn a_ring_port_is_locked_to_its_mac_by_default() {
     let d = dir("ring");
     let ctl = d.join("switch.sock");
-    let (stop, h) = spawn(
-        Switch::new(Config {
-            socket: Some(ctl.clone()),
-            log_ports: false,
-            ..Config::default()
-        })
-        .unwrap(),
-    )
-    .unwrap();
+    let _switch = Running::new(Config {
+        socket: Some(ctl.clone()),
+        log_ports: false,
+        ..Config::default()
+    });
     let e = ring_port(&ctl, "thief", None)
         .err()
         .expect("an unlocked port");
@@ -411,17 +373,15 @@ fn a_ring_port_is_locked_to_its_mac_by_default() {
     for _ in 0..10 {
         assert_eq!(send(&mut thief, 20, 2, 1), 20);
         assert_eq!(send(&mut sender, 50, 1, 2), 50);
-        delivered += drain(&mut victim, Duration::from_millis(100)).len();
+        delivered += recv(&mut victim, usize::MAX, Duration::from_millis(100)).len();
     }
-    let stolen = drain(&mut thief, Duration::from_millis(200));
+    let stolen = recv(&mut thief, usize::MAX, Duration::from_millis(200));
     assert!(
         stolen.iter().all(|f| f[..6] != mac(2)),
         "the thief got {} of the victim's frames",
         stolen.iter().filter(|f| f[..6] == mac(2)).count()
     );
     assert_eq!(delivered, 500, "the victim got every frame for it");
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -431,22 +391,19 @@ fn a_ring_port_is_locked_to_its_mac_by_default() {
 fn a_ring_port_the_switch_lets_bridge_attaches_unlocked() {
     let d = dir("bridge");
     let ctl = d.join("switch.sock");
-    let (stop, h) = spawn(
-        Switch::new(Config {
-            socket: Some(ctl.clone()),
-            log_ports: false,
-            ring_unlocked: vec!["uplink".into()],
-            ..Config::default()
-        })
-        .unwrap(),
-    )
-    .unwrap();
+    let _switch = Running::new(Config {
+        socket: Some(ctl.clone()),
+        log_ports: false,
+        ring_unlocked: vec!["uplink".into()],
+        ..Config::default()
+    });
     let mut uplink = ring_port(&ctl, "uplink", None).unwrap();
     let mut station = ring_port(&ctl, "station", Some(1)).unwrap();
     assert_eq!(send(&mut uplink, 5, 7, 1), 5);
     assert_eq!(send(&mut uplink, 5, 8, 1), 5);
-    assert_eq!(drain(&mut station, Duration::from_millis(200)).len(), 10);
-    stop.store(true, Ordering::Relaxed);
-    h.join().unwrap();
+    assert_eq!(
+        recv(&mut station, usize::MAX, Duration::from_millis(200)).len(),
+        10
+    );
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -6,6 +6,7 @@
 
 pub mod frontend;
 pub mod memif;
+pub mod ring_port;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
