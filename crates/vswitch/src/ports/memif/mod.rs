@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use crate::attach::{Attach, Served};
 use crate::chain;
 
-pub use control::{Error, Event, Refusal, Server, MAX_CONNECTIONS, VERSION};
+pub use control::{Error, Event, Refusal, Server, EVICTABLE_AFTER, MAX_CONNECTIONS, VERSION};
 pub use datapath::{MemifPort, RingError, QUIET_WAKES};
 pub use layout::COOKIE;
 
