@@ -12,7 +12,7 @@
 # Idempotent and silent when DIR already holds an image of this recipe.
 set -euo pipefail
 DIR=${1:-/var/cache/fastpath/guest}
-RECIPE=4   # bump when the initramfs's contents change
+RECIPE=5   # bump when the initramfs's contents change
 [ -f "$DIR/recipe" ] && [ "$(cat "$DIR/recipe")" = "$RECIPE" ] && [ -f "$DIR/vmlinuz" ] && [ -f "$DIR/initrd.gz" ] && exit 0
 for p in busybox-static cpio; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || {
@@ -48,9 +48,12 @@ if [ -e /sys/class/net/eth0 ]; then
   ip link set eth0 up
   [ -n "\$IP" ] && ip addr add "\$IP" dev eth0
 fi
-echo "FASTPATH-GUEST-READY \$(cat /sys/class/net/eth0/address 2>/dev/null || echo none)"
-# Commands from the host, one per line, without a prompt, echo or line editing.
+# Commands from the host, one per line, without a prompt, echo or line
+# editing: echo goes off before READY, since the host starts writing
+# commands when it sees READY and an echoed command could run into the
+# output (and the end marker) of the one before.
 stty -echo 2>/dev/null
+echo "FASTPATH-GUEST-READY \$(cat /sys/class/net/eth0/address 2>/dev/null || echo none)"
 while read -r cmd; do eval "\$cmd"; done
 poweroff -f
 INIT

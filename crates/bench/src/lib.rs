@@ -14,7 +14,8 @@
 //! - [`veth`]: the load balancer on a veth pair beside nftables and an XDP
 //!   bounce.
 //! - [`switch`]: the switch's Figure 1 (packet I/O in VMs) beside the TAP
-//!   backend.
+//!   backend; [`switch_ports`]: the ports it puts inside the switch (a
+//!   source, a sink, a reflector).
 //! - [`vm`]: Figure 1 again with QEMU guests that boot a kernel: vhost-user
 //!   beside QEMU's TAP backend and an emulated e1000, guest to guest.
 //! - [`maio`]: MAIO's Figures 2-4 beside the kernel's own interfaces.
@@ -36,6 +37,7 @@ mod nan;
 mod proc;
 pub mod scaling;
 pub mod switch;
+pub mod switch_ports;
 pub mod veth;
 pub mod vm;
 pub mod xdp;

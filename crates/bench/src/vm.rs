@@ -48,7 +48,9 @@ use ring::Mode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use vswitch::ports::vhost::datapath::TXQ;
-use vswitch::{Config, SinkPort, Switch, VhostPort, VhostUserEntry};
+use vswitch::{Config, Switch, VhostPort, VhostUserEntry};
+
+use crate::switch_ports::SinkPort;
 
 use crate::switch::Progress;
 

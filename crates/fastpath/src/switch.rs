@@ -1,6 +1,6 @@
 //! `fastpath switch ...` and `fastpath pktgen`: argument parsing and wiring.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +34,15 @@ pub enum SwitchCommand {
     ///
     /// A VM port given the guest's MAC (mac=) is locked to it (port
     /// security): the guest cannot send from another address, and no other
-    /// port can take its traffic by sending from its address.
+    /// port can take its traffic by sending from its address. Ring ports
+    /// are locked to the MAC they name when they attach; one that bridges
+    /// other stations needs --ring-unlocked NAME.
+    ///
+    /// What a peer cannot do: take a socket path that holds something else
+    /// (a file that is not a socket, another switch's live socket: refused,
+    /// never deleted; at exit only the switch's own sockets are removed),
+    /// or hold a place without completing its handshake (memif, vhost-user
+    /// and control connections get 3 s).
     ///
     /// Status: `fastpath switch status`, or send SIGUSR1 and the switch
     /// prints it to stderr. SIGINT or SIGTERM stop it.
@@ -133,8 +141,12 @@ pub enum SwitchCommand {
     /// QEMU creates the TAP devices itself, in --netns when given (needs
     /// root; keep test traffic inside a namespace).
     ///
+    /// Start the switch first: QEMU gives up at once when nobody listens on
+    /// a --vhost-user socket. --image DIR boots an image that
+    /// `scripts/guest-image.sh DIR` built elsewhere.
+    ///
     /// Examples:
-    ///   fastpath switch run --vhost-user /tmp/vm1.sock &
+    ///   fastpath switch run --socket /tmp/vms.ctl --vhost-user /tmp/vm1.sock &
     ///   fastpath switch vm --vhost-user /tmp/vm1.sock --ip 10.9.0.1/24 \
     ///     --run 'ip addr show eth0' --run 'ping -c 3 10.9.0.2'
     ///   ip netns add t && fastpath switch vm --netns t --e1000 fpe0 --up 60
@@ -144,7 +156,9 @@ pub enum SwitchCommand {
     /// Two QEMU guests exchanging traffic through the switch, shown to a
     /// person (needs root, QEMU 10 and the guest image: scripts/setup.sh).
     ///
-    /// Starts `fastpath switch run` in a throwaway namespace with two VM
+    /// Starts `fastpath switch run` in a throwaway namespace (fpvmdemo-PID:
+    /// two demos do not meet, and one of that name already there is left
+    /// alone) with two VM
     /// ports (vhost-user, each locked to its guest's MAC) and a TAP port
     /// whose far side is the namespace's kernel; boots two guests; they ping
     /// each other and the TAP side; guest A sends a short pktgen blast to
@@ -192,6 +206,10 @@ pub struct VmArgs {
     /// Guest memory, MiB.
     #[arg(long, default_value_t = 256)]
     mem_mib: u32,
+    /// The guest image's directory (vmlinuz, initrd.gz): one that
+    /// `scripts/guest-image.sh DIR` built elsewhere than the default.
+    #[arg(long, value_name = "DIR", default_value = lab::guest::IMAGE_DIR)]
+    image: PathBuf,
 }
 
 #[derive(Args)]
@@ -220,8 +238,21 @@ pub struct RunArgs {
     /// file's stem), mode=base|sc|csb (default csb: event-index windows),
     /// itr=N (interrupt moderation, 250 ns units), mac=MAC (the guest's:
     /// locks the port to it), port_security=on|off, event_idx=on|off.
+    /// PATH must be free or a stale socket: a file that is not a socket,
+    /// another switch's live socket, or a path given twice is refused,
+    /// never deleted; at exit only the sockets this switch made are
+    /// removed.
     #[arg(long, value_name = "PATH[,KEY=VALUE]...")]
     vhost_user: Vec<String>,
+    /// Let the ring port named NAME attach without a MAC address (not
+    /// locked to one), for a port that bridges other stations; repeatable,
+    /// `*` for every ring port. By default a ring port names its MAC when
+    /// it attaches (fastpath pktgen --src-mac) and is locked to it: the
+    /// switch drops its frames from any other address, so it cannot take
+    /// another port's traffic by sending from that port's address.
+    /// Adds to the file's ring_unlocked.
+    #[arg(long, value_name = "NAME")]
+    ring_unlocked: Vec<String>,
     /// Keep polling this long (microseconds) after the last work before sleeping.
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=vswitch::MAX_INTERVAL_US))]
     poll_us: Option<u64>,
@@ -349,17 +380,27 @@ pub struct PktgenArgs {
     /// Ring slots (a power of two).
     #[arg(long, default_value_t = 1024)]
     slots: u32,
-    /// Source MAC.
-    #[arg(long, default_value = "02:fa:00:00:00:01")]
-    src_mac: String,
+    /// Source MAC, the port's own address (it is locked to it): default
+    /// 02:fa:00:00:00:01 for the senders (tx, ping-pong) and
+    /// 02:fa:00:00:00:02, the senders' default destination, for the
+    /// receivers (rx, pong), so that a sender and a receiver with the
+    /// defaults are two stations. Two ports on one switch need two.
+    #[arg(long)]
+    src_mac: Option<String>,
     /// Destination MAC (unknown or broadcast destinations are flooded).
     #[arg(long, default_value = "02:fa:00:00:00:02")]
     dst_mac: String,
     /// Lock the port to --src-mac (port security): the switch drops its
     /// frames from any other address, and no other port can take its
-    /// traffic by sending from this one.
-    #[arg(long)]
+    /// traffic by sending from this one. The default; the flag stays for
+    /// the scripts that give it.
+    #[arg(long, conflicts_with = "unlocked")]
     lock_mac: bool,
+    /// Attach without a MAC address (not locked to one), for a port that
+    /// sends from other stations' addresses: the switch must let it (its
+    /// --ring-unlocked NAME).
+    #[arg(long)]
+    unlocked: bool,
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
 }
@@ -387,6 +428,7 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         .or(cfg.socket)
         .or_else(|| Some(PathBuf::from(DEFAULT_SOCKET)));
     cfg.memif_socket = a.memif.or(cfg.memif_socket);
+    cfg.ring_unlocked.extend(a.ring_unlocked);
     if let Some(p) = a.poll_us {
         cfg.poll_us = p;
     }
@@ -399,12 +441,11 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             .with_context(|| format!("--vhost-user {spec}"))?;
         cfg.vhost_user.push(v);
     }
-    let vm_sockets: Vec<PathBuf> = cfg.vhost_user.iter().map(|v| v.path.clone()).collect();
-    for p in [&cfg.socket, &cfg.memif_socket]
-        .into_iter()
-        .flatten()
-        .chain(vm_sockets.iter())
-    {
+    // Nothing at a path that is not a free or stale socket is touched: a
+    // regular file or another switch's live socket is refused, and a path
+    // given twice too; at exit only the sockets this switch made go.
+    let mut sockets = vswitch::Sockets::claim(&cfg)?;
+    for p in sockets.paths() {
         if let Some(dir) = p.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
@@ -412,6 +453,7 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let mut sw = vswitch::Switch::new(cfg.clone())
         .and_then(vswitch::EventLoop::new)
         .context("starting the switch")?;
+    sockets.bound();
     for t in file.taps.iter().chain(a.tap.iter()) {
         let tap = netio::tap::Tap::open(t).with_context(|| format!("TAP port {t} (needs root)"))?;
         sw.add_port(Box::new(vswitch::TapPort::new(tap)))?;
@@ -434,13 +476,8 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             .collect::<String>()
     );
     sw.run(&stop, Some(&usr1));
-    for p in [&cfg.socket, &cfg.memif_socket]
-        .into_iter()
-        .flatten()
-        .chain(vm_sockets.iter())
-    {
-        let _ = std::fs::remove_file(p);
-    }
+    drop(sw);
+    drop(sockets);
     Ok(())
 }
 
@@ -503,16 +540,20 @@ pub fn pktgen(a: PktgenArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     if a.rate.is_some_and(|r| r <= 0.0 || r.is_nan()) {
         bail!("--rate must be positive");
     }
+    let src_mac = parse_mac(a.src_mac.as_deref().unwrap_or(match a.mode {
+        Role::Tx | Role::PingPong => "02:fa:00:00:00:01",
+        Role::Rx | Role::Pong => "02:fa:00:00:00:02",
+    }))?;
     let req = AttachRequest {
         name: a.name.clone(),
         mode: a.port_mode,
         itr: a.itr,
         slots: a.slots,
         buf_size: 2048,
-        mac: if a.lock_mac {
-            Some(parse_mac(&a.src_mac)?)
-        } else {
+        mac: if a.unlocked && !a.lock_mac {
             None
+        } else {
+            Some(src_mac)
         },
     };
     let mut port = ring::control::attach(&a.socket, &req)
@@ -524,7 +565,7 @@ pub fn pktgen(a: PktgenArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         rate: a.rate,
         count: a.count,
         duration: Duration::from_secs_f64(a.duration),
-        src_mac: parse_mac(&a.src_mac)?,
+        src_mac,
         dst_mac: parse_mac(&a.dst_mac)?,
     };
     let r = vswitch::pktgen::run(&mut port.driver, &p, &|| stop.load(Ordering::Relaxed));
@@ -581,7 +622,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     // a machine without it skips them (and says so).
     let memif_wanted = part(PartArg::Memif);
     let memif_skipped = memif_wanted && all && bench::switch::testpmd_path().is_none();
-    let json = matches!(a.format, Format::Json);
+    // Progress goes to stderr whatever the format: stdout holds the report
+    // (the JSON document), and the vm part runs for minutes.
     let o = Options {
         forwarding: part(PartArg::Forwarding),
         forwarding_burst: a.forwarding_burst,
@@ -596,11 +638,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         seconds,
         backends,
         burst: a.burst,
-        progress: Some(Arc::new(move |s: &str| {
-            if !json {
-                eprintln!("  {s}");
-            }
-        })),
+        progress: Some(Arc::new(move |s: &str| eprintln!("  {s}"))),
     };
     // The vm part boots guests; when every part was asked for implicitly,
     // a machine without QEMU, the guest image or root skips it (and says so).
@@ -612,9 +650,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let mut report = if only_vm {
         bench::switch::Report::default()
     } else {
-        if !json {
-            eprintln!("switch bench: {seconds} s per measurement, 4 measurements per row");
-        }
+        eprintln!("switch bench: {seconds} s per measurement, 4 measurements per row");
         bench::switch::run(&o)?
     };
     if memif_skipped {
@@ -628,9 +664,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         });
     } else if vm_wanted {
         let repeats = a.repeats.unwrap_or(if a.quick { 1 } else { 3 }) as usize;
-        if !json {
-            eprintln!("switch bench, vm part: two QEMU guests (TCG), {repeats} run(s) per figure");
-        }
+        eprintln!("switch bench, vm part: two QEMU guests (TCG), {repeats} run(s) per figure");
         let vo = bench::vm::VmOptions {
             quick: a.quick,
             repeats,
@@ -642,6 +676,20 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         report.vm = Some(bench::vm::VmPart::Measured(Box::new(v)));
     }
     emit(a.format, &report)
+}
+
+/// Whether something is at `path` that a vhost-user frontend can connect
+/// to: a socket file (a switch bound it); the error says what is there
+/// instead. Looking does not connect: a connection, even one closed at
+/// once, would show in the switch's counters as a frontend that came and
+/// went.
+fn listening(path: &Path) -> Result<(), &'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => Ok(()),
+        Ok(_) => Err("it is not a socket"),
+        Err(_) => Err("nothing is there"),
+    }
 }
 
 /// `X[,mac=MAC]`: the argument and its MAC, if given.
@@ -688,22 +736,39 @@ pub fn vm(a: VmArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     if nics.is_empty() {
         bail!("give the guest at least one NIC: --vhost-user PATH, --tap IFNAME or --e1000 IFNAME");
     }
+    // QEMU connects to the switch's VM socket at once and gives up in a
+    // fraction of a second if nobody is there: say what to do first.
+    for s in &a.vhost_user {
+        let (path, _) = nic_spec(s, "vhost-user")?;
+        if let Err(why) = listening(Path::new(&path)) {
+            bail!(
+                "no switch listens on {path} ({why}): start the switch first \
+                 (fastpath switch run --socket /run/fastpath/vm.ctl --vhost-user {path})"
+            );
+        }
+    }
     let mut o = GuestOpts::new("vm", nics).limit(Duration::from_secs(a.limit.max(1)));
     o.mem_mib = a.mem_mib.clamp(64, 4096);
+    o.image = a.image.clone();
     if let Some(ip) = &a.ip {
         o = o.ip(ip);
     }
     if let Some(ns) = &a.netns {
         o = o.netns(ns);
     }
-    if !lab::guest::available() {
-        bail!("QEMU 10 and the guest image are needed: run scripts/setup.sh (it installs qemu-system-x86 from bookworm-backports and builds /var/cache/fastpath/guest)");
+    if let Some(what) = lab::guest::missing_in(&a.image) {
+        bail!("QEMU 10 and the guest image are needed, and {what} is missing: run scripts/setup.sh (it installs qemu-system-x86 from bookworm-backports and builds {}), or give --image DIR", lab::guest::IMAGE_DIR);
     }
     eprintln!("booting the guest (TCG: 7-40 s)...");
     let t = std::time::Instant::now();
-    let mut g = Guest::start(&o).context("starting QEMU")?;
+    let hint = if a.vhost_user.is_empty() {
+        ""
+    } else {
+        " (QEMU ends at once when the switch behind a --vhost-user socket is gone: is it running?)"
+    };
+    let mut g = Guest::start(&o).with_context(|| format!("starting QEMU{hint}"))?;
     g.wait_ready(lab::guest::BOOT)
-        .context("booting the guest")?;
+        .with_context(|| format!("booting the guest{hint}"))?;
     eprintln!(
         "guest up after {:.1} s, eth0 {}",
         t.elapsed().as_secs_f64(),

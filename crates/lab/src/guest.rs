@@ -312,12 +312,19 @@ pub fn available() -> bool {
 /// What of QEMU and the guest image is not here, said for a person
 /// (`None`: a guest can boot).
 pub fn missing() -> Option<String> {
+    missing_in(Path::new(IMAGE_DIR))
+}
+
+/// [`missing`], for a guest image in `dir` (one `scripts/guest-image.sh
+/// DIR` built elsewhere than [`IMAGE_DIR`]).
+pub fn missing_in(dir: &Path) -> Option<String> {
     for file in ["vmlinuz", "initrd.gz"] {
-        let p = Path::new(IMAGE_DIR).join(file);
+        let p = dir.join(file);
         if !p.exists() {
             return Some(format!(
-                "the guest image's {} (scripts/guest-image.sh)",
-                p.display()
+                "the guest image's {} (scripts/guest-image.sh {})",
+                p.display(),
+                dir.display()
             ));
         }
     }

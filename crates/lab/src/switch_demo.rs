@@ -1,7 +1,9 @@
 //! `fastpath switch demo`: two QEMU guests exchanging traffic through the
 //! switch, shown to a person. Everything it creates (a namespace, the
 //! switch process, the guests, a socket directory) is removed at the end,
-//! also on Ctrl-C.
+//! also on Ctrl-C. Its namespace's name holds the process id, so two demos
+//! on one machine do not meet; a namespace of that name that is already
+//! there is someone else's, and the demo stops rather than delete it.
 //!
 //! 1. `fastpath switch run` starts in a throwaway namespace with two VM
 //!    ports (vhost-user, each locked to its guest's MAC) and a TAP port
@@ -24,7 +26,8 @@ use crate::guest::{Guest, GuestOpts, Nic};
 use crate::netns::Netns;
 use crate::{Error, Result};
 
-/// The demo's namespace, TAP, addresses and MACs.
+/// The demo's namespace (its name's stem: the process id follows), TAP,
+/// addresses and MACs.
 const NS: &str = "fpvmdemo";
 const TAP: &str = "fpvmtap0";
 const HOST_IP: &str = "10.77.0.254";
@@ -167,11 +170,19 @@ pub fn run(o: &Options, stop: Arc<AtomicBool>) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
     let _dir = TempDir(dir.clone());
-    println!("1. fastpath switch run in namespace {NS}: VM ports vm-a and vm-b (vhost-user,");
+    let ns_name = format!("{NS}-{}", std::process::id());
+    // Netns::new replaces a namespace of its name; this one is only ours
+    // if it is not there yet.
+    if Path::new("/run/netns").join(&ns_name).exists() {
+        return Err(Error::io(format!(
+            "namespace {ns_name} exists and is not this demo's: not deleting it"
+        ))(std::io::ErrorKind::AlreadyExists.into()));
+    }
+    println!("1. fastpath switch run in namespace {ns_name}: VM ports vm-a and vm-b (vhost-user,");
     println!(
         "   locked to their guests' MACs) and TAP port {TAP} (the namespace's kernel, {HOST_IP})"
     );
-    let ns = Netns::new(NS)?;
+    let ns = Netns::new(&ns_name)?;
     let _switch = start_switch(&ns, &o.exe, &dir)?;
     let ready = Instant::now();
     while status(&o.exe, &dir).is_err() {

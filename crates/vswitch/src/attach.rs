@@ -8,12 +8,25 @@
 //! document) comes back to the event loop as [`Served`], and the event loop
 //! hands the server the outcome to answer the client with. So the servers
 //! sit below the switch's event loop, not beside it.
+//!
+//! Every attach protocol has a handshake deadline, [`HANDSHAKE_TIMEOUT`]:
+//! a connection that has not completed its kind's handshake by then is
+//! closed ([`Attach::expire`]), so that idle connections cannot hold the
+//! slots and descriptors real clients need.
 
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use crate::ports::Port;
 use crate::status::Status;
 use crate::Error;
+
+/// How long a peer has, from connecting, to complete its protocol's
+/// handshake (memif: `connect` acknowledged; the control socket: a request
+/// for a port or the status; vhost-user: `SET_OWNER`, the message a
+/// frontend claims the device with) before it is closed. Real clients take
+/// milliseconds; the margin is for a loaded machine.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// What serving a connection asks of the event loop.
 pub(crate) enum Served {
@@ -53,4 +66,9 @@ pub(crate) trait Attach: Send {
         let _ = (id, page);
         Served::Open
     }
+    /// Close every connection whose handshake deadline has passed by
+    /// `now` (and any the server closed on its own since, to make room):
+    /// their ids and descriptors, for the event loop to stop watching
+    /// before it drops them, and to remove what they brought.
+    fn expire(&mut self, now: Instant) -> Vec<(u32, OwnedFd)>;
 }

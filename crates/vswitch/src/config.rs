@@ -39,6 +39,61 @@ pub struct Config {
     /// vhost-user ports: one socket each, where QEMU connects for one
     /// virtual machine's NIC.
     pub vhost_user: Vec<vhost::Config>,
+    /// Ring ports (by name; `*`: every one) that may attach without being
+    /// locked to a MAC address, for a port that bridges other stations.
+    /// Every other ring port must name its MAC when it attaches, and is
+    /// locked to it (port security), as VM ports are: a port that could
+    /// send from any address could take any other port's traffic.
+    pub ring_unlocked: Vec<String>,
+}
+
+impl Config {
+    /// Every socket path the switch binds, with what it is for (the
+    /// control socket, the memif socket, each vhost-user port's).
+    pub fn socket_paths(&self) -> Vec<(String, &Path)> {
+        let mut v: Vec<(String, &Path)> = Vec::new();
+        if let Some(p) = &self.socket {
+            v.push(("control socket".into(), p));
+        }
+        if let Some(p) = &self.memif_socket {
+            v.push(("memif socket".into(), p));
+        }
+        for c in &self.vhost_user {
+            v.push((format!("socket of vhost-user port {:?}", c.name), &c.path));
+        }
+        v
+    }
+
+    /// Check what the settings say together, however they were put
+    /// together (the file, the command line, both): no socket path given
+    /// twice. The file's own checks ([`FileConfig::load`]) end here too.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let paths = self.socket_paths();
+        for (i, (second, p)) in paths.iter().enumerate() {
+            if let Some((first, _)) = paths[..i].iter().find(|(_, q)| same_path(q, p)) {
+                return Err(ConfigError::SamePath {
+                    socket: p.to_path_buf(),
+                    first: first.clone(),
+                    second: second.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether two socket paths name one file: equal as given, or once the
+/// directories that exist are resolved (`/run/x.sock` and `/run/./x.sock`);
+/// the file itself need not exist yet.
+fn same_path(a: &Path, b: &Path) -> bool {
+    fn resolved(p: &Path) -> Option<PathBuf> {
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(dir.canonicalize().ok()?.join(p.file_name()?))
+    }
+    a == b || matches!((resolved(a), resolved(b)), (Some(x), Some(y)) if x == y)
 }
 
 impl Default for Config {
@@ -52,11 +107,14 @@ impl Default for Config {
             log_ports: true,
             memif_moderation: Duration::ZERO,
             vhost_user: Vec::new(),
+            ring_unlocked: Vec::new(),
         }
     }
 }
 
-/// Errors loading the switch's TOML file.
+/// Errors loading the switch's TOML file, or in the settings themselves
+/// ([`Config::check`]) and the socket paths they name
+/// ([`crate::Sockets::claim`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
@@ -102,6 +160,20 @@ pub enum ConfigError {
         #[source]
         source: VhostUserError,
     },
+    /// Two sockets of the switch at one path: binding the second would
+    /// unbind the first.
+    #[error("{} is given twice, as the {first} and as the {second}: each socket needs a path of its own", socket.display())]
+    SamePath {
+        /// The path.
+        socket: PathBuf,
+        /// What it was given for first.
+        first: String,
+        /// What it was given for again.
+        second: String,
+    },
+    /// A socket path holds something that is not ours to replace.
+    #[error(transparent)]
+    Socket(#[from] crate::sockets::SocketPathError),
 }
 
 /// What is wrong with a vhost-user port's settings (a `[[vhost_user]]`
@@ -266,6 +338,7 @@ impl VhostUserEntry {
 /// mac = "52:54:00:00:00:01"
 /// poll_us = 20                           # poll this long before sleeping
 /// memif_moderation_us = 0                # > 0: memif interrupt moderation
+/// ring_unlocked = ["uplink"]             # ring ports that may bridge (not locked to a MAC)
 /// aging_s = 300                          # MAC aging
 /// max_macs = 65536
 /// ```
@@ -290,6 +363,9 @@ pub struct FileConfig {
     /// vhost-user ports.
     #[serde(default)]
     pub vhost_user: Vec<VhostUserEntry>,
+    /// Ring ports that may attach unlocked ([`Config::ring_unlocked`]).
+    #[serde(default)]
+    pub ring_unlocked: Vec<String>,
 }
 
 impl FileConfig {
@@ -323,6 +399,7 @@ impl FileConfig {
                 source,
             })?;
         }
+        c.config().check()?;
         Ok(c)
     }
 
@@ -346,6 +423,7 @@ impl FileConfig {
                 .iter()
                 .filter_map(|v| v.config().ok())
                 .collect(),
+            ring_unlocked: self.ring_unlocked.clone(),
         }
     }
 }

@@ -24,6 +24,11 @@ use crate::{Config, Error, Switch};
 /// (kicks, control messages) at least this often.
 const BUSY_EPOLL_EVERY: Duration = Duration::from_micros(10);
 
+/// How often the servers' connections are looked at for a handshake
+/// deadline that passed ([`Attach::expire`]): a small part of the deadline,
+/// and at most as often as an idle switch wakes anyway.
+const EXPIRE_EVERY: Duration = Duration::from_millis(100);
+
 /// What an epoll event is about: its token's class in bits 40..48, a
 /// server's index in bits 32..40, and a port index or connection id below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +123,7 @@ impl Poller {
 fn servers(cfg: &Config) -> Result<Vec<Box<dyn Attach>>, Error> {
     let mut servers: Vec<Box<dyn Attach>> = Vec::new();
     if let Some(p) = &cfg.socket {
-        servers.push(Box::new(ControlServer::bind(p)?));
+        servers.push(Box::new(ControlServer::bind(p, &cfg.ring_unlocked)?));
     }
     if let Some(p) = &cfg.memif_socket {
         servers.push(Box::new(memif::Attached::bind(p, cfg.memif_moderation)?));
@@ -139,6 +144,8 @@ pub struct EventLoop {
     poller: Poller,
     /// In their registration order ([`servers`]).
     servers: Vec<Box<dyn Attach>>,
+    /// When the servers' handshake deadlines are next looked at.
+    next_expire: Instant,
 }
 
 impl EventLoop {
@@ -159,6 +166,7 @@ impl EventLoop {
             switch,
             poller,
             servers,
+            next_expire: Instant::now() + EXPIRE_EVERY,
         })
     }
 
@@ -280,6 +288,45 @@ impl EventLoop {
             for ev in events.iter().take(n) {
                 self.dispatch(ev.u64);
             }
+            self.expire(now);
+        }
+    }
+
+    /// Close the servers' connections whose handshake deadline passed
+    /// (looked at every [`EXPIRE_EVERY`]).
+    fn expire(&mut self, now: Instant) {
+        if now < self.next_expire {
+            return;
+        }
+        self.next_expire = now + EXPIRE_EVERY;
+        for k in 0..self.servers.len() {
+            self.reap(k as u8, now);
+        }
+    }
+
+    /// Stop watching the connections server `k` closed (deadline passed,
+    /// or made room for a newcomer) and remove what they brought.
+    fn reap(&mut self, k: u8, now: Instant) {
+        let Some(server) = self.servers.get_mut(k as usize) else {
+            return;
+        };
+        for (id, fd) in server.expire(now) {
+            self.closed(
+                Owner {
+                    server: k,
+                    conn: id,
+                },
+                fd,
+            );
+        }
+    }
+
+    /// Connection `owner` closed: stop watching it and remove the ports it
+    /// brought.
+    fn closed(&mut self, owner: Owner, fd: OwnedFd) {
+        self.poller.unwatch(fd.as_fd());
+        for idx in self.switch.owned_by(owner) {
+            self.remove_port(idx);
         }
     }
 
@@ -294,6 +341,7 @@ impl EventLoop {
         for ev in events.iter().take(n) {
             self.dispatch(ev.u64);
         }
+        self.expire(Instant::now());
     }
 
     /// Act on one epoll event: a port's descriptor, or a server's listening
@@ -317,6 +365,9 @@ impl EventLoop {
         if let Some(server) = self.servers.get_mut(k as usize) {
             server.accept_all(&mut |id, fd| poller.watch(fd, Token::Conn(k, id)).is_ok());
         }
+        // A newcomer may have taken the place of a connection that had not
+        // completed its handshake.
+        self.reap(k, Instant::now());
     }
 
     /// Let server `k` handle what arrived on its connection `id`, and do
@@ -337,10 +388,7 @@ impl EventLoop {
             served = match served {
                 Served::Open => return,
                 Served::Closed(fd) => {
-                    self.poller.unwatch(fd.as_fd());
-                    for idx in self.switch.owned_by(owner) {
-                        self.remove_port(idx);
-                    }
+                    self.closed(owner, fd);
                     return;
                 }
                 Served::Port(port) => {

@@ -14,7 +14,8 @@
 //!
 //! Port security: a port may be locked to one source address
 //! ([`Port::locked_mac`]; VM ports whose guest's MAC is configured are, by
-//! default, and a ring port whose driver asks). The switch drops that
+//! default, and every ring port: one attaches naming its MAC, unless the
+//! switch lets it bridge other stations, [`Config::ring_unlocked`]). The switch drops that
 //! port's frames from any other address and pins the address to it, so no
 //! other port can take its traffic by sending from it; both count as
 //! `spoofed`.
@@ -35,9 +36,12 @@
 //! - `switch.rs`: the core: [`Switch`]'s port slots, the MAC table, the
 //!   forwarding pass, the status document; no descriptor, no socket.
 //! - `config.rs`: [`Config`], and the TOML file, [`FileConfig`].
+//! - `sockets.rs`: the socket paths: taken only when free or stale
+//!   ([`Sockets::claim`]), removed at exit only if still ours.
 //! - [`ports`]: the [`Port`] trait and every kind of port (`ring`, `tap`,
-//!   `memif/`, `vhost/` for virtual machines, and the benchmarks' ports
-//!   inside the switch).
+//!   `memif/`, `vhost/` for virtual machines; the benchmarks' ports inside
+//!   the switch, a source, a sink and a reflector, live in the `bench`
+//!   crate).
 //! - [`bridge`]: MAC learning; [`pktgen`]: the generator on the driver side
 //!   of a ring port; [`status`]: the status document's types (leaf data,
 //!   that port kinds may import).
@@ -71,20 +75,20 @@ mod control;
 mod event_loop;
 pub mod pktgen;
 pub mod ports;
+mod sockets;
 pub mod status;
 mod switch;
 
+pub use attach::HANDSHAKE_TIMEOUT;
 pub use config::{
     Config, ConfigError, FileConfig, VhostUserEntry, VhostUserError, MAX_INTERVAL_US,
 };
 pub use event_loop::{spawn, EventLoop};
 pub use ports::vhost::VhostPort;
+pub use sockets::{claim, SocketPathError, Sockets};
 // The kinds are re-exported from their own modules, not through `ports`,
 // so that `ports` (the trait every kind implements) does not import them.
-pub use ports::echo::EchoPort;
-pub use ports::generator::GenPort;
 pub use ports::ring::RingPort;
-pub use ports::sink::SinkPort;
 pub use ports::tap::TapPort;
 pub use ports::{Counters, Port};
 pub use status::{PortDetail, PortStatus, Status, StatusError};

@@ -2,101 +2,15 @@
 //! impossible counters, descriptors pointing anywhere. The switch refuses or
 //! counts, and keeps serving.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+mod common;
+
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::memif::{eventfd, handshake, memfd, msg, RING_BYTES};
 use ring::control::{recv_msg, send_msg, status, Conn};
 use vswitch::{spawn, Config, Switch};
-
-const RING_BYTES: usize = 128 + 16 * 256; // header + 256 descriptors
-
-fn memfd(size: usize, seal: bool) -> OwnedFd {
-    // SAFETY: memfd_create with a NUL-terminated literal name.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"evil".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    assert!(fd >= 0);
-    // SAFETY: fd is a fresh descriptor from memfd_create, owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: ftruncate on a memfd we own.
-    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) }, 0);
-    if seal {
-        // SAFETY: fcntl on a memfd we own.
-        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
-    }
-    fd
-}
-
-fn eventfd() -> OwnedFd {
-    // SAFETY: eventfd returns a fresh descriptor, owned by nobody else.
-    unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) }
-}
-
-fn msg(ty: u16, fill: impl FnOnce(&mut [u8; 128])) -> [u8; 128] {
-    let mut m = [0u8; 128];
-    m[..2].copy_from_slice(&ty.to_le_bytes());
-    fill(&mut m);
-    m
-}
-
-/// Run the client side of the handshake; returns the last reply type.
-fn handshake(
-    path: &std::path::Path,
-    region: OwnedFd,
-    size: u64,
-    ring_off: [u32; 2],
-) -> (Conn, u16) {
-    let c = Conn::connect(path).unwrap();
-    let (hello, _) = recv_msg(c.fd()).unwrap().unwrap();
-    assert_eq!(u16::from_le_bytes([hello[0], hello[1]]), 2, "HELLO first");
-    let reply = |c: &Conn| -> u16 {
-        match recv_msg(c.fd()) {
-            Ok(Some((m, _))) if m.len() >= 2 => u16::from_le_bytes([m[0], m[1]]),
-            _ => 0,
-        }
-    };
-    send_msg(
-        c.fd(),
-        &msg(3, |m| m[2..4].copy_from_slice(&0x0200u16.to_le_bytes())),
-        &[],
-    )
-    .unwrap();
-    assert_eq!(reply(&c), 1, "INIT acked");
-    send_msg(
-        c.fd(),
-        &msg(4, |m| m[4..12].copy_from_slice(&size.to_le_bytes())),
-        &[region.as_raw_fd()],
-    )
-    .unwrap();
-    let r = reply(&c);
-    if r != 1 {
-        return (c, r);
-    }
-    for (dir, off) in [(1u16, ring_off[0]), (0u16, ring_off[1])] {
-        let e = eventfd();
-        send_msg(
-            c.fd(),
-            &msg(5, |m| {
-                m[2..4].copy_from_slice(&dir.to_le_bytes());
-                m[8..12].copy_from_slice(&off.to_le_bytes());
-                m[12] = 8; // 256 descriptors
-            }),
-            &[e.as_raw_fd()],
-        )
-        .unwrap();
-        let r = reply(&c);
-        if r != 1 {
-            return (c, r);
-        }
-    }
-    send_msg(c.fd(), &msg(6, |_| ()), &[]).unwrap();
-    let r = reply(&c);
-    (c, r)
-}
 
 /// The switch's memif port, as its status shows it.
 fn memif_port(ctl: &std::path::Path) -> Option<serde_json::Value> {

@@ -1,10 +1,13 @@
 //! The switch with ports attached through its control socket, as separate
 //! processes would attach (here: threads of the test).
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::ring_port::{mac, recv, send};
 use ring::control::{attach, status, AttachRequest, Attached};
 use ring::Mode;
 use vswitch::pktgen::udp_frame;
@@ -24,6 +27,10 @@ fn start(
     let path = sock(tag);
     let sw = Switch::new(Config {
         socket: Some(path.clone()),
+        // These ports play stations sending from whatever address a test
+        // picks, as ports that bridge other stations do; the port security
+        // test names its MACs.
+        ring_unlocked: vec!["*".into()],
         ..Config::default()
     })
     .unwrap();
@@ -44,43 +51,6 @@ fn port(path: &std::path::Path, name: &str, mode: Mode, slots: u32) -> Attached 
         },
     )
     .unwrap()
-}
-
-fn mac(n: u8) -> [u8; 6] {
-    [2, 0, 0, 0, 0, n]
-}
-
-fn send(p: &mut Attached, n: usize, src: u8, dst: u8) -> usize {
-    let f = udp_frame(60, mac(src), mac(dst));
-    let mut sent = 0;
-    let end = Instant::now() + Duration::from_secs(5);
-    while sent < n && Instant::now() < end {
-        let k = p.driver.send(n - sent, |_, b| {
-            b[..60].copy_from_slice(&f);
-            60
-        });
-        if k == 0 {
-            p.driver.wait_tx(Duration::from_millis(5));
-        }
-        sent += k;
-    }
-    p.driver.flush(Duration::from_secs(2));
-    sent
-}
-
-/// Receive until `n` frames came or `quiet` passes with nothing new.
-fn recv(p: &mut Attached, n: usize, quiet: Duration) -> Vec<Vec<u8>> {
-    let mut got = Vec::new();
-    let mut last = Instant::now();
-    while got.len() < n && last.elapsed() < quiet {
-        let k = p.driver.recv(256, |f| got.push(f.to_vec()));
-        if k > 0 {
-            last = Instant::now();
-        } else {
-            p.driver.wait_rx(Duration::from_millis(2));
-        }
-    }
-    got
 }
 
 #[test]
@@ -316,7 +286,7 @@ fn status_reaches_the_client_whole_at_a_thousand_ports() {
     })
     .unwrap();
     for i in 0..1000 {
-        sw.add_port(Box::new(vswitch::SinkPort::new(&format!(
+        sw.add_port(Box::new(common::SinkPort::new(&format!(
             "sink-with-a-long-name-{i:04}"
         ))))
         .unwrap();

@@ -87,6 +87,8 @@ fn exchange(tag: &str, cfg: Config) -> serde_json::Value {
     let sw = Switch::new(Config {
         socket: Some(ctl.clone()),
         memif_socket: Some(msock.clone()),
+        // The pktgen port sends from testpmd's addresses' peers: it bridges.
+        ring_unlocked: vec!["*".into()],
         ..cfg
     })
     .unwrap();

@@ -21,13 +21,13 @@ use common::frontend::{
     eventfd, mem_table, req, state, u64p, vring_addr, Layout, Pumped, RawDesc, SharedMem,
     TestGuest, Wire, BUF, MEM, RX_BUFS, TX_BUFS, VERSION,
 };
-use common::{add_vport, capture, settle, vport, CapturePort};
+use common::{add_vport, capture, settle, vport, CapturePort, SinkPort};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, TestCaseError, TestRunner};
 use ring::Mode;
 use vswitch::ports::vhost::control::PARTIAL_TIMEOUT;
 use vswitch::ports::vhost::datapath::{ChainError, QueueStats, MAX_FRAME, RXQ, TXQ};
-use vswitch::{EventLoop, SinkPort};
+use vswitch::EventLoop;
 
 const HOSTILE: u16 = 0;
 const VICTIM: u16 = 1;

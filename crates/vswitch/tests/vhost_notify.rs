@@ -8,11 +8,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::frontend::TestGuest;
-use common::{add_vport, settle, vport};
+use common::{add_vport, settle, vport, SinkPort};
 use ring::device::FrameRef;
 use ring::Mode;
 use vswitch::ports::vhost::datapath::{RXQ, TXQ};
-use vswitch::{EventLoop, Port, SinkPort};
+use vswitch::{EventLoop, Port};
 
 const NUM: u16 = 64;
 

@@ -9,8 +9,10 @@
 //! - [`memif`]: memif clients (DPDK, VPP) attached through the memif socket.
 //! - [`vhost`]: a virtual machine's virtio-net device (QEMU attaches over
 //!   vhost-user); one socket per port, made from the configuration.
-//! - [`generator`], [`sink`], [`echo`]: ports inside the switch that make, count
-//!   or reflect frames; only benchmarks and tests use them.
+//!
+//! Ports inside the switch that make, count or reflect frames are the
+//! benchmarks' (the `bench` crate's `switch_ports`): any type that
+//! implements [`Port`] can be added.
 //!
 //! A kind whose ports outside programs attach through a socket of its own
 //! also has a server implementing the event loop's `Attach` (as
@@ -19,11 +21,8 @@
 //! kinds import the status types ([`crate::status`]) and nothing of the
 //! switch itself.
 
-pub mod echo;
-pub mod generator;
 pub mod memif;
 pub mod ring;
-pub mod sink;
 pub mod tap;
 pub mod vhost;
 

@@ -1,10 +1,12 @@
 //! What the vhost-user tests share: a frontend of our own that can lie
-//! ([`frontend`]), a port that keeps what it is given, and a switch driven
-//! step by step in the test's own thread.
+//! ([`frontend`]), a port that keeps what it is given, one that counts it,
+//! and a switch driven step by step in the test's own thread.
 
 #![allow(dead_code)]
 
 pub mod frontend;
+pub mod memif;
+pub mod ring_port;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -59,6 +61,48 @@ impl Port for CapturePort {
     }
     fn as_any(&mut self) -> Option<&mut dyn std::any::Any> {
         Some(self)
+    }
+}
+
+/// Counts what it is given and keeps nothing: a destination that always
+/// has room, for tests that look at counters (the benchmarks' sink, in the
+/// `bench` crate, also pins an address to itself; these tests need not).
+pub struct SinkPort {
+    name: String,
+    c: Counters,
+}
+
+impl SinkPort {
+    /// A sink named `name`.
+    pub fn new(name: &str) -> SinkPort {
+        SinkPort {
+            name: name.into(),
+            c: Counters::default(),
+        }
+    }
+}
+
+impl Port for SinkPort {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kind(&self) -> &'static str {
+        "sink"
+    }
+    fn pending(&mut self) -> bool {
+        false
+    }
+    fn rx(&mut self, _max: u32, _out: &mut Vec<FrameRef>) -> u32 {
+        0
+    }
+    fn rx_done(&mut self, _token: u32, _frames: u64, _now: Instant) {}
+    unsafe fn tx(&mut self, f: FrameRef) -> bool {
+        self.c.to_port += 1;
+        self.c.to_port_bytes += u64::from(f.len);
+        true
+    }
+    fn counters(&mut self) -> &mut Counters {
+        &mut self.c
     }
 }
 

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use ring::notify::EventFd;
 
@@ -47,8 +48,19 @@ pub const RING_FLAG_C2S: u16 = 1;
 /// and rings). Each holds at most its socket, [`MAX_REGIONS`] memfds and
 /// one interrupt eventfd per direction, so the server holds at most this
 /// many times `MAX_REGIONS + 3` descriptors, whatever its clients send; a
-/// connection beyond it is closed at once.
+/// connection beyond it is closed at once. One that has not completed its
+/// handshake (`connected`) within [`crate::HANDSHAKE_TIMEOUT`] is closed
+/// ([`Server::expire`]), so idle connections hold a place only that long;
+/// and when every place is taken, a newcomer takes the place of the oldest
+/// connection still in its handshake after [`EVICTABLE_AFTER`].
 pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long a connection that has not completed its handshake keeps its
+/// place against a newcomer when every place is taken. A real client's
+/// handshake takes milliseconds, so a newcomer cannot take the place of one
+/// that is completing it; idle connections give way to real clients well
+/// before the handshake deadline.
+pub const EVICTABLE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Message types.
 pub mod msg_type {
@@ -411,6 +423,9 @@ struct MConn {
     c2s: Vec<(u16, RingInfo)>,
     s2c: Vec<(u16, RingInfo)>,
     connected: bool,
+    /// When it was accepted: closed [`crate::HANDSHAKE_TIMEOUT`] after,
+    /// unless connected by then.
+    since: Instant,
 }
 
 /// The memif listener and its connections.
@@ -421,6 +436,11 @@ pub struct Server {
     next: u32,
     /// Connections closed at once because [`MAX_CONNECTIONS`] were held.
     turned_away: u64,
+    /// Connections closed for not completing the handshake in time.
+    expired: u64,
+    /// Connections closed to make room ([`Server::evict_idle`]), until the
+    /// event loop takes them ([`Server::expire`]).
+    evicted: Vec<(u32, OwnedFd)>,
 }
 
 impl Server {
@@ -436,6 +456,8 @@ impl Server {
             conns: HashMap::new(),
             next: 0,
             turned_away: 0,
+            expired: 0,
+            evicted: Vec::new(),
         })
     }
 
@@ -465,7 +487,7 @@ impl Server {
     pub fn accept(&mut self) -> Option<(u32, BorrowedFd<'_>)> {
         let fd = loop {
             let fd = self.listen.accept()?.into_fd();
-            if self.conns.len() < MAX_CONNECTIONS {
+            if self.conns.len() < MAX_CONNECTIONS || self.evict_idle(Instant::now()) {
                 break fd;
             }
             self.turned_away += 1;
@@ -488,6 +510,7 @@ impl Server {
             c2s: Vec::new(),
             s2c: Vec::new(),
             connected: false,
+            since: Instant::now(),
         });
         Some((id, c.into_mut().fd.as_fd()))
     }
@@ -516,6 +539,60 @@ impl Server {
                 self.closed(id)
             }
         }
+    }
+
+    /// Close every connection that has not completed its handshake within
+    /// [`crate::HANDSHAKE_TIMEOUT`] of being accepted, telling it why;
+    /// returns their ids and descriptors, and those of the connections
+    /// that gave their place to a newcomer since (to forget in epoll before
+    /// dropping them).
+    pub fn expire(&mut self, now: Instant) -> Vec<(u32, OwnedFd)> {
+        let overdue: Vec<u32> = self
+            .conns
+            .values()
+            .filter(|c| !c.connected && now >= c.since + crate::HANDSHAKE_TIMEOUT)
+            .map(|c| c.id)
+            .collect();
+        let mut closed = std::mem::take(&mut self.evicted);
+        for id in overdue {
+            if let Some(c) = self.conns.remove(&id) {
+                self.expired += 1;
+                let _ = disconnect_msg(&format!(
+                    "handshake not completed within {:?}",
+                    crate::HANDSHAKE_TIMEOUT
+                ))
+                .send(c.fd.as_fd());
+                closed.push((id, c.fd));
+            }
+        }
+        closed
+    }
+
+    /// Connections closed because they had not completed their handshake
+    /// in time, or gave their place to a newcomer.
+    pub fn expired(&self) -> u64 {
+        self.expired
+    }
+
+    /// Close the oldest connection still in its handshake after
+    /// [`EVICTABLE_AFTER`], telling it why, to make room for a newcomer;
+    /// false if there is none. Its descriptor waits in `evicted` for
+    /// [`Server::expire`] to hand to the event loop.
+    fn evict_idle(&mut self, now: Instant) -> bool {
+        let oldest = self
+            .conns
+            .values()
+            .filter(|c| !c.connected && now >= c.since + EVICTABLE_AFTER)
+            .min_by_key(|c| c.since)
+            .map(|c| c.id);
+        let Some(c) = oldest.and_then(|id| self.conns.remove(&id)) else {
+            return false;
+        };
+        self.expired += 1;
+        let _ =
+            disconnect_msg("handshake not completed: place given to a newcomer").send(c.fd.as_fd());
+        self.evicted.push((c.id, c.fd));
+        true
     }
 
     fn closed(&mut self, id: u32) -> Event {

@@ -21,14 +21,14 @@ pub mod control;
 pub mod datapath;
 pub mod layout;
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::attach::{Attach, Served};
 use crate::chain;
 
-pub use control::{Error, Event, Refusal, Server, MAX_CONNECTIONS, VERSION};
+pub use control::{Error, Event, Refusal, Server, EVICTABLE_AFTER, MAX_CONNECTIONS, VERSION};
 pub use datapath::{MemifPort, RingError, QUIET_WAKES};
 pub use layout::COOKIE;
 
@@ -75,6 +75,10 @@ impl Attach for Attached {
             }
             Event::Closed(fd) => Served::Closed(fd),
         }
+    }
+
+    fn expire(&mut self, now: Instant) -> Vec<(u32, OwnedFd)> {
+        self.server.expire(now)
     }
 
     fn added(&mut self, id: u32, result: Result<u16, crate::Error>) -> Served {

@@ -327,6 +327,10 @@ pub struct Frontend {
     pub vrings: [VringState; QUEUES],
     /// Bumped by every request that changes what the datapath uses.
     pub generation: u64,
+    /// Whether `SET_OWNER` came: the frontend claimed the device, its
+    /// handshake is complete (QEMU sends it as it connects, long before
+    /// the guest's driver sets up memory and queues).
+    pub owned: bool,
 }
 
 fn queue(index: u32) -> Result<usize, Refusal> {
@@ -351,6 +355,7 @@ impl Frontend {
             mem: None,
             vrings: Default::default(),
             generation: 0,
+            owned: false,
         }
     }
 
@@ -446,6 +451,7 @@ fn unsupported<T>(what: &'static str) -> vhost::vhost_user::Result<T> {
 
 impl VhostUserBackendReqHandlerMut for Frontend {
     fn set_owner(&mut self) -> vhost::vhost_user::Result<()> {
+        self.owned = true;
         Ok(())
     }
 
@@ -704,6 +710,10 @@ pub enum Closed {
     /// The rest of a message did not come in time.
     #[error("half a message for longer than {PARTIAL_TIMEOUT:?}")]
     Partial,
+    /// The frontend did not claim the device (`SET_OWNER`) in time after
+    /// connecting: a silent connection does not hold the port.
+    #[error("no SET_OWNER within {:?} of connecting", crate::HANDSHAKE_TIMEOUT)]
+    Handshake,
     /// The request was refused, or could not be read or answered.
     #[error("{request}")]
     Request {
@@ -725,6 +735,9 @@ pub struct Connection {
     /// The same socket, for peeking, `FIONREAD` and our own replies.
     sock: UnixStream,
     partial_since: Option<Instant>,
+    /// When it was accepted: without `SET_OWNER` by
+    /// [`crate::HANDSHAKE_TIMEOUT`] after, it is closed.
+    accepted: Instant,
     /// Requests handled, by code (the protocol as this frontend speaks it).
     pub requests: u64,
 }
@@ -746,6 +759,7 @@ impl Connection {
             front,
             sock,
             partial_since: None,
+            accepted: Instant::now(),
             requests: 0,
         })
     }
@@ -762,14 +776,26 @@ impl Connection {
         self.front.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// When the rest of a half-received message is due.
-    pub fn deadline(&self) -> Option<Instant> {
-        self.partial_since.map(|t| t + PARTIAL_TIMEOUT)
+    /// When the handshake is due (until the frontend sent `SET_OWNER`).
+    fn handshake_deadline(&self) -> Option<Instant> {
+        (!self.frontend().owned).then(|| self.accepted + crate::HANDSHAKE_TIMEOUT)
     }
 
-    /// Close if the rest of a message is overdue.
+    /// When the rest of a half-received message is due, or the handshake.
+    pub fn deadline(&self) -> Option<Instant> {
+        let partial = self.partial_since.map(|t| t + PARTIAL_TIMEOUT);
+        match (partial, self.handshake_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Close if the rest of a message is overdue, or the handshake.
     pub fn check_partial(&self, now: Instant) -> Result<(), Closed> {
-        match self.deadline() {
+        if self.handshake_deadline().is_some_and(|d| now >= d) {
+            return Err(Closed::Handshake);
+        }
+        match self.partial_since.map(|t| t + PARTIAL_TIMEOUT) {
             Some(d) if now >= d => Err(Closed::Partial),
             _ => Ok(()),
         }
