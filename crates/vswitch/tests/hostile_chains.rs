@@ -22,12 +22,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::frontend::{Layout, RawDesc, TestGuest, BUF, MEM, TX_BUFS};
-use common::{add_vport, capture, settle, vport, CapturePort};
+use common::{add_vport, capture, settle, vport, CapturePort, SinkPort};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, TestCaseError, TestRunner};
 use ring::Mode;
 use vswitch::ports::vhost::datapath::{chain_reads, QueueStats, DESC_BUDGET, FREE_READS, RXQ, TXQ};
-use vswitch::{EventLoop, Port, SinkPort};
+use vswitch::{EventLoop, Port};
 
 const F_NEXT: u16 = 1;
 const F_WRITE: u16 = 2;
