@@ -28,6 +28,14 @@ use crate::Error;
 /// milliseconds; the margin is for a loaded machine.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long a connection that has not completed its handshake keeps its
+/// place against a newcomer when the places are taken (memif's 64; a
+/// vhost-user port's one). A real client's handshake takes milliseconds,
+/// so a newcomer cannot take the place of one that is completing it; idle
+/// connections give way to real clients well before the handshake
+/// deadline.
+pub const EVICTABLE_AFTER: Duration = Duration::from_secs(1);
+
 /// What serving a connection asks of the event loop.
 pub(crate) enum Served {
     /// Nothing: the connection stays open.

@@ -79,7 +79,7 @@ mod sockets;
 pub mod status;
 mod switch;
 
-pub use attach::HANDSHAKE_TIMEOUT;
+pub use attach::{EVICTABLE_AFTER, HANDSHAKE_TIMEOUT};
 pub use config::{
     Config, ConfigError, FileConfig, VhostUserEntry, VhostUserError, MAX_INTERVAL_US,
 };

@@ -259,6 +259,48 @@ fn get_features(s: &mut UnixStream) -> Option<u64> {
     Some(u64::from_le_bytes(r[12..20].try_into().unwrap()))
 }
 
+/// A frontend that connects once, without retrying (QEMU without
+/// `reconnect`), gets the port from a connection that has said nothing
+/// for longer than `EVICTABLE_AFTER`; a frontend that has claimed the
+/// device keeps it against newcomers.
+#[test]
+fn a_frontend_that_connects_once_takes_the_place_of_a_silent_one() {
+    let d = dir("vhost-once");
+    let path = d.join("vm.sock");
+    let _switch = Running::new(with_vm_port(&path));
+    let silent = UnixStream::connect(&path).unwrap();
+    std::thread::sleep(vswitch::EVICTABLE_AFTER + Duration::from_millis(300));
+    let mut front = UnixStream::connect(&path).unwrap();
+    front
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    assert!(
+        get_features(&mut front).is_some(),
+        "a frontend's only try was turned away while a silent connection held the port"
+    );
+    let mut b = [0u8; 1];
+    silent
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    assert_eq!(
+        (&silent).read(&mut b).unwrap(),
+        0,
+        "the silent one is closed"
+    );
+    front.write_all(&vu_msg(VHOST_USER_SET_OWNER, &[])).unwrap();
+    std::thread::sleep(vswitch::EVICTABLE_AFTER + Duration::from_millis(300));
+    let mut late = UnixStream::connect(&path).unwrap();
+    late.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    assert!(
+        get_features(&mut late).is_none(),
+        "a newcomer took an owned port"
+    );
+    assert!(
+        get_features(&mut front).is_some(),
+        "the owner lost its port"
+    );
+}
+
 /// A connection that says nothing holds the VM port only until the
 /// handshake deadline: then a real frontend (one that retries, as QEMU
 /// with `reconnect` does) gets the port, and keeps it once it claimed it

@@ -55,12 +55,7 @@ pub const RING_FLAG_C2S: u16 = 1;
 /// connection still in its handshake after [`EVICTABLE_AFTER`].
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// How long a connection that has not completed its handshake keeps its
-/// place against a newcomer when every place is taken. A real client's
-/// handshake takes milliseconds, so a newcomer cannot take the place of one
-/// that is completing it; idle connections give way to real clients well
-/// before the handshake deadline.
-pub const EVICTABLE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+pub use crate::attach::EVICTABLE_AFTER;
 
 /// Message types.
 pub mod msg_type {

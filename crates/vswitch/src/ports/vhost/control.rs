@@ -714,6 +714,14 @@ pub enum Closed {
     /// connecting: a silent connection does not hold the port.
     #[error("no SET_OWNER within {:?} of connecting", crate::HANDSHAKE_TIMEOUT)]
     Handshake,
+    /// Another frontend connected while this one, connected for longer
+    /// than [`crate::EVICTABLE_AFTER`], had not claimed the device: the
+    /// newcomer took its place.
+    #[error(
+        "no SET_OWNER within {:?} of connecting, and another frontend came",
+        crate::EVICTABLE_AFTER
+    )]
+    Evicted,
     /// The request was refused, or could not be read or answered.
     #[error("{request}")]
     Request {
@@ -774,6 +782,12 @@ impl Connection {
         // One thread uses the connection; a poisoned lock only means a
         // panic elsewhere already ended the switch.
         self.front.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a newcomer may take this connection's place: it has not
+    /// claimed the device (`SET_OWNER`) after [`crate::EVICTABLE_AFTER`].
+    pub fn evictable(&self, now: Instant) -> bool {
+        !self.frontend().owned && now >= self.accepted + crate::EVICTABLE_AFTER
     }
 
     /// When the handshake is due (until the frontend sent `SET_OWNER`).

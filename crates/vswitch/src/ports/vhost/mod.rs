@@ -291,10 +291,18 @@ impl VhostPort {
                     return;
                 }
             };
-            if self.conn.is_some() {
-                // One frontend per device: the second is closed at once.
-                self.cs.turned_away += 1;
-                continue;
+            if let Some(c) = &self.conn {
+                // One frontend per device: a second is closed at once,
+                // unless the first never claimed the device and has had
+                // the time a real frontend needs: then the newcomer takes
+                // its place (a silent connection cannot hold the port
+                // until its handshake deadline while QEMU is turned away).
+                if c.evictable(Instant::now()) {
+                    self.close(Closed::Evicted);
+                } else {
+                    self.cs.turned_away += 1;
+                    continue;
+                }
             }
             let offer = Offer {
                 event_idx: self.cfg.event_idx,
