@@ -22,13 +22,15 @@
 //! - `tx-long`: a vhost-user guest keeps transmitting chains of 32,768
 //!   descriptors (one legal chain through the whole table of a 32,768-entry
 //!   ring, offered over and over);
-//! - `spoof`: an unlocked ring port sends as fast as it can with the victim
-//!   receiver's MAC as its source, and counts the victim flow's frames it
-//!   is given (stolen frames);
+//! - `spoof`: a ring port, locked to its own address as ring ports are by
+//!   default, sends as fast as it can with the victim receiver's MAC as its
+//!   source, and counts the victim flow's frames it is given (stolen
+//!   frames);
 //! - `idle-memif`: 64 memif connections that never say a word are held
 //!   open, and a well-formed memif client (written here from the memif
-//!   protocol: HELLO, INIT, ADD_REGION, ADD_RING x2, CONNECT) is timed as
-//!   it attaches.
+//!   protocol: HELLO, INIT, ADD_REGION, ADD_RING x2, CONNECT), trying
+//!   again every 100 ms when turned away as libmemif does, is timed from
+//!   its first try until it is attached.
 //!
 //! For each window the report has the victim's rate and its ratio to the
 //! calm window before it, the sender's offered rate and how often it found
@@ -115,8 +117,8 @@ impl Attack {
                 "vhost-user guest posts 32,768 receive chains that loop; broadcasts reach it"
             }
             Attack::TxLong => "vhost-user guest transmits chains of 32,768 descriptors, over and over",
-            Attack::Spoof => "unlocked ring port sends at full speed from the victim receiver's MAC",
-            Attack::IdleMemif => "64 idle memif connections held open; a memif client attaches",
+            Attack::Spoof => "ring port (locked to its own address, as ring ports are by default) sends at full speed from the victim receiver's MAC",
+            Attack::IdleMemif => "64 idle memif connections held open; a memif client (trying again every 100 ms, as libmemif does) attaches",
         }
     }
 }
@@ -509,6 +511,7 @@ const MAC_A: [u8; 6] = [2, 0x15, 0, 0, 0, 0xa];
 const MAC_B: [u8; 6] = [2, 0x15, 0, 0, 0, 0xb];
 const MAC_TRICKLE: [u8; 6] = [2, 0x15, 0, 0, 0, 0xc];
 const MAC_EVIL: [u8; 6] = [2, 0x15, 0, 0, 0, 0xe];
+const MAC_THIEF: [u8; 6] = [2, 0x15, 0, 0, 0, 0xf];
 const BROADCAST: [u8; 6] = [0xff; 6];
 const FRAME: usize = 60;
 /// The largest split ring virtio allows: what the vhost-user attackers use.
@@ -1062,7 +1065,9 @@ impl Attacker {
                 }
             }
             Attack::Spoof => {
-                let thief = ring_port(&rig.ctl, "thief", Mode::Csb, None)?;
+                // Ring ports are locked by default: the thief has an address of its
+                // own and sends from the victim's, which port security drops.
+                let thief = ring_port(&rig.ctl, "thief", Mode::Csb, Some(MAC_THIEF))?;
                 at.thread = Some(spawn_attacker(Box::new(move || {
                     let mut thief = thief;
                     let forged = udp_frame(FRAME, MAC_B, MAC_A);
@@ -1095,8 +1100,20 @@ impl Attacker {
                 }
                 // Let the switch take them all before the client comes.
                 std::thread::sleep(Duration::from_millis(50));
+                // A real memif client (libmemif, DPDK's net_memif) tries
+                // again on a timer when it is turned away: so does this one,
+                // every 100 ms until the switch's handshake deadline has
+                // passed twice. The figure is the time from its first try.
                 let t = Instant::now();
-                match memif::attach(&rig.memif, STEP) {
+                let give_up = t + 2 * vswitch::HANDSHAKE_TIMEOUT;
+                let attached = loop {
+                    match memif::attach(&rig.memif, STEP) {
+                        Ok(c) => break Ok(c),
+                        Err(e) if Instant::now() >= give_up => break Err(e),
+                        Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                    }
+                };
+                match attached {
                     Ok(client) => {
                         at.detail = Some(("memif_attach_ms", t.elapsed().as_secs_f64() * 1e3));
                         drop(client);
@@ -1104,7 +1121,7 @@ impl Attacker {
                     Err(e) => {
                         at.detail = Some(("memif_attach_ms", f64::NAN));
                         at.notes.push(format!(
-                            "a memif client beside {} idle connections was turned away after {:.0} ms: {e}",
+                            "a memif client beside {} idle connections, trying every 100 ms, was still turned away after {:.0} ms: {e}",
                             idle.len(),
                             t.elapsed().as_secs_f64() * 1e3
                         ));

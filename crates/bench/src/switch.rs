@@ -2214,6 +2214,10 @@ pub struct Report {
     /// Figure 1 with QEMU guests ([`crate::vm`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<crate::vm::VmPart>,
+    /// The other ports' forwarding while one port attacks
+    /// ([`crate::isolation`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<crate::isolation::Report>,
 }
 
 /// Run the parts `o` asks for; the vm part is [`crate::vm::run`]'s.
@@ -2351,6 +2355,7 @@ pub fn run(o: &Options) -> Result<Report, Error> {
         memif,
         ratios,
         vm: None,
+        isolation: None,
     })
 }
 
@@ -2425,6 +2430,9 @@ impl Report {
         }
         if let Some(v) = &self.vm {
             out += &v.to_text();
+        }
+        if let Some(i) = &self.isolation {
+            out += &i.to_text();
         }
         if !self.ratios.is_empty() {
             let _ = writeln!(

@@ -288,7 +288,8 @@ pub struct BenchArgs {
     burst: usize,
     /// Parts to run (repeatable): figure1 (the paper's table), forwarding
     /// (ring to ring, per switch core), memif (DPDK testpmd through the
-    /// switch beside testpmd to testpmd); default all.
+    /// switch beside testpmd to testpmd), vm (QEMU guests), isolation (the
+    /// other ports' rate while one port attacks); default all.
     #[arg(long, value_enum)]
     part: Vec<PartArg>,
     /// Frames per transmit call of the ring-to-ring sender.
@@ -328,7 +329,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(0..=vswitch::MAX_INTERVAL_US))]
     memif_moderation_us: u64,
-    /// Runs per figure in the vm part (min/median/max over them): default
+    /// Runs per figure in the vm and isolation parts (min/median/max over them): default
     /// 3, 1 with --quick.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=20))]
     repeats: Option<u64>,
@@ -343,6 +344,11 @@ pub enum PartArg {
     Memif,
     /// QEMU guests: vhost-user beside QEMU's TAP backend and an e1000.
     Vm,
+    /// Two ring ports forwarding while a third port attacks the switch
+    /// (blocked interrupt line, looping receive chains, 32,768-descriptor
+    /// transmit chains, spoofing, idle memif connections): the victim's
+    /// rate beside its rate without attack in the same run.
+    Isolation,
 }
 
 #[derive(Args)]
@@ -645,9 +651,12 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let vm_wanted = part(PartArg::Vm);
     let vm_ready = lab::guest::available() && lab::netns::available();
     let vm_skipped = vm_wanted && all && !vm_ready;
-    let only_vm = !all && a.part.iter().all(|p| *p == PartArg::Vm);
+    let base = all
+        || a.part
+            .iter()
+            .any(|p| matches!(p, PartArg::Figure1 | PartArg::Forwarding | PartArg::Memif));
     let progress = o.progress.clone();
-    let mut report = if only_vm {
+    let mut report = if !base {
         bench::switch::Report::default()
     } else {
         eprintln!("switch bench: {seconds} s per measurement, 4 measurements per row");
@@ -674,6 +683,21 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         };
         let v = bench::vm::run(&vo).context("the vm part")?;
         report.vm = Some(bench::vm::VmPart::Measured(Box::new(v)));
+    }
+    if part(PartArg::Isolation) {
+        let io = bench::isolation::Options {
+            window: Duration::from_secs_f64(if a.quick { 0.3 } else { 2.0 }),
+            repeats: a.repeats.unwrap_or(if a.quick { 1 } else { 3 }) as usize,
+            progress: true,
+            ..bench::isolation::Options::default()
+        };
+        eprintln!(
+            "switch bench, isolation part: {} attacks, {:?} windows, {} run(s)",
+            io.attacks.len(),
+            io.window,
+            io.repeats
+        );
+        report.isolation = Some(bench::isolation::run(&io).context("the isolation part")?);
     }
     emit(a.format, &report)
 }

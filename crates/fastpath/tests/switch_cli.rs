@@ -424,3 +424,41 @@ fn switch_bench_quick_json_document() {
     );
     eprintln!("switch bench --quick took {:?}", t0.elapsed());
 }
+
+/// The isolation part through the command line: each attack has its row,
+/// the victim kept forwarding under it, the switch answered its status,
+/// and a new pair forwarded after the attacker left. Loose bounds: the
+/// figures themselves are the benchmark's (RELIABILITY.md).
+#[test]
+fn switch_bench_isolation_part_reports_every_attack() {
+    let v = common::json(&[
+        "switch",
+        "bench",
+        "--quick",
+        "--part",
+        "isolation",
+        "--format",
+        "json",
+    ]);
+    let iso = &v["isolation"];
+    let rows = iso["rows"].as_array().unwrap_or_else(|| panic!("{v}"));
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["attack"].as_str()).collect();
+    assert_eq!(
+        names,
+        ["irq-blocked", "rx-loop", "tx-long", "spoof", "idle-memif"],
+        "{iso}"
+    );
+    for r in rows {
+        assert!(
+            r["attacked_fps"]["min"].as_f64().unwrap() > 0.0,
+            "victim stopped: {r}"
+        );
+        assert!(r["status_answered"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(r["status_failed"].as_u64(), Some(0), "{r}");
+        assert_eq!(r["recovered"], r["repeats"], "{r}");
+    }
+    assert!(
+        v.get("backends").is_none() && v.get("forwarding").is_none(),
+        "only the part asked for: {v}"
+    );
+}

@@ -142,6 +142,12 @@ impl DevicePort {
         Ok([self.region.dup_fd()?, self.kick.dup()?, self.irq.dup()?])
     }
 
+    /// What became of the interrupts raised on the driver's line (those a
+    /// peer that stopped reading its counter could not take).
+    pub fn irq_line(&self) -> crate::notify::LineStats {
+        self.irq.stats()
+    }
+
     /// The kick eventfd: wait on it (or register it with epoll) to learn
     /// that the driver queued work.
     pub fn kick_fd(&self) -> &EventFd {

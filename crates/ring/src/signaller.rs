@@ -85,6 +85,14 @@ pub struct LineStats {
     pub deferred: u64,
 }
 
+impl LineStats {
+    /// Signals that did not reach the line: held behind a write in flight,
+    /// or failed.
+    pub fn blocked(&self) -> u64 {
+        self.held + self.failed
+    }
+}
+
 impl Line {
     /// The counters now.
     pub fn stats(&self) -> LineStats {

@@ -152,6 +152,9 @@ impl EventLoop {
     /// Drive `switch`: bind the control and memif sockets its configuration
     /// names, and watch them and its ports' descriptors.
     pub fn new(switch: Switch) -> Result<EventLoop, Error> {
+        // Before any peer can attach: the switch does not run where a
+        // peer's interrupt line could block it.
+        ring::signaller::ready()?;
         let poller = Poller::new().map_err(Error::Epoll)?;
         let servers = servers(&switch.cfg)?;
         for (k, server) in servers.iter().enumerate() {

@@ -130,11 +130,23 @@ impl PortDetail {
         }
     }
 
-    /// Interrupts the switch asked of the port's driver, where it counts them.
+    /// Signals the switch raised on the port's interrupt line, where it
+    /// counts them (not interrupts the driver took).
     pub fn interrupts(&self) -> Option<u64> {
         match self {
             PortDetail::Ring(d) => Some(d.interrupts),
             PortDetail::Vhost(d) => Some(d.interrupts),
+            _ => None,
+        }
+    }
+
+    /// Signals the port's interrupt line could not take, where it counts
+    /// them.
+    pub fn signals_blocked(&self) -> Option<u64> {
+        match self {
+            PortDetail::Ring(d) => Some(d.signals_blocked),
+            PortDetail::Memif(d) => Some(d.signals_blocked),
+            PortDetail::Vhost(d) => Some(d.signals_blocked),
             _ => None,
         }
     }
@@ -186,8 +198,13 @@ pub struct RingDetail {
     pub slots: u32,
     /// The driver's kicks.
     pub kicks: u64,
-    /// Interrupts sent to the driver.
+    /// Signals the switch raised on the driver's interrupt line (not
+    /// interrupts the driver took: a sleeping driver takes one for many).
     pub interrupts: u64,
+    /// Signals the line could not take: the driver left its counter full
+    /// or its write waiting (see [`ring::signaller`]).
+    #[serde(default)]
+    pub signals_blocked: u64,
     /// Slots the driver filled with impossible values.
     pub bad_slots: u64,
     /// Impossible ring indexes from the driver.
@@ -214,6 +231,10 @@ pub struct MemifDetail {
     pub moderated_sleeps: u64,
     /// Whether the client's interrupts are masked now.
     pub interrupts_masked: bool,
+    /// Signals the client's interrupt line could not take (its counter
+    /// left full, or its write waiting).
+    #[serde(default)]
+    pub signals_blocked: u64,
     /// Why the port broke, if it did.
     pub broken: Option<String>,
 }
@@ -236,8 +257,13 @@ pub struct VhostDetail {
     pub running: bool,
     /// The guest's doorbell writes, both queues.
     pub kicks: u64,
-    /// Interrupts asked of QEMU, both queues.
+    /// Signals raised on the queues' call lines (interrupts asked of QEMU,
+    /// not interrupts the guest took), both queues.
     pub interrupts: u64,
+    /// Signals the call lines could not take (the frontend left a counter
+    /// full or a write waiting), both queues of the current connection.
+    #[serde(default)]
+    pub signals_blocked: u64,
     /// Why a queue broke, if one did.
     pub broken: Option<String>,
     /// The connected frontend, if any.
@@ -363,9 +389,10 @@ impl Status {
             "dropped (full)",
             "spoofed",
             "kicks",
-            "interrupts",
+            "signals",
             "kicks/pkt",
-            "irq/pkt",
+            "signals/pkt",
+            "line blocked",
             "queue stops",
             "over budget",
             "state",
@@ -395,6 +422,7 @@ impl Status {
                 n(d.interrupts()),
                 per(d.kicks()),
                 per(d.interrupts()),
+                n(d.signals_blocked()),
                 n(d.queue_stops()),
                 n(d.over_budget()),
                 state,
@@ -504,6 +532,7 @@ mod tests {
                 slots: 1024,
                 kicks: 1,
                 interrupts: 2,
+                signals_blocked: 1,
                 bad_slots: 0,
                 bad_index: 0,
                 broken: None,
@@ -516,6 +545,7 @@ mod tests {
                 moderation_us: 10,
                 moderated_sleeps: 7,
                 interrupts_masked: true,
+                signals_blocked: 0,
                 broken: Some("bad ring".into()),
             }),
             PortDetail::Vhost(Box::new(VhostDetail {
@@ -527,6 +557,7 @@ mod tests {
                 running: false,
                 kicks: 9,
                 interrupts: 8,
+                signals_blocked: 0,
                 broken: None,
                 frontend: None,
                 queues: Queues {

@@ -33,6 +33,10 @@ pub enum Error {
     /// The epoll instance the switch sleeps in could not be created.
     #[error("creating the switch's epoll instance")]
     Epoll(#[source] std::io::Error),
+    /// Interrupts could not be raised without blocking: without its
+    /// io_uring, a peer that makes its line blocking could stop the switch.
+    #[error("the switch cannot start: {0} (is io_uring disabled by kernel.io_uring_disabled or a seccomp filter?)")]
+    Signals(#[from] ring::signaller::Unavailable),
     /// A descriptor could not be added to the switch's epoll instance.
     #[error("watching a descriptor in epoll")]
     Watch(#[source] std::io::Error),

@@ -127,6 +127,18 @@ fn a_port_that_blocks_and_fills_its_interrupt_line_stops_nobody() {
     );
     let ports = s["ports"].as_array().expect("ports");
     assert_eq!(ports.len(), 3, "{s}");
+    // What could not be signalled is counted, on the attacker's port.
+    let evil_port = ports
+        .iter()
+        .find(|p| p["name"] == "evil")
+        .expect("evil's entry");
+    let blocked = evil_port["detail"]["signals_blocked"]
+        .as_u64()
+        .expect("signals_blocked");
+    assert!(
+        blocked > 0,
+        "the blocked line's signals were not counted: {evil_port}"
+    );
 
     // The attacker leaves; a new port attaches and forwards.
     drop(evil);

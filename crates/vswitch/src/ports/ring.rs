@@ -100,6 +100,7 @@ impl Port for RingPort {
             slots: self.dev.geometry().slots,
             kicks: s.kicks.load(Relaxed),
             interrupts: s.irqs.load(Relaxed),
+            signals_blocked: self.dev.irq_line().blocked(),
             bad_slots: s.bad_slots.load(Relaxed),
             bad_index: s.bad_index.load(Relaxed),
             broken: self.dev.broken().map(str::to_string),

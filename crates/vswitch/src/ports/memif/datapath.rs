@@ -454,6 +454,7 @@ impl Port for MemifPort {
             moderation_us: self.moderation.as_micros() as u64,
             moderated_sleeps: self.moderated_sleeps,
             interrupts_masked: self.c2s.hdr().client.flags.load(Relaxed) & RING_FLAG_MASK_INT != 0,
+            signals_blocked: self.s2c.int.stats().blocked(),
             broken: self.broken.clone(),
         })
     }

@@ -459,6 +459,12 @@ impl Queue {
         self.last_avail
     }
 
+    /// What became of the signals raised on the queue's call line, if it
+    /// has one.
+    pub fn call_line(&self) -> Option<::ring::notify::LineStats> {
+        self.call.as_ref().map(|c| c.stats())
+    }
+
     /// Why the queue stopped, if it did.
     pub fn broken(&self) -> Option<&str> {
         self.broken.as_deref()

@@ -581,6 +581,14 @@ impl Port for VhostPort {
                 .flatten()
                 .find_map(|q| q.broken().map(str::to_string))
         });
+        let signals_blocked = self.dev.as_ref().map_or(0, |d| {
+            d.queues
+                .iter()
+                .flatten()
+                .filter_map(|q| q.call_line())
+                .map(|l| l.blocked())
+                .sum()
+        });
         PortDetail::Vhost(Box::new(VhostDetail {
             socket: self.cfg.path.display().to_string(),
             mode: self.cfg.mode.to_string(),
@@ -592,6 +600,7 @@ impl Port for VhostPort {
             // guest's doorbell writes, and the interrupts asked of QEMU.
             kicks: txq.kicks + rxq.kicks,
             interrupts: txq.calls + rxq.calls,
+            signals_blocked,
             broken,
             frontend,
             queues: Queues {
