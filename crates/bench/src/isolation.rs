@@ -696,7 +696,7 @@ fn start(opts: &Options, place: &Placement, dir: &Path) -> Result<Rig, Error> {
     .map_err(Error::Switch)?;
     let (switch_stop, h) = spawn(sw).map_err(Error::Switch)?;
     if let Some(c) = place.switch {
-        pin_thread(&h, c);
+        crate::switch::pin(&h, c);
     }
     let victim = Arc::new(Victim::default());
     let mut rig = Rig {
@@ -1454,24 +1454,6 @@ fn cpu_set(cpu: usize) -> rustix::thread::CpuSet {
 /// Pin the calling thread (a failure leaves it unpinned).
 fn pin_current(cpu: usize) {
     let _ = rustix::thread::sched_setaffinity(None, &cpu_set(cpu));
-}
-
-/// Pin the thread behind `h`, which another library started.
-fn pin_thread<T>(h: &JoinHandle<T>, cpu: usize) {
-    use std::os::unix::thread::JoinHandleExt;
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET bounds-checks cpu against the set's size.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: the thread is alive (not joined); set is a live cpu_set_t and
-    // the size is its size.
-    unsafe {
-        libc::pthread_setaffinity_np(
-            h.as_pthread_t(),
-            std::mem::size_of::<libc::cpu_set_t>(),
-            &set,
-        )
-    };
 }
 
 /// An error and its sources, on one line.

@@ -536,7 +536,7 @@ impl ThreadClock {
 }
 
 /// Pin the thread behind `h` to one CPU (false if that failed).
-fn pin<T>(h: &std::thread::JoinHandle<T>, cpu: usize) -> bool {
+pub(crate) fn pin<T>(h: &std::thread::JoinHandle<T>, cpu: usize) -> bool {
     use std::os::unix::thread::JoinHandleExt;
     // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };

@@ -412,15 +412,10 @@ pub struct PktgenArgs {
 }
 
 fn parse_mac(s: &str) -> anyhow::Result<[u8; 6]> {
-    let parts: Vec<&str> = s.split(':').collect();
-    if parts.len() != 6 {
-        bail!("MAC address {s:?} must be six hex bytes separated by ':'");
-    }
-    let mut m = [0u8; 6];
-    for (d, p) in m.iter_mut().zip(parts) {
-        *d = u8::from_str_radix(p, 16).with_context(|| format!("MAC address {s:?}"))?;
-    }
-    Ok(m)
+    // The switch's own parser: hex digits only, so no sign slips through.
+    vswitch::bridge::parse_mac(s).with_context(|| {
+        format!("MAC address {s:?} must be six hex bytes (1-2 digits each) separated by ':'")
+    })
 }
 
 pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
