@@ -42,7 +42,20 @@ pub enum SwitchCommand {
     /// (a file that is not a socket, another switch's live socket: refused,
     /// never deleted; at exit only the switch's own sockets are removed),
     /// or hold a place without completing its handshake (memif, vhost-user
-    /// and control connections get 3 s).
+    /// and control connections get 3 s, and give way to a newcomer after
+    /// 1 s); block the switch through the interrupt line it shares (signals
+    /// never wait for the peer: "line blocked" in status counts what its
+    /// line could not take); make the switch walk its rings without end
+    /// (a chain longer than the ring stops that queue, and each queue has
+    /// a descriptor budget per pass); send from an address other than its
+    /// lock (checked on the copy that is delivered).
+    ///
+    /// What a peer can do: fill the rings it owns and lose its own frames,
+    /// stop its own queues (a reset of its connection recovers them), and
+    /// take its share of the switch's time: on a machine with fewer cores
+    /// than busy peers, an attacker's threads compete with everyone's
+    /// (`fastpath switch bench --part isolation` measures the other ports'
+    /// rate under each attack).
     ///
     /// Status: `fastpath switch status`, or send SIGUSR1 and the switch
     /// prints it to stderr. SIGINT or SIGTERM stop it.

@@ -17,10 +17,10 @@
 //!   first line is a comment naming fastpath (what the daemon writes,
 //!   [`VIPS_FILE_HEADER`], or a placeholder such as `# filled in by
 //!   fastpath` written before BIRD first starts). `/etc/passwd` is refused.
-//! - Every VIP can be served: its pool has a backend of weight above 0 that
-//!   is not drained ([`Config::check_servable`]; a runtime drain may still
-//!   empty a pool), and `[fleet]` peers are off loopback
-//!   ([`Config::check_runnable`]).
+//! - Every VIP can be served: its pool has a backend of weight above 0
+//!   ([`Config::check_servable`]; a pool whose last backends are drained
+//!   is an operator's maintenance, and a warning), and `[fleet]` peers are
+//!   off loopback ([`Config::check_runnable`]).
 //! - The memory the forwarder would allocate ([`Config::memory_estimate`])
 //!   must fit what this process may have ([`machine_memory`]): the
 //!   machine's available memory plus what the process already holds, and
@@ -405,8 +405,9 @@ impl Config {
     pub fn load_with(path: &Path, cache: &mut ParseCache) -> Result<Checked, ConfigError> {
         let text = Config::read(path)?;
         let file = path.display().to_string();
-        let checked = Config::check_text(text, &file, cache)?;
-        checked.config.check_runnable(&file)?;
+        let mut checked = Config::check_text(text, &file, cache)?;
+        let warnings = checked.config.check_runnable(&file)?;
+        checked.warnings.extend(warnings);
         Ok(checked)
     }
 
@@ -415,24 +416,27 @@ impl Config {
     /// off loopback. Validation alone also accepts models (of a fleet on
     /// one machine, of a pool drained at runtime) that a file to run with
     /// may not be.
-    pub fn check_runnable(&self, file: &str) -> Result<(), ConfigError> {
-        self.check_servable(file)?;
+    /// Returns what deserves a look but does not stop a start.
+    pub fn check_runnable(&self, file: &str) -> Result<Vec<String>, ConfigError> {
+        let warnings = self.check_servable(file)?;
         self.check_peers_reachable().map_err(|p| ConfigError {
             file: file.into(),
             key: p.key,
             problem: p.problem,
-        })
+        })?;
+        Ok(warnings)
     }
 
     /// Whether every VIP's pool has a backend that takes new connections
-    /// (a weight above 0 and not drained, as the tables flatten it): a
-    /// file whose VIP can never be served is refused where a file is
-    /// loaded (check-config, the start, a reload). A runtime change
-    /// (`fastpath lb drain`, through [`Config::check_text`]) may still
-    /// drain a pool's last backend: that is an operator's act on a
-    /// running load balancer, undone by an undrain, and then the file on
-    /// disk says so until it is.
-    pub fn check_servable(&self, file: &str) -> Result<(), ConfigError> {
+    /// (a weight above 0 and not drained, as the tables flatten it). A
+    /// pool whose every backend has weight 0, none drained, can never
+    /// serve its VIP: refused where a file is loaded (check-config, the
+    /// start, a reload). A pool whose last backends are drained is an
+    /// operator's act (`fastpath lb drain`, written to the file by the
+    /// daemon, for maintenance), undone by an undrain: it is a warning,
+    /// so that a reload or a restart during the maintenance still works.
+    pub fn check_servable(&self, file: &str) -> Result<Vec<String>, ConfigError> {
+        let mut warnings = Vec::new();
         let index = self.pool_index();
         let mut seen = std::collections::HashSet::new();
         for (i, v) in self.vips.iter().enumerate() {
@@ -448,21 +452,31 @@ impl Config {
             }
             let drained = members.iter().filter(|(_, d)| *d).count();
             let weightless = members.len() - drained;
+            if drained > 0 {
+                warnings.push(format!(
+                    "VIP {:?} is served by no backend: pool {:?}'s {} backends are drained or of \
+                     weight 0 ({drained} drained); `fastpath lb undrain BACKEND` ends the \
+                     maintenance",
+                    v.name,
+                    v.pool,
+                    members.len()
+                ));
+                continue;
+            }
             return Err(ConfigError {
                 file: file.into(),
                 key: format!("vips[{i}].pool"),
                 problem: format!(
                     "VIP {:?} can never be served: none of pool {:?}'s {} backends takes new \
-                     connections ({drained} drained, {weightless} of weight 0, includes \
-                     counted); give one a weight above 0 or remove it from drained \
-                     (`fastpath lb undrain BACKEND` on a running load balancer)",
+                     connections ({weightless} of weight 0, includes counted); give one a \
+                     weight above 0",
                     v.name,
                     v.pool,
                     members.len()
                 ),
             });
         }
-        Ok(())
+        Ok(warnings)
     }
 
     /// [`Config::load_with`] of a text already read (a runtime change's

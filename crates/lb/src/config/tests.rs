@@ -580,7 +580,7 @@ fn tables_too_small_for_their_pools_are_refused() {
 /// start, a reload), while a runtime drain of the last backend (an
 /// operator's act, through the same text check) stays possible.
 #[test]
-fn pools_whose_every_backend_is_weightless_or_drained_are_refused_at_load() {
+fn pools_whose_every_backend_is_weightless_are_refused_and_drained_ones_warned_at_load() {
     let dir = Scratch::new("servable");
     let weightless = GOOD
         .replace(
@@ -591,28 +591,46 @@ fn pools_whose_every_backend_is_weightless_or_drained_are_refused_at_load() {
             "{ address = \"10.1.0.3\", name = \"third\" }, { address = \"10.1.0.1\" }",
             "{ address = \"10.1.0.3\", name = \"third\", weight = 0 }",
         );
+    assert_ne!(weightless, GOOD);
+    let f = dir.write("lb.toml", &weightless);
+    let e = Config::load(&f).unwrap_err();
+    assert_eq!(e.key, "vips[0].pool", "{e}");
+    assert!(
+        e.problem.contains("\"web\"") && e.problem.contains("weight"),
+        "{e}"
+    );
+    // The runtime path (a change through the API) checks the text alone.
+    Config::check_text(weightless.clone(), "t", &mut ParseCache::new()).unwrap();
+    // Every backend drained: an operator's maintenance, written to the
+    // file by the daemon; a reload or a restart during it must work, and
+    // says what it means.
     let drained = GOOD.replace(
         "include = [\"extra\"]\n",
         "drained = [\"10.1.0.1\", \"10.1.0.2\"]\n",
     );
-    for (text, what) in [(&weightless, "weight"), (&drained, "drained")] {
-        assert_ne!(text, GOOD);
-        let f = dir.write("lb.toml", text);
-        let e = Config::load(&f).unwrap_err();
-        assert_eq!(e.key, "vips[0].pool", "{e}");
-        assert!(
-            e.problem.contains("\"web\"") && e.problem.contains(what),
-            "{e}"
-        );
-        // The runtime path (a drain through the API) checks the text alone.
-        Config::check_text(text.to_string(), "t", &mut ParseCache::new()).unwrap();
-    }
-    // One backend with a share is enough.
+    assert_ne!(drained, GOOD);
+    let f = dir.write("lb.toml", &drained);
+    let c = Config::load(&f).unwrap();
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("\"web\"") && w.contains("drained") && w.contains("undrain")),
+        "{:?}",
+        c.warnings
+    );
+    // One backend with a share is enough, and says nothing.
     let f = dir.write(
         "lb.toml",
         &GOOD.replace("include = [\"extra\"]\n", "drained = [\"10.1.0.1\"]\n"),
     );
-    Config::load(&f).unwrap();
+    let c = Config::load(&f).unwrap();
+    assert!(
+        !c.warnings
+            .iter()
+            .any(|w| w.contains("served by no backend")),
+        "{:?}",
+        c.warnings
+    );
 }
 
 /// A VIP at a backend's address or at this load balancer's outer source
