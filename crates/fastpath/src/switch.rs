@@ -458,7 +458,7 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     // Nothing at a path that is not a free or stale socket is touched: a
     // regular file or another switch's live socket is refused, and a path
     // given twice too; at exit only the sockets this switch made go.
-    let mut sockets = vswitch::Sockets::claim(&cfg)?;
+    let mut sockets = cfg.claim_sockets()?;
     for p in sockets.paths() {
         if let Some(dir) = p.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

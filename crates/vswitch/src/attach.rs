@@ -9,32 +9,17 @@
 //! hands the server the outcome to answer the client with. So the servers
 //! sit below the switch's event loop, not beside it.
 //!
-//! Every attach protocol has a handshake deadline, [`HANDSHAKE_TIMEOUT`]:
+//! Every attach protocol has a handshake deadline, [`crate::HANDSHAKE_TIMEOUT`]:
 //! a connection that has not completed its kind's handshake by then is
 //! closed ([`Attach::expire`]), so that idle connections cannot hold the
 //! slots and descriptors real clients need.
 
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::ports::Port;
 use crate::status::Status;
 use crate::Error;
-
-/// How long a peer has, from connecting, to complete its protocol's
-/// handshake (memif: `connect` acknowledged; the control socket: a request
-/// for a port or the status; vhost-user: `SET_OWNER`, the message a
-/// frontend claims the device with) before it is closed. Real clients take
-/// milliseconds; the margin is for a loaded machine.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// How long a connection that has not completed its handshake keeps its
-/// place against a newcomer when the places are taken (memif's 64; a
-/// vhost-user port's one). A real client's handshake takes milliseconds,
-/// so a newcomer cannot take the place of one that is completing it; idle
-/// connections give way to real clients well before the handshake
-/// deadline.
-pub const EVICTABLE_AFTER: Duration = Duration::from_secs(1);
 
 /// What serving a connection asks of the event loop.
 pub(crate) enum Served {

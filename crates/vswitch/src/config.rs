@@ -48,6 +48,19 @@ pub struct Config {
 }
 
 impl Config {
+    /// Checks the configuration ([`Config::check`]: no path given twice)
+    /// and claims each of its socket paths ([`crate::sockets::claim`]),
+    /// before the switch binds them.
+    pub fn claim_sockets(&self) -> Result<crate::Sockets, ConfigError> {
+        self.check()?;
+        let paths = self
+            .socket_paths()
+            .into_iter()
+            .map(|(_, p)| p.to_path_buf())
+            .collect();
+        Ok(crate::Sockets::claim(paths)?)
+    }
+
     /// Every socket path the switch binds, with what it is for (the
     /// control socket, the memif socket, each vhost-user port's).
     pub fn socket_paths(&self) -> Vec<(String, &Path)> {
@@ -114,7 +127,7 @@ impl Default for Config {
 
 /// Errors loading the switch's TOML file, or in the settings themselves
 /// ([`Config::check`]) and the socket paths they name
-/// ([`crate::Sockets::claim`]).
+/// ([`Config::claim_sockets`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.

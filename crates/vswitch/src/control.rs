@@ -14,7 +14,8 @@ use ring::control::{Conn, Listener, Request};
 use ring::device::DevicePort;
 use serde::Serialize;
 
-use crate::attach::{Attach, Served, HANDSHAKE_TIMEOUT};
+use crate::attach::{Attach, Served};
+use crate::deadlines::HANDSHAKE_TIMEOUT;
 use crate::ports::ring::RingPort;
 use crate::ports::Counters;
 use crate::status::{Reply, Status};

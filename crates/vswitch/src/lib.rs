@@ -72,6 +72,7 @@ pub mod bridge;
 mod chain;
 mod config;
 mod control;
+mod deadlines;
 mod event_loop;
 pub mod pktgen;
 pub mod ports;
@@ -79,10 +80,10 @@ mod sockets;
 pub mod status;
 mod switch;
 
-pub use attach::{EVICTABLE_AFTER, HANDSHAKE_TIMEOUT};
 pub use config::{
     Config, ConfigError, FileConfig, VhostUserEntry, VhostUserError, MAX_INTERVAL_US,
 };
+pub use deadlines::{EVICTABLE_AFTER, HANDSHAKE_TIMEOUT};
 pub use event_loop::{spawn, EventLoop};
 pub use ports::vhost::VhostPort;
 pub use sockets::{claim, SocketPathError, Sockets};

@@ -19,8 +19,6 @@ use std::path::{Path, PathBuf};
 use rustix::io::Errno;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
-use crate::Config;
-
 /// Why a socket path cannot be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum SocketPathError {
@@ -164,15 +162,10 @@ pub struct Sockets {
 }
 
 impl Sockets {
-    /// Check `cfg` ([`Config::check`]: no path given twice) and claim each
-    /// of its socket paths ([`claim`]), before the switch binds them.
-    pub fn claim(cfg: &Config) -> Result<Sockets, crate::ConfigError> {
-        cfg.check()?;
-        let paths: Vec<PathBuf> = cfg
-            .socket_paths()
-            .into_iter()
-            .map(|(_, p)| p.to_path_buf())
-            .collect();
+    /// Claims each path ([`claim`]), before the switch binds them; a
+    /// switch's configuration gives its paths through
+    /// [`crate::Config::claim_sockets`], which checks it first.
+    pub fn claim(paths: Vec<PathBuf>) -> Result<Sockets, SocketPathError> {
         for p in &paths {
             claim(p)?;
         }
@@ -246,11 +239,7 @@ mod tests {
     fn only_the_socket_this_switch_made_is_removed_at_exit() {
         let d = dir("ours");
         let p = d.join("vm.sock");
-        let cfg = Config {
-            socket: Some(p.clone()),
-            ..Config::default()
-        };
-        let mut s = Sockets::claim(&cfg).unwrap();
+        let mut s = Sockets::claim(vec![p.clone()]).unwrap();
         drop(std::os::unix::net::UnixListener::bind(&p).unwrap());
         s.bound();
         // Someone else replaced it after we bound it (ours moved aside, so
@@ -259,7 +248,7 @@ mod tests {
         drop(std::os::unix::net::UnixListener::bind(&p).unwrap());
         drop(s);
         assert!(p.exists(), "another's socket at our path stays");
-        let mut s = Sockets::claim(&cfg).unwrap();
+        let mut s = Sockets::claim(vec![p.clone()]).unwrap();
         drop(std::os::unix::net::UnixListener::bind(&p).unwrap());
         s.bound();
         drop(s);

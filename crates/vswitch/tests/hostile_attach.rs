@@ -18,7 +18,7 @@ use ring::control::{attach, status, AttachRequest, Attached, Conn};
 use ring::Mode;
 use vswitch::ports::memif::EVICTABLE_AFTER;
 use vswitch::ports::vhost;
-use vswitch::{spawn, Config, ConfigError, SocketPathError, Sockets, Switch, HANDSHAKE_TIMEOUT};
+use vswitch::{spawn, Config, ConfigError, SocketPathError, Switch, HANDSHAKE_TIMEOUT};
 
 /// A fresh directory for one test's sockets.
 fn dir(tag: &str) -> PathBuf {
@@ -65,7 +65,7 @@ fn a_regular_file_at_a_vhost_user_path_survives_and_is_refused_by_name() {
     let d = dir("file");
     let path = d.join("disk.img");
     std::fs::write(&path, b"someone's data").unwrap();
-    let e = Sockets::claim(&with_vm_port(&path)).unwrap_err();
+    let e = with_vm_port(&path).claim_sockets().unwrap_err();
     let text = e.to_string();
     assert!(
         matches!(e, ConfigError::Socket(SocketPathError::NotSocket { .. })),
@@ -97,7 +97,7 @@ fn another_running_switch_s_control_socket_is_refused_and_outlives_us() {
         },
         with_vm_port(&ctl),
     ] {
-        let e = Sockets::claim(&cfg).unwrap_err();
+        let e = cfg.claim_sockets().unwrap_err();
         assert!(
             matches!(e, ConfigError::Socket(SocketPathError::Live { .. })),
             "{e}"
@@ -128,7 +128,7 @@ fn a_socket_path_given_twice_is_refused() {
         let e = cfg.check().unwrap_err();
         assert!(matches!(e, ConfigError::SamePath { .. }), "{e}");
         assert!(e.to_string().contains("given twice"), "{e}");
-        assert!(Sockets::claim(&cfg).is_err());
+        assert!(cfg.claim_sockets().is_err());
     }
     // The file says it the same way.
     let f = d.join("sw.toml");

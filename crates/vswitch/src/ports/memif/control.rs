@@ -55,7 +55,7 @@ pub const RING_FLAG_C2S: u16 = 1;
 /// connection still in its handshake after [`EVICTABLE_AFTER`].
 pub const MAX_CONNECTIONS: usize = 64;
 
-pub use crate::attach::EVICTABLE_AFTER;
+pub use crate::deadlines::EVICTABLE_AFTER;
 
 /// Message types.
 pub mod msg_type {
