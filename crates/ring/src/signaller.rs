@@ -163,23 +163,27 @@ impl Signaller {
     /// Takes in the completions there are (no system call: they are read
     /// from the ring's shared memory).
     fn reap(&mut self) {
-        let mut done = Vec::new();
-        for cqe in self.ring.completion() {
-            done.push((cqe.user_data(), cqe.result()));
-        }
-        for (ud, res) in done {
-            let Some(i) = (ud as usize).checked_sub(1) else {
+        // Fields apart, so that the completions are taken in place (no
+        // allocation: this runs on every signal).
+        let Signaller {
+            ring,
+            slots,
+            free,
+            in_flight,
+        } = self;
+        for cqe in ring.completion() {
+            let Some(i) = (cqe.user_data() as usize).checked_sub(1) else {
                 continue; // a cancellation's own completion
             };
-            if let Some(line) = self.slots.get_mut(i).and_then(Option::take) {
-                if res < 0 {
+            if let Some(line) = slots.get_mut(i).and_then(Option::take) {
+                if cqe.result() < 0 {
                     line.failed.fetch_add(1, Ordering::Relaxed);
                 } else {
                     line.raised.fetch_add(1, Ordering::Relaxed);
                 }
                 line.busy.store(false, Ordering::Release);
-                self.free.push(i);
-                self.in_flight -= 1;
+                free.push(i);
+                *in_flight -= 1;
             }
         }
     }
