@@ -280,8 +280,9 @@ pub enum LbCommand {
     /// what the file leaves out. Prints per protocol: disabled, already
     /// disabled (a graceful stop withdraws by itself), BIRD not running
     /// (then nothing is announced), or not in BIRD (a shipped name this
-    /// BIRD has no protocol of). Exits 1 if BIRD refused a protocol the
-    /// file names.
+    /// BIRD has no protocol of), or "not withdrawn" and why. Exits 1 if a
+    /// protocol the file names was not withdrawn. Ends within about 2 s
+    /// whatever BIRD does (each protocol asked at once, birdc bounded).
     ///
     /// Examples:
     ///   fastpath lb withdraw --config /etc/fastpath/edge.toml
@@ -637,7 +638,8 @@ fn runtime_change(a: BackendArgs, change: lbd::runtime::Change) -> anyhow::Resul
     emit(a.format, &r)
 }
 
-/// `fastpath lb withdraw`: one line per protocol.
+/// `fastpath lb withdraw`: one line per protocol, what could not be
+/// withdrawn included; fails if any protocol was not withdrawn.
 fn withdraw(config: &std::path::Path) -> anyhow::Result<()> {
     let done = lbd::withdraw::withdraw(config)?;
     if done.is_empty() {
@@ -646,14 +648,28 @@ fn withdraw(config: &std::path::Path) -> anyhow::Result<()> {
             config.display()
         );
     }
+    let mut not_withdrawn = Vec::new();
     for (protocol, outcome) in done {
         let what = match outcome {
-            lbd::withdraw::Outcome::Disabled => "disabled: its VIP routes are withdrawn",
-            lbd::withdraw::Outcome::AlreadyDisabled => "already disabled",
-            lbd::withdraw::Outcome::BirdNotRunning => "BIRD is not running: it announces nothing",
-            lbd::withdraw::Outcome::NotInBird => "not in BIRD's configuration",
+            Ok(lbd::withdraw::Outcome::Disabled) => "disabled: its VIP routes are withdrawn",
+            Ok(lbd::withdraw::Outcome::AlreadyDisabled) => "already disabled",
+            Ok(lbd::withdraw::Outcome::BirdNotRunning) => {
+                "BIRD is not running: it announces nothing"
+            }
+            Ok(lbd::withdraw::Outcome::NotInBird) => "not in BIRD's configuration",
+            Err(e) => {
+                eprintln!("{protocol}: not withdrawn: {e}");
+                not_withdrawn.push(protocol);
+                continue;
+            }
         };
         println!("{protocol}: {what}");
+    }
+    if !not_withdrawn.is_empty() {
+        anyhow::bail!(
+            "not withdrawn: {} (BIRD may still announce their VIPs until it answers or the router's hold timer expires)",
+            not_withdrawn.join(", ")
+        );
     }
     Ok(())
 }

@@ -17,16 +17,17 @@
 //! [`Announcer::step`] is one poll of the controller
 //! ([`crate::tasks::bgp`]): the routes files, then the decisions.
 //!
-//! `/status`, `/metrics` and `lb status` say what BIRD says at the moment
-//! they are asked ([`BgpState::read`], [`status`]), beside what fastpath
-//! wants and a `mismatch` in words when the two differ.
+//! `/status`, `/metrics` and `lb status` say what BIRD said when the BGP
+//! task last read it, and how long ago ([`BgpState::last`], [`status`]),
+//! beside what fastpath wants and a `mismatch` in words when the two
+//! differ. They never run birdc themselves.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lb::config::{Bgp, Config};
 use serde::{Deserialize, Serialize};
@@ -107,6 +108,9 @@ pub struct Plan {
     pub error: Option<Arc<StepError>>,
     /// Whether BIRD announced some VIP when the last step ended.
     pub announced: bool,
+    /// The configuration generation the step worked from (the daemon's
+    /// `generation` in `/status`; 0 where not known).
+    pub generation: u64,
 }
 
 impl Plan {
@@ -317,7 +321,7 @@ impl Announcer {
             if targets.contains(&old) {
                 self.managed.push(old);
             } else {
-                self.disable(bird, &old, "no longer named in [bgp]");
+                let _ = self.disable(bird, &old, "no longer named in [bgp]");
             }
         }
         for t in targets {
@@ -359,6 +363,7 @@ impl Announcer {
             repairs: self.repairs,
             error: None,
             announced: false,
+            generation: 0,
         };
         let reading = self.apply(bird, forwarding, &wanted, &mut errors);
         plan.repairs = self.repairs;
@@ -495,25 +500,32 @@ impl Announcer {
         });
     }
 
-    fn disable(&mut self, bird: &dyn Bird, t: &Target, why: &str) {
+    /// Disables `t`'s protocol; what could not be done, in words.
+    fn disable(&mut self, bird: &dyn Bird, t: &Target, why: &str) -> Option<String> {
+        self.memory.enabled.remove(&t.protocol);
         match bird.run(&["disable", &t.protocol]) {
             Ok(_) => {
-                tracing::info!(protocol = %t.protocol, "BGP: {} VIPs withdrawn ({why})", t.family)
+                tracing::info!(protocol = %t.protocol, "BGP: {} VIPs withdrawn ({why})", t.family);
+                None
             }
-            Err(e) => tracing::error!(
-                protocol = %t.protocol,
-                "BGP controller: could not withdraw the {} VIPs: {e}",
-                t.family
-            ),
+            Err(e) => {
+                tracing::error!(
+                    protocol = %t.protocol,
+                    "BGP controller: could not withdraw the {} VIPs: {e}",
+                    t.family
+                );
+                Some(format!("{} VIPs ({}): {e}", t.family, t.protocol))
+            }
         }
-        self.memory.enabled.remove(&t.protocol);
     }
 
-    /// Withdraws every VIP (on shutdown, and when `[bgp]` goes away).
-    pub fn withdraw(&mut self, bird: &dyn Bird) {
-        for t in std::mem::take(&mut self.managed) {
-            self.disable(bird, &t, "stopping");
-        }
+    /// Withdraws every VIP (on shutdown, and when `[bgp]` goes away); what
+    /// could not be withdrawn, one entry a family.
+    pub fn withdraw(&mut self, bird: &dyn Bird) -> Vec<String> {
+        std::mem::take(&mut self.managed)
+            .iter()
+            .filter_map(|t| self.disable(bird, t, "stopping"))
+            .collect()
     }
 }
 
@@ -638,48 +650,44 @@ fn write_routes(path: &Path, text: &str) -> Result<(), AnnounceError> {
     res.map_err(err)
 }
 
-/// How long a reading of BIRD serves later questions: `/status` and
-/// `/metrics` asked within this long of one another share one birdc run,
-/// so requests cannot make the daemon run birdc without bound.
-pub const READING_SHARED_FOR: Duration = Duration::from_millis(10);
-
-/// The controller's part of the shared state: what it wants, and BIRD's
-/// last reading (one birdc at a time).
+/// The controller's part of the shared state: what it wants and did, and
+/// BIRD's state as it last read it, kept together so that a document
+/// shows a plan beside the reading of the same step. Requests read this
+/// and never ask BIRD themselves: a BIRD that hangs or floods costs the
+/// BGP task its time, never the API.
 #[derive(Debug, Default)]
 pub struct BgpState {
-    /// What the controller wants and did (none without `[bgp]`).
-    plan: Mutex<Option<Plan>>,
-    /// BIRD's last reading.
-    reading: Mutex<Option<Reading>>,
+    /// The last step's plan (none without `[bgp]`) and reading.
+    last: Mutex<(Option<Plan>, Option<Reading>)>,
 }
 
 impl BgpState {
     /// What the controller wants, as of its last step.
     pub fn plan(&self) -> Option<Plan> {
-        self.plan.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .clone()
     }
 
+    /// The last step's plan and BIRD's state as that step last read it
+    /// (how old it is: [`Reading::started`]); none before the first step.
+    pub fn last(&self) -> Option<(Plan, Reading)> {
+        let l = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        match &*l {
+            (Some(p), Some(r)) => Some((p.clone(), r.clone())),
+            _ => None,
+        }
+    }
+
+    /// Publishes a step: its plan, and its reading (none keeps the last).
     pub(crate) fn set(&self, plan: Option<Plan>, reading: Option<Reading>) {
-        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = plan;
+        let mut l = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        l.0 = plan;
         if let Some(r) = reading {
-            *self.reading.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            l.1 = Some(r);
         }
-    }
-
-    /// BIRD's state now: a reading begun after this call was made, or
-    /// within [`READING_SHARED_FOR`] of it. Callers that come while birdc
-    /// runs wait for it.
-    pub fn read(&self, bird: &dyn Bird) -> Reading {
-        let asked = Instant::now();
-        let mut r = self.reading.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(x) = r.as_ref() {
-            if x.started >= asked || asked.duration_since(x.started) < READING_SHARED_FOR {
-                return x.clone();
-            }
-        }
-        let fresh = Reading::take(bird);
-        *r = Some(fresh.clone());
-        fresh
     }
 }
 
@@ -727,8 +735,16 @@ pub struct BgpStatus {
     /// Times the controller found BIRD changed behind its back and put it
     /// back (re-enabled after a `birdc configure` or a BIRD restart, say).
     pub repairs: u64,
-    /// How long before this document BIRD was read, milliseconds.
+    /// How long before this document BIRD was read, milliseconds: the BGP
+    /// task reads it at every poll and right after it changes something,
+    /// and the document shows that reading (it never asks BIRD itself).
     pub read_ms_ago: u64,
+    /// The configuration generation the controller's last step worked
+    /// from: a change is reflected once this reaches the generation the
+    /// change made and the reading is younger than the change (0 in
+    /// documents from versions without it).
+    #[serde(default)]
+    pub generation: u64,
     /// The last error talking to BIRD, or BIRD's missing protocols.
     pub error: Option<String>,
     /// Each family fastpath manages.
@@ -807,6 +823,7 @@ pub fn status(plan: &Plan, reading: &Reading) -> BgpStatus {
         mismatch: (!mismatches.is_empty()).then(|| mismatches.join("; ")),
         repairs: plan.repairs,
         read_ms_ago: reading.started.elapsed().as_millis() as u64,
+        generation: plan.generation,
         error,
         families,
     }
@@ -832,7 +849,7 @@ impl BgpStatus {
             })
             .collect();
         let mut out = format!(
-            "BGP: VIPs {} (fastpath {} them), as BIRD says: {}; {} repairs\n",
+            "BGP: VIPs {} (fastpath {} them), as BIRD said when read {:.1} s ago: {}; {} repairs\n",
             if self.announced {
                 "announced"
             } else {
@@ -843,6 +860,7 @@ impl BgpStatus {
             } else {
                 "withdraws"
             },
+            self.read_ms_ago as f64 / 1000.0,
             families.join(", "),
             self.repairs
         );

@@ -11,6 +11,7 @@
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -49,6 +50,19 @@ pub enum BirdError {
         command: String,
         /// The bound, in bytes.
         limit: usize,
+    },
+    /// The daemon began to stop while birdc ran (killed) or before it
+    /// could run: what it was asking is left to the stop's own withdrawal.
+    #[error("birdc {command}: given up, the daemon is stopping")]
+    Cancelled {
+        /// The birdc arguments.
+        command: String,
+    },
+    /// Not run: the time given for it (a stop's) had run out.
+    #[error("birdc {command}: not run, its time ran out (BIRD did not answer what came before)")]
+    OutOfTime {
+        /// The birdc arguments.
+        command: String,
     },
     /// birdc ran and BIRD refused (codes 8xxx/9xxx, or a failed exit).
     #[error("birdc {command}: {output}")]
@@ -102,8 +116,25 @@ impl Birdc<'_> {
         deadline: Duration,
         limit: usize,
     ) -> Result<Answer, BirdError> {
+        self.answer_until(args, Instant::now() + deadline, limit, None)
+    }
+
+    /// [`Birdc::answer`] ending by `deadline` at the latest, and as soon
+    /// as `cancel` is set (checked every [`CANCEL_CHECK`]): birdc and what
+    /// it started are killed either way.
+    pub fn answer_until(
+        &self,
+        args: &[&str],
+        deadline: Instant,
+        limit: usize,
+        cancel: Option<&AtomicBool>,
+    ) -> Result<Answer, BirdError> {
         let (program, rest) = self.0.split_first().ok_or(BirdError::NoBirdc)?;
         let command = || args.join(" ");
+        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(BirdError::Cancelled { command: command() });
+        }
+        let started = Instant::now();
         let mut child = Command::new(program)
             .args(rest)
             .args(args)
@@ -117,7 +148,7 @@ impl Birdc<'_> {
                 program: program.clone(),
                 source,
             })?;
-        let read = read_bounded(&mut child, Instant::now() + deadline, limit);
+        let read = read_bounded(&mut child, deadline, limit, cancel);
         if read.is_err() {
             if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
                 let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
@@ -131,9 +162,10 @@ impl Birdc<'_> {
             Err(Cut::Deadline) => {
                 return Err(BirdError::Deadline {
                     command: command(),
-                    after: deadline,
+                    after: deadline.saturating_duration_since(started),
                 })
             }
+            Err(Cut::Cancelled) => return Err(BirdError::Cancelled { command: command() }),
             Err(Cut::Limit) => {
                 return Err(BirdError::TooLong {
                     command: command(),
@@ -155,19 +187,25 @@ impl Birdc<'_> {
     }
 }
 
+/// How often a birdc run with a cancel flag looks at it.
+pub const CANCEL_CHECK: Duration = Duration::from_millis(25);
+
 /// Why reading birdc's output stopped before it ended.
 enum Cut {
     Deadline,
+    Cancelled,
     Limit,
     Io(std::io::Error),
 }
 
 /// Reads the child's stdout and stderr until both end, the deadline passes
-/// or `limit` bytes came, without ever blocking past the deadline.
+/// or `limit` bytes came, or `cancel` is set, without ever blocking past
+/// the deadline (or [`CANCEL_CHECK`] past a cancel).
 fn read_bounded(
     child: &mut std::process::Child,
     deadline: Instant,
     limit: usize,
+    cancel: Option<&AtomicBool>,
 ) -> Result<(Vec<u8>, Vec<u8>), Cut> {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
     use std::io::Read;
@@ -181,9 +219,15 @@ fn read_bounded(
     let mut buf = vec![0u8; 64 << 10];
     let mut total = 0usize;
     while out_open || err_open {
-        let left = deadline.saturating_duration_since(Instant::now());
+        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(Cut::Cancelled);
+        }
+        let mut left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Cut::Deadline);
+        }
+        if cancel.is_some() {
+            left = left.min(CANCEL_CHECK);
         }
         let t = Timespec {
             tv_sec: left.as_secs() as i64,
@@ -244,19 +288,68 @@ pub trait Bird {
 
 impl Bird for Birdc<'_> {
     fn run(&self, args: &[&str]) -> Result<String, BirdError> {
-        let a = self.answer(args)?;
-        // birdc reports errors on stdout with codes 8xxx/9xxx and exits 0.
-        if !a.success
-            || a.stdout
-                .lines()
-                .any(|l| l.starts_with('8') || l.starts_with('9'))
-        {
-            return Err(BirdError::Refused {
-                command: args.join(" "),
-                output: format!("{}{}", a.stdout.trim(), a.stderr.trim()),
-            });
+        read_answer(args, self.answer(args)?)
+    }
+}
+
+/// BIRD through birdc, each command bounded by [`DEADLINE`] and
+/// [`OUTPUT_LIMIT`] and further: given up as soon as `cancel` is set (the
+/// daemon's stop, for the BGP task's ordinary steps), and never running
+/// past `by` (the time a stop leaves for the withdrawal).
+#[derive(Debug, Clone, Copy)]
+pub struct Bounded<'a> {
+    /// The birdc command line.
+    pub birdc: Birdc<'a>,
+    /// Gives up when set.
+    pub cancel: Option<&'a AtomicBool>,
+    /// No command runs past this.
+    pub by: Option<Instant>,
+}
+
+impl Bird for Bounded<'_> {
+    fn run(&self, args: &[&str]) -> Result<String, BirdError> {
+        let now = Instant::now();
+        let mut deadline = now + DEADLINE;
+        if let Some(by) = self.by {
+            if by <= now {
+                return Err(BirdError::OutOfTime {
+                    command: args.join(" "),
+                });
+            }
+            deadline = deadline.min(by);
         }
-        Ok(a.stdout)
+        let a = self
+            .birdc
+            .answer_until(args, deadline, OUTPUT_LIMIT, self.cancel)?;
+        read_answer(args, a)
+    }
+}
+
+/// birdc's answer as BIRD's output, or its refusal.
+fn read_answer(args: &[&str], a: Answer) -> Result<String, BirdError> {
+    // birdc reports errors on stdout with codes 8xxx/9xxx and exits 0.
+    if !a.success
+        || a.stdout
+            .lines()
+            .any(|l| l.starts_with('8') || l.starts_with('9'))
+    {
+        return Err(BirdError::Refused {
+            command: args.join(" "),
+            output: excerpt(&format!("{}{}", a.stdout.trim(), a.stderr.trim())),
+        });
+    }
+    Ok(a.stdout)
+}
+
+/// The most of a refusal's text kept in the error: it is logged and shown
+/// in `/status`, and a BIRD that answers garbage may send megabytes.
+pub const REFUSAL_EXCERPT: usize = 400;
+
+/// `text` cut to [`REFUSAL_EXCERPT`] characters, saying how much was left.
+pub(crate) fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(REFUSAL_EXCERPT) {
+        None => text.to_string(),
+        Some((at, _)) => format!("{}... ({} bytes in all)", &text[..at], text.len()),
     }
 }
 
@@ -560,6 +653,67 @@ mod tests {
             "took {:?}",
             t.elapsed()
         );
+    }
+
+    /// The daemon's stop kills a birdc that BIRD keeps waiting, at once;
+    /// a stop's time, once spent, runs no more commands, and shortens
+    /// those it still allows.
+    #[test]
+    fn a_stop_cuts_birdc_short_and_its_budget_bounds_the_rest() {
+        let b = script("exec sleep 100");
+        let cancel = AtomicBool::new(false);
+        let bird = Bounded {
+            birdc: Birdc(&b),
+            cancel: Some(&cancel),
+            by: None,
+        };
+        let t = Instant::now();
+        let e = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(200));
+                cancel.store(true, Ordering::Relaxed);
+            });
+            bird.run(&["show", "protocols", "all"]).unwrap_err()
+        });
+        assert!(matches!(e, BirdError::Cancelled { .. }), "{e}");
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "took {:?}",
+            t.elapsed()
+        );
+        // Set before: not even started.
+        assert!(matches!(
+            bird.run(&["disable", "x"]).unwrap_err(),
+            BirdError::Cancelled { .. }
+        ));
+        let spent = Bounded {
+            birdc: Birdc(&b),
+            cancel: None,
+            by: Some(Instant::now()),
+        };
+        let e = spent.run(&["disable", "x"]).unwrap_err();
+        assert!(matches!(e, BirdError::OutOfTime { .. }), "{e}");
+        let short = Bounded {
+            birdc: Birdc(&b),
+            cancel: None,
+            by: Some(Instant::now() + Duration::from_millis(300)),
+        };
+        let t = Instant::now();
+        let e = short.run(&["disable", "x"]).unwrap_err();
+        assert!(matches!(e, BirdError::Deadline { .. }), "{e}");
+        assert!(t.elapsed() < DEADLINE, "took {:?}", t.elapsed());
+    }
+
+    /// A refusal is logged and shown in `/status`: a BIRD that answers
+    /// megabytes of garbage gets an excerpt of it there.
+    #[test]
+    fn a_refusal_keeps_an_excerpt_of_what_birdc_printed() {
+        let b = script("head -c 300000 /dev/zero | tr \\\\0 x; exit 1");
+        let e = Birdc(&b).run(&["show", "protocols", "all"]).unwrap_err();
+        let words = e.to_string();
+        assert!(matches!(e, BirdError::Refused { .. }), "{words}");
+        assert!(words.len() < 1000, "{} bytes", words.len());
+        assert!(words.contains("300000 bytes in all"), "{}", &words[..200]);
     }
 
     #[test]

@@ -236,6 +236,7 @@ fn serve(
             reserved: 0,
         }),
         started: Instant::now(),
+        stopping: Default::default(),
     });
     for w in health::warnings(&cfg) {
         tracing::warn!("{w}");
@@ -452,11 +453,6 @@ fn graceful_stop(
     }
     // The drain's time counts from the signal, withdrawal included.
     let start = Instant::now();
-    // Drain if the router may have been sending traffic here: BIRD
-    // announced at the last poll, or fastpath meant it to.
-    let was_announced = shared.bgp.plan().is_some_and(|p| p.announced || p.wanted());
-    // The controller withdraws on its way out.
-    let _ = bgp.join();
     let cfg = shared
         .control
         .lock()
@@ -464,6 +460,17 @@ fn graceful_stop(
         .config()
         .bgp
         .clone();
+    // `/status` says so from now on (the API answers until the end).
+    shared
+        .stopping
+        .begin(cfg.as_ref().map_or(0, |b| b.drain_ms));
+    // Drain if the router may have been sending traffic here: BIRD
+    // announced at the last poll, or fastpath meant it to.
+    let was_announced = shared.bgp.plan().is_some_and(|p| p.announced || p.wanted());
+    // The controller withdraws on its way out, within a bounded time
+    // whatever BIRD does (tasks::bgp::withdraw_budget).
+    let _ = bgp.join();
+    shared.stopping.withdrawn_if_not_said();
     let Some(b) = cfg.filter(|b| b.drain_ms > 0 && was_announced) else {
         dp_stop.store(true, Ordering::Release);
         return;

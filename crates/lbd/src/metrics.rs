@@ -330,7 +330,7 @@ pub fn encode_metrics_as(
     if let Some(a) = s.bgp_announced {
         f.gauge_at(
             "fastpath_lb_bgp_announced",
-            "1 while BIRD announces VIPs to the router, as BIRD says when scraped",
+            "1 while BIRD announces VIPs to the router, as BIRD said at the BGP task's last reading (fastpath_lb_bgp_read_age_milliseconds ago)",
             u64::from(a),
         );
     }
@@ -339,6 +339,11 @@ pub fn encode_metrics_as(
             "fastpath_lb_bgp_wanted",
             "1 while fastpath wants VIPs announced (its datapath beats, a VIP has a healthy backend)",
             u64::from(b.wanted),
+        );
+        f.gauge_at(
+            "fastpath_lb_bgp_read_age_milliseconds",
+            "How long ago the BGP task last read BIRD; what the other fastpath_lb_bgp metrics say of BIRD is that reading's (scrapes never wait for BIRD)",
+            b.read_ms_ago,
         );
         f.gauge_at(
             "fastpath_lb_bgp_mismatch",

@@ -51,6 +51,62 @@ pub struct Shared {
     pub(crate) budget: Mutex<crate::limits::Budget>,
     /// When the daemon started.
     pub(crate) started: Instant,
+    /// The graceful stop, once begun.
+    pub(crate) stopping: StopState,
+}
+
+/// How far a graceful stop has come, for `/status` (the API answers until
+/// the datapath stops).
+#[derive(Debug, Default)]
+pub(crate) struct StopState(Mutex<Option<Stopping>>);
+
+/// A graceful stop under way.
+#[derive(Debug, Clone)]
+pub(crate) struct Stopping {
+    /// When the stop was seen.
+    pub(crate) since: Instant,
+    /// `[bgp] drain_ms` at the stop (0 without `[bgp]`).
+    pub(crate) drain_ms: u64,
+    /// Whether the withdrawal is done (succeeded or given up).
+    pub(crate) withdrawn: bool,
+    /// What the withdrawal could not do, in words.
+    pub(crate) could_not: Option<String>,
+}
+
+impl StopState {
+    /// The stop has begun (the first call counts).
+    pub(crate) fn begin(&self, drain_ms: u64) {
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if s.is_none() {
+            *s = Some(Stopping {
+                since: Instant::now(),
+                drain_ms,
+                withdrawn: false,
+                could_not: None,
+            });
+        }
+    }
+
+    /// The withdrawal is over; `could_not` says what it could not do.
+    pub(crate) fn withdrawn(&self, could_not: Option<String>) {
+        if let Some(s) = self.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            s.withdrawn = true;
+            s.could_not = could_not;
+        }
+    }
+
+    /// The withdrawal is over, whatever it said (none is made without
+    /// `[bgp]`).
+    pub(crate) fn withdrawn_if_not_said(&self) {
+        if let Some(s) = self.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            s.withdrawn = true;
+        }
+    }
+
+    /// The stop, if it has begun.
+    pub(crate) fn get(&self) -> Option<Stopping> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 impl Shared {

@@ -12,14 +12,64 @@ use serde::Serialize;
 
 use crate::state::Shared;
 
-/// BGP as BIRD says it now beside what the controller wants (none
-/// without `[bgp]`): BIRD is read for the question (or within
-/// [`crate::announce::READING_SHARED_FOR`] of it), so "announced" is never
-/// older than the moment it is asked.
+/// BGP as BIRD said it when the BGP task last read it, beside what the
+/// controller wants (none without `[bgp]`, and before its first step),
+/// with the reading's age (`read_ms_ago`). No request waits for BIRD:
+/// the task reads it at every poll and right after each change it makes.
 fn bgp(shared: &Shared) -> Option<crate::announce::BgpStatus> {
-    let plan = shared.bgp.plan()?;
-    let reading = shared.bgp.read(&crate::bird::Birdc(&plan.bgp.birdc));
+    let (plan, reading) = shared.bgp.last()?;
     Some(crate::announce::status(&plan, &reading))
+}
+
+/// The graceful stop in `/status`, once begun.
+fn stopping(shared: &Shared) -> Option<StoppingStatus> {
+    let s = shared.stopping.get()?;
+    Some(StoppingStatus {
+        since_s: s.since.elapsed().as_secs_f64(),
+        phase: if s.withdrawn {
+            "draining"
+        } else {
+            "withdrawing"
+        }
+        .into(),
+        drain_ms: s.drain_ms,
+        could_not: s.could_not,
+    })
+}
+
+/// A graceful stop under way, in `/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct StoppingStatus {
+    /// Seconds since the stop began (the signal).
+    pub since_s: f64,
+    /// `withdrawing` (asking BIRD to withdraw the VIPs) or `draining`
+    /// (forwarding until the router has moved the traffic away).
+    pub phase: String,
+    /// The most the stop takes from its signal, milliseconds (`[bgp]
+    /// drain_ms`; a withdrawal BIRD does not answer ends within it).
+    pub drain_ms: u64,
+    /// What the withdrawal could not do (the VIPs it left announced).
+    pub could_not: Option<String>,
+}
+
+impl StoppingStatus {
+    /// The line of `fastpath lb status`.
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "STOPPING for {:.1} s (at most {:.1} s): {}\n",
+            self.since_s,
+            self.drain_ms as f64 / 1000.0,
+            match (self.phase.as_str(), &self.could_not) {
+                ("withdrawing", _) => "withdrawing the VIPs",
+                (_, None) => "VIPs withdrawn, draining",
+                (_, Some(_)) => "draining; the withdrawal FAILED",
+            }
+        );
+        if let Some(c) = &self.could_not {
+            out += &format!("  could not withdraw: {c}\n");
+        }
+        out
+    }
 }
 
 /// The `/status` document.
@@ -99,6 +149,7 @@ pub fn status(shared: &Shared) -> Status {
         bgp_announced: bgp.as_ref().map(|b| b.announced),
         bgp_error: bgp.as_ref().and_then(|b| b.error.clone()),
         bgp,
+        stopping: stopping(shared),
         encap: Some(EncapStatus::of(&cfg.encap)),
         fleet,
         tracer: shared.datapath.tracer.as_ref().map(|t| TracerStatus {
@@ -385,8 +436,9 @@ pub struct Status {
     /// in flight. Steady under steady load; growth means buffers leak.
     #[serde(default)]
     pub pool_in_use: u32,
-    /// BGP: whether BIRD announces VIPs to the router, as BIRD says when
-    /// the document is made (absent without `[bgp]`); `bgp` has the rest.
+    /// BGP: whether BIRD announces VIPs to the router, as BIRD said when
+    /// the BGP task last read it (`bgp.read_ms_ago`; absent without
+    /// `[bgp]`); `bgp` has the rest.
     pub bgp_announced: Option<bool>,
     /// BGP: the last error talking to BIRD.
     pub bgp_error: Option<String>,
@@ -395,6 +447,10 @@ pub struct Status {
     /// documents from versions without it).
     #[serde(default)]
     pub bgp: Option<crate::announce::BgpStatus>,
+    /// The graceful stop, once begun (absent otherwise, and in documents
+    /// from versions without it).
+    #[serde(default)]
+    pub stopping: Option<StoppingStatus>,
     /// `[encap]`: what the fleet must agree on (absent in documents from
     /// versions without it).
     #[serde(default)]
@@ -419,6 +475,9 @@ impl Status {
     /// As tables for people (`fastpath lb status`).
     pub fn to_text(&self) -> String {
         let mut out = format!("driver: {}\n", self.driver);
+        if let Some(s) = &self.stopping {
+            out.push_str(&s.to_text());
+        }
         out += &format!(
             "configuration generation {}, up {:.0} s, reloads: {} applied, {} rejected; \
              runtime changes: {} applied, {} rejected; health changes {}\n",
@@ -698,7 +757,7 @@ mod tests {
         let s: Status = serde_json::from_value(doc).unwrap();
         let t = s.to_text();
         for want in [
-            "BGP: VIPs not announced (fastpath announces them), as BIRD says: ipv4 fastpath_vips down (0 of 1 routes",
+            "BGP: VIPs not announced (fastpath announces them), as BIRD said when read 0.0 s ago: ipv4 fastpath_vips down (0 of 1 routes",
             "BGP MISMATCH: ipv4: announcement wanted, fastpath_vips is down in BIRD",
         ] {
             assert!(t.contains(want), "{want:?} missing:\n{t}");

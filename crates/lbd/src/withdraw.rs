@@ -171,10 +171,19 @@ pub fn target(text: &str, path: &Path) -> Result<Option<Target>, WithdrawError> 
 /// first is the daemon's default `[bgp] protocol`).
 pub const DEFAULT_PROTOCOLS: [&str; 2] = ["fastpath_vips", "fastpath_vips6"];
 
-/// Reads `config` and disables each of its protocols; per protocol what
-/// happened, or the first refusal (after trying every protocol). An
-/// empty list: the configuration has no `[bgp]`.
-pub fn withdraw(config: &Path) -> Result<Vec<(String, Outcome)>, WithdrawError> {
+/// One protocol's name and what happened to it, or why it was not
+/// withdrawn.
+pub type Done = (String, Result<Outcome, WithdrawError>);
+
+/// Reads `config` and disables each of its protocols, all at once; per
+/// protocol what happened or why it could not be withdrawn. An empty list:
+/// the configuration has no `[bgp]`.
+///
+/// Bounded whatever BIRD does: each `birdc disable` runs in a thread of
+/// its own within [`crate::bird::DEADLINE`] and [`crate::bird::OUTPUT_LIMIT`],
+/// so a BIRD that hangs, trickles or floods costs [`crate::bird::DEADLINE`]
+/// in all, not once per protocol.
+pub fn withdraw(config: &Path) -> Result<Vec<Done>, WithdrawError> {
     let text = std::fs::read_to_string(config).map_err(|source| WithdrawError::Read {
         path: config.to_path_buf(),
         source,
@@ -182,21 +191,29 @@ pub fn withdraw(config: &Path) -> Result<Vec<(String, Outcome)>, WithdrawError> 
     let Some(t) = target(&text, config)? else {
         return Ok(Vec::new());
     };
-    let mut done = Vec::new();
-    let mut first_error = None;
-    for p in &t.protocols {
-        match disable(&t.birdc, p) {
-            Ok(o) => done.push((p.name.clone(), o)),
-            Err(e) => {
-                tracing::error!("{e}");
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(done),
-    }
+    let done = std::thread::scope(|scope| {
+        let running: Vec<_> = t
+            .protocols
+            .iter()
+            .map(|p| {
+                let birdc = &t.birdc;
+                (p, scope.spawn(move || disable(birdc, p)))
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|(p, h)| {
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(WithdrawError::Refused {
+                        protocol: p.name.clone(),
+                        output: "the thread asking BIRD panicked".into(),
+                    })
+                });
+                (p.name.clone(), r)
+            })
+            .collect()
+    });
+    Ok(done)
 }
 
 /// `birdc disable PROTOCOL`, its answer classified.
@@ -239,12 +256,14 @@ fn classify(
     }
     Err(WithdrawError::Refused {
         protocol: protocol.to_string(),
-        output: all
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with("BIRD ") && !l.ends_with(" ready."))
-            .collect::<Vec<_>>()
-            .join("; "),
+        // Cut: it is printed, and a BIRD may answer megabytes of garbage.
+        output: crate::bird::excerpt(
+            &all.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with("BIRD ") && !l.ends_with(" ready."))
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
     })
 }
 

@@ -2,6 +2,13 @@
 //! while the datapath's heartbeat advances, a withdrawal when it stalls,
 //! when `[bgp]` goes away, and on the way out. What a step does is
 //! [`crate::announce`]'s; BIRD is asked through [`crate::bird`].
+//!
+//! This thread is the only one that waits for BIRD: every step publishes
+//! its plan and its reading of BIRD (taken at every poll and again right
+//! after it changed something), which `/status` and `/metrics` show with
+//! their age. A stop gives up the step under way at once (its birdc is
+//! killed) and withdraws within [`withdraw_budget`], then says what it
+//! could not withdraw.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -9,8 +16,23 @@ use std::time::{Duration, Instant};
 use lb::config::Bgp;
 
 use crate::announce::{unannounced, Announcer};
-use crate::bird::Birdc;
+use crate::bird::{Birdc, Bounded};
 use crate::state::Shared;
+
+/// The least time a stop gives the withdrawal, when `[bgp] drain_ms` is
+/// shorter: enough for BIRD to disable two protocols (milliseconds when
+/// it answers), short enough that a stop without drain still ends within
+/// a second whatever BIRD does.
+pub const MIN_WITHDRAW: Duration = Duration::from_millis(500);
+
+/// How long a stop lets the withdrawal take: the drain time, which
+/// counts from the signal with the withdrawal in it (the datapath forwards
+/// meanwhile), at least [`MIN_WITHDRAW`]. A BIRD that does not answer
+/// within it leaves the VIPs to `fastpath lb withdraw` (the unit's
+/// `ExecStopPost`) and to the router's hold timer.
+pub fn withdraw_budget(b: &Bgp) -> Duration {
+    Duration::from_millis(b.drain_ms).max(MIN_WITHDRAW)
+}
 
 /// Announces the VIPs while the datapath's heartbeat advances; withdraws
 /// them when it stalls, when `[bgp]` goes away, and on the way out. Every
@@ -27,10 +49,19 @@ pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
     let mut last_conf: Option<Bgp> = None;
     let mut warned = Vec::new();
     while !stop.load(Ordering::Relaxed) {
+        // Read before the configuration: the configuration is at least
+        // as new as the generation published with the step.
+        let generation = shared.file.generation.load(Ordering::Acquire);
         let cfg = shared.control().config().clone();
         let Some(b) = cfg.bgp.clone() else {
             if let Some(old) = last_conf.take() {
-                ann.withdraw(&Birdc(&old.birdc));
+                // Logged by the withdrawal; retried at no later poll, as
+                // BIRD's protocols are no longer fastpath's to manage.
+                let _ = ann.withdraw(&Bounded {
+                    birdc: Birdc(&old.birdc),
+                    cancel: Some(stop),
+                    by: None,
+                });
             }
             shared.bgp.set(None, None);
             std::thread::sleep(Duration::from_millis(500));
@@ -52,9 +83,22 @@ pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
         // Announce only VIPs that can be served: a VIP whose backends are
         // all down would attract traffic only to drop it.
         let tables = shared.control().tables().load_full();
-        let (plan, reading) = ann.step(&Birdc(&b.birdc), &b, &cfg, alive, &|i| {
+        // A stop gives the step up at once (its birdc killed): the stop's
+        // own withdrawal follows.
+        let bird = Bounded {
+            birdc: Birdc(&b.birdc),
+            cancel: Some(stop),
+            by: None,
+        };
+        let (mut plan, reading) = ann.step(&bird, &b, &cfg, alive, &|i| {
             tables.vips.get(i).is_some_and(|v| !v.slots.is_empty())
         });
+        plan.generation = generation;
+        if stop.load(Ordering::Relaxed) {
+            // Cut short: what it read is not BIRD's state.
+            last_conf = Some(b.clone());
+            break;
+        }
         shared.bgp.set(Some(plan), Some(reading));
         last_conf = Some(b.clone());
         // Sleep in small steps so a stop is acted on quickly.
@@ -64,7 +108,22 @@ pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
         }
     }
     if let Some(b) = last_conf {
-        ann.withdraw(&Birdc(&b.birdc));
+        let budget = withdraw_budget(&b);
+        let failed = ann.withdraw(&Bounded {
+            birdc: Birdc(&b.birdc),
+            cancel: None,
+            by: Some(Instant::now() + budget),
+        });
+        let could_not = (!failed.is_empty()).then(|| {
+            let words = failed.join("; ");
+            tracing::error!(
+                "stopping: could not withdraw within {budget:?}: {words}; the router keeps \
+                 these VIPs until `fastpath lb withdraw` (the unit's ExecStopPost) succeeds \
+                 or its hold timer expires"
+            );
+            words
+        });
+        shared.stopping.withdrawn(could_not);
         if let Some(mut plan) = shared.bgp.plan() {
             plan.forwarding = false;
             plan.announced = false;
