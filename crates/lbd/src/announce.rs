@@ -32,7 +32,9 @@ use std::time::Instant;
 use lb::config::{Bgp, Config};
 use serde::{Deserialize, Serialize};
 
-use crate::bird::{read_view, Bird, BirdError, BirdView, Family, FamilyView, Target};
+use crate::bird::{
+    read_view, read_view_with_routes, Bird, BirdError, BirdView, Family, FamilyView, Target,
+};
 
 /// Why a step of the announcer fell short; each is kept, typed.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +93,8 @@ pub struct FamilyPlan {
     pub target: Target,
     /// The routes in its file: its VIPs with a healthy backend.
     pub routes: u64,
+    /// Those routes' prefixes.
+    pub prefixes: BTreeSet<String>,
 }
 
 /// What the controller wants of BIRD and what it did, shared with the API.
@@ -130,7 +134,7 @@ pub struct Reading {
 }
 
 impl Reading {
-    /// Asks BIRD now.
+    /// Asks BIRD now (its protocols only).
     pub fn take(bird: &dyn Bird) -> Reading {
         let started = Instant::now();
         Reading {
@@ -138,6 +142,27 @@ impl Reading {
             view: read_view(bird).map_err(Arc::new),
         }
     }
+
+    /// Asks BIRD now for its protocols and the routes `wanted`'s static
+    /// protocols hold.
+    pub fn take_with_routes(bird: &dyn Bird, wanted: &[Wanted]) -> Reading {
+        let started = Instant::now();
+        let statics: Vec<&str> = wanted.iter().map(|w| w.target.protocol.as_str()).collect();
+        Reading {
+            started,
+            view: read_view_with_routes(bird, &statics).map_err(Arc::new),
+        }
+    }
+}
+
+/// The prefixes of a routes file's text (`route 198.18.0.80/32
+/// blackhole;` lines), as [`crate::bird::prefix`] writes them.
+pub fn route_prefixes(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("route "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter_map(crate::bird::prefix)
+        .collect()
 }
 
 /// One family as fastpath wants it, for [`decide`].
@@ -235,8 +260,14 @@ pub fn decide(
     let mut configure = memory.configure_owed;
     for w in wanted {
         let v = view.family(&w.target);
+        // Route by route where BIRD was asked for them: the same number
+        // of other routes is stale too.
+        let differs = match view.held.get(&w.target.protocol) {
+            Some(held) => *held != route_prefixes(&w.text),
+            None => v.routes != w.routes,
+        };
         if v.state.as_deref() == Some("up")
-            && v.routes != w.routes
+            && differs
             && memory.stale_configured.get(&w.target.family) != Some(&w.text)
         {
             actions.push(Action::Stale {
@@ -358,6 +389,7 @@ impl Announcer {
                 .map(|w| FamilyPlan {
                     target: w.target.clone(),
                     routes: w.routes,
+                    prefixes: route_prefixes(&w.text),
                 })
                 .collect(),
             repairs: self.repairs,
@@ -382,7 +414,7 @@ impl Announcer {
         wanted: &[Wanted],
         errors: &mut Vec<AnnounceError>,
     ) -> Reading {
-        let mut reading = Reading::take(bird);
+        let mut reading = Reading::take_with_routes(bird, wanted);
         let mut configured = false;
         let mut acted = false;
         'decide: loop {
@@ -410,7 +442,7 @@ impl Announcer {
                                 // to its configured state: ours are disabled
                                 // again.
                                 self.memory.enabled.clear();
-                                reading = Reading::take(bird);
+                                reading = Reading::take_with_routes(bird, wanted);
                                 continue 'decide;
                             }
                             Err(e) => errors.push(e.into()),
@@ -478,7 +510,7 @@ impl Announcer {
             break;
         }
         if acted {
-            reading = Reading::take(bird);
+            reading = Reading::take_with_routes(bird, wanted);
         }
         reading
     }
@@ -713,9 +745,18 @@ pub struct BgpFamilyStatus {
     pub sessions: u64,
     /// Routes those sessions export.
     pub exported: u64,
-    /// Whether the router is told: the protocol is up with routes and an
-    /// established session exports routes of the family.
+    /// Whether the router is told what fastpath wants: the protocol is up
+    /// holding every wanted VIP (compared route by route), and each
+    /// established session of the family exports them.
     pub announced: bool,
+    /// Wanted VIP prefixes BIRD's protocol does not hold (empty in
+    /// documents from versions without it).
+    #[serde(default)]
+    pub missing: Vec<String>,
+    /// Prefixes BIRD's protocol holds that fastpath does not want
+    /// announced (empty in documents from versions without it).
+    #[serde(default)]
+    pub unwanted: Vec<String>,
 }
 
 /// BGP in `/status`: what fastpath wants and what BIRD says, read when the
@@ -762,26 +803,58 @@ pub fn status(plan: &Plan, reading: &Reading) -> BgpStatus {
             Err(_) => FamilyView::default(),
         };
         let wanted_routes = if plan.forwarding { f.routes } else { 0 };
-        let announced = v.announced();
-        let state = v.state.clone().unwrap_or_else(|| "missing".into());
         let p = &t.protocol;
+        // Route by route where BIRD was asked: the VIPs fastpath wants
+        // that its static protocol does not hold, and those it holds that
+        // fastpath does not want.
+        let held = reading.view.as_ref().ok().and_then(|view| view.held.get(p));
+        let (missing, unwanted): (Vec<String>, Vec<String>) = match held {
+            Some(h) if wanted_routes > 0 => (
+                f.prefixes.difference(h).cloned().collect(),
+                h.difference(&f.prefixes).cloned().collect(),
+            ),
+            _ => (Vec::new(), Vec::new()),
+        };
+        // Each established session of the family exports every wanted
+        // route (its export filter takes the static protocol's routes).
+        let exported_short =
+            wanted_routes > 0 && v.sessions > 0 && v.exported < v.sessions * wanted_routes;
+        let announced = v.announced() && missing.is_empty() && !exported_short;
+        let state = v.state.clone().unwrap_or_else(|| "missing".into());
         let why = if wanted_routes > 0 && !announced {
             Some(match &v.state {
                 None if reading.view.is_err() => "BIRD did not answer".to_string(),
                 None => format!("BIRD has no protocol {p}"),
                 Some(s) if s != "up" => format!("{p} is {s} in BIRD"),
+                Some(_) if !missing.is_empty() => format!(
+                    "{p} announces {} of {wanted_routes} VIPs; missing {}",
+                    wanted_routes.saturating_sub(missing.len() as u64),
+                    missing.join(", ")
+                ),
                 Some(_) if v.routes == 0 => format!("{p} holds no routes in BIRD"),
                 Some(_) if v.sessions == 0 => {
                     format!("no established BGP session carries {}", t.family)
                 }
-                Some(_) => "the established BGP sessions export none of them".to_string(),
+                Some(_) if v.exported == 0 => {
+                    "the established BGP sessions export none of them".to_string()
+                }
+                Some(_) => format!(
+                    "the {} established BGP sessions export {} {} routes, fewer than the {wanted_routes} each should",
+                    v.sessions, v.exported, t.family
+                ),
             })
         } else if wanted_routes == 0 && announced {
             Some(format!(
                 "{p} still announces {} routes though fastpath withdrew them",
                 v.routes
             ))
-        } else if wanted_routes > 0 && v.routes != wanted_routes {
+        } else if !unwanted.is_empty() {
+            Some(format!(
+                "{p} also announces {}, which fastpath does not (does BIRD include {}?)",
+                unwanted.join(", "),
+                t.routes_file.display()
+            ))
+        } else if wanted_routes > 0 && held.is_none() && v.routes != wanted_routes {
             Some(format!(
                 "BIRD holds {} routes in {p}, fastpath wrote {wanted_routes} (does it include {}?)",
                 v.routes,
@@ -811,6 +884,8 @@ pub fn status(plan: &Plan, reading: &Reading) -> BgpStatus {
             sessions: v.sessions,
             exported: v.exported,
             announced,
+            missing,
+            unwanted,
         });
     }
     let error = match (&plan.error, &reading.view) {
@@ -1107,6 +1182,9 @@ pool = "p"
         protocols: RefCell<BTreeMap<String, (Family, PathBuf, bool, u64)>>,
         /// Whether it answers at all.
         running: RefCell<bool>,
+        /// Per routes file, the prefixes read from it at the last
+        /// configuration read.
+        held: RefCell<BTreeMap<PathBuf, Vec<String>>>,
         /// Every command it was given.
         log: RefCell<Vec<String>>,
     }
@@ -1121,6 +1199,7 @@ pool = "p"
                         .collect(),
                 ),
                 running: RefCell::new(true),
+                held: RefCell::new(BTreeMap::new()),
                 log: RefCell::new(Vec::new()),
             };
             b.read_configuration();
@@ -1130,9 +1209,11 @@ pool = "p"
         fn read_configuration(&self) {
             for (_, (_, file, enabled, routes)) in self.protocols.borrow_mut().iter_mut() {
                 *enabled = false;
-                *routes = std::fs::read_to_string(file)
-                    .map(|t| route_count(&t))
-                    .unwrap_or(0);
+                let text = std::fs::read_to_string(&*file).unwrap_or_default();
+                *routes = route_count(&text);
+                self.held
+                    .borrow_mut()
+                    .insert(file.clone(), route_prefixes(&text).into_iter().collect());
             }
         }
 
@@ -1165,6 +1246,30 @@ pool = "p"
                     };
                     x.2 = args[0] == "enable";
                     Ok(format!("{name}: {}d\n", args[0]))
+                }
+                ["show", "route", "protocol", name] => {
+                    // As BIRD 2.0.12 prints it: a table heading, a line
+                    // per route; nothing for a protocol that is down.
+                    let p = self.protocols.borrow();
+                    let Some((family, file, enabled, _)) = p.get(*name) else {
+                        return Err(BirdError::Refused {
+                            command: args.join(" "),
+                            output: "syntax error, unexpected CF_SYM_UNDEFINED".into(),
+                        });
+                    };
+                    let mut out = String::from("BIRD 2.0.12 ready.\n");
+                    if *enabled {
+                        let _ = writeln!(
+                            out,
+                            "Table master{}:",
+                            if *family == Family::Ipv4 { 4 } else { 6 }
+                        );
+                        for r in self.held.borrow().get(file).into_iter().flatten() {
+                            let _ =
+                                writeln!(out, "{r:<20} blackhole [{name} 00:00:00.000] * (200)");
+                        }
+                    }
+                    Ok(out)
                 }
                 ["show", "protocols", "all"] => {
                     let mut out =
@@ -1285,10 +1390,72 @@ pool = "p"
         assert!(s.announced && s.mismatch.is_none(), "{s:?}");
         assert_eq!(s.repairs, 2);
 
-        // A steady state costs one question a poll and changes nothing.
+        // A steady state costs a question a poll and one per family's
+        // routes, and changes nothing.
         bird.log.borrow_mut().clear();
         ann.step(&bird, &b, &cfg, true, &|_| true);
-        assert_eq!(*bird.log.borrow(), ["show protocols all"]);
+        assert_eq!(
+            *bird.log.borrow(),
+            [
+                "show protocols all",
+                "show route protocol fastpath_vips",
+                "show route protocol fastpath_vips6"
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// "Announced" is compared route by route: a BIRD that holds as many
+    /// routes as fastpath wants, but another VIP's, is not announcing
+    /// what fastpath wants; the status names the VIP missing, and the
+    /// next step has BIRD read the file again.
+    #[test]
+    fn the_same_number_of_other_routes_is_not_announced() {
+        let d = scratch("byroute");
+        let cfg = dual(&d);
+        let b = cfg.bgp.clone().unwrap();
+        let bird = FakeBird::new(&[
+            ("fastpath_vips", Family::Ipv4, &d.join("vips.conf")),
+            ("fastpath_vips6", Family::Ipv6, &d.join("vips6.conf")),
+        ]);
+        let mut ann = Announcer::default();
+        let (plan, _) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        // BIRD read another version of the IPv4 file (one route, not
+        // ours) and has both protocols up; the file is ours again.
+        let file = d.join("vips.conf");
+        let ours = std::fs::read_to_string(&file).unwrap();
+        std::fs::write(&file, ours.replace("192.0.2.80/32", "198.18.0.9/32")).unwrap();
+        bird.read_configuration();
+        std::fs::write(&file, &ours).unwrap();
+        bird.run(&["enable", "fastpath_vips"]).unwrap();
+        bird.run(&["enable", "fastpath_vips6"]).unwrap();
+        let wanted: Vec<Wanted> = plan
+            .families
+            .iter()
+            .map(|f| Wanted {
+                target: f.target.clone(),
+                text: std::fs::read_to_string(&f.target.routes_file).unwrap(),
+                routes: f.routes,
+            })
+            .collect();
+        let s = status(&plan, &Reading::take_with_routes(&bird, &wanted));
+        let v4 = &s.families[0];
+        assert!(!v4.announced, "{v4:?}");
+        assert_eq!(v4.missing, ["192.0.2.80/32"]);
+        assert_eq!(v4.unwanted, ["198.18.0.9/32"]);
+        let m = s.mismatch.unwrap();
+        assert!(
+            m.contains("fastpath_vips announces 0 of 1 VIPs; missing 192.0.2.80/32"),
+            "{m}"
+        );
+        assert!(s.families[1].announced, "{:?}", s.families);
+        // The next step sees it and has BIRD read the file.
+        bird.log.borrow_mut().clear();
+        let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        assert!(bird.log.borrow().iter().any(|c| c == "configure"));
+        let s = status(&plan, &reading);
+        assert!(s.announced && s.mismatch.is_none(), "{s:?}");
+        assert!(s.families.iter().all(|f| f.missing.is_empty()));
         let _ = std::fs::remove_dir_all(&d);
     }
 

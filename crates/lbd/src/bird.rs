@@ -162,8 +162,13 @@ impl Birdc<'_> {
             Err(Cut::Deadline) => {
                 return Err(BirdError::Deadline {
                     command: command(),
-                    after: deadline.saturating_duration_since(started),
-                })
+                    // To the millisecond: it was given from a little
+                    // before `started`.
+                    after: Duration::from_millis(
+                        (deadline.saturating_duration_since(started).as_secs_f64() * 1000.0).round()
+                            as u64,
+                    ),
+                });
             }
             Err(Cut::Cancelled) => return Err(BirdError::Cancelled { command: command() }),
             Err(Cut::Limit) => {
@@ -437,11 +442,16 @@ pub struct BirdProtocol {
     pub channels: Vec<BirdChannel>,
 }
 
-/// What BIRD said to `show protocols all`.
+/// What BIRD said to `show protocols all`, and to `show route protocol
+/// NAME` for the static protocols it was asked about.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BirdView {
     /// Every protocol.
     pub protocols: Vec<BirdProtocol>,
+    /// Per static protocol asked about, the prefixes it holds (`addr/len`,
+    /// as [`prefix`] writes them); a protocol that is not up holds none.
+    /// Absent: not asked (only counts are known then).
+    pub held: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
 }
 
 /// What BIRD says about one family's VIP routes.
@@ -565,6 +575,47 @@ impl BirdView {
 pub fn read_view(bird: &dyn Bird) -> Result<BirdView, BirdError> {
     bird.run(&["show", "protocols", "all"])
         .map(|t| parse_protocols(&t))
+}
+
+/// Asks BIRD for its protocols, and for the routes each of `statics`
+/// holds (`show route protocol NAME`, only for those that are up): what
+/// is announced is then known route by route, not only counted.
+pub fn read_view_with_routes(bird: &dyn Bird, statics: &[&str]) -> Result<BirdView, BirdError> {
+    let mut v = read_view(bird)?;
+    for &name in statics {
+        let Some(p) = v.protocol(name) else {
+            continue;
+        };
+        let held = if p.state == "up" {
+            parse_route_prefixes(&bird.run(&["show", "route", "protocol", name])?)
+        } else {
+            Default::default()
+        };
+        v.held.insert(name.to_string(), held);
+    }
+    Ok(v)
+}
+
+/// A prefix as fastpath compares them: the address as Rust writes it
+/// (IPv6 compressed, lower case), `/`, the length; `None` if `text` is no
+/// prefix.
+pub fn prefix(text: &str) -> Option<String> {
+    let (addr, len) = text.split_once('/')?;
+    let addr: std::net::IpAddr = addr.parse().ok()?;
+    let len: u8 = len.parse().ok()?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    (len <= max).then(|| format!("{addr}/{len}"))
+}
+
+/// The prefixes in BIRD's answer to `show route`: every line whose first
+/// word is a prefix (`198.18.0.80/32  blackhole [fastpath_vips ...] *
+/// (200)`); further routes of a prefix are indented and repeat none.
+pub fn parse_route_prefixes(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with(char::is_whitespace))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter_map(prefix)
+        .collect()
 }
 
 #[cfg(test)]
@@ -759,6 +810,29 @@ uplink     BGP        ---        up     16:26:40.344  Established
     Table:          master6
     Routes:         0 imported, 0 exported, 0 preferred
 ";
+
+    /// `show route protocol NAME` as birdc prints it (BIRD 2: a table
+    /// heading, a route a line, further routes of a prefix indented).
+    #[test]
+    fn routes_are_read_prefix_by_prefix() {
+        let text = "BIRD 2.0.12 ready.
+Table master4:
+198.18.0.80/32       blackhole [fastpath_vips 16:26:38.765] * (200)
+198.18.0.81/32       blackhole [fastpath_vips 16:26:38.765] * (200)
+                     blackhole [other 16:26:38.765] (200)
+Table master6:
+FD00:18::0080/128    blackhole [fastpath_vips6 16:26:38.765] * (200)
+not/a prefix
+10.0.0.0/33 x
+";
+        let held: Vec<String> = parse_route_prefixes(text).into_iter().collect();
+        assert_eq!(
+            held,
+            ["198.18.0.80/32", "198.18.0.81/32", "fd00:18::80/128"]
+        );
+        assert_eq!(prefix("192.0.2.1/24").as_deref(), Some("192.0.2.1/24"));
+        assert_eq!(prefix("::1/129"), None);
+    }
 
     fn target(family: Family, protocol: &str) -> Target {
         Target {

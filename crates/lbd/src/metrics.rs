@@ -357,7 +357,7 @@ pub fn encode_metrics_as(
         );
         let routes = f.gauge(
             "fastpath_lb_bgp_routes",
-            "VIP routes per family: wanted by fastpath, held by BIRD's static protocol, exported by its established BGP sessions",
+            "VIP routes per family: wanted by fastpath, held by BIRD's static protocol, exported by its established BGP sessions, and wanted but missing from BIRD (compared route by route)",
         );
         for fam in &b.families {
             let family = fam.family.channel();
@@ -371,6 +371,11 @@ pub fn encode_metrics_as(
                 &routes,
                 &[("family", family), ("of", "exported")],
                 fam.exported,
+            );
+            set(
+                &routes,
+                &[("family", family), ("of", "missing")],
+                fam.missing.len() as u64,
             );
         }
     }
