@@ -737,6 +737,35 @@ mod tests {
         );
     }
 
+    /// `lb status` during a graceful stop says so (the API answers until
+    /// the datapath stops), with what the withdrawal could not do.
+    #[test]
+    fn status_text_says_the_daemon_is_stopping() {
+        let doc = serde_json::json!({
+            "driver": "x", "generation": 1, "uptime_s": 0.0, "reloads": 0,
+            "reload_failures": 0, "last_reload_error": null, "forwarded": 0, "dropped": 0,
+            "drops": {}, "conntrack_entries": 0, "bgp_announced": false, "bgp_error": null,
+            "stopping": {"since_s": 0.42, "phase": "draining", "drain_ms": 3000,
+                         "could_not": "ipv4 VIPs (fastpath_vips): birdc disable fastpath_vips: no answer within 2s"},
+            "vips": []
+        });
+        let s: Status = serde_json::from_value(doc).unwrap();
+        let t = s.to_text();
+        for want in [
+            "STOPPING for 0.4 s (at most 3.0 s): draining; the withdrawal FAILED",
+            "could not withdraw: ipv4 VIPs (fastpath_vips): birdc disable fastpath_vips: no answer",
+        ] {
+            assert!(t.contains(want), "{want:?} missing:\n{t}");
+        }
+        let withdrawing = StoppingStatus {
+            since_s: 0.1,
+            phase: "withdrawing".into(),
+            drain_ms: 1000,
+            could_not: None,
+        };
+        assert!(withdrawing.to_text().contains("withdrawing the VIPs"));
+    }
+
     /// `lb status` says what BIRD does, beside what fastpath wants, and
     /// names a mismatch.
     #[test]
