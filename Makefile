@@ -63,11 +63,19 @@ examples:
 ## broken reload sent and a backend drained, once a minute. Prints the
 ## figures, writes them to out/soak.json and fails if a goal is missed; see
 ## RELIABILITY.md. Needs root. (`make test` runs a 60-second version.)
+## Then the shipped timers on a loaded host: SOAK_SECONDS with busy loops
+## twice the cores, the release daemon under the unit's 400 ms watchdog and
+## the shipped BFD (100 ms x 3); false withdrawals and watchdog gaps are
+## printed and written to out/timers.json (a measurement: README, "Timers").
 SOAK_SECONDS ?= 600
 soak: setup
 	$(CARGO) build --release --locked -p fastpath
 	mkdir -p $(OUT)
 	./target/release/fastpath lb soak --seconds $(SOAK_SECONDS) --json $(OUT)/soak.json
+	FASTPATH_BIN=$(CURDIR)/target/release/fastpath SOAK_SECONDS=$(SOAK_SECONDS) \
+		FASTPATH_TIMERS_JSON=$(abspath $(OUT))/timers.json \
+		$(CARGO) test --locked -p fastpath --test sys_lb_timers_under_load -- \
+		--ignored --nocapture by_hand_false_withdrawals
 
 ## Benchmarks, each beside its peer in the same run; see BENCHMARKS.md.
 bench: setup

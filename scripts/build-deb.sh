@@ -6,8 +6,9 @@
 # (`make deb` runs it on the release build.) The package holds the binary,
 # its man pages and completions (scripts/stage.sh, as `make install`), the
 # systemd units (dist/systemd), the annotated example configuration
-# (examples/lb.toml) and the BIRD configuration the load balancers use
-# (dist/bird), and an empty /etc/fastpath for the site's configurations.
+# (examples/lb.toml), the BIRD configuration the load balancers use
+# (dist/bird), README.md and the changelog (CHANGELOG.md), and an empty
+# /etc/fastpath for the site's configurations.
 # Its tree is staged in a temporary directory outside the source tree.
 set -eu
 BIN=${1:?usage: scripts/build-deb.sh BINARY OUTDIR}
@@ -23,8 +24,13 @@ PREFIX=/usr DESTDIR=$root ZSH_COMPLETION_DIR=/usr/share/zsh/vendor-completions \
 	GZIP_MAN=1 STRIP=1 "$src/scripts/stage.sh" "$BIN" >/dev/null
 install -d "$root/lib/systemd/system" "$root/usr/share/doc/fastpath/examples"
 install -m 644 "$src"/dist/systemd/*.service "$root/lib/systemd/system/"
-install -m 644 "$src/examples/lb.toml" "$src/dist/bird/bird.conf.example" \
+install -m 644 "$src/examples/lb.toml" "$src/examples/lb-loaded-host.toml" "$src/dist/bird/bird.conf.example" \
 	"$src/dist/bird/fastpath.conf" "$root/usr/share/doc/fastpath/examples/"
+# The README the units, man pages and examples point to, as it is (the
+# units link to it with file://), and the changelog as Debian keeps it.
+install -m 644 "$src/README.md" "$root/usr/share/doc/fastpath/README.md"
+gzip -9n < "$src/CHANGELOG.md" > "$root/usr/share/doc/fastpath/changelog.gz"
+chmod 644 "$root/usr/share/doc/fastpath/changelog.gz"
 # An empty directory, no configuration: a unit runs only the
 # configurations the site writes there (fastpath-lb@NAME reads NAME.toml),
 # so no example can start announcing its VIPs by mistake; the examples

@@ -414,8 +414,20 @@ pub enum LbCommand {
     /// directly to the client. Runs until SIGINT or SIGTERM, then prints its
     /// counters.
     ///
+    /// The backend's kernel needs two settings for this to work:
+    ///   arp_ignore=1, arp_announce=2   the VIP is on lo of every backend:
+    ///                                  without them each answers ARP for it
+    ///                                  and takes the load balancers' traffic
+    ///   rp_filter=0                    the client's packets arrive on the
+    ///                                  TUN device, its route is elsewhere:
+    ///                                  strict reverse-path filtering drops
+    ///                                  them (a warning is logged at start
+    ///                                  when net.ipv4.conf.all.rp_filter is on)
+    ///
     /// Example (on a backend):
     ///   ip addr add 192.0.2.80/32 dev lo
+    ///   sysctl -w net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2
+    ///   sysctl -w net.ipv4.conf.all.rp_filter=0
     ///   fastpath lb decap --tun fpdecap0
     #[command(verbatim_doc_comment)]
     Decap {
@@ -899,7 +911,8 @@ pub struct RunArgs {
     format: Format,
     /// How log lines are written to stderr: `text` for people, `json` for
     /// journald or a log shipper (one object a line: timestamp, level,
-    /// fields, target, threadName). What is logged: RUST_LOG.
+    /// fields, target, threadName; the counters at exit are one more such
+    /// line, under fields.counters). What is logged: RUST_LOG.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
 }
@@ -932,13 +945,37 @@ fn lb_run(a: RunArgs) -> anyhow::Result<()> {
         (None, Some(inp), Some(out)) => lb::pcap_run::run(&a.config, inp, out, a.threads)?,
         _ => anyhow::bail!("give --interface, or --pcap-in with --pcap-out"),
     };
-    emit(
-        a.format,
-        &RunReport {
-            stats: &stats,
-            tables: &tables,
-        },
-    )
+    let report = RunReport {
+        stats: &stats,
+        tables: &tables,
+    };
+    // A daemon logging JSON ends with its counters as one more JSON log
+    // line, not a table among the log shipper's objects.
+    if a.interface.is_some() && a.log_format == LogFormat::Json && matches!(a.format, Format::Table)
+    {
+        eprintln!("{}", counters_event(&report));
+        return Ok(());
+    }
+    emit(a.format, &report)
+}
+
+/// The counters at exit as a log line of `--log-format json`'s shape
+/// (timestamp, level, fields, target, threadName), the counters document
+/// under `fields.counters`.
+fn counters_event(report: &RunReport<'_>) -> String {
+    use tracing_subscriber::fmt::time::FormatTime;
+    let mut timestamp = String::new();
+    let _ = tracing_subscriber::fmt::time::SystemTime.format_time(
+        &mut tracing_subscriber::fmt::format::Writer::new(&mut timestamp),
+    );
+    serde_json::json!({
+        "timestamp": timestamp,
+        "level": "INFO",
+        "fields": { "message": "counters at exit", "counters": report },
+        "target": "fastpath::lb",
+        "threadName": std::thread::current().name().unwrap_or("main"),
+    })
+    .to_string()
 }
 
 /// `fastpath lb run`'s counters and tables at the end. Its document and its

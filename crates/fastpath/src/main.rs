@@ -14,6 +14,7 @@ mod disk;
 mod fleet_sim;
 mod lb;
 mod maio;
+mod man;
 mod report;
 mod switch;
 mod tracer;
@@ -179,6 +180,14 @@ fn man_pages(out: &std::path::Path) -> anyhow::Result<()> {
         .filter(|n| n.starts_with("fastpath") && n.ends_with(".1"))
         .collect();
     pages.sort();
+    // The sections clap cannot write: EXIT STATUS, SIGNALS, FILES.
+    for p in &pages {
+        let path = out.join(p);
+        let page = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        std::fs::write(&path, man::with_sections(p.trim_end_matches(".1"), &page))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     println!("{} man pages in {}", pages.len(), out.display());
     for p in pages {
         println!("  {p}");

@@ -654,3 +654,79 @@ fn check_config_host_reports_every_problem_of_this_host() {
     assert!(doc.get("host_problems").is_none(), "{doc}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every load-balancer configuration the repository ships as an example
+/// (the package installs them as the operator's starting point) passes
+/// `lb check-config` with no warning: an example the daemon itself warns
+/// about teaches the mistake.
+#[test]
+fn every_shipped_example_passes_check_config_without_a_warning() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let mut checked = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !(name.starts_with("lb") && name.ends_with(".toml")) {
+            continue;
+        }
+        let out = fastpath()
+            .args(["lb", "check-config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{name}: {all}");
+        assert!(!all.contains("warning"), "{name}: {all}");
+        checked.push(name);
+    }
+    assert!(checked.iter().any(|n| n == "lb.toml"), "{checked:?}");
+}
+
+/// `lb decap --help` says which kernel settings a backend needs besides
+/// the agent: without them the backends answer ARP for the VIP, or drop
+/// the decapsulated packets.
+#[test]
+fn decap_help_names_the_kernel_settings_a_backend_needs() {
+    let o = fastpath().args(["lb", "decap", "--help"]).output().unwrap();
+    assert!(o.status.success());
+    let help = String::from_utf8(o.stdout).unwrap();
+    for needle in ["arp_ignore=1", "arp_announce=2", "rp_filter=0"] {
+        assert!(help.contains(needle), "no {needle}:\n{help}");
+    }
+}
+
+/// The man pages say how the commands end and, for the ones that run as
+/// services, which signals they handle and which files they use.
+#[test]
+fn man_pages_have_exit_status_signals_and_files() {
+    let dir = std::env::temp_dir().join(format!("fastpath-man-sections-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = fastpath()
+        .args(["man", "--out"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let page = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(page(&name).contains(".SH \"EXIT STATUS\""), "{name}");
+    }
+    let run = page("fastpath-lb-run.1");
+    for needle in [
+        ".SH SIGNALS",
+        ".SH FILES",
+        "SIGHUP",
+        "SIGTERM",
+        "/run/fastpath/vips.conf",
+    ] {
+        assert!(run.contains(needle), "fastpath-lb-run.1: no {needle}");
+    }
+    assert!(page("fastpath-lb-decap.1").contains(".SH SIGNALS"));
+    assert!(page("fastpath-lb-withdraw.1").contains(".SH FILES"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

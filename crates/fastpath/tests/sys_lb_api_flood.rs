@@ -6,7 +6,8 @@
 //! 1,024 too, where only sharing the descriptors out helps). The flood
 //! must mark no backend down and stop no request: the API takes what the
 //! limit leaves after health checks and the datapath, and closes the rest
-//! of the connections at once.
+//! of the connections at once. The operator's `/status` is answered during
+//! the flood (a connection that asks pushes out one that sent nothing).
 
 mod common;
 
@@ -115,6 +116,20 @@ fn an_api_flood_marks_no_backend_down_and_forwarding_goes_on() {
             held.len(),
             started.elapsed()
         );
+        // The operator is answered during the flood: a connection that
+        // asks at once takes the place of one of the flood's, which sent
+        // nothing.
+        let asked = Instant::now();
+        let during = t.api("GET", "/status");
+        let took = asked.elapsed();
+        eprintln!("{what}: /status during the flood answered in {took:.1?}");
+        assert!(
+            during
+                .as_ref()
+                .is_ok_and(|b| b.contains("\"health_changes\"")),
+            "{what}: the operator got no answer during the flood: {during:?}"
+        );
+        assert!(took < Duration::from_secs(2), "{what}: took {took:?}");
         // While the flood's connections are held (the API closes its own
         // share after its idle timeout, 10 s), clients keep being served.
         let (mut requests, mut failed) = (0, 0);

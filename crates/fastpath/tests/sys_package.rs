@@ -4,7 +4,8 @@
 //! outside a chroot, where they touch nothing: DPKG_ROOT is set), holds
 //! what an operator needs with the right modes, its binary runs from
 //! where it was installed, its service units pass `systemd-analyze
-//! verify`, and it removes cleanly. Needs root (dpkg writes root-owned
+//! verify` and rate at most 3.0 in `systemd-analyze security`, and it
+//! removes cleanly. Needs root (dpkg writes root-owned
 //! files) and dpkg-deb, binutils and systemd (scripts/setup.sh).
 
 use std::os::unix::fs::PermissionsExt;
@@ -56,6 +57,7 @@ fn the_package_builds_installs_into_a_scratch_root_and_removes() {
         "readelf",
         "strip",
         "systemd-analyze",
+        "gzip",
     ]);
     let work =
         Scratch::new(std::env::temp_dir().join(format!("fastpath-package-{}", std::process::id())));
@@ -122,9 +124,12 @@ fn the_package_builds_installs_into_a_scratch_root_and_removes() {
         ("lib/systemd/system/fastpath-lb@.service", 0o644),
         ("lib/systemd/system/fastpath-decap@.service", 0o644),
         ("usr/share/doc/fastpath/examples/lb.toml", 0o644),
+        ("usr/share/doc/fastpath/examples/lb-loaded-host.toml", 0o644),
         ("usr/share/doc/fastpath/examples/bird.conf.example", 0o644),
         ("usr/share/doc/fastpath/examples/fastpath.conf", 0o644),
         ("usr/share/doc/fastpath/copyright", 0o644),
+        ("usr/share/doc/fastpath/README.md", 0o644),
+        ("usr/share/doc/fastpath/changelog.gz", 0o644),
     ];
     for (f, m) in files {
         assert_eq!(mode(&root.join(f)), m, "{f}");
@@ -147,6 +152,11 @@ fn the_package_builds_installs_into_a_scratch_root_and_removes() {
             "usr/share/doc/fastpath/examples/bird.conf.example",
             "dist/bird/bird.conf.example",
         ),
+        (
+            "lib/systemd/system/fastpath-decap@.service",
+            "dist/systemd/fastpath-decap@.service",
+        ),
+        ("usr/share/doc/fastpath/README.md", "README.md"),
     ] {
         assert_eq!(
             std::fs::read(root.join(installed)).unwrap(),
@@ -154,6 +164,27 @@ fn the_package_builds_installs_into_a_scratch_root_and_removes() {
             "{installed}"
         );
     }
+    // The changelog, as Debian keeps it: the repository's, compressed.
+    let changelog = run(Command::new("gzip")
+        .arg("-dc")
+        .arg(root.join("usr/share/doc/fastpath/changelog.gz")));
+    assert_eq!(
+        changelog,
+        std::fs::read_to_string(repo().join("CHANGELOG.md")).unwrap()
+    );
+    // Every file:// link of the units names a file the package installs.
+    for unit in ["fastpath-lb@.service", "fastpath-decap@.service"] {
+        let text = std::fs::read_to_string(root.join("lib/systemd/system").join(unit)).unwrap();
+        for link in text
+            .lines()
+            .filter_map(|l| l.strip_prefix("Documentation="))
+            .flat_map(str::split_whitespace)
+            .filter_map(|d| d.strip_prefix("file:///"))
+        {
+            assert!(root.join(link).is_file(), "{unit}: {link} is not installed");
+        }
+    }
+
     // The site's configurations go in /etc/fastpath, which the package
     // creates empty (no example there could be started by mistake).
     assert_eq!(mode(&root.join("etc/fastpath")), 0o755);
@@ -199,12 +230,41 @@ fn the_package_builds_installs_into_a_scratch_root_and_removes() {
     );
     std::fs::remove_file(root.join("bin/kill")).unwrap();
 
+    // The units' sandboxes, as systemd rates them: at most 3.0 (the load
+    // balancer's remaining exposures are each explained in its unit).
+    for (unit, most) in [
+        ("fastpath-lb@test.service", 3.0),
+        ("fastpath-decap@fpdecap0.service", 3.0),
+    ] {
+        let level = exposure(&root, unit);
+        eprintln!("systemd-analyze security {unit}: {level:.1}");
+        assert!(level <= most, "{unit}: exposure {level:.1} > {most:.1}");
+    }
+
     // Purged: nothing of it is left, /etc/fastpath included.
     run(&mut dpkg(&["-P", "fastpath"]));
     for (f, _) in files {
         assert!(!root.join(f).exists(), "{f} left after purge");
     }
     assert!(!root.join("etc/fastpath").exists());
+}
+
+/// `systemd-analyze security`'s overall exposure level of `unit` as
+/// installed under `root` (0.0 safest, 10.0 most exposed).
+fn exposure(root: &Path, unit: &str) -> f64 {
+    let text = run(Command::new("systemd-analyze")
+        .args(["security", "--offline=yes", "--no-pager"])
+        .arg(format!("--root={}", root.display()))
+        .arg(unit));
+    let line = text
+        .lines()
+        .find(|l| l.contains("Overall exposure level for"))
+        .unwrap_or_else(|| panic!("no overall exposure level:\n{text}"));
+    line.rsplit(": ")
+        .next()
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("cannot read the level of: {line}"))
 }
 
 /// A scratch directory, removed when dropped (also when a check fails).

@@ -5,8 +5,9 @@
 //! holds of the API lives here, apart from the routes ([`crate::http`]), so
 //! that the state depends on nothing that uses it.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use axum::http::{HeaderMap, StatusCode};
 
@@ -63,21 +64,57 @@ impl Access {
     }
 }
 
-/// The API's open connections, and how many it may hold at once.
+/// The API's open connections, and how many it may hold at once. When
+/// the cap is reached, a new connection takes the place of the oldest one
+/// that is waiting for a request (one that has sent nothing yet, or sits
+/// idle between requests): a flood of connections that send nothing then
+/// pushes out its own, and the operator who connects and asks at once is
+/// answered. Only when every open connection is in the middle of a request
+/// is a new one closed on arrival.
 #[derive(Debug)]
 pub struct Connections {
     open: AtomicUsize,
     cap: AtomicUsize,
     refused: AtomicU64,
+    /// The open connections, oldest first (entries of ended ones are
+    /// pruned as they are met, and whenever there are twice the cap).
+    order: Mutex<VecDeque<Weak<Conn>>>,
+}
+
+/// What the accept loop knows of one admitted connection.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    /// Whether it is waiting for a request head (just accepted, or idle
+    /// between requests): it may be closed to make room.
+    waiting: AtomicBool,
+    /// Told when it is closed to make room.
+    close: tokio::sync::Notify,
+}
+
+impl Conn {
+    /// Marks the connection as serving a request (`false`) or waiting for
+    /// one (`true`).
+    pub(crate) fn set_waiting(&self, waiting: bool) {
+        self.waiting.store(waiting, Ordering::Release);
+    }
+
+    /// Completes when the connection is to be closed to make room.
+    pub(crate) async fn evicted(&self) {
+        self.close.notified().await;
+    }
 }
 
 /// One admitted connection: its place is given back when it ends.
 #[derive(Debug)]
-pub(crate) struct Slot(Arc<Connections>);
+pub(crate) struct Slot {
+    all: Arc<Connections>,
+    /// This connection's state.
+    pub(crate) conn: Arc<Conn>,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.all.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -88,6 +125,7 @@ impl Connections {
             open: AtomicUsize::new(0),
             cap: AtomicUsize::new(cap),
             refused: AtomicU64::new(0),
+            order: Mutex::new(VecDeque::new()),
         })
     }
 
@@ -106,22 +144,85 @@ impl Connections {
         self.open.load(Ordering::Acquire)
     }
 
-    /// Connections closed on arrival because [`Connections::cap`] were
-    /// open.
+    /// Connections closed because [`Connections::cap`] were open: new ones
+    /// closed on arrival, and waiting ones closed to make room for a new
+    /// one.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }
 
     /// A place for one more connection, unless the cap is reached (the
     /// accept loop is the only caller, so the check and the count cannot
-    /// race with another admission).
-    pub(crate) fn admit(self: &Arc<Self>) -> Option<Slot> {
+    /// race with another admission). Counts nothing when there is none.
+    pub(crate) fn try_admit(self: &Arc<Self>) -> Option<Slot> {
         if self.open() >= self.cap() {
-            self.refused.fetch_add(1, Ordering::Relaxed);
             return None;
         }
         self.open.fetch_add(1, Ordering::AcqRel);
-        Some(Slot(Arc::clone(self)))
+        let conn = Arc::new(Conn {
+            waiting: AtomicBool::new(true),
+            close: tokio::sync::Notify::new(),
+        });
+        let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        if order.len() >= 2 * self.cap().max(1) {
+            order.retain(|w| w.strong_count() > 0);
+        }
+        order.push_back(Arc::downgrade(&conn));
+        Some(Slot {
+            all: Arc::clone(self),
+            conn,
+        })
+    }
+
+    /// Tells the oldest open connection that waits for a request to close;
+    /// whether there was one. It counts as refused.
+    pub(crate) fn evict_oldest_waiting(&self) -> bool {
+        let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        order.retain(|w| w.strong_count() > 0);
+        let Some(at) = order.iter().position(|w| {
+            w.upgrade()
+                .is_some_and(|c| c.waiting.load(Ordering::Acquire))
+        }) else {
+            return false;
+        };
+        if let Some(c) = order.remove(at).and_then(|w| w.upgrade()) {
+            // notify_one keeps the permit if the task is not waiting yet.
+            c.close.notify_one();
+        }
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Counts a connection closed on arrival.
+    pub(crate) fn refuse(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A place for one more connection: at once if the cap allows, else
+    /// by closing the oldest waiting connection and waiting (at most
+    /// `within`) for it to be gone. `None` when every open connection is
+    /// serving a request (counted as refused).
+    pub(crate) async fn admit(self: &Arc<Self>, within: std::time::Duration) -> Option<Slot> {
+        if let Some(s) = self.try_admit() {
+            return Some(s);
+        }
+        if !self.evict_oldest_waiting() {
+            self.refuse();
+            return None;
+        }
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            // The evicted connection's task runs on this runtime: let it.
+            tokio::task::yield_now().await;
+            if let Some(s) = self.try_admit() {
+                return Some(s);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            if tokio::time::Instant::now() >= until {
+                self.refuse();
+                return None;
+            }
+        }
     }
 }
 

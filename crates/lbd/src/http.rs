@@ -7,8 +7,11 @@
 //! `[api] token_for_reads` says so (by default whenever the API listens
 //! beyond loopback with a token); request bodies are bounded, connections
 //! that sit idle are closed, and at most [`Connections::cap`] are open at
-//! once: above that a new connection is closed at once, so that a flood
-//! cannot take the descriptors health checks need ([`crate::limits`]). Who
+//! once, so that a flood cannot take the descriptors health checks need
+//! ([`crate::limits`]): above that a new connection pushes out the oldest
+//! one that waits for a request (a flood that sends nothing pushes out its
+//! own, and an operator who asks at once is answered), or is closed at
+//! once when every open one is serving a request. Who
 //! may ask, and how many at once, is [`crate::access`].
 
 use std::net::SocketAddr;
@@ -38,6 +41,9 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_CONNECTION: Duration = Duration::from_secs(60);
 /// Largest request body accepted (the API's requests carry none).
 pub const MAX_BODY: usize = 4096;
+/// How long a new connection over the cap waits for the waiting
+/// connection it pushes out to be gone.
+const MAKING_ROOM: Duration = Duration::from_millis(50);
 
 /// Why the API could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -77,8 +83,10 @@ const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nC
 /// Serves `app` on `listener` until `stop`: HTTP/1.1, each connection
 /// closed after [`IDLE_TIMEOUT`] without a request head and at most
 /// [`MAX_CONNECTION`] after it opened; bodies over [`MAX_BODY`] refused;
-/// at most [`Connections::cap`] of `conns` open at once, a connection
-/// beyond that answered 503 if it can be at once, and closed.
+/// at most [`Connections::cap`] of `conns` open at once: a connection
+/// beyond that takes the place of the oldest one waiting for a request,
+/// or, when all are serving one, is answered 503 if it can be at once,
+/// and closed.
 pub async fn serve(
     listener: std::net::TcpListener,
     app: Router,
@@ -107,19 +115,36 @@ pub async fn serve(
                 continue;
             }
         };
-        let Some(slot) = conns.admit() else {
+        let Some(slot) = conns.admit(MAKING_ROOM).await else {
             // Closed now: its descriptor goes back at once.
             let _ = stream.try_write(BUSY);
             drop(stream);
             continue;
         };
-        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let tower = hyper_util::service::TowerToHyperService::new(app.clone());
+        let state = Arc::clone(&slot.conn);
+        // Waiting for a request head until hyper hands one over, and again
+        // once it is answered: only then may it be closed to make room.
+        let svc = hyper::service::service_fn(move |req| {
+            use hyper::service::Service as _;
+            state.set_waiting(false);
+            let answer = tower.call(req);
+            let state = Arc::clone(&state);
+            async move {
+                let r = answer.await;
+                state.set_waiting(true);
+                r
+            }
+        });
         tokio::spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(IDLE_TIMEOUT)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-            let _ = tokio::time::timeout(MAX_CONNECTION, conn).await;
+            tokio::select! {
+                _ = tokio::time::timeout(MAX_CONNECTION, conn) => {}
+                () = slot.conn.evicted() => {}
+            }
             drop(slot);
         });
     }
@@ -341,15 +366,23 @@ mod tests {
         server.join().unwrap();
     }
 
-    /// Serves a one-route app with `conns` on a thread of its own until
-    /// the returned flag is set.
+    /// Serves an app with `conns` on a thread of its own until the
+    /// returned flag is set: `/` answers at once, `/slow` after 2 s.
     fn serving(
         conns: Arc<Connections>,
     ) -> (SocketAddr, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
         let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
-        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let app = Router::new()
+            .route("/", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    "slow"
+                }),
+            );
         let st = Arc::clone(&stop);
         let server = std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread()
@@ -361,28 +394,73 @@ mod tests {
         (addr, stop, server)
     }
 
-    /// With the cap reached, a new connection is closed at once (its
-    /// descriptor given back) instead of held; once one of the open ones
-    /// ends, the API serves again.
-    #[test]
-    fn connections_over_the_cap_are_closed_at_once() {
-        let conns = Connections::new(2);
-        let (addr, stop, server) = serving(Arc::clone(&conns));
-        let held: Vec<_> = (0..2)
-            .map(|_| std::net::TcpStream::connect(addr).unwrap())
-            .collect();
+    /// Waits up to 5 s for `conns` to have `n` open.
+    fn until_open(conns: &Connections, n: usize) {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while conns.open() < 2 && std::time::Instant::now() < deadline {
+        while conns.open() != n && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(conns.open(), 2);
+        assert_eq!(conns.open(), n);
+    }
+
+    /// With the cap reached by connections that send nothing (a flood), a
+    /// new connection that asks is answered: the oldest waiting one is
+    /// closed to make room, and no more than the cap are ever open.
+    #[test]
+    fn a_flood_that_sends_nothing_makes_room_for_one_that_asks() {
+        let conns = Connections::new(2);
+        let (addr, stop, server) = serving(Arc::clone(&conns));
+        let mut held: Vec<_> = (0..2)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        until_open(&conns, 2);
+        let started = std::time::Instant::now();
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        c.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        let _ = c.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.0 200"), "{answer:?}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(conns.refused(), 1);
+        // The oldest of the flood was closed.
+        held[0]
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(held[0].read(&mut buf).unwrap_or(1), 0, "still open");
+        assert!(conns.open() <= 2);
+        held.clear();
+        stop.store(true, Ordering::Relaxed);
+        server.join().unwrap();
+    }
+
+    /// With the cap reached by connections each serving a request, a new
+    /// connection is closed at once (its descriptor given back) instead of
+    /// held, and the requests in progress are answered; once they end,
+    /// the API serves again.
+    #[test]
+    fn connections_over_the_cap_of_busy_ones_are_closed_at_once() {
+        let conns = Connections::new(2);
+        let (addr, stop, server) = serving(Arc::clone(&conns));
+        let mut busy: Vec<_> = (0..2)
+            .map(|_| {
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                s.write_all(b"GET /slow HTTP/1.0\r\nHost: x\r\n\r\n")
+                    .unwrap();
+                s
+            })
+            .collect();
+        until_open(&conns, 2);
+        // Both requests are being served.
+        std::thread::sleep(Duration::from_millis(300));
         let mut over = std::net::TcpStream::connect(addr).unwrap();
         over.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         let started = std::time::Instant::now();
         let mut answer = String::new();
         let _ = over.read_to_string(&mut answer);
         assert!(
-            started.elapsed() < Duration::from_secs(2),
+            started.elapsed() < Duration::from_secs(1),
             "the connection over the cap was held"
         );
         assert!(
@@ -390,13 +468,13 @@ mod tests {
             "{answer:?}"
         );
         assert_eq!(conns.refused(), 1);
-        assert_eq!(conns.open(), 2);
-        // One ends: a place is free again.
-        drop(held);
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while conns.open() > 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
+        for s in &mut busy {
+            let mut answer = String::new();
+            s.read_to_string(&mut answer).unwrap();
+            assert!(answer.starts_with("HTTP/1.0 200"), "{answer:?}");
         }
+        drop(busy);
+        until_open(&conns, 0);
         let mut c = std::net::TcpStream::connect(addr).unwrap();
         c.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
         let mut answer = String::new();

@@ -174,7 +174,10 @@ impl Config {
                         format!("pools[{i}].health.via"),
                         format!(
                             "tunnel checks go to a VIP of the pool, but no VIP with an address \
-                             serves pool {:?} (directly or through an include)",
+                             serves pool {:?} (directly or through an include); to take its last \
+                             VIP away, check it directly first (via = \"direct\" in \
+                             pools[{i}].health, or no health), or keep a VIP with an address \
+                             over it",
                             p.name
                         ),
                     );
@@ -202,6 +205,11 @@ mod tests {
         assert_eq!(c.tunnel_vip("extra"), Some("192.0.2.80".parse().unwrap()));
         let e = err(&tunnel.replace("pool = \"web\"", "pool = \"extra\""));
         assert_eq!(e.key, "pools[0].health.via", "{e}");
+        // The refusal says how to get where the operator was going.
+        assert!(
+            e.problem.contains("via = \"direct\"") && e.problem.contains("pools[0].health"),
+            "{e}"
+        );
         // A VIP naming a missing pool is reported as that, not as the
         // tunnel check that lost its VIP.
         let e = err(&tunnel.replace("pool = \"web\"", "pool = \"gone\""));
