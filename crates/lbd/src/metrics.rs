@@ -427,7 +427,7 @@ pub fn encode_metrics_as(
         );
         f.counter_at(
             "fastpath_lb_api_connections_refused",
-            "HTTP API connections closed on arrival because the most were open",
+            "HTTP API connections closed because the most were open: new ones closed on arrival, or idle ones (no request yet) closed to make room for a new one",
             a.refused,
         );
     }

@@ -350,7 +350,8 @@ pub struct ApiStatus {
     /// The most open at once: what the open-files limit leaves after the
     /// datapath, health checks, peers and BIRD ([`crate::limits`]).
     pub max_connections: usize,
-    /// Connections closed on arrival because the most were open.
+    /// Connections closed because the most were open: new ones closed on
+    /// arrival, or idle ones (no request yet) closed to make room.
     pub refused: u64,
 }
 
@@ -549,7 +550,7 @@ impl Status {
         }
         if let Some(a) = &self.api {
             out.push_str(&format!(
-                "API: {} of at most {} connections open, {} refused while at the most\n",
+                "API: {} of at most {} connections open, {} closed at the most (refused or idle ones made room)\n",
                 a.connections, a.max_connections, a.refused
             ));
         }
