@@ -443,13 +443,22 @@ impl Status {
                 n(d.signals_blocked()),
                 n(d.queue_stops()),
                 n(d.over_budget()),
-                d.held_back_us()
-                    .map_or_else(|| "-".to_string(), |us| format!("{:.1}", us as f64 / 1e3)),
+                format!(
+                    "{:.1}",
+                    (d.held_back_us().unwrap_or(0) + p.spoof_held_us) as f64 / 1e3
+                ),
                 state,
             ]);
         }
+        use crate::ports::vhost::datapath::{DESC_BUDGET, DESC_RATE, FREE_READS};
+        let spoof_us = crate::switch::SPOOF_HOLD_PER_FRAME.as_micros();
+        let spoof_max_ms = crate::switch::SPOOF_HOLD_MAX.as_millis();
         format!(
-            "{t}switch: {}\nlearned addresses: {}\n",
+            "{t}held back: time the switch took no frames from the port: a VM queue reads at most \
+             {DESC_RATE} descriptors a second (and {DESC_BUDGET} a pass) beyond {FREE_READS} a \
+             chain, and waits out a debt; a port is held {spoof_us} µs per frame port security \
+             refused (at most {spoof_max_ms} ms a batch)\n\
+             switch: {}\nlearned addresses: {}\n",
             serde_json::to_string(&self.switch).unwrap_or_default(),
             self.macs
         )
