@@ -316,6 +316,16 @@ pub struct Row {
     /// `memif_attach_ms` (idle-memif; NaN where the client was turned
     /// away), `chains_taken` (tx-long), `chains_returned` (rx-loop).
     pub detail: Option<(String, Spread)>,
+    /// The switch's work for the attacker under attack, per second, from
+    /// its status: `desc_reads_per_s` (the attacking vhost-user queue's
+    /// descriptor reads: tx-long, rx-loop) or `frames_taken_per_s` (the
+    /// spoofing port's frames the switch took, all refused). It tells the
+    /// switch's share from the machine's: on a small machine the
+    /// attacker's own thread takes CPU from the victim's too.
+    pub attacker_work: Option<(String, Spread)>,
+    /// Share of the attacked window the switch held the attacker back
+    /// (its descriptor budget spent, or a hold for refused frames).
+    pub attacker_held: Option<Spread>,
     /// What went wrong in a repeat (an attach that was refused, a status
     /// that failed), once each.
     pub notes: Vec<String>,
@@ -400,11 +410,12 @@ impl Report {
             .join(", ");
         s += "\n\n";
         s += &format!(
-            "{:<12} {:>10} {:>10} {:>17} {:>10} {:>7} {:>17} {:>10} {:>13} {:>15} {:>9}  {}\n",
+            "{:<12} {:>10} {:>10} {:>17} {:>10} {:>10} {:>7} {:>17} {:>10} {:>13} {:>15} {:>9} {:>17}  {}\n",
             "attack",
             "calm f/s",
             "attack f/s",
             "ratio",
+            "offered calm",
             "offered/s",
             "full",
             "status med/max ms",
@@ -412,6 +423,7 @@ impl Report {
             "fds b/d/a",
             "rss MiB b/d/a",
             "recovered",
+            "attacker work/held",
             "detail"
         );
         for r in &self.rows {
@@ -419,12 +431,19 @@ impl Report {
                 Some((name, v)) => format!("{name} {}", v.text(1)),
                 None => String::new(),
             };
+            let work = match (&r.attacker_work, &r.attacker_held) {
+                (Some((_, w)), Some(h)) => {
+                    format!("{:.2}M/{:.0}%", w.median / 1e6, h.median * 100.0)
+                }
+                _ => "-".into(),
+            };
             s += &format!(
-                "{:<12} {:>10.0} {:>10.0} {:>17} {:>10.0} {:>6.0}% {:>17} {:>10} {:>13} {:>15} {:>9}  {}\n",
+                "{:<12} {:>10.0} {:>10.0} {:>17} {:>10.0} {:>10.0} {:>6.0}% {:>17} {:>10} {:>13} {:>15} {:>9} {:>17}  {}\n",
                 r.attack,
                 r.calm_fps.median,
                 r.attacked_fps.median,
                 r.ratio.text(3),
+                r.offered_calm_fps.median,
                 r.offered_attacked_fps.median,
                 r.sender_ring_full.median * 100.0,
                 format!("{:.1}/{:.1}", r.status_median_ms.median, r.status_max_ms.max),
@@ -440,6 +459,7 @@ impl Report {
                     r.rss_after_kib.max / 1024.0
                 ),
                 format!("{}/{}", r.recovered, r.repeats),
+                work,
                 detail
             );
         }
@@ -448,7 +468,13 @@ impl Report {
               the ring full (> 0: the switch set the pace, not the generator); status: \
               ring::control::status every 100 ms under attack (goal <= 100 ms); fds/rss: this \
               process, which holds the switch (before / end of attack / after it left); \
-              recovered: a new ring pair attached and forwarded after the attacker left.\n";
+              recovered: a new ring pair attached and forwarded after the attacker left; \
+              attacker work/held: the switch's work for the attacker under attack, from its status \
+              (tx-long, rx-loop: millions of descriptor reads/s of the attacking queue, bounded by \
+              vhost::datapath::DESC_RATE beyond 2 a chain; spoof: millions of the thief's frames/s \
+              the switch took, all refused), and the share of the window it was held back. \
+              Where offered/s falls below offered calm while the attacker's work stays bounded, the \
+              attacker's own thread took the victim's CPU: the machine's share, not the switch's.\n";
         for r in &self.rows {
             s += &format!("{}: {}\n", r.attack, r.what);
             let short = r.shortfalls();
@@ -539,6 +565,8 @@ struct Sample {
     rss_kib: [f64; 3],
     recovered: bool,
     detail: Option<(&'static str, f64)>,
+    /// (what, per second, share of the window held back).
+    attacker_work: Option<(&'static str, f64, f64)>,
     notes: Vec<String>,
 }
 
@@ -576,6 +604,20 @@ fn row(a: Attack, s: &[Sample]) -> Row {
         detail: s.first().and_then(|f| f.detail).map(|(name, _)| {
             let v: Vec<f64> = s.iter().filter_map(|s| s.detail.map(|d| d.1)).collect();
             (name.to_string(), Spread::of(&v))
+        }),
+        attacker_work: s.first().and_then(|f| f.attacker_work).map(|(name, _, _)| {
+            let v: Vec<f64> = s
+                .iter()
+                .filter_map(|s| s.attacker_work.map(|w| w.1))
+                .collect();
+            (name.to_string(), Spread::of(&v))
+        }),
+        attacker_held: s.first().and_then(|f| f.attacker_work).map(|_| {
+            Spread::of(
+                &s.iter()
+                    .filter_map(|s| s.attacker_work.map(|w| w.2))
+                    .collect::<Vec<_>>(),
+            )
         }),
         notes,
     }
@@ -800,7 +842,14 @@ fn one_run(opts: &Options, place: &Placement, dir: &Path) -> Result<Vec<Sample>,
         let attacker = Attacker::start(attack, &rig, place)?;
         // Let the attack take hold before measuring.
         std::thread::sleep(Duration::from_millis(100));
+        let work0 = attacker_work(&rig.ctl, attack);
+        let t = Instant::now();
         let w = window(&rig, opts, place);
+        let work1 = attacker_work(&rig.ctl, attack);
+        let secs = t.elapsed().as_secs_f64();
+        if let (Some((name, a0, h0)), Some((_, a1, h1))) = (work0, work1) {
+            s.attacker_work = Some((name, (a1 - a0) / secs, (h1 - h0) / 1e6 / secs));
+        }
         s.fds[1] = open_fds();
         s.rss_kib[1] = rss_kib();
         s.attacked_fps = w.fps;
@@ -827,6 +876,42 @@ fn one_run(opts: &Options, place: &Placement, dir: &Path) -> Result<Vec<Sample>,
         out.push(s);
     }
     Ok(out)
+}
+
+/// The switch's count of its work for the attacker of `attack`, from its
+/// status: (what it is, the count, microseconds the attacker was held
+/// back). None for attacks without such a count, or when status fails.
+fn attacker_work(ctl: &Path, attack: Attack) -> Option<(&'static str, f64, f64)> {
+    let doc = status(ctl).ok()?;
+    let port = |name: &str| {
+        doc["ports"]
+            .as_array()?
+            .iter()
+            .find(|p| p["name"] == name)
+            .cloned()
+    };
+    let queue = |name: &str, q: &str| {
+        let p = port(name)?;
+        let q = &p["detail"]["queues"][q];
+        Some((
+            "desc_reads_per_s",
+            q["desc_reads"].as_f64()?,
+            q["held_back_us"].as_f64()?,
+        ))
+    };
+    match attack {
+        Attack::TxLong => queue("txlong", "tx"),
+        Attack::RxLoop => queue("rxloop", "rx"),
+        Attack::Spoof => {
+            let p = port("thief")?;
+            Some((
+                "frames_taken_per_s",
+                p["from_port"].as_f64()?,
+                p["spoof_held_us"].as_f64()?,
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// What one window measured.

@@ -47,8 +47,9 @@ pub enum SwitchCommand {
     /// never wait for the peer: "line blocked" in status counts what its
     /// line could not take); make the switch walk its rings without end
     /// (a chain longer than the ring stops that queue, and each queue has
-    /// a descriptor budget per pass); send from an address other than its
-    /// lock (checked on the copy that is delivered).
+    /// a descriptor budget per second and per pass); send from an address
+    /// other than its lock (checked on the copy that is delivered; a port
+    /// whose frames are refused is served at a bounded rate).
     ///
     /// What a peer can do: fill the rings it owns and lose its own frames,
     /// stop its own queues (a reset of its connection recovers them), and

@@ -18,6 +18,7 @@ use rustix::net::{
 use serde::{Deserialize, Serialize};
 
 use crate::driver::Driver;
+use crate::sockpath::{claim, BoundPath};
 use crate::{sys, Error, Geometry, Mode, Result};
 
 /// Largest control message.
@@ -48,12 +49,6 @@ pub enum ProtocolError {
     Descriptors {
         /// How many came.
         got: usize,
-    },
-    /// Another switch answers on the socket path.
-    #[error("{} is in use by a running switch", path.display())]
-    InUse {
-        /// The socket path.
-        path: PathBuf,
     },
     /// The socket path does not fit a `sockaddr_un`.
     #[error("socket path {} must be 1..{} bytes", path.display(), MAX_PATH + 1)]
@@ -248,37 +243,35 @@ pub fn status(path: &Path) -> Result<serde_json::Value> {
     Ok(doc)
 }
 
-/// A listening control socket (non-blocking accept).
-pub struct Listener(OwnedFd);
+/// A listening control socket (non-blocking accept). Its path is taken as
+/// [`crate::sockpath`] says (a stale socket replaced; a live socket or
+/// anything not a socket refused, never deleted) and removed when it
+/// drops, only if it is still the socket this listener made.
+pub struct Listener {
+    fd: OwnedFd,
+    _made: Option<BoundPath>,
+}
 
 impl Listener {
-    /// Listen on `path`, replacing a stale socket file left by a dead switch
-    /// but refusing one a running switch answers on.
+    /// Listen on `path`: see [`Listener`] for what may be there already.
     pub fn bind(path: &Path) -> Result<Listener> {
-        // A stale socket file from a dead switch would make bind fail.
-        if path.exists() {
-            if Conn::connect(path).is_ok() {
-                return Err(ProtocolError::InUse {
-                    path: path.to_path_buf(),
-                }
-                .into());
-            }
-            let _ = std::fs::remove_file(path);
-        }
+        let addr = sockaddr(path)?;
+        claim(path)?;
         let fd = seqpacket(SocketFlags::CLOEXEC | SocketFlags::NONBLOCK)?;
-        rustix::net::bind(&fd, &sockaddr(path)?).map_err(sys("bind switch control socket"))?;
+        rustix::net::bind(&fd, &addr).map_err(sys("bind switch control socket"))?;
+        let made = BoundPath::note(path);
         rustix::net::listen(&fd, 64).map_err(sys("listen"))?;
-        Ok(Listener(fd))
+        Ok(Listener { fd, _made: made })
     }
 
     /// The descriptor number, e.g. to register with epoll.
     pub fn fd(&self) -> RawFd {
-        self.0.as_raw_fd()
+        self.fd.as_raw_fd()
     }
 
     /// Accept one pending connection (non-blocking, close-on-exec), if any.
     pub fn accept(&self) -> Option<Conn> {
-        rustix::net::accept_with(&self.0, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK)
+        rustix::net::accept_with(&self.fd, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK)
             .ok()
             .map(Conn)
     }
@@ -286,7 +279,7 @@ impl Listener {
 
 impl AsFd for Listener {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.0.as_fd()
+        self.fd.as_fd()
     }
 }
 
@@ -399,6 +392,7 @@ fn with_borrowed<T>(raw: &[RawFd], f: impl FnOnce(&[BorrowedFd<'_>]) -> Result<T
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sockpath::SocketPathError;
     use crate::EventFd;
 
     fn temp_socket(tag: &str) -> PathBuf {
@@ -431,14 +425,41 @@ mod tests {
         // A running switch's socket is not taken over; closing ends the peer.
         let e = Listener::bind(&path).err().unwrap();
         assert!(
-            matches!(e, Error::Protocol(ProtocolError::InUse { .. })),
+            matches!(e, Error::Path(SocketPathError::Live { .. })),
             "{e}"
         );
         drop(client);
         assert!(server.recv().unwrap().is_none());
         drop(l);
-        // A stale socket file is replaced.
-        Listener::bind(&path).unwrap();
+        assert!(!path.exists(), "a listener removes the socket it made");
+    }
+
+    #[test]
+    fn a_listener_takes_only_a_stale_socket_and_removes_only_its_own() {
+        let path = temp_socket("claim");
+        let _ = std::fs::remove_file(&path);
+        // A stale socket file (its program died) is replaced.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let l = Listener::bind(&path).unwrap();
+        assert!(Conn::connect(&path).is_ok(), "listening on the path");
+        // Replaced by another program while we listen: that one's file
+        // stays when we go.
+        let aside = temp_socket("claim-aside");
+        std::fs::rename(&path, &aside).unwrap();
+        let other = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        drop(l);
+        assert!(path.exists(), "another program's socket is not removed");
+        drop(other);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(&aside).unwrap();
+        // A regular file is refused and left as it was.
+        std::fs::write(&path, b"not a socket").unwrap();
+        let e = Listener::bind(&path).err().unwrap();
+        assert!(
+            matches!(e, Error::Path(SocketPathError::NotSocket { .. })),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"not a socket");
         std::fs::remove_file(&path).unwrap();
     }
 
@@ -468,7 +489,7 @@ mod tests {
             "{e}"
         );
         drop(l);
-        std::fs::remove_file(&path).unwrap();
+        assert!(!path.exists());
     }
 
     #[test]
@@ -501,6 +522,7 @@ mod tests {
         let e = c.request(&Request::Status).err().unwrap();
         assert!(matches!(e, Error::Protocol(ProtocolError::Closed)), "{e}");
         t.join().unwrap();
-        std::fs::remove_file(&path).unwrap();
+        drop(l);
+        assert!(!path.exists());
     }
 }

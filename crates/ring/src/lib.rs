@@ -56,6 +56,7 @@ pub mod layout;
 pub mod notify;
 pub mod shm;
 pub mod signaller;
+pub mod sockpath;
 
 pub use layout::{Geometry, Slot};
 pub use notify::{EventFd, Mode};
@@ -95,6 +96,9 @@ pub enum Error {
     /// The switch answered, and said no: its reason, as it gave it.
     #[error("switch refused the port: {0}")]
     Refused(String),
+    /// A socket path holds something that is not ours to replace.
+    #[error(transparent)]
+    Path(#[from] sockpath::SocketPathError),
 }
 
 /// The result of ring operations.

@@ -254,11 +254,13 @@ impl EventLoop {
                     .all(|p| p.port.prepare_sleep())
                 {
                     sw.stats.sleeps += 1;
+                    // A port held back for spoofing is looked at again
+                    // when its hold ends, as a timer would.
                     let next = sw
                         .ports
                         .iter()
                         .flatten()
-                        .filter_map(|p| p.port.deadline())
+                        .filter_map(|p| p.port.deadline().into_iter().chain(p.held_until).min())
                         .min();
                     match next {
                         // Moderation timers need microseconds, not epoll_wait's milliseconds.

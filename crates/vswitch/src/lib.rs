@@ -95,4 +95,7 @@ pub use ports::{Counters, Port};
 pub use status::{PortDetail, PortStatus, Status, StatusError};
 // Leaf modules name it `crate::chain`.
 use chain::chain;
-pub use switch::{Error, Switch, SwitchStats, BATCH, MAX_PORTS, STATUS_PAGE_BYTES};
+pub use switch::{
+    Error, Switch, SwitchStats, BATCH, MAX_PORTS, SPOOF_HOLD_MAX, SPOOF_HOLD_PER_FRAME,
+    STATUS_PAGE_BYTES,
+};

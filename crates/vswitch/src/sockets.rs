@@ -12,144 +12,16 @@
 //!
 //! Looking whether a socket is live is one connect on a non-blocking
 //! socket of our own: it never waits on whoever holds the path.
+//!
+//! The rules themselves are [`ring::sockpath`]'s (the ring crate, below
+//! this one, binds the control and memif sockets with them, and the
+//! vhost-user ports bind theirs with them too); this module holds a whole
+//! switch's paths, claimed together before any is bound.
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use rustix::io::Errno;
-use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-
-/// Why a socket path cannot be taken.
-#[derive(Debug, thiserror::Error)]
-pub enum SocketPathError {
-    /// Something other than a socket is there.
-    #[error(
-        "{} exists and is not a socket (a {kind}): not deleting it; give another path or remove it yourself",
-        path.display()
-    )]
-    NotSocket {
-        /// The path.
-        path: PathBuf,
-        /// What it is (file, directory, ...).
-        kind: &'static str,
-    },
-    /// A program accepts connections there: another running switch.
-    #[error(
-        "{} is the live socket of a running program (another switch?): stop it or give another path",
-        path.display()
-    )]
-    Live {
-        /// The path.
-        path: PathBuf,
-    },
-    /// The path could not be looked at, or a stale socket not removed.
-    #[error("socket path {}", path.display())]
-    Inspect {
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-/// What a path holds, in words, for [`SocketPathError::NotSocket`].
-fn kind(ft: std::fs::FileType) -> &'static str {
-    if ft.is_dir() {
-        "directory"
-    } else if ft.is_file() {
-        "regular file"
-    } else if ft.is_symlink() {
-        "symbolic link"
-    } else if ft.is_fifo() {
-        "FIFO"
-    } else if ft.is_block_device() || ft.is_char_device() {
-        "device"
-    } else {
-        "file of another kind"
-    }
-}
-
-/// Whether some program accepts connections on the socket at `path`:
-/// `Ok(false)` for a socket nobody listens on. A listener of another
-/// socket type refuses our type with `EPROTOTYPE`, so each type the
-/// switch's sockets use is tried.
-fn live(path: &Path) -> std::io::Result<bool> {
-    let addr = SocketAddrUnix::new(path)?;
-    for ty in [SocketType::STREAM, SocketType::SEQPACKET] {
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            ty,
-            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-            None,
-        )?;
-        match rustix::net::connect(&fd, &addr) {
-            // Accepted, or queued behind others (a full backlog answers
-            // EAGAIN on a non-blocking socket): someone listens.
-            Ok(()) | Err(Errno::AGAIN) | Err(Errno::INPROGRESS) => return Ok(true),
-            Err(Errno::PROTOTYPE) => continue,
-            Err(Errno::CONNREFUSED) | Err(Errno::NOENT) => return Ok(false),
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(false)
-}
-
-/// Make `path` free for a socket of this switch: nothing there, or a stale
-/// socket (removed); a live socket or anything not a socket is refused.
-pub fn claim(path: &Path) -> Result<(), SocketPathError> {
-    let inspect = |source: std::io::Error| SocketPathError::Inspect {
-        path: path.to_path_buf(),
-        source,
-    };
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(inspect(e)),
-    };
-    if !meta.file_type().is_socket() {
-        return Err(SocketPathError::NotSocket {
-            path: path.to_path_buf(),
-            kind: kind(meta.file_type()),
-        });
-    }
-    if live(path).map_err(inspect)? {
-        return Err(SocketPathError::Live {
-            path: path.to_path_buf(),
-        });
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(inspect(e)),
-    }
-}
-
-/// A socket this switch bound: its path, and the identity of the file it
-/// made there.
-#[derive(Debug)]
-struct Made {
-    path: PathBuf,
-    id: Identity,
-}
-
-/// What tells one file from another made at the same path later.
-#[derive(Debug, PartialEq, Eq)]
-struct Identity {
-    dev: u64,
-    ino: u64,
-    ctime: (i64, i64),
-}
-
-impl Identity {
-    fn of(m: &std::fs::Metadata) -> Identity {
-        Identity {
-            dev: m.dev(),
-            ino: m.ino(),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        }
-    }
-}
+use ring::sockpath::BoundPath;
+pub use ring::sockpath::{claim, SocketPathError};
 
 /// The socket paths of one switch: claimed before it binds them
 /// ([`Sockets::claim`]), noted once it has ([`Sockets::bound`]), and
@@ -158,7 +30,8 @@ impl Identity {
 #[derive(Debug, Default)]
 pub struct Sockets {
     paths: Vec<PathBuf>,
-    made: Vec<Made>,
+    /// Removed when they drop, each only if still ours.
+    made: Vec<BoundPath>,
 }
 
 impl Sockets {
@@ -181,31 +54,13 @@ impl Sockets {
         self.made = self
             .paths
             .iter()
-            .filter_map(|p| {
-                let m = std::fs::symlink_metadata(p).ok()?;
-                m.file_type().is_socket().then(|| Made {
-                    path: p.clone(),
-                    id: Identity::of(&m),
-                })
-            })
+            .filter_map(|p| BoundPath::note(p))
             .collect();
     }
 
     /// The paths claimed.
     pub fn paths(&self) -> &[PathBuf] {
         &self.paths
-    }
-}
-
-impl Drop for Sockets {
-    fn drop(&mut self) {
-        for m in &self.made {
-            let ours =
-                std::fs::symlink_metadata(&m.path).is_ok_and(|now| Identity::of(&now) == m.id);
-            if ours {
-                let _ = std::fs::remove_file(&m.path);
-            }
-        }
     }
 }
 
@@ -218,21 +73,6 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
-    }
-
-    #[test]
-    fn a_stale_socket_is_replaced_and_a_live_one_refused() {
-        let d = dir("stale");
-        let p = d.join("s.sock");
-        drop(std::os::unix::net::UnixListener::bind(&p).unwrap());
-        assert!(p.exists(), "a dropped listener leaves its file");
-        claim(&p).unwrap();
-        assert!(!p.exists(), "the stale socket is removed");
-        let _l = std::os::unix::net::UnixListener::bind(&p).unwrap();
-        let e = claim(&p).unwrap_err();
-        assert!(matches!(e, SocketPathError::Live { .. }), "{e}");
-        assert!(p.exists());
-        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

@@ -92,6 +92,10 @@ pub struct PortStatus {
     pub dropped_full: u64,
     /// Frames from this port dropped by port security.
     pub spoofed: u64,
+    /// Time the switch held the port back (did not take its frames) for
+    /// frames port security refused, microseconds.
+    #[serde(default)]
+    pub spoof_held_us: u64,
     /// The only source address the port may use, if it is locked.
     pub locked_mac: Option<String>,
     /// What only this kind of port has.
@@ -165,6 +169,15 @@ impl PortDetail {
     pub fn over_budget(&self) -> Option<u64> {
         match self {
             PortDetail::Vhost(d) => Some(d.queues.rx.over_budget + d.queues.tx.over_budget),
+            _ => None,
+        }
+    }
+
+    /// Time the port's queues were held back with their descriptor budget
+    /// spent, microseconds (both queues added), where it counts it.
+    pub fn held_back_us(&self) -> Option<u64> {
+        match self {
+            PortDetail::Vhost(d) => Some(d.queues.rx.held_back_us + d.queues.tx.held_back_us),
             _ => None,
         }
     }
@@ -337,6 +350,10 @@ pub struct QueueStatus {
     /// Passes cut short by the queue's descriptor budget.
     #[serde(default)]
     pub over_budget: u64,
+    /// Time the queue was held back with its descriptor budget spent,
+    /// microseconds.
+    #[serde(default)]
+    pub held_back_us: u64,
     /// Entries, while the queue runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<u16>,
@@ -395,6 +412,7 @@ impl Status {
             "line blocked",
             "queue stops",
             "over budget",
+            "held back ms",
             "state",
         ])
         .title("switch ports");
@@ -425,11 +443,22 @@ impl Status {
                 n(d.signals_blocked()),
                 n(d.queue_stops()),
                 n(d.over_budget()),
+                format!(
+                    "{:.1}",
+                    (d.held_back_us().unwrap_or(0) + p.spoof_held_us) as f64 / 1e3
+                ),
                 state,
             ]);
         }
+        use crate::ports::vhost::datapath::{DESC_BUDGET, DESC_RATE, FREE_READS};
+        let spoof_us = crate::switch::SPOOF_HOLD_PER_FRAME.as_micros();
+        let spoof_max_ms = crate::switch::SPOOF_HOLD_MAX.as_millis();
         format!(
-            "{t}switch: {}\nlearned addresses: {}\n",
+            "{t}held back: time the switch took no frames from the port: a VM queue reads at most \
+             {DESC_RATE} descriptors a second (and {DESC_BUDGET} a pass) beyond {FREE_READS} a \
+             chain, and waits out a debt; a port is held {spoof_us} µs per frame port security \
+             refused (at most {spoof_max_ms} ms a batch)\n\
+             switch: {}\nlearned addresses: {}\n",
             serde_json::to_string(&self.switch).unwrap_or_default(),
             self.macs
         )
@@ -518,6 +547,7 @@ mod tests {
             broke: 0,
             desc_reads: 7,
             over_budget: 0,
+            held_back_us: 0,
             size: Some(256),
             broken: None,
             running: None,
@@ -611,6 +641,7 @@ mod tests {
                 to_port_bytes: 600,
                 dropped_full: 0,
                 spoofed: 0,
+                spoof_held_us: 0,
                 locked_mac: None,
                 detail,
             })

@@ -22,6 +22,12 @@ const FLOOD: u16 = u16::MAX;
 const DROP: u16 = u16::MAX - 1;
 /// The most ports one switch serves.
 pub const MAX_PORTS: usize = 1024;
+/// How long a port is held back (its frames not taken) per frame port
+/// security refused from it: a port that keeps sending from an address it
+/// may not use is served at a bounded rate, whatever its peer's speed.
+pub const SPOOF_HOLD_PER_FRAME: std::time::Duration = std::time::Duration::from_micros(1);
+/// The longest a port is held back after one batch.
+pub const SPOOF_HOLD_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 /// Bytes of port entries in one page of the status document: a page and
 /// the switch-wide part stay well inside one control message
 /// ([`ring::control::MAX_MSG`], 64 KiB), however many ports there are.
@@ -94,11 +100,18 @@ pub(crate) struct Slot {
     pub(crate) owner: Option<Owner>,
     /// The only source address the port may use ([`Port::locked_mac`]).
     pub(crate) lock: Option<Mac>,
+    /// Until when the port is held back for frames port security refused
+    /// ([`SPOOF_HOLD_PER_FRAME`]).
+    pub(crate) held_until: Option<Instant>,
+    /// Time it was held back so, nanoseconds.
+    pub(crate) spoof_held_ns: u64,
 }
 
 /// How a looked-up batch can be delivered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Route {
+    /// No frame goes anywhere (all dropped, or none left).
+    Nowhere,
     /// Every frame to this one port.
     One(u16),
     /// Every frame flooded.
@@ -208,7 +221,13 @@ impl Switch {
         if let Some(mac) = lock {
             self.macs.pin(mac, idx as u16);
         }
-        self.ports[idx] = Some(Slot { port, owner, lock });
+        self.ports[idx] = Some(Slot {
+            port,
+            owner,
+            lock,
+            held_until: None,
+            spoof_held_ns: 0,
+        });
         Ok(idx as u16)
     }
 
@@ -268,7 +287,14 @@ impl Switch {
         let mut work = 0;
         for s in 0..self.ports.len() {
             let pending = match self.ports.get_mut(s) {
-                Some(Some(p)) => p.port.broken().is_none() && p.port.pending(),
+                Some(Some(p)) => {
+                    // A hold that ended is forgotten, so that the event
+                    // loop does not wake for it.
+                    if p.held_until.is_some_and(|t| now >= t) {
+                        p.held_until = None;
+                    }
+                    p.held_until.is_none() && p.port.broken().is_none() && p.port.pending()
+                }
                 _ => false,
             };
             if pending {
@@ -302,14 +328,21 @@ impl Switch {
         };
         let n = self.frames.len();
         // Port security: only when this port is locked or some address is
-        // pinned are source addresses checked, and then on the switch's
-        // own copy, which is what is delivered.
+        // pinned are source addresses checked. Frames whose source fails
+        // the check where the peer wrote it are dropped there, without a
+        // copy (a refusal holds whatever the peer writes later); the rest
+        // are copied into the switch's own buffer and checked again there,
+        // on the bytes that are delivered.
         let guard = lock.is_some() || self.macs.has_pins();
+        let mut spoofed = 0;
         if guard {
+            spoofed = self.screen(s, lock);
             self.own_frames();
         }
-        let (route, spoofed) = self.look_up(s, lock, guard, now);
+        let (route, refused) = self.look_up(s, lock, guard, now);
+        spoofed += refused;
         let done = match route {
+            Route::Nowhere => Delivery::default(),
             Route::One(d) => self.deliver_one(d, now),
             Route::Flood => match self.only_other_port(s) {
                 Some(p) => self.deliver_flood_single(p, now),
@@ -325,8 +358,54 @@ impl Switch {
         if let Some(Some(src)) = self.ports.get_mut(s) {
             src.port.counters().spoofed += spoofed;
             src.port.rx_done(token, n as u64, now);
+            if spoofed > 0 {
+                let hold = (SPOOF_HOLD_PER_FRAME * spoofed.min(u64::from(u32::MAX)) as u32)
+                    .min(SPOOF_HOLD_MAX);
+                src.held_until = Some(now + hold);
+                src.spoof_held_ns += hold.as_nanos() as u64;
+            }
         }
         n
+    }
+
+    /// Whether port `s` (locked to `lock`, if it is) may send from `smac`.
+    #[inline]
+    fn source_allowed(&self, s: usize, lock: Option<Mac>, smac: &Mac) -> bool {
+        match lock {
+            Some(m) => m == *smac,
+            None => self.macs.pinned(smac).is_none_or(|p| p == s as u16),
+        }
+    }
+
+    /// Drop from the batch the frames whose source address port `s` may
+    /// not use, read where the peer wrote them: six bytes each, no copy.
+    /// Returns how many were dropped. A frame that passes here may still
+    /// be refused on the switch's copy ([`Switch::look_up`]).
+    fn screen(&mut self, s: usize, lock: Option<Mac>) -> u64 {
+        let mut frames = std::mem::take(&mut self.frames);
+        let before = frames.len();
+        let mut last: Option<(Mac, bool)> = None;
+        frames.retain(|f| {
+            if f.len < 14 {
+                // A runt: look_up counts it.
+                return true;
+            }
+            let mut smac: Mac = [0; 6];
+            // SAFETY: the port guarantees f.ptr is readable for f.len >= 14
+            // bytes until rx_done; bytes 6..12 are copied out once.
+            unsafe { std::ptr::copy_nonoverlapping(f.ptr.add(6), smac.as_mut_ptr(), 6) };
+            match last {
+                Some((m, ok)) if m == smac => ok,
+                _ => {
+                    let ok = self.source_allowed(s, lock, &smac);
+                    last = Some((smac, ok));
+                    ok
+                }
+            }
+        });
+        let dropped = (before - frames.len()) as u64;
+        self.frames = frames;
+        dropped
     }
 
     /// Take a batch from port `s` into `frames`: the port's token for
@@ -405,11 +484,7 @@ impl Switch {
             let dmac: Mac = hdr[..6].try_into().expect("6 bytes");
             let smac: Mac = hdr[6..].try_into().expect("6 bytes");
             if last_src != Some(smac) {
-                src_ok = !guard
-                    || match lock {
-                        Some(m) => m == smac,
-                        None => self.macs.pinned(&smac).is_none_or(|p| p == s as u16),
-                    };
+                src_ok = !guard || self.source_allowed(s, lock, &smac);
                 if src_ok {
                     self.macs.learn(smac, s as u16, now);
                 }
@@ -450,6 +525,7 @@ impl Switch {
         let route = match uniform {
             Some(FLOOD) if !mixed => Route::Flood,
             Some(d) if !mixed && d != DROP => Route::One(d),
+            _ if self.dst.iter().all(|&d| d == DROP) => Route::Nowhere,
             _ => Route::Mixed { flood },
         };
         (route, spoofed)
@@ -612,6 +688,7 @@ fn port_status(i: usize, s: &mut Slot) -> PortStatus {
         to_port_bytes: c.to_port_bytes,
         dropped_full: c.dropped_full,
         spoofed: c.spoofed,
+        spoof_held_us: s.spoof_held_ns / 1000,
         locked_mac: s.lock.map(|m| crate::bridge::mac_text(&m)),
         detail: s.port.status(),
     }

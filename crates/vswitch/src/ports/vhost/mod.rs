@@ -96,6 +96,10 @@ pub enum Error {
     /// The port's epoll instance could not be made or filled.
     #[error("vhost-user port epoll")]
     Epoll(#[source] std::io::Error),
+    /// The socket path holds something that is not the port's to replace
+    /// (a live socket, or not a socket).
+    #[error(transparent)]
+    Path(#[from] ::ring::sockpath::SocketPathError),
 }
 
 /// How a port is set up.
@@ -174,21 +178,24 @@ pub struct VhostPort {
     st: [QueueStats; QUEUES],
     cs: ConnStats,
     log: Vec<String>,
+    /// The socket file the port made: removed when it drops, if still
+    /// that file.
+    _made: Option<::ring::sockpath::BoundPath>,
 }
 
 impl VhostPort {
-    /// Listen on `cfg.path` (a stale socket file is replaced).
+    /// Listen on `cfg.path`: a stale socket file is replaced, a live
+    /// socket or anything not a socket is refused and left as it is
+    /// ([`::ring::sockpath`]); the socket is removed when the port drops,
+    /// only if it is still the one the port made.
     pub fn bind(cfg: Config) -> Result<VhostPort, Error> {
         let bind = |e| Error::Bind {
             path: cfg.path.clone(),
             source: e,
         };
-        match std::fs::remove_file(&cfg.path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(bind(e)),
-        }
+        ::ring::sockpath::claim(&cfg.path)?;
         let listener = UnixListener::bind(&cfg.path).map_err(bind)?;
+        let made = ::ring::sockpath::BoundPath::note(&cfg.path);
         listener.set_nonblocking(true).map_err(bind)?;
         let epoll =
             epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| Error::Epoll(e.into()))?;
@@ -203,6 +210,7 @@ impl VhostPort {
             cfg,
             epoll: Arc::new(epoll),
             listener,
+            _made: made,
             conn: None,
             dev: None,
             built: 0,
@@ -615,5 +623,64 @@ impl Port for VhostPort {
             closed: self.cs.closed,
             last_close: self.cs.last_close.clone(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ::ring::sockpath::SocketPathError;
+    use std::os::unix::net::UnixStream;
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("fp-vhost-bind-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn bind_refuses_a_file_or_a_live_socket_and_removes_only_its_own() {
+        let d = dir("claim");
+        let p = d.join("vm.sock");
+        // A regular file (a disk image, a typo) is refused and kept.
+        std::fs::write(&p, b"disk image").unwrap();
+        let e = VhostPort::bind(Config::new("vm", &p)).err().unwrap();
+        assert!(
+            matches!(e, Error::Path(SocketPathError::NotSocket { .. })),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&p).unwrap(), b"disk image");
+        std::fs::remove_file(&p).unwrap();
+        // A live socket (another switch's port) is refused and kept.
+        let other = UnixListener::bind(&p).unwrap();
+        let e = VhostPort::bind(Config::new("vm", &p)).err().unwrap();
+        assert!(
+            matches!(e, Error::Path(SocketPathError::Live { .. })),
+            "{e}"
+        );
+        assert!(
+            UnixStream::connect(&p).is_ok(),
+            "the other socket still answers"
+        );
+        // Once its program is gone, the stale file is replaced.
+        drop(other);
+        let port = VhostPort::bind(Config::new("vm", &p)).unwrap();
+        // The same path again, while the port listens: refused.
+        let e = VhostPort::bind(Config::new("vm2", &p)).err().unwrap();
+        assert!(
+            matches!(e, Error::Path(SocketPathError::Live { .. })),
+            "{e}"
+        );
+        drop(port);
+        assert!(!p.exists(), "the port removes the socket it made");
+        // A socket another program put at the path after ours stays.
+        let port = VhostPort::bind(Config::new("vm", &p)).unwrap();
+        std::fs::rename(&p, d.join("aside.sock")).unwrap();
+        let other = UnixListener::bind(&p).unwrap();
+        drop(port);
+        assert!(p.exists(), "another program's socket is not removed");
+        drop(other);
+        let _ = std::fs::remove_dir_all(&d);
     }
 }
