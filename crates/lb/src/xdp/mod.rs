@@ -35,17 +35,17 @@ use std::sync::Arc;
 use maglev::Maglev;
 
 use crate::config::{Config, Conntrack};
-use crate::counters::{Counters, Traffic};
+use crate::counters::{Counters, DropReason, Traffic};
 use crate::tables::Tables;
 
 pub mod abi;
 pub mod maps;
 
 pub use abi::{
-    BackendEntry, Conf, PrefixGroup, PrefixKey, SuffixKey, VipEntry, VipKey, VipKey6, ACCEPTING,
-    ANY_PORT, EMPTY, FLOW_SEED, HEALTHY, V4, V6,
+    AddrKey, BackendEntry, Conf, PrefixGroup, PrefixKey, SuffixKey, VipEntry, VipKey, VipKey6,
+    ACCEPTING, ANY_PORT, EMPTY, FLOW_SEED, HEALTHY, V4, V6,
 };
-pub use maps::{Detached, Loader, Sizes, Verdict, XdpLb, XDP_TX};
+pub use maps::{Detached, Loader, Sizes, Verdict, XdpLb, XDP_DROP, XDP_TX};
 
 /// Why the fast path's maps could not be written or read.
 #[derive(Debug, thiserror::Error)]
@@ -305,6 +305,16 @@ impl XdpTables {
                 e,
             ));
         }
+        // The VIP sources first: a VIP is matched only once its address
+        // is refused as a source.
+        let addrs: Vec<AddrKey> = t
+            .matcher
+            .addresses()
+            .map(|a| AddrKey { addr: words(&a) })
+            .collect();
+        if let Err(e) = self.lb.set_vip_addrs(&addrs) {
+            return self.off(e.to_string(), s).map(Placement::Done);
+        }
         if let Err(e) = self.lb.set_vips(&vips, &vips6) {
             return self.off(e.to_string(), s).map(Placement::Done);
         }
@@ -427,8 +437,9 @@ impl XdpTables {
         Ok(Some(Ok(VipEntry::new(index, at, v.table.size()))))
     }
 
-    /// What the program forwarded, as packet-thread counters (forwarded
-    /// frames are both received and sent; connection-table entries are not
+    /// What the program forwarded and dropped, as packet-thread counters
+    /// (forwarded frames are both received and sent, dropped ones received
+    /// and counted by reason; connection-table entries are not
     /// counted, the kernel's LRU map keeps no count).
     pub fn counters(&self) -> Result<Counters, Error> {
         let st = self.lb.stats()?;
@@ -444,7 +455,15 @@ impl XdpTables {
                 .collect()
         };
         let mut c = Counters::new();
-        c.rx = st.forwarded;
+        let refused = [
+            (DropReason::MartianSource, st.martian_source),
+            (DropReason::SourceIsVip, st.source_is_vip),
+            (DropReason::TtlZero, st.ttl_zero),
+        ];
+        for (why, n) in refused {
+            c.drops[why.index()] = n;
+        }
+        c.rx = st.forwarded + refused.iter().map(|(_, n)| n).sum::<u64>();
         c.tx = st.forwarded;
         c.per_vip = conv(vips);
         c.per_backend = conv(backends);
