@@ -526,6 +526,44 @@ fn maps_too_small_turn_the_driver_off_until_the_tables_fit() {
     assert_eq!(xdp.run(&f).unwrap().action, XDP_TX);
 }
 
+/// Through the loader the daemon uses (`Loader::for_tables`): once the
+/// ports take its maps into use, a reload whose tables the maps cannot
+/// hold (the web pool's table grown to 1,000,003 slots) is refused whole
+/// by the control plane, saying a restart is needed, and the driver keeps
+/// forwarding by the running tables; it used to be applied and turn the
+/// driver off until a restart.
+#[test]
+#[ignore = "system test: root (BPF programs and maps)"]
+fn a_reload_the_maps_cannot_hold_is_refused_and_the_driver_keeps_forwarding() {
+    systest::require_root();
+    let cfg = config("");
+    let mut control = Control::new(cfg.clone()).unwrap();
+    let loader = lb::xdp::Loader::for_tables(&cfg, &control.tables().load());
+    let program = netio::afxdp::LoadProgram::load(&loader, "none").unwrap();
+    let mut tables = XdpTables::new(loader.maps().unwrap(), &cfg.conntrack);
+    assert!(tables.sync(&control.tables().load_full()).unwrap().enabled);
+    let mut grown = cfg.clone();
+    let web = grown.pools.iter().position(|p| p.name == "web").unwrap();
+    grown.pools[web].table_size = 1_000_003;
+    let e = control.apply(grown).unwrap_err();
+    assert!(e.problem.contains("restart"), "{e}");
+    let s = tables.sync(&control.tables().load_full()).unwrap();
+    assert!(s.enabled && s.reason.is_none(), "{s:?}");
+    let f = frame(
+        [198, 51, 100, 1],
+        [192, 0, 2, 80],
+        true,
+        1024,
+        80,
+        0x02,
+        0,
+        true,
+        &[],
+        0,
+    );
+    assert_eq!(program.test_run(&f).unwrap().action, XDP_TX);
+}
+
 /// The sample configuration with IPv6 VIPs over both backend families:
 /// `http6` (2001:db8::80, TCP 80) over IPv6 backends (GRE over IPv6, as in
 /// the sample), `dns6` (2001:db8::53, UDP, any port) over the IPv4 `dns`

@@ -603,6 +603,9 @@ impl XdpLb {
 pub struct Loader {
     sizes: Sizes,
     maps: Mutex<Option<XdpLb>>,
+    /// Told the sizes once a program is loaded (the control plane's
+    /// [`crate::tables::Tables::driver_room`]).
+    room: Option<Arc<std::sync::OnceLock<Sizes>>>,
 }
 
 impl Loader {
@@ -611,13 +614,33 @@ impl Loader {
         Loader {
             sizes,
             maps: Mutex::new(None),
+            room: None,
+        }
+    }
+
+    /// A loader for maps sized for configuration `cfg` and its snapshot
+    /// `t` ([`super::sizes`]), which tells the control plane that made
+    /// `t` the room it loaded ([`crate::tables::Tables::driver_room`]), so
+    /// that a reload the maps cannot hold is refused.
+    pub fn for_tables(cfg: &crate::config::Config, t: &crate::tables::Tables) -> Self {
+        Loader {
+            room: Some(Arc::clone(&t.driver_room)),
+            ..Loader::new(super::sizes(cfg, t))
         }
     }
 
     /// The maps of the program last loaded (by the ports last opened);
-    /// `None` before any.
+    /// `None` before any. Asked for once the ports opened, when the
+    /// driver is the one in use (a fall-back to another driver never
+    /// asks): the control plane of [`Loader::for_tables`] is told their
+    /// room then.
     pub fn maps(&self) -> Option<XdpLb> {
-        self.maps.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        let maps = self.maps.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let (Some(room), Some(lb)) = (&self.room, &maps) {
+            // The sizes as loaded (rounded up); the same for every load.
+            let _ = room.set(lb.sizes());
+        }
+        maps
     }
 }
 

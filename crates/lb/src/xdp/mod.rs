@@ -74,6 +74,55 @@ pub fn sizes(cfg: &Config, t: &Tables) -> Sizes {
     }
 }
 
+/// Whether the maps of a program loaded with `room` can hold snapshot `t`
+/// (placed from empty, as [`XdpTables::sync`] starts over when placing
+/// piecemeal finds no room): else the configuration's key that outgrew
+/// them and why, saying a restart is needed. A snapshot that does not fit
+/// would turn the driver off (every frame to the packet threads) until
+/// the daemon restarts with maps made for it.
+pub fn fits(room: &Sizes, t: &Tables) -> Result<(), (String, String)> {
+    let slots: u64 = distinct(t)
+        .values()
+        .map(|(tab, _)| u64::from(tab.size()))
+        .sum();
+    let prefixes = t.matcher.prefixes().len() as u64;
+    let checks = [
+        (
+            "pools.table_size",
+            "Maglev slots (all distinct tables together)",
+            slots,
+            room.slots,
+        ),
+        (
+            "pools.backends",
+            "backends (every backend id since the start)",
+            t.backends.len() as u64,
+            room.backends,
+        ),
+        ("vips", "VIPs", t.vips.len() as u64, room.vips),
+        (
+            "prefix_groups.prefixes",
+            "prefix-group prefixes",
+            prefixes,
+            room.prefixes,
+        ),
+    ];
+    for (key, what, need, have) in checks {
+        if need > u64::from(have) {
+            return Err((
+                key.to_string(),
+                format!(
+                    "this configuration needs {need} {what}; the load balancer in the driver \
+                     (XDP) was loaded with room for {have}, and its maps keep their size until \
+                     the daemon restarts: restart it to apply this configuration (a reload would \
+                     have turned the driver off, every frame to the packet threads)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// An IPv6 address as the program loads it: four words of its bytes as
 /// they lie in the packet.
 fn words(a: &[u8; 16]) -> [u32; 4] {
