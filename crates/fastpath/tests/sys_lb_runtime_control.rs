@@ -444,3 +444,82 @@ fn drain_undrain_and_weight_through_the_cli_survive_a_restart() {
     assert_eq!(r["lbs"].as_array().unwrap().len(), 2, "{r}");
     d.stop();
 }
+
+/// A reload that moves the API (`[api] listen`) or rotates its token (the
+/// token file's content) used to answer 200 while the old address and
+/// token stayed in use: refused now (the CLI fails with the daemon's
+/// reason, saying a restart is needed), nothing applied, the API where it
+/// was with the token it started with; once the file is back, a reload
+/// applies.
+#[test]
+#[ignore = "system test: root, namespaces"]
+fn a_reload_that_moves_the_api_or_rotates_its_token_is_refused_until_a_restart() {
+    systest::require_netns();
+    let pid = std::process::id() % 100_000;
+    let dir = std::env::temp_dir().join(format!("fpops-rs-{pid}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _files = Files(dir.clone());
+    let token_file = dir.join("api.token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let old_token = dir.join("old.token");
+    std::fs::write(&old_token, format!("{TOKEN}\n")).unwrap();
+    let config = dir.join("lb.toml");
+    let original = CONFIG.replace("TOKEN_FILE", &token_file.display().to_string());
+    std::fs::write(&config, &original).unwrap();
+    let (tf, old) = (
+        token_file.display().to_string(),
+        old_token.display().to_string(),
+    );
+    let ns = Netns::new(&format!("fpops-rs-{pid}")).unwrap();
+    ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1")
+        .unwrap();
+    netns::veth(
+        &ns,
+        "x0",
+        "02:00:00:00:0e:01",
+        &ns,
+        "x1",
+        "02:00:00:00:0e:02",
+    )
+    .unwrap();
+    let d = Daemon::start(&ns, &config);
+    assert_eq!(status(&ns)["generation"], 1);
+
+    // The token rotated in its file: the daemon still takes only the old
+    // one, so a reload sent with it is refused as needing a restart.
+    std::fs::write(&token_file, "a-new-token-after-a-leak\n").unwrap();
+    let o = cli(&ns, &["lb", "reload", "--api", API, "--token-file", &old]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("token") && err.contains("restart"),
+        "{err}"
+    );
+    let o = cli(&ns, &["lb", "reload", "--api", API, "--token-file", &tf]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("401"), "{err}");
+    assert_eq!(status(&ns)["generation"], 1);
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+
+    // The API moved in the file: refused, still served where it was.
+    std::fs::write(
+        &config,
+        original.replace("127.0.0.1:9187", "127.0.0.1:9188"),
+    )
+    .unwrap();
+    let o = cli(&ns, &["lb", "reload", "--api", API, "--token-file", &tf]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("api.listen")
+            && err.contains("keeps listening on 127.0.0.1:9187")
+            && err.contains("restart"),
+        "{err}"
+    );
+    assert_eq!(status(&ns)["generation"], 1);
+
+    // Back as it runs: applied.
+    std::fs::write(&config, &original).unwrap();
+    let out = ok(&ns, &["lb", "reload", "--api", API, "--token-file", &tf]);
+    assert!(out.contains("configuration generation 2"), "{out}");
+    d.stop();
+}

@@ -277,3 +277,48 @@ fn get_with_ip_options(vip: &str) -> Result<String, String> {
         .ok_or_else(|| format!("no HTTP answer: {answer:?}"))?;
     Ok(body)
 }
+
+/// A reload whose tables the driver's maps cannot hold (the pool's
+/// Maglev table grown to 1,000,003 slots, beyond the room the maps were
+/// loaded with) used to be answered 200 and turn the driver off until a
+/// restart, every frame going to the packet threads. It is refused whole
+/// now, saying a restart is needed; the configuration generation stays,
+/// and new connections are still forwarded in the driver.
+#[test]
+#[ignore = "system test: root, namespaces, XDP, nginx"]
+fn a_reload_the_drivers_maps_cannot_hold_is_refused_and_the_driver_keeps_forwarding() {
+    let _one = systest::exclusive();
+    let mut t = common::topology(1, 2, "xdpr");
+    start_in_the_driver(&mut t, |text| text);
+    let cfg = t.configs[0].clone();
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("[[pools]]\nname = \"web\"\n"), "{text}");
+    std::fs::write(
+        &cfg,
+        text.replacen(
+            "[[pools]]\nname = \"web\"\n",
+            "[[pools]]\nname = \"web\"\ntable_size = 1000003\n",
+            1,
+        ),
+    )
+    .unwrap();
+    let answer = t.api("POST", "/reload").unwrap();
+    assert!(
+        answer.contains("\"error\"")
+            && answer.contains("pools.table_size")
+            && answer.contains("restart"),
+        "{answer}"
+    );
+    let before = forty_requests_to_both_backends(&t);
+    assert_eq!(before["generation"], 1, "{before}");
+    let after = status_once(&t, |s| in_driver(s) - in_driver(&before) >= 40 * 3);
+    let d = in_driver(&after) - in_driver(&before);
+    assert!(
+        d >= 40 * 3,
+        "after the refused reload the driver forwarded {d}: {after}"
+    );
+    // The file put back: a reload applies.
+    std::fs::write(&cfg, &text).unwrap();
+    let answer = t.api("POST", "/reload").unwrap();
+    assert!(answer.contains("\"generation\":2"), "{answer}");
+}

@@ -26,6 +26,10 @@
 // root), and check without root that this side's constants, map layouts
 // and flow hash are the worker's (tests/xdp_abi.rs).
 //
+// A frame of the common case that no honest sender could have sent (a
+// martian source, a VIP's address as its source, a TTL or hop limit of 0)
+// is dropped here and counted by reason, as the worker drops it.
+//
 // Left to user space, where the worker reads more than a fixed header:
 // IPv6 extension headers (a chain of up to 8 of them, each of its own
 // length: a loop the verifier would have to bound, for packets the common
@@ -117,6 +121,15 @@ struct {
 	__type(key, struct lb_suffix_key);
 	__type(value, struct lb_vip);
 } lb_suffixes SEC(".maps");
+
+// The addresses of the VIPs configured by address (key form): a frame for
+// a VIP from one of them is dropped (`refused`).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_DEFAULT_VIPS);
+	__type(key, struct lb_addr_key);
+	__type(value, __u32);
+} lb_vip_addrs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -468,6 +481,44 @@ static __always_inline int transport(void *l4, void *end, __u8 proto, __u32 l4le
 	return -1;
 }
 
+// Whether the first octet `a` of an IPv4 source makes it martian (RFC 1122
+// section 3.2.1.3, RFC 6890): 0.0.0.0/8, 127.0.0.0/8, 224.0.0.0/4 and
+// 240.0.0.0/4 (255.255.255.255 among them); packet::flow::martian_source.
+static __always_inline int martian4(__u8 a)
+{
+	return a == 0 || a == 127 || a >= 224;
+}
+
+// A frame for a VIP that no honest sender could have sent, dropped here
+// and counted as the worker drops and counts it (worker.rs's
+// `refuse_source`, in the same order): `martian` (the source's family's
+// rules), a source that is this frame's destination (`same`) or a VIP's
+// address (`src`, key form, in `lb_vip_addrs`), a TTL or hop limit of 0.
+// 0 to go on.
+static __always_inline int refused(struct lb_stats *st, int martian, int same, __u32 *src,
+				   __u8 ttl)
+{
+	struct lb_addr_key k = {};
+	int i;
+
+	if (martian) {
+		st->martian_source++;
+		return 1;
+	}
+#pragma unroll
+	for (i = 0; i < 4; i++)
+		k.addr[i] = src[i];
+	if (same || bpf_map_lookup_elem(&lb_vip_addrs, &k)) {
+		st->source_is_vip++;
+		return 1;
+	}
+	if (ttl == 0) {
+		st->ttl_zero++;
+		return 1;
+	}
+	return 0;
+}
+
 // IPv4 (the Ethernet header is whole and says IPv4).
 static __always_inline int lb_v4(struct xdp_md *ctx, struct lb_conf *conf, struct lb_stats *st)
 {
@@ -515,6 +566,13 @@ static __always_inline int lb_v4(struct xdp_md *ctx, struct lb_conf *conf, struc
 		vip = prefix_vip(conf, mapped, t.dport, ip->protocol);
 		if (!vip)
 			return steer(ctx);
+	}
+	{
+		__u32 src[4] = { 0, 0, bpf_htonl(0xffff), ip->saddr };
+
+		if (refused(st, martian4(((__u8 *)&ip->saddr)[0]), ip->saddr == ip->daddr, src,
+			    ip->ttl))
+			return XDP_DROP;
 	}
 	// A packet-tracer probe (its payload begins with the magic), within
 	// the packet: reported by user space.
@@ -590,6 +648,24 @@ static __always_inline int lb_v6(struct xdp_md *ctx, struct lb_conf *conf, struc
 		vip = prefix_vip(conf, vk.addr, t.dport, proto);
 		if (!vip)
 			return steer(ctx);
+	}
+	{
+		__u32 *src = ip6->saddr.in6_u.u6_addr32;
+		int martian, same = 1;
+
+		if (!src[0] && !src[1] && src[2] == bpf_htonl(0xffff))
+			// IPv4-mapped: the IPv4 rules (RFC 4291 section 2.5.5.2).
+			martian = martian4(((__u8 *)src)[12]);
+		else
+			// ::, ::1 (RFC 4291 sections 2.5.2, 2.5.3), ff00::/8 (2.7).
+			martian = (!src[0] && !src[1] && !src[2] &&
+				   (!src[3] || src[3] == bpf_htonl(1))) ||
+				  ((__u8 *)src)[0] == 0xff;
+#pragma unroll
+		for (i = 0; i < 4; i++)
+			same &= src[i] == vk.addr[i];
+		if (refused(st, martian, same, src, ip6->hop_limit))
+			return XDP_DROP;
 	}
 	if (t.payload + 8 <= end && t.payload + 8 <= (void *)(ip6 + 1) + l4len &&
 	    *(__u64 *)t.payload == LB_TRACE_MAGIC)

@@ -40,9 +40,24 @@ pub enum DropReason {
     /// balancer's own address (it never redirects to itself): a forgery,
     /// which would reach a backend past the router's filters.
     FragmentRedirectNotPeer,
+    /// For a VIP, from a source that no packet may carry
+    /// ([`packet::flow::martian_source`]: "this network", loopback,
+    /// multicast, reserved or broadcast; IPv6 unspecified, loopback,
+    /// multicast; or such an IPv4 address mapped into IPv6): spoofed or
+    /// leaked, and a backend's answer would go nowhere or somewhere it
+    /// must not.
+    MartianSource,
+    /// For a VIP, from a VIP's own address (this packet's destination, or
+    /// any VIP's address): only a forger sends from the load balancer's
+    /// addresses, and a backend answering it would send to itself.
+    SourceIsVip,
+    /// For a VIP with an IPv4 TTL or IPv6 hop limit of 0: no router
+    /// forwards one (RFC 1812 section 5.3.1, RFC 8200 section 3), so it
+    /// was made here, on the link.
+    TtlZero,
 }
 
-const OWN: [(&str, DropReason); 10] = [
+const OWN: [(&str, DropReason); 13] = [
     ("no_vip", DropReason::NoVip),
     ("no_healthy_backend", DropReason::NoHealthyBackend),
     ("encap_failed", DropReason::EncapFailed),
@@ -62,6 +77,9 @@ const OWN: [(&str, DropReason); 10] = [
         DropReason::FragmentRedirectNotPeer,
     ),
     ("vip_port_not_served", DropReason::VipPortNotServed),
+    ("martian_source", DropReason::MartianSource),
+    ("source_is_vip", DropReason::SourceIsVip),
+    ("ttl_zero", DropReason::TtlZero),
 ];
 
 /// Frames that were not for the load balancer: not IP (ARP, LLDP...), or

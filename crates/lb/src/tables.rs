@@ -187,6 +187,12 @@ pub struct Tables {
     /// and the flow hash in the GRE key (none: every frame from `source`).
     /// In the snapshot, so that a reload changes it between two batches.
     pub spread: Option<packet::gre::Spread>,
+    /// The room the load balancer in the driver (XDP) was loaded with, once
+    /// it is (the same cell in every snapshot of one [`Control`]): its maps
+    /// keep their sizes until a restart, so the control plane refuses a
+    /// configuration whose tables would not fit them
+    /// ([`crate::xdp::Loader::for_tables`] fills it).
+    pub driver_room: Arc<std::sync::OnceLock<crate::xdp::Sizes>>,
 }
 
 impl Tables {
@@ -287,6 +293,9 @@ pub struct Control {
     /// The next hop's MAC as the daemon resolved it from the kernel, used
     /// when `[encap] gateway_mac` is not set (kept across reloads).
     resolved_gateway: Option<[u8; 6]>,
+    /// The driver's room ([`Tables::driver_room`]), shared with every
+    /// snapshot.
+    driver_room: Arc<std::sync::OnceLock<crate::xdp::Sizes>>,
 }
 
 impl Control {
@@ -299,6 +308,7 @@ impl Control {
     /// (see [`Control::set_resolved_gateway`]), so that the first snapshot
     /// carries it.
     pub fn with_gateway(config: Config, resolved: Option<[u8; 6]>) -> Result<Self, ConfigError> {
+        let driver_room = Arc::new(std::sync::OnceLock::new());
         let mut c = Control {
             config: Config::default(),
             ids: rustc_hash::FxHashMap::default(),
@@ -314,11 +324,13 @@ impl Control {
                 fleet: None,
                 own: Vec::new(),
                 spread: None,
+                driver_room: Arc::clone(&driver_room),
             })),
             peers: None,
             peers_down: std::collections::HashSet::new(),
             peer_slots: Vec::new(),
             resolved_gateway: resolved,
+            driver_room,
         };
         c.apply(config)?;
         Ok(c)
@@ -336,7 +348,9 @@ impl Control {
 
     /// Replaces the configuration: the new tables are built aside and swapped
     /// in one step. An invalid configuration is rejected whole and the
-    /// running one keeps serving.
+    /// running one keeps serving; so is one whose tables would not fit the
+    /// maps the load balancer in the driver was loaded with
+    /// ([`Tables::driver_room`]): only a restart makes them bigger.
     pub fn apply(&mut self, config: Config) -> Result<(), ConfigError> {
         config.validate("(config)")?;
         let tables = self.build(&config)?;
@@ -392,6 +406,7 @@ impl Control {
             fleet,
             own: cur.own.clone(),
             spread: cur.spread,
+            driver_room: Arc::clone(&self.driver_room),
         }));
         true
     }
@@ -625,19 +640,26 @@ impl Control {
             .flatten()
             .map(packet::flow::from_ip)
             .collect();
+        let tables = Tables {
+            matcher: VipMatcher::new(cfg),
+            vips,
+            backends,
+            generation: self.generation + 1,
+            fleet,
+            own,
+            spread: cfg.encap.spread(),
+            driver_room: Arc::clone(&self.driver_room),
+        };
+        // Refused before anything here changes: the running snapshot stays
+        // what the driver forwards by.
+        if let Some(room) = self.driver_room.get() {
+            crate::xdp::fits(room, &tables).map_err(|(key, problem)| err(key, problem))?;
+        }
         self.ids.extend(added);
         self.addr_ids.extend(added_addr);
         self.built = built;
         self.generation += 1;
-        Ok(Tables {
-            matcher: VipMatcher::new(cfg),
-            vips,
-            backends,
-            generation: self.generation,
-            fleet,
-            own,
-            spread: cfg.encap.spread(),
-        })
+        Ok(tables)
     }
 
     /// The `[fleet]` part of a snapshot: the peer table (rebuilt only when

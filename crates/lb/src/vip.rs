@@ -165,6 +165,21 @@ impl VipMatcher {
         best.map(|(gi, _)| gi)
     }
 
+    /// Whether `src` is the address of a VIP configured by address (a
+    /// source no client may have: [`crate::counters::DropReason::SourceIsVip`]).
+    /// Prefix groups' ranges are not VIP sources: they hold other
+    /// clusters' machines too.
+    #[inline]
+    pub fn is_vip_source(&self, src: &[u8; 16]) -> bool {
+        self.addrs.contains(&u128::from_be_bytes(*src))
+    }
+
+    /// The addresses of the VIPs configured by address, in key form
+    /// (what [`VipMatcher::is_vip_source`] looks for), each once.
+    pub fn addresses(&self) -> impl Iterator<Item = [u8; 16]> + '_ {
+        self.addrs.iter().map(|a| a.to_be_bytes())
+    }
+
     /// Whether `dst` could be a VIP address (for non-first fragments, which
     /// carry no port): a configured address, or inside a prefix group.
     pub fn is_vip_address(&self, dst: &[u8; 16]) -> bool {

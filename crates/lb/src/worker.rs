@@ -612,11 +612,17 @@ impl Worker {
                 .matcher
                 .lookup(&q.dst, q.dst_port, q.proto)
                 .ok_or(DropReason::NoVip)?;
+            refuse_source(t, p)?;
             let (backend, hash) = self.select(t, &q, 0, vip, now, false, 0)?;
             self.counters.icmp_to_backend += 1;
             return Ok(Action::Forward { vip, backend, hash });
         }
         if let Some(f) = p.fragment {
+            // Refused before any peer sees it: every fragment carries the
+            // source and TTL.
+            if t.matcher.is_vip_address(&p.flow.dst) {
+                refuse_source(t, p)?;
+            }
             // Section 4.3: every fragment of a datagram for a VIP goes to
             // the peer its 3-tuple hashes to; one that a peer redirected
             // here stays, whatever this load balancer's list says.
@@ -674,8 +680,30 @@ impl Worker {
             .matcher
             .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)
             .ok_or_else(|| not_served(t, &p.flow.dst))?;
+        refuse_source(t, p)?;
         let (backend, hash) = self.select(t, &p.flow, hash, vip, now, true, p.tcp_flags)?;
         Ok(Action::Forward { vip, backend, hash })
+    }
+}
+
+/// Refuses a packet for a VIP that no honest sender could have sent to
+/// it, in this order (the XDP program, `bpf/lb.c`, checks the same in the
+/// same order): a martian source ([`packet::flow::martian_source`]), a
+/// source that is a VIP's own address (this packet's destination, or any
+/// configured VIP address), an IPv4 TTL or IPv6 hop limit of 0. Checked
+/// only once the packet is known to be for a VIP, so that what is not for
+/// the load balancer stays counted as such.
+#[inline]
+fn refuse_source(t: &Tables, p: &Parsed) -> Result<(), DropReason> {
+    let src = &p.flow.src;
+    if packet::flow::martian_source(src) {
+        Err(DropReason::MartianSource)
+    } else if *src == p.flow.dst || t.matcher.is_vip_source(src) {
+        Err(DropReason::SourceIsVip)
+    } else if p.ttl == 0 {
+        Err(DropReason::TtlZero)
+    } else {
+        Ok(())
     }
 }
 

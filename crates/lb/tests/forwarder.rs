@@ -283,7 +283,13 @@ fn syn_flood_from_random_sources() {
     let templates: Vec<Vec<u8>> = (0..256)
         .map(|_| {
             let a = rng.next_u64().to_be_bytes();
-            let src = IpAddr::from([a[0] | 1, a[1], a[2], a[3]]);
+            // Clients' addresses: outside the blocks no packet may come
+            // from (0/8, 127/8, 224/4 and up: dropped as martians).
+            let first = match a[0] % 222 + 1 {
+                127 => 128,
+                o => o,
+            };
+            let src = IpAddr::from([first, a[1], a[2], a[3] | 1]);
             Frame::tcp(src, ip("192.0.2.80"), 1, 80, 0x02, b"").to_bytes()
         })
         .collect();

@@ -12,6 +12,8 @@
 //! that needs root, as every XDP test here.
 
 mod common;
+#[path = "common/hostile.rs"]
+mod hostile;
 
 use std::time::Instant;
 
@@ -22,7 +24,7 @@ use lb::config::Config;
 use lb::conntrack::Conntrack;
 use lb::frag::FragTable;
 use lb::worker::Worker;
-use lb::xdp::{Detached, XdpTables, XDP_TX};
+use lb::xdp::{Detached, XdpTables, XDP_DROP, XDP_TX};
 use lb::{Control, Mode};
 use maio::{Hugepages, Pool};
 use proptest::prelude::*;
@@ -117,6 +119,17 @@ impl Both {
             return false;
         }
         let v = self.xdp.run(frame).unwrap();
+        if v.action == XDP_DROP {
+            // Dropped in the driver (a source or TTL no honest sender
+            // has): the worker drops it too.
+            assert_eq!(
+                self.worker(frame).as_deref().map(hex),
+                None,
+                "the driver dropped {} and the worker sent it",
+                hex(frame)
+            );
+            return false;
+        }
         if v.action != XDP_TX {
             // Left to user space: the worker has it alone (and decides).
             let _ = self.worker(frame);
@@ -383,6 +396,63 @@ fn probes_and_partial_checksums_are_left_to_user_space() {
     assert_ne!(both.xdp.run(&u).unwrap().action, XDP_TX);
 }
 
+/// The drop counter that rose from `before` to `after`, by name.
+fn rose(before: &[u64], after: &[u64]) -> Option<&'static str> {
+    (0..after.len())
+        .find(|&i| after[i] > before.get(i).copied().unwrap_or(0))
+        .map(lb::counters::DropReason::name_of)
+}
+
+/// Frames no honest sender sends to a VIP (martian sources, a VIP's own
+/// address as the source, TTL or hop limit 0; `common/hostile.rs`, from
+/// the RFCs): the driver drops each itself (not left to user space) and
+/// counts it under the reason the worker counts it under; the frames
+/// beside them it forwards as the worker does, byte for byte.
+#[test]
+#[ignore = "system test: root (BPF programs and maps)"]
+fn the_driver_drops_what_the_worker_drops_for_its_source_or_ttl() {
+    let mut both = Both::new(config(""));
+    let frames = hostile::frames();
+    let mut dropped = 0;
+    for f in &frames {
+        let Some(why) = f.drop else {
+            assert!(
+                both.compare(&f.frame),
+                "{}: not forwarded in the driver",
+                f.what
+            );
+            continue;
+        };
+        let before = both.tables.counters().unwrap().drops;
+        let v = both.xdp.run(&f.frame).unwrap();
+        assert_eq!(v.action, XDP_DROP, "{}: the driver's verdict", f.what);
+        let after = both.tables.counters().unwrap().drops;
+        assert_eq!(
+            rose(&before, &after),
+            Some(why),
+            "{}: the driver's count",
+            f.what
+        );
+        let before = both.worker.counters.drops.clone();
+        assert_eq!(
+            both.worker(&f.frame),
+            None,
+            "{}: the worker sent it",
+            f.what
+        );
+        assert_eq!(
+            rose(&before, &both.worker.counters.drops),
+            Some(why),
+            "{}: the worker's count",
+            f.what
+        );
+        dropped += 1;
+    }
+    let c = both.tables.counters().unwrap();
+    assert_eq!(c.dropped(), dropped);
+    assert_eq!(c.rx, c.tx + c.dropped());
+}
+
 /// What the driver forwarded shows in the counters, per VIP and backend.
 #[test]
 #[ignore = "system test: root (BPF programs and maps)"]
@@ -454,6 +524,44 @@ fn maps_too_small_turn_the_driver_off_until_the_tables_fit() {
     let s = tables.sync(&control.tables().load_full()).unwrap();
     assert!(s.enabled && s.reason.is_none(), "{s:?}");
     assert_eq!(xdp.run(&f).unwrap().action, XDP_TX);
+}
+
+/// Through the loader the daemon uses (`Loader::for_tables`): once the
+/// ports take its maps into use, a reload whose tables the maps cannot
+/// hold (the web pool's table grown to 1,000,003 slots) is refused whole
+/// by the control plane, saying a restart is needed, and the driver keeps
+/// forwarding by the running tables; it used to be applied and turn the
+/// driver off until a restart.
+#[test]
+#[ignore = "system test: root (BPF programs and maps)"]
+fn a_reload_the_maps_cannot_hold_is_refused_and_the_driver_keeps_forwarding() {
+    systest::require_root();
+    let cfg = config("");
+    let mut control = Control::new(cfg.clone()).unwrap();
+    let loader = lb::xdp::Loader::for_tables(&cfg, &control.tables().load());
+    let program = netio::afxdp::LoadProgram::load(&loader, "none").unwrap();
+    let mut tables = XdpTables::new(loader.maps().unwrap(), &cfg.conntrack);
+    assert!(tables.sync(&control.tables().load_full()).unwrap().enabled);
+    let mut grown = cfg.clone();
+    let web = grown.pools.iter().position(|p| p.name == "web").unwrap();
+    grown.pools[web].table_size = 1_000_003;
+    let e = control.apply(grown).unwrap_err();
+    assert!(e.problem.contains("restart"), "{e}");
+    let s = tables.sync(&control.tables().load_full()).unwrap();
+    assert!(s.enabled && s.reason.is_none(), "{s:?}");
+    let f = frame(
+        [198, 51, 100, 1],
+        [192, 0, 2, 80],
+        true,
+        1024,
+        80,
+        0x02,
+        0,
+        true,
+        &[],
+        0,
+    );
+    assert_eq!(program.test_run(&f).unwrap().action, XDP_TX);
 }
 
 /// The sample configuration with IPv6 VIPs over both backend families:
@@ -706,7 +814,8 @@ fn flows_agree6(extra: &str, cases: &[Case6]) {
         if !served {
             assert!(!forwarded, "a frame for no VIP went through the driver");
         }
-        plain_to_vip += usize::from(shape == Shape::Plain && served);
+        // A hop limit of 0 is dropped by both (compare checks it).
+        plain_to_vip += usize::from(shape == Shape::Plain && served && hop != 0);
         fast += usize::from(forwarded);
     }
     // Plain frames to a VIP go through the driver unless no backend takes

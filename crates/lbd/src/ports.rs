@@ -143,7 +143,7 @@ impl Plan {
         tables: &Tables,
     ) -> Result<Opened, OpenError> {
         let driver = self.driver;
-        let loader = lb::xdp::Loader::new(lb::xdp::sizes(cfg, tables));
+        let loader = lb::xdp::Loader::for_tables(cfg, tables);
         let program = if driver == Driver::Xdp {
             Program::Custom(&loader)
         } else {

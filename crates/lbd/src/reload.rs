@@ -30,6 +30,62 @@ pub enum ReloadError {
     /// Tunnel health checks were asked for and the tunnel cannot be made.
     #[error(transparent)]
     Tunnel(#[from] crate::tunnel::TunnelError),
+    /// The new file changes who may reach the API or with which token,
+    /// which only a restart applies: applied in part, the reload would be
+    /// taken for applying it while the old address or token stays in use.
+    #[error(
+        "{what}; only a restart applies it: restart the daemon, or undo the change and \
+         reload (nothing was applied)"
+    )]
+    NeedsRestart {
+        /// What changed and what stays in use until a restart.
+        what: String,
+    },
+    /// The token file could not be read again.
+    #[error("reading the API token again: {0}")]
+    Token(#[source] lb::config::TokenError),
+}
+
+/// Refuses a configuration whose `[api]` differs from what the API runs
+/// with (`running`, the configuration it started with, and `token`, the
+/// token it checks), or whose token file (`new_token`, read again now)
+/// holds another token: the listening socket and the token are set up
+/// once, at start, and an operator who moved the API or rotated a leaked
+/// token must not be told it was applied.
+fn api_unchanged(
+    running: &lb::config::Api,
+    token: Option<&str>,
+    new: &lb::config::Api,
+    new_token: Option<&str>,
+) -> Result<(), ReloadError> {
+    let refuse = |what: String| Err(ReloadError::NeedsRestart { what });
+    if running.listen != new.listen {
+        let shown = |l: Option<std::net::SocketAddr>| l.map_or("nowhere".into(), |a| a.to_string());
+        return refuse(format!(
+            "api.listen changed from {} to {}: the API keeps listening on {} until a restart",
+            shown(running.listen),
+            shown(new.listen),
+            shown(running.listen)
+        ));
+    }
+    if running.token_file != new.token_file || running.token_for_reads != new.token_for_reads {
+        return refuse(
+            "api.token_file or api.token_for_reads changed: the API keeps checking the token \
+             it started with, as it started"
+                .into(),
+        );
+    }
+    if token != new_token {
+        let file = new
+            .token_file
+            .as_ref()
+            .map_or(String::new(), |f| format!(" in {}", f.display()));
+        return refuse(format!(
+            "the API token{file} changed: the API keeps accepting the token it started with \
+             (and refusing the new one) until a restart"
+        ));
+    }
+    Ok(())
 }
 
 /// Why a runtime change (drain, undrain, weight) was refused; nothing
@@ -116,6 +172,19 @@ pub fn reload(shared: &Shared) -> Result<Reloaded, ReloadError> {
         .map(|c| (c.config, c.text))
         .map_err(ReloadError::from)
         .and_then(|(cfg, text)| {
+            let new_token = cfg
+                .api
+                .token_file
+                .as_deref()
+                .map(lb::config::read_token)
+                .transpose()
+                .map_err(ReloadError::Token)?;
+            api_unchanged(
+                &shared.file.boot.api,
+                shared.api.token.as_deref(),
+                &cfg.api,
+                new_token.as_deref(),
+            )?;
             let mut r = apply_config(shared, cfg)?;
             applied.text = text;
             r.took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -286,5 +355,56 @@ fn runtime_change_inner(
             let _ = shared.control().apply(old);
             Err(e.into())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(listen: &str, token_file: Option<&str>) -> lb::config::Api {
+        lb::config::Api {
+            listen: Some(listen.parse().unwrap()),
+            token_file: token_file.map(Into::into),
+            token_for_reads: None,
+        }
+    }
+
+    /// A moved API, another token file or another token in the same file
+    /// is refused, saying a restart is needed and what stays in use; the
+    /// same `[api]` and token pass.
+    #[test]
+    fn api_changes_are_refused_as_needing_a_restart() {
+        let running = api("127.0.0.1:9180", Some("/etc/t"));
+        let tok = Some("0123456789abcdef");
+        assert!(api_unchanged(&running, tok, &running.clone(), tok).is_ok());
+        let moved = api("127.0.0.1:9181", Some("/etc/t"));
+        let e = api_unchanged(&running, tok, &moved, tok).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("api.listen")
+                && msg.contains("keeps listening on 127.0.0.1:9180")
+                && msg.contains("restart"),
+            "{msg}"
+        );
+        let other_file = api("127.0.0.1:9180", Some("/etc/u"));
+        let msg = api_unchanged(&running, tok, &other_file, tok)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("api.token_file") && msg.contains("restart"),
+            "{msg}"
+        );
+        let rotated = Some("fedcba9876543210");
+        let msg = api_unchanged(&running, tok, &running.clone(), rotated)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("token in /etc/t changed") && msg.contains("restart"),
+            "{msg}"
+        );
+        let mut reads = running.clone();
+        reads.token_for_reads = Some(true);
+        assert!(api_unchanged(&running, tok, &reads, tok).is_err());
     }
 }

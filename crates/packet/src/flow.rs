@@ -34,6 +34,26 @@ pub fn unmapped(a: &[u8; 16]) -> Option<[u8; 4]> {
     (a[..10] == [0; 10] && a[10] == 0xff && a[11] == 0xff).then(|| [a[12], a[13], a[14], a[15]])
 }
 
+/// Whether `src` (key form) can never be a packet's source on the wire,
+/// so that a datagram carrying it is to be dropped rather than answered
+/// or forwarded. IPv4 (RFC 1122 section 3.2.1.3, RFC 6890): "this
+/// network" 0.0.0.0/8, loopback 127.0.0.0/8, multicast 224.0.0.0/4,
+/// reserved 240.0.0.0/4 and the limited broadcast 255.255.255.255 (inside
+/// 240/4). IPv6 (RFC 4291 sections 2.5.2, 2.5.3, 2.7): the unspecified
+/// address ::, loopback ::1 and multicast ff00::/8. An IPv4-mapped source
+/// (`::ffff:a.b.c.d`, which is also how an IPv4 source is keyed) is
+/// judged by the IPv4 rules on `a.b.c.d`.
+#[inline]
+pub fn martian_source(src: &[u8; 16]) -> bool {
+    match unmapped(src) {
+        Some([a, ..]) => a == 0 || a == 127 || a >= 224,
+        None => {
+            let x = u128::from_be_bytes(*src);
+            x <= 1 || src[0] == 0xff
+        }
+    }
+}
+
 /// An address as stored in a key, for display.
 pub fn to_ip(a: &[u8; 16]) -> IpAddr {
     match unmapped(a) {
@@ -160,6 +180,51 @@ mod tests {
             let want = std::net::Ipv4Addr::from(v4).to_ipv6_mapped().octets();
             assert_eq!(mapped(v4), want);
             assert_eq!(unmapped(&mapped(v4)), Some(v4));
+        }
+    }
+
+    /// The special-purpose blocks that may not be a source (RFC 1122
+    /// 3.2.1.3, RFC 6890's registry, RFC 4291), at their edges, and the
+    /// addresses around them that may.
+    #[test]
+    fn martian_sources_are_the_rfcs_blocks() {
+        let ip = |s: &str| from_ip(s.parse().unwrap());
+        for s in [
+            "0.0.0.0",
+            "0.255.255.255",
+            "127.0.0.1",
+            "127.255.255.255",
+            "224.0.0.1",
+            "239.255.255.255",
+            "240.0.0.0",
+            "255.255.255.254",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "ff02::1",
+            "ff00::",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            // An IPv6 packet from a mapped martian is as martian.
+            "::ffff:127.0.0.1",
+            "::ffff:0.0.0.0",
+        ] {
+            assert!(martian_source(&ip(s)), "{s} taken as a source");
+        }
+        for s in [
+            "1.0.0.0",
+            "126.255.255.255",
+            "128.0.0.0",
+            "223.255.255.255",
+            "10.0.0.1",
+            "192.0.2.1",
+            "198.51.100.7",
+            "::2",
+            "2001:db8::1",
+            "fe80::1",
+            "feff::1",
+            "::ffff:198.51.100.1",
+        ] {
+            assert!(!martian_source(&ip(s)), "{s} refused as a source");
         }
     }
 

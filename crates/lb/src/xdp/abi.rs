@@ -351,6 +351,28 @@ shared! {
         pub to_socket: u64,
         /// Of the frames forwarded, those whose inner packet is IPv6.
         pub forwarded6: u64,
+        /// Frames for a VIP dropped for a martian source (the worker's
+        /// `DropReason::MartianSource`).
+        pub martian_source: u64,
+        /// Frames for a VIP dropped for a VIP's address as their source
+        /// (`DropReason::SourceIsVip`).
+        pub source_is_vip: u64,
+        /// Frames for a VIP dropped for a TTL or hop limit of 0
+        /// (`DropReason::TtlZero`).
+        pub ttl_zero: u64,
+    }
+}
+
+shared! {
+    /// A key of the VIP address set (`lb_vip_addrs`): the addresses of the
+    /// VIPs configured by address, which no packet for a VIP may come from
+    /// (the worker's `VipMatcher::is_vip_source`). Its value is a `__u32`
+    /// that says nothing.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct AddrKey as "lb_addr_key" {
+        /// The address in key form (IPv4-mapped for IPv4), as four words
+        /// of its bytes as they lie in the packet (as [`VipKey6::addr`]).
+        pub addr: [u32; 4],
     }
 }
 
@@ -367,6 +389,7 @@ pub const STRUCTS: &[Struct] = &[
     SlotPair::C,
     Traffic::C,
     Stats::C,
+    AddrKey::C,
 ];
 
 /// A constant both sides share: its C name, its value and its C suffix.

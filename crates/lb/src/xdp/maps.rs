@@ -25,8 +25,8 @@ use memmap2::{MmapMut, MmapOptions};
 use netio::afxdp::{LoadProgram, XdpProgram};
 
 use super::abi::{
-    BackendEntry, Conf, PrefixGroup, PrefixKey, Stats, SuffixKey, Traffic, VipEntry, VipKey,
-    VipKey6,
+    AddrKey, BackendEntry, Conf, PrefixGroup, PrefixKey, Stats, SuffixKey, Traffic, VipEntry,
+    VipKey, VipKey6,
 };
 
 #[cfg(fastpath_xdp_obj)]
@@ -114,8 +114,11 @@ unsafe impl aya::Pod for VipKey6 {}
 // SAFETY: four u32 fields, no padding, any bit pattern valid.
 unsafe impl aya::Pod for VipEntry {}
 
-// SAFETY: seven u64 fields, no padding, any bit pattern valid.
+// SAFETY: ten u64 fields, no padding, any bit pattern valid.
 unsafe impl aya::Pod for Stats {}
+
+// SAFETY: an array of four u32, no padding, any bit pattern valid.
+unsafe impl aya::Pod for AddrKey {}
 
 /// How big the maps are made (fixed when the program is loaded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,6 +221,8 @@ struct Inner {
     prefix_set: HashSet<PrefixKey>,
     suffixes: aya::maps::HashMap<MapData, SuffixKey, VipEntry>,
     suffix_set: HashSet<SuffixKey>,
+    vip_addrs: aya::maps::HashMap<MapData, AddrKey, u32>,
+    vip_addr_set: HashSet<AddrKey>,
     backends: Mapped<BackendEntry>,
     /// The slot array's elements ([`SlotPair`](super::abi::SlotPair)),
     /// slot by slot.
@@ -262,6 +267,7 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
         .set_max_entries("lb_conns6", sizes.conns)
         .set_max_entries("lb_prefixes", sizes.prefixes)
         .set_max_entries("lb_suffixes", sizes.vips)
+        .set_max_entries("lb_vip_addrs", sizes.vips)
         .load(LB_OBJ)
         .map_err(|e| Error::Load(Box::new(e)))?;
     let prog: &mut Xdp = bpf
@@ -301,6 +307,11 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
             .ok_or(Error::Missing("lb_suffixes"))?,
     )
     .map_err(map("prefix-group VIP map"))?;
+    let vip_addrs = aya::maps::HashMap::try_from(
+        bpf.take_map("lb_vip_addrs")
+            .ok_or(Error::Missing("lb_vip_addrs"))?,
+    )
+    .map_err(map("VIP address set"))?;
     let stats = aya::maps::PerCpuArray::try_from(
         bpf.take_map("lb_stats").ok_or(Error::Missing("lb_stats"))?,
     )
@@ -315,6 +326,8 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
         prefix_set: HashSet::new(),
         suffixes,
         suffix_set: HashSet::new(),
+        vip_addrs,
+        vip_addr_set: HashSet::new(),
         backends: Mapped::new(&mut bpf, "lb_backends", sizes.backends as usize)?,
         slots: Mapped::new(&mut bpf, "lb_ring", sizes.slots as usize)?,
         traffic: Mapped::new(&mut bpf, "lb_traffic", traffic)?,
@@ -513,6 +526,34 @@ impl XdpLb {
         Ok(())
     }
 
+    /// Makes the VIP address set (`lb_vip_addrs`) exactly `addrs`, as
+    /// [`XdpLb::set_vips`] does the VIPs.
+    pub fn set_vip_addrs(&self, addrs: &[AddrKey]) -> Result<(), Error> {
+        let cap = self.sizes.vips as usize;
+        if addrs.len() > cap {
+            return Err(Error::Full {
+                what: "VIP address set",
+                cap,
+                asked: addrs.len(),
+            });
+        }
+        let map = |e| Error::Map {
+            what: "VIP address set",
+            source: Box::new(e),
+        };
+        let mut g = self.lock();
+        let want: HashSet<AddrKey> = addrs.iter().copied().collect();
+        for k in want.difference(&g.vip_addr_set.clone()) {
+            g.vip_addrs.insert(k, 1, 0).map_err(map)?;
+        }
+        let stale: Vec<AddrKey> = g.vip_addr_set.difference(&want).copied().collect();
+        for k in &stale {
+            g.vip_addrs.remove(k).map_err(map)?;
+        }
+        g.vip_addr_set = want;
+        Ok(())
+    }
+
     /// The program's counters, summed over CPUs.
     pub fn stats(&self) -> Result<Stats, Error> {
         let g = self.lock();
@@ -529,6 +570,9 @@ impl XdpLb {
             s.ct_closes += c.ct_closes;
             s.to_socket += c.to_socket;
             s.forwarded6 += c.forwarded6;
+            s.martian_source += c.martian_source;
+            s.source_is_vip += c.source_is_vip;
+            s.ttl_zero += c.ttl_zero;
         }
         Ok(s)
     }
@@ -559,6 +603,9 @@ impl XdpLb {
 pub struct Loader {
     sizes: Sizes,
     maps: Mutex<Option<XdpLb>>,
+    /// Told the sizes once a program is loaded (the control plane's
+    /// [`crate::tables::Tables::driver_room`]).
+    room: Option<Arc<std::sync::OnceLock<Sizes>>>,
 }
 
 impl Loader {
@@ -567,13 +614,33 @@ impl Loader {
         Loader {
             sizes,
             maps: Mutex::new(None),
+            room: None,
+        }
+    }
+
+    /// A loader for maps sized for configuration `cfg` and its snapshot
+    /// `t` ([`super::sizes`]), which tells the control plane that made
+    /// `t` the room it loaded ([`crate::tables::Tables::driver_room`]), so
+    /// that a reload the maps cannot hold is refused.
+    pub fn for_tables(cfg: &crate::config::Config, t: &crate::tables::Tables) -> Self {
+        Loader {
+            room: Some(Arc::clone(&t.driver_room)),
+            ..Loader::new(super::sizes(cfg, t))
         }
     }
 
     /// The maps of the program last loaded (by the ports last opened);
-    /// `None` before any.
+    /// `None` before any. Asked for once the ports opened, when the
+    /// driver is the one in use (a fall-back to another driver never
+    /// asks): the control plane of [`Loader::for_tables`] is told their
+    /// room then.
     pub fn maps(&self) -> Option<XdpLb> {
-        self.maps.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        let maps = self.maps.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let (Some(room), Some(lb)) = (&self.room, &maps) {
+            // The sizes as loaded (rounded up); the same for every load.
+            let _ = room.set(lb.sizes());
+        }
+        maps
     }
 }
 
@@ -596,6 +663,9 @@ pub struct Detached {
 }
 
 pub use netio::afxdp::{Verdict, XDP_TX};
+
+/// The program's verdict for a frame it dropped (`XDP_DROP`).
+pub const XDP_DROP: u32 = 1;
 
 impl Detached {
     /// Loads the program with maps of `sizes`.
@@ -649,7 +719,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<VipKey6>(), 24);
         assert_eq!(std::mem::size_of::<VipEntry>(), 16);
         assert_eq!(std::mem::size_of::<BackendEntry>(), 56);
-        assert_eq!(std::mem::size_of::<Stats>(), 56);
+        assert_eq!(std::mem::size_of::<Stats>(), 80);
+        assert_eq!(std::mem::size_of::<AddrKey>(), 16);
         assert_eq!(
             std::mem::size_of::<crate::xdp::abi::SlotPair>(),
             2 * std::mem::size_of::<u32>()

@@ -35,17 +35,17 @@ use std::sync::Arc;
 use maglev::Maglev;
 
 use crate::config::{Config, Conntrack};
-use crate::counters::{Counters, Traffic};
+use crate::counters::{Counters, DropReason, Traffic};
 use crate::tables::Tables;
 
 pub mod abi;
 pub mod maps;
 
 pub use abi::{
-    BackendEntry, Conf, PrefixGroup, PrefixKey, SuffixKey, VipEntry, VipKey, VipKey6, ACCEPTING,
-    ANY_PORT, EMPTY, FLOW_SEED, HEALTHY, V4, V6,
+    AddrKey, BackendEntry, Conf, PrefixGroup, PrefixKey, SuffixKey, VipEntry, VipKey, VipKey6,
+    ACCEPTING, ANY_PORT, EMPTY, FLOW_SEED, HEALTHY, V4, V6,
 };
-pub use maps::{Detached, Loader, Sizes, Verdict, XdpLb, XDP_TX};
+pub use maps::{Detached, Loader, Sizes, Verdict, XdpLb, XDP_DROP, XDP_TX};
 
 /// Why the fast path's maps could not be written or read.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +72,55 @@ pub fn sizes(cfg: &Config, t: &Tables) -> Sizes {
         conns: clamp((cfg.conntrack.size as u64 * threads).max(4096)),
         prefixes: clamp((2 * t.matcher.prefixes().len() as u64).max(64)),
     }
+}
+
+/// Whether the maps of a program loaded with `room` can hold snapshot `t`
+/// (placed from empty, as [`XdpTables::sync`] starts over when placing
+/// piecemeal finds no room): else the configuration's key that outgrew
+/// them and why, saying a restart is needed. A snapshot that does not fit
+/// would turn the driver off (every frame to the packet threads) until
+/// the daemon restarts with maps made for it.
+pub fn fits(room: &Sizes, t: &Tables) -> Result<(), (String, String)> {
+    let slots: u64 = distinct(t)
+        .values()
+        .map(|(tab, _)| u64::from(tab.size()))
+        .sum();
+    let prefixes = t.matcher.prefixes().len() as u64;
+    let checks = [
+        (
+            "pools.table_size",
+            "Maglev slots (all distinct tables together)",
+            slots,
+            room.slots,
+        ),
+        (
+            "pools.backends",
+            "backends (every backend id since the start)",
+            t.backends.len() as u64,
+            room.backends,
+        ),
+        ("vips", "VIPs", t.vips.len() as u64, room.vips),
+        (
+            "prefix_groups.prefixes",
+            "prefix-group prefixes",
+            prefixes,
+            room.prefixes,
+        ),
+    ];
+    for (key, what, need, have) in checks {
+        if need > u64::from(have) {
+            return Err((
+                key.to_string(),
+                format!(
+                    "this configuration needs {need} {what}; the load balancer in the driver \
+                     (XDP) was loaded with room for {have}, and its maps keep their size until \
+                     the daemon restarts: restart it to apply this configuration (a reload would \
+                     have turned the driver off, every frame to the packet threads)"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An IPv6 address as the program loads it: four words of its bytes as
@@ -305,6 +354,16 @@ impl XdpTables {
                 e,
             ));
         }
+        // The VIP sources first: a VIP is matched only once its address
+        // is refused as a source.
+        let addrs: Vec<AddrKey> = t
+            .matcher
+            .addresses()
+            .map(|a| AddrKey { addr: words(&a) })
+            .collect();
+        if let Err(e) = self.lb.set_vip_addrs(&addrs) {
+            return self.off(e.to_string(), s).map(Placement::Done);
+        }
         if let Err(e) = self.lb.set_vips(&vips, &vips6) {
             return self.off(e.to_string(), s).map(Placement::Done);
         }
@@ -427,8 +486,9 @@ impl XdpTables {
         Ok(Some(Ok(VipEntry::new(index, at, v.table.size()))))
     }
 
-    /// What the program forwarded, as packet-thread counters (forwarded
-    /// frames are both received and sent; connection-table entries are not
+    /// What the program forwarded and dropped, as packet-thread counters
+    /// (forwarded frames are both received and sent, dropped ones received
+    /// and counted by reason; connection-table entries are not
     /// counted, the kernel's LRU map keeps no count).
     pub fn counters(&self) -> Result<Counters, Error> {
         let st = self.lb.stats()?;
@@ -444,7 +504,15 @@ impl XdpTables {
                 .collect()
         };
         let mut c = Counters::new();
-        c.rx = st.forwarded;
+        let refused = [
+            (DropReason::MartianSource, st.martian_source),
+            (DropReason::SourceIsVip, st.source_is_vip),
+            (DropReason::TtlZero, st.ttl_zero),
+        ];
+        for (why, n) in refused {
+            c.drops[why.index()] = n;
+        }
+        c.rx = st.forwarded + refused.iter().map(|(_, n)| n).sum::<u64>();
         c.tx = st.forwarded;
         c.per_vip = conv(vips);
         c.per_backend = conv(backends);
