@@ -19,7 +19,7 @@ use quic_lb::{Config, Configs, Encoding, Unroutable, MAX_PLAINTEXT_LEN, MIN_NONC
 
 /// Octets from hex; `None` when the text is not whole octets of hex digits.
 fn hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
@@ -40,10 +40,13 @@ struct Row {
     cid: &'static str,
 }
 
+/// A row's server ID, nonce and connection ID as octets.
+type Parsed = (Vec<u8>, Vec<u8>, Vec<u8>);
+
 /// What a row says about itself, before any cryptography: whole octets, a
 /// first octet that names the row's codepoint and self-describes the length
 /// that follows (the appendix says every server there encodes the length).
-fn consistency(row: &Row) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>), String> {
+fn consistency(row: &Row) -> Result<Parsed, String> {
     let sid = hex(row.sid).ok_or("server ID is not whole octets of hex")?;
     let nonce = hex(row.nonce).ok_or("nonce is not whole octets of hex")?;
     let cid = hex(row.cid).ok_or("connection ID is not whole octets of hex")?;
