@@ -134,9 +134,7 @@ fn check_row(row: &Row, key: Option<[u8; 16]>, want: Encoding) {
 #[test]
 fn plaintext_rows_that_are_consistent_pass_and_the_other_is_named() {
     check_row(&PLAINTEXT[0], None, Encoding::Plaintext);
-    let err = consistency(&PLAINTEXT[1])
-        .err()
-        .expect("the printed row is inconsistent");
+    let err = consistency(&PLAINTEXT[1]).expect_err("the printed row is inconsistent");
     assert!(err.contains("nonce is not whole octets"), "{err}");
 }
 
@@ -154,9 +152,7 @@ fn encrypted_rows_four_pass_and_single_pass() {
 #[test]
 fn encrypted_row_three_names_the_wrong_codepoint_and_is_right_with_its_first_octets() {
     let row = &ENCRYPTED[3];
-    let err = consistency(row)
-        .err()
-        .expect("the printed row is inconsistent");
+    let err = consistency(row).expect_err("the printed row is inconsistent");
     assert!(err.contains("config rotation 0, the row says 3"), "{err}");
     check_row(
         &Row {
