@@ -14,6 +14,7 @@ mod disk;
 mod fleet_sim;
 mod lb;
 mod maio;
+mod quic_cid;
 mod report;
 mod switch;
 mod tracer;
