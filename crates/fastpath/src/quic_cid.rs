@@ -118,7 +118,7 @@ impl ConfigArgs {
 fn from_hex(s: &str) -> anyhow::Result<Vec<u8>> {
     let digits = s.strip_prefix("0x").unwrap_or(s);
     anyhow::ensure!(
-        digits.len() % 2 == 0,
+        digits.len().is_multiple_of(2),
         "{s:?} has {} hex digits: whole octets take an even number",
         digits.len()
     );
