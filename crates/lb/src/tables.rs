@@ -156,6 +156,8 @@ pub struct Vip {
     /// not). Two load balancers with equal fingerprints pick the same backend
     /// for every flow; computed once per build (see [`fingerprint`]).
     pub fingerprint: u64,
+    /// A `quic` VIP's routing by connection ID ([`crate::quic`]).
+    pub quic: Option<Arc<crate::quic::QuicRoute>>,
 }
 
 impl Vip {
@@ -187,6 +189,8 @@ pub struct Tables {
     /// and the flow hash in the GRE key (none: every frame from `source`).
     /// In the snapshot, so that a reload changes it between two batches.
     pub spread: Option<packet::gre::Spread>,
+    /// Whether any VIP is `quic`: UDP is read for connection IDs only then.
+    pub any_quic: bool,
 }
 
 impl Tables {
@@ -287,6 +291,9 @@ pub struct Control {
     /// The next hop's MAC as the daemon resolved it from the kernel, used
     /// when `[encap] gateway_mac` is not set (kept across reloads).
     resolved_gateway: Option<[u8; 6]>,
+    /// `[[quic_lb]]` with its keys read, once per configuration applied
+    /// (health changes rebuild tables without reading key files again).
+    quic: Option<Arc<quic_lb::Configs>>,
 }
 
 impl Control {
@@ -314,11 +321,13 @@ impl Control {
                 fleet: None,
                 own: Vec::new(),
                 spread: None,
+                any_quic: false,
             })),
             peers: None,
             peers_down: std::collections::HashSet::new(),
             peer_slots: Vec::new(),
             resolved_gateway: resolved,
+            quic: None,
         };
         c.apply(config)?;
         Ok(c)
@@ -339,7 +348,25 @@ impl Control {
     /// running one keeps serving.
     pub fn apply(&mut self, config: Config) -> Result<(), ConfigError> {
         config.validate("(config)")?;
-        let tables = self.build(&config)?;
+        let quic = if config.quic_lb.is_empty() {
+            None
+        } else {
+            Some(Arc::new(config.quic_configs().map_err(|e| {
+                ConfigError {
+                    file: "(config)".into(),
+                    key: "quic_lb".into(),
+                    problem: e.to_string(),
+                }
+            })?))
+        };
+        let running = std::mem::replace(&mut self.quic, quic);
+        let tables = match self.build(&config) {
+            Ok(t) => t,
+            Err(e) => {
+                self.quic = running;
+                return Err(e);
+            }
+        };
         self.config = config;
         self.current.store(Arc::new(tables));
         Ok(())
@@ -392,6 +419,7 @@ impl Control {
             fleet,
             own: cur.own.clone(),
             spread: cur.spread,
+            any_quic: cur.any_quic,
         }));
         true
     }
@@ -450,6 +478,39 @@ impl Control {
         };
         self.health.insert(id, healthy);
         self.rebuild()
+    }
+
+    /// A `quic` VIP's routing: its pool's server IDs (members in the order
+    /// [`Config::pool_members`] gives them, as `members` holds their ids).
+    fn quic_route(
+        &self,
+        cfg: &Config,
+        index: &std::collections::HashMap<&str, &crate::config::PoolConf>,
+        v: &crate::config::VipConf,
+        members: &[Member],
+    ) -> Result<Option<Arc<crate::quic::QuicRoute>>, ConfigError> {
+        let (true, Some(configs)) = (v.quic, &self.quic) else {
+            return Ok(None);
+        };
+        let err = |problem: String| ConfigError {
+            file: "(config)".into(),
+            key: format!("vips.{}", v.name),
+            problem,
+        };
+        let list = cfg
+            .pool_members(index, &v.pool)
+            .map_err(|c| err(format!("cycle: {c}")))?;
+        let mut ids = Vec::with_capacity(members.len());
+        for (b, m) in list.iter().zip(members) {
+            let text = b.quic_server_id.as_deref().unwrap_or("");
+            let sid =
+                crate::quic::server_id(&b.display_name(), text).map_err(|e| err(e.to_string()))?;
+            ids.push((sid, m.id));
+        }
+        Ok(Some(Arc::new(crate::quic::QuicRoute::new(
+            (**configs).clone(),
+            ids,
+        ))))
     }
 
     fn build(&mut self, cfg: &Config) -> Result<Tables, ConfigError> {
@@ -615,6 +676,7 @@ impl Control {
                 weights: members.weights.clone(),
                 pool: v.pool.clone(),
                 fingerprint: vip_fingerprint(&matches, b.fingerprint),
+                quic: self.quic_route(cfg, &index, v, &members.key.members)?,
             });
         }
         let fleet = self
@@ -629,7 +691,9 @@ impl Control {
         self.addr_ids.extend(added_addr);
         self.built = built;
         self.generation += 1;
+        let any_quic = vips.iter().any(|v| v.quic.is_some());
         Ok(Tables {
+            any_quic,
             matcher: VipMatcher::new(cfg),
             vips,
             backends,
