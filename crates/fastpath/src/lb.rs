@@ -323,6 +323,8 @@ pub enum LbCommand {
     ///   fastpath lb trace --vip 198.18.0.80:53 --proto udp --fragment --report-to 10.0.0.2:9999 --format json
     #[command(verbatim_doc_comment)]
     Trace(crate::tracer::TraceArgs),
+    // The help text is QuicCidArgs' doc comment (crates/fastpath/src/quic_cid.rs).
+    QuicCid(crate::quic_cid::QuicCidArgs),
     /// A Maglev fleet in a throwaway network, end to end (needs root).
     ///
     /// Builds network namespaces: a client, a router running BIRD that
@@ -1117,6 +1119,7 @@ pub fn run(c: LbCommand) -> anyhow::Result<()> {
             format,
         } => status(api, token_file.as_deref(), format),
         LbCommand::Trace(a) => crate::tracer::run(a),
+        LbCommand::QuicCid(a) => crate::quic_cid::run(a),
         LbCommand::Reload(a) => reload(a),
         LbCommand::Drain(a) => runtime_change(a, lbd::runtime::Change::Drain),
         LbCommand::Undrain(a) => runtime_change(a, lbd::runtime::Change::Undrain),

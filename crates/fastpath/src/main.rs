@@ -15,6 +15,7 @@ mod fleet_sim;
 mod lb;
 mod maio;
 mod man;
+mod quic_cid;
 mod report;
 mod switch;
 mod tracer;

@@ -194,6 +194,16 @@ pub struct Counters {
     /// TCP and UDP checksums a local sender left partial (offloaded; the
     /// port could not flag them), completed before forwarding.
     pub csum_completed: u64,
+    /// Datagrams to a `quic` VIP routed by their connection ID's server ID.
+    pub quic_routed: u64,
+    /// Datagrams to a `quic` VIP whose connection ID did not route, by
+    /// reason ([`crate::quic::Miss::index`]): they took the connection table
+    /// and then the 5-tuple, as any UDP flow.
+    pub quic_miss: [u64; crate::quic::Miss::ALL.len()],
+    /// Datagrams whose server ID names a backend that is down: the same
+    /// fallback (a drained backend keeps its connections, as in the
+    /// connection table).
+    pub quic_server_down: u64,
 }
 
 impl Counters {
@@ -304,6 +314,11 @@ impl Counters {
         self.trace_invalid += o.trace_invalid;
         self.user_copies += o.user_copies;
         self.csum_completed += o.csum_completed;
+        self.quic_routed += o.quic_routed;
+        for (a, b) in self.quic_miss.iter_mut().zip(&o.quic_miss) {
+            *a += b;
+        }
+        self.quic_server_down += o.quic_server_down;
     }
 
     /// User-space copies per forwarded packet (0 when none was forwarded).

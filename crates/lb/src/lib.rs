@@ -20,6 +20,7 @@ pub mod frag;
 pub mod frag_redirect;
 pub mod pcap_run;
 pub mod queue;
+pub mod quic;
 pub mod tables;
 pub mod tracer;
 pub mod vip;

@@ -156,6 +156,8 @@ pub struct Vip {
     /// not). Two load balancers with equal fingerprints pick the same backend
     /// for every flow; computed once per build (see [`fingerprint`]).
     pub fingerprint: u64,
+    /// A `quic` VIP's routing by connection ID ([`crate::quic`]).
+    pub quic: Option<Arc<crate::quic::QuicRoute>>,
 }
 
 impl Vip {
@@ -193,6 +195,8 @@ pub struct Tables {
     /// configuration whose tables would not fit them
     /// ([`crate::xdp::Loader::for_tables`] fills it).
     pub driver_room: Arc<std::sync::OnceLock<crate::xdp::Sizes>>,
+    /// Whether any VIP is `quic`: UDP is read for connection IDs only then.
+    pub any_quic: bool,
 }
 
 impl Tables {
@@ -296,6 +300,9 @@ pub struct Control {
     /// The driver's room ([`Tables::driver_room`]), shared with every
     /// snapshot.
     driver_room: Arc<std::sync::OnceLock<crate::xdp::Sizes>>,
+    /// `[[quic_lb]]` with its keys read, once per configuration applied
+    /// (health changes rebuild tables without reading key files again).
+    quic: Option<Arc<quic_lb::Configs>>,
 }
 
 impl Control {
@@ -325,12 +332,14 @@ impl Control {
                 own: Vec::new(),
                 spread: None,
                 driver_room: Arc::clone(&driver_room),
+                any_quic: false,
             })),
             peers: None,
             peers_down: std::collections::HashSet::new(),
             peer_slots: Vec::new(),
             resolved_gateway: resolved,
             driver_room,
+            quic: None,
         };
         c.apply(config)?;
         Ok(c)
@@ -353,7 +362,25 @@ impl Control {
     /// ([`Tables::driver_room`]): only a restart makes them bigger.
     pub fn apply(&mut self, config: Config) -> Result<(), ConfigError> {
         config.validate("(config)")?;
-        let tables = self.build(&config)?;
+        let quic = if config.quic_lb.is_empty() {
+            None
+        } else {
+            Some(Arc::new(config.quic_configs().map_err(|e| {
+                ConfigError {
+                    file: "(config)".into(),
+                    key: "quic_lb".into(),
+                    problem: e.to_string(),
+                }
+            })?))
+        };
+        let running = std::mem::replace(&mut self.quic, quic);
+        let tables = match self.build(&config) {
+            Ok(t) => t,
+            Err(e) => {
+                self.quic = running;
+                return Err(e);
+            }
+        };
         self.config = config;
         self.current.store(Arc::new(tables));
         Ok(())
@@ -407,6 +434,7 @@ impl Control {
             own: cur.own.clone(),
             spread: cur.spread,
             driver_room: Arc::clone(&self.driver_room),
+            any_quic: cur.any_quic,
         }));
         true
     }
@@ -465,6 +493,39 @@ impl Control {
         };
         self.health.insert(id, healthy);
         self.rebuild()
+    }
+
+    /// A `quic` VIP's routing: its pool's server IDs (members in the order
+    /// [`Config::pool_members`] gives them, as `members` holds their ids).
+    fn quic_route(
+        &self,
+        cfg: &Config,
+        index: &std::collections::HashMap<&str, &crate::config::PoolConf>,
+        v: &crate::config::VipConf,
+        members: &[Member],
+    ) -> Result<Option<Arc<crate::quic::QuicRoute>>, ConfigError> {
+        let (true, Some(configs)) = (v.quic, &self.quic) else {
+            return Ok(None);
+        };
+        let err = |problem: String| ConfigError {
+            file: "(config)".into(),
+            key: format!("vips.{}", v.name),
+            problem,
+        };
+        let list = cfg
+            .pool_members(index, &v.pool)
+            .map_err(|c| err(format!("cycle: {c}")))?;
+        let mut ids = Vec::with_capacity(members.len());
+        for (b, m) in list.iter().zip(members) {
+            let text = b.quic_server_id.as_deref().unwrap_or("");
+            let sid =
+                crate::quic::server_id(&b.display_name(), text).map_err(|e| err(e.to_string()))?;
+            ids.push((sid, m.id));
+        }
+        Ok(Some(Arc::new(crate::quic::QuicRoute::new(
+            (**configs).clone(),
+            ids,
+        ))))
     }
 
     fn build(&mut self, cfg: &Config) -> Result<Tables, ConfigError> {
@@ -630,6 +691,7 @@ impl Control {
                 weights: members.weights.clone(),
                 pool: v.pool.clone(),
                 fingerprint: vip_fingerprint(&matches, b.fingerprint),
+                quic: self.quic_route(cfg, &index, v, &members.key.members)?,
             });
         }
         let fleet = self
@@ -640,7 +702,9 @@ impl Control {
             .flatten()
             .map(packet::flow::from_ip)
             .collect();
+        let any_quic = vips.iter().any(|v| v.quic.is_some());
         let tables = Tables {
+            any_quic,
             matcher: VipMatcher::new(cfg),
             vips,
             backends,

@@ -302,7 +302,18 @@ impl Worker {
             (pkt, p, None)
         };
         let probe = self.probe(&pkt, p);
-        match self.decide(t, p, hash, now, from_peer.is_some()) {
+        // A `quic` VIP's datagram names its backend by connection ID: read
+        // here, where the frame is at hand (no cost without a `quic` VIP).
+        let quic = if t.any_quic
+            && p.flow.proto == packet::proto::UDP
+            && p.fragment.is_none()
+            && p.icmp_quote.is_none()
+        {
+            self.quic_pick(t, &pkt, p)
+        } else {
+            None
+        };
+        match self.decide(t, p, hash, now, from_peer.is_some(), quic) {
             Err(why) => self.discard(pkt, why),
             Ok(Action::Redirect(peer)) => {
                 if let (Some(probe), Some(f)) = (probe, &t.fleet) {
@@ -597,6 +608,38 @@ impl Worker {
         Ok((backend, hash))
     }
 
+    /// The VIP and backend a datagram's QUIC connection ID routes to, when
+    /// its VIP is `quic`, the ID routes and the backend is up; counted
+    /// either way ([`Counters::quic_routed`], [`Counters::quic_miss`]).
+    #[inline(never)]
+    fn quic_pick(&mut self, t: &Tables, pkt: &Packet, p: &Parsed) -> Option<(u32, u32)> {
+        let vip = t
+            .matcher
+            .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)?;
+        let route = t.vips.get(vip as usize)?.quic.as_ref()?;
+        let s = usize::from(pkt.off);
+        let frame = self.pool.data(&pkt.buf).get(s..s + usize::from(pkt.len))?;
+        // The UDP payload (the parser checked the UDP header lies inside
+        // the IP packet); `get` keeps even a lie from reading past it.
+        let payload = frame
+            .get(p.l4_offset + packet::udp::HEADER_LEN..p.l3_offset + p.l3_len)
+            .unwrap_or(&[]);
+        match route.backend(payload) {
+            Ok(b) if t.backends.get(b as usize).is_some_and(|x| x.healthy) => {
+                self.counters.quic_routed += 1;
+                Some((vip, b))
+            }
+            Ok(_) => {
+                self.counters.quic_server_down += 1;
+                None
+            }
+            Err(miss) => {
+                self.counters.quic_miss[miss.index()] += 1;
+                None
+            }
+        }
+    }
+
     fn decide(
         &mut self,
         t: &Tables,
@@ -604,6 +647,7 @@ impl Worker {
         hash: u64,
         now: u64,
         from_peer: bool,
+        quic: Option<(u32, u32)>,
     ) -> Result<Action, DropReason> {
         // ICMP "fragmentation needed" / "packet too big" about a VIP flow:
         // to the backend of the quoted flow, without creating an entry.
@@ -681,6 +725,12 @@ impl Worker {
             .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)
             .ok_or_else(|| not_served(t, &p.flow.dst))?;
         refuse_source(t, p)?;
+        if let Some((quic_vip, backend)) = quic {
+            if quic_vip == vip {
+                let hash = if hash != 0 { hash } else { flow_hash(&p.flow) };
+                return Ok(Action::Forward { vip, backend, hash });
+            }
+        }
         let (backend, hash) = self.select(t, &p.flow, hash, vip, now, true, p.tcp_flags)?;
         Ok(Action::Forward { vip, backend, hash })
     }

@@ -192,6 +192,7 @@ fn connections_persist_when_backends_are_added_and_removed() {
         address: ip("10.1.0.9"),
         name: None,
         weight: 1,
+        quic_server_id: None,
     });
     control.apply(next.clone()).unwrap();
 
@@ -482,6 +483,7 @@ fn drain_applies_to_reused_client_ports() {
         address: ip("10.1.0.9"),
         name: None,
         weight: 5,
+        quic_server_id: None,
     });
     control.apply(next.clone()).unwrap();
     // Within the linger, the close still reaches the old backend.
@@ -574,6 +576,7 @@ fn a_reused_port_keeps_its_backend_after_the_old_connections_linger() {
         address: ip("10.1.0.9"),
         name: None,
         weight: 5,
+        quic_server_id: None,
     });
     control.apply(next).unwrap();
     // Long after the old connection's linger, the new ones are still

@@ -42,6 +42,7 @@ pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;
 pub mod parse;
+pub mod quic;
 pub mod tcp;
 pub mod udp;
 

@@ -156,6 +156,17 @@ fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
     Ok(bytes)
 }
 
+/// [`read_bounded`] for the sections' own small files (a QUIC-LB key):
+/// the bytes, or why not in words.
+pub(super) fn read_small_file(path: &Path, max: u64) -> Result<Vec<u8>, String> {
+    read_bounded(path, max).map_err(|e| match e {
+        ReadError::Open(e) => format!("cannot open: {e}"),
+        ReadError::NotAFile => "not a regular file".into(),
+        ReadError::TooLarge(len) => format!("{len} bytes, more than {max}"),
+        ReadError::Read(e) => format!("cannot read: {e}"),
+    })
+}
+
 /// Opens `path` if it is a regular file (following links).
 fn open_regular(path: &Path) -> Result<std::fs::File, ReadError> {
     if !std::fs::metadata(path).map_err(ReadError::Open)?.is_file() {
@@ -423,6 +434,14 @@ impl Config {
             file: file.into(),
             key: p.key,
             problem: p.problem,
+        })?;
+        // The QUIC-LB keys a file names are read where it is checked, so
+        // that check-config, the start and a reload refuse one that cannot
+        // be read alike.
+        self.quic_configs().map_err(|e| ConfigError {
+            file: file.into(),
+            key: "quic_lb".into(),
+            problem: e.to_string(),
         })?;
         Ok(warnings)
     }

@@ -66,6 +66,7 @@ pub use load::{
     MAX_CONFIG_BYTES, MAX_TOKEN_FILE_BYTES, MIN_TOKEN_CHARS, VIPS_FILE_HEADER,
 };
 pub use pools::{BackendConf, PoolConf, MAX_TABLE_SIZE, MIN_SLOTS_PER_BACKEND};
+pub use quic::{QuicConfError, QuicLbConf};
 pub use tracer::TracerConf;
 pub(crate) use vips::{key_mask, prefix_key};
 pub use vips::{PrefixGroupConf, Protocol, VipConf};
@@ -89,6 +90,7 @@ mod includes;
 mod limits;
 mod load;
 mod pools;
+mod quic;
 #[cfg(test)]
 mod tests;
 mod tracer;
@@ -157,6 +159,9 @@ pub struct Config {
     /// `[tracer]`: packet-tracer probes (see [`crate::tracer`]).
     #[serde(default)]
     pub tracer: TracerConf,
+    /// `[[quic_lb]]`: QUIC-LB configurations by codepoint, for `quic` VIPs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quic_lb: Vec<QuicLbConf>,
 }
 
 impl Config {
@@ -273,6 +278,7 @@ impl Config {
         self.check_prefix_groups()?;
         self.check_vips(&resolved)?;
         self.check_address_collisions()?;
+        self.check_quic()?;
         // After the VIPs: tunnel checks need a VIP over their pool, and a
         // VIP naming a missing pool is the error to report first.
         self.check_health()

@@ -38,6 +38,11 @@ pub struct BackendConf {
     /// which keeps the weight to restore).
     #[serde(default = "one")]
     pub weight: u32,
+    /// Its QUIC-LB server ID in hex (`[[quic_lb]]`): the octets a QUIC
+    /// server writes into the connection IDs it issues, by which a `quic`
+    /// VIP routes them to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic_server_id: Option<String>,
 }
 
 impl BackendConf {
@@ -451,6 +456,7 @@ mod tests {
                         port: None,
                         protocol: Protocol::Tcp,
                         pool: format!("p{pool}"),
+                        quic: false,
                     })
                     .collect(),
                 ..Config::default()

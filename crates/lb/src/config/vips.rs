@@ -73,6 +73,11 @@ pub struct VipConf {
     pub protocol: Protocol,
     /// Backend pool.
     pub pool: String,
+    /// UDP read as QUIC: routed by the destination connection ID's
+    /// QUIC-LB server ID (`[[quic_lb]]`), the 5-tuple only for what does
+    /// not route.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quic: bool,
 }
 
 /// `[[prefix_groups]]`.

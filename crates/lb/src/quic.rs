@@ -1,0 +1,210 @@
+//! Routing QUIC by connection ID for `quic` VIPs (IETF QUIC-LB): a UDP
+//! datagram's destination connection ID names a server ID
+//! ([`quic_lb::Configs`]), and the server ID a backend of the VIP's pool.
+//!
+//! The order is the draft's (draft-ietf-quic-load-balancers-21, "Load
+//! Balancer Forwarding"): a routable connection ID decides; anything else
+//! ([`Miss`], counted by reason) falls back to the connection table and then
+//! to the VIP's Maglev table on the 5-tuple, as any UDP flow. A client's
+//! first packets carry a connection ID the client chose, so they take the
+//! fallback; the backend the fallback picks then issues connection IDs with
+//! its own server ID, and every later packet routes by them, from whatever
+//! address the client moves to.
+
+use rustc_hash::FxHashMap;
+
+use crate::config::QuicConfError;
+
+/// Why a datagram to a `quic` VIP does not route by its connection ID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Miss {
+    /// The payload is not a QUIC header (an empty datagram, a long header
+    /// shorter than its lengths, a version 1 connection ID over 20 octets).
+    NotQuic,
+    /// Config rotation 0b111: the server had no configuration.
+    Reserved,
+    /// No configuration at the connection ID's codepoint.
+    NoConfig,
+    /// Too short for its configuration.
+    TooShort,
+    /// A long header's length disagrees with the self-described one.
+    LengthMismatch,
+    /// The server ID is no backend's of this VIP's pool.
+    UnknownServerId,
+}
+
+impl Miss {
+    /// Every reason, in counter order.
+    pub const ALL: [Miss; 6] = [
+        Miss::NotQuic,
+        Miss::Reserved,
+        Miss::NoConfig,
+        Miss::TooShort,
+        Miss::LengthMismatch,
+        Miss::UnknownServerId,
+    ];
+
+    /// The counter's stable name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Miss::NotQuic => "not_quic",
+            Miss::Reserved => "codepoint_reserved",
+            Miss::NoConfig => "codepoint_unknown",
+            Miss::TooShort => "cid_too_short",
+            Miss::LengthMismatch => "cid_length_mismatch",
+            Miss::UnknownServerId => "server_id_unknown",
+        }
+    }
+
+    /// Its index in [`Miss::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl From<quic_lb::Unroutable> for Miss {
+    fn from(u: quic_lb::Unroutable) -> Self {
+        match u {
+            quic_lb::Unroutable::Empty => Miss::NotQuic,
+            quic_lb::Unroutable::Reserved => Miss::Reserved,
+            quic_lb::Unroutable::NoConfig(_) => Miss::NoConfig,
+            quic_lb::Unroutable::TooShort { .. } => Miss::TooShort,
+            quic_lb::Unroutable::LengthMismatch { .. } => Miss::LengthMismatch,
+        }
+    }
+}
+
+/// One `quic` VIP's routing: the configurations and its pool's server IDs.
+#[derive(Debug, Clone)]
+pub struct QuicRoute {
+    configs: quic_lb::Configs,
+    by_server_id: FxHashMap<quic_lb::ServerId, u32>,
+}
+
+/// Why a VIP's QUIC routing cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum QuicRouteError {
+    /// A configuration or its key.
+    #[error(transparent)]
+    Config(#[from] QuicConfError),
+    /// A server ID that validation should have refused.
+    #[error("backend {backend}: quic_server_id {id:?} is not a server ID")]
+    ServerId {
+        /// The backend's name.
+        backend: String,
+        /// As written.
+        id: String,
+    },
+}
+
+impl QuicRoute {
+    /// Routing by `configs` to the backends whose server IDs (octets) are
+    /// given with their backend ids.
+    pub fn new(
+        configs: quic_lb::Configs,
+        server_ids: impl IntoIterator<Item = (quic_lb::ServerId, u32)>,
+    ) -> Self {
+        QuicRoute {
+            configs,
+            by_server_id: server_ids.into_iter().collect(),
+        }
+    }
+
+    /// The backend a UDP payload's destination connection ID names.
+    #[inline]
+    pub fn backend(&self, udp_payload: &[u8]) -> Result<u32, Miss> {
+        let routed = match packet::quic::parse(udp_payload).map_err(|_| Miss::NotQuic)? {
+            packet::quic::Header::Long { dcid, .. } => self.configs.route_long(dcid),
+            packet::quic::Header::Short { after_flags } => self.configs.route_short(after_flags),
+        };
+        let (_, server_id) = routed?;
+        self.by_server_id
+            .get(&server_id)
+            .copied()
+            .ok_or(Miss::UnknownServerId)
+    }
+
+    /// How many server IDs it routes to.
+    pub fn len(&self) -> usize {
+        self.by_server_id.len()
+    }
+
+    /// Whether it routes to no server ID.
+    pub fn is_empty(&self) -> bool {
+        self.by_server_id.is_empty()
+    }
+}
+
+/// A server ID written in hex (a backend's `quic_server_id`) as octets.
+pub fn server_id(backend: &str, text: &str) -> Result<quic_lb::ServerId, QuicRouteError> {
+    let bad = || QuicRouteError::ServerId {
+        backend: backend.to_string(),
+        id: text.to_string(),
+    };
+    let digits = text.strip_prefix("0x").unwrap_or(text);
+    if !digits.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    let octets: Option<Vec<u8>> = (0..digits.len())
+        .step_by(2)
+        .map(|i| {
+            digits
+                .get(i..i + 2)
+                .and_then(|d| u8::from_str_radix(d, 16).ok())
+        })
+        .collect();
+    octets
+        .and_then(|o| quic_lb::ServerId::new(&o))
+        .ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route() -> (QuicRoute, quic_lb::Config) {
+        let conf = quic_lb::Config::new(1, 2, 6, Some([7; 16]), true).expect("valid");
+        let mut set = quic_lb::Configs::new();
+        set.insert(conf.clone()).expect("insert");
+        let ids = [("0001", 10), ("0002", 11)].map(|(t, b)| (server_id("b", t).expect("hex"), b));
+        (QuicRoute::new(set, ids), conf)
+    }
+
+    #[test]
+    fn short_and_long_headers_route_to_the_server_ids_backend() {
+        let (r, conf) = route();
+        let cid = conf.encode(&[0, 2], &[9; 6], 0).expect("encode");
+        let mut short = vec![0x41];
+        short.extend_from_slice(cid.as_bytes());
+        short.extend_from_slice(b"protected payload");
+        assert_eq!(r.backend(&short), Ok(11));
+        let mut long = vec![0xc0, 0, 0, 0, 1, cid.as_bytes().len() as u8];
+        long.extend_from_slice(cid.as_bytes());
+        long.extend_from_slice(&[0, 0]);
+        assert_eq!(r.backend(&long), Ok(11));
+    }
+
+    #[test]
+    fn what_does_not_route_says_why() {
+        let (r, conf) = route();
+        let unknown = conf.encode(&[0, 9], &[9; 6], 0).expect("encode");
+        let mut short = vec![0x41];
+        short.extend_from_slice(unknown.as_bytes());
+        assert_eq!(r.backend(&short), Err(Miss::UnknownServerId));
+        assert_eq!(r.backend(&[]), Err(Miss::NotQuic));
+        assert_eq!(r.backend(&[0xc0, 0, 0]), Err(Miss::NotQuic));
+        // A client's Initial: a random 8-octet DCID at codepoint 0.
+        let initial = [0xc3, 0, 0, 0, 1, 8, 0x03, 1, 2, 3, 4, 5, 6, 7, 0];
+        assert_eq!(r.backend(&initial), Err(Miss::NoConfig));
+        assert_eq!(
+            r.backend(&[0x40, 0xe7, 1, 2, 3, 4, 5, 6, 7, 8]),
+            Err(Miss::Reserved)
+        );
+        assert_eq!(r.backend(&[0x40, 0x27, 1, 2]), Err(Miss::TooShort));
+        let mut long = vec![0xc0, 0, 0, 0, 1, 10];
+        long.extend_from_slice(&[0x27; 10]);
+        long.push(0);
+        assert_eq!(r.backend(&long), Err(Miss::LengthMismatch));
+        assert!(server_id("b", "0g").is_err() && server_id("b", "001").is_err());
+    }
+}
