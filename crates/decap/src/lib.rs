@@ -134,14 +134,27 @@ fn raw_inner(
 pub fn run(tun: &str, stop: &AtomicBool) -> Result<DecapStats, DecapError> {
     let t = Tun::open(tun)?;
     // A packet from the client arrives on the TUN device although the route
-    // back to the client is elsewhere: strict reverse-path filtering would
-    // drop it.
-    let _ = std::fs::write(format!("/proc/sys/net/ipv4/conf/{tun}/rp_filter"), "0");
+    // back to the client is elsewhere: strict reverse-path filtering (1)
+    // would drop it; loose (2) keeps it while any route leads back. The
+    // kernel applies the larger of `all` and the device's value.
+    let dev = format!("/proc/sys/net/ipv4/conf/{tun}/rp_filter");
+    if let Err(e) = std::fs::write(&dev, "0") {
+        // Under the systemd unit, ProtectKernelTunables= keeps /proc/sys
+        // read-only: say so where it matters, never silently.
+        if std::fs::read_to_string(&dev).is_ok_and(|v| v.trim() == "1") {
+            tracing::warn!(
+                "could not turn off strict reverse-path filtering on {tun} ({e}): decapsulated \
+                 packets will be dropped; set {dev} to 0 or 2 before starting (e.g. \
+                 net.ipv4.conf.default.rp_filter = 2 in /etc/sysctl.d)"
+            );
+        }
+    }
     if std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/rp_filter")
-        .is_ok_and(|v| v.trim() != "0")
+        .is_ok_and(|v| v.trim() == "1")
     {
         tracing::warn!(
-            "net.ipv4.conf.all.rp_filter is on: decapsulated packets may be dropped; set it to 0"
+            "net.ipv4.conf.all.rp_filter is 1 (strict): decapsulated packets will be dropped; \
+             set it to 0 or 2 (loose)"
         );
     }
     // (socket, whether it delivers the IP header): IPv4 raw sockets deliver

@@ -286,6 +286,25 @@ pub fn encode_metrics_as(
             c.drops_for(r),
         );
     }
+    if let Some(q) = &s.quic {
+        f.counter_at(
+            "fastpath_lb_quic_routed",
+            "Datagrams to quic VIPs routed by their QUIC-LB connection ID's server ID",
+            q.routed,
+        );
+        f.counter_at(
+            "fastpath_lb_quic_server_down",
+            "Datagrams whose connection ID names a backend that is down: routed by the connection table and the 5-tuple instead",
+            q.server_down,
+        );
+        let unroutable = f.counter(
+            "fastpath_lb_quic_unroutable",
+            "Datagrams to quic VIPs whose connection ID did not route, by reason: routed by the connection table and the 5-tuple (a client's first packets carry its own connection ID)",
+        );
+        for (reason, n) in &q.unroutable {
+            count(&unroutable, &[("reason", reason.as_str())], *n);
+        }
+    }
     if let Some(t) = &s.tracer {
         let probes = f.counter(
             "fastpath_lb_trace_probes",

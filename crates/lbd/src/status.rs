@@ -143,6 +143,7 @@ pub fn status(shared: &Shared) -> Status {
             .map(|(n, v)| (n.to_string(), v))
             .collect(),
         csum_completed: c.csum_completed,
+        quic: cfg.vips.iter().any(|v| v.quic).then(|| QuicStatus::of(&c)),
         conntrack_entries: c.conntrack.entries,
         active_connections: Some(c.conntrack.active()),
         gateway: Some(shared.gateway.status()),
@@ -420,6 +421,10 @@ pub struct Status {
     /// encapsulating (0 in older documents).
     #[serde(default)]
     pub csum_completed: u64,
+    /// QUIC-LB routing, when a VIP is `quic` (absent otherwise and in older
+    /// documents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic: Option<QuicStatus>,
     /// Connection-table entries: open flows and closed ones lingering.
     pub conntrack_entries: u64,
     /// Active connections: entries whose flow is not closed (absent in
@@ -507,6 +512,30 @@ impl Status {
             "forwarded {}, dropped {}, not for a VIP {not_for_vip}\n",
             self.forwarded, self.dropped
         );
+        if let Some(q) = &self.quic {
+            let missed: u64 = q.unroutable.values().sum();
+            let why = q
+                .unroutable
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            out += &format!(
+                "QUIC: {} routed by connection ID, {missed} by the 5-tuple{}{}\n",
+                q.routed,
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({why})")
+                },
+                if q.server_down > 0 {
+                    format!(", {} naming a backend that is down", q.server_down)
+                } else {
+                    String::new()
+                }
+            );
+        }
         if self.csum_completed > 0 {
             out += &format!(
                 "partial checksums completed: {} (a local sender offloads them; see README, deployment)\n",
@@ -791,6 +820,32 @@ mod tests {
             "BGP MISMATCH: ipv4: announcement wanted, fastpath_vips is down in BIRD",
         ] {
             assert!(t.contains(want), "{want:?} missing:\n{t}");
+        }
+    }
+}
+
+/// QUIC-LB routing of the `quic` VIPs (`[[quic_lb]]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QuicStatus {
+    /// Datagrams routed by their connection ID's server ID.
+    pub routed: u64,
+    /// Datagrams whose connection ID did not route, by reason
+    /// (`lb::quic::Miss::name`): they took the connection table and the
+    /// 5-tuple.
+    pub unroutable: std::collections::BTreeMap<String, u64>,
+    /// Datagrams whose server ID names a backend that is down.
+    pub server_down: u64,
+}
+
+impl QuicStatus {
+    fn of(c: &lb::counters::Counters) -> QuicStatus {
+        QuicStatus {
+            routed: c.quic_routed,
+            unroutable: lb::quic::Miss::ALL
+                .iter()
+                .map(|m| (m.name().to_string(), c.quic_miss[m.index()]))
+                .collect(),
+            server_down: c.quic_server_down,
         }
     }
 }

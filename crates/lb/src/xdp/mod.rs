@@ -318,8 +318,28 @@ impl XdpTables {
             e
         }))?;
         let mut used: HashSet<TableKey> = HashSet::new();
+        // `quic` VIPs route by connection ID, which this program does not
+        // read: they are left to the packet threads, and so is every VIP
+        // of their address and protocol (an any-port one would otherwise
+        // take their datagrams here).
+        let quic = |index: u32| t.vips.get(index as usize).is_some_and(|v| v.quic.is_some());
+        let quic4: HashSet<([u8; 4], u8)> = t
+            .matcher
+            .exact_v4()
+            .filter(|&(_, _, _, i)| quic(i))
+            .map(|(a, _, p, _)| (a, p))
+            .collect();
+        let quic6: HashSet<([u8; 16], u8)> = t
+            .matcher
+            .exact_v6()
+            .filter(|&(_, _, _, i)| quic(i))
+            .map(|(a, _, p, _)| (a, p))
+            .collect();
         let mut vips = Vec::new();
         for (addr, port, proto, index) in t.matcher.exact_v4() {
+            if quic4.contains(&(addr, proto)) {
+                continue;
+            }
             let Some(e) = self.entry(t, index, &mut used, &mut s)? else {
                 continue;
             };
@@ -338,6 +358,9 @@ impl XdpTables {
         }
         let mut vips6 = Vec::new();
         for (addr, port, proto, index) in t.matcher.exact_v6() {
+            if quic6.contains(&(addr, proto)) {
+                continue;
+            }
             let Some(e) = self.entry(t, index, &mut used, &mut s)? else {
                 continue;
             };
@@ -455,6 +478,9 @@ impl XdpTables {
         let Some(v) = t.vips.get(index as usize) else {
             return Ok(None);
         };
+        if v.quic.is_some() {
+            return Ok(None);
+        }
         let key = (Arc::as_ptr(&v.table) as usize, v.slots.clone());
         let at = match self.placed.get(&key) {
             Some(p) => p.at,
