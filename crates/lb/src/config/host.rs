@@ -17,7 +17,9 @@
 //!   `local` route): the kernel would take such packets for itself, and
 //!   BIRD would announce an address of this host ([`HostAddresses`]);
 //! - `[api] token_file`: readable or writable by its owner alone (whoever
-//!   reads the token can reconfigure the load balancer).
+//!   reads the token can reconfigure the load balancer);
+//! - `[[quic_lb]] key_file`: the same (whoever reads the key can tell which
+//!   server each QUIC connection uses, what the encryption hides).
 
 use std::io::BufRead;
 use std::net::IpAddr;
@@ -237,8 +239,21 @@ impl Config {
             }
         }
         if let Some(t) = &self.api.token_file {
-            if let Err(why) = check_private(t) {
+            if let Err(why) = check_private(
+                t,
+                "whoever reads the token can reconfigure the load balancer",
+            ) {
                 report("api.token_file".into(), why);
+            }
+        }
+        for (i, q) in self.quic_lb.iter().enumerate() {
+            if let Some(k) = &q.key_file {
+                if let Err(why) = check_private(
+                    k,
+                    "whoever reads the key can tell which server every QUIC connection uses",
+                ) {
+                    report(format!("quic_lb[{i}].key_file"), why);
+                }
             }
         }
         out
@@ -330,8 +345,9 @@ fn check_writable_dir(dir: &Path, file: &Path) -> Result<(), String> {
     }
 }
 
-/// Whether `path` is readable and writable by its owner alone.
-fn check_private(path: &Path) -> Result<(), String> {
+/// Whether `path` is readable and writable by its owner alone; `risk`
+/// says what another reader could do.
+fn check_private(path: &Path, risk: &str) -> Result<(), String> {
     let shown = path.display();
     let mode = std::fs::metadata(path)
         .map_err(|e| format!("{shown}: {e}"))?
@@ -346,8 +362,7 @@ fn check_private(path: &Path) -> Result<(), String> {
         _ => "everyone",
     };
     Err(format!(
-        "{shown} (mode {:04o}) can be read or written by {who}: whoever reads the token can \
-         reconfigure the load balancer; chmod 600 {shown}",
+        "{shown} (mode {:04o}) can be read or written by {who}: {risk}; chmod 600 {shown}",
         mode & 0o7777
     ))
 }
@@ -400,6 +415,25 @@ mod tests {
         // This machine: its loopback at least.
         let here = HostAddresses::read().unwrap();
         assert!(here.find(ip("127.0.0.1")).is_some(), "{here:?}");
+    }
+
+    /// A QUIC-LB key anyone may read is reported by its key, like a token.
+    #[test]
+    fn a_quic_key_anyone_may_read_is_reported() {
+        let dir = Scratch::new("quickey");
+        let key = dir.write("quic.key", "8f95f09245765f80256934e50c66207f\n");
+        let text = format!(
+            "[[quic_lb]]\ncodepoint = 0\nserver_id_len = 2\nnonce_len = 6\nkey_file = \"{}\"\n{GOOD}",
+            key.display()
+        );
+        let c = Config::parse(&text, "t").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let found = c.check_host("t");
+        let quic: Vec<_> = found.iter().filter(|e| e.key == "quic_lb[0].key_file").collect();
+        assert_eq!(quic.len(), 1, "{found:?}");
+        assert!(quic[0].problem.contains("0640") && quic[0].problem.contains("its group"), "{found:?}");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(c.check_host("t").iter().all(|e| e.key != "quic_lb[0].key_file"));
     }
 
     /// Each thing the host lacks is reported, all of them at once; with
