@@ -191,8 +191,8 @@ pub struct Wanted {
 /// What the announcer remembers between steps, for [`decide`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Memory {
-    /// A `birdc configure` is owed: a routes file was written and BIRD has
-    /// not read it since.
+    /// A `birdc configure` is owed: a routes file's routes changed and
+    /// BIRD has not read it since.
     pub configure_owed: bool,
     /// Per family, the routes file's text for which a configure was made
     /// because BIRD held other routes: not made again for the same text
@@ -244,8 +244,9 @@ pub enum Action {
         target: Target,
         /// The state BIRD shows it in (`down`, mostly).
         state: String,
-        /// Whether fastpath had it on and BIRD turned it off (a
-        /// `birdc configure` or a restarted BIRD): a repair.
+        /// Whether fastpath had it on and BIRD turned it off (disabled by
+        /// hand, or a configure of a BIRD whose configuration does not
+        /// include the routes files): a repair.
         repair: bool,
     },
     /// Disable the protocol: withdraw the family's VIPs.
@@ -492,7 +493,8 @@ impl Announcer {
                                 protocol = %t.protocol,
                                 state,
                                 "BGP: BIRD has {} {state} though fastpath announced its {} VIPs \
-                                 (a `birdc configure` or a restarted BIRD resets it): enabling it again",
+                                 (disabled by hand, or BIRD's configuration does not include the routes file): \
+                                 enabling it again",
                                 t.protocol,
                                 t.family
                             );
@@ -900,7 +902,7 @@ pub struct BgpStatus {
     /// next poll where it can.
     pub mismatch: Option<String>,
     /// Times the controller found BIRD changed behind its back and put it
-    /// back (re-enabled after a `birdc configure` or a BIRD restart, say).
+    /// back (re-enabled after someone disabled the protocol, say).
     pub repairs: u64,
     /// How long before this document BIRD was read, milliseconds: the BGP
     /// task reads it at every poll and right after it changes something,
