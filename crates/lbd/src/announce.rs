@@ -4,13 +4,25 @@
 //! static protocols are). No BGP is spoken here: BIRD holds the sessions,
 //! and is asked through [`crate::bird`].
 //!
+//! Each routes file also states its protocol's wanted state (`disabled
+//! no;` while fastpath forwards, `disabled yes;` otherwise, [`with_state`]),
+//! included after the shipped `disabled;` so that the file's word is the
+//! last. BIRD restarts a protocol on `birdc configure` when its configured
+//! state differs from its run-time one; with the file saying what
+//! `birdc enable`/`disable` did, a configure (fastpath's own after a VIP-set
+//! change, or an operator's) changes only the routes that changed, route by
+//! route, and the VIPs that did not change stay announced throughout. The
+//! file is written before every `birdc disable` (a withdrawal, a stop,
+//! `fastpath lb withdraw`), so a BIRD restarted or reconfigured after a
+//! crash never announces a dead load balancer.
+//!
 //! An announcement is a promise that this load balancer forwards, so it is
 //! never assumed: every step reads back from BIRD (`birdc show protocols
 //! all`) whether each protocol is up, how many routes it holds, and what the
 //! established BGP sessions export, and puts BIRD back where it differs
-//! from what fastpath wants. `birdc configure` (an operator changing BFD
-//! timers, say) resets the protocols to their configured `disabled`; a
-//! restarted BIRD starts so; a routes file may have been replaced: each is
+//! from what fastpath wants: a restarted BIRD, a routes file replaced, a
+//! BIRD configuration that does not include the routes files (and so
+//! starts each protocol `disabled` again on every configure): each is
 //! repaired at the next step. What to do is decided by a pure function
 //! ([`decide`]: what fastpath wants and what BIRD shows in, [`Action`]s
 //! out); [`Announcer::apply`] carries it out through a [`Bird`], and
@@ -179,13 +191,15 @@ pub struct Wanted {
 /// What the announcer remembers between steps, for [`decide`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Memory {
-    /// A `birdc configure` is owed: a routes file was written and BIRD has
-    /// not read it since.
+    /// A `birdc configure` is owed: a routes file's routes changed and
+    /// BIRD has not read it since.
     pub configure_owed: bool,
     /// Per family, the routes file's text for which a configure was made
     /// because BIRD held other routes: not made again for the same text
     /// (BIRD's configuration may not include the file; a configure per
-    /// poll would reset every other protocol enabled at run time).
+    /// poll would have BIRD read its whole configuration every poll, and
+    /// restart each protocol whose state that configuration does not
+    /// state).
     pub stale_configured: BTreeMap<Family, String>,
     /// Protocols fastpath enabled and saw up: one found down later was
     /// reset behind its back.
@@ -213,9 +227,11 @@ pub enum Action {
         /// The file's text it was found stale against.
         text: String,
     },
-    /// Have BIRD read its configuration (and so the routes files) again;
-    /// this resets every protocol to its configured state, so what follows
-    /// it in the same decision is decided again on a fresh reading.
+    /// Have BIRD read its configuration (and so the routes files) again.
+    /// The files state each protocol's wanted state, so this changes only
+    /// routes where BIRD's run-time state is the file's (and sets it where
+    /// it is not); what follows it in the same decision is decided again
+    /// on a fresh reading.
     Configure,
     /// The protocol is up as wanted: remember that fastpath has it on.
     Keep {
@@ -228,8 +244,9 @@ pub enum Action {
         target: Target,
         /// The state BIRD shows it in (`down`, mostly).
         state: String,
-        /// Whether fastpath had it on and BIRD turned it off (a
-        /// `birdc configure` or a restarted BIRD): a repair.
+        /// Whether fastpath had it on and BIRD turned it off (disabled by
+        /// hand, or a configure of a BIRD whose configuration does not
+        /// include the routes files): a repair.
         repair: bool,
     },
     /// Disable the protocol: withdraw the family's VIPs.
@@ -365,13 +382,20 @@ impl Announcer {
             }
         }
         // The routes files, as the file system has them: rewritten where
-        // they differ (a restarted machine's empty /run, another writer).
+        // they differ (a restarted machine's empty /run, another writer),
+        // with the protocol's wanted state. A configure is owed only where
+        // the routes changed: a change of state alone is made by the
+        // enable or disable that follows (and a configure would change
+        // nothing, as BIRD's run-time state is then the file's).
         let mut wanted = Vec::new();
         for t in &self.managed {
-            let text = routes(cfg, t.family == Family::Ipv6, serving);
-            if std::fs::read_to_string(&t.routes_file).ok().as_deref() != Some(text.as_str()) {
+            let text = with_state(&routes(cfg, t.family == Family::Ipv6, serving), forwarding);
+            let old = std::fs::read_to_string(&t.routes_file).ok();
+            if old.as_deref() != Some(text.as_str()) {
                 match write_routes(&t.routes_file, &text) {
-                    Ok(()) => self.memory.configure_owed = true,
+                    Ok(()) => {
+                        self.memory.configure_owed |= !only_state_differs(old.as_deref(), &text);
+                    }
                     Err(e) => errors.push(e),
                 }
             }
@@ -438,10 +462,11 @@ impl Announcer {
                         match bird.run(&["configure"]) {
                             Ok(_) => {
                                 self.memory.configure_owed = false;
-                                // A configuration read resets every protocol
-                                // to its configured state: ours are disabled
-                                // again.
-                                self.memory.enabled.clear();
+                                // The files state what fastpath wants, so a
+                                // protocol fastpath had on stays on: one found
+                                // down now was turned off by something else (a
+                                // BIRD configuration that does not include the
+                                // file), and putting it back is a repair.
                                 reading = Reading::take_with_routes(bird, wanted);
                                 continue 'decide;
                             }
@@ -449,6 +474,11 @@ impl Announcer {
                         }
                     }
                     Action::Keep { protocol } => {
+                        // Up without an enable: a configure that read
+                        // `disabled no;` in the file enabled it.
+                        if !self.memory.enabled.contains(&protocol) {
+                            tracing::info!(protocol = %protocol, "BGP: VIPs announced ({protocol} up)");
+                        }
                         self.memory.enabled.insert(protocol);
                     }
                     Action::Enable {
@@ -463,7 +493,8 @@ impl Announcer {
                                 protocol = %t.protocol,
                                 state,
                                 "BGP: BIRD has {} {state} though fastpath announced its {} VIPs \
-                                 (a `birdc configure` or a restarted BIRD resets it): enabling it again",
+                                 (disabled by hand, or BIRD's configuration does not include the routes file): \
+                                 enabling it again",
                                 t.protocol,
                                 t.family
                             );
@@ -532,13 +563,19 @@ impl Announcer {
         });
     }
 
-    /// Disables `t`'s protocol; what could not be done, in words.
+    /// Disables `t`'s protocol, its routes file saying `disabled yes;`
+    /// first (a BIRD that reads it later keeps the protocol off); what
+    /// could not be done, in words.
     fn disable(&mut self, bird: &dyn Bird, t: &Target, why: &str) -> Option<String> {
         self.memory.enabled.remove(&t.protocol);
+        let mut failed = Vec::new();
+        if let Err(e) = mark_withdrawn(&t.routes_file) {
+            tracing::error!(protocol = %t.protocol, "BGP controller: {e}");
+            failed.push(e.to_string());
+        }
         match bird.run(&["disable", &t.protocol]) {
             Ok(_) => {
                 tracing::info!(protocol = %t.protocol, "BGP: {} VIPs withdrawn ({why})", t.family);
-                None
             }
             Err(e) => {
                 tracing::error!(
@@ -546,9 +583,11 @@ impl Announcer {
                     "BGP controller: could not withdraw the {} VIPs: {e}",
                     t.family
                 );
-                Some(format!("{} VIPs ({}): {e}", t.family, t.protocol))
+                failed.push(e.to_string());
             }
         }
+        (!failed.is_empty())
+            .then(|| format!("{} VIPs ({}): {}", t.family, t.protocol, failed.join("; ")))
     }
 
     /// Withdraws every VIP (on shutdown, and when `[bgp]` goes away); what
@@ -643,6 +682,95 @@ pub fn routes(cfg: &Config, ipv6: bool, serving: &dyn Fn(usize) -> bool) -> Stri
 /// The routes in a routes file's text.
 fn route_count(text: &str) -> u64 {
     text.lines().filter(|l| l.starts_with("route ")).count() as u64
+}
+
+/// The line of a routes file that states its protocol's wanted state:
+/// BIRD's `disabled` option, which the file sets after the shipped
+/// configuration's `disabled;` (the last one read is BIRD's).
+pub fn state_line(announce: bool) -> &'static str {
+    if announce {
+        "disabled no;"
+    } else {
+        "disabled yes;"
+    }
+}
+
+/// Whether a line is a `disabled` option (a state line of any version).
+fn is_state_line(line: &str) -> bool {
+    let l = line.trim_start();
+    l.strip_prefix("disabled")
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t', ';']))
+}
+
+/// A routes file's text (as [`routes`] writes it) with its protocol's
+/// wanted state: the header, the state line, then the routes; any state
+/// line the text had is replaced.
+pub fn with_state(text: &str, announce: bool) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut stated = false;
+    for line in text.lines() {
+        if is_state_line(line) {
+            continue;
+        }
+        // After the leading comments (the header), before the first
+        // statement.
+        if !stated && !line.starts_with('#') {
+            out.push_str(state_line(announce));
+            out.push('\n');
+            stated = true;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if !stated {
+        out.push_str(state_line(announce));
+        out.push('\n');
+    }
+    out
+}
+
+/// The wanted state a routes file's text states: `Some(true)` for
+/// `disabled no;`, `Some(false)` for `disabled yes;` (or a bare
+/// `disabled;`), none without a state line (a file of an older version).
+pub fn stated(text: &str) -> Option<bool> {
+    text.lines()
+        .rev()
+        .find(|l| is_state_line(l))
+        .map(|l| !matches!(l.trim(), "disabled;" | "disabled yes;"))
+}
+
+/// Whether `new` differs from the file's `old` text in its state line
+/// alone (its routes and comments the same): no configure is owed for it.
+fn only_state_differs(old: Option<&str>, new: &str) -> bool {
+    let rest = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| !is_state_line(l))
+            .map(str::to_string)
+            .collect()
+    };
+    old.is_some_and(|o| rest(o) == rest(new))
+}
+
+/// Has the routes file at `path` say `disabled yes;`, its routes kept: a
+/// withdrawal's first step, so that a BIRD that reads the file later (a
+/// configure, a restart) keeps the protocol off. A missing file is left
+/// missing: BIRD then keeps the shipped `disabled;`.
+pub fn mark_withdrawn(path: &Path) -> Result<(), AnnounceError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(AnnounceError::RoutesFile {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let new = with_state(&text, false);
+    if new == text {
+        return Ok(());
+    }
+    write_routes(path, &new)
 }
 
 /// Replaces `path` with `text` whole: written to a new file of a name of
@@ -774,7 +902,7 @@ pub struct BgpStatus {
     /// next poll where it can.
     pub mismatch: Option<String>,
     /// Times the controller found BIRD changed behind its back and put it
-    /// back (re-enabled after a `birdc configure` or a BIRD restart, say).
+    /// back (re-enabled after someone disabled the protocol, say).
     pub repairs: u64,
     /// How long before this document BIRD was read, milliseconds: the BGP
     /// task reads it at every poll and right after it changes something,
@@ -1172,11 +1300,16 @@ pool = "p"
         }
     }
 
-    /// A stand-in for BIRD that behaves as BIRD 2.0.12 does where it
-    /// matters here: static protocols read their routes file when the
-    /// configuration is read (at start and on `configure`), which also
-    /// puts every protocol back to its configured `disabled`; an
-    /// established session exports what the static protocols hold.
+    /// A stand-in for BIRD that behaves as BIRD 2 does where it matters
+    /// here (nest/proto.c, `protos_commit` and `proto_reconfigure`): each
+    /// static protocol is configured as dist/bird/fastpath.conf ships it,
+    /// `disabled;` then the routes file included (whose `disabled` line,
+    /// if any, is the last word); a configuration read (`configure`)
+    /// restarts a protocol that is down, or whose configured state differs
+    /// from its run-time one (`birdc enable`/`disable`), into its
+    /// configured state, and reconfigures any other route by route without
+    /// taking it down; an established session exports what the static
+    /// protocols hold.
     struct FakeBird {
         /// Protocol name -> (family, routes file, enabled, routes held).
         protocols: RefCell<BTreeMap<String, (Family, PathBuf, bool, u64)>>,
@@ -1185,8 +1318,14 @@ pool = "p"
         /// Per routes file, the prefixes read from it at the last
         /// configuration read.
         held: RefCell<BTreeMap<PathBuf, Vec<String>>>,
+        /// Per protocol, the times a configuration read took it down
+        /// while it was up (its routes withdrawn, if only for a moment).
+        taken_down: RefCell<BTreeMap<String, u32>>,
         /// Every command it was given.
         log: RefCell<Vec<String>>,
+        /// Per `disable`, the protocol and the state its routes file
+        /// stated at that moment.
+        disabled_with: RefCell<Vec<(String, Option<bool>)>>,
     }
 
     impl FakeBird {
@@ -1200,21 +1339,57 @@ pool = "p"
                 ),
                 running: RefCell::new(true),
                 held: RefCell::new(BTreeMap::new()),
+                taken_down: RefCell::new(BTreeMap::new()),
                 log: RefCell::new(Vec::new()),
+                disabled_with: RefCell::new(Vec::new()),
             };
-            b.read_configuration();
+            b.start();
             b
         }
 
-        fn read_configuration(&self) {
+        /// Each protocol's routes file's text as its configuration
+        /// includes it (none: the pattern matched nothing).
+        fn included(file: &Path) -> Option<String> {
+            std::fs::read_to_string(file).ok()
+        }
+
+        /// A BIRD starting: every protocol in its configured state.
+        fn start(&self) {
             for (_, (_, file, enabled, routes)) in self.protocols.borrow_mut().iter_mut() {
-                *enabled = false;
-                let text = std::fs::read_to_string(&*file).unwrap_or_default();
+                let text = Self::included(file);
+                *enabled = text.as_deref().and_then(stated).unwrap_or(false);
+                let text = text.unwrap_or_default();
                 *routes = route_count(&text);
                 self.held
                     .borrow_mut()
                     .insert(file.clone(), route_prefixes(&text).into_iter().collect());
             }
+        }
+
+        /// `birdc configure`.
+        fn read_configuration(&self) {
+            for (name, (_, file, enabled, routes)) in self.protocols.borrow_mut().iter_mut() {
+                let text = Self::included(file);
+                // The shipped `disabled;`, unless the file says otherwise.
+                let configured = text.as_deref().and_then(stated).unwrap_or(false);
+                if *enabled && !configured {
+                    *self
+                        .taken_down
+                        .borrow_mut()
+                        .entry(name.clone())
+                        .or_default() += 1;
+                }
+                *enabled = configured;
+                let text = text.unwrap_or_default();
+                *routes = route_count(&text);
+                self.held
+                    .borrow_mut()
+                    .insert(file.clone(), route_prefixes(&text).into_iter().collect());
+            }
+        }
+
+        fn taken_down(&self, name: &str) -> u32 {
+            self.taken_down.borrow().get(name).copied().unwrap_or(0)
         }
 
         fn enabled(&self, name: &str) -> bool {
@@ -1245,6 +1420,12 @@ pool = "p"
                         });
                     };
                     x.2 = args[0] == "enable";
+                    if args[0] == "disable" {
+                        let file = Self::included(&x.1);
+                        self.disabled_with
+                            .borrow_mut()
+                            .push((name.to_string(), file.as_deref().and_then(stated)));
+                    }
                     Ok(format!("{name}: {}d\n", args[0]))
                 }
                 ["show", "route", "protocol", name] => {
@@ -1340,10 +1521,12 @@ pool = "p"
         d
     }
 
-    /// A reconfigured BIRD (`birdc configure`) disables fastpath's
-    /// protocols: the status says so at once (not "announced"), names the
-    /// mismatch, and the next step enables them again without a configure
-    /// of its own. Both families are announced, each from its own file.
+    /// An operator's `birdc configure` resets nothing: the routes files
+    /// say the protocols are on, so BIRD keeps them up and fastpath has
+    /// nothing to do. Protocols disabled behind fastpath's back: the
+    /// status says so at once (not "announced"), names the mismatch, and
+    /// the next step enables them again without a configure of its own.
+    /// Both families are announced, each from its own file.
     #[test]
     fn a_reconfigured_bird_is_seen_and_put_back() {
         let d = scratch("reconf");
@@ -1367,8 +1550,27 @@ pool = "p"
         assert!(s.families.iter().all(|f| f.announced && f.routes == 1));
         assert!(plan.announced);
 
-        // Someone runs `birdc configure`.
+        // An operator runs `birdc configure`: nothing changes.
         bird.run(&["configure"]).unwrap();
+        assert_eq!(bird.taken_down("fastpath_vips"), 0);
+        assert_eq!(bird.taken_down("fastpath_vips6"), 0);
+        let now = status(&plan, &Reading::take(&bird));
+        assert!(now.announced && now.mismatch.is_none(), "{now:?}");
+        bird.log.borrow_mut().clear();
+        ann.step(&bird, &b, &cfg, true, &|_| true);
+        assert!(
+            !bird
+                .log
+                .borrow()
+                .iter()
+                .any(|c| c == "configure" || c.starts_with("enable")),
+            "{:?}",
+            bird.log.borrow()
+        );
+
+        // Someone disables them by hand.
+        bird.run(&["disable", "fastpath_vips"]).unwrap();
+        bird.run(&["disable", "fastpath_vips6"]).unwrap();
         let now = status(&plan, &Reading::take(&bird));
         assert!(now.wanted && !now.announced, "{now:?}");
         let m = now.mismatch.unwrap();
@@ -1562,6 +1764,167 @@ pool = "p"
         ann.step(&bird, &b, &cfg, false, &|_| true);
         assert!(!bird.enabled("fastpath_vips"));
         ann.withdraw(&bird);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// The routes file's text: the header, the protocol's state, the
+    /// routes; a state line is replaced, never doubled, and a change of
+    /// state alone is told from a change of routes.
+    #[test]
+    fn routes_files_state_the_protocols_wanted_state() {
+        let header = lb::config::VIPS_FILE_HEADER;
+        let routes = format!("{header}route 192.0.2.80/32 blackhole;\n");
+        let on = with_state(&routes, true);
+        assert_eq!(
+            on,
+            format!("{header}disabled no;\nroute 192.0.2.80/32 blackhole;\n")
+        );
+        let off = with_state(&on, false);
+        assert_eq!(
+            off,
+            format!("{header}disabled yes;\nroute 192.0.2.80/32 blackhole;\n")
+        );
+        assert_eq!(with_state(&off, false), off);
+        // No routes: the state all the same (an empty static protocol).
+        assert_eq!(with_state(header, true), format!("{header}disabled no;\n"));
+        assert_eq!(with_state("", false), "disabled yes;\n");
+        assert_eq!(route_prefixes(&on), route_prefixes(&routes));
+        assert_eq!(route_count(&off), 1);
+        // What a file states; BIRD's words for it.
+        assert_eq!(stated(&on), Some(true));
+        assert_eq!(stated(&off), Some(false));
+        assert_eq!(stated(&routes), None);
+        assert_eq!(stated("disabled;\n"), Some(false));
+        assert_eq!(stated("disabled yes;\ndisabled no;\n"), Some(true));
+        assert_eq!(stated("disabledx no;\n"), None);
+        // A state change alone owes no configure; a route change, or a
+        // file not there before, does.
+        assert!(only_state_differs(Some(&on), &off));
+        assert!(only_state_differs(Some(&routes), &off));
+        assert!(!only_state_differs(None, &off));
+        assert!(!only_state_differs(
+            Some(&on),
+            &with_state(&format!("{header}route 192.0.2.81/32 blackhole;\n"), true)
+        ));
+
+        // A withdrawal marks the file, its routes kept; a missing file
+        // stays missing (BIRD keeps the shipped `disabled;`).
+        let d = scratch("mark");
+        let file = d.join("vips.conf");
+        std::fs::write(&file, &on).unwrap();
+        mark_withdrawn(&file).unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), off);
+        mark_withdrawn(&file).unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), off);
+        let missing = d.join("none.conf");
+        mark_withdrawn(&missing).unwrap();
+        assert!(!missing.exists());
+        let e = mark_withdrawn(&d).unwrap_err();
+        assert!(e.to_string().contains(&d.display().to_string()), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A change to one family's VIPs (the IPv6 VIP moved, an IPv4 VIP
+    /// added, then removed) is read by BIRD route by route: no protocol is
+    /// taken down, whichever family changed.
+    #[test]
+    fn a_vip_set_change_takes_no_protocol_down() {
+        let d = scratch("vipset");
+        let cfg = dual(&d);
+        let b = cfg.bgp.clone().unwrap();
+        let bird = FakeBird::new(&[
+            ("fastpath_vips", Family::Ipv4, &d.join("vips.conf")),
+            ("fastpath_vips6", Family::Ipv6, &d.join("vips6.conf")),
+        ]);
+        let mut ann = Announcer::default();
+        ann.step(&bird, &b, &cfg, true, &|_| true);
+        let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+        assert!(status(&plan, &reading).announced);
+        let text = DUAL.replace("VIPS", &d.join("vips.conf").display().to_string());
+        let extra = "[[vips]]\nname = \"e\"\naddress = \"192.0.2.81\"\nport = 80\nprotocol = \"tcp\"\npool = \"p\"\n";
+        let moved = text.replace("2001:db8::80", "2001:db8::81");
+        for (what, text) in [
+            ("IPv6 VIP moved", moved.clone()),
+            ("IPv4 VIP added", format!("{moved}{extra}")),
+            ("IPv4 VIP removed", moved.clone()),
+        ] {
+            let cfg = Config::parse(&text, "t").unwrap();
+            bird.log.borrow_mut().clear();
+            let (plan, reading) = ann.step(&bird, &b, &cfg, true, &|_| true);
+            let log = bird.log.borrow().clone();
+            assert_eq!(
+                log.iter().filter(|c| *c == "configure").count(),
+                1,
+                "{what}: {log:?}"
+            );
+            assert!(
+                !log.iter().any(|c| c.starts_with("enable")),
+                "{what}: {log:?}"
+            );
+            assert_eq!(bird.taken_down("fastpath_vips"), 0, "{what}");
+            assert_eq!(bird.taken_down("fastpath_vips6"), 0, "{what}");
+            let s = status(&plan, &reading);
+            assert!(s.announced && s.mismatch.is_none(), "{what}: {s:?}");
+            assert_eq!(s.repairs, 0, "{what}");
+        }
+        assert!(bird.held.borrow()[&d.join("vips6.conf")] == ["2001:db8::81/128"]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Announcing and withdrawing change the file's state line and the
+    /// protocol, never with a configure; every disable finds the file
+    /// already saying `disabled yes;`, so a BIRD that reads it again (a
+    /// configure, a restart) keeps the VIPs withdrawn, also after a stop.
+    #[test]
+    fn a_withdrawal_is_written_before_it_is_made() {
+        let d = scratch("written");
+        let cfg = dual(&d);
+        let b = cfg.bgp.clone().unwrap();
+        let bird = FakeBird::new(&[
+            ("fastpath_vips", Family::Ipv4, &d.join("vips.conf")),
+            ("fastpath_vips6", Family::Ipv6, &d.join("vips6.conf")),
+        ]);
+        let mut ann = Announcer::default();
+        ann.step(&bird, &b, &cfg, true, &|_| true);
+        let file_says = |f: &str| stated(&std::fs::read_to_string(d.join(f)).unwrap_or_default());
+        assert_eq!(file_says("vips.conf"), Some(true));
+        // The datapath stalls.
+        bird.log.borrow_mut().clear();
+        ann.step(&bird, &b, &cfg, false, &|_| true);
+        let log = bird.log.borrow().clone();
+        assert!(
+            log.contains(&"disable fastpath_vips".to_string()),
+            "{log:?}"
+        );
+        assert!(!log.iter().any(|c| c == "configure"), "{log:?}");
+        assert_eq!(
+            *bird.disabled_with.borrow(),
+            [
+                ("fastpath_vips".to_string(), Some(false)),
+                ("fastpath_vips6".to_string(), Some(false))
+            ]
+        );
+        bird.run(&["configure"]).unwrap();
+        bird.start();
+        assert!(!bird.enabled("fastpath_vips") && !bird.enabled("fastpath_vips6"));
+        // It beats again: enabled, the file saying so, no configure.
+        bird.log.borrow_mut().clear();
+        ann.step(&bird, &b, &cfg, true, &|_| true);
+        let log = bird.log.borrow().clone();
+        assert!(!log.iter().any(|c| c == "configure"), "{log:?}");
+        assert!(bird.enabled("fastpath_vips") && bird.enabled("fastpath_vips6"));
+        assert_eq!(file_says("vips6.conf"), Some(true));
+        // A stop.
+        bird.disabled_with.borrow_mut().clear();
+        assert!(ann.withdraw(&bird).is_empty());
+        assert!(bird
+            .disabled_with
+            .borrow()
+            .iter()
+            .all(|(_, s)| *s == Some(false)));
+        assert_eq!(bird.disabled_with.borrow().len(), 2);
+        bird.start();
+        assert!(!bird.enabled("fastpath_vips") && !bird.enabled("fastpath_vips6"));
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -4,7 +4,12 @@
 //! (killed, frozen and killed by the watchdog, crashed, or stopped
 //! gracefully, when it is already done and this changes nothing). It
 //! disables BIRD's static protocol(s) that hold the VIP routes, so the
-//! router stops sending this machine traffic it can no longer forward.
+//! router stops sending this machine traffic it can no longer forward,
+//! and first has each routes file (`vips_file`, the IPv6 one) say
+//! `disabled yes;` ([`crate::announce::mark_withdrawn`]): the files state
+//! the protocols' wanted state, and a BIRD that reads them again (a
+//! `birdc configure`, a restart) must not announce a load balancer that
+//! is not running.
 //!
 //! It reads only `[bgp]` of the configuration, and leniently: the file may
 //! have been edited into something the daemon would refuse since it
@@ -17,6 +22,8 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::Deserialize as _;
+
 use crate::bird::{BirdError, Birdc};
 
 /// What to withdraw, as the configuration's `[bgp]` names it.
@@ -26,6 +33,10 @@ pub struct Target {
     pub birdc: Vec<String>,
     /// BIRD's static protocols that hold the VIP routes.
     pub protocols: Vec<Protocol>,
+    /// The routes files that state those protocols' wanted state
+    /// (`vips_file` and the IPv6 one; none when `vips_file` is absent or
+    /// not a string: the daemon cannot have written any).
+    pub routes_files: Vec<PathBuf>,
 }
 
 /// A protocol to disable.
@@ -81,6 +92,18 @@ pub enum WithdrawError {
     /// birdc could not be run.
     #[error(transparent)]
     Bird(#[from] BirdError),
+    /// A routes file could not be made to say `disabled yes;`.
+    #[error(
+        "{path}: could not mark it withdrawn ({source}): a BIRD that reads it again would announce \
+         its VIPs"
+    )]
+    RoutesFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: crate::announce::AnnounceError,
+    },
     /// BIRD runs and refused to disable a protocol (or birdc failed).
     #[error("birdc disable {protocol}: {output}")]
     Refused {
@@ -164,7 +187,35 @@ pub fn target(text: &str, path: &Path) -> Result<Option<Target>, WithdrawError> 
             path: path.to_path_buf(),
         });
     }
-    Ok(Some(Target { birdc, protocols }))
+    Ok(Some(Target {
+        birdc,
+        protocols,
+        routes_files: routes_files(bgp),
+    }))
+}
+
+/// The routes files `[bgp]` names, found as the daemon finds them
+/// ([`lb::config::Bgp::routes_file6`]): `vips_file`, and `vips_file6` or
+/// the name derived from `vips_file`. Lenient: the other keys are not
+/// looked at.
+fn routes_files(bgp: &toml::Table) -> Vec<PathBuf> {
+    let mut only = toml::Table::new();
+    for key in ["vips_file", "vips_file6"] {
+        if let Some(v @ toml::Value::String(_)) = bgp.get(key) {
+            only.insert(key.to_string(), v.clone());
+        }
+    }
+    match lb::config::Bgp::deserialize(only) {
+        Ok(b) => {
+            let six = b.routes_file6();
+            let mut files = vec![b.vips_file];
+            if six != files[0] {
+                files.push(six);
+            }
+            files
+        }
+        Err(_) => Vec::new(),
+    }
 }
 
 /// The protocols `dist/bird/fastpath.conf` ships, IPv4 then IPv6 (the
@@ -191,7 +242,24 @@ pub fn withdraw(config: &Path) -> Result<Vec<Done>, WithdrawError> {
     let Some(t) = target(&text, config)? else {
         return Ok(Vec::new());
     };
-    let done = std::thread::scope(|scope| {
+    // The files first: a BIRD that reads them after this (a configure, a
+    // restart) keeps the protocols off whatever the disables below do.
+    let mut done: Vec<Done> = t
+        .routes_files
+        .iter()
+        .filter_map(|f| {
+            crate::announce::mark_withdrawn(f).err().map(|source| {
+                (
+                    f.display().to_string(),
+                    Err(WithdrawError::RoutesFile {
+                        path: f.clone(),
+                        source,
+                    }),
+                )
+            })
+        })
+        .collect();
+    let disabled: Vec<Done> = std::thread::scope(|scope| {
         let running: Vec<_> = t
             .protocols
             .iter()
@@ -213,6 +281,7 @@ pub fn withdraw(config: &Path) -> Result<Vec<Done>, WithdrawError> {
             })
             .collect()
     });
+    done.extend(disabled);
     Ok(done)
 }
 
@@ -316,6 +385,69 @@ mod tests {
         assert!(e.to_string().contains("bgp.protocol"), "{e}");
         let e = target("[bgp\n", Path::new("t.toml")).unwrap_err();
         assert!(e.to_string().starts_with("t.toml: "), "{e}");
+    }
+
+    #[test]
+    fn routes_files_as_the_daemon_finds_them() {
+        let files = |text: &str| t(text).unwrap().routes_files;
+        assert_eq!(
+            files("[bgp]\nvips_file = \"/run/fastpath/vips.conf\"\n"),
+            [
+                PathBuf::from("/run/fastpath/vips.conf"),
+                PathBuf::from("/run/fastpath/vips6.conf")
+            ]
+        );
+        assert_eq!(
+            files("[bgp]\nvips_file = \"/a/v4\"\nvips_file6 = \"/b/v6\"\npoll_ms = \"x\"\n"),
+            [PathBuf::from("/a/v4"), PathBuf::from("/b/v6")]
+        );
+        // None named: the daemon cannot have written any.
+        assert!(files("[bgp]\nprotocol = \"v4\"\n").is_empty());
+        assert!(files("[bgp]\nvips_file = 3\n").is_empty());
+    }
+
+    /// `lb withdraw` has each routes file say `disabled yes;` (its routes
+    /// kept) whatever BIRD answers: a BIRD that reads the files again
+    /// keeps the protocols off.
+    #[test]
+    fn routes_files_are_marked_withdrawn_whatever_bird_does() {
+        let d = std::env::temp_dir().join(format!("fastpath-withdraw-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let v4 = d.join("vips.conf");
+        let on = format!(
+            "{}disabled no;\nroute 192.0.2.80/32 blackhole;\n",
+            lb::config::VIPS_FILE_HEADER
+        );
+        std::fs::write(&v4, &on).unwrap();
+        let config = d.join("lb.toml");
+        // `true` as birdc: it answers nothing, so no protocol is withdrawn.
+        std::fs::write(
+            &config,
+            format!(
+                "[bgp]\nvips_file = \"{}\"\nbirdc = [\"true\"]\n",
+                v4.display()
+            ),
+        )
+        .unwrap();
+        let done = withdraw(&config).unwrap();
+        assert_eq!(done.len(), 2, "{done:?}");
+        assert!(done.iter().all(|(_, r)| r.is_err()), "{done:?}");
+        assert_eq!(
+            std::fs::read_to_string(&v4).unwrap(),
+            on.replace("disabled no;", "disabled yes;")
+        );
+        // The IPv6 file was never written: left so.
+        assert!(!d.join("vips6.conf").exists());
+        // A file that cannot be marked is said.
+        std::fs::remove_file(&v4).unwrap();
+        std::fs::create_dir(&v4).unwrap();
+        let done = withdraw(&config).unwrap();
+        let (name, r) = &done[0];
+        assert_eq!(name, &v4.display().to_string());
+        let e = r.as_ref().unwrap_err().to_string();
+        assert!(e.contains("could not mark it withdrawn"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
