@@ -12,9 +12,12 @@ use super::{problem, Problem, LIVE_INTERVAL_MS};
 /// `protocol6` (ipv6 channel). fastpath enables a family's protocol while
 /// the forwarder is healthy and disables it (withdrawing its VIPs) when the
 /// forwarder stops or stalls. It reads back from BIRD, every poll, what
-/// BIRD really exports, and puts BIRD back when its state differs (a
-/// `birdc configure` resets the protocols to `disabled`, a restarted BIRD
-/// starts so). The IPv6 protocol is used only while there are IPv6 VIPs.
+/// BIRD really exports, and puts BIRD back when its state differs. Each
+/// routes file states its protocol's wanted state (`disabled no;` or
+/// `disabled yes;`, after the shipped `disabled;`), so a `birdc configure`
+/// changes only the routes that changed and keeps the protocol as it runs;
+/// a withdrawal writes `disabled yes;` before it disables. The IPv6
+/// protocol is used only while there are IPv6 VIPs.
 /// `dist/bird/fastpath.conf` defines both with these default names.
 ///
 /// ```toml
