@@ -429,11 +429,20 @@ mod tests {
         let c = Config::parse(&text, "t").unwrap();
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
         let found = c.check_host("t");
-        let quic: Vec<_> = found.iter().filter(|e| e.key == "quic_lb[0].key_file").collect();
+        let quic: Vec<_> = found
+            .iter()
+            .filter(|e| e.key == "quic_lb[0].key_file")
+            .collect();
         assert_eq!(quic.len(), 1, "{found:?}");
-        assert!(quic[0].problem.contains("0640") && quic[0].problem.contains("its group"), "{found:?}");
+        assert!(
+            quic[0].problem.contains("0640") && quic[0].problem.contains("its group"),
+            "{found:?}"
+        );
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(c.check_host("t").iter().all(|e| e.key != "quic_lb[0].key_file"));
+        assert!(c
+            .check_host("t")
+            .iter()
+            .all(|e| e.key != "quic_lb[0].key_file"));
     }
 
     /// Each thing the host lacks is reported, all of them at once; with
