@@ -69,6 +69,7 @@
 
 mod attach;
 pub mod bridge;
+mod budgets;
 mod chain;
 mod config;
 mod control;

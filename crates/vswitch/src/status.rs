@@ -450,9 +450,9 @@ impl Status {
                 state,
             ]);
         }
-        use crate::ports::vhost::datapath::{DESC_BUDGET, DESC_RATE, FREE_READS};
-        let spoof_us = crate::switch::SPOOF_HOLD_PER_FRAME.as_micros();
-        let spoof_max_ms = crate::switch::SPOOF_HOLD_MAX.as_millis();
+        use crate::budgets::{DESC_BUDGET, DESC_RATE, FREE_READS};
+        let spoof_us = crate::budgets::SPOOF_HOLD_PER_FRAME.as_micros();
+        let spoof_max_ms = crate::budgets::SPOOF_HOLD_MAX.as_millis();
         format!(
             "{t}held back: time the switch took no frames from the port: a VM queue reads at most \
              {DESC_RATE} descriptors a second (and {DESC_BUDGET} a pass) beyond {FREE_READS} a \

@@ -22,12 +22,7 @@ const FLOOD: u16 = u16::MAX;
 const DROP: u16 = u16::MAX - 1;
 /// The most ports one switch serves.
 pub const MAX_PORTS: usize = 1024;
-/// How long a port is held back (its frames not taken) per frame port
-/// security refused from it: a port that keeps sending from an address it
-/// may not use is served at a bounded rate, whatever its peer's speed.
-pub const SPOOF_HOLD_PER_FRAME: std::time::Duration = std::time::Duration::from_micros(1);
-/// The longest a port is held back after one batch.
-pub const SPOOF_HOLD_MAX: std::time::Duration = std::time::Duration::from_millis(1);
+pub use crate::budgets::{SPOOF_HOLD_MAX, SPOOF_HOLD_PER_FRAME};
 /// Bytes of port entries in one page of the status document: a page and
 /// the switch-wide part stay well inside one control message
 /// ([`ring::control::MAX_MSG`], 64 KiB), however many ports there are.

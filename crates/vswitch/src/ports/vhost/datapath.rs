@@ -105,20 +105,7 @@ pub const MAX_QUEUE_SIZE: u32 = 32768;
 pub const MAX_FRAME: u32 = 2048;
 /// The shortest frame taken from a guest: an Ethernet header.
 pub const MIN_FRAME: u32 = 14;
-/// Descriptor reads one queue may make per pass, on average, beyond the
-/// first [`FREE_READS`] of each chain: one more per frame of a full batch.
-pub const DESC_BUDGET: u64 = 256;
-/// Reads of each chain not charged to the budget: the one or two
-/// descriptors an ordinary frame takes (header and frame together, or
-/// apart), which the batch size and the ring already bound, so that
-/// ordinary guests never meet the budget. The device offers no checksum or
-/// segmentation offload, so a Linux guest's frames are linear: one
-/// descriptor, or the header and one more.
-pub const FREE_READS: u64 = 2;
-/// Descriptor reads one queue may make per second beyond the free ones:
-/// the rate the budget refills at. About 122 chains of 32,768 descriptors
-/// a second; a few percent of a core at the few nanoseconds a read costs.
-pub const DESC_RATE: u64 = 4_000_000;
+pub use crate::budgets::{DESC_BUDGET, DESC_RATE, FREE_READS};
 /// Descriptor reads one chain may cost beyond the budget: the whole ring
 /// (a legal chain's longest) and the two descriptors a transmit chain's
 /// fast paths look at before walking it.
