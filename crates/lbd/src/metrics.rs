@@ -113,6 +113,13 @@ impl Families<'_> {
         self.r.register(name, help, c);
     }
 
+    /// A gauge without labels in seconds (Prometheus' base unit), at `v`.
+    fn seconds_at(&mut self, name: &str, help: &str, v: f64) {
+        let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        g.set(v);
+        self.r.register(name, help, g);
+    }
+
     /// A gauge without labels, at `v`.
     fn gauge_at(&mut self, name: &str, help: &str, v: u64) {
         let g = Gauge::<i64>::default();
@@ -349,7 +356,7 @@ pub fn encode_metrics_as(
     if let Some(a) = s.bgp_announced {
         f.gauge_at(
             "fastpath_lb_bgp_announced",
-            "1 while BIRD announces VIPs to the router, as BIRD said at the BGP task's last reading (fastpath_lb_bgp_read_age_milliseconds ago)",
+            "1 while BIRD announces VIPs to the router, as BIRD said at the BGP task's last reading (fastpath_lb_bgp_read_age_seconds ago)",
             u64::from(a),
         );
     }
@@ -359,10 +366,10 @@ pub fn encode_metrics_as(
             "1 while fastpath wants VIPs announced (its datapath beats, a VIP has a healthy backend)",
             u64::from(b.wanted),
         );
-        f.gauge_at(
-            "fastpath_lb_bgp_read_age_milliseconds",
+        f.seconds_at(
+            "fastpath_lb_bgp_read_age_seconds",
             "How long ago the BGP task last read BIRD; what the other fastpath_lb_bgp metrics say of BIRD is that reading's (scrapes never wait for BIRD)",
-            b.read_ms_ago,
+            b.read_ms_ago as f64 / 1000.0,
         );
         f.gauge_at(
             "fastpath_lb_bgp_mismatch",
