@@ -96,13 +96,7 @@ impl ConfigArgs {
     fn config(&self) -> anyhow::Result<quic_lb::Config> {
         let key = match &self.key {
             None => None,
-            Some(k) => {
-                let octets = from_hex(k).context("--key")?;
-                let len = octets.len();
-                Some(octets.try_into().map_err(|_| {
-                    anyhow::anyhow!("--key is {len} octets; AES-128 takes 16 (32 hex digits)")
-                })?)
-            }
+            Some(k) => Some(quic_lb::parse_key(k).with_context(|| format!("--key {k:?}"))?),
         };
         Ok(quic_lb::Config::new(
             self.codepoint,
@@ -116,21 +110,7 @@ impl ConfigArgs {
 
 /// Octets from hex digits (an optional `0x`; whole octets only).
 fn from_hex(s: &str) -> anyhow::Result<Vec<u8>> {
-    let digits = s.strip_prefix("0x").unwrap_or(s);
-    anyhow::ensure!(
-        digits.len().is_multiple_of(2),
-        "{s:?} has {} hex digits: whole octets take an even number",
-        digits.len()
-    );
-    (0..digits.len())
-        .step_by(2)
-        .map(|i| {
-            digits
-                .get(i..i + 2)
-                .and_then(|d| u8::from_str_radix(d, 16).ok())
-                .with_context(|| format!("{s:?} is not hex (at digit {})", i + 1))
-        })
-        .collect()
+    quic_lb::parse_hex(s).with_context(|| format!("{s:?}"))
 }
 
 fn to_hex(b: &[u8]) -> String {

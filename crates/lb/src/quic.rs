@@ -137,25 +137,13 @@ impl QuicRoute {
 
 /// A server ID written in hex (a backend's `quic_server_id`) as octets.
 pub fn server_id(backend: &str, text: &str) -> Result<quic_lb::ServerId, QuicRouteError> {
-    let bad = || QuicRouteError::ServerId {
-        backend: backend.to_string(),
-        id: text.to_string(),
-    };
-    let digits = text.strip_prefix("0x").unwrap_or(text);
-    if !digits.len().is_multiple_of(2) {
-        return Err(bad());
-    }
-    let octets: Option<Vec<u8>> = (0..digits.len())
-        .step_by(2)
-        .map(|i| {
-            digits
-                .get(i..i + 2)
-                .and_then(|d| u8::from_str_radix(d, 16).ok())
-        })
-        .collect();
-    octets
+    quic_lb::parse_hex(text)
+        .ok()
         .and_then(|o| quic_lb::ServerId::new(&o))
-        .ok_or_else(bad)
+        .ok_or_else(|| QuicRouteError::ServerId {
+            backend: backend.to_string(),
+            id: text.to_string(),
+        })
 }
 
 #[cfg(test)]

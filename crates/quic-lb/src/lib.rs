@@ -137,6 +137,62 @@ pub enum Unroutable {
     },
 }
 
+/// Why text is not octets in hex (a server ID, a nonce, a key, a connection
+/// ID as configurations and command lines write them).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HexError {
+    /// An odd number of digits: not whole octets.
+    #[error("{digits} hex digits: whole octets take an even number")]
+    Odd {
+        /// Digits given (after any `0x`).
+        digits: usize,
+    },
+    /// A character that is not a hex digit (a sign, a space...).
+    #[error("not hex (at digit {at})")]
+    NotHex {
+        /// Its position, from 1.
+        at: usize,
+    },
+    /// A key of another length than AES-128's.
+    #[error("{octets} octets; AES-128 takes 16 (32 hex digits)")]
+    KeyLength {
+        /// Octets given.
+        octets: usize,
+    },
+}
+
+/// Octets from hex digits, an optional `0x` first; only the digits 0-9,
+/// a-f, A-F (`u8::from_str_radix` alone would take a sign: "+1").
+pub fn parse_hex(text: &str) -> Result<Vec<u8>, HexError> {
+    let digits = text.strip_prefix("0x").unwrap_or(text).as_bytes();
+    if let Some(at) = digits.iter().position(|b| !b.is_ascii_hexdigit()) {
+        return Err(HexError::NotHex { at: at + 1 });
+    }
+    if !digits.len().is_multiple_of(2) {
+        return Err(HexError::Odd {
+            digits: digits.len(),
+        });
+    }
+    let nibble = |b: u8| match b {
+        b'0'..=b'9' => b - b'0',
+        b'a'..=b'f' => b - b'a' + 10,
+        _ => b - b'A' + 10,
+    };
+    Ok(digits
+        .chunks_exact(2)
+        .map(|p| (nibble(p[0]) << 4) | nibble(p[1]))
+        .collect())
+}
+
+/// An AES-128 key from 32 hex digits ([`parse_hex`]).
+pub fn parse_key(text: &str) -> Result<Key, HexError> {
+    let octets = parse_hex(text)?;
+    let len = octets.len();
+    octets
+        .try_into()
+        .map_err(|_| HexError::KeyLength { octets: len })
+}
+
 /// How a configuration turns server ID and nonce into octets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {
@@ -653,6 +709,17 @@ mod tests {
         let mut back = [0u8; 7];
         f.join(&l, &r, &mut back);
         assert_eq!(back.as_slice(), block.as_slice());
+    }
+
+    #[test]
+    fn hex_takes_digits_only() {
+        assert_eq!(parse_hex("0x0aFf"), Ok(vec![0x0a, 0xff]));
+        assert_eq!(parse_hex(""), Ok(vec![]));
+        assert_eq!(parse_hex("+1"), Err(HexError::NotHex { at: 1 }));
+        assert_eq!(parse_hex("00 1"), Err(HexError::NotHex { at: 3 }));
+        assert_eq!(parse_hex("abc"), Err(HexError::Odd { digits: 3 }));
+        assert_eq!(parse_key("00ff"), Err(HexError::KeyLength { octets: 2 }));
+        assert_eq!(parse_key(&"ab".repeat(16)), Ok([0xab; 16]));
     }
 
     #[test]

@@ -115,12 +115,7 @@ struct ClientArgs {
 }
 
 fn from_hex(s: &str) -> anyhow::Result<Vec<u8>> {
-    let d = s.strip_prefix("0x").unwrap_or(s);
-    anyhow::ensure!(d.len().is_multiple_of(2), "{s:?}: odd number of hex digits");
-    (0..d.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&d[i..i + 2], 16).with_context(|| format!("{s:?} is not hex")))
-        .collect()
+    quic_lb::parse_hex(s).with_context(|| format!("{s:?}"))
 }
 
 /// The client's flow-control window per stream, octets: a download of
@@ -197,11 +192,7 @@ async fn server(a: ServerArgs) -> anyhow::Result<()> {
     if let Some(sid) = &a.server_id {
         let sid = from_hex(sid).context("--server-id")?;
         let key = match &a.cid.key {
-            Some(k) => Some(
-                from_hex(k)?
-                    .try_into()
-                    .map_err(|_| anyhow::anyhow!("--key: 16 octets"))?,
-            ),
+            Some(k) => Some(quic_lb::parse_key(k).context("--key")?),
             None => None,
         };
         let config = quic_lb::Config::new(

@@ -86,45 +86,22 @@ pub enum QuicConfError {
     Config(#[from] quic_lb::ConfigError),
 }
 
-/// A key from hex: 32 digits, an optional `0x`.
+/// A key from hex: 32 digits, an optional `0x` ([`quic_lb::parse_key`]).
 fn parse_key(text: &str) -> Result<quic_lb::Key, String> {
-    let digits = text.trim();
-    let digits = digits.strip_prefix("0x").unwrap_or(digits);
-    if digits.len() != 32 || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!(
-            "a QUIC-LB key is 32 hex digits (AES-128), not {} characters{}",
-            digits.len(),
-            if digits.bytes().all(|b| b.is_ascii_hexdigit()) {
-                ""
-            } else {
-                " with non-hex ones"
-            }
-        ));
-    }
-    let mut key = [0u8; 16];
-    for (i, k) in key.iter_mut().enumerate() {
-        *k = u8::from_str_radix(&digits[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
-    }
-    Ok(key)
+    quic_lb::parse_key(text.trim())
+        .map_err(|e| format!("a QUIC-LB key is 32 hex digits (AES-128): {e}"))
 }
 
-/// Octets of a server ID written in hex (`quic_server_id`).
+/// Octets of a server ID written in hex (`quic_server_id`), at least one
+/// ([`quic_lb::parse_hex`]).
 pub(super) fn parse_server_id(text: &str) -> Result<Vec<u8>, String> {
-    let digits = text.strip_prefix("0x").unwrap_or(text);
-    if digits.is_empty() || !digits.len().is_multiple_of(2) {
-        return Err(format!(
+    match quic_lb::parse_hex(text) {
+        Ok(octets) if octets.is_empty() => Err(format!(
             "{text:?} is not whole octets of hex (an even number of digits, at least 2)"
-        ));
+        )),
+        Ok(octets) => Ok(octets),
+        Err(e) => Err(format!("{text:?}: {e}")),
     }
-    (0..digits.len())
-        .step_by(2)
-        .map(|i| {
-            digits
-                .get(i..i + 2)
-                .and_then(|d| u8::from_str_radix(d, 16).ok())
-                .ok_or_else(|| format!("{text:?} is not hex"))
-        })
-        .collect()
 }
 
 impl QuicLbConf {
@@ -340,6 +317,7 @@ pool = "h3"
             (ONE, "{ address = \"10.1.0.1\", quic_server_id = \"01\" }", "protocol = \"udp\"\nquic = true", "vips[0].pool", "is 1 octets"),
             (ONE, "{ address = \"10.1.0.1\", quic_server_id = \"0001\" }, { address = \"10.1.0.2\", quic_server_id = \"0x0001\" }", "protocol = \"udp\"\nquic = true", "vips[0].pool", "have one quic_server_id"),
             (ONE, "{ address = \"10.1.0.1\", quic_server_id = \"00g1\" }", "protocol = \"udp\"\nquic = true", "vips[0].pool", "not hex"),
+            (ONE, "{ address = \"10.1.0.1\", quic_server_id = \"+001\" }", "protocol = \"udp\"\nquic = true", "vips[0].pool", "not hex"),
             ("[[quic_lb]]\ncodepoint = 7\nserver_id_len = 2\nnonce_len = 6\n", TWO, "protocol = \"udp\"\nquic = true", "quic_lb[0].codepoint", "0-6"),
             ("[[quic_lb]]\ncodepoint = 1\nserver_id_len = 2\nnonce_len = 3\n", TWO, "protocol = \"udp\"\nquic = true", "quic_lb[0].nonce_len", "at least 4"),
             ("[[quic_lb]]\ncodepoint = 1\nserver_id_len = 10\nnonce_len = 10\n", TWO, "protocol = \"udp\"\nquic = true", "quic_lb[0].nonce_len", "at most 19"),
