@@ -77,7 +77,9 @@ impl From<quic_lb::Unroutable> for Miss {
 /// One `quic` VIP's routing: the configurations and its pool's server IDs.
 #[derive(Debug, Clone)]
 pub struct QuicRoute {
-    configs: quic_lb::Configs,
+    /// Shared by every `quic` VIP of a configuration (their keys'
+    /// schedules are computed once, when the configuration is applied).
+    configs: std::sync::Arc<quic_lb::Configs>,
     by_server_id: FxHashMap<quic_lb::ServerId, u32>,
 }
 
@@ -101,7 +103,7 @@ impl QuicRoute {
     /// Routing by `configs` to the backends whose server IDs (octets) are
     /// given with their backend ids.
     pub fn new(
-        configs: quic_lb::Configs,
+        configs: std::sync::Arc<quic_lb::Configs>,
         server_ids: impl IntoIterator<Item = (quic_lb::ServerId, u32)>,
     ) -> Self {
         QuicRoute {
@@ -155,7 +157,7 @@ mod tests {
         let mut set = quic_lb::Configs::new();
         set.insert(conf.clone()).expect("insert");
         let ids = [("0001", 10), ("0002", 11)].map(|(t, b)| (server_id("b", t).expect("hex"), b));
-        (QuicRoute::new(set, ids), conf)
+        (QuicRoute::new(std::sync::Arc::new(set), ids), conf)
     }
 
     #[test]

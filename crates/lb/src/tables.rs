@@ -523,7 +523,7 @@ impl Control {
             ids.push((sid, m.id));
         }
         Ok(Some(Arc::new(crate::quic::QuicRoute::new(
-            (**configs).clone(),
+            Arc::clone(configs),
             ids,
         ))))
     }
