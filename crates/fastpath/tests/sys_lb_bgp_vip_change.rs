@@ -281,8 +281,16 @@ fn a_vip_set_change_leaves_an_unchanged_vip_in_ecmp() {
     );
     // What fastpath says agrees, and it did not have to put BIRD back.
     for k in 1..=2 {
-        let b = t.status_of(k).unwrap().bgp.unwrap();
-        assert!(b.announced && b.mismatch.is_none(), "lb{k}: {b:?}");
+        // Read in the background: wait for a reading after the last change.
+        let b = t
+            .wait_status(k, Duration::from_secs(10), |s| {
+                s.bgp
+                    .as_ref()
+                    .is_some_and(|b| b.announced && b.mismatch.is_none())
+            })
+            .unwrap_or_else(|e| panic!("lb{k}: {e}"))
+            .bgp
+            .unwrap();
         assert_eq!(b.repairs, repairs_before[k - 1], "lb{k}: {b:?}");
     }
     t.procs.stop_all();

@@ -1174,6 +1174,41 @@ pool = "web"
         })
     }
 
+    /// Waits until load balancer `k`'s `/status` satisfies `ok`, and returns
+    /// that status; on timeout, an error carrying the last one read. The
+    /// daemon reads BIRD in the background (off the request path), so a
+    /// status answered right after the router changed may describe the
+    /// reading before: tests that compare the two wait for the next one.
+    pub fn wait_status(
+        &self,
+        k: usize,
+        timeout: Duration,
+        ok: impl Fn(&lbd::status::Status) -> bool,
+    ) -> Result<lbd::status::Status> {
+        let start = Instant::now();
+        loop {
+            let last = self.status_of(k);
+            if let Ok(s) = &last {
+                if ok(s) {
+                    return last;
+                }
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "load balancer {k}'s status did not reach what was waited for within {timeout:?}; last: {}",
+                        match &last {
+                            Ok(s) => format!("{:?}", s.bgp),
+                            Err(e) => e.to_string(),
+                        }
+                    ),
+                    logs: String::new(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The load balancers the router's route to the VIP leads to now
     /// (1-based numbers, from its `nexthop via` lines or its single `via`).
     pub fn ecmp_set(&self) -> Vec<usize> {
