@@ -22,6 +22,17 @@ fn memif_port(ctl: &std::path::Path) -> Option<serde_json::Value> {
         .cloned()
 }
 
+/// The tests of this binary run one at a time: the descriptor test counts
+/// what this process holds, and a sibling test's switch and client running
+/// beside it would be counted as the switch's (141 against 136 once, in a
+/// loaded CI run).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    // A failed sibling test poisons the lock; this one still runs alone.
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Poll `f` until it gives a value (at most 5 s).
 fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let end = Instant::now() + Duration::from_secs(5);
@@ -36,6 +47,7 @@ fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 
 #[test]
 fn lying_memif_clients_are_refused_or_contained() {
+    let _alone = serial();
     let pid = std::process::id();
     let ctl = std::env::temp_dir().join(format!("fp-mh-ctl-{pid}.sock"));
     let msock = std::env::temp_dir().join(format!("fp-mh-{pid}.sock"));
@@ -161,6 +173,7 @@ fn memif_switch(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
 /// refused. Many connections are bounded too.
 #[test]
 fn a_memif_client_cannot_make_the_switch_hoard_descriptors() {
+    let _alone = serial();
     let (ctl, msock) = memif_switch("hoard");
     let (stop, h) = spawn(
         Switch::new(Config {
@@ -257,6 +270,7 @@ fn a_memif_client_cannot_make_the_switch_hoard_descriptors() {
 /// the moment after (the file truncated between the check and our reads).
 #[test]
 fn a_memif_region_s_seals_are_checked_before_its_size() {
+    let _alone = serial();
     let (ctl, msock) = memif_switch("toctou");
     let (stop, h) = spawn(
         Switch::new(Config {
