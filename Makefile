@@ -20,7 +20,7 @@ setup:
 ## Maglev hashing evaluation (section 5.3, plots in out/plots) and the fleet
 ## simulator at internet scale (plots in out/plots). Needs root.
 demo: setup
-	$(CARGO) build --release --locked -p fastpath
+	$(CARGO) build --release --locked -p fastpath -p quic-peer
 	mkdir -p $(OUT)
 	./target/release/fastpath lb demo
 	./target/release/fastpath switch demo

@@ -347,7 +347,11 @@ pub enum LbCommand {
     ///      withdraw the VIP, drain, exit), goal: 0 failed requests;
     ///   6. backend-1 is removed while load balancer 2 is down: broken
     ///      connections beside what Maglev's table disruption predicts;
-    ///   7. the fleet's table fingerprints are compared.
+    ///   7. the fleet's table fingerprints are compared;
+    ///   8. QUIC downloads move twice each mid-download (new address and
+    ///      port) with the VIP routed by connection ID (QUIC-LB: all
+    ///      complete), then by the 5-tuple (most break); needs
+    ///      fastpath-quic-peer beside fastpath, else skipped and said.
     ///
     /// Everything it created is removed at the end, also when interrupted.
     ///

@@ -205,6 +205,17 @@ fn the_demo_meets_its_goals_and_matches_the_simulator() {
     assert!(measured <= predicted, "{f}");
     assert!(measured >= on_removed, "{f}");
     assert_eq!(f["agree"], true, "{f}");
+    // QUIC downloads that move: none breaks routed by connection ID, most
+    // do by the 5-tuple (the peer is built beside fastpath by the
+    // workspace: the section ran).
+    let q = &f["quic"];
+    assert_eq!(q["routed_by_cid"]["connections"], 30, "{q}");
+    assert_eq!(q["routed_by_cid"]["migrations"], 60, "{q}");
+    assert_eq!(q["routed_by_cid"]["broken"], 0, "{q}");
+    assert!(
+        q["routed_by_5tuple"]["broken"].as_u64().unwrap_or(0) >= 10,
+        "most moved connections break without QUIC-LB: {q}"
+    );
     // The simulator for the same sizes: the same zeros, and about as many
     // broken by the backend change (binomial noise of a third of the
     // connections, 4 standard deviations, plus what it remaps).

@@ -24,6 +24,9 @@
 //!    that break are counted beside what Maglev's table disruption
 //!    predicts (connections whose table entry changed).
 //! 7. The fleet's tables are compared (fingerprints).
+//! 8. QUIC downloads that move mid-download (new address and port) through
+//!    the fleet: all complete with the VIP routed by connection ID
+//!    (QUIC-LB), most break with it routed by the 5-tuple.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -157,12 +160,26 @@ pub struct FleetReport {
     pub rolling_restart: Rolling,
     /// A backend removed while a load balancer was down.
     pub lb_and_backend_change: BackendChange,
+    /// Migrating QUIC downloads with QUIC-LB on, then off (none where
+    /// `fastpath-quic-peer` is not installed beside `fastpath`).
+    pub quic: Option<QuicMigration>,
     /// Whether every load balancer's tables have the same fingerprint.
     pub agree: bool,
     /// The fleet comparison, as `fastpath lb status --api ...` prints it.
     pub agreement: String,
     /// Seconds the demo took.
     pub seconds: f64,
+}
+
+/// QUIC downloads that move mid-download (rebinding to another address
+/// and port), through the fleet with the VIP routed by connection ID and
+/// then by the 5-tuple.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct QuicMigration {
+    /// With `quic = true` (QUIC-LB).
+    pub routed_by_cid: crate::quic::Downloads,
+    /// The same with `quic = false`.
+    pub routed_by_5tuple: crate::quic::Downloads,
 }
 
 fn check(stop: &AtomicBool) -> Result<()> {
@@ -614,6 +631,17 @@ pub fn run(opts: &Options, stop: Arc<AtomicBool>) -> Result<FleetReport> {
     report.agreement = agreement.to_text();
     say(&format!("\n{}", report.agreement));
 
+    // 8. QUIC that moves.
+    if crate::quic::QuicLab::peer_beside(&exe).is_some() {
+        report.quic = Some(quic_migration(&mut t, &exe, &say)?);
+    } else {
+        say(&format!(
+            "\nQUIC migration: skipped, {} is not installed beside fastpath (cargo build --release -p quic-peer; `make demo` builds it).",
+            exe.with_file_name("fastpath-quic-peer").display()
+        ));
+    }
+    check(&stop)?;
+
     let mut summary = Table::new(["fleet change", "connections", "moved LB", "broken", "goal"])
         .title("Long-lived connections through the fleet's changes:");
     let rows = [
@@ -651,4 +679,51 @@ pub fn run(opts: &Options, stop: Arc<AtomicBool>) -> Result<FleetReport> {
     say("\nRemoving the namespaces and processes.");
     report.seconds = begun.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Section 8 of the demo: migrating QUIC downloads with the VIP routed by
+/// connection ID, then by the 5-tuple.
+fn quic_migration(
+    t: &mut Topology,
+    exe: &std::path::Path,
+    say: &dyn Fn(&str),
+) -> Result<QuicMigration> {
+    say("\nQUIC (HTTP/3's transport) that moves: each backend runs a QUIC server that puts its QUIC-LB server ID in the connection IDs it issues; the client rebinds every connection twice mid-download to a new address and port (a NAT rebinding, Wi-Fi to cellular)...");
+    let q = crate::quic::QuicLab::new(t, exe)?;
+    q.reload(t, true)?;
+    q.start_servers(t, Duration::from_secs(120))?;
+    let mut binds = vec!["10.10.1.2".to_string()];
+    binds.extend(t.add_client_addresses(3)?);
+    // The servers' sockets are bound once their process has started.
+    std::thread::sleep(Duration::from_millis(300));
+    let routed_by_cid = q.downloads(t, &binds, 30, 200_000, 2, Duration::from_secs(20))?;
+    q.reload(t, false)?;
+    let routed_by_5tuple = q.downloads(t, &binds, 30, 200_000, 2, Duration::from_secs(5))?;
+    let mut qt = Table::new([
+        "VIP routes QUIC by",
+        "downloads",
+        "moves",
+        "completed",
+        "broken",
+    ])
+    .title("30 QUIC downloads of 200 kB, each moved twice mid-download, through the fleet:");
+    for (what, d) in [
+        ("connection ID (quic = true)", &routed_by_cid),
+        ("5-tuple (quic = false)", &routed_by_5tuple),
+    ] {
+        qt.row([
+            what.to_string(),
+            d.connections.to_string(),
+            d.migrations.to_string(),
+            d.ok.to_string(),
+            d.broken.to_string(),
+        ]);
+    }
+    say(&format!(
+        "\n{qt}  By connection ID every datagram after a move reaches the backend that holds the connection, whichever load balancer the router picks; by the 5-tuple a moved connection lands on another backend, which does not know it."
+    ));
+    Ok(QuicMigration {
+        routed_by_cid,
+        routed_by_5tuple,
+    })
 }

@@ -15,6 +15,7 @@
 
 pub mod demo;
 pub mod guest;
+pub mod quic;
 pub mod soak;
 pub mod switch_demo;
 pub mod topology;
