@@ -8,6 +8,12 @@
 //! - non-SYN: ACKs over 4096 established flows (connection-table hits).
 //! - constant 5-tuple: one flow; steering falls back to round robin when its
 //!   thread's queue is full.
+//! - udp: datagrams over 4096 flows to a plain UDP VIP, the peer of:
+//! - quic_plaintext, quic_single_pass, quic_four_pass: the same datagrams to
+//!   a `quic = true` VIP, each a QUIC short header whose destination
+//!   connection ID routes to one of the pool's 8 backends (IETF QUIC-LB, one
+//!   configuration per encoding). Every one must be routed by its
+//!   connection ID, or the run is refused as not measuring what it says.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -34,6 +40,20 @@ pub enum Error {
     /// The datapath failed (packet pool, port).
     #[error("the forwarder: {0}")]
     Datapath(#[from] lb::datapath::Error),
+    /// A QUIC run's datagrams were not all routed by connection ID: its
+    /// rate would not be the rate of what it is named for.
+    #[error("{kind}: {routed} of {packets} datagrams routed by connection ID (all must be)")]
+    NotRoutedByCid {
+        /// The traffic type.
+        kind: String,
+        /// Datagrams routed by connection ID.
+        routed: u64,
+        /// Datagrams sent.
+        packets: u64,
+    },
+    /// The bench's own connection IDs could not be made.
+    #[error("the bench's QUIC-LB connection IDs: {0}")]
+    Cid(String),
 }
 
 /// Benchmark parameters.
@@ -50,7 +70,23 @@ pub struct BenchConfig {
 }
 
 /// The traffic types, in report order.
-pub const TRAFFIC: [&str; 3] = ["syn", "non_syn", "constant"];
+pub const TRAFFIC: [&str; 7] = [
+    "syn",
+    "non_syn",
+    "constant",
+    "udp",
+    "quic_plaintext",
+    "quic_single_pass",
+    "quic_four_pass",
+];
+
+/// The QUIC traffic types and their configuration's codepoint in
+/// [`QUIC_CONFIG`].
+const QUIC_KINDS: [(&str, u8); 3] = [
+    ("quic_plaintext", 0),
+    ("quic_single_pass", 1),
+    ("quic_four_pass", 2),
+];
 
 impl BenchConfig {
     /// The default: 4 million packets, 0 (inline), 1 and 2 packet threads,
@@ -88,6 +124,10 @@ pub struct Cell {
     /// for the null forwarder itself).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratio_to_null: Option<f64>,
+    /// For a QUIC type: this rate over plain UDP's with the same threads
+    /// (the same datagrams to a VIP without `quic`), where both ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio_to_udp: Option<f64>,
     /// Packets forwarded in the median run (must equal the packets sent).
     pub forwarded: u64,
     /// In the median run, the share of the run each packet thread spent
@@ -166,8 +206,124 @@ protocol = "tcp"
 pool = "web"
 "#;
 
+/// The UDP and QUIC types' load balancer: a plain UDP VIP (port 53) and a
+/// `quic = true` one (port 443) on the same address, over 8 backends with
+/// server IDs; one QUIC-LB configuration per encoding (server ID and nonce
+/// of 16 octets for the single pass).
+const QUIC_CONFIG: &str = r#"
+[forwarder]
+batch = 32
+queue_size = 1024
+[conntrack]
+size = 65536
+[encap]
+source = "10.0.0.1"
+[[quic_lb]]
+codepoint = 0
+server_id_len = 2
+nonce_len = 6
+[[quic_lb]]
+codepoint = 1
+server_id_len = 2
+nonce_len = 14
+key = "8f95f09245765f80256934e50c66207f"
+[[quic_lb]]
+codepoint = 2
+server_id_len = 2
+nonce_len = 6
+key = "fdf726a9893ec05c0632d3956680baf0"
+[[pools]]
+name = "h3"
+backends = [
+  { address = "10.1.0.1", quic_server_id = "0001" }, { address = "10.1.0.2", quic_server_id = "0002" },
+  { address = "10.1.0.3", quic_server_id = "0003" }, { address = "10.1.0.4", quic_server_id = "0004" },
+  { address = "10.1.0.5", quic_server_id = "0005" }, { address = "10.1.0.6", quic_server_id = "0006" },
+  { address = "10.1.0.7", quic_server_id = "0007" }, { address = "10.1.0.8", quic_server_id = "0008" },
+]
+[[vips]]
+name = "udp"
+address = "192.0.2.80"
+port = 53
+protocol = "udp"
+pool = "h3"
+[[vips]]
+name = "h3"
+address = "192.0.2.80"
+port = 443
+protocol = "udp"
+quic = true
+pool = "h3"
+"#;
+
+/// UDP payload octets of every UDP and QUIC datagram (a short header, a
+/// connection ID of up to 17 octets, a packet number and sealed bytes).
+const DATAGRAM: usize = 40;
+
 fn ip(a: [u8; 4]) -> IpAddr {
     IpAddr::from(a)
+}
+
+/// The configuration at `codepoint` of [`QUIC_CONFIG`], as a server has it.
+fn quic_lb_config(codepoint: u8) -> Result<quic_lb::Config, Error> {
+    let cfg = quic_config()?;
+    let q = cfg
+        .quic_lb
+        .iter()
+        .find(|q| q.codepoint == codepoint)
+        .ok_or_else(|| Error::Cid(format!("no configuration at codepoint {codepoint}")))?;
+    let key = match &q.key {
+        Some(k) => Some(quic_lb::parse_key(k).map_err(|e| Error::Cid(e.to_string()))?),
+        None => None,
+    };
+    quic_lb::Config::new(
+        q.codepoint,
+        q.server_id_len,
+        q.nonce_len,
+        key,
+        q.length_self_encoding,
+    )
+    .map_err(|e| Error::Cid(e.to_string()))
+}
+
+/// 4096 UDP datagrams of [`DATAGRAM`] octets from as many flows: to the
+/// QUIC VIP, each a short header whose connection ID (configuration
+/// `codepoint`) names backend `i % 8 + 1`; without a codepoint, the same
+/// sizes to the plain UDP VIP.
+fn udp_templates(codepoint: Option<u8>) -> Result<Vec<Vec<u8>>, Error> {
+    let vip = ip([192, 0, 2, 80]);
+    let config = codepoint.map(quic_lb_config).transpose()?;
+    (0..4096u32)
+        .map(|i| {
+            let mut payload = vec![0u8; DATAGRAM];
+            let dport = match &config {
+                Some(c) => {
+                    let sid = [0, (i % 8 + 1) as u8];
+                    let mut nonce = vec![0u8; c.nonce_len()];
+                    for (k, b) in nonce.iter_mut().enumerate() {
+                        *b = (i >> (8 * (k % 4))) as u8 ^ k as u8;
+                    }
+                    let cid = c
+                        .encode(&sid, &nonce, i as u8)
+                        .map_err(|e| Error::Cid(e.to_string()))?;
+                    // Short header: header form 0, fixed bit 1.
+                    payload[0] = 0x40;
+                    payload[1..1 + cid.as_bytes().len()].copy_from_slice(cid.as_bytes());
+                    443
+                }
+                None => 53,
+            };
+            let mut f = Frame::udp(
+                ip([198, 18, (i >> 8) as u8, i as u8]),
+                vip,
+                1024 + (i % 7) as u16,
+                dport,
+                &payload,
+            )
+            .to_bytes();
+            f.resize(f.len().max(60), 0);
+            Ok(f)
+        })
+        .collect()
 }
 
 /// Minimum-size (64-byte frame) TCP templates and how to vary them.
@@ -203,7 +359,12 @@ pub(crate) fn templates(kind: &str) -> (Vec<Vec<u8>>, Vary) {
 }
 
 fn measure(cfg: &Config, kind: &str, threads: usize, packets: u64) -> Result<Run, Error> {
-    let mut cfg = cfg.clone();
+    let quic = QUIC_KINDS.iter().find(|(k, _)| *k == kind).map(|&(_, c)| c);
+    let mut cfg = if kind == "udp" || quic.is_some() {
+        quic_config()?
+    } else {
+        cfg.clone()
+    };
     cfg.forwarder.threads = threads;
     let control = Control::new(cfg.clone()).map_err(Error::Config)?;
     let mut params = Params::from_config(&cfg);
@@ -211,9 +372,21 @@ fn measure(cfg: &Config, kind: &str, threads: usize, packets: u64) -> Result<Run
         params.mode = Mode::Null;
     }
     let dp = Datapath::new(params, control.tables())?;
-    let (templates, vary) = templates(if kind == "null" { "non_syn" } else { kind });
+    let (templates, vary) = match kind {
+        "null" => templates("non_syn"),
+        "udp" => (udp_templates(None)?, Vary::None),
+        _ if quic.is_some() => (udp_templates(quic)?, Vary::None),
+        _ => templates(kind),
+    };
     let mut port = MemPort::new(templates, vary, Some(packets));
     let stats = dp.run(&mut port, &AtomicBool::new(false))?;
+    if quic.is_some() && stats.counters.quic_routed != packets {
+        return Err(Error::NotRoutedByCid {
+            kind: kind.to_string(),
+            routed: stats.counters.quic_routed,
+            packets,
+        });
+    }
     Ok(Run::of(&stats, packets))
 }
 
@@ -223,12 +396,17 @@ pub(crate) fn config() -> Result<Config, Error> {
     Config::parse(CONFIG, "(bench)").map_err(Error::Config)
 }
 
+/// The UDP and QUIC types' load balancer ([`QUIC_CONFIG`]).
+fn quic_config() -> Result<Config, Error> {
+    Config::parse(QUIC_CONFIG, "(bench, QUIC)").map_err(Error::Config)
+}
+
 /// Runs every cell; `progress` is told what runs next.
 pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, Error> {
     let cfg = config()?;
     let mut results: BTreeMap<String, BTreeMap<String, Cell>> = BTreeMap::new();
     for &threads in &b.threads {
-        let mut null_mpps = None;
+        let (mut null_mpps, mut udp_mpps) = (None, None);
         for kind in std::iter::once("null").chain(
             TRAFFIC
                 .into_iter()
@@ -251,6 +429,9 @@ pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, Er
             if kind == "null" {
                 null_mpps = Some(mpps);
             }
+            if kind == "udp" {
+                udp_mpps = Some(mpps);
+            }
             results.entry(kind.to_string()).or_default().insert(
                 threads.to_string(),
                 Cell {
@@ -261,6 +442,11 @@ pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, Er
                         None
                     } else {
                         null_mpps.map(|n| mpps / n)
+                    },
+                    ratio_to_udp: if kind.starts_with("quic") {
+                        udp_mpps.map(|u| mpps / u)
+                    } else {
+                        None
                     },
                     forwarded: forwarded.into_iter().min().unwrap_or(0),
                     thread_busy: mid.thread_busy,
@@ -281,8 +467,10 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "Forwarder throughput from the in-memory generator, 64-byte TCP frames, {} packets per run, median of {}\n",
-            self.config.packets, self.config.repeats
+            "Forwarder throughput from the in-memory generator, 64-byte TCP frames (UDP and QUIC: {}-octet datagrams), {} packets per run, median of {}\n",
+            DATAGRAM + 42,
+            self.config.packets,
+            self.config.repeats
         );
         let mut t = Table::new([
             "traffic",
@@ -291,10 +479,11 @@ impl Report {
             "ns/packet",
             "Mpps/thread",
             "x null",
+            "x udp",
             "busy/thread",
             "I/O idle",
         ]);
-        for kind in ["null", "syn", "non_syn", "constant"] {
+        for kind in std::iter::once("null").chain(TRAFFIC) {
             for (threads, c) in self.results.get(kind).into_iter().flatten() {
                 t.row([
                     kind.to_string(),
@@ -303,6 +492,7 @@ impl Report {
                     format!("{:.1}", c.ns_per_packet),
                     format!("{:.2}", c.mpps_per_thread),
                     c.ratio_to_null.map_or("-".into(), |r| format!("{r:.2}")),
+                    c.ratio_to_udp.map_or("-".into(), |r| format!("{r:.2}")),
                     shares(&c.thread_busy),
                     format!("{:.2}", c.io_idle),
                 ]);
@@ -316,7 +506,8 @@ impl Report {
              threads 0 = run to completion: generator, steering, packet work and muxing on one core.\n\
              busy/thread = share of the run each packet thread spent on batches; I/O idle = share of the \
              steering thread's loop turns with nothing to do (near 0: steering is the limit).\n\
-             Goals: non-SYN at least 10 Mpps per packet thread and at least 0.5 of null."
+             x udp = a QUIC type's rate over plain UDP's (the same datagrams to a VIP without quic): what routing by connection ID costs.\n\
+             Goals: non-SYN at least 10 Mpps per packet thread and at least 0.5 of null; QUIC plaintext at least 0.8 of UDP."
         );
         out
     }

@@ -823,9 +823,11 @@ pub struct BenchArgs {
     /// Runs per measurement (the median is reported).
     #[arg(long)]
     repeats: Option<usize>,
-    /// Traffic types, comma separated: syn, non_syn, constant (the null
-    /// forwarder always runs as the peer).
-    #[arg(long, value_delimiter = ',', value_parser = ["syn", "non_syn", "constant"])]
+    /// Traffic types, comma separated: syn, non_syn, constant (TCP); udp,
+    /// and quic_plaintext, quic_single_pass, quic_four_pass (the same
+    /// datagrams to a QUIC-LB VIP, routed by connection ID, each beside
+    /// udp). The null forwarder always runs as the peer.
+    #[arg(long, value_delimiter = ',', value_parser = ["syn", "non_syn", "constant", "udp", "quic_plaintext", "quic_single_pass", "quic_four_pass"])]
     traffic: Option<Vec<String>>,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]

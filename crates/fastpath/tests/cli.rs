@@ -113,7 +113,16 @@ fn lb_bench_json_document() {
         "--format",
         "json",
     ]);
-    for kind in ["syn", "non_syn", "constant", "null"] {
+    for kind in [
+        "syn",
+        "non_syn",
+        "constant",
+        "null",
+        "udp",
+        "quic_plaintext",
+        "quic_single_pass",
+        "quic_four_pass",
+    ] {
         for t in ["0", "1"] {
             let c = &v["results"][kind][t];
             assert!(c["mpps"].as_f64().unwrap() > 0.0, "{kind}/{t}");
@@ -127,6 +136,19 @@ fn lb_bench_json_document() {
                 assert!(c.get("ratio_to_null").is_none());
             } else {
                 assert!(c["ratio_to_null"].as_f64().unwrap() > 0.0);
+            }
+            // QUIC rows stand beside plain UDP's, measured in the same run
+            // (the bench refuses a run whose datagrams were not all routed
+            // by connection ID).
+            if kind.starts_with("quic") {
+                let r = c["ratio_to_udp"].as_f64().unwrap();
+                let (q, u) = (
+                    c["mpps"].as_f64().unwrap(),
+                    v["results"]["udp"][t]["mpps"].as_f64().unwrap(),
+                );
+                assert!((r - q / u).abs() < 1e-9, "{kind}/{t}: {r} vs {q}/{u}");
+            } else {
+                assert!(c.get("ratio_to_udp").is_none(), "{kind}/{t}");
             }
         }
     }
