@@ -247,7 +247,7 @@ struct Datagram {
     /// unconfigured codepoint, 6 a long header cut short, 7 a short
     /// header shorter than its configuration, 8 a long header whose
     /// self-described length is wrong, 9 empty, 10 any octets, 11 an empty
-    /// long-header DCID, 12 version 1 with a 21..40 octet DCID.
+    /// long-header DCID, 12 version 1 or 2 with a 21..40 octet DCID.
     kind: u8,
     /// Backend 0-3's server ID (0001-0004), 4: 0009 (nobody's).
     backend: u8,
@@ -371,7 +371,8 @@ impl Datagram {
             _ => {
                 let mut dcid = cid.clone();
                 dcid.resize(21 + self.extra % 20, 0x5a);
-                (long(1, &dcid), Some(Outcome::Miss(Miss::NotQuic)))
+                let version = if self.low & 1 == 0 { 1 } else { 0x6b33_43cf };
+                (long(version, &dcid), Some(Outcome::Miss(Miss::NotQuic)))
             }
         }
     }
