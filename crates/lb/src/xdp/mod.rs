@@ -268,8 +268,8 @@ pub struct Sync {
     pub reason: Option<String>,
     /// VIPs forwarded in the driver.
     pub vips: usize,
-    /// VIPs left to user space (none unless a VIP's index is beyond the
-    /// snapshot's).
+    /// VIPs left to user space (`quic` VIPs with an encrypted
+    /// configuration and the VIPs of their address and protocol).
     pub vips_in_user_space: usize,
     /// Tables written by this sync.
     pub tables_written: usize,
