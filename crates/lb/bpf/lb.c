@@ -26,6 +26,16 @@
 // root), and check without root that this side's constants, map layouts
 // and flow hash are the worker's (tests/xdp_abi.rs).
 //
+// A UDP datagram to a `quic` VIP (IETF QUIC-LB) whose configurations are
+// all plaintext is routed first by its destination connection ID, as the
+// worker's `quic_pick` (crates/lb/src/quic.rs) routes it: the header read
+// as RFC 8999's invariants (packet::quic), the codepoint's configuration
+// (`lb_conf`'s quic_*), the server ID looked up among the VIP's
+// (`lb_quic_ids`), its backend if healthy; else counted by reason, and the
+// connection table and Maglev decide. A VIP with an encrypted
+// configuration (single-pass AES, four-pass: AES is not for this program)
+// is not in these maps at all; user space routes it.
+//
 // A frame of the common case that no honest sender could have sent (a
 // martian source, a VIP's address as its source, a TTL or hop limit of 0)
 // is dropped here and counted by reason, as the worker drops it.
@@ -121,6 +131,15 @@ struct {
 	__type(key, struct lb_suffix_key);
 	__type(value, struct lb_vip);
 } lb_suffixes SEC(".maps");
+
+// The server IDs of the plaintext `quic` VIPs: key VIP index, length and
+// octets, value the backend id.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_DEFAULT_VIPS);
+	__type(key, struct lb_quic_key);
+	__type(value, __u32);
+} lb_quic_ids SEC(".maps");
 
 // The addresses of the VIPs configured by address (key form): a frame for
 // a VIP from one of them is dropped (`refused`).
@@ -317,6 +336,102 @@ static __always_inline void count(struct lb_conf *conf, __u32 index, __u64 bytes
 	}
 }
 
+// The worker's QUIC counters for an outcome of `quic_pick` (nothing for
+// LB_QUIC_NONE): called only where this program decides the frame's fate,
+// so that one left to user space is counted there, once.
+static __always_inline void quic_count(struct lb_stats *st, __u32 q)
+{
+	if (q == LB_QUIC_ROUTED)
+		st->quic_routed++;
+	else if (q == LB_QUIC_SERVER_DOWN)
+		st->quic_server_down++;
+	else if (q < LB_QUIC_MISSES)
+		st->quic_miss[q]++;
+}
+
+// The backend the destination connection ID of a UDP payload (`p`, `plen`
+// octets, the IP packet's rest, as the worker takes it) names for `vip`,
+// as lb::quic::QuicRoute::backend and quic_lb's route_long and
+// route_short read it, in their order: LB_QUIC_ROUTED (the backend in
+// `*out`), LB_QUIC_SERVER_DOWN, or the miss reason (LB_QUIC_NOT_QUIC and
+// on). Bounded: no loop but the server ID's copy (LB_QUIC_MAX_SID octets).
+static __always_inline __u32 quic_pick(struct lb_conf *conf, struct lb_vip *vip, __u8 *p,
+				       __u32 plen, void *end, __u32 *out)
+{
+	struct lb_quic_key k = {};
+	struct lb_backend *b;
+	__u8 *cid, *scid_len;
+	__u32 cid_len, cp, sid_len, i, *id;
+	int is_long;
+
+	if (plen == 0 || (void *)(p + 1) > end)
+		return LB_QUIC_NOT_QUIC;
+	is_long = p[0] & 0x80;
+	if (is_long) {
+		// First octet, version (4), DCID length, the DCID, the SCID
+		// length, the SCID: all within the payload (packet::quic::parse).
+		__u32 version, dcid_len;
+
+		if (plen < 6 || (void *)(p + 6) > end)
+			return LB_QUIC_NOT_QUIC;
+		version = ((__u32)p[1] << 24) | ((__u32)p[2] << 16) | ((__u32)p[3] << 8) | p[4];
+		dcid_len = p[5];
+		if (plen < 7 + dcid_len)
+			return LB_QUIC_NOT_QUIC;
+		scid_len = p + 6 + (dcid_len & 0xff);
+		if ((void *)(scid_len + 1) > end)
+			return LB_QUIC_NOT_QUIC;
+		if (plen < 7 + dcid_len + *scid_len)
+			return LB_QUIC_NOT_QUIC;
+		// Versions 1 and 2 (RFC 9000 section 17.2, RFC 9369): at most
+		// 20 octets each; the invariants allow other versions 255.
+		if ((version == 0x00000001 || version == 0x6b3343cf) &&
+		    (dcid_len > 20 || *scid_len > 20))
+			return LB_QUIC_NOT_QUIC;
+		cid = p + 6;
+		cid_len = dcid_len;
+	} else {
+		// A short header: the DCID is what follows the first octet, of
+		// the length its configuration gives.
+		cid = p + 1;
+		cid_len = plen - 1;
+	}
+	if (cid_len == 0 || (void *)(cid + 1) > end)
+		return LB_QUIC_NOT_QUIC;
+	cp = cid[0] >> 5;
+	if (cp == 7)
+		return LB_QUIC_RESERVED;
+	sid_len = conf->quic_sid[cp & 7];
+	if (sid_len == 0)
+		return LB_QUIC_NO_CONFIG;
+	// The draft's optional check, for a long header, whose length is on
+	// the wire: the self-described length of what follows the first octet.
+	if (is_long && conf->quic_self[cp & 7] && (cid[0] & 0x1f) != cid_len - 1)
+		return LB_QUIC_LENGTH_MISMATCH;
+	if (cid_len < conf->quic_need[cp & 7])
+		return LB_QUIC_TOO_SHORT;
+	k.vip = vip->index;
+	k.len = sid_len;
+#pragma unroll
+	for (i = 0; i < LB_QUIC_MAX_SID; i++) {
+		if (i >= sid_len)
+			break;
+		// Within the payload (its length was checked against the
+		// configuration's); the check is for the verifier.
+		if ((void *)(cid + 2 + i) > end)
+			return LB_QUIC_NOT_QUIC;
+		k.id[i] = cid[1 + i];
+	}
+	id = bpf_map_lookup_elem(&lb_quic_ids, &k);
+	if (!id)
+		return LB_QUIC_UNKNOWN_SERVER_ID;
+	b = bpf_map_lookup_elem(&lb_backends, id);
+	if (!b || !(b->flags & LB_HEALTHY))
+		return LB_QUIC_SERVER_DOWN;
+	*out = *id;
+	return LB_QUIC_ROUTED;
+}
+
 static __always_inline int to_socket(struct xdp_md *ctx, struct lb_stats *st)
 {
 	st->to_socket++;
@@ -326,10 +441,11 @@ static __always_inline int to_socket(struct xdp_md *ctx, struct lb_stats *st)
 // Sends the frame to `backend` in GRE, as packet::gre::encapsulate_keyed
 // writes it: the inner packet is the `inner_len` bytes after the Ethernet
 // header (Ethernet padding goes), `tos` its TOS or traffic class, `df`
-// its DF bit (always set for IPv6), `inner6` whether it is IPv6.
+// its DF bit (always set for IPv6), `inner6` whether it is IPv6, `quic`
+// the outcome of its connection ID's routing (counted once forwarded).
 static __always_inline int forward(struct xdp_md *ctx, struct lb_conf *conf, struct lb_stats *st,
 				   __u32 vip, __u32 backend, __u64 hash, __u32 frame_len,
-				   __u32 inner_len, __u8 tos, int df, int inner6)
+				   __u32 inner_len, __u8 tos, int df, int inner6, __u32 quic)
 {
 	struct lb_backend *b = bpf_map_lookup_elem(&lb_backends, &backend);
 	void *data, *end;
@@ -428,6 +544,7 @@ static __always_inline int forward(struct xdp_md *ctx, struct lb_conf *conf, str
 			key ^= 1;
 		*(__u32 *)(gre + 2) = bpf_htonl(key);
 	}
+	quic_count(st, quic);
 	st->forwarded++;
 	if (inner6)
 		st->forwarded6++;
@@ -526,7 +643,7 @@ static __always_inline int lb_v4(struct xdp_md *ctx, struct lb_conf *conf, struc
 	void *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct iphdr *ip = (void *)(eth + 1);
-	__u32 sum = 0, l4len, backend, frame_len;
+	__u32 sum = 0, l4len, backend, frame_len, quic = LB_QUIC_NONE, qb = LB_EMPTY;
 	struct lb_vip_key vk = {};
 	struct lb_ct_key ck = {};
 	struct lb_vip *vip;
@@ -567,12 +684,17 @@ static __always_inline int lb_v4(struct xdp_md *ctx, struct lb_conf *conf, struc
 		if (!vip)
 			return steer(ctx);
 	}
+	// Read before the source is judged, as the worker reads it.
+	if (vip->quic == LB_QUIC_PLAINTEXT && ip->protocol == IPPROTO_UDP)
+		quic = quic_pick(conf, vip, t.payload, l4len - sizeof(struct udphdr), end, &qb);
 	{
 		__u32 src[4] = { 0, 0, bpf_htonl(0xffff), ip->saddr };
 
 		if (refused(st, martian4(((__u8 *)&ip->saddr)[0]), ip->saddr == ip->daddr, src,
-			    ip->ttl))
+			    ip->ttl)) {
+			quic_count(st, quic);
 			return XDP_DROP;
+		}
 	}
 	// A packet-tracer probe (its payload begins with the magic), within
 	// the packet: reported by user space.
@@ -592,11 +714,15 @@ static __always_inline int lb_v4(struct xdp_md *ctx, struct lb_conf *conf, struc
 	ck.dport = t.dport;
 	ck.proto = ip->protocol;
 	hash = flow_hash4(ip->saddr, ip->daddr, t.sport, t.dport, ip->protocol);
-	backend = select_backend(conf, &lb_conns, &ck, ip->protocol, vip, hash, t.flags, st);
+	// Routed by connection ID: the connection table is not consulted.
+	if (quic == LB_QUIC_ROUTED)
+		backend = qb;
+	else
+		backend = select_backend(conf, &lb_conns, &ck, ip->protocol, vip, hash, t.flags, st);
 	if (backend == LB_EMPTY)
 		return to_socket(ctx, st);
 	return forward(ctx, conf, st, vip->index, backend, hash, frame_len, tot_len, ip->tos,
-		       !!(ip->frag_off & bpf_htons(0x4000)), 0);
+		       !!(ip->frag_off & bpf_htons(0x4000)), 0, quic);
 }
 
 // IPv6 (the Ethernet header is whole and says IPv6). Its header has no
@@ -609,7 +735,7 @@ static __always_inline int lb_v6(struct xdp_md *ctx, struct lb_conf *conf, struc
 	void *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct ipv6hdr *ip6 = (void *)(eth + 1);
-	__u32 sum = 0, l4len, backend, frame_len;
+	__u32 sum = 0, l4len, backend, frame_len, quic = LB_QUIC_NONE, qb = LB_EMPTY;
 	struct lb_vip6_key vk = {};
 	struct lb_ct6_key ck = {};
 	struct lb_vip *vip;
@@ -649,6 +775,8 @@ static __always_inline int lb_v6(struct xdp_md *ctx, struct lb_conf *conf, struc
 		if (!vip)
 			return steer(ctx);
 	}
+	if (vip->quic == LB_QUIC_PLAINTEXT && proto == IPPROTO_UDP)
+		quic = quic_pick(conf, vip, t.payload, l4len - sizeof(struct udphdr), end, &qb);
 	{
 		__u32 *src = ip6->saddr.in6_u.u6_addr32;
 		int martian, same = 1;
@@ -664,8 +792,10 @@ static __always_inline int lb_v6(struct xdp_md *ctx, struct lb_conf *conf, struc
 #pragma unroll
 		for (i = 0; i < 4; i++)
 			same &= src[i] == vk.addr[i];
-		if (refused(st, martian, same, src, ip6->hop_limit))
+		if (refused(st, martian, same, src, ip6->hop_limit)) {
+			quic_count(st, quic);
 			return XDP_DROP;
+		}
 	}
 	if (t.payload + 8 <= end && t.payload + 8 <= (void *)(ip6 + 1) + l4len &&
 	    *(__u64 *)t.payload == LB_TRACE_MAGIC)
@@ -689,12 +819,15 @@ static __always_inline int lb_v6(struct xdp_md *ctx, struct lb_conf *conf, struc
 	ck.dport = t.dport;
 	ck.proto = proto;
 	hash = flow_hash6(&ip6->saddr, &ip6->daddr, t.sport, t.dport, proto);
-	backend = select_backend(conf, &lb_conns6, &ck, proto, vip, hash, t.flags, st);
+	if (quic == LB_QUIC_ROUTED)
+		backend = qb;
+	else
+		backend = select_backend(conf, &lb_conns6, &ck, proto, vip, hash, t.flags, st);
 	if (backend == LB_EMPTY)
 		return to_socket(ctx, st);
 	tos = (((__u8 *)ip6)[0] << 4) | (((__u8 *)ip6)[1] >> 4);
 	return forward(ctx, conf, st, vip->index, backend, hash, frame_len,
-		       sizeof(*ip6) + l4len, tos, 1, 1);
+		       sizeof(*ip6) + l4len, tos, 1, 1, quic);
 }
 
 SEC("xdp")

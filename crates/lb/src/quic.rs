@@ -126,6 +126,17 @@ impl QuicRoute {
             .ok_or(Miss::UnknownServerId)
     }
 
+    /// The QUIC-LB configurations it reads connection IDs by (the XDP
+    /// program is given the plaintext ones).
+    pub fn configs(&self) -> &quic_lb::Configs {
+        &self.configs
+    }
+
+    /// Its server IDs and the backend id of each.
+    pub fn server_ids(&self) -> impl Iterator<Item = (&quic_lb::ServerId, u32)> + '_ {
+        self.by_server_id.iter().map(|(s, &b)| (s, b))
+    }
+
     /// How many server IDs it routes to.
     pub fn len(&self) -> usize {
         self.by_server_id.len()

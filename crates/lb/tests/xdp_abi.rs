@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
+use lb::quic::Miss;
 use lb::xdp::abi::{self, STRUCTS};
 use packet::FlowKey;
 use proptest::prelude::*;
@@ -187,6 +188,30 @@ fn c_has_the_values_rust_uses() {
         ("LB_TRACE_MAGIC", u64::from_ne_bytes(lb::tracer::MAGIC)),
         ("LB_DEFAULT_VIPS", u64::from(abi::DEFAULT_VIPS)),
         ("LB_DEFAULT_CONNS", u64::from(abi::DEFAULT_CONNS)),
+        // The program counts a QUIC miss at the worker's counter index.
+        ("LB_QUIC_NOT_QUIC", Miss::NotQuic.index() as u64),
+        ("LB_QUIC_RESERVED", Miss::Reserved.index() as u64),
+        ("LB_QUIC_NO_CONFIG", Miss::NoConfig.index() as u64),
+        ("LB_QUIC_TOO_SHORT", Miss::TooShort.index() as u64),
+        (
+            "LB_QUIC_LENGTH_MISMATCH",
+            Miss::LengthMismatch.index() as u64,
+        ),
+        (
+            "LB_QUIC_UNKNOWN_SERVER_ID",
+            Miss::UnknownServerId.index() as u64,
+        ),
+        ("LB_QUIC_MISSES", Miss::ALL.len() as u64),
+        // Outcomes past the misses, and none.
+        ("LB_QUIC_ROUTED", Miss::ALL.len() as u64),
+        ("LB_QUIC_SERVER_DOWN", Miss::ALL.len() as u64 + 1),
+        ("LB_QUIC_NONE", Miss::ALL.len() as u64 + 2),
+        ("LB_QUIC_PLAINTEXT", u64::from(abi::QUIC_PLAINTEXT)),
+        // The longest server ID QUIC-LB allows.
+        (
+            "LB_QUIC_MAX_SID",
+            (quic_lb::MAX_PLAINTEXT_LEN - quic_lb::MIN_NONCE_LEN) as u64,
+        ),
     ];
     for (name, value) in want {
         assert_eq!(c[&format!("const {name}")], value, "{name}");

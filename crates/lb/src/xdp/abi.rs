@@ -35,6 +35,39 @@ pub const V6: u8 = 8;
 /// (`LB_TRACE_MAGIC`: the same bytes read as the program loads them, one
 /// native-endian 64-bit word).
 pub const TRACE_MAGIC: [u8; 8] = *b"FPTRACE1";
+/// [`VipEntry::quic`]: the VIP routes QUIC by connection ID in the
+/// driver, by [`Conf`]'s plaintext QUIC-LB configurations and the server
+/// IDs of `lb_quic_ids` (`LB_QUIC_PLAINTEXT`).
+pub const QUIC_PLAINTEXT: u32 = 1;
+/// The outcomes of reading a `quic` VIP's connection ID in the driver:
+/// the first six are the worker's miss reasons at their counter index
+/// (`lb::quic::Miss::index`, checked by the unit tests of `lb::xdp`).
+/// Not QUIC: empty, truncated long header, a version 1 or 2 connection ID
+/// over 20 octets (`LB_QUIC_NOT_QUIC`).
+pub const QUIC_NOT_QUIC: u32 = 0;
+/// Codepoint 0b111 (`LB_QUIC_RESERVED`).
+pub const QUIC_RESERVED: u32 = 1;
+/// No configuration at the codepoint (`LB_QUIC_NO_CONFIG`).
+pub const QUIC_NO_CONFIG: u32 = 2;
+/// Shorter than its configuration (`LB_QUIC_TOO_SHORT`).
+pub const QUIC_TOO_SHORT: u32 = 3;
+/// A long header's length disagrees with the self-described one
+/// (`LB_QUIC_LENGTH_MISMATCH`).
+pub const QUIC_LENGTH_MISMATCH: u32 = 4;
+/// A server ID no backend of the VIP has (`LB_QUIC_UNKNOWN_SERVER_ID`).
+pub const QUIC_UNKNOWN_SERVER_ID: u32 = 5;
+/// Miss reasons, [`Stats::quic_miss`]'s length (`LB_QUIC_MISSES`).
+pub const QUIC_MISSES: u32 = 6;
+/// Routed to the server ID's backend, which is healthy (`LB_QUIC_ROUTED`).
+pub const QUIC_ROUTED: u32 = 6;
+/// The server ID's backend is down (`LB_QUIC_SERVER_DOWN`).
+pub const QUIC_SERVER_DOWN: u32 = 7;
+/// Not a `quic` VIP in the driver, or not UDP: nothing read (`LB_QUIC_NONE`).
+pub const QUIC_NONE: u32 = 8;
+/// The longest server ID (QUIC-LB: at most 19 octets of server ID and
+/// nonce, the nonce at least 4), [`QuicIdKey::id`]'s length less one
+/// (`LB_QUIC_MAX_SID`).
+pub const QUIC_MAX_SID: u32 = 15;
 /// Entries of the VIP map in the object; the loader sets the real size.
 pub const DEFAULT_VIPS: u32 = 4096;
 /// Entries of the connection table in the object; the loader sets the
@@ -180,6 +213,15 @@ shared! {
         /// Non-zero: there are prefix groups (`lb_prefixes`,
         /// `lb_suffixes`), looked up when no VIP matches exactly.
         pub groups: u32,
+        /// The plaintext QUIC-LB configuration of each config rotation
+        /// codepoint (index 7, reserved, always 0): its server ID length in
+        /// octets, 0 where there is none.
+        pub quic_sid: [u8; 8],
+        /// Its connection ID's length: the first octet, server ID and nonce.
+        pub quic_need: [u8; 8],
+        /// Non-zero: servers write the length into the first octet, which a
+        /// long header's length is checked against.
+        pub quic_self: [u8; 8],
     }
 }
 
@@ -265,19 +307,20 @@ shared! {
         pub table: u32,
         /// The table's size M (0: no table; its frames go to the socket).
         pub m: u32,
-        /// Padding (zero).
-        _pad: u32,
+        /// LB_QUIC_PLAINTEXT: its UDP payloads are read as QUIC and routed
+        /// by connection ID first; 0: not read.
+        pub quic: u32,
     }
 }
 
 impl VipEntry {
-    /// A VIP entry.
+    /// A VIP entry (not routing QUIC).
     pub fn new(index: u32, table: u32, m: u32) -> Self {
         VipEntry {
             index,
             table,
             m,
-            _pad: 0,
+            quic: 0,
         }
     }
 }
@@ -360,6 +403,31 @@ shared! {
         /// Frames for a VIP dropped for a TTL or hop limit of 0
         /// (`DropReason::TtlZero`).
         pub ttl_zero: u64,
+        /// Datagrams to a `quic` VIP routed by connection ID (the worker's
+        /// `quic_routed`); counted only for frames the driver forwarded or
+        /// dropped, so that what it leaves to user space is counted there
+        /// once.
+        pub quic_routed: u64,
+        /// Those whose connection ID did not route, by reason (LB_QUIC_*,
+        /// the worker's `quic_miss`), counted the same way.
+        pub quic_miss: [u64; 6],
+        /// Those whose server ID's backend is down (`quic_server_down`).
+        pub quic_server_down: u64,
+    }
+}
+
+shared! {
+    /// A key of the server ID map (`lb_quic_ids`), whose value is a backend
+    /// id (`__u32`): a plaintext `quic` VIP's server IDs.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct QuicIdKey as "lb_quic_key" {
+        /// The VIP's index.
+        pub vip: u32,
+        /// The server ID's length in octets (a configuration's length is
+        /// that of every ID it reads).
+        pub len: u32,
+        /// Its octets, zero after `len`.
+        pub id: [u8; 16],
     }
 }
 
@@ -390,6 +458,7 @@ pub const STRUCTS: &[Struct] = &[
     Traffic::C,
     Stats::C,
     AddrKey::C,
+    QuicIdKey::C,
 ];
 
 /// A constant both sides share: its C name, its value and its C suffix.
@@ -405,6 +474,22 @@ pub const CONSTANTS: &[Constant] = &[
     ("LB_V4", V4 as u64, ""),
     ("LB_V6", V6 as u64, ""),
     ("LB_TRACE_MAGIC", u64::from_ne_bytes(TRACE_MAGIC), "ULL"),
+    ("LB_QUIC_PLAINTEXT", QUIC_PLAINTEXT as u64, ""),
+    ("LB_QUIC_NOT_QUIC", QUIC_NOT_QUIC as u64, ""),
+    ("LB_QUIC_RESERVED", QUIC_RESERVED as u64, ""),
+    ("LB_QUIC_NO_CONFIG", QUIC_NO_CONFIG as u64, ""),
+    ("LB_QUIC_TOO_SHORT", QUIC_TOO_SHORT as u64, ""),
+    ("LB_QUIC_LENGTH_MISMATCH", QUIC_LENGTH_MISMATCH as u64, ""),
+    (
+        "LB_QUIC_UNKNOWN_SERVER_ID",
+        QUIC_UNKNOWN_SERVER_ID as u64,
+        "",
+    ),
+    ("LB_QUIC_MISSES", QUIC_MISSES as u64, ""),
+    ("LB_QUIC_ROUTED", QUIC_ROUTED as u64, ""),
+    ("LB_QUIC_SERVER_DOWN", QUIC_SERVER_DOWN as u64, ""),
+    ("LB_QUIC_NONE", QUIC_NONE as u64, ""),
+    ("LB_QUIC_MAX_SID", QUIC_MAX_SID as u64, ""),
     ("LB_DEFAULT_VIPS", DEFAULT_VIPS as u64, ""),
     ("LB_DEFAULT_CONNS", DEFAULT_CONNS as u64, ""),
 ];

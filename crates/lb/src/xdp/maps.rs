@@ -25,8 +25,8 @@ use memmap2::{MmapMut, MmapOptions};
 use netio::afxdp::{LoadProgram, XdpProgram};
 
 use super::abi::{
-    AddrKey, BackendEntry, Conf, PrefixGroup, PrefixKey, Stats, SuffixKey, Traffic, VipEntry,
-    VipKey, VipKey6,
+    AddrKey, BackendEntry, Conf, PrefixGroup, PrefixKey, QuicIdKey, Stats, SuffixKey, Traffic,
+    VipEntry, VipKey, VipKey6,
 };
 
 #[cfg(fastpath_xdp_obj)]
@@ -92,8 +92,9 @@ pub enum Error {
     },
 }
 
-// SAFETY: eighteen u32 fields (arrays included), no padding, any bit
-// pattern valid.
+// SAFETY: eighteen u32 fields (arrays included) then three arrays of
+// eight u8 (96 bytes, a multiple of the 4-byte alignment), no padding,
+// any bit pattern valid.
 unsafe impl aya::Pod for Conf {}
 
 // SAFETY: five u32 fields (one and an array of four), no padding, any bit
@@ -114,8 +115,13 @@ unsafe impl aya::Pod for VipKey6 {}
 // SAFETY: four u32 fields, no padding, any bit pattern valid.
 unsafe impl aya::Pod for VipEntry {}
 
-// SAFETY: ten u64 fields, no padding, any bit pattern valid.
+// SAFETY: eighteen u64 fields (an array of six among them), no padding,
+// any bit pattern valid.
 unsafe impl aya::Pod for Stats {}
+
+// SAFETY: two u32 fields and an array of sixteen u8 (24 bytes, a multiple
+// of the 4-byte alignment), no padding, any bit pattern valid.
+unsafe impl aya::Pod for QuicIdKey {}
 
 // SAFETY: an array of four u32, no padding, any bit pattern valid.
 unsafe impl aya::Pod for AddrKey {}
@@ -133,6 +139,9 @@ pub struct Sizes {
     pub conns: u32,
     /// Prefixes of the prefix groups.
     pub prefixes: u32,
+    /// Server IDs of the `quic` VIPs routed in the driver, all VIPs
+    /// together (one entry per VIP and server ID).
+    pub quic_ids: u32,
 }
 
 /// The CPUs the kernel may run the program on (`nr_cpu_ids`): the
@@ -223,6 +232,8 @@ struct Inner {
     suffix_set: HashSet<SuffixKey>,
     vip_addrs: aya::maps::HashMap<MapData, AddrKey, u32>,
     vip_addr_set: HashSet<AddrKey>,
+    quic_ids: aya::maps::HashMap<MapData, QuicIdKey, u32>,
+    quic_id_set: HashSet<QuicIdKey>,
     backends: Mapped<BackendEntry>,
     /// The slot array's elements ([`SlotPair`](super::abi::SlotPair)),
     /// slot by slot.
@@ -246,6 +257,7 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
         slots: sizes.slots.max(2).next_multiple_of(2),
         conns: sizes.conns.max(64),
         prefixes: sizes.prefixes.max(1),
+        quic_ids: sizes.quic_ids.max(1),
     };
     let stride = sizes.vips as usize + sizes.backends as usize;
     let traffic = stride * cpus;
@@ -268,6 +280,7 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
         .set_max_entries("lb_prefixes", sizes.prefixes)
         .set_max_entries("lb_suffixes", sizes.vips)
         .set_max_entries("lb_vip_addrs", sizes.vips)
+        .set_max_entries("lb_quic_ids", sizes.quic_ids)
         .load(LB_OBJ)
         .map_err(|e| Error::Load(Box::new(e)))?;
     let prog: &mut Xdp = bpf
@@ -312,6 +325,11 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
             .ok_or(Error::Missing("lb_vip_addrs"))?,
     )
     .map_err(map("VIP address set"))?;
+    let quic_ids = aya::maps::HashMap::try_from(
+        bpf.take_map("lb_quic_ids")
+            .ok_or(Error::Missing("lb_quic_ids"))?,
+    )
+    .map_err(map("server ID map"))?;
     let stats = aya::maps::PerCpuArray::try_from(
         bpf.take_map("lb_stats").ok_or(Error::Missing("lb_stats"))?,
     )
@@ -328,6 +346,8 @@ fn load(sizes: Sizes) -> Result<(Ebpf, XdpLb), Error> {
         suffix_set: HashSet::new(),
         vip_addrs,
         vip_addr_set: HashSet::new(),
+        quic_ids,
+        quic_id_set: HashSet::new(),
         backends: Mapped::new(&mut bpf, "lb_backends", sizes.backends as usize)?,
         slots: Mapped::new(&mut bpf, "lb_ring", sizes.slots as usize)?,
         traffic: Mapped::new(&mut bpf, "lb_traffic", traffic)?,
@@ -554,6 +574,37 @@ impl XdpLb {
         Ok(())
     }
 
+    /// Makes the server ID map (`lb_quic_ids`) exactly `ids` (each key's
+    /// backend id): entries written or replaced, the rest removed. Written
+    /// before the VIP entries that read them ([`XdpLb::set_vips`]).
+    pub fn set_quic_ids(&self, ids: &[(QuicIdKey, u32)]) -> Result<(), Error> {
+        let cap = self.sizes.quic_ids as usize;
+        if ids.len() > cap {
+            return Err(Error::Full {
+                what: "server ID map",
+                cap,
+                asked: ids.len(),
+            });
+        }
+        let map = |e| Error::Map {
+            what: "server ID map",
+            source: Box::new(e),
+        };
+        let mut g = self.lock();
+        let want: HashSet<QuicIdKey> = ids.iter().map(|(k, _)| *k).collect();
+        // Removed first: a reload may give a VIP index to another VIP, and
+        // the map must hold room for the new keys.
+        let stale: Vec<QuicIdKey> = g.quic_id_set.difference(&want).copied().collect();
+        for k in &stale {
+            g.quic_ids.remove(k).map_err(map)?;
+        }
+        for (k, b) in ids {
+            g.quic_ids.insert(k, b, 0).map_err(map)?;
+        }
+        g.quic_id_set = want;
+        Ok(())
+    }
+
     /// The program's counters, summed over CPUs.
     pub fn stats(&self) -> Result<Stats, Error> {
         let g = self.lock();
@@ -573,6 +624,11 @@ impl XdpLb {
             s.martian_source += c.martian_source;
             s.source_is_vip += c.source_is_vip;
             s.ttl_zero += c.ttl_zero;
+            s.quic_routed += c.quic_routed;
+            for (a, b) in s.quic_miss.iter_mut().zip(&c.quic_miss) {
+                *a += b;
+            }
+            s.quic_server_down += c.quic_server_down;
         }
         Ok(s)
     }
@@ -711,7 +767,7 @@ mod tests {
             "lb.c defines its own LB_ values"
         );
         // The shapes the program reads (its structs, in order).
-        assert_eq!(std::mem::size_of::<Conf>(), 72);
+        assert_eq!(std::mem::size_of::<Conf>(), 96);
         assert_eq!(std::mem::size_of::<PrefixKey>(), 20);
         assert_eq!(std::mem::size_of::<PrefixGroup>(), 20);
         assert_eq!(std::mem::size_of::<SuffixKey>(), 28);
@@ -719,8 +775,29 @@ mod tests {
         assert_eq!(std::mem::size_of::<VipKey6>(), 24);
         assert_eq!(std::mem::size_of::<VipEntry>(), 16);
         assert_eq!(std::mem::size_of::<BackendEntry>(), 56);
-        assert_eq!(std::mem::size_of::<Stats>(), 80);
+        assert_eq!(std::mem::size_of::<Stats>(), 144);
         assert_eq!(std::mem::size_of::<AddrKey>(), 16);
+        assert_eq!(std::mem::size_of::<QuicIdKey>(), 24);
+        // The program counts QUIC misses at the worker's counter index.
+        use super::super::abi as a;
+        use crate::quic::Miss;
+        for (code, miss) in [
+            (a::QUIC_NOT_QUIC, Miss::NotQuic),
+            (a::QUIC_RESERVED, Miss::Reserved),
+            (a::QUIC_NO_CONFIG, Miss::NoConfig),
+            (a::QUIC_TOO_SHORT, Miss::TooShort),
+            (a::QUIC_LENGTH_MISMATCH, Miss::LengthMismatch),
+            (a::QUIC_UNKNOWN_SERVER_ID, Miss::UnknownServerId),
+        ] {
+            assert_eq!(code as usize, miss.index(), "{}", miss.name());
+        }
+        assert_eq!(a::QUIC_MISSES as usize, Miss::ALL.len());
+        assert_eq!(Stats::default().quic_miss.len(), Miss::ALL.len());
+        assert_eq!(
+            a::QUIC_MAX_SID as usize,
+            quic_lb::MAX_PLAINTEXT_LEN - quic_lb::MIN_NONCE_LEN
+        );
+        assert!((a::QUIC_MAX_SID as usize) < QuicIdKey::C.size - 8);
         assert_eq!(
             std::mem::size_of::<crate::xdp::abi::SlotPair>(),
             2 * std::mem::size_of::<u32>()

@@ -19,6 +19,17 @@
 //! whose next packet goes to user space (an ICMP error quoting it, say) is looked up by
 //! Maglev there, which agrees unless the tables changed in between.
 //!
+//! A `quic` VIP (IETF QUIC-LB) whose configurations are all plaintext
+//! routes by connection ID in the driver as the packet threads do
+//! ([`crate::quic::QuicRoute::backend`]): the program reads the QUIC header
+//! (RFC 8999), the codepoint's configuration ([`Conf`]'s `quic_*`) and the
+//! server ID, looks the server ID up among the VIP's (`lb_quic_ids`) and
+//! forwards to its backend if healthy; a miss falls back to the connection
+//! table and Maglev, as any UDP flow. Encrypted configurations (single-pass
+//! AES, four-pass) would need AES in the program: a VIP with one of them is
+//! left whole to the packet threads, and so is every VIP of its address and
+//! protocol (an any-port one would otherwise take its datagrams here).
+//!
 //! Tables are placed by content: a Maglev table (with its slots' backend
 //! ids) is written once into the slot array and shared by every VIP over
 //! it, like [`Tables`] shares them; a sync writes only tables it has not
@@ -42,8 +53,8 @@ pub mod abi;
 pub mod maps;
 
 pub use abi::{
-    AddrKey, BackendEntry, Conf, PrefixGroup, PrefixKey, SuffixKey, VipEntry, VipKey, VipKey6,
-    ACCEPTING, ANY_PORT, EMPTY, FLOW_SEED, HEALTHY, V4, V6,
+    AddrKey, BackendEntry, Conf, PrefixGroup, PrefixKey, QuicIdKey, SuffixKey, VipEntry, VipKey,
+    VipKey6, ACCEPTING, ANY_PORT, EMPTY, FLOW_SEED, HEALTHY, V4, V6,
 };
 pub use maps::{Detached, Loader, Sizes, Verdict, XdpLb, XDP_DROP, XDP_TX};
 
@@ -63,6 +74,7 @@ pub fn sizes(cfg: &Config, t: &Tables) -> Sizes {
         .values()
         .map(|(tab, _)| u64::from(tab.size()))
         .sum();
+    let quic_ids = DriverQuic::of(t).ids(t).len() as u64;
     let threads = cfg.forwarder.threads.max(1) as u64;
     let clamp = |v: u64| v.min(u64::from(u32::MAX / 4)) as u32;
     Sizes {
@@ -71,6 +83,94 @@ pub fn sizes(cfg: &Config, t: &Tables) -> Sizes {
         slots: clamp((2 * slots).max(1 << 18)),
         conns: clamp((cfg.conntrack.size as u64 * threads).max(4096)),
         prefixes: clamp((2 * t.matcher.prefixes().len() as u64).max(64)),
+        quic_ids: clamp((2 * quic_ids).max(64)),
+    }
+}
+
+/// The codepoints of a set of plaintext QUIC-LB configurations as the
+/// program reads them ([`Conf::quic_sid`], [`Conf::quic_need`],
+/// [`Conf::quic_self`]).
+type QuicTable = ([u8; 8], [u8; 8], [u8; 8]);
+
+/// The QUIC-LB configurations of `c` as the program reads them: `None`
+/// when any is encrypted (the program has no AES), or there is none.
+fn plaintext(c: &quic_lb::Configs) -> Option<QuicTable> {
+    let mut t: QuicTable = Default::default();
+    let mut any = false;
+    for cp in 0..quic_lb::UNROUTABLE_CODEPOINT {
+        let Some(conf) = c.get(cp) else { continue };
+        if conf.encoding() != quic_lb::Encoding::Plaintext {
+            return None;
+        }
+        let i = usize::from(cp);
+        // At most 15 and 20 (`quic_lb::Config::new`).
+        t.0[i] = u8::try_from(conf.server_id_len()).ok()?;
+        t.1[i] = u8::try_from(conf.cid_len()).ok()?;
+        t.2[i] = u8::from(conf.self_describing());
+        any = true;
+    }
+    any.then_some(t)
+}
+
+/// Which `quic` VIPs route by connection ID in the driver: those whose
+/// configurations are all plaintext and the same as the first such VIP's
+/// (the program holds one set; every VIP shares the configuration's set
+/// today, so this is all or none). The others are left to user space.
+struct DriverQuic {
+    table: Option<QuicTable>,
+    /// By VIP index.
+    in_driver: Vec<bool>,
+}
+
+impl DriverQuic {
+    fn of(t: &Tables) -> Self {
+        let mut table = None;
+        let in_driver = t
+            .vips
+            .iter()
+            .map(|v| {
+                let Some(p) = v.quic.as_ref().and_then(|r| plaintext(r.configs())) else {
+                    return false;
+                };
+                *table.get_or_insert(p) == p
+            })
+            .collect();
+        DriverQuic { table, in_driver }
+    }
+
+    fn routes(&self, index: u32) -> bool {
+        self.in_driver.get(index as usize).copied().unwrap_or(false)
+    }
+
+    /// Left to user space: a `quic` VIP the driver does not route.
+    fn steered(&self, t: &Tables, index: u32) -> bool {
+        t.vips.get(index as usize).is_some_and(|v| v.quic.is_some()) && !self.routes(index)
+    }
+
+    /// The server ID map's entries (`lb_quic_ids`).
+    fn ids(&self, t: &Tables) -> Vec<(QuicIdKey, u32)> {
+        let mut ids = Vec::new();
+        for (i, v) in t.vips.iter().enumerate() {
+            let (true, Some(r)) = (self.routes(i as u32), &v.quic) else {
+                continue;
+            };
+            for (sid, backend) in r.server_ids() {
+                let octets = sid.as_bytes();
+                let mut id = [0u8; 16];
+                // At most 15 octets (`quic_lb::ServerId`'s configurations).
+                let n = octets.len().min(abi::QUIC_MAX_SID as usize);
+                id[..n].copy_from_slice(&octets[..n]);
+                ids.push((
+                    QuicIdKey {
+                        vip: i as u32,
+                        len: n as u32,
+                        id,
+                    },
+                    backend,
+                ));
+            }
+        }
+        ids
     }
 }
 
@@ -86,6 +186,7 @@ pub fn fits(room: &Sizes, t: &Tables) -> Result<(), (String, String)> {
         .map(|(tab, _)| u64::from(tab.size()))
         .sum();
     let prefixes = t.matcher.prefixes().len() as u64;
+    let quic_ids = DriverQuic::of(t).ids(t).len() as u64;
     let checks = [
         (
             "pools.table_size",
@@ -105,6 +206,12 @@ pub fn fits(room: &Sizes, t: &Tables) -> Result<(), (String, String)> {
             "prefix-group prefixes",
             prefixes,
             room.prefixes,
+        ),
+        (
+            "pools.backends.quic_server_id",
+            "server IDs of quic VIPs (each VIP's pool's together)",
+            quic_ids,
+            room.quic_ids,
         ),
     ];
     for (key, what, need, have) in checks {
@@ -161,8 +268,8 @@ pub struct Sync {
     pub reason: Option<String>,
     /// VIPs forwarded in the driver.
     pub vips: usize,
-    /// VIPs left to user space (none unless a VIP's index is beyond the
-    /// snapshot's).
+    /// VIPs left to user space (`quic` VIPs with an encrypted
+    /// configuration and the VIPs of their address and protocol).
     pub vips_in_user_space: usize,
     /// Tables written by this sync.
     pub tables_written: usize,
@@ -318,11 +425,12 @@ impl XdpTables {
             e
         }))?;
         let mut used: HashSet<TableKey> = HashSet::new();
-        // `quic` VIPs route by connection ID, which this program does not
-        // read: they are left to the packet threads, and so is every VIP
-        // of their address and protocol (an any-port one would otherwise
-        // take their datagrams here).
-        let quic = |index: u32| t.vips.get(index as usize).is_some_and(|v| v.quic.is_some());
+        // `quic` VIPs with an encrypted configuration route by connection
+        // IDs this program cannot decrypt: they are left to the packet
+        // threads, and so is every VIP of their address and protocol (an
+        // any-port one would otherwise take their datagrams here).
+        let dq = DriverQuic::of(t);
+        let quic = |index: u32| dq.steered(t, index);
         let quic4: HashSet<([u8; 4], u8)> = t
             .matcher
             .exact_v4()
@@ -340,7 +448,7 @@ impl XdpTables {
             if quic4.contains(&(addr, proto)) {
                 continue;
             }
-            let Some(e) = self.entry(t, index, &mut used, &mut s)? else {
+            let Some(e) = self.entry(t, &dq, index, &mut used, &mut s)? else {
                 continue;
             };
             let e = match e {
@@ -361,7 +469,7 @@ impl XdpTables {
             if quic6.contains(&(addr, proto)) {
                 continue;
             }
-            let Some(e) = self.entry(t, index, &mut used, &mut s)? else {
+            let Some(e) = self.entry(t, &dq, index, &mut used, &mut s)? else {
                 continue;
             };
             let e = match e {
@@ -387,6 +495,10 @@ impl XdpTables {
         if let Err(e) = self.lb.set_vip_addrs(&addrs) {
             return self.off(e.to_string(), s).map(Placement::Done);
         }
+        // The server IDs before the VIPs that read them.
+        if let Err(e) = self.lb.set_quic_ids(&dq.ids(t)) {
+            return self.off(e.to_string(), s).map(Placement::Done);
+        }
         if let Err(e) = self.lb.set_vips(&vips, &vips6) {
             return self.off(e.to_string(), s).map(Placement::Done);
         }
@@ -408,8 +520,19 @@ impl XdpTables {
             })
             .collect();
         let mut suffixes = Vec::new();
+        // As for addresses: a prefix-group VIP left to user space takes
+        // every VIP of its suffix and protocol there with it.
+        let quic_suffixes: HashSet<(u16, u128, u8)> = t
+            .matcher
+            .suffixes()
+            .filter(|&(_, _, _, _, i)| quic(i))
+            .map(|(g, sfx, _, p, _)| (g, sfx, p))
+            .collect();
         for (group, suffix, port, proto, index) in t.matcher.suffixes() {
-            let Some(e) = self.entry(t, index, &mut used, &mut s)? else {
+            if quic_suffixes.contains(&(group, suffix, proto)) {
+                continue;
+            }
+            let Some(e) = self.entry(t, &dq, index, &mut used, &mut s)? else {
                 continue;
             };
             let e = match e {
@@ -458,6 +581,11 @@ impl XdpTables {
             }
         }
         conf.groups = u32::from(!prefixes.is_empty());
+        if let Some((sid, need, described)) = dq.table {
+            conf.quic_sid = sid;
+            conf.quic_need = need;
+            conf.quic_self = described;
+        }
         self.lb.set_conf(conf)?;
         s.enabled = true;
         s.vips = vips.len() + vips6.len() + suffixes.len();
@@ -471,6 +599,7 @@ impl XdpTables {
     fn entry(
         &mut self,
         t: &Tables,
+        dq: &DriverQuic,
         index: u32,
         used: &mut HashSet<TableKey>,
         s: &mut Sync,
@@ -478,7 +607,7 @@ impl XdpTables {
         let Some(v) = t.vips.get(index as usize) else {
             return Ok(None);
         };
-        if v.quic.is_some() {
+        if dq.steered(t, index) {
             return Ok(None);
         }
         let key = (Arc::as_ptr(&v.table) as usize, v.slots.clone());
@@ -509,7 +638,11 @@ impl XdpTables {
             }
         };
         used.insert(key);
-        Ok(Some(Ok(VipEntry::new(index, at, v.table.size()))))
+        let mut e = VipEntry::new(index, at, v.table.size());
+        if dq.routes(index) {
+            e.quic = abi::QUIC_PLAINTEXT;
+        }
+        Ok(Some(Ok(e)))
     }
 
     /// What the program forwarded and dropped, as packet-thread counters
@@ -546,6 +679,9 @@ impl XdpTables {
         c.conntrack.misses = st.ct_misses;
         c.conntrack.inserts = st.ct_inserts;
         c.conntrack.closes = st.ct_closes;
+        c.quic_routed = st.quic_routed;
+        c.quic_miss = st.quic_miss;
+        c.quic_server_down = st.quic_server_down;
         Ok(c)
     }
 }
