@@ -179,12 +179,16 @@ pub struct Cell {
 pub struct Report {
     /// Seconds each variant was driven.
     pub seconds: f64,
-    /// `fastpath`, `fastpath_ipv6`, `fastpath_af_xdp`, `nftables`,
-    /// `xdp_forwarder`.
+    /// `fastpath`, `fastpath_quic`, `fastpath_ipv6`, `fastpath_af_xdp`,
+    /// `nftables`, `xdp_forwarder`.
     pub results: BTreeMap<String, Cell>,
     /// fastpath in the driver over IPv6 over the same over IPv4
     /// (delivered; 0 when the IPv4 row delivered nothing).
     pub ratio_ipv6_to_ipv4: f64,
+    /// fastpath in the driver routing QUIC by connection ID (plaintext
+    /// QUIC-LB) over the same frames as plain UDP (delivered; 0 when the
+    /// UDP row delivered nothing).
+    pub ratio_quic_to_udp: f64,
     /// fastpath over nftables (delivered).
     pub ratio_to_nftables: f64,
     /// fastpath over the XDP forwarder (delivered).
@@ -309,18 +313,45 @@ fn kernel_threads(prefix: &str) -> std::collections::BTreeSet<i32> {
         .unwrap_or_default()
 }
 
-/// The generator's frames: 64-byte UDP to the VIP over [`FLOWS`] flows.
-fn frames() -> Vec<Vec<u8>> {
+/// The QUIC row's QUIC-LB configuration: plaintext, codepoint 0, a server
+/// ID of 2 octets (backend `i` is `000i`, 1-based), a nonce of 6.
+const QUIC_LB: &str = "[[quic_lb]]\ncodepoint = 0\nserver_id_len = 2\nnonce_len = 6\n";
+
+/// The QUIC row's destination connection ID for flow `i`: routable to
+/// backend `i % backends + 1` under [`QUIC_LB`], its nonce drawn from `i`
+/// (empty if the configuration could not encode it: the row then shows
+/// nothing routed).
+fn quic_cid(i: usize, backends: usize) -> Vec<u8> {
+    let sid = [0, (i % backends.max(1) + 1) as u8];
+    let nonce = (i as u64).to_be_bytes();
+    quic_lb::Config::new(0, 2, 6, None, false)
+        .ok()
+        .and_then(|c| c.encode(&sid, &nonce[2..], nonce[7]).ok())
+        .map(|cid| cid.as_bytes().to_vec())
+        .unwrap_or_default()
+}
+
+/// The generator's frames: 64-byte UDP to the VIP over [`FLOWS`] flows;
+/// for the QUIC row, each a QUIC short header whose connection ID routes
+/// to one of `quic_backends` backends.
+fn frames(quic_backends: Option<usize>) -> Vec<Vec<u8>> {
     let dmac = lb::config::parse_mac(DUT_MAC).unwrap_or_default();
     let smac = lb::config::parse_mac(GEN_MAC).unwrap_or_default();
     (0..FLOWS)
         .map(|i| {
+            let mut payload = [0u8; 18];
+            if let Some(n) = quic_backends {
+                let cid = quic_cid(i, n);
+                // Short header: header form 0, fixed bit 1.
+                payload[0] = 0x40;
+                payload[1..1 + cid.len()].copy_from_slice(&cid);
+            }
             let mut f = Frame::udp(
                 IpAddr::from([10, 30, 1 + (i / 256) as u8, (i % 256) as u8]),
                 IpAddr::from(VIP),
                 1024 + i as u16,
                 9,
-                &[0; 18],
+                &payload,
             );
             f.eth.dst = dmac;
             f.eth.src = smac;
@@ -375,6 +406,8 @@ struct Drive {
     kind: GeneratorKind,
     /// IPv6 frames ([`frames6`]) rather than IPv4.
     v6: bool,
+    /// The QUIC row: QUIC short headers routable to this many backends.
+    quic_backends: Option<usize>,
 }
 
 /// d0's `gro_flush_timeout` (ns) in the fastpath row with busy polling.
@@ -412,7 +445,11 @@ const XDP_GEN_CHUNK: u32 = 1 << 15;
 /// each pinned to one of the generator's CPUs; returns (frames offered,
 /// seconds driven, how the generator sent).
 fn generate(gen: &Netns, d: &Drive) -> Result<(u64, f64, String), Error> {
-    let all = if d.v6 { frames6() } else { frames() };
+    let all = if d.v6 {
+        frames6()
+    } else {
+        frames(d.quic_backends)
+    };
     let queues = d.queues;
     let start = std::sync::Arc::new(std::sync::Barrier::new(queues as usize));
     let threads: Vec<_> = (0..queues)
@@ -694,6 +731,7 @@ pub fn run(
         cpus: cpus.clone(),
         kind,
         v6: false,
+        quic_backends: None,
     };
     let tag = format!("{}", std::process::id() % 100_000);
     let backends = ["10.20.0.1", "10.20.0.2", "10.20.0.3", "10.20.0.4"];
@@ -726,17 +764,23 @@ pub fn run(
     // fastpath: the load balancer in the driver (XDP), over IPv4 then
     // IPv6 (one after the other, so that the ratio compares like with
     // like), then AF_XDP alone.
-    for (row, driver, v6) in [
-        ("fastpath", "xdp", false),
-        ("fastpath_ipv6", "xdp", true),
-        ("fastpath_af_xdp", "af-xdp", false),
+    for (row, driver, v6, quic) in [
+        ("fastpath", "xdp", false, false),
+        ("fastpath_quic", "xdp", false, true),
+        ("fastpath_ipv6", "xdp", true, false),
+        ("fastpath_af_xdp", "af-xdp", false, false),
     ] {
-        let family = if v6 { ", an IPv6 VIP" } else { "" };
+        let family = match (v6, quic) {
+            (true, _) => ", an IPv6 VIP",
+            (_, true) => ", a QUIC-LB VIP (plaintext)",
+            _ => "",
+        };
         progress(&format!(
             "{row} (lb run --interface --driver {driver}{family})"
         ));
         let d = Drive {
             v6,
+            quic_backends: quic.then_some(backends.len()),
             ..drive.clone()
         };
         let c = fastpath_row(fastpath, driver, &tag, &backends, &d, prefer_busy_poll)?;
@@ -816,9 +860,15 @@ pub fn run(
     } else {
         0.0
     };
+    let ratio_quic_to_udp = if v4 > 0.0 {
+        results["fastpath_quic"].delivered_mpps / v4
+    } else {
+        0.0
+    };
     Ok(Report {
         seconds: secs,
         ratio_ipv6_to_ipv4,
+        ratio_quic_to_udp,
         ratio_to_nftables: f / n,
         ratio_to_xdp_forwarder: f / x,
         valid: results.values().all(|c| c.valid),
@@ -869,17 +919,29 @@ fn fastpath_row(
     } else {
         Ipv4Addr::from(VIP).to_string()
     };
+    let quic = drive.quic_backends.is_some();
     let list: Vec<String> = backends
         .iter()
-        .map(|b| format!("{{ address = \"{b}\" }}"))
+        .enumerate()
+        .map(|(i, b)| {
+            if quic {
+                format!(
+                    "{{ address = \"{b}\", quic_server_id = \"{:04x}\" }}",
+                    i + 1
+                )
+            } else {
+                format!("{{ address = \"{b}\" }}")
+            }
+        })
         .collect();
     std::fs::write(
         &cfg,
         format!(
             "[forwarder]\nthreads = 0\nqueue_size = 1024\npool_buffers = 8192\n[conntrack]\nsize = 65536\n[api]\nlisten = \"127.0.0.1:9181\"\n\
              [encap]\nsource = \"10.30.0.2\"\ngateway_mac = \"{GEN_MAC}\"\n[[pools]]\nname = \"p\"\nbackends = [{}]\n\
-             [[vips]]\nname = \"v\"\naddress = \"{vip}\"\nport = 9\nprotocol = \"udp\"\npool = \"p\"\n",
-            list.join(", ")
+             [[vips]]\nname = \"v\"\naddress = \"{vip}\"\nport = 9\nprotocol = \"udp\"\npool = \"p\"\nquic = {quic}\n{}",
+            list.join(", "),
+            if quic { QUIC_LB } else { "" }
         ),
     )
     .map_err(Error::io(format!("writing {}", cfg.display())))?;
@@ -987,6 +1049,7 @@ impl Report {
         ));
         for k in [
             "fastpath",
+            "fastpath_quic",
             "fastpath_ipv6",
             "fastpath_af_xdp",
             "nftables",
@@ -1018,6 +1081,7 @@ impl Report {
             "{t}\n{}\ngenerator: {}\ngenerator alone ({} thread(s), into an XDP sink on d0): offered {:.3} Mpps, reached d0 {:.3} Mpps\n\
              fastpath / nftables = {:.2}x (goal >= 2)   fastpath / XDP forwarder = {:.2} (goal >= 0.7)\n\
              fastpath in the driver, IPv6 / IPv4 = {:.2} (goal >= 0.8; the IPv6 frames are 62 bytes, GRE over IPv4 to the same backends)\n\
+             fastpath in the driver, QUIC by connection ID / UDP = {:.2} (goal >= 0.8; the same 64-byte frames, each a QUIC short header routable to a backend, plaintext QUIC-LB)\n\
              valid rows: offered >= {VALID_OFFER_RATIO} x delivered (the generator was not the limit){}\n{}",
             Cpus::describe(self.cpus.as_ref()),
             self.generator,
@@ -1027,6 +1091,7 @@ impl Report {
             self.ratio_to_nftables,
             self.ratio_to_xdp_forwarder,
             self.ratio_ipv6_to_ipv4,
+            self.ratio_quic_to_udp,
             if self.valid {
                 ""
             } else {

@@ -303,6 +303,7 @@ fn lb_bench_veth_json_document() {
     assert!(v["ratio_to_nftables"].as_f64().unwrap() > 0.0);
     assert!(v["ratio_to_xdp_forwarder"].as_f64().unwrap() > 0.0);
     ipv6_ratio_is_the_rows(&v);
+    quic_ratio_is_the_rows(&v);
     // The generator alone (into a sink): what it can offer at all.
     assert!(v["generator_alone"]["offered_mpps"].as_f64().unwrap() > 0.0);
     let fp = &v["results"]["fastpath"];
@@ -474,6 +475,7 @@ fn lb_bench_veth_xdp_generator_rows_are_valid() {
         assert!(note.contains("; own session;"), "{k}: {note}");
     }
     ipv6_ratio_is_the_rows(&v);
+    quic_ratio_is_the_rows(&v);
 }
 
 /// The veth bench's IPv6 row: the load balancer in the driver (its note
@@ -500,6 +502,26 @@ fn ipv6_ratio_is_the_rows(v: &serde_json::Value) {
         (ratio - v6 / v4).abs() < 1e-9,
         "{ratio} vs {v6} / {v4}: {v}"
     );
+}
+
+/// The veth bench's QUIC row: plaintext QUIC-LB routed in the driver
+/// (next to nothing reached the packet threads), and the QUIC / UDP ratio
+/// is its rows' delivered rates' ratio.
+fn quic_ratio_is_the_rows(v: &serde_json::Value) {
+    let r = &v["results"];
+    let (q, u) = (
+        r["fastpath_quic"]["delivered_mpps"].as_f64().unwrap(),
+        r["fastpath"]["delivered_mpps"].as_f64().unwrap(),
+    );
+    assert!(q > 0.0, "the QUIC row forwarded nothing: {v}");
+    let secs = v["seconds"].as_f64().unwrap();
+    let to_user = r["fastpath_quic"]["frames_to_user_space"].as_u64().unwrap() as f64;
+    assert!(
+        to_user < 0.01 * q * 1e6 * secs,
+        "QUIC frames went to user space: {v}"
+    );
+    let ratio = v["ratio_quic_to_udp"].as_f64().unwrap();
+    assert!((ratio - q / u).abs() < 1e-9, "{ratio} vs {q} / {u}: {v}");
 }
 
 /// `lb run --help` describes the daemon, not only the pcap replay (issue
