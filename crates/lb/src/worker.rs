@@ -619,10 +619,17 @@ impl Worker {
         let route = t.vips.get(vip as usize)?.quic.as_ref()?;
         let s = usize::from(pkt.off);
         let frame = self.pool.data(&pkt.buf).get(s..s + usize::from(pkt.len))?;
-        // The UDP payload (the parser checked the UDP header lies inside
-        // the IP packet); `get` keeps even a lie from reading past it.
+        // The UDP payload: what the UDP length covers (RFC 768; the parser
+        // checked it lies inside the IP packet), not octets the IP packet
+        // holds after it; `get` keeps even a lie from reading past either.
+        let ip_end = p.l3_offset + p.l3_len;
+        let udp_end = frame
+            .get(p.l4_offset + 4..p.l4_offset + 6)
+            .map_or(ip_end, |l| {
+                p.l4_offset + usize::from(u16::from_be_bytes([l[0], l[1]]))
+            });
         let payload = frame
-            .get(p.l4_offset + packet::udp::HEADER_LEN..p.l3_offset + p.l3_len)
+            .get(p.l4_offset + packet::udp::HEADER_LEN..udp_end.min(ip_end))
             .unwrap_or(&[]);
         match route.backend(payload) {
             Ok(b) if t.backends.get(b as usize).is_some_and(|x| x.healthy) => {
