@@ -54,7 +54,7 @@ const GRACE: Duration = Duration::from_secs(5);
 /// What the oracle adds to the sample configuration: two `quic` VIPs (IPv4
 /// and IPv6, UDP port 443) over one pool whose backends carry QUIC-LB
 /// server IDs (one drained: it takes no new flows, but the connection IDs
-/// it issued still reach it), and four `[[quic_lb]]` configurations, one
+/// it issued still reach it; one down, [`DOWN`]: they do not), and four `[[quic_lb]]` configurations, one
 /// server ID length (5 octets), at codepoints 0, 2, 5 and 6: plaintext,
 /// single-pass (server ID and nonce 16 octets), four-pass with the server
 /// ID longer than half the block (9 octets, all four rounds to read it)
@@ -114,6 +114,11 @@ quic = true
 pool = "h3"
 "#;
 
+/// Backends the oracle marks down (as failed health checks would), where
+/// the configuration has them: one of the `quic` pool, so that connection
+/// IDs name a backend that is down.
+pub const DOWN: [&str; 1] = ["h3-d"];
+
 /// The sample configuration with [`QUIC_CONFIG`].
 pub fn with_quic(sample: &str) -> String {
     format!("{sample}\n{QUIC_CONFIG}")
@@ -143,7 +148,8 @@ struct Model {
 /// server ID.
 struct QuicModel {
     by_codepoint: [Option<quic_lb::Config>; 7],
-    server_ids: HashMap<String, HashMap<Vec<u8>, IpAddr>>,
+    /// Each pool's members by server ID: address, and whether it is up.
+    server_ids: HashMap<String, HashMap<Vec<u8>, (IpAddr, bool)>>,
 }
 
 /// What the model says of a datagram to a `quic` VIP: the backend its
@@ -151,6 +157,8 @@ struct QuicModel {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum QuicOutcome {
     Routed(IpAddr),
+    /// It names a backend that is down.
+    Down,
     Miss(&'static str),
 }
 
@@ -158,7 +166,7 @@ enum QuicOutcome {
 const QUIC_V2: u32 = 0x6b33_43cf;
 
 impl QuicModel {
-    fn new(cfg: &Config) -> Self {
+    fn new(cfg: &Config, down: &[&str]) -> Self {
         let mut by_codepoint: [Option<quic_lb::Config>; 7] = Default::default();
         for q in &cfg.quic_lb {
             let key = q
@@ -182,7 +190,8 @@ impl QuicModel {
                 .iter()
                 .filter_map(|m| {
                     let sid = quic_lb::parse_hex(m.quic_server_id.as_deref()?).ok()?;
-                    Some((sid, m.address))
+                    let up = !down.contains(&m.display_name().as_str());
+                    Some((sid, (m.address, up)))
                 })
                 .collect();
             server_ids.insert(p.name.clone(), ids);
@@ -262,14 +271,16 @@ impl QuicModel {
             .get(pool)
             .and_then(|ids| ids.get(d.server_id.as_bytes()))
         {
-            Some(&b) => QuicOutcome::Routed(b),
+            Some(&(b, true)) => QuicOutcome::Routed(b),
+            Some(&(_, false)) => QuicOutcome::Down,
             None => Miss("server_id_unknown"),
         }
     }
 }
 
 impl Model {
-    fn new(cfg: &Config) -> Self {
+    /// The model of `cfg` with the backends named in `down` down.
+    fn new(cfg: &Config, down: &[&str]) -> Self {
         let mut vips = Vec::new();
         for v in &cfg.vips {
             let address = v
@@ -285,7 +296,9 @@ impl Model {
         }
         let mut pools = HashMap::new();
         for p in &cfg.pools {
-            let members = cfg.flatten(&p.name).expect("a valid configuration");
+            let mut members = cfg.flatten(&p.name).expect("a valid configuration");
+            // A backend that is down has no share of the table.
+            members.retain(|m| !down.contains(&m.display_name().as_str()));
             let backends: Vec<maglev::Backend> = members
                 .iter()
                 .map(|m| {
@@ -303,7 +316,7 @@ impl Model {
         Model {
             vips,
             pools,
-            quic: QuicModel::new(cfg),
+            quic: QuicModel::new(cfg, down),
             source: cfg.encap.source,
             source6: cfg.encap.source6,
         }
@@ -392,9 +405,15 @@ impl Oracle {
     /// An oracle for a configuration (its VIPs must have addresses).
     pub fn new(config: &str) -> Self {
         let cfg = Config::parse(config, "oracle").expect("a valid configuration");
-        let control = Control::new(cfg.clone()).expect("tables for the configuration");
+        let mut control = Control::new(cfg.clone()).expect("tables for the configuration");
+        // The backends of [`DOWN`] this configuration has, down.
+        let down: Vec<&str> = DOWN
+            .iter()
+            .copied()
+            .filter(|name| control.set_health(name, false))
+            .collect();
         Oracle {
-            model: Model::new(&cfg),
+            model: Model::new(&cfg, &down),
             control,
             cfg,
         }
@@ -497,6 +516,7 @@ impl Oracle {
         // Datagrams to a `quic` VIP routed by connection ID, and the others
         // by the forwarder's counter name for why not.
         let mut quic_routed = 0u64;
+        let mut quic_down = 0u64;
         let mut quic_miss: HashMap<&str, u64> = HashMap::new();
         for f in frames {
             let p = match parse_frame(f) {
@@ -527,11 +547,15 @@ impl Oracle {
                 continue;
             } else {
                 e.allowed = match m.quic(f, &p) {
-                    // Every backend is healthy: the one the connection ID
-                    // names takes it.
+                    // The backend the connection ID names, which is up.
                     Some(QuicOutcome::Routed(b)) => {
                         quic_routed += 1;
                         vec![b]
+                    }
+                    // Its backend is down: the fallback, as for a miss.
+                    Some(QuicOutcome::Down) => {
+                        quic_down += 1;
+                        m.backend(&p.flow).into_iter().collect()
                     }
                     // Unroutable: the connection table, then Maglev, as any
                     // UDP flow (the table holds only Maglev's choices here).
@@ -666,8 +690,8 @@ impl Oracle {
                 "QUIC datagrams routed by connection ID as modelled",
             ),
             (
-                c.quic_server_down == 0,
-                "no connection ID names a down backend (all are up)",
+                c.quic_server_down == quic_down,
+                "QUIC datagrams whose connection ID names a down backend as modelled",
             ),
         ];
         for (ok, what) in checks {

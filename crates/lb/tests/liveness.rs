@@ -61,7 +61,7 @@ const DST6: [&str; 4] = [
 /// Index of the `quic` VIPs' addresses in [`DST4`] and [`DST6`].
 const QUIC_DST: usize = 3;
 /// Server IDs for connection IDs: those of the `quic` pool's backends
-/// (`oracle::QUIC_CONFIG`; h3-c drained), then two no backend has.
+/// (`oracle::QUIC_CONFIG`; h3-c drained, h3-d down), then two no backend has.
 const SERVER_IDS: [[u8; 5]; 6] = [
     [0xa1; 5],
     [0x00; 5],
