@@ -19,7 +19,10 @@ use crate::Format;
 /// forwarder would allocate against what this machine has), builds the
 /// Maglev tables, and prints the VIPs, the pools with their backends as
 /// they resolve (includes flattened), the daemon's sections and the memory
-/// estimate part by part. Exit status 0 when the file is valid, 1 with the
+/// estimate part by part. For `quic` VIPs: the QUIC-LB configurations they
+/// route connection IDs by (codepoint, encoding, server ID and nonce
+/// lengths, where the key comes from, never the key) and each backend's
+/// server ID. Exit status 0 when the file is valid, 1 with the
 /// file, the key and the problem when it is not: for scripts and CI before
 /// a reload.
 /// What is valid but likely not meant is printed as a warning (JSON:
@@ -63,6 +66,24 @@ struct VipSummary {
     backends: usize,
     table_size: u64,
     fingerprint: String,
+    /// Routes UDP by QUIC connection ID (`quic = true`), by `quic_lb`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    quic: bool,
+}
+
+/// A `[[quic_lb]]` configuration, as `quic` VIPs route by it.
+#[derive(Serialize)]
+struct QuicLbSummary {
+    codepoint: u8,
+    /// "plaintext", "single-pass" or "four-pass".
+    encoding: &'static str,
+    server_id_len: usize,
+    nonce_len: usize,
+    /// Where the key comes from: "inline" (in the file), "file PATH", or
+    /// "none" (plaintext). Never the key.
+    key: String,
+    /// Servers write the connection ID's length into its first octet.
+    length_self_encoding: bool,
 }
 
 /// A pool's backend as it resolves.
@@ -71,6 +92,9 @@ struct BackendSummary {
     name: String,
     address: String,
     weight: u32,
+    /// Its QUIC-LB server ID (hex), when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quic_server_id: Option<String>,
 }
 
 /// A pool as it resolves.
@@ -88,6 +112,10 @@ struct Summary {
     file: String,
     valid: bool,
     vips: Vec<VipSummary>,
+    /// The QUIC-LB configurations `quic` VIPs route by (every `quic` VIP
+    /// shares them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    quic_lb: Vec<QuicLbSummary>,
     pools: Vec<PoolSummary>,
     api: Option<String>,
     bgp: Option<String>,
@@ -167,6 +195,7 @@ fn summarize(file: &Path, host: bool) -> anyhow::Result<Summary> {
                     name: m.name.clone().unwrap_or_else(|| m.address.to_string()),
                     address: m.address.to_string(),
                     weight: m.weight,
+                    quic_server_id: m.quic_server_id.clone(),
                 })
                 .collect(),
         });
@@ -199,12 +228,36 @@ fn summarize(file: &Path, host: bool) -> anyhow::Result<Summary> {
             backends: t.backends.len(),
             table_size: size,
             fingerprint: format!("{:016x}", t.fingerprint),
+            quic: v.quic,
         });
     }
+    // Keys as the daemon reads them (Config::load read them already).
+    let quic_configs = cfg
+        .quic_configs()
+        .with_context(|| format!("quic_lb of {}", file.display()))?;
+    let quic_lb = cfg
+        .quic_lb
+        .iter()
+        .map(|q| QuicLbSummary {
+            codepoint: q.codepoint,
+            encoding: quic_configs
+                .get(q.codepoint)
+                .map_or("?", |c| c.encoding().name()),
+            server_id_len: q.server_id_len,
+            nonce_len: q.nonce_len,
+            key: match (&q.key, &q.key_file) {
+                (Some(_), _) => "inline".into(),
+                (None, Some(f)) => format!("file {}", f.display()),
+                (None, None) => "none".into(),
+            },
+            length_self_encoding: q.length_self_encoding,
+        })
+        .collect();
     Ok(Summary {
         file: file.display().to_string(),
         valid: true,
         vips,
+        quic_lb,
         pools,
         api: cfg.api.listen.map(|l| {
             format!(
@@ -281,28 +334,72 @@ fn summary_text(s: &Summary) -> String {
         ]);
     }
     let _ = writeln!(out, "\n{t}");
-    let mut p = measure::Table::new(["pool", "backend", "address", "weight", "health"]);
+    let quic_vips: Vec<&str> = s
+        .vips
+        .iter()
+        .filter(|v| v.quic)
+        .map(|v| v.name.as_str())
+        .collect();
+    if !quic_vips.is_empty() {
+        let mut q = measure::Table::new([
+            "quic vip",
+            "codepoint",
+            "encoding",
+            "server id",
+            "nonce",
+            "key",
+            "length in first octet",
+        ]);
+        for v in &quic_vips {
+            for (i, c) in s.quic_lb.iter().enumerate() {
+                q.row([
+                    if i == 0 { v.to_string() } else { String::new() },
+                    c.codepoint.to_string(),
+                    c.encoding.to_string(),
+                    format!("{} octets", c.server_id_len),
+                    format!("{} octets", c.nonce_len),
+                    c.key.clone(),
+                    if c.length_self_encoding { "yes" } else { "no" }.to_string(),
+                ]);
+            }
+        }
+        let _ = writeln!(out, "{q}");
+    }
+    let server_ids = s
+        .pools
+        .iter()
+        .any(|p| p.backends.iter().any(|b| b.quic_server_id.is_some()));
+    let mut head = vec!["pool", "backend", "address", "weight", "health"];
+    if server_ids {
+        head.push("quic server id");
+    }
+    let mut p = measure::Table::new(head);
     for pool in &s.pools {
         for (i, b) in pool.backends.iter().enumerate() {
-            p.row([
-                if i == 0 {
-                    pool.name.clone()
-                } else {
-                    String::new()
-                },
-                b.name.clone(),
-                b.address.clone(),
-                if b.weight == 0 {
-                    "0 (drained)".to_string()
-                } else {
-                    b.weight.to_string()
-                },
-                if i == 0 {
-                    pool.health.clone()
-                } else {
-                    String::new()
-                },
-            ]);
+            p.row(
+                [
+                    if i == 0 {
+                        pool.name.clone()
+                    } else {
+                        String::new()
+                    },
+                    b.name.clone(),
+                    b.address.clone(),
+                    if b.weight == 0 {
+                        "0 (drained)".to_string()
+                    } else {
+                        b.weight.to_string()
+                    },
+                    if i == 0 {
+                        pool.health.clone()
+                    } else {
+                        String::new()
+                    },
+                ]
+                .into_iter()
+                .chain(server_ids.then(|| b.quic_server_id.clone().unwrap_or_else(|| "-".into())))
+                .collect::<Vec<_>>(),
+            );
         }
     }
     let _ = writeln!(out, "{p}");

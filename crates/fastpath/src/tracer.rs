@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use lb::tracer::{Marker, Probe, ProbeProto, Report};
+use lb::tracer::{Marker, Probe, ProbeProto, QuicProbe, Report};
 
 use crate::Format;
 
@@ -50,6 +50,19 @@ pub struct TraceArgs {
     /// the fleet peer responsible (section 4.3).
     #[arg(long)]
     fragment: bool,
+    /// For a `quic` VIP (UDP): a QUIC destination connection ID in hex
+    /// (e.g. from `fastpath lb quic-cid encode`) put before the marker, so
+    /// that reports say how it routes: by its server ID (codepoint, server
+    /// ID, backend), to a backend that is down, or why not and what chose
+    /// instead. In a short header unless --quic-long; a short header's
+    /// marker is found only when the load balancer has a configuration at
+    /// the connection ID's codepoint.
+    #[arg(long, value_parser = parse_dcid)]
+    quic_dcid: Option<Vec<u8>>,
+    /// Send --quic-dcid in a long header (QUIC version 1, Handshake): the
+    /// marker is found whatever the codepoint.
+    #[arg(long, requires = "quic_dcid")]
+    quic_long: bool,
     /// Where reports come back: an address of this machine the load
     /// balancers can reach, and a UDP port to listen on.
     #[arg(long)]
@@ -60,6 +73,20 @@ pub struct TraceArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
+}
+
+/// A destination connection ID in hex: 1 to 20 octets (QUIC version 1's
+/// longest).
+fn parse_dcid(text: &str) -> Result<Vec<u8>, String> {
+    let octets = quic_lb::parse_hex(text).map_err(|e| e.to_string())?;
+    if octets.is_empty() || octets.len() > quic_lb::MAX_CID_LEN {
+        return Err(format!(
+            "a connection ID is 1 to {} octets, {} given",
+            quic_lb::MAX_CID_LEN,
+            octets.len()
+        ));
+    }
+    Ok(octets)
 }
 
 /// One probe and what came back for it.
@@ -136,6 +163,21 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
         Proto::Tcp => ProbeProto::Tcp,
         Proto::Udp => ProbeProto::Udp,
     };
+    if a.quic_dcid.is_some() && matches!(a.proto, Proto::Tcp) {
+        bail!("--quic-dcid probes a quic VIP: QUIC runs over UDP (--proto udp)");
+    }
+    if a.quic_dcid.is_some() && a.fragment {
+        bail!(
+            "--quic-dcid with --fragment: a fragment routes by its 5-tuple, never by connection ID"
+        );
+    }
+    let quic = a.quic_dcid.clone().map(|dcid| {
+        if a.quic_long {
+            QuicProbe::Long { dcid }
+        } else {
+            QuicProbe::Short { dcid }
+        }
+    });
     let raw = raw_socket(a.vip.is_ipv4())?;
     let base_id = random_u64();
     let sport0 = a.sport.unwrap_or(20_000 + (random_u64() % 40_000) as u16);
@@ -153,6 +195,7 @@ pub fn run(a: TraceArgs) -> anyhow::Result<()> {
             proto,
             marker: Marker { id, report_to },
             padding: if a.fragment { 64 } else { 16 },
+            quic: quic.clone(),
         };
         // Marker checks (an unspecified or multicast --report-to) fail here.
         Marker::parse(&probe.marker.encode())
@@ -236,6 +279,25 @@ impl crate::report::Report for Output {
     }
 }
 
+/// A report's QUIC step in a table cell: "routed cp 1 sid 0a02",
+/// "server_down sid 0a02 (h3-b), maglev", "codepoint_unknown, maglev".
+fn quic_cell(q: &lb::tracer::QuicReport) -> String {
+    let mut s = q.decision.clone();
+    if let Some(cp) = q.codepoint {
+        s.push_str(&format!(" cp {cp}"));
+    }
+    if let Some(sid) = &q.server_id {
+        s.push_str(&format!(" sid {sid}"));
+    }
+    if let Some(b) = &q.down_backend {
+        s.push_str(&format!(" ({b})"));
+    }
+    if let Some(f) = &q.fallback {
+        s.push_str(&format!(", {f}"));
+    }
+    s
+}
+
 fn table(o: &Output) -> String {
     let mut t = measure::Table::new([
         "probe",
@@ -247,6 +309,7 @@ fn table(o: &Output) -> String {
         "fingerprint",
         "backend",
         "fragment",
+        "quic",
     ]);
     for p in &o.probes {
         let id = format!("{:016x}", p.probe);
@@ -255,6 +318,7 @@ fn table(o: &Output) -> String {
                 id.clone(),
                 p.src.to_string(),
                 "(no report)".into(),
+                String::new(),
                 String::new(),
                 String::new(),
                 String::new(),
@@ -295,6 +359,7 @@ fn table(o: &Output) -> String {
                 r.fingerprint.clone().unwrap_or_else(|| "-".into()),
                 backend,
                 frag,
+                r.quic.as_ref().map_or_else(|| "-".into(), quic_cell),
             ]);
         }
     }
@@ -306,4 +371,54 @@ fn table(o: &Output) -> String {
         o.report_to,
         o.unreported
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_ids_are_1_to_20_octets_of_hex() {
+        assert_eq!(parse_dcid("2a0b").unwrap(), vec![0x2a, 0x0b]);
+        assert!(parse_dcid("").is_err());
+        assert!(parse_dcid(&"ab".repeat(21)).is_err());
+        assert!(parse_dcid("2a0").is_err());
+    }
+
+    #[test]
+    fn the_quic_cell_says_decision_server_id_and_fallback() {
+        let q = |decision: &str, cp, sid: Option<&str>, down: Option<&str>, fb: Option<&str>| {
+            quic_cell(&lb::tracer::QuicReport {
+                decision: decision.into(),
+                codepoint: cp,
+                server_id: sid.map(Into::into),
+                down_backend: down.map(Into::into),
+                fallback: fb.map(Into::into),
+            })
+        };
+        assert_eq!(
+            q("routed", Some(1), Some("0a02"), None, None),
+            "routed cp 1 sid 0a02"
+        );
+        assert_eq!(
+            q(
+                "server_down",
+                Some(1),
+                Some("0a02"),
+                Some("h3-b"),
+                Some("maglev")
+            ),
+            "server_down cp 1 sid 0a02 (h3-b), maglev"
+        );
+        assert_eq!(
+            q(
+                "codepoint_reserved",
+                None,
+                None,
+                None,
+                Some("connection table")
+            ),
+            "codepoint_reserved, connection table"
+        );
+    }
 }

@@ -13,7 +13,13 @@
 //! - whatever must be forwarded is (a packet or first fragment of a VIP
 //!   flow, an ICMP error quoting one);
 //! - received = forwarded + dropped by reason (expired included), with the
-//!   malformed and not-for-a-VIP drops exactly those the model predicts.
+//!   malformed and not-for-a-VIP drops exactly those the model predicts;
+//! - a datagram to a `quic` VIP goes to the backend whose server ID its
+//!   destination connection ID carries (read by the model from the QUIC
+//!   specifications and decoded with the `quic_lb` codec, never the
+//!   forwarder's routing), else by its 5-tuple as any UDP flow, and the
+//!   QUIC counters (routed, unroutable by reason) are those the model
+//!   predicts.
 //!
 //! It also holds the fuzz input format ([`encode`], [`decode`]), so the
 //! property test can seed the fuzz corpus.
@@ -45,24 +51,236 @@ pub const MAX_FRAMES: usize = 512;
 /// its own, for it to stop.
 const GRACE: Duration = Duration::from_secs(5);
 
+/// What the oracle adds to the sample configuration: two `quic` VIPs (IPv4
+/// and IPv6, UDP port 443) over one pool whose backends carry QUIC-LB
+/// server IDs (one drained: it takes no new flows, but the connection IDs
+/// it issued still reach it; one down, [`DOWN`]: they do not), and four `[[quic_lb]]` configurations, one
+/// server ID length (5 octets), at codepoints 0, 2, 5 and 6: plaintext,
+/// single-pass (server ID and nonce 16 octets), four-pass with the server
+/// ID longer than half the block (9 octets, all four rounds to read it)
+/// and four-pass with it in the left half (13 octets). Codepoints 1, 3 and
+/// 4 have none; 0b111 never routes.
+pub const QUIC_CONFIG: &str = r#"
+[[quic_lb]]
+codepoint = 0
+server_id_len = 5
+nonce_len = 4
+length_self_encoding = true
+
+[[quic_lb]]
+codepoint = 2
+server_id_len = 5
+nonce_len = 11
+key = "8f95f09245765f80256934e50c66207f"
+
+[[quic_lb]]
+codepoint = 5
+server_id_len = 5
+nonce_len = 4
+key = "fdf726a9893ec05c0632d3956680baf0"
+length_self_encoding = true
+
+[[quic_lb]]
+codepoint = 6
+server_id_len = 5
+nonce_len = 8
+key = "0x4d9d0fd25a25e7f321ef464e13f9fa3d"
+
+[[pools]]
+name = "h3"
+table_size = 251
+backends = [
+  { address = "10.3.0.1", name = "h3-a", quic_server_id = "a1a1a1a1a1" },
+  { address = "10.3.0.2", name = "h3-b", quic_server_id = "0000000000" },
+  { address = "10.3.0.3", name = "h3-c", quic_server_id = "c3c3c3c3c3", weight = 2 },
+  { address = "10.3.0.4", name = "h3-d", quic_server_id = "ffffffffff" },
+]
+drained = ["h3-c"]
+
+[[vips]]
+name = "h3"
+address = "192.0.2.43"
+port = 443
+protocol = "udp"
+quic = true
+pool = "h3"
+
+[[vips]]
+name = "h3-6"
+address = "2001:db8::43"
+port = 443
+protocol = "udp"
+quic = true
+pool = "h3"
+"#;
+
+/// Backends the oracle marks down (as failed health checks would), where
+/// the configuration has them: one of the `quic` pool, so that connection
+/// IDs name a backend that is down.
+pub const DOWN: [&str; 1] = ["h3-d"];
+
+/// The sample configuration with [`QUIC_CONFIG`].
+pub fn with_quic(sample: &str) -> String {
+    format!("{sample}\n{QUIC_CONFIG}")
+}
+
 /// A VIP as the model sees it.
 struct Vip {
     address: [u8; 16],
     port: Option<u16>,
     proto: u8,
     pool: String,
+    quic: bool,
 }
 
-/// The model: VIPs and each pool's Maglev table over its members.
+/// The model: VIPs, each pool's Maglev table over its members, and the
+/// QUIC-LB configurations.
 struct Model {
     vips: Vec<Vip>,
     pools: HashMap<String, (Vec<IpAddr>, maglev::Maglev)>,
+    quic: QuicModel,
     source: Option<IpAddr>,
     source6: Option<IpAddr>,
 }
 
+/// What `quic` VIPs route by, from the configuration and QUIC-LB's codec
+/// alone: the configurations by codepoint, and per pool its members by
+/// server ID.
+struct QuicModel {
+    by_codepoint: [Option<quic_lb::Config>; 7],
+    /// Each pool's members by server ID: address, and whether it is up.
+    server_ids: HashMap<String, HashMap<Vec<u8>, (IpAddr, bool)>>,
+}
+
+/// What the model says of a datagram to a `quic` VIP: the backend its
+/// connection ID names, or why none (the forwarder's counter name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QuicOutcome {
+    Routed(IpAddr),
+    /// It names a backend that is down.
+    Down,
+    Miss(&'static str),
+}
+
+/// RFC 9369's QUIC version 2.
+const QUIC_V2: u32 = 0x6b33_43cf;
+
+impl QuicModel {
+    fn new(cfg: &Config, down: &[&str]) -> Self {
+        let mut by_codepoint: [Option<quic_lb::Config>; 7] = Default::default();
+        for q in &cfg.quic_lb {
+            let key = q
+                .key
+                .as_deref()
+                .map(|k| quic_lb::parse_key(k).expect("the oracle's keys are inline and valid"));
+            let c = quic_lb::Config::new(
+                q.codepoint,
+                q.server_id_len,
+                q.nonce_len,
+                key,
+                q.length_self_encoding,
+            )
+            .expect("a valid QUIC-LB configuration");
+            by_codepoint[usize::from(q.codepoint)] = Some(c);
+        }
+        let mut server_ids = HashMap::new();
+        for p in &cfg.pools {
+            let members = cfg.flatten(&p.name).expect("a valid configuration");
+            let ids = members
+                .iter()
+                .filter_map(|m| {
+                    let sid = quic_lb::parse_hex(m.quic_server_id.as_deref()?).ok()?;
+                    let up = !down.contains(&m.display_name().as_str());
+                    Some((sid, (m.address, up)))
+                })
+                .collect();
+            server_ids.insert(p.name.clone(), ids);
+        }
+        QuicModel {
+            by_codepoint,
+            server_ids,
+        }
+    }
+
+    /// The configurations, for generators (encoding connection IDs).
+    fn configs(&self) -> Vec<quic_lb::Config> {
+        self.by_codepoint.iter().flatten().cloned().collect()
+    }
+
+    /// Where a UDP payload to a `quic` VIP of `pool` goes, read as the
+    /// specifications say: QUIC's invariant header (RFC 8999: a long
+    /// header states its connection IDs' lengths, a short header's DCID
+    /// runs from the second octet), version 1's and 2's 20-octet limit
+    /// (RFC 9000 section 17.2, RFC 9369), then QUIC-LB (draft 21 section 3
+    /// "Unroutable Connection IDs"): codepoint 0b111 never routes, the
+    /// codepoint must have a configuration, a long header's length must be
+    /// the self-described one plus one where the servers self-describe
+    /// (the optional check this load balancer makes), the DCID must hold
+    /// the first octet, server ID and nonce, and the server ID decoded
+    /// (all passes) must be a member's of the pool.
+    fn outcome(&self, pool: &str, payload: &[u8]) -> QuicOutcome {
+        use QuicOutcome::Miss;
+        let Some(&first) = payload.first() else {
+            return Miss("not_quic");
+        };
+        let long = first & 0x80 != 0;
+        let dcid = if long {
+            let Some(v) = payload.get(1..5) else {
+                return Miss("not_quic");
+            };
+            let version = u32::from_be_bytes([v[0], v[1], v[2], v[3]]);
+            let Some(&dl) = payload.get(5) else {
+                return Miss("not_quic");
+            };
+            let dl = usize::from(dl);
+            let Some(&sl) = payload.get(6 + dl) else {
+                return Miss("not_quic");
+            };
+            let sl = usize::from(sl);
+            if payload.len() < 7 + dl + sl {
+                return Miss("not_quic");
+            }
+            if matches!(version, 1 | QUIC_V2) && (dl > 20 || sl > 20) {
+                return Miss("not_quic");
+            }
+            &payload[6..6 + dl]
+        } else {
+            &payload[1..]
+        };
+        let Some(&c0) = dcid.first() else {
+            return Miss("not_quic");
+        };
+        let codepoint = c0 >> 5;
+        if codepoint == 0b111 {
+            return Miss("codepoint_reserved");
+        }
+        let Some(conf) = &self.by_codepoint[usize::from(codepoint)] else {
+            return Miss("codepoint_unknown");
+        };
+        if long && conf.self_describing() && usize::from(c0 & 0x1f) != dcid.len() - 1 {
+            return Miss("cid_length_mismatch");
+        }
+        if dcid.len() < 1 + conf.server_id_len() + conf.nonce_len() {
+            return Miss("cid_too_short");
+        }
+        let Ok(d) = conf.decode(dcid) else {
+            return Miss("cid_too_short");
+        };
+        match self
+            .server_ids
+            .get(pool)
+            .and_then(|ids| ids.get(d.server_id.as_bytes()))
+        {
+            Some(&(b, true)) => QuicOutcome::Routed(b),
+            Some(&(_, false)) => QuicOutcome::Down,
+            None => Miss("server_id_unknown"),
+        }
+    }
+}
+
 impl Model {
-    fn new(cfg: &Config) -> Self {
+    /// The model of `cfg` with the backends named in `down` down.
+    fn new(cfg: &Config, down: &[&str]) -> Self {
         let mut vips = Vec::new();
         for v in &cfg.vips {
             let address = v
@@ -73,11 +291,14 @@ impl Model {
                 port: v.port,
                 proto: v.protocol.number(),
                 pool: v.pool.clone(),
+                quic: v.quic,
             });
         }
         let mut pools = HashMap::new();
         for p in &cfg.pools {
-            let members = cfg.flatten(&p.name).expect("a valid configuration");
+            let mut members = cfg.flatten(&p.name).expect("a valid configuration");
+            // A backend that is down has no share of the table.
+            members.retain(|m| !down.contains(&m.display_name().as_str()));
             let backends: Vec<maglev::Backend> = members
                 .iter()
                 .map(|m| {
@@ -95,6 +316,7 @@ impl Model {
         Model {
             vips,
             pools,
+            quic: QuicModel::new(cfg, down),
             source: cfg.encap.source,
             source6: cfg.encap.source6,
         }
@@ -102,6 +324,11 @@ impl Model {
 
     /// The pool of the VIP a flow is for: an exact port first, then any.
     fn pool(&self, f: &FlowKey) -> Option<&str> {
+        self.vip(f).map(|v| v.pool.as_str())
+    }
+
+    /// The VIP a flow is for: an exact port first, then any.
+    fn vip(&self, f: &FlowKey) -> Option<&Vip> {
         let matches = |any: bool| {
             self.vips.iter().find(|v| {
                 v.address == f.dst
@@ -113,9 +340,21 @@ impl Model {
                     }
             })
         };
-        matches(false)
-            .or_else(|| matches(true))
-            .map(|v| v.pool.as_str())
+        matches(false).or_else(|| matches(true))
+    }
+
+    /// For a whole UDP datagram to a `quic` VIP (not a fragment: a first
+    /// fragment routes by its 5-tuple, as the rest of its datagram must):
+    /// what its connection ID says. The UDP payload is what the UDP header's
+    /// length covers (RFC 768), not whatever else the IP packet holds.
+    fn quic(&self, frame: &[u8], p: &packet::Parsed) -> Option<QuicOutcome> {
+        if p.flow.proto != packet::proto::UDP || p.fragment.is_some() || p.icmp_quote.is_some() {
+            return None;
+        }
+        let v = self.vip(&p.flow).filter(|v| v.quic)?;
+        let l4 = &frame[p.l4_offset..p.l3_offset + p.l3_len];
+        let len = usize::from(u16::from_be_bytes([l4[4], l4[5]]));
+        Some(self.quic.outcome(&v.pool, &l4[8..len]))
     }
 
     /// Whether an address is a VIP's (later fragments carry no port).
@@ -157,12 +396,24 @@ pub struct Oracle {
 }
 
 impl Oracle {
+    /// The QUIC-LB configurations of the oracle's configuration (for
+    /// generators encoding connection IDs).
+    pub fn quic_configs(&self) -> Vec<quic_lb::Config> {
+        self.model.quic.configs()
+    }
+
     /// An oracle for a configuration (its VIPs must have addresses).
     pub fn new(config: &str) -> Self {
         let cfg = Config::parse(config, "oracle").expect("a valid configuration");
-        let control = Control::new(cfg.clone()).expect("tables for the configuration");
+        let mut control = Control::new(cfg.clone()).expect("tables for the configuration");
+        // The backends of [`DOWN`] this configuration has, down.
+        let down: Vec<&str> = DOWN
+            .iter()
+            .copied()
+            .filter(|name| control.set_health(name, false))
+            .collect();
         Oracle {
-            model: Model::new(&cfg),
+            model: Model::new(&cfg, &down),
             control,
             cfg,
         }
@@ -262,6 +513,11 @@ impl Oracle {
         // Whole packets and first fragments for a VIP's address that no VIP
         // takes (ICMP errors are counted as not for a VIP).
         let mut not_served = 0u64;
+        // Datagrams to a `quic` VIP routed by connection ID, and the others
+        // by the forwarder's counter name for why not.
+        let mut quic_routed = 0u64;
+        let mut quic_down = 0u64;
+        let mut quic_miss: HashMap<&str, u64> = HashMap::new();
         for f in frames {
             let p = match parse_frame(f) {
                 Ok(p) => p,
@@ -290,7 +546,25 @@ impl Oracle {
                 }
                 continue;
             } else {
-                e.allowed = m.backend(&p.flow).into_iter().collect();
+                e.allowed = match m.quic(f, &p) {
+                    // The backend the connection ID names, which is up.
+                    Some(QuicOutcome::Routed(b)) => {
+                        quic_routed += 1;
+                        vec![b]
+                    }
+                    // Its backend is down: the fallback, as for a miss.
+                    Some(QuicOutcome::Down) => {
+                        quic_down += 1;
+                        m.backend(&p.flow).into_iter().collect()
+                    }
+                    // Unroutable: the connection table, then Maglev, as any
+                    // UDP flow (the table holds only Maglev's choices here).
+                    Some(QuicOutcome::Miss(why)) => {
+                        *quic_miss.entry(why).or_default() += 1;
+                        m.backend(&p.flow).into_iter().collect()
+                    }
+                    None => m.backend(&p.flow).into_iter().collect(),
+                };
                 e.must = !e.allowed.is_empty();
             }
             if e.allowed.is_empty() {
@@ -411,11 +685,39 @@ impl Oracle {
                 "no encapsulation failure",
             ),
             (s.pool.in_use == 0, "every buffer back in the pool"),
+            (
+                c.quic_routed == quic_routed,
+                "QUIC datagrams routed by connection ID as modelled",
+            ),
+            (
+                c.quic_server_down == quic_down,
+                "QUIC datagrams whose connection ID names a down backend as modelled",
+            ),
         ];
         for (ok, what) in checks {
             if !ok {
                 return Err(format!("{what}: {counts}; pool in use {}", s.pool.in_use));
             }
+        }
+        // The miss counters by their stable names (the model's reasons are
+        // its own; only the counters' order is the forwarder's).
+        for (i, miss) in lb::quic::Miss::ALL.iter().enumerate() {
+            let want = quic_miss.remove(miss.name()).unwrap_or(0);
+            if c.quic_miss[i] != want {
+                return Err(format!(
+                    "QUIC connection IDs unroutable for {}: {}, the model says {want}: {counts}; \
+                     quic routed {} (model {quic_routed}), misses {:?}",
+                    miss.name(),
+                    c.quic_miss[i],
+                    c.quic_routed,
+                    c.quic_miss
+                ));
+            }
+        }
+        if let Some((name, n)) = quic_miss.iter().next() {
+            return Err(format!(
+                "the model counts {n} QUIC misses as {name}, which the forwarder has no counter for"
+            ));
         }
         for r in Reason::ALL {
             let got = c.drops_for(DropReason::Malformed(r));

@@ -74,6 +74,21 @@ impl From<quic_lb::Unroutable> for Miss {
     }
 }
 
+/// What [`QuicRoute::read`] made of a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Read {
+    /// The backend the connection ID names (up or not), or why none.
+    pub backend: Result<u32, Miss>,
+    /// The codepoint and server ID read, when the connection ID decoded
+    /// (also when no backend has that server ID).
+    pub server_id: Option<(u8, quic_lb::ServerId)>,
+    /// Octets of the payload up to the end of its connection IDs: after
+    /// the source connection ID of a long header, after the destination
+    /// connection ID of a short one whose codepoint has a configuration
+    /// (its length); none otherwise. A packet-tracer marker may follow.
+    pub header_len: Option<usize>,
+}
+
 /// One `quic` VIP's routing: the configurations and its pool's server IDs.
 #[derive(Debug, Clone)]
 pub struct QuicRoute {
@@ -115,15 +130,46 @@ impl QuicRoute {
     /// The backend a UDP payload's destination connection ID names.
     #[inline]
     pub fn backend(&self, udp_payload: &[u8]) -> Result<u32, Miss> {
-        let routed = match packet::quic::parse(udp_payload).map_err(|_| Miss::NotQuic)? {
-            packet::quic::Header::Long { dcid, .. } => self.configs.route_long(dcid),
-            packet::quic::Header::Short { after_flags } => self.configs.route_short(after_flags),
+        self.read(udp_payload).backend
+    }
+
+    /// What a UDP payload's destination connection ID says: the backend or
+    /// why none, and what a packet-tracer report shows of it.
+    #[inline]
+    pub fn read(&self, udp_payload: &[u8]) -> Read {
+        let mut read = Read {
+            backend: Err(Miss::NotQuic),
+            server_id: None,
+            header_len: None,
         };
-        let (_, server_id) = routed?;
-        self.by_server_id
-            .get(&server_id)
-            .copied()
-            .ok_or(Miss::UnknownServerId)
+        let Ok(header) = packet::quic::parse(udp_payload) else {
+            return read;
+        };
+        let routed = match header {
+            packet::quic::Header::Long { dcid, scid, .. } => {
+                // First octet, version, two lengths, both IDs.
+                read.header_len = Some(7 + dcid.len() + scid.len());
+                self.configs.route_long(dcid)
+            }
+            packet::quic::Header::Short { after_flags } => {
+                read.header_len = after_flags
+                    .first()
+                    .and_then(|c| self.configs.get(c >> 5))
+                    .map(|c| 1 + c.cid_len());
+                self.configs.route_short(after_flags)
+            }
+        };
+        read.backend = match routed {
+            Ok(id) => {
+                read.server_id = Some(id);
+                self.by_server_id
+                    .get(&id.1)
+                    .copied()
+                    .ok_or(Miss::UnknownServerId)
+            }
+            Err(u) => Err(u.into()),
+        };
+        read
     }
 
     /// The QUIC-LB configurations it reads connection IDs by (the XDP

@@ -22,7 +22,15 @@
 //!
 //! 24 bytes for an IPv4 report address, 36 for IPv6; anything may follow.
 //! In a fragmented probe the marker is in the first fragment (the one with
-//! the transport header). A payload that does not begin with the magic is
+//! the transport header). A UDP probe to a `quic` VIP may carry a QUIC
+//! header first, to see how its connection ID routes: the marker then
+//! follows the header's connection IDs (after the source connection ID of
+//! a long header; after the destination connection ID of a short one, as
+//! long as the configuration at its codepoint says, so a short header
+//! whose codepoint has none cannot carry a marker: probe those with a long
+//! header). A marker at the start of such a payload is read as QUIC too:
+//! it is a short header whose connection ID begins "PTRACE1" (codepoint
+//! 2), and is reported as what it is. A payload that does not begin with the magic is
 //! not a probe; one that does and is malformed past it is counted
 //! (`trace_invalid`) and forwarded without a report.
 //!
@@ -32,7 +40,10 @@
 //! report address: a JSON [`Report`] (machine name, packet thread,
 //! connection-table hit or miss, configuration generation, the VIP's table
 //! fingerprint, the backend chosen, and whether the probe was a fragment
-//! redirected to a peer or arrived redirected from one).
+//! redirected to a peer or arrived redirected from one; for a `quic` VIP,
+//! the QUIC decision: routed by connection ID (codepoint, server ID), the
+//! server ID of a backend that is down, or why the connection ID does not
+//! route, and the fallback that chose instead).
 //!
 //! # Cost on the datapath
 //!
@@ -222,8 +233,54 @@ pub fn payload<'f>(frame: &'f [u8], p: &Parsed) -> Option<&'f [u8]> {
 /// why it is malformed.
 #[inline]
 pub fn find(frame: &[u8], p: &Parsed) -> Option<Result<Marker, TraceError>> {
-    let pl = payload(frame, p)?;
+    find_at(frame, p, 0)
+}
+
+/// [`find`] with the marker `at` octets into the transport payload (after
+/// a QUIC header's connection IDs, [`crate::quic::Read::header_len`]).
+#[inline]
+pub fn find_at(frame: &[u8], p: &Parsed, at: usize) -> Option<Result<Marker, TraceError>> {
+    let pl = payload(frame, p)?.get(at..)?;
     has_magic(pl).then(|| Marker::parse(pl))
+}
+
+/// What a `quic` VIP's routing made of a datagram's connection ID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuicOutcome {
+    /// Routed by it, to the backend chosen.
+    Routed,
+    /// It names this backend, which is down (the fallback chose instead).
+    ServerDown(u32),
+    /// It does not route, for this reason (the fallback chose).
+    Miss(crate::quic::Miss),
+}
+
+/// The QUIC step of a probe's decision, as a packet thread records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuicStep {
+    /// What became of the connection ID.
+    pub outcome: QuicOutcome,
+    /// Its codepoint and server ID, when it decoded.
+    pub server_id: Option<(u8, quic_lb::ServerId)>,
+}
+
+/// The QUIC step in a [`Report`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuicReport {
+    /// "routed" (by the connection ID), "server_down" (it names a backend
+    /// that is down), or why it does not route, by its counter's name
+    /// (`not_quic`, `codepoint_reserved`, `codepoint_unknown`,
+    /// `cid_too_short`, `cid_length_mismatch`, `server_id_unknown`).
+    pub decision: String,
+    /// The connection ID's config rotation codepoint, when it decoded.
+    pub codepoint: Option<u8>,
+    /// The server ID it carries, in hex, when it decoded.
+    pub server_id: Option<String>,
+    /// The backend that server ID names, when that backend is down.
+    pub down_backend: Option<String>,
+    /// Unless routed by connection ID: what chose the backend instead,
+    /// "connection table" (an entry for the 5-tuple) or "maglev" (none).
+    pub fallback: Option<String>,
 }
 
 /// A connection-table lookup's outcome.
@@ -270,6 +327,8 @@ pub struct Record {
     pub backend: Option<u32>,
     /// Fragment redirection.
     pub redirect: Redirect,
+    /// For a datagram to a `quic` VIP, what its connection ID said.
+    pub quic: Option<QuicStep>,
 }
 
 /// The report a load balancer sends for a probe (one JSON object in one
@@ -309,6 +368,10 @@ pub struct Report {
     pub arrived_redirected: bool,
     /// That peer, when known.
     pub redirected_from: Option<IpAddr>,
+    /// For a datagram to a `quic` VIP: how its connection ID routed
+    /// (absent otherwise, and from load balancers that do not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quic: Option<QuicReport>,
 }
 
 /// A fingerprint as reports and `/status` print it.
@@ -354,6 +417,28 @@ impl Report {
                 Redirect::Arrived(a) => a.map(|a| ip(&a)),
                 _ => None,
             },
+            quic: r.quic.map(|q| QuicReport {
+                decision: match q.outcome {
+                    QuicOutcome::Routed => "routed".into(),
+                    QuicOutcome::ServerDown(_) => "server_down".into(),
+                    QuicOutcome::Miss(m) => m.name().into(),
+                },
+                codepoint: q.server_id.map(|(c, _)| c),
+                server_id: q
+                    .server_id
+                    .map(|(_, s)| s.as_bytes().iter().map(|b| format!("{b:02x}")).collect()),
+                down_backend: match q.outcome {
+                    QuicOutcome::ServerDown(b) => {
+                        tables.backends.get(b as usize).map(|b| b.name.clone())
+                    }
+                    _ => None,
+                },
+                fallback: match (q.outcome, r.conntrack) {
+                    (QuicOutcome::Routed, _) | (_, None) => None,
+                    (_, Some(Lookup::Hit)) => Some("connection table".into()),
+                    (_, Some(Lookup::Miss)) => Some("maglev".into()),
+                },
+            }),
         }
     }
 
@@ -554,12 +639,61 @@ pub struct Probe {
     pub marker: Marker,
     /// Bytes after the marker (so that fragments have room).
     pub padding: usize,
+    /// A QUIC header before the marker (UDP to a `quic` VIP): how its
+    /// connection ID routes is reported.
+    pub quic: Option<QuicProbe>,
+}
+
+/// The QUIC header a probe carries before its marker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuicProbe {
+    /// A short header (1-RTT: what an established connection sends) with
+    /// this destination connection ID; the load balancer finds the marker
+    /// after as many octets as the configuration at its codepoint says.
+    Short {
+        /// The destination connection ID.
+        dcid: Vec<u8>,
+    },
+    /// A long header of QUIC version 1 (a Handshake packet's form) with
+    /// this destination connection ID and an empty source one.
+    Long {
+        /// The destination connection ID (at most 255 octets).
+        dcid: Vec<u8>,
+    },
+}
+
+impl QuicProbe {
+    /// The header's octets.
+    pub fn header(&self) -> Vec<u8> {
+        match self {
+            // Short form, fixed bit set (RFC 9000 section 17.3.1).
+            QuicProbe::Short { dcid } => {
+                let mut b = vec![0x40];
+                b.extend_from_slice(dcid);
+                b
+            }
+            // Long form, fixed bit, type Handshake (RFC 9000 section
+            // 17.2.4), version 1, the DCID, an empty SCID.
+            QuicProbe::Long { dcid } => {
+                let mut b = vec![0xe0, 0, 0, 0, 1, dcid.len().min(255) as u8];
+                b.extend_from_slice(&dcid[..dcid.len().min(255)]);
+                b.push(0);
+                b
+            }
+        }
+    }
 }
 
 impl Probe {
-    /// The probe's transport payload: marker and zero padding.
+    /// The probe's transport payload: the QUIC header if any, the marker
+    /// and zero padding.
     pub fn payload(&self) -> Vec<u8> {
-        let mut b = self.marker.encode();
+        let mut b = self
+            .quic
+            .as_ref()
+            .map(QuicProbe::header)
+            .unwrap_or_default();
+        b.extend_from_slice(&self.marker.encode());
         b.resize(b.len() + self.padding, 0);
         b
     }
@@ -616,7 +750,7 @@ impl Probe {
         // first holds the transport header and the whole marker, the rest
         // is shared evenly.
         let hdr = l4.len() - self.payload().len();
-        let first = (hdr + self.marker.encode().len()).div_ceil(8) * 8;
+        let first = (hdr + self.payload().len() - self.padding).div_ceil(8) * 8;
         let rest = l4.len().saturating_sub(first);
         let step = (rest / pieces.saturating_sub(1).max(1)) / 8 * 8;
         if pieces < 2 || rest == 0 || (pieces > 2 && step < 8) {
@@ -752,6 +886,7 @@ mod tests {
                                     vip: None,
                                     backend: None,
                                     redirect: Redirect::No,
+                                    quic: None,
                                 };
                                 t.offer(r, 0)
                             })
@@ -848,6 +983,7 @@ mod tests {
                     proto,
                     marker: marker("192.0.2.7:9999"),
                     padding: 64,
+                    quic: None,
                 };
                 let f = probe.frame().unwrap();
                 let p = packet::parse_frame(&f).unwrap();
@@ -908,11 +1044,27 @@ mod tests {
             redirected_to: None,
             arrived_redirected: false,
             redirected_from: None,
+            quic: None,
         };
         let j = r.to_json();
         assert!(j.len() < MAX_REPORT);
         assert_eq!(Report::parse(&j).unwrap(), r);
         assert!(String::from_utf8_lossy(&j).contains("\"conntrack\":\"miss\""));
+        // No QUIC step: none on the wire (what a load balancer that does
+        // not say sends reads the same).
+        assert!(!String::from_utf8_lossy(&j).contains("quic"));
+        let q = Report {
+            conntrack: None,
+            quic: Some(QuicReport {
+                decision: "routed".into(),
+                codepoint: Some(2),
+                server_id: Some("a1a1".into()),
+                down_backend: None,
+                fallback: None,
+            }),
+            ..r
+        };
+        assert_eq!(Report::parse(&q.to_json()).unwrap(), q);
         assert!(Report::parse(b"{}").is_err());
     }
 

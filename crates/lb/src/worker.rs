@@ -301,24 +301,26 @@ impl Worker {
         } else {
             (pkt, p, None)
         };
-        let probe = self.probe(&pkt, p);
         // A `quic` VIP's datagram names its backend by connection ID: read
         // here, where the frame is at hand (no cost without a `quic` VIP).
-        let quic = if t.any_quic
+        // Before the probe: a probe's marker may follow the QUIC header.
+        let (quic, quic_step) = if t.any_quic
             && p.flow.proto == packet::proto::UDP
             && p.fragment.is_none()
             && p.icmp_quote.is_none()
         {
             self.quic_pick(t, &pkt, p)
         } else {
-            None
+            (None, None)
         };
+        let probe = self.probe(&pkt, p, quic_step.and_then(|(_, at)| at));
+        let quic_step = quic_step.map(|(s, _)| s);
         match self.decide(t, p, hash, now, from_peer.is_some(), quic) {
             Err(why) => self.discard(pkt, why),
             Ok(Action::Redirect(peer)) => {
                 if let (Some(probe), Some(f)) = (probe, &t.fleet) {
                     let to = packet::flow::from_ip(f.peers.addrs()[peer as usize]);
-                    self.report(t, p, probe, None, Redirect::To(to), now);
+                    self.report(t, p, probe, None, Redirect::To(to), now, None);
                 }
                 self.redirect(t, pkt, p, peer, out);
             }
@@ -333,7 +335,7 @@ impl Worker {
             Ok(Action::Forward { vip, backend, hash }) => {
                 if let Some(probe) = probe {
                     let r = from_peer.map_or(Redirect::No, |a| Redirect::Arrived(Some(a)));
-                    self.report(t, p, probe, Some((vip, backend)), r, now);
+                    self.report(t, p, probe, Some((vip, backend)), r, now, quic_step);
                 }
                 self.send(t, pkt, p, vip, backend, hash, out);
                 if p.fragment.is_some_and(|f| f.is_first()) && !self.released.is_empty() {
@@ -346,13 +348,17 @@ impl Worker {
 
     /// A packet-tracer probe's marker, and the connection table's hits
     /// before deciding (to tell a hit from a miss after). Looks only at the
-    /// first payload bytes of TCP and UDP, and only with a tracer.
+    /// first payload bytes of TCP and UDP (and, in a datagram to a `quic`
+    /// VIP, those after its QUIC header's connection IDs, `quic_at`), and
+    /// only with a tracer.
     #[inline]
-    fn probe(&mut self, pkt: &Packet, p: &Parsed) -> Option<(Marker, u64)> {
+    fn probe(&mut self, pkt: &Packet, p: &Parsed, quic_at: Option<usize>) -> Option<(Marker, u64)> {
         self.trace.as_ref()?;
         let s = usize::from(pkt.off);
         let frame = &self.pool.data(&pkt.buf)[s..s + usize::from(pkt.len)];
-        match tracer::find(frame, p)? {
+        let found =
+            tracer::find(frame, p).or_else(|| quic_at.and_then(|at| tracer::find_at(frame, p, at)));
+        match found? {
             Ok(m) => Some((m, self.ct.stats().hits)),
             Err(_) => {
                 self.counters.trace_invalid += 1;
@@ -362,8 +368,10 @@ impl Worker {
     }
 
     /// Queues the report on a probe (rate-limited; never blocks): `chosen`
-    /// is its VIP index and backend id when this thread decided them.
+    /// is its VIP index and backend id when this thread decided them,
+    /// `quic` what its connection ID said (a `quic` VIP's datagram).
     #[cold]
+    #[allow(clippy::too_many_arguments)]
     fn report(
         &mut self,
         t: &Tables,
@@ -372,17 +380,22 @@ impl Worker {
         chosen: Option<(u32, u32)>,
         redirect: Redirect,
         now: u64,
+        quic: Option<tracer::QuicStep>,
     ) {
         let Some((tracer, thread)) = &self.trace else {
             return;
         };
         let hit = self.ct.stats().hits > hits;
+        // Routed by connection ID: the connection table was not asked.
+        let by_cid = quic.is_some_and(|q| q.outcome == tracer::QuicOutcome::Routed);
         let record = Record {
             marker,
             thread: *thread,
             flow: p.flow,
             fragment: p.fragment.is_some(),
-            conntrack: chosen.map(|_| if hit { Lookup::Hit } else { Lookup::Miss }),
+            conntrack: chosen
+                .filter(|_| !by_cid)
+                .map(|_| if hit { Lookup::Hit } else { Lookup::Miss }),
             generation: t.generation,
             // A fragment sent on to a peer has no backend here, but its VIP.
             vip: chosen
@@ -391,6 +404,7 @@ impl Worker {
                 .and_then(|v| t.vips.get(v as usize).map(|x| (v, x.fingerprint))),
             backend: chosen.map(|(_, b)| b),
             redirect,
+            quic,
         };
         match tracer.offer(record, now) {
             Offer::Queued => self.counters.trace_reports += 1,
@@ -611,33 +625,57 @@ impl Worker {
     /// The VIP and backend a datagram's QUIC connection ID routes to, when
     /// its VIP is `quic`, the ID routes and the backend is up; counted
     /// either way ([`Counters::quic_routed`], [`Counters::quic_miss`]).
+    /// With it, for a `quic` VIP, what the connection ID said and where
+    /// its header ends (a packet-tracer marker may follow).
     #[inline(never)]
-    fn quic_pick(&mut self, t: &Tables, pkt: &Packet, p: &Parsed) -> Option<(u32, u32)> {
-        let vip = t
-            .matcher
-            .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)?;
-        let route = t.vips.get(vip as usize)?.quic.as_ref()?;
+    fn quic_pick(
+        &mut self,
+        t: &Tables,
+        pkt: &Packet,
+        p: &Parsed,
+    ) -> (Option<(u32, u32)>, Option<QuicSeen>) {
+        let Some(vip) = t.matcher.lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto) else {
+            return (None, None);
+        };
+        let Some(route) = t.vips.get(vip as usize).and_then(|v| v.quic.as_ref()) else {
+            return (None, None);
+        };
         let s = usize::from(pkt.off);
-        let frame = self.pool.data(&pkt.buf).get(s..s + usize::from(pkt.len))?;
-        // The UDP payload (the parser checked the UDP header lies inside
-        // the IP packet); `get` keeps even a lie from reading past it.
+        let Some(frame) = self.pool.data(&pkt.buf).get(s..s + usize::from(pkt.len)) else {
+            return (None, None);
+        };
+        // The UDP payload: what the UDP length covers (RFC 768; the parser
+        // checked it lies inside the IP packet), not octets the IP packet
+        // holds after it; `get` keeps even a lie from reading past either.
+        let ip_end = p.l3_offset + p.l3_len;
+        let udp_end = frame
+            .get(p.l4_offset + 4..p.l4_offset + 6)
+            .map_or(ip_end, |l| {
+                p.l4_offset + usize::from(u16::from_be_bytes([l[0], l[1]]))
+            });
         let payload = frame
-            .get(p.l4_offset + packet::udp::HEADER_LEN..p.l3_offset + p.l3_len)
+            .get(p.l4_offset + packet::udp::HEADER_LEN..udp_end.min(ip_end))
             .unwrap_or(&[]);
-        match route.backend(payload) {
+        let read = route.read(payload);
+        let (chosen, outcome) = match read.backend {
             Ok(b) if t.backends.get(b as usize).is_some_and(|x| x.healthy) => {
                 self.counters.quic_routed += 1;
-                Some((vip, b))
+                (Some((vip, b)), tracer::QuicOutcome::Routed)
             }
-            Ok(_) => {
+            Ok(b) => {
                 self.counters.quic_server_down += 1;
-                None
+                (None, tracer::QuicOutcome::ServerDown(b))
             }
             Err(miss) => {
                 self.counters.quic_miss[miss.index()] += 1;
-                None
+                (None, tracer::QuicOutcome::Miss(miss))
             }
-        }
+        };
+        let step = tracer::QuicStep {
+            outcome,
+            server_id: read.server_id,
+        };
+        (chosen, Some((step, read.header_len)))
     }
 
     fn decide(
@@ -735,6 +773,10 @@ impl Worker {
         Ok(Action::Forward { vip, backend, hash })
     }
 }
+
+/// What [`Worker::quic_pick`] read of a `quic` VIP's datagram for the
+/// packet-tracer: the QUIC step, and where a marker may follow the header.
+type QuicSeen = (tracer::QuicStep, Option<usize>);
 
 /// Refuses a packet for a VIP that no honest sender could have sent to
 /// it, in this order (the XDP program, `bpf/lb.c`, checks the same in the

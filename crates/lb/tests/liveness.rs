@@ -3,7 +3,12 @@
 //! elsewhere, IPv4 and IPv6, fragments of real datagrams in any order,
 //! duplicated, overlapping and missing, lone later fragments, ICMP errors
 //! quoting VIP flows or anything, 802.1Q tags, truncations, link padding,
-//! flipped bytes, garbage) run through the datapath inline and with two
+//! flipped bytes, garbage; QUIC datagrams to the oracle's `quic` VIPs:
+//! connection IDs servers issued under plaintext, single-pass and
+//! four-pass configurations for backends and for no backend, every
+//! codepoint, self-described lengths that lie, truncated headers,
+//! connection IDs over 20 octets, empty datagrams) run through the
+//! datapath inline and with two
 //! packet threads. Every run must end on its own, return every buffer,
 //! forward only valid GRE carrying an input packet to the backend the model
 //! names, forward whatever must be, and account for every frame:
@@ -42,11 +47,32 @@ fn ip(s: &str) -> IpAddr {
 
 // The vocabulary: index 0 and 1 of the destinations are VIP addresses of
 // the sample configuration (192.0.2.80 TCP port 80, 192.0.2.53 UDP any
-// port, 2001:db8::80 TCP port 80); the others are not.
+// port, 2001:db8::80 TCP port 80), index 3 the oracle's `quic` VIPs (UDP
+// port 443, `oracle::QUIC_CONFIG`); the others are not.
 const SRC4: [&str; 3] = ["203.0.113.1", "203.0.113.2", "198.51.100.7"];
 const SRC6: [&str; 3] = ["2001:db8:1::1", "2001:db8:1::2", "2001:db8:2::9"];
-const DST4: [&str; 3] = ["192.0.2.80", "192.0.2.53", "192.0.2.99"];
-const DST6: [&str; 3] = ["2001:db8::80", "2001:db8::53", "2001:db8::99"];
+const DST4: [&str; 4] = ["192.0.2.80", "192.0.2.53", "192.0.2.99", "192.0.2.43"];
+const DST6: [&str; 4] = [
+    "2001:db8::80",
+    "2001:db8::53",
+    "2001:db8::99",
+    "2001:db8::43",
+];
+/// Index of the `quic` VIPs' addresses in [`DST4`] and [`DST6`].
+const QUIC_DST: usize = 3;
+/// Server IDs for connection IDs: those of the `quic` pool's backends
+/// (`oracle::QUIC_CONFIG`; h3-c drained, h3-d down), then two no backend has.
+const SERVER_IDS: [[u8; 5]; 6] = [
+    [0xa1; 5],
+    [0x00; 5],
+    [0xc3; 5],
+    [0xff; 5],
+    [0xa1, 0xa1, 0xa1, 0xa1, 0xa2],
+    [1, 2, 3, 4, 5],
+];
+/// Long header versions: 1, 2 (both limit connection IDs to 20 octets),
+/// version negotiation, a draft version and a greasing one (no limit).
+const VERSIONS: [u32; 5] = [1, 0x6b33_43cf, 0, 0xff00_001d, 0x1a2a_3a4a];
 const ROUTER4: &str = "198.51.100.1";
 const ROUTER6: &str = "2001:db8:ffff::1";
 const PORTS: [u16; 5] = [80, 53, 443, 1000, 40_000];
@@ -150,6 +176,137 @@ enum Item {
     },
     /// Bytes, after an Ethernet header of some kind or none.
     Garbage { header: u8, bytes: Vec<u8> },
+    /// A UDP datagram to a `quic` VIP (port 443, or another port that no
+    /// VIP serves).
+    Quic {
+        v6: bool,
+        src: usize,
+        sport: usize,
+        served: bool,
+        payload: QuicPayload,
+    },
+}
+
+/// The UDP payload of an [`Item::Quic`].
+#[derive(Debug, Clone)]
+enum QuicPayload {
+    /// A connection ID a server issued under configuration `conf` (of the
+    /// oracle's, modulo their number) with server ID `sid` (of
+    /// [`SERVER_IDS`]), in a short header or a long one of version
+    /// `long` (of [`VERSIONS`]); its first octet's low five bits replaced
+    /// by `low` when given (a self-described length that lies), cut to
+    /// `cut` octets, `append` octets added (servers may), `tail` octets
+    /// after the header.
+    Cid {
+        long: Option<usize>,
+        conf: usize,
+        sid: usize,
+        nonce: [u8; 19],
+        random: u8,
+        low: Option<u8>,
+        cut: Option<usize>,
+        append: usize,
+        tail: usize,
+    },
+    /// A destination connection ID of any first octet (every codepoint,
+    /// 0b111 included) and octets.
+    AnyCid {
+        long: Option<usize>,
+        first: u8,
+        rest: Vec<u8>,
+        tail: usize,
+    },
+    /// A long header of these lengths (over 20, past the end) of which
+    /// `have` octets are present.
+    Lengths {
+        version: usize,
+        dcid_len: u8,
+        scid_len: u8,
+        have: usize,
+    },
+    /// An empty datagram.
+    Empty,
+}
+
+impl QuicPayload {
+    fn bytes(&self) -> Vec<u8> {
+        // A long header around `dcid` (an 8-octet SCID), or a short one.
+        let header = |long: Option<usize>, dcid: &[u8], tail: usize| {
+            let mut b = match long {
+                Some(v) => {
+                    let mut b = vec![0xc3];
+                    b.extend_from_slice(&VERSIONS[v % VERSIONS.len()].to_be_bytes());
+                    b.push(dcid.len() as u8);
+                    b.extend_from_slice(dcid);
+                    b.push(8);
+                    b.extend_from_slice(&[0x5c; 8]);
+                    b
+                }
+                None => {
+                    let mut b = vec![0x41];
+                    b.extend_from_slice(dcid);
+                    b
+                }
+            };
+            b.resize(b.len() + tail, 0x70);
+            b
+        };
+        match self {
+            QuicPayload::Cid {
+                long,
+                conf,
+                sid,
+                nonce,
+                random,
+                low,
+                cut,
+                append,
+                tail,
+            } => {
+                let confs = oracle().quic_configs();
+                let c = &confs[conf % confs.len()];
+                let mut cid = c
+                    .encode(&SERVER_IDS[*sid], &nonce[..c.nonce_len()], *random)
+                    .expect("lengths as configured")
+                    .as_bytes()
+                    .to_vec();
+                if let Some(low) = low {
+                    cid[0] = (cid[0] & 0xe0) | (low & 0x1f);
+                }
+                if let Some(cut) = cut {
+                    cid.truncate(*cut);
+                }
+                cid.resize(cid.len() + append, 0x3d);
+                header(*long, &cid, *tail)
+            }
+            QuicPayload::AnyCid {
+                long,
+                first,
+                rest,
+                tail,
+            } => {
+                let mut cid = vec![*first];
+                cid.extend_from_slice(rest);
+                header(*long, &cid, *tail)
+            }
+            QuicPayload::Lengths {
+                version,
+                dcid_len,
+                scid_len,
+                have,
+            } => {
+                let mut b = vec![0xc0];
+                b.extend_from_slice(&VERSIONS[version % VERSIONS.len()].to_be_bytes());
+                b.push(*dcid_len);
+                b.extend((0..*dcid_len).map(|i| i.wrapping_mul(37)));
+                b.push(*scid_len);
+                b.resize(b.len() + usize::from(*scid_len) + 4, 0x5c);
+                b.truncate(*have);
+                b
+            }
+            QuicPayload::Empty => Vec::new(),
+        }
+    }
 }
 
 /// What is done to one frame of an item.
@@ -261,6 +418,21 @@ impl Wrapped {
                 f.extend_from_slice(bytes);
                 raw.push(f);
             }
+            Item::Quic {
+                v6,
+                src,
+                sport,
+                served,
+                payload,
+            } => {
+                let (s, d) = if *v6 {
+                    (ip(SRC6[*src]), ip(DST6[QUIC_DST]))
+                } else {
+                    (ip(SRC4[*src]), ip(DST4[QUIC_DST]))
+                };
+                let dport = if *served { 443 } else { 8443 };
+                frames.push(Frame::udp(s, d, PORTS[*sport], dport, &payload.bytes()));
+            }
         }
         let mut out: Vec<Vec<u8>> = frames
             .into_iter()
@@ -366,6 +538,49 @@ fn item() -> impl Strategy<Value = Item> {
             .prop_map(|(v6, dst, error, quote)| Item::Icmp { v6, dst, error, quote }),
         1 => (any::<u8>(), prop::collection::vec(any::<u8>(), 0..100))
             .prop_map(|(header, bytes)| Item::Garbage { header, bytes }),
+        3 => (
+            any::<bool>(),
+            0..SRC4.len(),
+            0..PORTS.len(),
+            prop::bool::weighted(0.9),
+            quic_payload(),
+        )
+            .prop_map(|(v6, src, sport, served, payload)| Item::Quic { v6, src, sport, served, payload }),
+    ]
+}
+
+/// A UDP payload for a `quic` VIP: mostly connection IDs the servers
+/// issued (under every configuration, for backends and for no backend),
+/// else any first octet, header lengths that lie, nothing.
+fn quic_payload() -> impl Strategy<Value = QuicPayload> {
+    let long = prop::option::weighted(0.4, 0..VERSIONS.len());
+    prop_oneof![
+        6 => (
+            long.clone(),
+            0usize..4,
+            0..SERVER_IDS.len(),
+            any::<[u8; 19]>(),
+            any::<u8>(),
+            prop::option::weighted(0.15, any::<u8>()),
+            prop::option::weighted(0.15, 0usize..20),
+            prop_oneof![4 => Just(0usize), 1 => 1usize..6],
+            0usize..40,
+        )
+            .prop_map(|(long, conf, sid, nonce, random, low, cut, append, tail)| QuicPayload::Cid {
+                long, conf, sid, nonce, random, low, cut, append, tail,
+            }),
+        2 => (long, any::<u8>(), prop::collection::vec(any::<u8>(), 0..24), 0usize..40)
+            .prop_map(|(long, first, rest, tail)| QuicPayload::AnyCid { long, first, rest, tail }),
+        2 => (
+            0..VERSIONS.len(),
+            prop_oneof![3 => 0u8..=22, 1 => any::<u8>()],
+            prop_oneof![3 => 0u8..=22, 1 => any::<u8>()],
+            0usize..80,
+        )
+            .prop_map(|(version, dcid_len, scid_len, have)| QuicPayload::Lengths {
+                version, dcid_len, scid_len, have,
+            }),
+        1 => Just(QuicPayload::Empty),
     ]
 }
 
@@ -428,7 +643,7 @@ fn sequence() -> impl Strategy<Value = Sequence> {
 
 fn oracle() -> &'static Oracle {
     static ORACLE: OnceLock<Oracle> = OnceLock::new();
-    ORACLE.get_or_init(|| Oracle::new(CONFIG))
+    ORACLE.get_or_init(|| Oracle::new(&oracle::with_quic(CONFIG)))
 }
 
 /// Runs one sequence inline and with two packet threads, each on a fresh
@@ -536,6 +751,41 @@ fn known_hostile_sequences() {
     for frames in &cases {
         check(frames).unwrap_or_else(|e| panic!("{e}"));
     }
+}
+
+/// A datagram to a `quic` VIP whose UDP length says less than its IP
+/// packet holds: its payload ends where the UDP header says (RFC 768), so
+/// a connection ID in the octets after it is not the datagram's and routes
+/// nothing (IPv4 and IPv6; the model reads only what the UDP length covers).
+#[test]
+fn a_quic_payload_ends_where_its_udp_length_says() {
+    let confs = oracle().quic_configs();
+    let mut cases = Vec::new();
+    for v6 in [false, true] {
+        let (src, vip) = if v6 {
+            (ip(SRC6[0]), ip(DST6[QUIC_DST]))
+        } else {
+            (ip(SRC4[0]), ip(DST4[QUIC_DST]))
+        };
+        for c in &confs {
+            let cid = c
+                .encode(&SERVER_IDS[0], &[7; 19][..c.nonce_len()], 0)
+                .expect("lengths as configured");
+            let mut payload = vec![0x41];
+            payload.extend_from_slice(cid.as_bytes());
+            payload.extend_from_slice(&[0x70; 24]);
+            let whole = Frame::udp(src, vip, 40_000, 443, &payload).to_bytes();
+            let udp_at = 14 + if v6 { 40 } else { 20 };
+            // Nothing, the first octet and 3 of the connection ID (short
+            // for every configuration), all but the last octet of it.
+            for covers in [0, 4, cid.as_bytes().len()] {
+                let mut f = whole.clone();
+                f[udp_at + 4..udp_at + 6].copy_from_slice(&(8 + covers as u16).to_be_bytes());
+                cases.push(f);
+            }
+        }
+    }
+    check(&cases).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// The fuzz input format round-trips.

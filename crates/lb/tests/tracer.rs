@@ -72,6 +72,7 @@ fn probe(id: u64, sport: u16, proto: ProbeProto) -> Probe {
             report_to: REPORT_TO.parse().unwrap(),
         },
         padding: 32,
+        quic: None,
     }
 }
 
@@ -316,4 +317,213 @@ fn a_redirected_fragmented_probe_is_reported_by_both_load_balancers() {
         inner(&out_b).iter().all(|(_, to)| *to != peer),
         "sent on to backends, not back"
     );
+}
+
+/// A `quic` VIP (192.0.2.43 UDP port 443) over two backends with QUIC-LB
+/// server IDs 0a01 and 0a02, one four-pass configuration at codepoint 1.
+const QUIC: &str = r#"
+[[quic_lb]]
+codepoint = 1
+server_id_len = 2
+nonce_len = 6
+key = "8f95f09245765f80256934e50c66207f"
+
+[[pools]]
+name = "h3"
+backends = [
+  { address = "10.3.0.1", name = "h3-a", quic_server_id = "0a01" },
+  { address = "10.3.0.2", name = "h3-b", quic_server_id = "0a02" },
+]
+
+[[vips]]
+name = "h3"
+address = "192.0.2.43"
+port = 443
+protocol = "udp"
+quic = true
+pool = "h3"
+"#;
+
+/// The connection ID server `sid` issues at codepoint 1 of [`QUIC`].
+fn quic_cid(sid: [u8; 2]) -> Vec<u8> {
+    let key = quic_lb::parse_key("8f95f09245765f80256934e50c66207f").unwrap();
+    let conf = quic_lb::Config::new(1, 2, 6, Some(key), false).unwrap();
+    conf.encode(&sid, &[1, 2, 3, 4, 5, 6], 0x0b)
+        .unwrap()
+        .as_bytes()
+        .to_vec()
+}
+
+/// A UDP probe to the `quic` VIP carrying `quic` before its marker.
+fn quic_probe(id: u64, sport: u16, quic: Option<lb::tracer::QuicProbe>) -> Probe {
+    Probe {
+        vip: "192.0.2.43:443".parse().unwrap(),
+        quic,
+        ..probe(id, sport, ProbeProto::Udp)
+    }
+}
+
+/// Inner packets sent, with their outer destination ([`inner`]).
+type Sent = Vec<(Vec<u8>, std::net::IpAddr)>;
+
+/// Runs `frames` through a forwarder of the sample with [`QUIC`] (two
+/// packet threads), the backends named in `down` down; returns the
+/// reports, where each frame went (by its IP bytes) and the counters.
+fn run_quic(frames: Vec<Vec<u8>>, down: &[&str]) -> (Vec<Report>, Sent, RunStats) {
+    let cfg = Config::parse(&format!("{CONFIG}\n{QUIC}"), "test").unwrap();
+    let mut control = Control::new(cfg.clone()).unwrap();
+    for name in down {
+        assert!(control.set_health(name, false), "{name} is a backend");
+    }
+    let tracer = Arc::new(Tracer::new(1000, 1000, lb::tracer::QUEUE_LEN));
+    let mut params = Params::from_config(&cfg);
+    params.tracer = Some(Arc::clone(&tracer));
+    let dp = Datapath::new(params, control.tables()).unwrap();
+    let n = frames.len() as u64;
+    let mut port = MemPort::new(frames, Vary::None, Some(n)).capture();
+    let stats = dp.run(&mut port, &AtomicBool::new(false)).unwrap();
+    let out = port.captured.take().unwrap();
+    let mut records = Vec::new();
+    tracer.take(&mut records);
+    let tables = control.tables().load_full();
+    let mut reports: Vec<Report> = records
+        .iter()
+        .map(|r| Report::new(r, "lb-test", &tables))
+        .collect();
+    reports.sort_by_key(|r| r.probe);
+    (reports, inner(&out), stats)
+}
+
+#[test]
+fn a_quic_probe_routed_by_connection_id_reports_codepoint_server_id_and_backend() {
+    use lb::tracer::QuicProbe;
+    let cid = quic_cid([0x0a, 0x02]);
+    let probes = [
+        quic_probe(1, 41_000, Some(QuicProbe::Short { dcid: cid.clone() })),
+        quic_probe(2, 41_001, Some(QuicProbe::Long { dcid: cid.clone() })),
+    ];
+    let frames: Vec<Vec<u8>> = probes.iter().map(|p| p.frame().unwrap()).collect();
+    let (reports, sent, stats) = run_quic(frames.clone(), &[]);
+    assert_eq!(stats.counters.quic_routed, 2);
+    assert_eq!(
+        reports.len(),
+        2,
+        "one report per probe: {:?}",
+        stats.counters
+    );
+    for (r, f) in reports.iter().zip(&frames) {
+        let q = r.quic.as_ref().expect("a QUIC step for a quic VIP");
+        assert_eq!(q.decision, "routed");
+        assert_eq!(q.codepoint, Some(1));
+        assert_eq!(q.server_id.as_deref(), Some("0a02"));
+        assert_eq!((q.down_backend.as_ref(), q.fallback.as_ref()), (None, None));
+        assert_eq!(r.backend.as_deref(), Some("h3-b"));
+        assert_eq!(r.vip_name.as_deref(), Some("h3"));
+        // The connection table was not asked.
+        assert_eq!(r.conntrack, None);
+        assert_eq!(&Report::parse(&r.to_json()).unwrap(), r);
+        let to: Vec<_> = sent.iter().filter(|(b, _)| *b == ip_bytes(f)).collect();
+        assert_eq!(to.len(), 1);
+        assert_eq!(to[0].1, ip("10.3.0.2"));
+    }
+}
+
+#[test]
+fn a_quic_probe_that_does_not_route_reports_why_and_the_fallback() {
+    use lb::tracer::QuicProbe;
+    let unknown = quic_probe(
+        1,
+        42_000,
+        Some(QuicProbe::Short {
+            dcid: quic_cid([0x0b, 0xff]),
+        }),
+    );
+    // Codepoint 0b111 and codepoint 3 (no configuration), in long headers
+    // (a short one's DCID length would be unknown).
+    let reserved = quic_probe(
+        3,
+        42_001,
+        Some(QuicProbe::Long {
+            dcid: vec![0xe0, 1, 2, 3, 4, 5, 6, 7, 8],
+        }),
+    );
+    let no_config = quic_probe(
+        4,
+        42_002,
+        Some(QuicProbe::Long {
+            dcid: vec![0x60, 1, 2, 3, 4, 5, 6, 7, 8],
+        }),
+    );
+    // A plain probe: its marker read as a short header ("PTRACE1...",
+    // codepoint 2, which has no configuration).
+    let plain = quic_probe(5, 42_003, None);
+    let f = unknown.frame().unwrap();
+    // The unknown server ID twice from one 5-tuple: Maglev first, then the
+    // connection table.
+    let again = Probe {
+        marker: Marker {
+            id: 2,
+            ..unknown.marker
+        },
+        ..unknown.clone()
+    };
+    let frames = vec![
+        f.clone(),
+        again.frame().unwrap(),
+        reserved.frame().unwrap(),
+        no_config.frame().unwrap(),
+        plain.frame().unwrap(),
+    ];
+    let (reports, sent, stats) = run_quic(frames.clone(), &[]);
+    assert_eq!(stats.counters.tx, 5, "all forwarded by the fallback");
+    assert_eq!(reports.len(), 5, "{:?}", stats.counters);
+    let cfg = Config::parse(&format!("{CONFIG}\n{QUIC}"), "test").unwrap();
+    let want: Vec<(&str, Option<u8>, Option<&str>, &str)> = vec![
+        ("server_id_unknown", Some(1), Some("0bff"), "maglev"),
+        (
+            "server_id_unknown",
+            Some(1),
+            Some("0bff"),
+            "connection table",
+        ),
+        ("codepoint_reserved", None, None, "maglev"),
+        ("codepoint_unknown", None, None, "maglev"),
+        ("codepoint_unknown", None, None, "maglev"),
+    ];
+    for ((r, f), (decision, cp, sid, fallback)) in reports.iter().zip(&frames).zip(want) {
+        let q = r.quic.as_ref().expect("a QUIC step");
+        assert_eq!(q.decision, decision, "probe {}", r.probe);
+        assert_eq!(q.codepoint, cp, "probe {}", r.probe);
+        assert_eq!(q.server_id.as_deref(), sid, "probe {}", r.probe);
+        assert_eq!(q.fallback.as_deref(), Some(fallback), "probe {}", r.probe);
+        let maglev = expected_backend(&cfg, "h3", &flow_of(f)).unwrap();
+        assert_eq!(r.backend_address, Some(maglev), "probe {}", r.probe);
+        assert!(sent
+            .iter()
+            .any(|(b, to)| *b == ip_bytes(f) && *to == maglev));
+    }
+}
+
+#[test]
+fn a_quic_probe_naming_a_down_backend_reports_its_server_id() {
+    use lb::tracer::QuicProbe;
+    let p = quic_probe(
+        1,
+        43_000,
+        Some(QuicProbe::Short {
+            dcid: quic_cid([0x0a, 0x02]),
+        }),
+    );
+    let (reports, sent, stats) = run_quic(vec![p.frame().unwrap()], &["h3-b"]);
+    assert_eq!(stats.counters.quic_server_down, 1);
+    assert_eq!(reports.len(), 1);
+    let q = reports[0].quic.as_ref().expect("a QUIC step");
+    assert_eq!(q.decision, "server_down");
+    assert_eq!(q.server_id.as_deref(), Some("0a02"));
+    assert_eq!(q.down_backend.as_deref(), Some("h3-b"));
+    assert_eq!(q.fallback.as_deref(), Some("maglev"));
+    // The only backend up took it.
+    assert_eq!(reports[0].backend.as_deref(), Some("h3-a"));
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].1, ip("10.3.0.1"));
 }

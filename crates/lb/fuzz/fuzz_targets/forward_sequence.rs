@@ -1,7 +1,8 @@
 //! Fuzzes the forwarder with sequences of frames: the input is read as
 //! frames (per frame a control byte, a little-endian u16 length and the
 //! bytes; control bit 0 fills in the IPv4 header checksum), which run
-//! through the datapath of the sample configuration inline and with two
+//! through the datapath of the sample configuration with the oracle's
+//! `quic` VIPs (`oracle::QUIC_CONFIG`) inline and with two
 //! packet threads. Each run must end on its own, return every buffer,
 //! forward only valid GRE carrying an input packet to the backend the model
 //! names, forward whatever must be, and account for every frame (the checks
@@ -33,7 +34,7 @@ const DEADLINE: Duration = Duration::from_secs(10);
 fn setup() -> &'static (Oracle, [Arc<Datapath>; 2]) {
     static SETUP: OnceLock<(Oracle, [Arc<Datapath>; 2])> = OnceLock::new();
     SETUP.get_or_init(|| {
-        let o = Oracle::new(CONFIG);
+        let o = Oracle::new(&oracle::with_quic(CONFIG));
         let dps = [o.datapath(0), o.datapath(2)];
         (o, dps)
     })

@@ -147,6 +147,7 @@ mod tests {
             vip: Some((0, 0xfeed)),
             backend: Some(0),
             redirect: Redirect::No,
+            quic: None,
         }
     }
 
