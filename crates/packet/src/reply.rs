@@ -77,10 +77,24 @@ pub fn refusal(frame: &[u8], p: &Parsed, out: &mut Vec<u8>) -> Option<Refusal> {
     r
 }
 
-fn build(frame: &[u8], p: &Parsed, out: &mut Vec<u8>) -> Option<Refusal> {
+/// What [`refusal`] would answer `frame` (parsed as `p`) with, from the
+/// headers alone and without building anything: for a caller that counts
+/// or rate-limits replies before it spends the work on one. `None` for a
+/// frame that must not be answered; [`refusal`] may still give `None` for
+/// a frame whose parse `p` is not.
+pub fn kind(frame: &[u8], p: &Parsed) -> Option<Refusal> {
     if p.fragment.is_some() || !answerable(frame, p) {
         return None;
     }
+    match p.flow.proto {
+        proto::TCP if p.tcp_flags & flags::RST == 0 => Some(Refusal::TcpReset),
+        proto::UDP => Some(Refusal::PortUnreachable),
+        _ => None,
+    }
+}
+
+fn build(frame: &[u8], p: &Parsed, out: &mut Vec<u8>) -> Option<Refusal> {
+    kind(frame, p)?;
     let l3_end = p.l3_offset.checked_add(p.l3_len)?;
     let eth = frame.get(..p.l3_offset)?;
     let packet = frame.get(p.l3_offset..l3_end)?;
@@ -254,6 +268,7 @@ mod tests {
         let p = parse_frame(frame).unwrap();
         let mut out = vec![0xaa; 3];
         let r = refusal(frame, &p, &mut out);
+        assert_eq!(kind(frame, &p), r, "kind agrees with the reply");
         if r.is_none() {
             assert!(out.is_empty());
         }

@@ -63,6 +63,7 @@ proptest! {
         let p = parse_frame(&f).unwrap();
         let mut out = Vec::new();
         let r = refusal(&f, &p, &mut out);
+        prop_assert_eq!(packet::reply::kind(&f, &p), r);
         if tcp && p.tcp_flags & flags::RST != 0 {
             prop_assert_eq!(r, None);
             prop_assert!(out.is_empty());
