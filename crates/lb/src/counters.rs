@@ -389,10 +389,23 @@ mod tests {
         let mut c = Counters::new();
         c.drop(DropReason::FragExpired);
         c.vip(3, 100);
+        (
+            c.refused_tcp_rst,
+            c.refused_icmp_unreachable,
+            c.refusal_rate_limited,
+        ) = (1, 2, 3);
         let mut d = Counters::new();
         d.merge(&c);
         d.merge(&c);
         assert_eq!(d.drops_for(DropReason::FragExpired), 2);
+        assert_eq!(
+            (
+                d.refused_tcp_rst,
+                d.refused_icmp_unreachable,
+                d.refusal_rate_limited
+            ),
+            (2, 4, 6)
+        );
         assert_eq!(
             d.per_vip[3],
             Traffic {
