@@ -70,11 +70,18 @@ pub enum LbCommand {
     ///
     /// Frames for a VIP's address on a port or protocol no VIP serves are
     /// dropped and counted (`vip_port_not_served` in `lb status` drops and
-    /// fastpath_lb_drops_total).
+    /// fastpath_lb_drops_total), and answered as a host answers a closed
+    /// port, so that clients learn at once instead of timing out: TCP with
+    /// a RST, UDP with an ICMP (ICMPv6) port unreachable, sent back out of
+    /// the interface from the VIP's address; never a RST, an ICMP error, a
+    /// fragment, a broadcast or multicast, or a martian source; at most
+    /// 1,000 replies a second per packet thread (bursts of 50), as Linux
+    /// limits its ICMP errors (`lb status`: "unserved ports refused";
+    /// fastpath_lb_refusals_total, fastpath_lb_refusals_rate_limited_total).
     ///
     /// With --pcap-in: reads frames from a pcap file, runs them through
-    /// steering, the packet threads and muxing, writes what is forwarded to
-    /// --pcap-out, and prints the counters: per VIP, per backend, drops by
+    /// steering, the packet threads and muxing, writes what is forwarded
+    /// (and the refusals above) to --pcap-out, and prints the counters: per VIP, per backend, drops by
     /// reason and frames that were not for a VIP.
     ///
     /// Examples:

@@ -62,6 +62,15 @@ fn lb_run_forwards_the_sample_capture_as_gre_to_maglev_backends() {
     // for a VIP's address on a port or protocol no VIP serves: a drop.
     assert_eq!(report["not_for_vip_by_kind"]["no_vip"], 1);
     assert_eq!(report["drops"]["vip_port_not_served"], 2, "{report}");
+    // ... and answered: one TCP RST, one ICMP port unreachable.
+    assert_eq!(report["refusals"]["tcp_rst"], 1, "{report}");
+    assert_eq!(report["refusals"]["icmp_unreachable"], 1, "{report}");
+    let refused: Vec<&Vec<u8>> = sample
+        .iter()
+        .filter(|s| matches!(s.expect, Expect::Refused(_)))
+        .map(|s| &s.frame)
+        .collect();
+    assert_eq!(refused.len(), 2);
     let kinds = report["not_for_vip_by_kind"].as_object().unwrap();
     assert_eq!(
         report["not_for_vip"].as_u64(),
@@ -72,9 +81,46 @@ fn lb_run_forwards_the_sample_capture_as_gre_to_maglev_backends() {
 
     // Field by field with etherparse.
     let frames = netio::pcap::read_frames(&out).unwrap();
-    assert_eq!(frames.len(), want.len());
+    assert_eq!(frames.len(), want.len() + refused.len());
     let mut expected_dst = Vec::new();
+    // Frame number (from 1) -> the refused frame it answers.
+    let mut replies: HashMap<usize, &Vec<u8>> = HashMap::new();
     for (i, f) in frames.iter().enumerate() {
+        let h = etherparse::PacketHeaders::from_ethernet_slice(f).unwrap();
+        let gre = match h.net.as_ref() {
+            Some(etherparse::NetHeaders::Ipv4(ip, _)) => ip.protocol == etherparse::IpNumber::GRE,
+            Some(etherparse::NetHeaders::Ipv6(ip, _)) => {
+                ip.next_header == etherparse::IpNumber::GRE
+            }
+            None => false,
+        };
+        if !gre {
+            // A refusal: back to the client that sent a refused frame,
+            // from the VIP's address it used, at the MAC it came from.
+            let (src, dst) = match h.net.clone().unwrap() {
+                etherparse::NetHeaders::Ipv4(ip, _) => {
+                    (IpAddr::from(ip.source), IpAddr::from(ip.destination))
+                }
+                etherparse::NetHeaders::Ipv6(ip, _) => {
+                    (IpAddr::from(ip.source), IpAddr::from(ip.destination))
+                }
+            };
+            let to = refused
+                .iter()
+                .find(|r| {
+                    let p = parse_frame(r).unwrap();
+                    // A RST answers TCP, an ICMP error UDP.
+                    let tcp = matches!(h.transport, Some(etherparse::TransportHeader::Tcp(_)));
+                    (flow::to_ip(&p.flow.dst), flow::to_ip(&p.flow.src)) == (src, dst)
+                        && (p.flow.proto == packet::proto::TCP) == tcp
+                        && r[6..12] == f[..6]
+                        && r[..6] == f[6..12]
+                })
+                .unwrap_or_else(|| panic!("frame {i}: neither GRE nor a refusal"));
+            assert!(replies.insert(i + 1, to).is_none());
+            expected_dst.push(dst);
+            continue;
+        }
         let h = etherparse::PacketHeaders::from_ethernet_slice(f).unwrap();
         let eth = h.link.clone().unwrap().ethernet2().unwrap();
         assert_eq!(eth.source, [2, 0, 0, 0, 0, 1], "frame {i}: our MAC");
@@ -122,23 +168,57 @@ fn lb_run_forwards_the_sample_capture_as_gre_to_maglev_backends() {
         expected_dst.push(backend);
     }
 
-    // tshark: every frame is GRE, nothing is malformed, and the outer
-    // destination is the expected backend.
+    // tshark: every frame but the refusals is GRE, nothing is malformed,
+    // the outer destination is the expected backend; the refusals are a
+    // TCP RST and an ICMP port unreachable with good checksums.
     let lines = common::tshark_fields(
         &out,
-        &[],
+        &["tcp.check_checksum:TRUE", "ip.check_checksum:TRUE"],
         &[
             "frame.number",
             "gre.proto",
             "ip.dst",
             "ipv6.dst",
             "_ws.malformed",
+            "tcp.flags.reset",
+            "tcp.checksum.status",
+            "icmp.type",
+            "icmp.code",
+            "icmp.checksum.status",
+            "ip.checksum.status",
         ],
     );
+    let mut seen_replies = 0;
     assert_eq!(lines.len(), frames.len(), "tshark sees every frame");
     for (i, line) in lines.iter().enumerate() {
         let cols: Vec<&str> = line.split('|').collect();
         assert_eq!(cols[0], (i + 1).to_string());
+        if let Some(to) = replies.get(&(i + 1)) {
+            seen_replies += 1;
+            assert!(cols[4].is_empty(), "frame {}: malformed: {line}", i + 1);
+            // (An ICMP error's quoted header is checked too.)
+            assert!(
+                cols[10].split(',').all(|c| c == "1"),
+                "frame {}: IP checksum: {line}",
+                i + 1
+            );
+            if parse_frame(to).unwrap().flow.proto == packet::proto::TCP {
+                assert_eq!(
+                    (cols[5], cols[6]),
+                    ("1", "1"),
+                    "frame {}: RST: {line}",
+                    i + 1
+                );
+            } else {
+                assert_eq!(
+                    (cols[7], cols[8], cols[9]),
+                    ("3", "3", "1"),
+                    "frame {}: port unreachable: {line}",
+                    i + 1
+                );
+            }
+            continue;
+        }
         assert!(
             cols[1] == "0x0800" || cols[1] == "0x86dd",
             "frame {}: tshark does not decode GRE: {line}",
@@ -158,6 +238,7 @@ fn lb_run_forwards_the_sample_capture_as_gre_to_maglev_backends() {
             i + 1
         );
     }
+    assert_eq!(seen_replies, refused.len());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

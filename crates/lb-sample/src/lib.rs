@@ -7,6 +7,7 @@
 use std::net::IpAddr;
 
 use packet::build::{Frame, L4};
+use packet::reply::Refusal;
 use packet::{flow, parse_frame, proto, FlowKey, Reason};
 
 use lb::config::Config;
@@ -29,6 +30,12 @@ pub enum Expect {
     },
     /// Dropped and counted under this reason.
     Drop(DropReason),
+    /// For a VIP's address on a port or protocol no VIP serves: dropped
+    /// and counted as [`DropReason::VipPortNotServed`], and answered as a
+    /// host answers a closed port, with this ([`packet::reply::refusal`]
+    /// of the frame: a TCP RST, an ICMP port unreachable), back out of the
+    /// port.
+    Refused(Refusal),
 }
 
 /// A frame and its fate.
@@ -192,26 +199,24 @@ pub fn mixed_traffic() -> Vec<SampleFrame> {
             });
         }
     }
-    // For a VIP's address but no VIP: wrong port, wrong protocol (dropped
-    // and counted as such); and not for a VIP at all: wrong address.
-    for (frame, why) in [
+    // For a VIP's address but no VIP: wrong port, wrong protocol (dropped,
+    // counted as such and refused: a RST, a port unreachable); and not for
+    // a VIP at all: wrong address.
+    for (frame, expect) in [
         (
             tcp("203.0.113.1", 5, "192.0.2.80", 443, 2),
-            DropReason::VipPortNotServed,
+            Expect::Refused(Refusal::TcpReset),
         ),
         (
             tcp("203.0.113.1", 5, "192.0.2.99", 80, 2),
-            DropReason::NoVip,
+            Expect::Drop(DropReason::NoVip),
         ),
         (
             Frame::udp(ip("203.0.113.1"), ip("192.0.2.80"), 5, 80, b"").to_bytes(),
-            DropReason::VipPortNotServed,
+            Expect::Refused(Refusal::PortUnreachable),
         ),
     ] {
-        out.push(SampleFrame {
-            frame,
-            expect: Expect::Drop(why),
-        });
+        out.push(SampleFrame { frame, expect });
     }
     // Garbage, each with the reason it is counted under.
     let good = tcp("203.0.113.1", 9, "192.0.2.80", 80, 2);

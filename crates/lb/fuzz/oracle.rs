@@ -9,7 +9,10 @@
 //! - every output is valid GRE whose inner packet is the IP packet of an
 //!   input frame (each input forwarded at most once), sent to the backend an
 //!   independent model (the configuration and the maglev crate, no
-//!   forwarder code) names for it, from the configured outer source;
+//!   forwarder code) names for it, from the configured outer source; or
+//!   else the refusal (`packet::reply`: a RST, a port unreachable) of an
+//!   input the model says is for a VIP's address on a port no VIP serves,
+//!   from a source that may be answered, each at most once per such input;
 //! - whatever must be forwarded is (a packet or first fragment of a VIP
 //!   flow, an ICMP error quoting one);
 //! - received = forwarded + dropped by reason (expired included), with the
@@ -518,6 +521,11 @@ impl Oracle {
         let mut quic_routed = 0u64;
         let mut quic_down = 0u64;
         let mut quic_miss: HashMap<&str, u64> = HashMap::new();
+        // The refusals (`packet::reply`) those frames may get, when whole
+        // and from a source that may be answered (rate-limited: may, not
+        // must), and how many came.
+        let mut replies: HashMap<Vec<u8>, u64> = HashMap::new();
+        let mut refusals = 0u64;
         for f in frames {
             let p = match parse_frame(f) {
                 Ok(p) => p,
@@ -570,12 +578,23 @@ impl Oracle {
             if e.allowed.is_empty() {
                 if p.icmp_quote.is_none() && m.is_vip_address(&p.flow.dst) {
                     not_served += 1;
+                    let src = &p.flow.src;
+                    let forged = flow::martian_source(src) || m.is_vip_address(src) || p.ttl == 0;
+                    let mut r = Vec::new();
+                    if !forged && packet::reply::refusal(f, &p, &mut r).is_some() {
+                        *replies.entry(r).or_default() += 1;
+                    }
                 } else {
                     no_vip += 1;
                 }
             }
         }
         for (i, frame) in out.iter().enumerate() {
+            if let Some(n) = replies.get_mut(frame.as_slice()).filter(|n| **n > 0) {
+                *n -= 1;
+                refusals += 1;
+                continue;
+            }
             let d = decapsulate(frame)
                 .map_err(|e| format!("output {i} is not GRE ({e}): {}", hex(frame)))?;
             if d.inner.end != frame.len() {
@@ -658,8 +677,18 @@ impl Oracle {
             (s.port.rx == n, "the port delivered every frame"),
             (c.rx == n, "received = frames fed"),
             (c.rx == c.tx + c.dropped(), "received = forwarded + dropped"),
-            (c.tx == out.len() as u64, "forwarded = frames sent"),
-            (s.port.tx == c.tx, "the port sent what was forwarded"),
+            (
+                c.tx + refusals == out.len() as u64,
+                "forwarded + refusals = frames sent",
+            ),
+            (
+                s.port.tx == c.tx + refusals,
+                "the port sent what was forwarded or refused",
+            ),
+            (
+                c.refused_tcp_rst + c.refused_icmp_unreachable == refusals,
+                "refusals counted as sent",
+            ),
             (
                 c.frag_held == c.frag_released + expired,
                 "every held fragment released or expired",

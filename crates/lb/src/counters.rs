@@ -204,6 +204,16 @@ pub struct Counters {
     /// fallback (a drained backend keeps its connections, as in the
     /// connection table).
     pub quic_server_down: u64,
+    /// TCP segments to a VIP's address on a port no VIP serves that were
+    /// answered with a RST (the segment itself is counted as dropped,
+    /// [`DropReason::VipPortNotServed`]; the RST is not in `tx`).
+    pub refused_tcp_rst: u64,
+    /// UDP datagrams to a VIP's address on a port no VIP serves that were
+    /// answered with an ICMP or ICMPv6 port unreachable (likewise dropped).
+    pub refused_icmp_unreachable: u64,
+    /// Such segments and datagrams left unanswered because the packet
+    /// thread's refusal rate was spent ([`crate::worker::REFUSALS_PER_S`]).
+    pub refusal_rate_limited: u64,
 }
 
 impl Counters {
@@ -319,6 +329,9 @@ impl Counters {
             *a += b;
         }
         self.quic_server_down += o.quic_server_down;
+        self.refused_tcp_rst += o.refused_tcp_rst;
+        self.refused_icmp_unreachable += o.refused_icmp_unreachable;
+        self.refusal_rate_limited += o.refusal_rate_limited;
     }
 
     /// User-space copies per forwarded packet (0 when none was forwarded).
@@ -376,10 +389,23 @@ mod tests {
         let mut c = Counters::new();
         c.drop(DropReason::FragExpired);
         c.vip(3, 100);
+        (
+            c.refused_tcp_rst,
+            c.refused_icmp_unreachable,
+            c.refusal_rate_limited,
+        ) = (1, 2, 3);
         let mut d = Counters::new();
         d.merge(&c);
         d.merge(&c);
         assert_eq!(d.drops_for(DropReason::FragExpired), 2);
+        assert_eq!(
+            (
+                d.refused_tcp_rst,
+                d.refused_icmp_unreachable,
+                d.refusal_rate_limited
+            ),
+            (2, 4, 6)
+        );
         assert_eq!(
             d.per_vip[3],
             Traffic {

@@ -97,6 +97,15 @@ pub fn report(s: &RunStats, t: &Tables) -> String {
             "ICMP errors to the quoted flow's backend",
             c.icmp_to_backend,
         ),
+        ("unserved ports refused: TCP RST", c.refused_tcp_rst),
+        (
+            "unserved ports refused: ICMP port unreachable",
+            c.refused_icmp_unreachable,
+        ),
+        (
+            "unserved ports left unanswered (refusal rate)",
+            c.refusal_rate_limited,
+        ),
     ] {
         k.row([n.to_string(), v.to_string()]);
     }
@@ -176,6 +185,11 @@ pub fn json(s: &RunStats, t: &Tables) -> serde_json::Value {
         },
         "fragments": {"held": c.frag_held, "released": c.frag_released},
         "icmp_to_backend": c.icmp_to_backend,
+        "refusals": {
+            "tcp_rst": c.refused_tcp_rst,
+            "icmp_unreachable": c.refused_icmp_unreachable,
+            "rate_limited": c.refusal_rate_limited,
+        },
         "user_copies": c.user_copies,
         "user_copies_per_forwarded": c.copies_per_forwarded(),
         "vips": vips,

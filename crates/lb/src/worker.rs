@@ -37,6 +37,51 @@ pub const FLOW_SEED: u64 = crate::xdp::abi::FLOW_SEED;
 /// recomputes it in the packet thread rather than sharing it).
 pub const STEER_SEED: u64 = 0x0073_7465_6572;
 
+/// Refusals (a TCP RST or an ICMP port unreachable for a VIP's address on
+/// a port no VIP serves) one packet thread sends per second at most, and
+/// [`REFUSAL_BURST`] the most at once: Linux's defaults for its ICMP
+/// errors (`net.ipv4.icmp_msgs_per_sec` = 1000, `icmp_msgs_burst` = 50), so
+/// that a spoofed flood to unserved ports cannot make the load balancer a
+/// reflector toward the forged sources, beyond what any host would send.
+pub const REFUSALS_PER_S: u64 = 1_000;
+/// The refusals a packet thread may send at once after a quiet spell
+/// ([`REFUSALS_PER_S`]).
+pub const REFUSAL_BURST: u64 = 50;
+
+/// A token bucket of refusals, refilled by the batch clock (milliseconds),
+/// in thousandths of a token so that the rate needs no division.
+#[derive(Debug)]
+struct RefusalBucket {
+    /// Thousandths of a token.
+    milli: u64,
+    last_ms: u64,
+}
+
+impl RefusalBucket {
+    fn new() -> Self {
+        RefusalBucket {
+            milli: REFUSAL_BURST * 1000,
+            last_ms: 0,
+        }
+    }
+
+    /// Takes a token at `now_ms`, if one is left.
+    fn take(&mut self, now_ms: u64) -> bool {
+        // REFUSALS_PER_S tokens a second: as many thousandths a millisecond.
+        let gained = now_ms
+            .saturating_sub(self.last_ms)
+            .saturating_mul(REFUSALS_PER_S);
+        self.last_ms = self.last_ms.max(now_ms);
+        self.milli = self.milli.saturating_add(gained).min(REFUSAL_BURST * 1000);
+        if self.milli >= 1000 {
+            self.milli -= 1000;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// The hash Maglev tables are looked up with for a flow.
 #[inline]
 pub fn flow_hash(k: &FlowKey) -> u64 {
@@ -91,6 +136,10 @@ pub struct Worker {
     staged: Vec<(packet::Result<Parsed>, u64)>,
     /// Packet-tracer probes are reported through this, as this thread.
     trace: Option<(Arc<Tracer>, u16)>,
+    /// Refusals left to send ([`REFUSALS_PER_S`]).
+    refusals: RefusalBucket,
+    /// Where a refusal is built before it replaces the frame it answers.
+    reply: Vec<u8>,
 }
 
 impl Worker {
@@ -107,6 +156,8 @@ impl Worker {
             expired: Vec::new(),
             staged: Vec::new(),
             trace: None,
+            refusals: RefusalBucket::new(),
+            reply: Vec::new(),
         }
     }
 
@@ -316,6 +367,9 @@ impl Worker {
         let probe = self.probe(&pkt, p, quic_step.and_then(|(_, at)| at));
         let quic_step = quic_step.map(|(s, _)| s);
         match self.decide(t, p, hash, now, from_peer.is_some(), quic) {
+            Err(DropReason::VipPortNotServed) if from_peer.is_none() => {
+                self.refuse(t, pkt, p, out, now)
+            }
             Err(why) => self.discard(pkt, why),
             Ok(Action::Redirect(peer)) => {
                 if let (Some(probe), Some(f)) = (probe, &t.fleet) {
@@ -412,6 +466,51 @@ impl Worker {
             Offer::QueueFull => self.counters.trace_queue_full += 1,
             Offer::NotAllowed => self.counters.trace_invalid += 1,
         }
+    }
+
+    /// A frame for a VIP's address on a port or protocol no VIP serves:
+    /// counted as dropped ([`DropReason::VipPortNotServed`]), and answered
+    /// as a host answers a closed port ([`packet::reply`]: a TCP RST, an
+    /// ICMP port unreachable), in its own buffer, back out of the port it
+    /// came in on, within the thread's refusal rate ([`REFUSALS_PER_S`]).
+    /// A frame [`refuse_source`] refuses (a martian or a VIP's own address
+    /// as the source, TTL 0) is never answered: the answer would go to a
+    /// forged or impossible address.
+    #[cold]
+    fn refuse(&mut self, t: &Tables, mut pkt: Packet, p: &Parsed, out: &mut Vec<Packet>, now: u64) {
+        let (s, len) = (usize::from(pkt.off), usize::from(pkt.len));
+        let Some(frame) = self.pool.data(&pkt.buf).get(s..s + len) else {
+            return self.discard(pkt, DropReason::VipPortNotServed);
+        };
+        let Some(kind) = packet::reply::kind(frame, p).filter(|_| refuse_source(t, p).is_ok())
+        else {
+            return self.discard(pkt, DropReason::VipPortNotServed);
+        };
+        if !self.refusals.take(now) {
+            self.counters.refusal_rate_limited += 1;
+            return self.discard(pkt, DropReason::VipPortNotServed);
+        }
+        if packet::reply::refusal(frame, p, &mut self.reply).is_none() {
+            return self.discard(pkt, DropReason::VipPortNotServed);
+        }
+        let data = self.pool.data_mut(&mut pkt.buf);
+        let n = self.reply.len();
+        // Where the frame was, or earlier in the buffer when the reply
+        // (an ICMP error is longer than what it quotes) would run past it.
+        let Some(at) = data.len().checked_sub(n).map(|last| s.min(last)) else {
+            return self.discard(pkt, DropReason::VipPortNotServed);
+        };
+        data[at..at + n].copy_from_slice(&self.reply);
+        pkt.off = at as u16;
+        pkt.len = n as u16;
+        // The frame is finished as a drop (received = forwarded + dropped);
+        // the reply goes out in its buffer, counted apart.
+        self.counters.drop(DropReason::VipPortNotServed);
+        match kind {
+            packet::reply::Refusal::TcpReset => self.counters.refused_tcp_rst += 1,
+            packet::reply::Refusal::PortUnreachable => self.counters.refused_icmp_unreachable += 1,
+        }
+        out.push(pkt);
     }
 
     /// Encapsulates toward `backend` and queues for sending.

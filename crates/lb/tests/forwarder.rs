@@ -44,6 +44,11 @@ fn run_mixed(threads: usize) {
     let mut want: HashMap<Vec<u8>, IpAddr> = HashMap::new();
     let mut drops: HashMap<usize, u64> = HashMap::new();
     let mut forwarded = 0;
+    // Refusals: the reply each refused frame gets (RST or port
+    // unreachable, checked field by field in refusals.rs and packet's
+    // tests), each sent once.
+    let mut replies: HashMap<Vec<u8>, usize> = HashMap::new();
+    let (mut rsts, mut unreachables) = (0, 0);
     for c in &cases {
         match c.expect {
             Expect::Forward { pool, flow } => {
@@ -55,9 +60,33 @@ fn run_mixed(threads: usize) {
                 forwarded += 1;
             }
             Expect::Drop(r) => *drops.entry(r.index()).or_insert(0) += 1,
+            Expect::Refused(kind) => {
+                *drops
+                    .entry(DropReason::VipPortNotServed.index())
+                    .or_insert(0) += 1;
+                let p = parse_frame(&c.frame).unwrap();
+                let mut reply = Vec::new();
+                assert_eq!(packet::reply::refusal(&c.frame, &p, &mut reply), Some(kind));
+                *replies.entry(reply).or_insert(0) += 1;
+                match kind {
+                    packet::reply::Refusal::TcpReset => rsts += 1,
+                    packet::reply::Refusal::PortUnreachable => unreachables += 1,
+                }
+            }
         }
     }
-    let out = port.captured.take().unwrap();
+    let mut out = port.captured.take().unwrap();
+    out.retain(|f| match replies.get_mut(f) {
+        Some(n) if *n > 0 => {
+            *n -= 1;
+            false
+        }
+        _ => true,
+    });
+    assert!(
+        replies.values().all(|&n| n == 0),
+        "threads={threads}: a refused frame got no reply"
+    );
     assert_eq!(
         out.len(),
         forwarded,
@@ -96,6 +125,10 @@ fn run_mixed(threads: usize) {
     assert_eq!(c.rx, cases.len() as u64);
     assert_eq!(c.tx as usize, forwarded);
     assert_eq!(c.icmp_to_backend, 6);
+    assert_eq!(
+        (c.refused_tcp_rst, c.refused_icmp_unreachable),
+        (rsts, unreachables)
+    );
     assert_eq!(
         (c.frag_held, c.frag_released),
         (2, 2),

@@ -210,6 +210,21 @@ pub fn encode_metrics_as(
         "Transport checksums a local sender left partial (checksum offload) that the load balancer completed",
         s.csum_completed,
     );
+    let refusals = f.counter(
+        "fastpath_lb_refusals",
+        "Frames for a VIP's address on a port no VIP serves (dropped as vip_port_not_served) answered as a closed port is, by reply: tcp_rst, icmp_unreachable",
+    );
+    for (reply, n) in [
+        ("tcp_rst", s.refusals.tcp_rst),
+        ("icmp_unreachable", s.refusals.icmp_unreachable),
+    ] {
+        count(&refusals, &[("reply", reply)], n);
+    }
+    f.counter_at(
+        "fastpath_lb_refusals_rate_limited",
+        "Frames for a VIP's address on a port no VIP serves left unanswered: the packet thread's refusal rate was spent",
+        s.refusals.rate_limited,
+    );
     f.counter_at(
         "fastpath_lb_health_checks_inconclusive",
         "Health checks not counted because the prober itself ran late",
@@ -509,7 +524,10 @@ mod tests {
         c.drop(DropReason::NoHealthyBackend);
         c.conntrack.entries = 4;
         c.conntrack.closing = 1;
-        let text = encode_metrics(&status(), &c, 9);
+        let mut s = status();
+        s.refusals.tcp_rst = 7;
+        s.refusals.rate_limited = 3;
+        let text = encode_metrics(&s, &c, 9);
         assert!(
             !text.contains("fastpath_lb_drops_total{reason=\"no_vip\"}"),
             "frames not for a VIP are not drops:\n{text}"
@@ -549,6 +567,9 @@ mod tests {
             "fastpath_lb_bgp_wanted 1",
             "fastpath_lb_bgp_mismatch 0",
             "fastpath_lb_bgp_repairs_total 2",
+            "fastpath_lb_refusals_total{reply=\"tcp_rst\"} 7",
+            "fastpath_lb_refusals_total{reply=\"icmp_unreachable\"} 0",
+            "fastpath_lb_refusals_rate_limited_total 3",
             "fastpath_lb_bgp_routes{family=\"ipv4\",of=\"exported\"} 1",
         ] {
             assert!(text.contains(want), "{want} missing:\n{text}");

@@ -143,6 +143,7 @@ pub fn status(shared: &Shared) -> Status {
             .map(|(n, v)| (n.to_string(), v))
             .collect(),
         csum_completed: c.csum_completed,
+        refusals: RefusalStatus::of(&c),
         quic: cfg.vips.iter().any(|v| v.quic).then(|| QuicStatus::of(&c)),
         conntrack_entries: c.conntrack.entries,
         active_connections: Some(c.conntrack.active()),
@@ -421,6 +422,11 @@ pub struct Status {
     /// encapsulating (0 in older documents).
     #[serde(default)]
     pub csum_completed: u64,
+    /// Frames for a VIP's address on a port or protocol no VIP serves
+    /// (dropped as `vip_port_not_served`) answered as a closed port is,
+    /// or left unanswered by the refusal rate (zero in older documents).
+    #[serde(default)]
+    pub refusals: RefusalStatus,
     /// QUIC-LB routing, when a VIP is `quic` (absent otherwise and in older
     /// documents).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -534,6 +540,13 @@ impl Status {
                 } else {
                     String::new()
                 }
+            );
+        }
+        let r = &self.refusals;
+        if r.tcp_rst + r.icmp_unreachable + r.rate_limited > 0 {
+            out += &format!(
+                "unserved ports refused: {} TCP RST, {} ICMP port unreachable, {} left unanswered (refusal rate)\n",
+                r.tcp_rst, r.icmp_unreachable, r.rate_limited
             );
         }
         if self.csum_completed > 0 {
@@ -796,6 +809,26 @@ mod tests {
         assert!(withdrawing.to_text().contains("withdrawing the VIPs"));
     }
 
+    /// `lb status` shows the refusals of unserved ports once there are
+    /// some; a document without them (older versions) reads as none.
+    #[test]
+    fn status_text_shows_refusals() {
+        let mut doc = serde_json::json!({
+            "driver": "x", "generation": 1, "uptime_s": 0.0, "reloads": 0,
+            "reload_failures": 0, "last_reload_error": null, "forwarded": 0, "dropped": 2,
+            "drops": {"vip_port_not_served": 2}, "conntrack_entries": 0,
+            "bgp_announced": null, "bgp_error": null, "vips": []
+        });
+        let s: Status = serde_json::from_value(doc.clone()).unwrap();
+        assert_eq!(s.refusals, RefusalStatus::default());
+        assert!(!s.to_text().contains("refused"));
+        doc["refusals"] =
+            serde_json::json!({"tcp_rst": 1, "icmp_unreachable": 0, "rate_limited": 1});
+        let t = serde_json::from_value::<Status>(doc).unwrap().to_text();
+        let want = "unserved ports refused: 1 TCP RST, 0 ICMP port unreachable, 1 left unanswered";
+        assert!(t.contains(want), "{want:?} missing:\n{t}");
+    }
+
     /// `lb status` says what BIRD does, beside what fastpath wants, and
     /// names a mismatch.
     #[test]
@@ -820,6 +853,29 @@ mod tests {
             "BGP MISMATCH: ipv4: announcement wanted, fastpath_vips is down in BIRD",
         ] {
             assert!(t.contains(want), "{want:?} missing:\n{t}");
+        }
+    }
+}
+
+/// Frames for a VIP's address on a port or protocol no VIP serves: the
+/// replies sent (`packet::reply`), and those the packet threads' refusal
+/// rate withheld.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RefusalStatus {
+    /// Answered with a TCP RST.
+    pub tcp_rst: u64,
+    /// Answered with an ICMP or ICMPv6 port unreachable.
+    pub icmp_unreachable: u64,
+    /// Not answered: the refusal rate was spent.
+    pub rate_limited: u64,
+}
+
+impl RefusalStatus {
+    fn of(c: &lb::counters::Counters) -> RefusalStatus {
+        RefusalStatus {
+            tcp_rst: c.refused_tcp_rst,
+            icmp_unreachable: c.refused_icmp_unreachable,
+            rate_limited: c.refusal_rate_limited,
         }
     }
 }

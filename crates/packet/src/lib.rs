@@ -43,6 +43,7 @@ pub mod ipv4;
 pub mod ipv6;
 pub mod parse;
 pub mod quic;
+pub mod reply;
 pub mod tcp;
 pub mod udp;
 
