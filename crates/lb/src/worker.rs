@@ -857,17 +857,18 @@ impl Worker {
                 .with(|f| f.record(&key, Decision { vip, backend }, now, released, expired));
             return Ok(Action::Forward { vip, backend, hash });
         }
+        // Routed by connection ID: `quic_pick` matched this packet's VIP in
+        // these tables already (whole packets only, as here).
+        if let Some((vip, backend)) = quic {
+            refuse_source(t, p)?;
+            let hash = if hash != 0 { hash } else { flow_hash(&p.flow) };
+            return Ok(Action::Forward { vip, backend, hash });
+        }
         let vip = t
             .matcher
             .lookup(&p.flow.dst, p.flow.dst_port, p.flow.proto)
             .ok_or_else(|| not_served(t, &p.flow.dst))?;
         refuse_source(t, p)?;
-        if let Some((quic_vip, backend)) = quic {
-            if quic_vip == vip {
-                let hash = if hash != 0 { hash } else { flow_hash(&p.flow) };
-                return Ok(Action::Forward { vip, backend, hash });
-            }
-        }
         let (backend, hash) = self.select(t, &p.flow, hash, vip, now, true, p.tcp_flags)?;
         Ok(Action::Forward { vip, backend, hash })
     }
