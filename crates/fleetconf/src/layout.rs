@@ -49,6 +49,10 @@ pub enum LayoutError {
     /// A configuration key that the order key does not name.
     #[error("{0:?} is stored but not named in {ORDER_KEY} (a write that did not go through `config push`?)")]
     Unlisted(String),
+    /// Names that both the machine's file and the fleet's configuration
+    /// hold ([`crate::merge`]).
+    #[error("both the local file and the fleet's configuration in etcd hold {0:?}: each top-level name belongs to one of them")]
+    Overlap(Vec<String>),
     /// Configuration keys without an order key.
     #[error("configuration keys are stored but {ORDER_KEY} is missing")]
     NoOrder,

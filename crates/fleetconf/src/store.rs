@@ -3,6 +3,8 @@
 //! watch. Every call to etcd has a deadline ([`Store::deadline`]).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
@@ -42,12 +44,14 @@ pub enum StoreError {
         deadline: Duration,
     },
     /// The client's error.
-    #[error("etcd at {endpoints}: {what}: {source}")]
+    #[error("etcd at {endpoints}: {what} (deadline {deadline:?}): {source}")]
     Etcd {
         /// The endpoints, comma-separated.
         endpoints: String,
         /// The call.
         what: &'static str,
+        /// The call's deadline.
+        deadline: Duration,
         /// The client's error.
         #[source]
         source: etcd_client::Error,
@@ -117,6 +121,9 @@ pub enum StoreError {
         /// etcd's compaction revision.
         compacted: i64,
     },
+    /// No endpoint was given.
+    #[error("no etcd endpoint given")]
+    NoEndpoints,
     /// The watch ended (the server closed it or cancelled it).
     #[error("the watch ended: {0}")]
     WatchEnded(String),
@@ -168,6 +175,34 @@ pub struct Snapshot {
     pub hold: Option<String>,
 }
 
+/// What to push ([`Store::push`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Push<'a> {
+    /// The fleet's configuration (TOML).
+    pub text: &'a str,
+    /// What names it in errors (the file).
+    pub file: &'a str,
+    /// A machine's own part to validate it with, merged ([`crate::merge`]).
+    pub local: Option<&'a str>,
+    /// Who pushes (recorded in the guard key).
+    pub who: &'a str,
+    /// The revision a rollback restores.
+    pub rollback_of: Option<i64>,
+}
+
+impl<'a> Push<'a> {
+    /// `text`, named `file`, by `who`.
+    pub fn new(text: &'a str, file: &'a str, who: &'a str) -> Push<'a> {
+        Push {
+            text,
+            file,
+            local: None,
+            who,
+            rollback_of: None,
+        }
+    }
+}
+
 /// What a push did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PushOutcome {
@@ -203,10 +238,14 @@ fn full_key(prefix: &str, rel: &str) -> String {
     format!("{}/{rel}", prefix.trim_end_matches('/'))
 }
 
-/// A connection to the etcd cluster holding fleets' configurations.
+/// A connection to the etcd cluster holding fleets' configurations: one
+/// client per member, so that a call that cannot reach one member goes to
+/// the next (a client balancing over all of them sends a call to a dead
+/// member and fails it), starting from the member that answered last.
 #[derive(Clone)]
 pub struct Store {
-    client: Client,
+    clients: Vec<(String, Client)>,
+    next: Arc<AtomicUsize>,
     endpoints: String,
     deadline: Duration,
     limits: TxnLimits,
@@ -221,28 +260,111 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// Which failures of a call send it to the next member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Any failure to reach the member (reads, watches, idempotent writes).
+    Unreachable,
+    /// Only a failure to connect, before the request left: a transaction
+    /// whose request may have been applied is not sent twice.
+    NotSent,
+}
+
+fn fails_over(e: &etcd_client::Error, retry: Retry) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => {
+            let unavailable = s.code() == tonic::Code::Unavailable;
+            match retry {
+                Retry::Unreachable => unavailable,
+                Retry::NotSent => unavailable && s.message().contains("connect"),
+            }
+        }
+        _ => false,
+    }
+}
+
 impl Store {
     /// Connects to `endpoints` (`http://host:port`, or `host:port`); every
-    /// later call gives up after `deadline`.
+    /// later call gives up after `deadline`, trying the members in turn
+    /// (each connection attempt bounded by a share of the deadline).
     pub async fn connect(endpoints: &[String], deadline: Duration) -> Result<Store, StoreError> {
         let joined = endpoints.join(",");
-        let options = ConnectOptions::new()
-            .with_connect_timeout(deadline)
-            .with_timeout(deadline)
-            .with_keep_alive(Duration::from_secs(2), deadline)
-            // A member cut off from its leader answers nothing rather than
-            // a stale view: a watch through it is cancelled and redone.
-            .with_require_leader(true);
-        let client = bounded(&joined, "connect", deadline, async {
-            Client::connect(endpoints, Some(options)).await
-        })
-        .await?;
+        let share =
+            (deadline / (endpoints.len().max(1) as u32 + 1)).max(Duration::from_millis(100));
+        let mut clients = Vec::with_capacity(endpoints.len());
+        for ep in endpoints {
+            let options = ConnectOptions::new()
+                .with_connect_timeout(share)
+                .with_timeout(deadline)
+                .with_keep_alive(Duration::from_secs(2), deadline)
+                // A member cut off from its leader answers nothing rather
+                // than a stale view: a watch through it is cancelled and
+                // redone elsewhere.
+                .with_require_leader(true);
+            let client = bounded(ep, "connect", deadline, async {
+                Client::connect([ep.as_str()], Some(options)).await
+            })
+            .await?;
+            clients.push((ep.clone(), client));
+        }
+        if clients.is_empty() {
+            return Err(StoreError::NoEndpoints);
+        }
         Ok(Store {
-            client,
+            clients,
+            next: Arc::new(AtomicUsize::new(0)),
             endpoints: joined,
             deadline,
             limits: TxnLimits::default(),
         })
+    }
+
+    /// Runs `f` against one member after another, from the one that
+    /// answered last, until one answers, a failure is not one of reaching
+    /// the member, or the deadline passes.
+    async fn call<T, Fut>(
+        &self,
+        what: &'static str,
+        retry: Retry,
+        f: impl Fn(Client) -> Fut,
+    ) -> Result<T, StoreError>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let until = tokio::time::Instant::now() + self.deadline;
+        let n = self.clients.len();
+        let first = self.next.load(Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..n {
+            let at = (first + i) % n;
+            let (ep, client) = &self.clients[at];
+            match tokio::time::timeout_at(until, f(client.clone())).await {
+                Err(_) => break,
+                Ok(Ok(v)) => {
+                    self.next.store(at, Ordering::Relaxed);
+                    return Ok(v);
+                }
+                Ok(Err(source)) => {
+                    let go_on = fails_over(&source, retry);
+                    let e = StoreError::Etcd {
+                        endpoints: ep.clone(),
+                        what,
+                        deadline: self.deadline,
+                        source,
+                    };
+                    if !go_on {
+                        return Err(e);
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| StoreError::Deadline {
+            endpoints: self.endpoints.clone(),
+            what,
+            deadline: self.deadline,
+        }))
     }
 
     /// The same store with other transaction bounds.
@@ -269,15 +391,18 @@ impl Store {
         if let Some(rev) = at {
             opts = opts.with_revision(rev);
         }
-        let mut kv = self
-            .client
-            .kv_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES);
-        let resp = bounded(&self.endpoints, "range", self.deadline, async {
-            kv.get(dir.clone(), Some(opts)).await
-        })
-        .await
-        .map_err(|e| revision_error(e, at))?;
+        let resp = self
+            .call("range", Retry::Unreachable, |c| {
+                let (dir, opts) = (dir.clone(), opts.clone());
+                async move {
+                    c.kv_client()
+                        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+                        .get(dir, Some(opts))
+                        .await
+                }
+            })
+            .await
+            .map_err(|e| revision_error(e, at))?;
         let revision = at.unwrap_or_else(|| resp.header().map(|h| h.revision()).unwrap_or(0));
         let mut keys = Vec::new();
         let mut guard_revision = 0;
@@ -324,7 +449,8 @@ impl Store {
     }
 
     /// Validates `text` ([`lb::config::Config::parse`], named `file` in
-    /// errors), then writes it in one transaction that succeeds only if
+    /// errors; with `local`, a machine's own part, merged as a load balancer
+    /// merges it: [`crate::merge`]), then writes it in one transaction that succeeds only if
     /// nothing was pushed since `read` (the guard key's revision) and no
     /// configuration key changed since (any key under `config/` newer
     /// than `read.revision`): keys that changed are put, keys gone are
@@ -332,13 +458,25 @@ impl Store {
     pub async fn push(
         &self,
         prefix: &str,
-        text: &str,
-        file: &str,
+        push: &Push<'_>,
         read: &Snapshot,
-        who: &str,
-        rollback_of: Option<i64>,
     ) -> Result<PushOutcome, StoreError> {
-        lb::config::Config::parse(text, file).map_err(StoreError::Invalid)?;
+        let Push {
+            text,
+            file,
+            local,
+            who,
+            rollback_of,
+        } = *push;
+        match local {
+            Some(local) => {
+                let merged = crate::merge(local, text).map_err(StoreError::Split)?;
+                lb::config::Config::parse(&merged, file).map_err(StoreError::Invalid)?;
+            }
+            None => {
+                lb::config::Config::parse(text, file).map_err(StoreError::Invalid)?;
+            }
+        }
         let new = layout::split(text).map_err(StoreError::Split)?;
         let old: std::collections::HashMap<&str, &str> = read
             .keys
@@ -410,11 +548,12 @@ impl Store {
                 .with_prefix(),
             ])
             .and_then(ops);
-        let mut kv = self.client.kv_client();
-        let resp = bounded(&self.endpoints, "txn", self.deadline, async {
-            kv.txn(txn).await
-        })
-        .await?;
+        let resp = self
+            .call("txn", Retry::NotSent, |c| {
+                let txn = txn.clone();
+                async move { c.kv_client().txn(txn).await }
+            })
+            .await?;
         if !resp.succeeded() {
             return Err(StoreError::Conflict {
                 prefix: prefix.to_string(),
@@ -432,16 +571,17 @@ impl Store {
         let guard = full_key(prefix, GUARD_KEY);
         let mut out = Vec::new();
         let mut at = None;
-        let mut kv = self.client.kv_client();
         while out.len() < max.min(MAX_HISTORY) {
             let mut opts = GetOptions::new();
             if let Some(rev) = at {
                 opts = opts.with_revision(rev);
             }
-            let resp = match bounded(&self.endpoints, "range", self.deadline, async {
-                kv.get(guard.clone(), Some(opts)).await
-            })
-            .await
+            let resp = match self
+                .call("range", Retry::Unreachable, |c| {
+                    let (guard, opts) = (guard.clone(), opts.clone());
+                    async move { c.kv_client().get(guard, Some(opts)).await }
+                })
+                .await
             {
                 Ok(r) => r,
                 // Walked back to a compacted revision: that is where
@@ -473,63 +613,87 @@ impl Store {
         &self,
         prefix: &str,
         revision: i64,
+        local: Option<&str>,
         who: &str,
     ) -> Result<PushOutcome, StoreError> {
         let old = self.snapshot(prefix, Some(revision)).await?;
         let current = self.snapshot(prefix, None).await?;
-        self.push(
-            prefix,
-            &old.text,
-            &format!("{prefix} at revision {revision}"),
-            &current,
+        let file = format!("{prefix} at revision {revision}");
+        let push = Push {
+            text: &old.text,
+            file: &file,
+            local,
             who,
-            Some(revision),
-        )
-        .await
+            rollback_of: Some(revision),
+        };
+        self.push(prefix, &push, &current).await
     }
 
     /// Holds the fleet for the one load balancer `name` (a canary), or
     /// releases it (`None`). Returns the revision written.
     pub async fn set_hold(&self, prefix: &str, name: Option<&str>) -> Result<i64, StoreError> {
         let key = full_key(prefix, HOLD_KEY);
-        let mut kv = self.client.kv_client();
+        // Both are idempotent: sent twice, the same hold.
         let header = match name {
-            Some(name) => {
-                let name = name.to_string();
-                bounded(&self.endpoints, "put", self.deadline, async {
-                    kv.put(key, name, None).await
+            Some(name) => self
+                .call("put", Retry::Unreachable, |c| {
+                    let (key, name) = (key.clone(), name.to_string());
+                    async move { c.kv_client().put(key, name, None).await }
                 })
                 .await?
                 .header()
-                .map(|h| h.revision())
-            }
-            None => bounded(&self.endpoints, "delete", self.deadline, async {
-                kv.delete(key, None).await
-            })
-            .await?
-            .header()
-            .map(|h| h.revision()),
+                .map(|h| h.revision()),
+            None => self
+                .call("delete", Retry::Unreachable, |c| {
+                    let key = key.clone();
+                    async move { c.kv_client().delete(key, None).await }
+                })
+                .await?
+                .header()
+                .map(|h| h.revision()),
         };
         Ok(header.unwrap_or(0))
+    }
+
+    /// The store's current revision, from a small read (the guard key's
+    /// name only): whether etcd answers, for a watcher whose watch is quiet.
+    pub async fn ping(&self, prefix: &str) -> Result<i64, StoreError> {
+        let key = full_key(prefix, GUARD_KEY);
+        let resp = self
+            .call("range", Retry::Unreachable, |c| {
+                let key = key.clone();
+                async move {
+                    c.kv_client()
+                        .get(key, Some(GetOptions::new().with_keys_only()))
+                        .await
+                }
+            })
+            .await?;
+        Ok(resp.header().map(|h| h.revision()).unwrap_or(0))
     }
 
     /// Watches everything under the prefix after `from_revision`.
     pub async fn watch(&self, prefix: &str, from_revision: i64) -> Result<Watch, StoreError> {
         let dir = full_key(prefix, "");
-        let mut client = self
-            .client
-            .watch_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES);
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(from_revision + 1);
-        let stream = bounded(&self.endpoints, "watch", self.deadline, async {
-            client.watch(dir, Some(opts)).await
-        })
-        .await?;
+        let stream = self
+            .call("watch", Retry::Unreachable, |c| {
+                let (dir, opts) = (dir.clone(), opts.clone());
+                async move {
+                    c.watch_client()
+                        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+                        .watch(dir, Some(opts))
+                        .await
+                }
+            })
+            .await?;
         Ok(Watch {
             stream,
             from: from_revision,
+            endpoints: self.endpoints.clone(),
+            deadline: self.deadline,
         })
     }
 }
@@ -538,6 +702,8 @@ impl Store {
 pub struct Watch {
     stream: WatchStream,
     from: i64,
+    endpoints: String,
+    deadline: Duration,
 }
 
 impl std::fmt::Debug for Watch {
@@ -558,8 +724,9 @@ impl Watch {
                 .message()
                 .await
                 .map_err(|source| StoreError::Etcd {
-                    endpoints: String::new(),
+                    endpoints: self.endpoints.clone(),
                     what: "watch",
+                    deadline: self.deadline,
                     source,
                 })?;
             let Some(resp) = msg else {
@@ -624,6 +791,7 @@ async fn bounded<T>(
         Ok(Err(source)) => Err(StoreError::Etcd {
             endpoints: endpoints.to_string(),
             what,
+            deadline,
             source,
         }),
         Ok(Ok(v)) => Ok(v),
