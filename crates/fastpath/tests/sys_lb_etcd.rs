@@ -605,6 +605,40 @@ fn a_fleet_follows_its_configuration_in_etcd() {
     );
     all_answered(&t, 20);
 
+    // Load balancer 3 cut off from etcd: it keeps forwarding and says how
+    // old its view is, while the others apply the next push; etcd compacts
+    // the revisions it missed; healed, it converges on the current one.
+    c.partition(3, true).unwrap();
+    std::fs::write(&fleet_file, &weighted).unwrap();
+    let r5 = revision_of(&push(&c, &fleet_file));
+    wait_all(
+        &t,
+        "the others apply, the one cut off reports its lag",
+        Duration::from_secs(15),
+        |s| {
+            if s["name"] == "lb3" {
+                s["pushed_revision"].as_i64() == Some(r3)
+                    && s["etcd_answered_s_ago"].as_f64().is_some_and(|a| a > 2.0)
+                    && s["last_error"].is_string()
+            } else {
+                s["pushed_revision"].as_i64() == Some(r5)
+            }
+        },
+    );
+    all_answered(&t, 20);
+    let o = c.etcdctl(&ep, &["compact", &r5.to_string()]).unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    c.partition(3, false).unwrap();
+    let healed = wait_all(
+        &t,
+        "healed, the one cut off converges",
+        Duration::from_secs(15),
+        |s| s["pushed_revision"].as_i64() == Some(r5) && s["last_error"].is_null(),
+    );
+    eprintln!("converged {healed:?} after the partition healed");
+    let now: Vec<String> = (1..=3).map(|k| fingerprint(&t, k)).collect();
+    assert!(now.iter().all(|f| *f == after[0]), "{now:?} vs {after:?}");
+
     // A hold: only the canary applies; released, the others follow.
     let hold = fastpath_in(
         &c,
@@ -617,7 +651,7 @@ fn a_fleet_follows_its_configuration_in_etcd() {
         "{}",
         String::from_utf8_lossy(&hold.stderr)
     );
-    std::fs::write(&fleet_file, &weighted).unwrap();
+    std::fs::write(&fleet_file, &fleet).unwrap();
     let r4 = revision_of(&push(&c, &fleet_file));
     wait_all(
         &t,
@@ -629,7 +663,7 @@ fn a_fleet_follows_its_configuration_in_etcd() {
             } else {
                 s["held_by"] == "lb1"
                     && s["waiting_revision"].as_i64().is_some()
-                    && s["pushed_revision"].as_i64() == Some(r3)
+                    && s["pushed_revision"].as_i64() == Some(r5)
             }
         },
     );

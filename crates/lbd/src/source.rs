@@ -389,3 +389,87 @@ impl ConfigSourceStatus {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(revision: i64, text: &str, hold: Option<&str>) -> fleetconf::Snapshot {
+        fleetconf::Snapshot {
+            revision,
+            text: text.into(),
+            keys: Vec::new(),
+            guard_revision: revision,
+            pushed: None,
+            hold: hold.map(str::to_string),
+        }
+    }
+
+    fn source(name: &str) -> EtcdSource {
+        EtcdSource::new(Start {
+            endpoints: vec!["http://198.19.250.1:2379".into()],
+            prefix: "/fastpath/t".into(),
+            name: name.into(),
+            local: None,
+            local_text: String::new(),
+            deadline: Duration::from_secs(1),
+            snapshot: snap(5, "a", None),
+        })
+    }
+
+    #[test]
+    fn a_hold_for_another_load_balancer_makes_this_one_wait() {
+        let s = source("lb2");
+        assert_eq!(
+            s.decide(&snap(6, "b", Some("lb1"))),
+            Decision::Held("lb1".into())
+        );
+        let st = s.status();
+        assert_eq!(st.held_by.as_deref(), Some("lb1"));
+        assert_eq!(st.waiting_revision, Some(6));
+        assert_eq!(st.applied_revision, Some(5));
+        assert!(
+            st.to_text().contains("held for lb1: revision 6 waits"),
+            "{}",
+            st.to_text()
+        );
+        // The canary itself applies.
+        let canary = source("lb1");
+        assert!(matches!(
+            canary.decide(&snap(6, "b", Some("lb1"))),
+            Decision::Apply(_)
+        ));
+        // Released: this one applies the waiting revision.
+        assert!(matches!(s.decide(&snap(7, "b", None)), Decision::Apply(_)));
+        assert_eq!(s.status().held_by, None);
+    }
+
+    #[test]
+    fn the_running_text_is_not_applied_again_nor_a_refused_one_retried() {
+        let s = source("lb1");
+        // Only the hold changed: the same text runs, at the newer revision.
+        assert_eq!(s.decide(&snap(6, "a", None)), Decision::Running);
+        assert_eq!(s.status().applied_revision, Some(6));
+        let bad = snap(7, "bad", None);
+        let Decision::Apply(hash) = s.decide(&bad) else {
+            panic!("a new text is applied");
+        };
+        s.refused(&bad, hash, "vips[0].pool: no such pool".into());
+        assert_eq!(s.decide(&snap(8, "bad", None)), Decision::Refused);
+        let st = s.status();
+        assert_eq!(st.refused_revision, Some(7));
+        assert_eq!(st.applied_revision, Some(6), "the running revision stays");
+        assert!(
+            st.to_text().contains("REFUSED revision 7: vips[0].pool"),
+            "{}",
+            st.to_text()
+        );
+        let good = snap(9, "c", None);
+        let Decision::Apply(hash) = s.decide(&good) else {
+            panic!("a new text is applied");
+        };
+        s.applied(&good, hash);
+        assert_eq!(s.status().applied_revision, Some(9));
+        assert_eq!(s.decide(&snap(10, "c", None)), Decision::Running);
+    }
+}
