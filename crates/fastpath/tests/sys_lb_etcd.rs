@@ -626,6 +626,22 @@ fn a_fleet_follows_its_configuration_in_etcd() {
         },
     );
     all_answered(&t, 20);
+    // `lb status` over the fleet names the one that lags.
+    let apis: Vec<String> = (1..=3).map(|k| t.api_addr(k)).collect();
+    let out = t
+        .router
+        .command(env!("CARGO_BIN_EXE_fastpath"))
+        .args(["lb", "status", "--token-file"])
+        .arg(t.dir.join("api-token"))
+        .args(["--api", &apis.join(",")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lags = text
+        .lines()
+        .find(|l| l.contains(&format!("{}: push", apis[2])))
+        .unwrap_or_else(|| panic!("no etcd line for lb3: {text}"));
+    assert!(lags.contains(&format!("LAGS (newest {r5})")), "{text}");
     let o = c.etcdctl(&ep, &["compact", &r5.to_string()]).unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     c.partition(3, false).unwrap();
