@@ -218,6 +218,60 @@ fn config_commands_against_a_three_member_cluster() {
         "{:?}",
         started.elapsed()
     );
+    // etcd's own bound on a transaction, which the CLI's default mirrors:
+    // the CLI refuses first; told the cluster takes more, the server
+    // itself refuses (so the default is the server's, not a guess).
+    let mut big = String::from("[encap]\nsource = \"10.0.0.1\"\n");
+    for i in 0..150 {
+        big.push_str(&format!(
+            "[[pools]]\nname = \"p{i}\"\nbackends = [{{ address = \"10.2.0.{b}\" }}]\n\
+             [[vips]]\nname = \"v{i}\"\naddress = \"198.18.1.1\"\nport = {port}\nprotocol = \"tcp\"\npool = \"p{i}\"\n",
+            b = 1 + i,
+            port = 1000 + i
+        ));
+    }
+    let big_file = dir.join("big.toml");
+    std::fs::write(&big_file, &big).unwrap();
+    lb::config::Config::parse(&big, "big").expect("the generated fleet is valid");
+    let bf = big_file.to_str().unwrap();
+    let o = fastpath_in(
+        &c,
+        &[
+            "lb",
+            "config",
+            "push",
+            bf,
+            "--etcd",
+            &ep,
+            "--prefix",
+            "/fastpath/big",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--max-txn-ops"),
+        "{err}"
+    );
+    let o = fastpath_in(
+        &c,
+        &[
+            "lb",
+            "config",
+            "push",
+            bf,
+            "--etcd",
+            &ep,
+            "--prefix",
+            "/fastpath/big",
+            "--max-txn-ops",
+            "100000",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("too many operations in txn request"),
+        "{err}"
+    );
 }
 
 /// Two operators read the same revision; the second push is refused, as

@@ -214,3 +214,46 @@ proptest! {
         round_trip(&text);
     }
 }
+
+/// A push larger than etcd takes in one transaction is refused before
+/// anything is sent, saying which bounds to raise. (The store connects
+/// lazily: nothing listens on port 1 of loopback and nothing is asked.)
+#[test]
+fn a_push_over_etcds_transaction_bounds_is_refused_before_sending() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let text = fleet(200, 3);
+    let e = rt
+        .block_on(async {
+            let store = fleetconf::Store::connect(
+                &["http://127.0.0.1:1".to_string()],
+                std::time::Duration::from_millis(500),
+            )
+            .await
+            .unwrap();
+            let empty = fleetconf::Snapshot {
+                revision: 1,
+                text: String::new(),
+                keys: Vec::new(),
+                guard_revision: 0,
+                pushed: None,
+                hold: None,
+            };
+            store
+                .push(
+                    "/fastpath/t",
+                    &fleetconf::Push::new(&text, "gen", "test"),
+                    &empty,
+                )
+                .await
+        })
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(e, fleetconf::StoreError::TooLarge { ops, max_ops: 128, .. } if ops == 200 + 200 + 1 + 1 + 1),
+        "{msg}"
+    );
+    assert!(msg.contains("--max-txn-ops"), "{msg}");
+}
