@@ -1,7 +1,19 @@
 //! The fleet's configuration in a real etcd cluster (three members of
-//! Debian's etcd-server in a namespace, `lab::etcd`): the `lb config`
-//! commands, the guard that keeps two operators from interleaving, and
-//! load balancers that follow the prefix.
+//! Debian's etcd-server in a namespace, `lab::etcd`):
+//!
+//! - the `lb config` commands (push, diff, history, rollback, hold, show),
+//!   read back by etcdctl too; an invalid file refused before writing;
+//!   etcd unreachable named with its endpoint and deadline; etcd's own
+//!   bound on a transaction;
+//! - the guard: two operators who read the same revision cannot both
+//!   push, nor can a push land over a key written behind its back;
+//! - three load balancers (`lab::topology`) following one prefix: the same
+//!   revision and table fingerprints after a push; runtime changes refused
+//!   with the reason; an invalid revision written behind the CLI's back
+//!   refused by every one while traffic flows; the leader killed; one load
+//!   balancer cut off (lag reported, `lb status` says LAGS, converges after
+//!   the partition heals and a compaction); a canary hold; quorum lost and
+//!   back.
 
 mod common;
 
@@ -761,4 +773,41 @@ fn a_fleet_follows_its_configuration_in_etcd() {
         Duration::from_secs(10),
         |s| s["pushed_revision"].as_i64() == Some(r4) && s["held_by"].is_null(),
     );
+    // Quorum lost (a second member killed, the leader's already dead):
+    // every load balancer keeps forwarding and says etcd stopped
+    // answering; the members back, the next push reaches every one.
+    let second = (1..=3).find(|&i| i != leader).unwrap();
+    c.kill_member(second);
+    wait_all(
+        &t,
+        "quorum lost: every one says etcd stopped answering",
+        Duration::from_secs(15),
+        |s| s["last_error"].is_string() && s["pushed_revision"].as_i64() == Some(r4),
+    );
+    all_answered(&t, 20);
+    c.restart_member(second).unwrap();
+    c.restart_member(leader).unwrap();
+    c.wait_healthy(Duration::from_secs(30)).unwrap();
+    std::fs::write(&fleet_file, &weighted).unwrap();
+    let started = Instant::now();
+    let r6 = loop {
+        let o = push(&c, &fleet_file);
+        if o.status.success() {
+            break revision_of(&o);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "no push accepted after quorum returned: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let took = wait_all(
+        &t,
+        "quorum back: every one applies the next push",
+        Duration::from_secs(15),
+        |s| s["pushed_revision"].as_i64() == Some(r6) && s["last_error"].is_null(),
+    );
+    eprintln!("after quorum returned, the push was applied by all three in {took:?}");
+    all_answered(&t, 20);
 }
