@@ -30,6 +30,10 @@ APT_PACKAGES=(
   util-linux         # unshare, nsenter, setpriv: the private systemd's namespaces
   busybox-static     # the QEMU guests' userland (scripts/guest-image.sh)
   cpio               # packs the guests' initramfs
+  etcd-server        # the fleet's configuration store: a three-member cluster in the tests (crates/lab/src/etcd.rs)
+  etcd-client        # etcdctl, to look at what the tests and an operator wrote
+  protobuf-compiler  # protoc: the etcd-client crate compiles etcd's .proto files at build time
+  libprotobuf-dev    # the well-known .proto files (descriptor.proto) those import
 )
 
 need_cmd() { command -v "$1" >/dev/null 2>&1; }
@@ -56,7 +60,7 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # Packages may start their own daemons in the host namespace; the tests and
   # the demo run their own copies inside namespaces instead.
-  for svc in nginx bird prometheus; do
+  for svc in nginx bird prometheus etcd; do
     if command -v systemctl >/dev/null 2>&1; then systemctl disable --now "$svc" >/dev/null 2>&1 || true; fi
     pkill -x "$svc" 2>/dev/null || true
   done

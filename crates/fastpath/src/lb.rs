@@ -88,6 +88,8 @@ pub enum LbCommand {
     ///   fastpath lb check-config examples/lb.toml
     ///   fastpath lb run --config /etc/fastpath/lb.toml --interface eth0
     ///   fastpath lb run --config lb.toml --pcap-in in.pcap --pcap-out out.pcap
+    ///   fastpath lb run --config /etc/fastpath/local.toml --interface eth0 \
+    ///       --config-etcd http://10.0.0.1:2379,http://10.0.0.2:2379 --prefix /fastpath/edge
     ///
     /// The configuration format is documented in crates/lb/src/config.rs and
     /// examples/lb.toml (every section, annotated).
@@ -209,6 +211,10 @@ pub enum LbCommand {
     ///   fastpath lb reload --api 10.0.0.1:9180,10.0.0.2:9180 --token-file /etc/fastpath/api.token
     #[command(verbatim_doc_comment)]
     Reload(ApiArgs),
+    /// The fleet's configuration in etcd: push, diff, history, rollback,
+    /// hold, show (`fastpath lb config --help`; load balancers follow it
+    /// with `lb run --config-etcd`).
+    Config(crate::lb_config::ConfigArgs),
     /// Drain a backend: it takes no new connections and keeps the ones it
     /// has; its weight is kept for `undrain`.
     ///
@@ -900,9 +906,12 @@ fn lb_bench(a: BenchArgs) -> anyhow::Result<()> {
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["pcap_in", "interface"])))]
 pub struct RunArgs {
-    /// Configuration file (TOML).
+    /// Configuration file (TOML); with --config-etcd, this machine's own
+    /// part of it.
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
+    #[command(flatten)]
+    etcd: crate::lb_config::EtcdRunArgs,
     /// Capture to forward (Ethernet link type); needs --pcap-out.
     #[arg(long, value_name = "FILE", requires = "pcap_out")]
     pcap_in: Option<PathBuf>,
@@ -955,7 +964,8 @@ fn lb_run(a: RunArgs) -> anyhow::Result<()> {
                 signal_hook::flag::register(sig, Arc::clone(&stop))
                     .context("installing a signal handler")?;
             }
-            lbd::daemon::run(&a.config, iface, a.driver, a.threads, stop)?
+            let source = a.etcd.source(&a.config)?;
+            lbd::daemon::run_from(source, iface, a.driver, a.threads, stop)?
         }
         (None, Some(inp), Some(out)) => lb::pcap_run::run(&a.config, inp, out, a.threads)?,
         _ => anyhow::bail!("give --interface, or --pcap-in with --pcap-out"),
@@ -1090,6 +1100,7 @@ pub fn run(c: LbCommand) -> anyhow::Result<()> {
         LbCommand::HashEval(a) => hash_eval(a),
         LbCommand::FleetSim(a) => crate::fleet_sim::run(a),
         LbCommand::Run(a) => lb_run(a),
+        LbCommand::Config(a) => crate::lb_config::run(a),
         LbCommand::Bench(a) => lb_bench(a),
         LbCommand::CheckConfig(a) => crate::check_config::run(a),
         LbCommand::BenchControl(a) => crate::bench_control::run(a),

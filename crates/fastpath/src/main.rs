@@ -13,6 +13,7 @@ mod check_config;
 mod disk;
 mod fleet_sim;
 mod lb;
+mod lb_config;
 mod maio;
 mod man;
 mod quic_cid;

@@ -7,13 +7,15 @@
 //! the load balancer under load while faults are injected ([`soak`]),
 //! QEMU guests attached to the switch, to QEMU's TAP backend or as an
 //! emulated e1000 ([`guest`]), and the demo of two guests talking through
-//! the switch ([`switch_demo`]).
+//! the switch ([`switch_demo`]), and a three-member etcd cluster for the
+//! fleet's configuration ([`etcd`]).
 //!
 //! Everything here creates what it needs and removes it again when dropped,
 //! also when a test panics. Addresses live only inside the namespaces it
 //! creates.
 
 pub mod demo;
+pub mod etcd;
 pub mod guest;
 pub mod quic;
 pub mod soak;

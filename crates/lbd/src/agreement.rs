@@ -127,6 +127,10 @@ pub struct LbRow {
     pub vips: Vec<VipRow>,
     /// Why its status could not be had, if it could not.
     pub error: Option<String>,
+    /// Where its configuration comes from (etcd: the revision it runs,
+    /// one it refused, a hold it waits on); absent from older versions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_source: Option<crate::ConfigSourceStatus>,
 }
 
 /// The BGP column of the fleet table.
@@ -507,6 +511,7 @@ pub fn compare(lbs: &[(String, Status)]) -> Agreement {
                 })
                 .collect(),
             error: None,
+            config_source: s.config_source.clone(),
         })
         .collect();
     Agreement {
@@ -514,6 +519,44 @@ pub fn compare(lbs: &[(String, Status)]) -> Agreement {
         lbs: rows,
         differences,
     }
+}
+
+/// For a fleet that takes its configuration from etcd: the push each load
+/// balancer runs, which ones lag behind the newest of them, refused a
+/// revision or wait on a hold, and how old each one's view of etcd is.
+/// Empty when none takes it from etcd.
+fn etcd_revisions(lbs: &[LbRow]) -> String {
+    let etcd: Vec<(&str, &crate::ConfigSourceStatus)> = lbs
+        .iter()
+        .filter_map(|l| {
+            l.config_source
+                .as_ref()
+                .filter(|c| c.kind == "etcd")
+                .map(|c| (l.api.as_str(), c))
+        })
+        .collect();
+    let Some(newest) = etcd.iter().filter_map(|(_, c)| c.pushed_revision).max() else {
+        return String::new();
+    };
+    let mut out = String::from("\netcd:\n");
+    for (api, c) in etcd {
+        let pushed = c.pushed_revision.unwrap_or(0);
+        let _ = write!(out, "  {api}: push {pushed}");
+        if pushed < newest {
+            let _ = write!(out, ", LAGS (newest {newest})");
+        }
+        if let Some(r) = c.refused_revision {
+            let _ = write!(out, ", REFUSED revision {r}");
+        }
+        if let Some(h) = &c.held_by {
+            let _ = write!(out, ", held for {h}");
+        }
+        if let Some(a) = c.etcd_answered_s_ago {
+            let _ = write!(out, ", etcd answered {a:.1} s ago");
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// Fetches `/status` from every API at once (with `token`, for daemons
@@ -568,6 +611,7 @@ pub fn check(apis: &[SocketAddr], token: Option<&str>) -> Agreement {
                     peers: String::new(),
                     vips: Vec::new(),
                     error: Some(e),
+                    config_source: None,
                 }
             }
         })
@@ -642,6 +686,7 @@ impl Agreement {
                 let _ = writeln!(out, "\n{}: BGP MISMATCH: {m}", lb.api);
             }
         }
+        out.push_str(&etcd_revisions(&self.lbs));
         if self.agree {
             let _ = writeln!(
                 out,
@@ -759,6 +804,37 @@ mod tests {
         let s: Status = serde_json::from_value(doc).unwrap();
         assert_eq!(s.vips[0].fingerprint, "");
         assert_eq!(s.vips[0].backends[1].weight, 0);
+    }
+
+    #[test]
+    fn an_etcd_fleet_names_who_lags_and_who_refused() {
+        let source = |pushed: i64, refused: Option<i64>| crate::ConfigSourceStatus {
+            kind: "etcd".into(),
+            pushed_revision: Some(pushed),
+            refused_revision: refused,
+            etcd_answered_s_ago: Some(0.5),
+            ..Default::default()
+        };
+        let mut lbs = named(vec![status(good()), status(good()), status(good())]);
+        lbs[0].1.config_source = Some(source(12, None));
+        lbs[1].1.config_source = Some(source(10, None));
+        lbs[2].1.config_source = Some(source(12, Some(13)));
+        let text = compare(&lbs).to_text();
+        let line = |lb: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(&format!("{lb}:")) && l.contains("push"))
+                .unwrap_or_else(|| panic!("no etcd line for {lb}: {text}"))
+                .to_string()
+        };
+        assert!(
+            line(&lbs[1].0).contains("push 10, LAGS (newest 12)"),
+            "{text}"
+        );
+        assert!(!line(&lbs[0].0).contains("LAGS"), "{text}");
+        assert!(line(&lbs[2].0).contains("REFUSED revision 13"), "{text}");
+        // A fleet from files says nothing of etcd.
+        let files = compare(&named(vec![status(good()), status(good())])).to_text();
+        assert!(!files.contains("etcd"), "{files}");
     }
 
     #[test]

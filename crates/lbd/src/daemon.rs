@@ -53,6 +53,9 @@ pub enum Error {
     /// Another load balancer serves the interface.
     #[error(transparent)]
     Lock(#[from] crate::lock::LockError),
+    /// The configuration could not be read from etcd, or merged.
+    #[error(transparent)]
+    Etcd(#[from] crate::source::EtcdError),
     /// A control-plane thread could not be started.
     #[error("starting the {what} thread: {source}")]
     Spawn {
@@ -64,10 +67,36 @@ pub enum Error {
     },
 }
 
+/// Where the daemon's configuration comes from.
+pub enum Source {
+    /// A file (`lb run --config`).
+    File(PathBuf),
+    /// The fleet's configuration in etcd, read once already, merged with
+    /// the machine's own file (`lb run --config-etcd`).
+    Etcd(Box<crate::source::Start>),
+}
+
 /// Runs the daemon on `interface` until `stop`. `driver` overrides the
 /// configuration's `[forwarder] driver`.
 pub fn run(
     config: &Path,
+    interface: &str,
+    driver: Option<Driver>,
+    threads: Option<usize>,
+    stop: Arc<AtomicBool>,
+) -> Result<(RunStats, Arc<lb::tables::Tables>), Error> {
+    run_from(
+        Source::File(config.to_path_buf()),
+        interface,
+        driver,
+        threads,
+        stop,
+    )
+}
+
+/// [`run`] with the configuration from `source`.
+pub fn run_from(
+    source: Source,
     interface: &str,
     driver: Option<Driver>,
     threads: Option<usize>,
@@ -86,7 +115,20 @@ pub fn run(
     // The text too: a runtime change refuses to overwrite a file that
     // differs from what runs.
     let mut parse_cache = lb::config::ParseCache::new();
-    let mut checked = Config::load_with(config, &mut parse_cache)?;
+    let (mut checked, label, config, etcd) = match source {
+        Source::File(path) => (
+            Config::load_with(&path, &mut parse_cache)?,
+            path.display().to_string(),
+            path,
+            None,
+        ),
+        Source::Etcd(start) => {
+            let label = start.label();
+            let checked = crate::source::check_text(start.text()?, &label, &mut parse_cache)?;
+            let path = start.local.clone().unwrap_or_else(|| PathBuf::from(&label));
+            (checked, label, path, Some(start))
+        }
+    };
     // What a reload compares against to name keys that wait for a restart:
     // the file's values, not --threads (else every reload would report
     // forwarder.threads as changed).
@@ -94,7 +136,7 @@ pub fn run(
     if let Some(t) = threads {
         // The pool and queues follow the count, and explicit sizes are
         // checked against it, as if the file said it.
-        checked = checked.with_threads(t, &config.display().to_string())?;
+        checked = checked.with_threads(t, &label)?;
     }
     let lb::config::Checked {
         config: mut cfg,
@@ -121,7 +163,8 @@ pub fn run(
     let dp = Datapath::new(params, Arc::clone(&tables))?;
     let opened = plan.open(interface, dp.pool(), &cfg, &tables.load())?;
     let boot = Boot {
-        config_path: config.to_path_buf(),
+        etcd,
+        config_path: config,
         interface: interface.to_string(),
         driver,
         cfg,
@@ -137,6 +180,8 @@ pub fn run(
 /// What the daemon starts from: the configuration file as loaded, and what
 /// it learned about its interface.
 struct Boot {
+    /// The fleet's configuration in etcd, when it comes from there.
+    etcd: Option<Box<crate::source::Start>>,
     /// The configuration file.
     config_path: PathBuf,
     /// The interface served.
@@ -177,6 +222,7 @@ fn serve(
     stop: Arc<AtomicBool>,
 ) -> Result<(RunStats, Arc<lb::tables::Tables>), Error> {
     let Boot {
+        etcd,
         config_path,
         interface,
         driver,
@@ -237,6 +283,7 @@ fn serve(
         }),
         started: Instant::now(),
         stopping: Default::default(),
+        etcd: etcd.map(|s| Arc::new(crate::source::EtcdSource::new(*s))),
     });
     for w in health::warnings(&cfg) {
         tracing::warn!("{w}");
@@ -398,6 +445,9 @@ async fn control_plane(
         heartbeat,
         Arc::clone(&stop),
     ));
+    if shared.etcd.is_some() {
+        tokio::spawn(tasks::etcd::follow(Arc::clone(&shared), Arc::clone(&stop)));
+    }
     if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         let s = Arc::clone(&shared);
         tokio::spawn(async move {

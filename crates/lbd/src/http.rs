@@ -286,7 +286,7 @@ async fn runtime_endpoint(
 fn runtime_status(e: &RuntimeError) -> StatusCode {
     match e {
         RuntimeError::Edit(crate::runtime::EditError::UnknownBackend(_)) => StatusCode::NOT_FOUND,
-        RuntimeError::FileChanged { .. } => StatusCode::CONFLICT,
+        RuntimeError::FileChanged { .. } | RuntimeError::FromEtcd { .. } => StatusCode::CONFLICT,
         RuntimeError::Edit(_) | RuntimeError::Config(_) | RuntimeError::Apply(_) => {
             StatusCode::BAD_REQUEST
         }

@@ -59,6 +59,7 @@ pub(crate) mod paths;
 pub(crate) mod ports;
 pub mod reload;
 pub mod runtime;
+pub(crate) mod source;
 pub(crate) mod state;
 pub mod status;
 pub(crate) mod tasks;
@@ -69,3 +70,6 @@ pub mod withdraw;
 /// for, as the API serves it: public so that tests outside the crate can
 /// hand it to parsers we did not write (promtool, Python's).
 pub use metrics::{encode_metrics_as, Format as MetricsFormat};
+/// The configuration from etcd (`lb run --config-etcd`): the first read
+/// and what `/status` says of the source.
+pub use source::{ConfigSourceStatus, EtcdError, Start as EtcdStart};

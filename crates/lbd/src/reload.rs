@@ -44,6 +44,13 @@ pub enum ReloadError {
     /// The token file could not be read again.
     #[error("reading the API token again: {0}")]
     Token(#[source] lb::config::TokenError),
+    /// The configuration comes from etcd, which the daemon follows: a
+    /// reload of a file would diverge from the fleet.
+    #[error("the configuration comes from etcd (prefix {prefix}), which this load balancer follows by itself: push a change with `fastpath lb config push`")]
+    FromEtcd {
+        /// The fleet's prefix.
+        prefix: String,
+    },
 }
 
 /// Refuses a configuration whose `[api]` differs from what the API runs
@@ -122,6 +129,13 @@ pub enum RuntimeError {
     /// The file could not be written (nothing was applied).
     #[error(transparent)]
     Write(#[from] crate::runtime::WriteError),
+    /// The configuration comes from etcd: a change made here alone would
+    /// silently diverge from the fleet's.
+    #[error("the configuration comes from etcd (prefix {prefix}): change the fleet's configuration with `fastpath lb config push` (a drain or weight set on one load balancer alone would diverge from the fleet)")]
+    FromEtcd {
+        /// The fleet's prefix.
+        prefix: String,
+    },
 }
 
 /// What a runtime change did (the API's answer).
@@ -161,6 +175,36 @@ pub struct Reloaded {
 /// Re-reads the configuration file and swaps it in, or explains why not.
 /// Keys that cannot change while running are reported, not applied.
 pub fn reload(shared: &Shared) -> Result<Reloaded, ReloadError> {
+    if let Some(src) = &shared.etcd {
+        let e = ReloadError::FromEtcd {
+            prefix: src.prefix().to_string(),
+        };
+        tracing::warn!("reload refused: {e}");
+        return Err(e);
+    }
+    reload_with(shared, |cache| Config::load_with(&shared.file.path, cache))
+}
+
+/// [`reload`] of a text read elsewhere (the fleet's configuration from
+/// etcd, merged with the machine's file), `label` naming it in errors:
+/// the same validation, the same refusals (`[api]` changes need a
+/// restart) and the same "not applied until restart" keys.
+pub fn reload_from_text(
+    shared: &Shared,
+    text: String,
+    label: &str,
+) -> Result<Reloaded, ReloadError> {
+    reload_with(shared, |cache| {
+        crate::source::check_text(text, label, cache)
+    })
+}
+
+fn reload_with(
+    shared: &Shared,
+    load: impl FnOnce(
+        &mut lb::config::ParseCache,
+    ) -> Result<lb::config::Checked, lb::config::ConfigError>,
+) -> Result<Reloaded, ReloadError> {
     let mut applied = shared
         .file
         .applied
@@ -168,7 +212,7 @@ pub fn reload(shared: &Shared) -> Result<Reloaded, ReloadError> {
         .unwrap_or_else(|p| p.into_inner());
     let applied = &mut *applied;
     let started = std::time::Instant::now();
-    let result = Config::load_with(&shared.file.path, &mut applied.cache)
+    let result = load(&mut applied.cache)
         .map(|c| (c.config, c.text))
         .map_err(ReloadError::from)
         .and_then(|(cfg, text)| {
@@ -308,6 +352,11 @@ fn runtime_change_inner(
     backend: &str,
     change: crate::runtime::Change,
 ) -> Result<RuntimeChanged, RuntimeError> {
+    if let Some(src) = &shared.etcd {
+        return Err(RuntimeError::FromEtcd {
+            prefix: src.prefix().to_string(),
+        });
+    }
     let mut applied = shared
         .file
         .applied

@@ -53,6 +53,9 @@ pub struct Shared {
     pub(crate) started: Instant,
     /// The graceful stop, once begun.
     pub(crate) stopping: StopState,
+    /// The fleet's configuration in etcd, when it comes from there
+    /// (`lb run --config-etcd`); `None`: the file.
+    pub(crate) etcd: Option<Arc<crate::source::EtcdSource>>,
 }
 
 /// How far a graceful stop has come, for `/status` (the API answers until

@@ -167,7 +167,10 @@ pub fn status(shared: &Shared) -> Status {
             max_connections: shared.api_connections.cap(),
             refused: shared.api_connections.refused(),
         }),
-
+        config_source: Some(match &shared.etcd {
+            Some(src) => src.status(),
+            None => crate::ConfigSourceStatus::file(&shared.file.path),
+        }),
         vips: tables
             .vips
             .iter()
@@ -479,6 +482,11 @@ pub struct Status {
     /// without it).
     #[serde(default)]
     pub api: Option<ApiStatus>,
+    /// Where the configuration comes from: the file, or etcd with the
+    /// revision applied, the last one refused and how old the view is
+    /// (absent in older documents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_source: Option<crate::ConfigSourceStatus>,
     /// VIPs.
     pub vips: Vec<VipStatus>,
 }
@@ -501,6 +509,9 @@ impl Status {
             self.runtime_change_failures,
             self.health_changes
         );
+        if let Some(src) = &self.config_source {
+            out += &src.to_text();
+        }
         let not_for_vip = if self.not_for_vip_by_kind.is_empty() {
             self.not_for_vip.to_string()
         } else {

@@ -1,0 +1,799 @@
+//! The fleet's configuration in etcd: read at one revision, pushed in one
+//! guarded transaction, its history, rollbacks, the canary hold, and a
+//! watch. Every call to etcd has a deadline ([`Store::deadline`]).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, WatchOptions, WatchStream,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::layout::{self, LayoutError, CONFIG_DIR};
+
+/// The guard key, relative to the prefix: written by every push with who,
+/// when and what; its modification revision is what a push compares.
+pub const GUARD_KEY: &str = "meta/pushed";
+/// The hold key, relative to the prefix: the name of the one load
+/// balancer allowed to apply (a canary); the others wait.
+pub const HOLD_KEY: &str = "meta/hold";
+/// etcd's default bound on a transaction's operations (`--max-txn-ops`).
+pub const ETCD_DEFAULT_MAX_TXN_OPS: usize = 128;
+/// etcd's default bound on a request's bytes (`--max-request-bytes`, 1.5 MiB).
+pub const ETCD_DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// The largest response this client decodes (a whole prefix in one range
+/// response); tonic's default, 4 MiB, is less than a 1,000-VIP fleet.
+pub const MAX_RESPONSE_BYTES: usize = 256 * 1024 * 1024;
+/// How many pushes [`Store::history`] walks back at most.
+pub const MAX_HISTORY: usize = 1000;
+
+/// What went wrong talking to etcd or with what it holds.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No answer within the deadline.
+    #[error("etcd at {endpoints} did not answer {what} within {deadline:?}")]
+    Deadline {
+        /// The endpoints, comma-separated.
+        endpoints: String,
+        /// The call.
+        what: &'static str,
+        /// The deadline.
+        deadline: Duration,
+    },
+    /// The client's error.
+    #[error("etcd at {endpoints}: {what} (deadline {deadline:?}): {source}")]
+    Etcd {
+        /// The endpoints, comma-separated.
+        endpoints: String,
+        /// The call.
+        what: &'static str,
+        /// The call's deadline.
+        deadline: Duration,
+        /// The client's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// The stored keys do not make a configuration.
+    #[error("the configuration under {prefix} at revision {revision}: {source}")]
+    Layout {
+        /// The prefix.
+        prefix: String,
+        /// The revision read.
+        revision: i64,
+        /// What is wrong.
+        #[source]
+        source: LayoutError,
+    },
+    /// The text to push does not split into keys.
+    #[error("{0}")]
+    Split(#[source] LayoutError),
+    /// The text to push is not a valid configuration.
+    #[error("not pushed: {0}")]
+    Invalid(#[source] lb::config::ConfigError),
+    /// The configuration changed since it was read (another operator).
+    #[error("not pushed: the configuration under {prefix} changed since revision {read_revision} was read (another push?); read it again and retry")]
+    Conflict {
+        /// The prefix.
+        prefix: String,
+        /// The revision this push was based on.
+        read_revision: i64,
+    },
+    /// The transaction would exceed what etcd takes in one request.
+    #[error("not pushed: the transaction has {ops} operations and {bytes} bytes; etcd takes at most {max_ops} operations (--max-txn-ops) and {max_bytes} bytes (--max-request-bytes) a request: raise them on every member and pass the same bounds here")]
+    TooLarge {
+        /// Operations in the transaction.
+        ops: usize,
+        /// Bytes of keys and values.
+        bytes: usize,
+        /// The bound on operations.
+        max_ops: usize,
+        /// The bound on bytes.
+        max_bytes: usize,
+    },
+    /// A guard or hold value that is not what a push writes.
+    #[error("{key} at revision {revision} is not a push record: {source}")]
+    Record {
+        /// The key.
+        key: String,
+        /// Its revision.
+        revision: i64,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A revision etcd no longer has (compacted) or never had.
+    #[error("revision {revision} is not available: {reason}")]
+    Revision {
+        /// The revision asked for.
+        revision: i64,
+        /// etcd's words.
+        reason: String,
+    },
+    /// The watch was cancelled because its start revision was compacted:
+    /// read the current snapshot and watch again from it.
+    #[error("the watch from revision {from} was cancelled: etcd compacted up to {compacted}")]
+    Compacted {
+        /// The revision the watch started after.
+        from: i64,
+        /// etcd's compaction revision.
+        compacted: i64,
+    },
+    /// No endpoint was given.
+    #[error("no etcd endpoint given")]
+    NoEndpoints,
+    /// The watch ended (the server closed it or cancelled it).
+    #[error("the watch ended: {0}")]
+    WatchEnded(String),
+}
+
+/// What a push writes into the guard key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushRecord {
+    /// Who pushed (user@host, or what the operator passed).
+    pub who: String,
+    /// When, seconds since the Unix epoch.
+    pub when_unix_s: u64,
+    /// A hash of the text pushed ([`text_hash`]), to compare revisions.
+    pub hash: String,
+    /// The revision the push was based on.
+    pub read_revision: i64,
+    /// The revision whose configuration this push restored, for a rollback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_of: Option<i64>,
+    /// The revision the push made (filled from etcd when read back, not stored).
+    #[serde(default, skip_serializing)]
+    pub revision: i64,
+}
+
+/// The fingerprint of a configuration's text: SipHash-2-4 with zero keys,
+/// 16 hex digits; for telling revisions apart, not against an attacker.
+pub fn text_hash(text: &str) -> String {
+    use std::hash::Hasher;
+    let mut h = siphasher::sip::SipHasher24::new_with_keys(0, 0);
+    h.write(text.as_bytes());
+    format!("{:016x}", h.finish())
+}
+
+/// The whole prefix read at one revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The revision the read saw (etcd's store revision at the read, or
+    /// the revision asked for).
+    pub revision: i64,
+    /// The configuration's text ([`layout::join`]).
+    pub text: String,
+    /// The configuration keys (relative to the prefix) and values.
+    pub keys: Vec<(String, String)>,
+    /// The guard key's modification revision (0: never pushed).
+    pub guard_revision: i64,
+    /// The last push, if any.
+    pub pushed: Option<PushRecord>,
+    /// The name in the hold key, if held.
+    pub hold: Option<String>,
+}
+
+/// What to push ([`Store::push`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Push<'a> {
+    /// The fleet's configuration (TOML).
+    pub text: &'a str,
+    /// What names it in errors (the file).
+    pub file: &'a str,
+    /// A machine's own part to validate it with, merged ([`crate::merge`]).
+    pub local: Option<&'a str>,
+    /// Who pushes (recorded in the guard key).
+    pub who: &'a str,
+    /// The revision a rollback restores.
+    pub rollback_of: Option<i64>,
+}
+
+impl<'a> Push<'a> {
+    /// `text`, named `file`, by `who`.
+    pub fn new(text: &'a str, file: &'a str, who: &'a str) -> Push<'a> {
+        Push {
+            text,
+            file,
+            local: None,
+            who,
+            rollback_of: None,
+        }
+    }
+}
+
+/// What a push did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PushOutcome {
+    /// The revision the transaction made (unchanged: the one read, when
+    /// nothing changed and nothing was written).
+    pub revision: i64,
+    /// Keys written (new or changed).
+    pub put: Vec<String>,
+    /// Keys deleted.
+    pub deleted: Vec<String>,
+}
+
+/// Bounds on one transaction (etcd's server flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnLimits {
+    /// `--max-txn-ops`.
+    pub max_ops: usize,
+    /// `--max-request-bytes`.
+    pub max_bytes: usize,
+}
+
+impl Default for TxnLimits {
+    fn default() -> Self {
+        TxnLimits {
+            max_ops: ETCD_DEFAULT_MAX_TXN_OPS,
+            max_bytes: ETCD_DEFAULT_MAX_REQUEST_BYTES,
+        }
+    }
+}
+
+/// `prefix` without a trailing slash, and the key `rel` under it.
+fn full_key(prefix: &str, rel: &str) -> String {
+    format!("{}/{rel}", prefix.trim_end_matches('/'))
+}
+
+/// A connection to the etcd cluster holding fleets' configurations: one
+/// client per member, so that a call that cannot reach one member goes to
+/// the next (a client balancing over all of them sends a call to a dead
+/// member and fails it), starting from the member that answered last.
+#[derive(Clone)]
+pub struct Store {
+    clients: Vec<(String, Client)>,
+    next: Arc<AtomicUsize>,
+    endpoints: String,
+    deadline: Duration,
+    limits: TxnLimits,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("endpoints", &self.endpoints)
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
+/// Which failures of a call send it to the next member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Any failure to reach the member (reads, watches, idempotent writes).
+    Unreachable,
+    /// Only a failure to connect, before the request left: a transaction
+    /// whose request may have been applied is not sent twice.
+    NotSent,
+}
+
+fn fails_over(e: &etcd_client::Error, retry: Retry) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => {
+            let unavailable = s.code() == tonic::Code::Unavailable;
+            match retry {
+                Retry::Unreachable => unavailable,
+                Retry::NotSent => unavailable && s.message().contains("connect"),
+            }
+        }
+        _ => false,
+    }
+}
+
+impl Store {
+    /// Connects to `endpoints` (`http://host:port`, or `host:port`); every
+    /// later call gives up after `deadline`, trying the members in turn
+    /// (each connection attempt bounded by a share of the deadline).
+    pub async fn connect(endpoints: &[String], deadline: Duration) -> Result<Store, StoreError> {
+        let joined = endpoints.join(",");
+        let share =
+            (deadline / (endpoints.len().max(1) as u32 + 1)).max(Duration::from_millis(100));
+        let mut clients = Vec::with_capacity(endpoints.len());
+        for ep in endpoints {
+            let options = ConnectOptions::new()
+                .with_connect_timeout(share)
+                .with_timeout(deadline)
+                .with_keep_alive(Duration::from_secs(2), deadline)
+                // A member cut off from its leader answers nothing rather
+                // than a stale view: a watch through it is cancelled and
+                // redone elsewhere.
+                .with_require_leader(true);
+            let client = bounded(ep, "connect", deadline, async {
+                Client::connect([ep.as_str()], Some(options)).await
+            })
+            .await?;
+            clients.push((ep.clone(), client));
+        }
+        if clients.is_empty() {
+            return Err(StoreError::NoEndpoints);
+        }
+        Ok(Store {
+            clients,
+            next: Arc::new(AtomicUsize::new(0)),
+            endpoints: joined,
+            deadline,
+            limits: TxnLimits::default(),
+        })
+    }
+
+    /// Runs `f` against one member after another, from the one that
+    /// answered last, until one answers, a failure is not one of reaching
+    /// the member, or the deadline passes.
+    async fn call<T, Fut>(
+        &self,
+        what: &'static str,
+        retry: Retry,
+        f: impl Fn(Client) -> Fut,
+    ) -> Result<T, StoreError>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let until = tokio::time::Instant::now() + self.deadline;
+        let n = self.clients.len();
+        let first = self.next.load(Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..n {
+            let at = (first + i) % n;
+            let (ep, client) = &self.clients[at];
+            match tokio::time::timeout_at(until, f(client.clone())).await {
+                Err(_) => break,
+                Ok(Ok(v)) => {
+                    self.next.store(at, Ordering::Relaxed);
+                    return Ok(v);
+                }
+                Ok(Err(source)) => {
+                    let go_on = fails_over(&source, retry);
+                    let e = StoreError::Etcd {
+                        endpoints: ep.clone(),
+                        what,
+                        deadline: self.deadline,
+                        source,
+                    };
+                    if !go_on {
+                        return Err(e);
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| StoreError::Deadline {
+            endpoints: self.endpoints.clone(),
+            what,
+            deadline: self.deadline,
+        }))
+    }
+
+    /// The same store with other transaction bounds.
+    pub fn with_limits(mut self, limits: TxnLimits) -> Store {
+        self.limits = limits;
+        self
+    }
+
+    /// The deadline of every call.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// The endpoints, comma-separated.
+    pub fn endpoints(&self) -> &str {
+        &self.endpoints
+    }
+
+    /// Reads the whole prefix in one range request (one revision: the
+    /// current one, or `at`), and joins the configuration.
+    pub async fn snapshot(&self, prefix: &str, at: Option<i64>) -> Result<Snapshot, StoreError> {
+        let dir = full_key(prefix, "");
+        let mut opts = GetOptions::new().with_prefix();
+        if let Some(rev) = at {
+            opts = opts.with_revision(rev);
+        }
+        let resp = self
+            .call("range", Retry::Unreachable, |c| {
+                let (dir, opts) = (dir.clone(), opts.clone());
+                async move {
+                    c.kv_client()
+                        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+                        .get(dir, Some(opts))
+                        .await
+                }
+            })
+            .await
+            .map_err(|e| revision_error(e, at))?;
+        let revision = at.unwrap_or_else(|| resp.header().map(|h| h.revision()).unwrap_or(0));
+        let mut keys = Vec::new();
+        let mut guard_revision = 0;
+        let mut pushed = None;
+        let mut hold = None;
+        for kv in resp.kvs() {
+            let Some(rel) = kv.key().strip_prefix(dir.as_bytes()) else {
+                continue;
+            };
+            let rel = String::from_utf8_lossy(rel).into_owned();
+            let value = String::from_utf8_lossy(kv.value()).into_owned();
+            if rel == GUARD_KEY {
+                guard_revision = kv.mod_revision();
+                let mut record: PushRecord =
+                    serde_json::from_str(&value).map_err(|source| StoreError::Record {
+                        key: full_key(prefix, GUARD_KEY),
+                        revision: kv.mod_revision(),
+                        source,
+                    })?;
+                record.revision = kv.mod_revision();
+                pushed = Some(record);
+            } else if rel == HOLD_KEY {
+                hold = Some(value);
+            } else if rel.starts_with(CONFIG_DIR) {
+                keys.push((rel, value));
+            }
+        }
+        let text =
+            layout::join(keys.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|source| {
+                StoreError::Layout {
+                    prefix: prefix.to_string(),
+                    revision,
+                    source,
+                }
+            })?;
+        Ok(Snapshot {
+            revision,
+            text,
+            keys,
+            guard_revision,
+            pushed,
+            hold,
+        })
+    }
+
+    /// Validates `text` ([`lb::config::Config::parse`], named `file` in
+    /// errors; with `local`, a machine's own part, merged as a load balancer
+    /// merges it: [`crate::merge`]), then writes it in one transaction that succeeds only if
+    /// nothing was pushed since `read` (the guard key's revision) and no
+    /// configuration key changed since (any key under `config/` newer
+    /// than `read.revision`): keys that changed are put, keys gone are
+    /// deleted, the guard records `who`. Nothing changed: nothing written.
+    pub async fn push(
+        &self,
+        prefix: &str,
+        push: &Push<'_>,
+        read: &Snapshot,
+    ) -> Result<PushOutcome, StoreError> {
+        let Push {
+            text,
+            file,
+            local,
+            who,
+            rollback_of,
+        } = *push;
+        match local {
+            Some(local) => {
+                let merged = crate::merge(local, text).map_err(StoreError::Split)?;
+                lb::config::Config::parse(&merged, file).map_err(StoreError::Invalid)?;
+            }
+            None => {
+                lb::config::Config::parse(text, file).map_err(StoreError::Invalid)?;
+            }
+        }
+        let new = layout::split(text).map_err(StoreError::Split)?;
+        let old: std::collections::HashMap<&str, &str> = read
+            .keys
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut ops = Vec::new();
+        let mut bytes = 0;
+        let mut outcome = PushOutcome {
+            revision: read.revision,
+            put: Vec::new(),
+            deleted: Vec::new(),
+        };
+        for (k, v) in &new {
+            if old.get(k.as_str()) != Some(&v.as_str()) {
+                let key = full_key(prefix, k);
+                bytes += key.len() + v.len();
+                ops.push(TxnOp::put(key.clone(), v.clone(), None));
+                outcome.put.push(key);
+            }
+        }
+        let kept: std::collections::HashSet<&str> = new.iter().map(|(k, _)| k.as_str()).collect();
+        for (k, _) in &read.keys {
+            if !kept.contains(k.as_str()) {
+                let key = full_key(prefix, k);
+                bytes += key.len();
+                ops.push(TxnOp::delete(key.clone(), None));
+                outcome.deleted.push(key);
+            }
+        }
+        if ops.is_empty() && rollback_of.is_none() {
+            return Ok(outcome);
+        }
+        let record = PushRecord {
+            who: who.to_string(),
+            when_unix_s: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            hash: text_hash(text),
+            read_revision: read.revision,
+            rollback_of,
+            revision: 0,
+        };
+        let guard = full_key(prefix, GUARD_KEY);
+        let record = serde_json::to_string(&record).map_err(|source| StoreError::Record {
+            key: guard.clone(),
+            revision: 0,
+            source,
+        })?;
+        bytes += guard.len() + record.len();
+        ops.push(TxnOp::put(guard.clone(), record, None));
+        if ops.len() > self.limits.max_ops || bytes > self.limits.max_bytes {
+            return Err(StoreError::TooLarge {
+                ops: ops.len(),
+                bytes,
+                max_ops: self.limits.max_ops,
+                max_bytes: self.limits.max_bytes,
+            });
+        }
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(guard, CompareOp::Equal, read.guard_revision),
+                Compare::mod_revision(
+                    full_key(prefix, CONFIG_DIR),
+                    CompareOp::Less,
+                    read.revision + 1,
+                )
+                .with_prefix(),
+            ])
+            .and_then(ops);
+        let resp = self
+            .call("txn", Retry::NotSent, |c| {
+                let txn = txn.clone();
+                async move { c.kv_client().txn(txn).await }
+            })
+            .await?;
+        if !resp.succeeded() {
+            return Err(StoreError::Conflict {
+                prefix: prefix.to_string(),
+                read_revision: read.revision,
+            });
+        }
+        outcome.revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        Ok(outcome)
+    }
+
+    /// The pushes etcd still remembers, newest first (at most `max`,
+    /// bounded by [`MAX_HISTORY`]): the guard key's past values, walked back
+    /// revision by revision until one is compacted or there is none.
+    pub async fn history(&self, prefix: &str, max: usize) -> Result<Vec<PushRecord>, StoreError> {
+        let guard = full_key(prefix, GUARD_KEY);
+        let mut out = Vec::new();
+        let mut at = None;
+        while out.len() < max.min(MAX_HISTORY) {
+            let mut opts = GetOptions::new();
+            if let Some(rev) = at {
+                opts = opts.with_revision(rev);
+            }
+            let resp = match self
+                .call("range", Retry::Unreachable, |c| {
+                    let (guard, opts) = (guard.clone(), opts.clone());
+                    async move { c.kv_client().get(guard, Some(opts)).await }
+                })
+                .await
+            {
+                Ok(r) => r,
+                // Walked back to a compacted revision: that is where
+                // etcd's memory ends.
+                Err(e) if at.is_some() && is_compacted(&e) => break,
+                Err(e) => return Err(e),
+            };
+            let Some(kv) = resp.kvs().first() else { break };
+            let mut record: PushRecord =
+                serde_json::from_slice(kv.value()).map_err(|source| StoreError::Record {
+                    key: guard.clone(),
+                    revision: kv.mod_revision(),
+                    source,
+                })?;
+            record.revision = kv.mod_revision();
+            let prev = kv.mod_revision() - 1;
+            out.push(record);
+            if prev < 1 {
+                break;
+            }
+            at = Some(prev);
+        }
+        Ok(out)
+    }
+
+    /// Pushes the configuration as it was at `revision` as a new revision
+    /// (guarded like any push, against the current snapshot).
+    pub async fn rollback(
+        &self,
+        prefix: &str,
+        revision: i64,
+        local: Option<&str>,
+        who: &str,
+    ) -> Result<PushOutcome, StoreError> {
+        let old = self.snapshot(prefix, Some(revision)).await?;
+        let current = self.snapshot(prefix, None).await?;
+        let file = format!("{prefix} at revision {revision}");
+        let push = Push {
+            text: &old.text,
+            file: &file,
+            local,
+            who,
+            rollback_of: Some(revision),
+        };
+        self.push(prefix, &push, &current).await
+    }
+
+    /// Holds the fleet for the one load balancer `name` (a canary), or
+    /// releases it (`None`). Returns the revision written.
+    pub async fn set_hold(&self, prefix: &str, name: Option<&str>) -> Result<i64, StoreError> {
+        let key = full_key(prefix, HOLD_KEY);
+        // Both are idempotent: sent twice, the same hold.
+        let header = match name {
+            Some(name) => self
+                .call("put", Retry::Unreachable, |c| {
+                    let (key, name) = (key.clone(), name.to_string());
+                    async move { c.kv_client().put(key, name, None).await }
+                })
+                .await?
+                .header()
+                .map(|h| h.revision()),
+            None => self
+                .call("delete", Retry::Unreachable, |c| {
+                    let key = key.clone();
+                    async move { c.kv_client().delete(key, None).await }
+                })
+                .await?
+                .header()
+                .map(|h| h.revision()),
+        };
+        Ok(header.unwrap_or(0))
+    }
+
+    /// The store's current revision, from a small read (the guard key's
+    /// name only): whether etcd answers, for a watcher whose watch is quiet.
+    pub async fn ping(&self, prefix: &str) -> Result<i64, StoreError> {
+        let key = full_key(prefix, GUARD_KEY);
+        let resp = self
+            .call("range", Retry::Unreachable, |c| {
+                let key = key.clone();
+                async move {
+                    c.kv_client()
+                        .get(key, Some(GetOptions::new().with_keys_only()))
+                        .await
+                }
+            })
+            .await?;
+        Ok(resp.header().map(|h| h.revision()).unwrap_or(0))
+    }
+
+    /// Watches everything under the prefix after `from_revision`.
+    pub async fn watch(&self, prefix: &str, from_revision: i64) -> Result<Watch, StoreError> {
+        let dir = full_key(prefix, "");
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(from_revision + 1);
+        let stream = self
+            .call("watch", Retry::Unreachable, |c| {
+                let (dir, opts) = (dir.clone(), opts.clone());
+                async move {
+                    c.watch_client()
+                        .max_decoding_message_size(MAX_RESPONSE_BYTES)
+                        .watch(dir, Some(opts))
+                        .await
+                }
+            })
+            .await?;
+        Ok(Watch {
+            stream,
+            from: from_revision,
+            endpoints: self.endpoints.clone(),
+            deadline: self.deadline,
+        })
+    }
+}
+
+/// A watch on a prefix.
+pub struct Watch {
+    stream: WatchStream,
+    from: i64,
+    endpoints: String,
+    deadline: Duration,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch").field("from", &self.from).finish()
+    }
+}
+
+impl Watch {
+    /// Waits for the next change and returns the newest revision it
+    /// carries (several events in one response are one revision to read).
+    /// No deadline: a watch waits for as long as nothing changes; the
+    /// caller bounds it (and the client's keep-alive ends a dead stream).
+    pub async fn next(&mut self) -> Result<i64, StoreError> {
+        loop {
+            let msg = self
+                .stream
+                .message()
+                .await
+                .map_err(|source| StoreError::Etcd {
+                    endpoints: self.endpoints.clone(),
+                    what: "watch",
+                    deadline: self.deadline,
+                    source,
+                })?;
+            let Some(resp) = msg else {
+                return Err(StoreError::WatchEnded(
+                    "the server closed the stream".into(),
+                ));
+            };
+            if resp.compact_revision() > 0 {
+                return Err(StoreError::Compacted {
+                    from: self.from,
+                    compacted: resp.compact_revision(),
+                });
+            }
+            if resp.canceled() {
+                return Err(StoreError::WatchEnded(resp.cancel_reason().to_string()));
+            }
+            let newest = resp
+                .events()
+                .iter()
+                .filter_map(|e| e.kv().map(|kv| kv.mod_revision()))
+                .max();
+            if let Some(rev) = newest {
+                self.from = rev;
+                return Ok(rev);
+            }
+        }
+    }
+}
+
+fn is_compacted(e: &StoreError) -> bool {
+    matches!(e, StoreError::Etcd { source, .. } if source.to_string().contains("compacted"))
+}
+
+fn revision_error(e: StoreError, at: Option<i64>) -> StoreError {
+    match (at, &e) {
+        (Some(revision), StoreError::Etcd { source, .. })
+            if source.to_string().contains("compacted")
+                || source.to_string().contains("future rev") =>
+        {
+            StoreError::Revision {
+                revision,
+                reason: source.to_string(),
+            }
+        }
+        _ => e,
+    }
+}
+
+/// Runs one etcd call with the deadline.
+async fn bounded<T>(
+    endpoints: &str,
+    what: &'static str,
+    deadline: Duration,
+    call: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(deadline, call).await {
+        Err(_) => Err(StoreError::Deadline {
+            endpoints: endpoints.to_string(),
+            what,
+            deadline,
+        }),
+        Ok(Err(source)) => Err(StoreError::Etcd {
+            endpoints: endpoints.to_string(),
+            what,
+            deadline,
+            source,
+        }),
+        Ok(Ok(v)) => Ok(v),
+    }
+}
