@@ -45,7 +45,8 @@ except Exception as e:
 /// client, and checks both refusals came within a second and were counted.
 fn refused_within_a_second(driver: Option<&str>) {
     systest::require_programs(&["python3", "timeout"]);
-    let mut t = common::topology(1, 2, "rf");
+    // One topology per test, named apart: the two run at once.
+    let mut t = common::topology(1, 2, if driver.is_some() { "rfx" } else { "rf" });
     if let Some(d) = driver {
         let cfg = &t.configs[0];
         let text = std::fs::read_to_string(cfg).unwrap();

@@ -79,9 +79,10 @@ impl From<quic_lb::Unroutable> for Miss {
 pub struct Read {
     /// The backend the connection ID names (up or not), or why none.
     pub backend: Result<u32, Miss>,
-    /// The codepoint and server ID read, when the connection ID decoded
-    /// (also when no backend has that server ID).
-    pub server_id: Option<(u8, quic_lb::ServerId)>,
+    /// The codepoint and server ID read (as
+    /// [`quic_lb::server_id_number`]), when the connection ID decoded (also
+    /// when no backend has that server ID).
+    pub server_id: Option<(u8, u128)>,
     /// Octets of the payload up to the end of its connection IDs: after
     /// the source connection ID of a long header, after the destination
     /// connection ID of a short one whose codepoint has a configuration
@@ -95,7 +96,11 @@ pub struct QuicRoute {
     /// Shared by every `quic` VIP of a configuration (their keys'
     /// schedules are computed once, when the configuration is applied).
     configs: std::sync::Arc<quic_lb::Configs>,
-    by_server_id: FxHashMap<quic_lb::ServerId, u32>,
+    /// Backend ids by their server IDs as [`quic_lb::server_id_number`]:
+    /// a key of two words, read from the connection ID in registers.
+    by_server_id: FxHashMap<u128, u32>,
+    /// The server IDs as written, for the XDP loader and reports.
+    ids: Vec<(quic_lb::ServerId, u32)>,
 }
 
 /// Why a VIP's QUIC routing cannot be built.
@@ -121,9 +126,14 @@ impl QuicRoute {
         configs: std::sync::Arc<quic_lb::Configs>,
         server_ids: impl IntoIterator<Item = (quic_lb::ServerId, u32)>,
     ) -> Self {
+        let ids: Vec<(quic_lb::ServerId, u32)> = server_ids.into_iter().collect();
         QuicRoute {
             configs,
-            by_server_id: server_ids.into_iter().collect(),
+            by_server_id: ids
+                .iter()
+                .map(|(s, b)| (quic_lb::server_id_number(s.as_bytes()), *b))
+                .collect(),
+            ids,
         }
     }
 
@@ -149,14 +159,14 @@ impl QuicRoute {
             packet::quic::Header::Long { dcid, scid, .. } => {
                 // First octet, version, two lengths, both IDs.
                 read.header_len = Some(7 + dcid.len() + scid.len());
-                self.configs.route_long(dcid)
+                self.configs.route_long_number(dcid)
             }
             packet::quic::Header::Short { after_flags } => {
                 read.header_len = after_flags
                     .first()
                     .and_then(|c| self.configs.get(c >> 5))
                     .map(|c| 1 + c.cid_len());
-                self.configs.route_short(after_flags)
+                self.configs.route_short_number(after_flags)
             }
         };
         read.backend = match routed {
@@ -180,17 +190,17 @@ impl QuicRoute {
 
     /// Its server IDs and the backend id of each.
     pub fn server_ids(&self) -> impl Iterator<Item = (&quic_lb::ServerId, u32)> + '_ {
-        self.by_server_id.iter().map(|(s, &b)| (s, b))
+        self.ids.iter().map(|(s, b)| (s, *b))
     }
 
     /// How many server IDs it routes to.
     pub fn len(&self) -> usize {
-        self.by_server_id.len()
+        self.ids.len()
     }
 
     /// Whether it routes to no server ID.
     pub fn is_empty(&self) -> bool {
-        self.by_server_id.is_empty()
+        self.ids.is_empty()
     }
 }
 

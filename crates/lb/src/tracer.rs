@@ -260,8 +260,9 @@ pub enum QuicOutcome {
 pub struct QuicStep {
     /// What became of the connection ID.
     pub outcome: QuicOutcome,
-    /// Its codepoint and server ID, when it decoded.
-    pub server_id: Option<(u8, quic_lb::ServerId)>,
+    /// Its codepoint and server ID (as [`quic_lb::server_id_number`]),
+    /// when it decoded.
+    pub server_id: Option<(u8, u128)>,
 }
 
 /// The QUIC step in a [`Report`].
@@ -424,9 +425,13 @@ impl Report {
                     QuicOutcome::Miss(m) => m.name().into(),
                 },
                 codepoint: q.server_id.map(|(c, _)| c),
-                server_id: q
-                    .server_id
-                    .map(|(_, s)| s.as_bytes().iter().map(|b| format!("{b:02x}")).collect()),
+                server_id: q.server_id.map(|(_, s)| {
+                    quic_lb::server_id_of_number(s)
+                        .as_bytes()
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect()
+                }),
                 down_backend: match q.outcome {
                     QuicOutcome::ServerDown(b) => {
                         tables.backends.get(b as usize).map(|b| b.name.clone())

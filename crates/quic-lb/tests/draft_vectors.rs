@@ -299,5 +299,17 @@ proptest! {
                 Err(_) => {}
             }
         }
+        // The load balancer's form (the server ID as a number, read
+        // without copies for plaintext) says exactly what the octets' form
+        // says, for every encoding, routable or not.
+        let as_number = |r: Result<(u8, quic_lb::ServerId), Unroutable>| {
+            r.map(|(c, s)| (c, quic_lb::server_id_number(s.as_bytes())))
+        };
+        prop_assert_eq!(set.route_short_number(&bytes), as_number(set.route_short(&bytes)));
+        prop_assert_eq!(set.route_long_number(&bytes), as_number(set.route_long(&bytes)));
+        if let Ok((_, n)) = set.route_short_number(&bytes) {
+            let (_, sid) = set.route_short(&bytes).expect("routable");
+            prop_assert_eq!(quic_lb::server_id_of_number(n), sid);
+        }
     }
 }
