@@ -213,3 +213,71 @@ pub fn join<'a>(keys: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<St
     }
     Ok(text)
 }
+
+/// A machine's own part (`local`: its `[api]`, `[encap]`, `[bgp]`,
+/// `[fleet]`, ... as a file) and the fleet's part (from etcd) as one
+/// configuration text. A top-level name is either the machine's or the
+/// fleet's, never both: a local `[[pools]]` beside the fleet's would make
+/// this machine's tables differ from the fleet's, and a section in both
+/// would leave it unclear which one runs. Refused with the names.
+pub fn merge(local: &str, fleet: &str) -> Result<String, LayoutError> {
+    let names = |text: &str| -> Result<Vec<String>, LayoutError> {
+        let doc: toml_edit::DocumentMut = text.parse()?;
+        Ok(doc.as_table().iter().map(|(k, _)| k.to_string()).collect())
+    };
+    let fleet_names = names(fleet)?;
+    let both: Vec<String> = names(local)?
+        .into_iter()
+        .filter(|n| fleet_names.contains(n))
+        .collect();
+    if !both.is_empty() {
+        return Err(LayoutError::Overlap(both));
+    }
+    let mut text = String::with_capacity(local.len() + fleet.len() + 1);
+    text.push_str(local);
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(fleet);
+    Ok(text)
+}
+
+/// How a file differs from what is stored, key by key (keys relative to
+/// the prefix).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Diff {
+    /// Keys the file adds.
+    pub added: Vec<String>,
+    /// Keys whose value the file changes.
+    pub changed: Vec<String>,
+    /// Keys the file no longer has.
+    pub removed: Vec<String>,
+}
+
+impl Diff {
+    /// Nothing differs.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// The key-by-key difference from `old` (stored) to `new` (a file split).
+pub fn diff(old: &[(String, String)], new: &[(String, String)]) -> Diff {
+    let old_map: std::collections::HashMap<&str, &str> =
+        old.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let new_keys: std::collections::HashSet<&str> = new.iter().map(|(k, _)| k.as_str()).collect();
+    let mut d = Diff::default();
+    for (k, v) in new {
+        match old_map.get(k.as_str()) {
+            None => d.added.push(k.clone()),
+            Some(o) if o != v => d.changed.push(k.clone()),
+            Some(_) => {}
+        }
+    }
+    for (k, _) in old {
+        if !new_keys.contains(k.as_str()) {
+            d.removed.push(k.clone());
+        }
+    }
+    d
+}

@@ -182,7 +182,7 @@ pub struct Push<'a> {
     pub text: &'a str,
     /// What names it in errors (the file).
     pub file: &'a str,
-    /// A machine's own part to validate it with, merged ([`crate::merge`]).
+    /// A machine's own part to validate it with, merged ([`layout::merge`]).
     pub local: Option<&'a str>,
     /// Who pushes (recorded in the guard key).
     pub who: &'a str,
@@ -450,7 +450,7 @@ impl Store {
 
     /// Validates `text` ([`lb::config::Config::parse`], named `file` in
     /// errors; with `local`, a machine's own part, merged as a load balancer
-    /// merges it: [`crate::merge`]), then writes it in one transaction that succeeds only if
+    /// merges it: [`layout::merge`]), then writes it in one transaction that succeeds only if
     /// nothing was pushed since `read` (the guard key's revision) and no
     /// configuration key changed since (any key under `config/` newer
     /// than `read.revision`): keys that changed are put, keys gone are
@@ -470,7 +470,7 @@ impl Store {
         } = *push;
         match local {
             Some(local) => {
-                let merged = crate::merge(local, text).map_err(StoreError::Split)?;
+                let merged = layout::merge(local, text).map_err(StoreError::Split)?;
                 lb::config::Config::parse(&merged, file).map_err(StoreError::Invalid)?;
             }
             None => {
