@@ -184,7 +184,11 @@ pub struct Report {
     pub results: BTreeMap<String, BTreeMap<String, Cell>>,
 }
 
-const CONFIG: &str = r#"
+/// What both bench configurations share: batches, queues, the
+/// connection table and the encapsulation source.
+macro_rules! common_sections {
+    () => {
+        r#"
 [forwarder]
 batch = 32
 queue_size = 1024
@@ -192,7 +196,13 @@ queue_size = 1024
 size = 65536
 [encap]
 source = "10.0.0.1"
-[[pools]]
+"#
+    };
+}
+
+const CONFIG: &str = concat!(
+    common_sections!(),
+    r#"[[pools]]
 name = "web"
 backends = [
   { address = "10.1.0.1" }, { address = "10.1.0.2" }, { address = "10.1.0.3" }, { address = "10.1.0.4" },
@@ -204,21 +214,16 @@ address = "192.0.2.80"
 port = 80
 protocol = "tcp"
 pool = "web"
-"#;
+"#
+);
 
 /// The UDP and QUIC types' load balancer: a plain UDP VIP (port 53) and a
 /// `quic = true` one (port 443) on the same address, over 8 backends with
 /// server IDs; one QUIC-LB configuration per encoding (server ID and nonce
 /// of 16 octets for the single pass).
-const QUIC_CONFIG: &str = r#"
-[forwarder]
-batch = 32
-queue_size = 1024
-[conntrack]
-size = 65536
-[encap]
-source = "10.0.0.1"
-[[quic_lb]]
+const QUIC_CONFIG: &str = concat!(
+    common_sections!(),
+    r#"[[quic_lb]]
 codepoint = 0
 server_id_len = 2
 nonce_len = 6
@@ -253,7 +258,8 @@ port = 443
 protocol = "udp"
 quic = true
 pool = "h3"
-"#;
+"#
+);
 
 /// UDP payload octets of every UDP and QUIC datagram (a short header, a
 /// connection ID of up to 17 octets, a packet number and sealed bytes).
