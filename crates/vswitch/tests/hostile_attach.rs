@@ -299,6 +299,7 @@ fn a_frontend_that_connects_once_takes_the_place_of_a_silent_one() {
         get_features(&mut front).is_some(),
         "the owner lost its port"
     );
+    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// A connection that says nothing holds the VM port only until the
