@@ -59,12 +59,19 @@ enum ConfigCommand {
     ///
     /// Layout (keys under PREFIX): config/section/NAME, config/pool/NAME,
     /// config/vip/NAME, config/quic_lb/CODEPOINT, config/ARRAY/NAME,
-    /// config/order (the file's order). One transaction must fit etcd's
-    /// --max-txn-ops (128 by default) and --max-request-bytes (1.5 MiB):
-    /// pushes change only what differs, but a first push of a large fleet
-    /// needs the cluster's bounds raised (pass the same here).
+    /// config/order (the file's order). A push changes only what differs.
+    /// One that does not fit one transaction (etcd's --max-txn-ops, 128 by
+    /// default, and --max-request-bytes, 1.5 MiB; pass the cluster's own
+    /// if they were changed), such as the first push of a large fleet, is
+    /// staged: a guarded transaction writes the marker PREFIX/meta/pushing,
+    /// transactions under the marker write the keys, and the last one
+    /// writes the guard key and deletes the marker. Load balancers keep
+    /// running the last complete configuration while the marker is there,
+    /// and apply the whole push at its last transaction. A push that
+    /// stopped part-way leaves the marker (every other push is refused,
+    /// saying by whom): push again with --take-over.
     ///
-    /// JSON keys: prefix, revision, put[], deleted[].
+    /// JSON keys: prefix, revision, put[], deleted[], transactions.
     ///
     /// Examples:
     ///   fastpath lb config push fleet.toml --etcd http://10.0.0.1:2379 --prefix /fastpath/edge
@@ -88,6 +95,10 @@ enum ConfigCommand {
         /// The cluster's --max-request-bytes.
         #[arg(long, default_value_t = fleetconf::ETCD_DEFAULT_MAX_REQUEST_BYTES)]
         max_request_bytes: usize,
+        /// Replace a staged push that stopped part-way (its marker,
+        /// PREFIX/meta/pushing, names who started it and when).
+        #[arg(long)]
+        take_over: bool,
         /// Output format.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
@@ -239,6 +250,9 @@ fn default_who() -> String {
     format!("{user}@{host}")
 }
 
+/// How many keys a push's table lists.
+const MAX_LISTED: usize = 40;
+
 #[derive(Serialize)]
 struct Pushed {
     prefix: String,
@@ -256,17 +270,34 @@ impl Report for Pushed {
             );
         }
         let mut s = format!(
-            "{}: revision {} ({} keys written, {} deleted)\n",
+            "{}: revision {} ({} keys written, {} deleted{})\n",
             self.prefix,
             o.revision,
             o.put.len(),
-            o.deleted.len()
+            o.deleted.len(),
+            if o.transactions > 1 {
+                format!(
+                    "; staged in {} transactions behind {}/{}",
+                    o.transactions,
+                    self.prefix.trim_end_matches('/'),
+                    fleetconf::PENDING_KEY
+                )
+            } else {
+                String::new()
+            }
         );
-        for k in &o.put {
-            s.push_str(&format!("  put     {k}\n"));
+        // A first push of a large fleet writes thousands of keys: the
+        // first ones are listed, the JSON has them all.
+        let all = o.put.iter().map(|k| ("put    ", k));
+        let all = all.chain(o.deleted.iter().map(|k| ("deleted", k)));
+        for (what, k) in all.clone().take(MAX_LISTED) {
+            s.push_str(&format!("  {what} {k}\n"));
         }
-        for k in &o.deleted {
-            s.push_str(&format!("  deleted {k}\n"));
+        let more = all.count().saturating_sub(MAX_LISTED);
+        if more > 0 {
+            s.push_str(&format!(
+                "  ... and {more} more (--format json lists them all)\n"
+            ));
         }
         s
     }
@@ -383,6 +414,8 @@ struct Shown {
     revision: i64,
     pushed: Option<RecordShown>,
     hold: Option<String>,
+    /// A staged push part-way: who, and its marker's revision.
+    pending: Option<RecordShown>,
     keys: Vec<String>,
     text: String,
 }
@@ -406,6 +439,15 @@ impl Report for Shown {
         if let Some(h) = &self.hold {
             s.push_str(&format!(", held for {h}"));
         }
+        if let Some(p) = &self.pending {
+            s.push_str(&format!(
+                "\n# A PUSH IS BEING STAGED by {} since revision {}: its keys are part-way; load balancers run the configuration of revision {} (`config show --revision {}`); an abandoned push is replaced by `config push --take-over`",
+                p.record.who,
+                p.revision,
+                p.revision - 1,
+                p.revision - 1
+            ));
+        }
         s.push('\n');
         s.push_str(&self.text);
         s
@@ -422,6 +464,7 @@ pub fn run(a: ConfigArgs) -> anyhow::Result<()> {
             who,
             max_txn_ops,
             max_request_bytes,
+            take_over,
             format,
         } => {
             let text = read_file(&file)?;
@@ -439,6 +482,7 @@ pub fn run(a: ConfigArgs) -> anyhow::Result<()> {
                         &etcd.prefix,
                         &fleetconf::Push {
                             local: local.as_deref(),
+                            take_over,
                             ..fleetconf::Push::new(&text, &name, &who)
                         },
                         &read,
@@ -548,6 +592,10 @@ pub fn run(a: ConfigArgs) -> anyhow::Result<()> {
                         record: r,
                     }),
                     hold: snap.hold,
+                    pending: snap.pending.map(|r| RecordShown {
+                        revision: r.revision,
+                        record: r,
+                    }),
                     keys: snap.keys.into_iter().map(|(k, _)| k).collect(),
                     text: snap.text,
                 },

@@ -16,7 +16,7 @@ mod store;
 
 pub use layout::{diff, join, merge, split, Diff, LayoutError};
 pub use store::{
-    text_hash, Push, PushOutcome, PushRecord, Snapshot, Store, StoreError, TxnLimits, Watch,
-    ETCD_DEFAULT_MAX_REQUEST_BYTES, ETCD_DEFAULT_MAX_TXN_OPS, GUARD_KEY, HOLD_KEY, MAX_HISTORY,
-    MAX_RESPONSE_BYTES,
+    text_hash, Change, Mirror, Push, PushOutcome, PushRecord, Snapshot, Store, StoreError,
+    TxnLimits, Watch, ETCD_DEFAULT_MAX_REQUEST_BYTES, ETCD_DEFAULT_MAX_TXN_OPS, GUARD_KEY,
+    HOLD_KEY, MAX_HISTORY, MAX_RESPONSE_BYTES, PENDING_KEY, REQUEST_MARGIN_BYTES,
 };

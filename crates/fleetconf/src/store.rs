@@ -20,6 +20,14 @@ pub const GUARD_KEY: &str = "meta/pushed";
 /// The hold key, relative to the prefix: the name of the one load
 /// balancer allowed to apply (a canary); the others wait.
 pub const HOLD_KEY: &str = "meta/hold";
+/// The marker of a push too large for one transaction, relative to the
+/// prefix: while it exists the configuration keys are being written in
+/// several transactions, and load balancers wait for the one that
+/// finishes the push (and deletes it).
+pub const PENDING_KEY: &str = "meta/pushing";
+/// What a staged push leaves of etcd's bound on request bytes for the
+/// request's own framing (keys and values are counted, the rest is not).
+pub const REQUEST_MARGIN_BYTES: usize = 64 * 1024;
 /// etcd's default bound on a transaction's operations (`--max-txn-ops`).
 pub const ETCD_DEFAULT_MAX_TXN_OPS: usize = 128;
 /// etcd's default bound on a request's bytes (`--max-request-bytes`, 1.5 MiB).
@@ -27,6 +35,11 @@ pub const ETCD_DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
 /// The largest response this client decodes (a whole prefix in one range
 /// response); tonic's default, 4 MiB, is less than a 1,000-VIP fleet.
 pub const MAX_RESPONSE_BYTES: usize = 256 * 1024 * 1024;
+/// How often the client pings a member over HTTP/2 while a call is open
+/// (a watch). etcd turns away a client that pings more often than its
+/// `--grpc-keepalive-min-time` (5 s by default) while it sends nothing
+/// back: it closes the connection, which ends every watch on it.
+pub const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
 /// How many pushes [`Store::history`] walks back at most.
 pub const MAX_HISTORY: usize = 1000;
 
@@ -65,7 +78,7 @@ pub enum StoreError {
         revision: i64,
         /// What is wrong.
         #[source]
-        source: LayoutError,
+        source: Box<LayoutError>,
     },
     /// The text to push does not split into keys.
     #[error("{0}")]
@@ -127,6 +140,41 @@ pub enum StoreError {
     /// The watch ended (the server closed it or cancelled it).
     #[error("the watch ended: {0}")]
     WatchEnded(String),
+    /// A push too large for one transaction is being written by someone
+    /// else (or was left unfinished): nothing is written over it.
+    #[error("not pushed: a push by {who} is in progress under {prefix} since revision {revision} (staged in several transactions; load balancers keep running the last complete one until it finishes); if it was abandoned, push again with --take-over")]
+    InProgress {
+        /// The prefix.
+        prefix: String,
+        /// Who started it.
+        who: String,
+        /// The revision of its marker.
+        revision: i64,
+    },
+    /// A staged push stopped part-way: what it wrote stays behind its
+    /// marker, which load balancers wait on, until a push takes it over.
+    #[error("push interrupted after {done} of {total} transactions (the marker {marker} at revision {revision} stays, so load balancers keep running the last complete configuration): push again with --take-over: {source}")]
+    Interrupted {
+        /// Transactions done (the marker's included).
+        done: usize,
+        /// Transactions the push needed.
+        total: usize,
+        /// The marker key.
+        marker: String,
+        /// The marker's revision.
+        revision: i64,
+        /// Why it stopped.
+        #[source]
+        source: Box<StoreError>,
+    },
+    /// Another push took over this staged push's marker.
+    #[error("not finished: another push took over the marker {marker} (this push's was revision {revision}); nothing more was written")]
+    TakenOver {
+        /// The marker key.
+        marker: String,
+        /// This push's marker revision.
+        revision: i64,
+    },
 }
 
 /// What a push writes into the guard key.
@@ -173,6 +221,137 @@ pub struct Snapshot {
     pub pushed: Option<PushRecord>,
     /// The name in the hold key, if held.
     pub hold: Option<String>,
+    /// A staged push in progress (or abandoned): what its marker holds,
+    /// with the marker's revision. While it is there, `text` is empty (the
+    /// keys are part-way; the revision before the marker's holds the last
+    /// complete configuration).
+    pub pending: Option<PushRecord>,
+}
+
+impl Snapshot {
+    /// Builds the snapshot of the keys under `prefix` (relative, with
+    /// value and modification revision) as they are at `revision`.
+    fn assemble(
+        prefix: &str,
+        revision: i64,
+        kvs: impl IntoIterator<Item = (String, String, i64)>,
+    ) -> Result<Snapshot, StoreError> {
+        let mut keys = Vec::new();
+        let mut guard_revision = 0;
+        let mut pushed = None;
+        let mut hold = None;
+        let mut pending = None;
+        let record = |rel: &str, value: &str, rev: i64| -> Result<PushRecord, StoreError> {
+            let mut r: PushRecord =
+                serde_json::from_str(value).map_err(|source| StoreError::Record {
+                    key: full_key(prefix, rel),
+                    revision: rev,
+                    source,
+                })?;
+            r.revision = rev;
+            Ok(r)
+        };
+        for (rel, value, rev) in kvs {
+            if rel == GUARD_KEY {
+                guard_revision = rev;
+                pushed = Some(record(&rel, &value, rev)?);
+            } else if rel == PENDING_KEY {
+                pending = Some(record(&rel, &value, rev)?);
+            } else if rel == HOLD_KEY {
+                hold = Some(value);
+            } else if rel.starts_with(CONFIG_DIR) {
+                keys.push((rel, value));
+            }
+        }
+        // Part-way through a staged push the keys need not join, and a
+        // follower has nothing to apply: not joined.
+        let text = if pending.is_some() {
+            String::new()
+        } else {
+            layout::join(keys.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|source| {
+                StoreError::Layout {
+                    prefix: prefix.to_string(),
+                    revision,
+                    source: Box::new(source),
+                }
+            })?
+        };
+        Ok(Snapshot {
+            revision,
+            text,
+            keys,
+            guard_revision,
+            pushed,
+            hold,
+            pending,
+        })
+    }
+}
+
+/// One change a watch delivered: every event of one or more revisions
+/// (etcd never splits a revision's events across responses), the newest
+/// revision among them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// The newest revision the events carry.
+    pub revision: i64,
+    /// Keys (relative to the prefix) put with their value and revision,
+    /// or deleted (`None`), in etcd's order.
+    pub events: Vec<(String, Option<(String, i64)>)>,
+}
+
+/// The prefix as a follower sees it: read once ([`Store::list`]), then
+/// kept current by the watch's events ([`Mirror::apply`]), so that each
+/// push costs a follower the bytes that changed, not a whole read. At
+/// every revision it is what a read at that revision would return.
+#[derive(Debug, Clone, Default)]
+pub struct Mirror {
+    prefix: String,
+    revision: i64,
+    keys: std::collections::BTreeMap<String, (String, i64)>,
+}
+
+impl Mirror {
+    /// The revision it shows.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    /// How many keys it holds.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether it holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Brings it to `change.revision`.
+    pub fn apply(&mut self, change: &Change) {
+        for (key, put) in &change.events {
+            match put {
+                Some(v) => {
+                    self.keys.insert(key.clone(), v.clone());
+                }
+                None => {
+                    self.keys.remove(key);
+                }
+            }
+        }
+        self.revision = self.revision.max(change.revision);
+    }
+
+    /// What it shows, as a snapshot at its revision.
+    pub fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        Snapshot::assemble(
+            &self.prefix,
+            self.revision,
+            self.keys
+                .iter()
+                .map(|(k, (v, r))| (k.clone(), v.clone(), *r)),
+        )
+    }
 }
 
 /// What to push ([`Store::push`]).
@@ -188,6 +367,8 @@ pub struct Push<'a> {
     pub who: &'a str,
     /// The revision a rollback restores.
     pub rollback_of: Option<i64>,
+    /// Replace a staged push in progress (one abandoned part-way).
+    pub take_over: bool,
 }
 
 impl<'a> Push<'a> {
@@ -199,6 +380,7 @@ impl<'a> Push<'a> {
             local: None,
             who,
             rollback_of: None,
+            take_over: false,
         }
     }
 }
@@ -213,6 +395,10 @@ pub struct PushOutcome {
     pub put: Vec<String>,
     /// Keys deleted.
     pub deleted: Vec<String>,
+    /// Transactions it took: 1, or more for a push staged behind the
+    /// marker ([`PENDING_KEY`]) because one would exceed etcd's bounds
+    /// (0 when nothing changed).
+    pub transactions: usize,
 }
 
 /// Bounds on one transaction (etcd's server flags).
@@ -297,7 +483,7 @@ impl Store {
             let options = ConnectOptions::new()
                 .with_connect_timeout(share)
                 .with_timeout(deadline)
-                .with_keep_alive(Duration::from_secs(2), deadline)
+                .with_keep_alive(KEEP_ALIVE_EVERY, deadline.max(Duration::from_secs(1)))
                 // A member cut off from its leader answers nothing rather
                 // than a stale view: a watch through it is cancelled and
                 // redone elsewhere.
@@ -384,8 +570,8 @@ impl Store {
     }
 
     /// Reads the whole prefix in one range request (one revision: the
-    /// current one, or `at`), and joins the configuration.
-    pub async fn snapshot(&self, prefix: &str, at: Option<i64>) -> Result<Snapshot, StoreError> {
+    /// current one, or `at`): every key with its value and revision.
+    pub async fn list(&self, prefix: &str, at: Option<i64>) -> Result<Mirror, StoreError> {
         let dir = full_key(prefix, "");
         let mut opts = GetOptions::new().with_prefix();
         if let Some(rev) = at {
@@ -404,48 +590,31 @@ impl Store {
             .await
             .map_err(|e| revision_error(e, at))?;
         let revision = at.unwrap_or_else(|| resp.header().map(|h| h.revision()).unwrap_or(0));
-        let mut keys = Vec::new();
-        let mut guard_revision = 0;
-        let mut pushed = None;
-        let mut hold = None;
-        for kv in resp.kvs() {
-            let Some(rel) = kv.key().strip_prefix(dir.as_bytes()) else {
-                continue;
-            };
-            let rel = String::from_utf8_lossy(rel).into_owned();
-            let value = String::from_utf8_lossy(kv.value()).into_owned();
-            if rel == GUARD_KEY {
-                guard_revision = kv.mod_revision();
-                let mut record: PushRecord =
-                    serde_json::from_str(&value).map_err(|source| StoreError::Record {
-                        key: full_key(prefix, GUARD_KEY),
-                        revision: kv.mod_revision(),
-                        source,
-                    })?;
-                record.revision = kv.mod_revision();
-                pushed = Some(record);
-            } else if rel == HOLD_KEY {
-                hold = Some(value);
-            } else if rel.starts_with(CONFIG_DIR) {
-                keys.push((rel, value));
-            }
-        }
-        let text =
-            layout::join(keys.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(|source| {
-                StoreError::Layout {
-                    prefix: prefix.to_string(),
-                    revision,
-                    source,
-                }
-            })?;
-        Ok(Snapshot {
+        let keys = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let rel = kv.key().strip_prefix(dir.as_bytes())?;
+                Some((
+                    String::from_utf8_lossy(rel).into_owned(),
+                    (
+                        String::from_utf8_lossy(kv.value()).into_owned(),
+                        kv.mod_revision(),
+                    ),
+                ))
+            })
+            .collect();
+        Ok(Mirror {
+            prefix: prefix.to_string(),
             revision,
-            text,
             keys,
-            guard_revision,
-            pushed,
-            hold,
         })
+    }
+
+    /// Reads the whole prefix in one range request (one revision: the
+    /// current one, or `at`), and joins the configuration.
+    pub async fn snapshot(&self, prefix: &str, at: Option<i64>) -> Result<Snapshot, StoreError> {
+        self.list(prefix, at).await?.snapshot()
     }
 
     /// Validates `text` ([`lb::config::Config::parse`], named `file` in
@@ -467,6 +636,7 @@ impl Store {
             local,
             who,
             rollback_of,
+            take_over,
         } = *push;
         match local {
             Some(local) => {
@@ -477,24 +647,34 @@ impl Store {
                 lb::config::Config::parse(text, file).map_err(StoreError::Invalid)?;
             }
         }
+        if let Some(p) = read.pending.as_ref().filter(|_| !take_over) {
+            return Err(StoreError::InProgress {
+                prefix: prefix.to_string(),
+                who: p.who.clone(),
+                revision: p.revision,
+            });
+        }
         let new = layout::split(text).map_err(StoreError::Split)?;
         let old: std::collections::HashMap<&str, &str> = read
             .keys
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        let mut ops = Vec::new();
-        let mut bytes = 0;
+        // Each operation with the bytes it sends.
+        let mut ops: Vec<(TxnOp, usize)> = Vec::new();
         let mut outcome = PushOutcome {
             revision: read.revision,
             put: Vec::new(),
             deleted: Vec::new(),
+            transactions: 0,
         };
         for (k, v) in &new {
             if old.get(k.as_str()) != Some(&v.as_str()) {
                 let key = full_key(prefix, k);
-                bytes += key.len() + v.len();
-                ops.push(TxnOp::put(key.clone(), v.clone(), None));
+                ops.push((
+                    TxnOp::put(key.clone(), v.clone(), None),
+                    key.len() + v.len(),
+                ));
                 outcome.put.push(key);
             }
         }
@@ -502,12 +682,11 @@ impl Store {
         for (k, _) in &read.keys {
             if !kept.contains(k.as_str()) {
                 let key = full_key(prefix, k);
-                bytes += key.len();
-                ops.push(TxnOp::delete(key.clone(), None));
+                ops.push((TxnOp::delete(key.clone(), None), key.len()));
                 outcome.deleted.push(key);
             }
         }
-        if ops.is_empty() && rollback_of.is_none() {
+        if ops.is_empty() && rollback_of.is_none() && read.pending.is_none() {
             return Ok(outcome);
         }
         let record = PushRecord {
@@ -522,46 +701,132 @@ impl Store {
             revision: 0,
         };
         let guard = full_key(prefix, GUARD_KEY);
+        let marker = full_key(prefix, PENDING_KEY);
         let record = serde_json::to_string(&record).map_err(|source| StoreError::Record {
             key: guard.clone(),
             revision: 0,
             source,
         })?;
-        bytes += guard.len() + record.len();
-        ops.push(TxnOp::put(guard.clone(), record, None));
-        if ops.len() > self.limits.max_ops || bytes > self.limits.max_bytes {
+        // The guard: nothing pushed, no configuration key written and no
+        // staged push begun or taken over since the read.
+        let guarded = [
+            Compare::mod_revision(guard.clone(), CompareOp::Equal, read.guard_revision),
+            Compare::mod_revision(
+                full_key(prefix, CONFIG_DIR),
+                CompareOp::Less,
+                read.revision + 1,
+            )
+            .with_prefix(),
+            Compare::mod_revision(
+                marker.clone(),
+                CompareOp::Equal,
+                read.pending.as_ref().map_or(0, |p| p.revision),
+            ),
+        ];
+        let finish = [
+            TxnOp::put(guard.clone(), record.clone(), None),
+            TxnOp::delete(marker.clone(), None),
+        ];
+        let finish_bytes = guard.len() + record.len() + marker.len();
+        let bytes: usize = ops.iter().map(|(_, b)| b).sum::<usize>() + finish_bytes;
+        let limits = self.limits;
+        if ops.len() + finish.len() <= limits.max_ops && bytes <= limits.max_bytes {
+            let txn = Txn::new().when(guarded).and_then(
+                ops.into_iter()
+                    .map(|(op, _)| op)
+                    .chain(finish)
+                    .collect::<Vec<_>>(),
+            );
+            let resp = self.txn(txn).await?;
+            if !resp.succeeded() {
+                return Err(StoreError::Conflict {
+                    prefix: prefix.to_string(),
+                    read_revision: read.revision,
+                });
+            }
+            outcome.revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            outcome.transactions = 1;
+            return Ok(outcome);
+        }
+        // Too large for one transaction: staged behind the marker.
+        let room = limits.max_bytes.saturating_sub(REQUEST_MARGIN_BYTES);
+        if let Some((_, big)) = ops.iter().find(|(_, b)| *b > room) {
             return Err(StoreError::TooLarge {
-                ops: ops.len(),
-                bytes,
-                max_ops: self.limits.max_ops,
-                max_bytes: self.limits.max_bytes,
+                ops: 1,
+                bytes: *big,
+                max_ops: limits.max_ops,
+                max_bytes: limits.max_bytes,
             });
         }
-        let txn = Txn::new()
-            .when([
-                Compare::mod_revision(guard, CompareOp::Equal, read.guard_revision),
-                Compare::mod_revision(
-                    full_key(prefix, CONFIG_DIR),
-                    CompareOp::Less,
-                    read.revision + 1,
-                )
-                .with_prefix(),
-            ])
-            .and_then(ops);
-        let resp = self
-            .call("txn", Retry::NotSent, |c| {
-                let txn = txn.clone();
-                async move { c.kv_client().txn(txn).await }
-            })
-            .await?;
+        let mut batches: Vec<Vec<TxnOp>> = Vec::new();
+        let mut size = 0;
+        for (op, b) in ops {
+            match batches.last_mut() {
+                Some(last) if last.len() < limits.max_ops && size + b <= room => {
+                    size += b;
+                    last.push(op);
+                }
+                _ => {
+                    size = b;
+                    batches.push(vec![op]);
+                }
+            }
+        }
+        let total = batches.len() + 2;
+        let begin = Txn::new()
+            .when(guarded)
+            .and_then([TxnOp::put(marker.clone(), record, None)]);
+        let resp = self.txn(begin).await?;
         if !resp.succeeded() {
             return Err(StoreError::Conflict {
                 prefix: prefix.to_string(),
                 read_revision: read.revision,
             });
         }
+        let at = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let ours = || [Compare::mod_revision(marker.clone(), CompareOp::Equal, at)];
+        let interrupted = |done: usize, e: StoreError| StoreError::Interrupted {
+            done,
+            total,
+            marker: marker.clone(),
+            revision: at,
+            source: Box::new(e),
+        };
+        for (i, batch) in batches.into_iter().enumerate() {
+            let resp = self
+                .txn(Txn::new().when(ours()).and_then(batch))
+                .await
+                .map_err(|e| interrupted(i + 1, e))?;
+            if !resp.succeeded() {
+                return Err(StoreError::TakenOver {
+                    marker: marker.clone(),
+                    revision: at,
+                });
+            }
+        }
+        let resp = self
+            .txn(Txn::new().when(ours()).and_then(finish))
+            .await
+            .map_err(|e| interrupted(total - 1, e))?;
+        if !resp.succeeded() {
+            return Err(StoreError::TakenOver {
+                marker: marker.clone(),
+                revision: at,
+            });
+        }
         outcome.revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        outcome.transactions = total;
         Ok(outcome)
+    }
+
+    /// One transaction, sent to another member only when it could not be
+    /// sent (a transaction that may have been applied is not sent twice).
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
+        self.call("txn", Retry::NotSent, |c| {
+            let txn = txn.clone();
+            async move { c.kv_client().txn(txn).await }
+        })
+        .await
     }
 
     /// The pushes etcd still remembers, newest first (at most `max`,
@@ -625,6 +890,7 @@ impl Store {
             local,
             who,
             rollback_of: Some(revision),
+            take_over: false,
         };
         self.push(prefix, &push, &current).await
     }
@@ -691,6 +957,7 @@ impl Store {
             .await?;
         Ok(Watch {
             stream,
+            dir,
             from: from_revision,
             endpoints: self.endpoints.clone(),
             deadline: self.deadline,
@@ -701,6 +968,7 @@ impl Store {
 /// A watch on a prefix.
 pub struct Watch {
     stream: WatchStream,
+    dir: String,
     from: i64,
     endpoints: String,
     deadline: Duration,
@@ -713,11 +981,11 @@ impl std::fmt::Debug for Watch {
 }
 
 impl Watch {
-    /// Waits for the next change and returns the newest revision it
-    /// carries (several events in one response are one revision to read).
-    /// No deadline: a watch waits for as long as nothing changes; the
-    /// caller bounds it (and the client's keep-alive ends a dead stream).
-    pub async fn next(&mut self) -> Result<i64, StoreError> {
+    /// Waits for the next change: the events of one response (whole
+    /// revisions), keys relative to the prefix. No deadline: a watch waits
+    /// for as long as nothing changes; the caller bounds it (and the
+    /// client's keep-alive ends a dead stream).
+    pub async fn next(&mut self) -> Result<Change, StoreError> {
         loop {
             let msg = self
                 .stream
@@ -743,14 +1011,29 @@ impl Watch {
             if resp.canceled() {
                 return Err(StoreError::WatchEnded(resp.cancel_reason().to_string()));
             }
-            let newest = resp
-                .events()
-                .iter()
-                .filter_map(|e| e.kv().map(|kv| kv.mod_revision()))
-                .max();
-            if let Some(rev) = newest {
-                self.from = rev;
-                return Ok(rev);
+            let mut change = Change {
+                revision: self.from,
+                events: Vec::with_capacity(resp.events().len()),
+            };
+            for e in resp.events() {
+                let Some(kv) = e.kv() else { continue };
+                let Some(rel) = kv.key().strip_prefix(self.dir.as_bytes()) else {
+                    continue;
+                };
+                let rel = String::from_utf8_lossy(rel).into_owned();
+                change.revision = change.revision.max(kv.mod_revision());
+                let put = match e.event_type() {
+                    etcd_client::EventType::Put => Some((
+                        String::from_utf8_lossy(kv.value()).into_owned(),
+                        kv.mod_revision(),
+                    )),
+                    etcd_client::EventType::Delete => None,
+                };
+                change.events.push((rel, put));
+            }
+            if !change.events.is_empty() {
+                self.from = change.revision;
+                return Ok(change);
             }
         }
     }

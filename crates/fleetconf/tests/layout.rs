@@ -215,16 +215,27 @@ proptest! {
     }
 }
 
-/// A push larger than etcd takes in one transaction is refused before
-/// anything is sent, saying which bounds to raise. (The store connects
+/// A push larger than one transaction is staged in several, but one key
+/// larger than a request can carry cannot be: it is refused before
+/// anything is sent, saying which bound to raise. (The store connects
 /// lazily: nothing listens on port 1 of loopback and nothing is asked.)
 #[test]
-fn a_push_over_etcds_transaction_bounds_is_refused_before_sending() {
+fn a_key_over_etcds_request_bound_is_refused_before_sending() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let text = fleet(200, 3);
+    // 200 VIPs, one of 400 backends: its pool's key is some 20 KiB, over
+    // what a 70 KiB request leaves once its margin is kept.
+    let mut text = fleet(200, 3);
+    let big: Vec<String> = (0..400)
+        .map(|i| format!("{{ address = \"10.{}.{}.9\" }}", 100 + i / 250, i % 250))
+        .collect();
+    text.push_str(&format!(
+        "\n[[pools]]\nname = \"huge\"\nbackends = [\n  {}\n]\n",
+        big.join(",\n  ")
+    ));
+    assert!(Config::parse(&text, "gen").is_ok(), "{text}");
     let e = rt
         .block_on(async {
             let store = fleetconf::Store::connect(
@@ -232,7 +243,11 @@ fn a_push_over_etcds_transaction_bounds_is_refused_before_sending() {
                 std::time::Duration::from_millis(500),
             )
             .await
-            .unwrap();
+            .unwrap()
+            .with_limits(fleetconf::TxnLimits {
+                max_ops: 128,
+                max_bytes: fleetconf::REQUEST_MARGIN_BYTES + 6 * 1024,
+            });
             let empty = fleetconf::Snapshot {
                 revision: 1,
                 text: String::new(),
@@ -240,6 +255,7 @@ fn a_push_over_etcds_transaction_bounds_is_refused_before_sending() {
                 guard_revision: 0,
                 pushed: None,
                 hold: None,
+                pending: None,
             };
             store
                 .push(
@@ -252,8 +268,8 @@ fn a_push_over_etcds_transaction_bounds_is_refused_before_sending() {
         .unwrap_err();
     let msg = e.to_string();
     assert!(
-        matches!(e, fleetconf::StoreError::TooLarge { ops, max_ops: 128, .. } if ops == 200 + 200 + 1 + 1 + 1),
+        matches!(e, fleetconf::StoreError::TooLarge { ops: 1, bytes, .. } if bytes > 6 * 1024),
         "{msg}"
     );
-    assert!(msg.contains("--max-txn-ops"), "{msg}");
+    assert!(msg.contains("--max-request-bytes"), "{msg}");
 }

@@ -92,7 +92,14 @@ impl Start {
             .map_err(EtcdError::Runtime)?;
         let snapshot = rt.block_on(async {
             let store = fleetconf::Store::connect(&endpoints, deadline).await?;
-            store.snapshot(&prefix, None).await
+            let snap = store.snapshot(&prefix, None).await?;
+            match &snap.pending {
+                // Part-way through a staged push: start with the last
+                // complete configuration, the one before its marker (the
+                // follower waits for the push's end).
+                Some(p) => store.snapshot(&prefix, Some(p.revision - 1)).await,
+                None => Ok(snap),
+            }
         })?;
         Ok(Start {
             endpoints,
@@ -156,6 +163,7 @@ struct State {
     answered: Option<Instant>,
     held_by: Option<String>,
     waiting_revision: Option<i64>,
+    staging: Option<(String, i64)>,
     last_error: Option<String>,
 }
 
@@ -221,8 +229,14 @@ impl EtcdSource {
     /// when this load balancer may apply it and it is neither running nor
     /// refused already.
     pub(crate) fn decide(&self, snap: &fleetconf::Snapshot) -> Decision {
-        let hash = fleetconf::text_hash(&snap.text);
         let mut s = self.state();
+        if let Some(p) = &snap.pending {
+            s.staging = Some((p.who.clone(), p.revision));
+            s.waiting_revision = Some(snap.revision);
+            return Decision::Pending(p.who.clone());
+        }
+        s.staging = None;
+        let hash = fleetconf::text_hash(&snap.text);
         if let Some(h) = snap.hold.as_ref().filter(|h| **h != self.name) {
             s.held_by = Some(h.clone());
             s.waiting_revision = (hash != s.applied_hash).then_some(snap.revision);
@@ -248,6 +262,13 @@ impl EtcdSource {
         s.pushed_revision = snap.guard_revision;
         s.applied_hash = hash;
         s.applied_unix_s = unix_now();
+    }
+
+    /// The keys at `revision` do not make a configuration (`error`).
+    pub(crate) fn unreadable(&self, revision: i64, error: String) {
+        let mut s = self.state();
+        s.staging = None;
+        s.refused = Some((revision, error, String::new()));
     }
 
     /// `snap` (of text hash `hash`) was refused for `error`.
@@ -279,6 +300,10 @@ impl EtcdSource {
             etcd_answered_s_ago: s.answered.map(|t| t.elapsed().as_secs_f64()),
             held_by: s.held_by.clone(),
             waiting_revision: s.waiting_revision,
+            push_in_progress: s
+                .staging
+                .as_ref()
+                .map(|(who, rev)| format!("{who} since revision {rev}")),
             last_error: s.last_error.clone(),
         }
     }
@@ -291,6 +316,8 @@ pub(crate) enum Decision {
     Apply(String),
     /// Another load balancer holds the fleet.
     Held(String),
+    /// A push staged in several transactions is part-way (by whom).
+    Pending(String),
     /// It is what runs.
     Running,
     /// It was refused already.
@@ -337,9 +364,14 @@ pub struct ConfigSourceStatus {
     /// Another load balancer holds the fleet (a canary): this one waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
-    /// The revision this one waits to apply while held.
+    /// The revision this one waits to apply while held or while a push
+    /// is being staged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_revision: Option<i64>,
+    /// A push staged in several transactions, part-way (who, since which
+    /// revision): this one runs the last complete configuration meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push_in_progress: Option<String>,
     /// The last failure to reach etcd, while it lasts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -383,6 +415,11 @@ impl ConfigSourceStatus {
                 None => s += &format!("  held for {h}\n"),
             }
         }
+        if let Some(p) = &self.push_in_progress {
+            s += &format!(
+                "  waiting for a push by {p} to finish (staged in several transactions)\n"
+            );
+        }
         if let Some(e) = &self.last_error {
             s += &format!("  etcd unreachable: {e}\n");
         }
@@ -402,6 +439,7 @@ mod tests {
             guard_revision: revision,
             pushed: None,
             hold: hold.map(str::to_string),
+            pending: None,
         }
     }
 
@@ -442,6 +480,33 @@ mod tests {
         // Released: this one applies the waiting revision.
         assert!(matches!(s.decide(&snap(7, "b", None)), Decision::Apply(_)));
         assert_eq!(s.status().held_by, None);
+    }
+
+    #[test]
+    fn a_push_part_way_makes_it_wait_and_say_by_whom() {
+        let s = source("lb1");
+        let mut part_way = snap(6, "", None);
+        part_way.pending = Some(fleetconf::PushRecord {
+            who: "ops@host".into(),
+            when_unix_s: 1,
+            hash: "0".into(),
+            read_revision: 5,
+            rollback_of: None,
+            revision: 6,
+        });
+        assert_eq!(s.decide(&part_way), Decision::Pending("ops@host".into()));
+        let st = s.status();
+        assert_eq!(st.applied_revision, Some(5), "the running one stays");
+        assert_eq!(st.waiting_revision, Some(6));
+        assert!(
+            st.to_text()
+                .contains("waiting for a push by ops@host since revision 6"),
+            "{}",
+            st.to_text()
+        );
+        // Its last transaction: applied, and no longer waiting.
+        assert!(matches!(s.decide(&snap(9, "b", None)), Decision::Apply(_)));
+        assert_eq!(s.status().push_in_progress, None);
     }
 
     #[test]

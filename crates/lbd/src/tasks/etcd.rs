@@ -1,9 +1,10 @@
 //! The follower of the fleet's configuration in etcd (`lb run
 //! --config-etcd`; what it records is [`crate::source`]'s).
 //!
-//! It watches the prefix from the revision applied; on each change it
-//! reads the whole prefix again at the change's revision and applies it
-//! through the reload's path ([`crate::reload::reload_from_text`]):
+//! It reads the prefix once ([`fleetconf::Store::list`]) and keeps that
+//! copy current with the watch's events ([`fleetconf::Mirror`]), so a push
+//! costs it the bytes that changed; at each change it applies the prefix
+//! as it is at that revision through the reload's path ([`crate::reload::reload_from_text`]):
 //! validated whole, swapped in one step, or refused whole with the
 //! running tables serving on, the revision and the error recorded for
 //! `/status`. It runs on the control plane's runtime: forwarding and BGP
@@ -11,7 +12,8 @@
 //! backoff bounded by [`MAX_BACKOFF`] and reads the current revision first
 //! (which also covers a compacted watch); while the watch is quiet it asks
 //! etcd every [`PING_EVERY`], so that `/status` says how old its view is.
-//! A hold naming another load balancer makes it wait, and say so.
+//! A hold naming another load balancer makes it wait, and say so; so does
+//! a push staged in several transactions, until its last one.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -55,27 +57,26 @@ pub async fn follow(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
 /// One connection: catch up with the current revision, then watch from
 /// it. Returns `Ok` only at `stop`.
 async fn follow_once(
-    shared: &Shared,
-    src: &EtcdSource,
+    shared: &Arc<Shared>,
+    src: &Arc<EtcdSource>,
     stop: &AtomicBool,
     backoff: &mut Duration,
 ) -> Result<(), fleetconf::StoreError> {
     let store = fleetconf::Store::connect(src.endpoints(), src.deadline()).await?;
-    let snap = store.snapshot(src.prefix(), None).await?;
+    let mut mirror = store.list(src.prefix(), None).await?;
     src.answered();
     *backoff = MIN_BACKOFF;
-    let from = snap.revision;
-    consider(shared, src, snap);
-    let mut watch = store.watch(src.prefix(), from).await?;
+    settle(shared, src, &mirror).await;
+    let mut watch = store.watch(src.prefix(), mirror.revision()).await?;
     let mut ping = tokio::time::interval(PING_EVERY);
     let mut check_stop = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
             r = watch.next() => {
-                let rev = r?;
+                let change = r?;
                 src.answered();
-                let snap = store.snapshot(src.prefix(), Some(rev)).await?;
-                consider(shared, src, snap);
+                mirror.apply(&change);
+                settle(shared, src, &mirror).await;
             }
             _ = ping.tick() => {
                 store.ping(src.prefix()).await?;
@@ -90,15 +91,55 @@ async fn follow_once(
     }
 }
 
-/// Applies `snap` unless held for another load balancer, already running,
-/// or already refused; records what happened.
-fn consider(shared: &Shared, src: &EtcdSource, snap: fleetconf::Snapshot) {
+/// [`consider`]s the mirror as it is now, on a blocking thread: joining,
+/// validating and building a large fleet's tables takes long enough to
+/// starve the control plane's other tasks (the API, health checks, the
+/// fleet peers' probes) if it ran on their runtime.
+async fn settle(shared: &Arc<Shared>, src: &Arc<EtcdSource>, mirror: &fleetconf::Mirror) {
+    let (shared, src, mirror) = (Arc::clone(shared), Arc::clone(src), mirror.clone());
+    let done = tokio::task::spawn_blocking(move || {
+        consider(&shared, &src, mirror.revision(), mirror.snapshot())
+    })
+    .await;
+    if let Err(e) = done {
+        tracing::error!("etcd: applying a revision failed: {e}");
+    }
+}
+
+/// Applies the prefix as it is at `revision` unless held for another load
+/// balancer, part-way through a staged push, already running, or already
+/// refused; records what happened. Keys that do not make a configuration
+/// are that revision's refusal, not a reason to read again.
+fn consider(
+    shared: &Shared,
+    src: &EtcdSource,
+    revision: i64,
+    snap: Result<fleetconf::Snapshot, fleetconf::StoreError>,
+) {
+    let snap = match snap {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(
+                revision,
+                "etcd: revision {revision} refused, the running configuration stays: {e}"
+            );
+            src.unreadable(revision, e.to_string());
+            return;
+        }
+    };
     let hash = match src.decide(&snap) {
         Decision::Apply(hash) => hash,
         Decision::Held(by) => {
             tracing::info!(
                 revision = snap.revision,
                 "etcd: held for {by}; this load balancer waits for the release"
+            );
+            return;
+        }
+        Decision::Pending(by) => {
+            tracing::info!(
+                revision = snap.revision,
+                "etcd: a push by {by} is being staged; this load balancer waits for its last transaction"
             );
             return;
         }
