@@ -15,17 +15,53 @@ use crate::Format;
 
 /// Where the fleet's configuration lives.
 #[derive(Args, Clone)]
+#[group(id = "etcd_target", required = true, multiple = false, args = ["endpoints", "etcd_file"])]
 pub struct EtcdArgs {
     /// etcd's client URLs, comma-separated (or repeated):
     /// http://10.0.0.1:2379,http://10.0.0.2:2379,http://10.0.0.3:2379.
-    #[arg(long = "etcd", value_name = "ENDPOINTS", required = true, num_args = 1.., value_delimiter = ',')]
+    #[arg(long = "etcd", value_name = "ENDPOINTS", num_args = 1.., value_delimiter = ',')]
     endpoints: Vec<String>,
-    /// The fleet's prefix: every key lives under it (/fastpath/edge).
+    /// A bootstrap file instead of --etcd: endpoints, TLS (CA, client
+    /// certificate and key), a user and password file, the prefix and a
+    /// deadline (see README, "Fleet configuration in etcd").
+    #[arg(long, value_name = "FILE")]
+    etcd_file: Option<PathBuf>,
+    /// The fleet's prefix: every key lives under it (/fastpath/edge);
+    /// required unless the bootstrap file gives it.
     #[arg(long, value_name = "P")]
-    prefix: String,
-    /// Deadline of every call to etcd, in milliseconds.
+    prefix: Option<String>,
+    /// Deadline of every call to etcd, in milliseconds (with --etcd).
     #[arg(long, value_name = "MS", default_value_t = 5000)]
     timeout_ms: u64,
+}
+
+/// A cluster to reach and the prefix to work under.
+struct Target {
+    access: fleetconf::Access,
+    prefix: String,
+}
+
+impl EtcdArgs {
+    /// The access and prefix these arguments (or the bootstrap file) give.
+    fn load(&self) -> anyhow::Result<Target> {
+        let (access, from_file) = match &self.etcd_file {
+            Some(f) => {
+                let b = fleetconf::Bootstrap::load(f)?;
+                (b.access, b.prefix)
+            }
+            None => (
+                fleetconf::Access::plain(
+                    self.endpoints.clone(),
+                    Duration::from_millis(self.timeout_ms),
+                ),
+                None,
+            ),
+        };
+        let prefix = self.prefix.clone().or(from_file).context(
+            "no prefix: pass --prefix (or give `prefix` in the --etcd-file bootstrap file)",
+        )?;
+        Ok(Target { access, prefix })
+    }
 }
 
 /// `fastpath lb config ...`.
@@ -225,8 +261,8 @@ fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyho
         .block_on(f)
 }
 
-async fn connect(e: &EtcdArgs) -> anyhow::Result<fleetconf::Store> {
-    Ok(fleetconf::Store::connect(&e.endpoints, Duration::from_millis(e.timeout_ms)).await?)
+async fn connect(t: &Target) -> anyhow::Result<fleetconf::Store> {
+    Ok(fleetconf::Store::connect_with(&t.access).await?)
 }
 
 fn read_file(path: &Path) -> anyhow::Result<String> {
@@ -467,19 +503,20 @@ pub fn run(a: ConfigArgs) -> anyhow::Result<()> {
             take_over,
             format,
         } => {
+            let t = etcd.load()?;
             let text = read_file(&file)?;
             let local = local.as_deref().map(read_file).transpose()?;
             let who = who.unwrap_or_else(default_who);
             let outcome = block_on(async {
-                let store = connect(&etcd).await?.with_limits(fleetconf::TxnLimits {
+                let store = connect(&t).await?.with_limits(fleetconf::TxnLimits {
                     max_ops: max_txn_ops,
                     max_bytes: max_request_bytes,
                 });
-                let read = store.snapshot(&etcd.prefix, None).await?;
+                let read = store.snapshot(&t.prefix, None).await?;
                 let name = file.display().to_string();
                 Ok(store
                     .push(
-                        &etcd.prefix,
+                        &t.prefix,
                         &fleetconf::Push {
                             local: local.as_deref(),
                             take_over,
@@ -492,20 +529,20 @@ pub fn run(a: ConfigArgs) -> anyhow::Result<()> {
             emit(
                 format,
                 &Pushed {
-                    prefix: etcd.prefix,
+                    prefix: t.prefix,
                     outcome,
                 },
             )
         }
         ConfigCommand::Diff { file, etcd, format } => {
+            let t = etcd.load()?;
             let text = read_file(&file)?;
             let new = fleetconf::split(&text).with_context(|| file.display().to_string())?;
-            let snap =
-                block_on(async { Ok(connect(&etcd).await?.snapshot(&etcd.prefix, None).await?) })?;
+            let snap = block_on(async { Ok(connect(&t).await?.snapshot(&t.prefix, None).await?) })?;
             emit(
                 format,
                 &Diffed {
-                    prefix: etcd.prefix,
+                    prefix: t.prefix,
                     revision: snap.revision,
                     diff: fleetconf::diff(&snap.keys, &new),
                 },
@@ -516,12 +553,13 @@ pub fn run(a: ConfigArgs) -> anyhow::Result<()> {
             limit,
             format,
         } => {
+            let t = etcd.load()?;
             let pushes =
-                block_on(async { Ok(connect(&etcd).await?.history(&etcd.prefix, limit).await?) })?;
+                block_on(async { Ok(connect(&t).await?.history(&t.prefix, limit).await?) })?;
             emit(
                 format,
                 &HistoryOut(&History {
-                    prefix: etcd.prefix,
+                    prefix: t.prefix,
                     pushes,
                 }),
             )
@@ -533,18 +571,19 @@ pub fn run(a: ConfigArgs) -> anyhow::Result<()> {
             who,
             format,
         } => {
+            let t = etcd.load()?;
             let local = local.as_deref().map(read_file).transpose()?;
             let who = who.unwrap_or_else(default_who);
             let outcome = block_on(async {
-                Ok(connect(&etcd)
+                Ok(connect(&t)
                     .await?
-                    .rollback(&etcd.prefix, revision, local.as_deref(), &who)
+                    .rollback(&t.prefix, revision, local.as_deref(), &who)
                     .await?)
             })?;
             emit(
                 format,
                 &Pushed {
-                    prefix: etcd.prefix,
+                    prefix: t.prefix,
                     outcome,
                 },
             )
@@ -555,17 +594,18 @@ pub fn run(a: ConfigArgs) -> anyhow::Result<()> {
             etcd,
             format,
         } => {
+            let t = etcd.load()?;
             let name = if release { None } else { name };
             let revision = block_on(async {
-                Ok(connect(&etcd)
+                Ok(connect(&t)
                     .await?
-                    .set_hold(&etcd.prefix, name.as_deref())
+                    .set_hold(&t.prefix, name.as_deref())
                     .await?)
             })?;
             emit(
                 format,
                 &Held {
-                    prefix: etcd.prefix,
+                    prefix: t.prefix,
                     hold: name,
                     revision,
                 },
@@ -576,16 +616,13 @@ pub fn run(a: ConfigArgs) -> anyhow::Result<()> {
             revision,
             format,
         } => {
-            let snap = block_on(async {
-                Ok(connect(&etcd)
-                    .await?
-                    .snapshot(&etcd.prefix, revision)
-                    .await?)
-            })?;
+            let t = etcd.load()?;
+            let snap =
+                block_on(async { Ok(connect(&t).await?.snapshot(&t.prefix, revision).await?) })?;
             emit(
                 format,
                 &Shown {
-                    prefix: etcd.prefix,
+                    prefix: t.prefix,
                     revision: snap.revision,
                     pushed: snap.pushed.map(|r| RecordShown {
                         revision: r.revision,
@@ -623,17 +660,26 @@ pub struct EtcdRunArgs {
         num_args = 1..,
         value_delimiter = ',',
         requires = "prefix",
-        conflicts_with = "pcap_in"
+        conflicts_with_all = ["pcap_in", "etcd_file"]
     )]
     pub endpoints: Vec<String>,
+    /// The same from a bootstrap file (endpoints, TLS, a user and password
+    /// file, the prefix, this load balancer's name, a deadline; see README,
+    /// "Fleet configuration in etcd"), shared with `lb config --etcd-file`.
+    #[arg(
+        long = "config-etcd-file",
+        value_name = "FILE",
+        conflicts_with = "pcap_in"
+    )]
+    pub etcd_file: Option<PathBuf>,
     /// The fleet's prefix in etcd (/fastpath/edge).
-    #[arg(long, value_name = "P", requires = "endpoints")]
+    #[arg(long, value_name = "P")]
     pub prefix: Option<String>,
     /// This load balancer's name, which `fastpath lb config hold NAME`
-    /// names (default: the host name).
-    #[arg(long, requires = "endpoints")]
+    /// names (default: the bootstrap file's, else the host name).
+    #[arg(long)]
     pub name: Option<String>,
-    /// Deadline of every call to etcd, in milliseconds.
+    /// Deadline of every call to etcd, in milliseconds (with --config-etcd).
     #[arg(long, value_name = "MS", default_value_t = 5000)]
     pub etcd_timeout_ms: u64,
 }
@@ -642,23 +688,38 @@ impl EtcdRunArgs {
     /// The daemon's source: etcd, read once now (with `local`, the
     /// machine's own file), or the file `local` alone.
     pub fn source(&self, local: &Path) -> anyhow::Result<lbd::daemon::Source> {
-        let Some(prefix) = self.prefix.clone().filter(|_| !self.endpoints.is_empty()) else {
-            return Ok(lbd::daemon::Source::File(local.to_path_buf()));
+        let (access, prefix, name) = match &self.etcd_file {
+            Some(f) => {
+                let b = fleetconf::Bootstrap::load(f)?;
+                (
+                    b.access,
+                    self.prefix.clone().or(b.prefix),
+                    self.name.clone().or(b.name),
+                )
+            }
+            None if self.endpoints.is_empty() => {
+                return Ok(lbd::daemon::Source::File(local.to_path_buf()))
+            }
+            None => (
+                fleetconf::Access::plain(
+                    self.endpoints.clone(),
+                    Duration::from_millis(self.etcd_timeout_ms),
+                ),
+                self.prefix.clone(),
+                self.name.clone(),
+            ),
         };
-        let name = self.name.clone().unwrap_or_else(|| {
+        let prefix = prefix.context(
+            "no prefix: pass --prefix (or give `prefix` in the --config-etcd-file bootstrap file)",
+        )?;
+        let name = name.unwrap_or_else(|| {
             rustix::system::uname()
                 .nodename()
                 .to_string_lossy()
                 .into_owned()
         });
-        let start = lbd::EtcdStart::read(
-            self.endpoints.clone(),
-            prefix,
-            name,
-            Some(local),
-            Duration::from_millis(self.etcd_timeout_ms),
-        )
-        .context("reading the configuration from etcd")?;
+        let start = lbd::EtcdStart::read(access, prefix, name, Some(local))
+            .context("reading the configuration from etcd")?;
         Ok(lbd::daemon::Source::Etcd(Box::new(start)))
     }
 }

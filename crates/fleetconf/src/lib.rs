@@ -11,12 +11,14 @@
 //! interleave; [`Store::history`], [`Store::rollback`] and the canary hold
 //! ([`Store::set_hold`]) complete the operations.
 
+pub mod access;
 pub mod layout;
 mod store;
 
+pub use access::{Access, AccessError, Bootstrap};
 pub use layout::{diff, join, merge, split, Diff, LayoutError};
 pub use store::{
     text_hash, Change, Mirror, Push, PushOutcome, PushRecord, Snapshot, Store, StoreError,
     TxnLimits, Watch, ETCD_DEFAULT_MAX_REQUEST_BYTES, ETCD_DEFAULT_MAX_TXN_OPS, GUARD_KEY,
-    HOLD_KEY, MAX_HISTORY, MAX_RESPONSE_BYTES, PENDING_KEY, REQUEST_MARGIN_BYTES,
+    HOLD_KEY, KEEP_ALIVE_EVERY, MAX_HISTORY, MAX_RESPONSE_BYTES, PENDING_KEY, REQUEST_MARGIN_BYTES,
 };

@@ -7,11 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, WatchOptions, WatchStream,
-};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions, WatchStream};
 use serde::{Deserialize, Serialize};
 
+use crate::access::Access;
 use crate::layout::{self, LayoutError, CONFIG_DIR};
 
 /// The guard key, relative to the prefix: written by every push with who,
@@ -475,19 +474,18 @@ impl Store {
     /// later call gives up after `deadline`, trying the members in turn
     /// (each connection attempt bounded by a share of the deadline).
     pub async fn connect(endpoints: &[String], deadline: Duration) -> Result<Store, StoreError> {
+        Store::connect_with(&Access::plain(endpoints.to_vec(), deadline)).await
+    }
+
+    /// Connects as `access` says (TLS, a user: [`crate::Bootstrap`]).
+    pub async fn connect_with(access: &Access) -> Result<Store, StoreError> {
+        let (endpoints, deadline) = (&access.endpoints, access.deadline);
         let joined = endpoints.join(",");
         let share =
             (deadline / (endpoints.len().max(1) as u32 + 1)).max(Duration::from_millis(100));
         let mut clients = Vec::with_capacity(endpoints.len());
         for ep in endpoints {
-            let options = ConnectOptions::new()
-                .with_connect_timeout(share)
-                .with_timeout(deadline)
-                .with_keep_alive(KEEP_ALIVE_EVERY, deadline.max(Duration::from_secs(1)))
-                // A member cut off from its leader answers nothing rather
-                // than a stale view: a watch through it is cancelled and
-                // redone elsewhere.
-                .with_require_leader(true);
+            let options = access.options(share);
             let client = bounded(ep, "connect", deadline, async {
                 Client::connect([ep.as_str()], Some(options)).await
             })

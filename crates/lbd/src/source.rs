@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -53,8 +53,8 @@ impl From<fleetconf::LayoutError> for EtcdError {
 /// Where the configuration comes from, read once before the daemon starts.
 #[derive(Debug)]
 pub struct Start {
-    /// etcd's client URLs.
-    pub endpoints: Vec<String>,
+    /// How to reach etcd (endpoints, deadline, TLS, a user).
+    pub access: fleetconf::Access,
     /// The fleet's prefix.
     pub prefix: String,
     /// This load balancer's name (the hold names it).
@@ -63,21 +63,18 @@ pub struct Start {
     pub local: Option<PathBuf>,
     /// Its text (empty without one).
     pub local_text: String,
-    /// Deadline of every call to etcd.
-    pub deadline: Duration,
     /// The prefix as read at start.
     pub snapshot: fleetconf::Snapshot,
 }
 
 impl Start {
     /// Reads `local` and the prefix at one revision, on a runtime of its
-    /// own, each etcd call bounded by `deadline`.
+    /// own, each etcd call bounded by the access's deadline.
     pub fn read(
-        endpoints: Vec<String>,
+        access: fleetconf::Access,
         prefix: String,
         name: String,
         local: Option<&Path>,
-        deadline: Duration,
     ) -> Result<Start, EtcdError> {
         let local_text = match local {
             Some(p) => lb::Config::read(p).map_err(|e| EtcdError::Local {
@@ -91,7 +88,7 @@ impl Start {
             .build()
             .map_err(EtcdError::Runtime)?;
         let snapshot = rt.block_on(async {
-            let store = fleetconf::Store::connect(&endpoints, deadline).await?;
+            let store = fleetconf::Store::connect_with(&access).await?;
             let snap = store.snapshot(&prefix, None).await?;
             match &snap.pending {
                 // Part-way through a staged push: start with the last
@@ -102,12 +99,11 @@ impl Start {
             }
         })?;
         Ok(Start {
-            endpoints,
+            access,
             prefix,
             name,
             local: local.map(Path::to_path_buf),
             local_text,
-            deadline,
             snapshot,
         })
     }
@@ -144,12 +140,11 @@ pub fn check_text(
 /// The follower's state, shared with `/status`.
 #[derive(Debug)]
 pub struct EtcdSource {
-    endpoints: Vec<String>,
+    access: fleetconf::Access,
     prefix: String,
     name: String,
     local: Option<PathBuf>,
     local_text: String,
-    deadline: Duration,
     state: Mutex<State>,
 }
 
@@ -186,12 +181,11 @@ impl EtcdSource {
             ..State::default()
         };
         EtcdSource {
-            endpoints: start.endpoints,
+            access: start.access,
             prefix: start.prefix,
             name: start.name,
             local: start.local,
             local_text: start.local_text,
-            deadline: start.deadline,
             state: Mutex::new(state),
         }
     }
@@ -205,14 +199,9 @@ impl EtcdSource {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// etcd's client URLs.
-    pub(crate) fn endpoints(&self) -> &[String] {
-        &self.endpoints
-    }
-
-    /// Deadline of every call to etcd.
-    pub(crate) fn deadline(&self) -> Duration {
-        self.deadline
+    /// How to reach etcd.
+    pub(crate) fn access(&self) -> &fleetconf::Access {
+        &self.access
     }
 
     /// The machine's own file's text (empty without one).
@@ -289,7 +278,9 @@ impl EtcdSource {
         ConfigSourceStatus {
             kind: "etcd".into(),
             path: self.local.as_ref().map(|p| p.display().to_string()),
-            endpoints: self.endpoints.clone(),
+            endpoints: self.access.endpoints.clone(),
+            tls: self.access.uses_tls(),
+            user: self.access.user().map(str::to_string),
             prefix: Some(self.prefix.clone()),
             name: Some(self.name.clone()),
             applied_revision: Some(s.applied_revision),
@@ -335,6 +326,12 @@ pub struct ConfigSourceStatus {
     /// etcd's client URLs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<String>,
+    /// Whether the members are reached over TLS.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
+    /// The etcd user, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// The fleet's prefix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
@@ -398,8 +395,14 @@ impl ConfigSourceStatus {
             );
         }
         let mut s = format!(
-            "configuration: etcd {} prefix {} as {}: revision {} applied (push {}), etcd answered {:.1} s ago\n",
+            "configuration: etcd {}{} prefix {} as {}: revision {} applied (push {}), etcd answered {:.1} s ago\n",
             self.endpoints.join(","),
+            match (self.tls, &self.user) {
+                (false, None) => String::new(),
+                (true, None) => " (TLS)".to_string(),
+                (false, Some(u)) => format!(" (user {u})"),
+                (true, Some(u)) => format!(" (TLS, user {u})"),
+            },
             self.prefix.as_deref().unwrap_or("?"),
             self.name.as_deref().unwrap_or("?"),
             self.applied_revision.unwrap_or(0),
@@ -430,6 +433,7 @@ impl ConfigSourceStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn snap(revision: i64, text: &str, hold: Option<&str>) -> fleetconf::Snapshot {
         fleetconf::Snapshot {
@@ -445,12 +449,14 @@ mod tests {
 
     fn source(name: &str) -> EtcdSource {
         EtcdSource::new(Start {
-            endpoints: vec!["http://198.19.250.1:2379".into()],
+            access: fleetconf::Access::plain(
+                vec!["http://198.19.250.1:2379".into()],
+                Duration::from_secs(1),
+            ),
             prefix: "/fastpath/t".into(),
             name: name.into(),
             local: None,
             local_text: String::new(),
-            deadline: Duration::from_secs(1),
             snapshot: snap(5, "a", None),
         })
     }

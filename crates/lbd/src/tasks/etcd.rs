@@ -62,7 +62,7 @@ async fn follow_once(
     stop: &AtomicBool,
     backoff: &mut Duration,
 ) -> Result<(), fleetconf::StoreError> {
-    let store = fleetconf::Store::connect(src.endpoints(), src.deadline()).await?;
+    let store = fleetconf::Store::connect_with(src.access()).await?;
     let mut mirror = store.list(src.prefix(), None).await?;
     src.answered();
     *backoff = MIN_BACKOFF;
