@@ -494,6 +494,43 @@ pub fn encode_metrics_as(
             u64::from(known),
         );
     }
+    if let Some(src) = s.config_source.as_ref().filter(|c| c.kind == "etcd") {
+        f.gauge_at(
+            "fastpath_lb_config_etcd_applied_revision",
+            "The etcd revision whose configuration runs (the newest read that holds it)",
+            src.applied_revision.unwrap_or(0).max(0) as u64,
+        );
+        f.gauge_at(
+            "fastpath_lb_config_etcd_pushed_revision",
+            "The revision of the push whose configuration runs: the same on every load balancer of a fleet that agrees",
+            src.pushed_revision.unwrap_or(0).max(0) as u64,
+        );
+        f.gauge_at(
+            "fastpath_lb_config_etcd_refused_revision",
+            "The last revision refused (invalid), 0 if none: the running one stayed",
+            src.refused_revision.unwrap_or(0).max(0) as u64,
+        );
+        f.counter_at(
+            "fastpath_lb_config_etcd_applied",
+            "Revisions from etcd applied since start (after the first)",
+            src.applied_total,
+        );
+        f.counter_at(
+            "fastpath_lb_config_etcd_refused",
+            "Revisions from etcd refused since start (invalid, or keys that do not make a configuration)",
+            src.refused_total,
+        );
+        f.seconds_at(
+            "fastpath_lb_config_etcd_answered_seconds_ago",
+            "Seconds since etcd last answered: how old this load balancer's view of the fleet's configuration may be",
+            src.etcd_answered_s_ago.unwrap_or(f64::INFINITY),
+        );
+        f.gauge_at(
+            "fastpath_lb_config_etcd_waiting",
+            "1 while a newer revision waits (a hold for another load balancer, or a push being staged), else 0",
+            u64::from(src.waiting_revision.is_some() || src.push_in_progress.is_some()),
+        );
+    }
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = match format {
@@ -651,6 +688,37 @@ mod tests {
         assert!(OpenMetrics
             .content_type()
             .starts_with("application/openmetrics-text"));
+    }
+
+    /// A load balancer following etcd exports the revisions it runs and
+    /// refused, its counts, and how old its view is; one on a file none.
+    #[test]
+    fn the_etcd_source_is_exported() {
+        let mut s = status();
+        assert!(!encode_metrics(&s, &Counters::new(), 0).contains("config_etcd"));
+        s.config_source = Some(crate::ConfigSourceStatus {
+            kind: "etcd".into(),
+            applied_revision: Some(41),
+            pushed_revision: Some(40),
+            refused_revision: Some(43),
+            etcd_answered_s_ago: Some(2.5),
+            push_in_progress: Some("ops since revision 44".into()),
+            applied_total: 3,
+            refused_total: 1,
+            ..crate::ConfigSourceStatus::default()
+        });
+        let text = encode_metrics(&s, &Counters::new(), 0);
+        for line in [
+            "fastpath_lb_config_etcd_applied_revision 41",
+            "fastpath_lb_config_etcd_pushed_revision 40",
+            "fastpath_lb_config_etcd_refused_revision 43",
+            "fastpath_lb_config_etcd_applied_total 3",
+            "fastpath_lb_config_etcd_refused_total 1",
+            "fastpath_lb_config_etcd_answered_seconds_ago 2.5",
+            "fastpath_lb_config_etcd_waiting 1",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
     }
 
     /// Every metric the shipped Grafana dashboard queries is in the

@@ -160,6 +160,8 @@ struct State {
     waiting_revision: Option<i64>,
     staging: Option<(String, i64)>,
     last_error: Option<String>,
+    applied_total: u64,
+    refused_total: u64,
 }
 
 fn unix_now() -> u64 {
@@ -251,6 +253,7 @@ impl EtcdSource {
         s.pushed_revision = snap.guard_revision;
         s.applied_hash = hash;
         s.applied_unix_s = unix_now();
+        s.applied_total += 1;
     }
 
     /// The keys at `revision` do not make a configuration (`error`).
@@ -258,11 +261,14 @@ impl EtcdSource {
         let mut s = self.state();
         s.staging = None;
         s.refused = Some((revision, error, String::new()));
+        s.refused_total += 1;
     }
 
     /// `snap` (of text hash `hash`) was refused for `error`.
     pub(crate) fn refused(&self, snap: &fleetconf::Snapshot, hash: String, error: String) {
-        self.state().refused = Some((snap.revision, error, hash));
+        let mut s = self.state();
+        s.refused = Some((snap.revision, error, hash));
+        s.refused_total += 1;
     }
 
     /// etcd answered.
@@ -296,6 +302,8 @@ impl EtcdSource {
                 .as_ref()
                 .map(|(who, rev)| format!("{who} since revision {rev}")),
             last_error: s.last_error.clone(),
+            applied_total: s.applied_total,
+            refused_total: s.refused_total,
         }
     }
 }
@@ -372,6 +380,12 @@ pub struct ConfigSourceStatus {
     /// The last failure to reach etcd, while it lasts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// Revisions applied since start (after the first).
+    #[serde(default)]
+    pub applied_total: u64,
+    /// Revisions refused since start (invalid, or keys that do not join).
+    #[serde(default)]
+    pub refused_total: u64,
 }
 
 impl ConfigSourceStatus {
