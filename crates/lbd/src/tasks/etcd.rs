@@ -41,17 +41,26 @@ pub async fn follow(shared: Arc<Shared>, stop: Arc<AtomicBool>) {
             Err(e) => {
                 tracing::warn!(
                     prefix = %src.prefix(),
-                    "etcd: {e}; the running configuration stays, trying again in {backoff:?}"
+                    "etcd: {e}; the running configuration stays, trying again in at most {backoff:?}"
                 );
                 src.failed(e.to_string());
             }
         }
-        let until = Instant::now() + backoff;
+        let until = Instant::now() + jittered(backoff, rand::random::<f64>());
         while Instant::now() < until && !stop.load(Ordering::Relaxed) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// The wait before reconnecting: between half of `backoff` and all of it,
+/// at `unit` (in [0, 1)) of the way. A whole fleet that lost etcd at
+/// once (a leader lost, a network event) would otherwise reconnect, and
+/// read the whole prefix, in the same instant at every step.
+pub fn jittered(backoff: Duration, unit: f64) -> Duration {
+    let half = backoff / 2;
+    half + half.mul_f64(unit.clamp(0.0, 1.0))
 }
 
 /// One connection: catch up with the current revision, then watch from
@@ -169,5 +178,28 @@ fn consider(
             );
             src.refused(&snap, hash, e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnections_are_spread_over_half_the_backoff() {
+        let b = Duration::from_secs(2);
+        assert_eq!(jittered(b, 0.0), Duration::from_secs(1));
+        assert_eq!(jittered(b, 1.0), b);
+        assert_eq!(jittered(b, 7.0), b, "bounded whatever the draw");
+        // A thousand load balancers' draws spread over the second.
+        let waits: Vec<Duration> = (0..1000).map(|_| jittered(b, rand::random())).collect();
+        let early = waits
+            .iter()
+            .filter(|w| **w < Duration::from_millis(1500))
+            .count();
+        assert!(
+            (350..650).contains(&early),
+            "{early} of 1000 in the first half"
+        );
     }
 }
