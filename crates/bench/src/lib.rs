@@ -35,6 +35,7 @@ pub mod isolation;
 pub mod maio;
 mod nan;
 mod proc;
+pub mod rollout;
 pub mod scaling;
 pub mod switch;
 pub mod switch_ports;

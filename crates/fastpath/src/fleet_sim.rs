@@ -64,6 +64,32 @@ use crate::Format;
 /// description, steps, connections, moves, moves_pct, schemes.<scheme>
 /// {broken, broken_pct, backend_gone, remapped, lookups}), forgotten_entries,
 /// elapsed_s.
+///
+/// --rollout models something else: one configuration push through etcd
+/// to N load balancers (default 1,000 LBs, 1,000 VIPs x 100 backends, a
+/// one-backend push, 3 etcd members) and states what the etcd cluster must
+/// sustain: bytes etcd sends per push (each watcher gets every changed key),
+/// time until p50/p99/all load balancers applied, the busiest member's
+/// egress and watchers at --push-rate, the flags a first push needs in one
+/// transaction (it is staged at etcd's defaults), the tables' memory per
+/// load balancer, and the re-list storm after a leader loss with the
+/// daemon's backoff (100 ms doubling to 2 s) with and without jitter. The
+/// key sizes come from the real layout (fleetconf::split of a generated
+/// configuration); the apply time is measured in this process (merge,
+/// check, Control::apply: 3 runs, about 5 s at 1,000 x 100; --no-measure
+/// uses bench-control's figures); etcd's fan-out and re-list rates are
+/// this project's measurements (BENCHMARKS.md). Each input is printed with
+/// where it came from. The model is in crates/bench/src/rollout.rs.
+///
+///   fastpath lb fleet-sim --rollout
+///   fastpath lb fleet-sim --rollout --push first --lbs 3000 --spread-watchers
+///   fastpath lb fleet-sim --rollout --no-measure --format json | jq .sustain
+///
+/// JSON keys (--rollout): inputs (each figure {value, from}), sizes
+/// {keys, prefix_bytes, deltas[]}, delta, bytes_per_push,
+/// reread_bytes_per_push, events_per_push, relist_storm_bytes, timing
+/// {committed_ms, p50_ms, p99_ms, all_ms}, timing_by_kind,
+/// table_bytes_per_lb, peak_swap_bytes_per_lb, sustain, storms[].
 #[derive(Args)]
 #[command(verbatim_doc_comment)]
 pub struct FleetSimArgs {
@@ -101,13 +127,123 @@ pub struct FleetSimArgs {
     /// broken % per event per scheme) into this directory.
     #[arg(long, value_name = "DIR")]
     plot_dir: Option<PathBuf>,
+    /// Model a configuration push through etcd instead (see above).
+    #[arg(long, conflicts_with = "quick")]
+    rollout: bool,
+    /// --rollout: VIPs of the configuration, each over its own pool.
+    #[arg(long, default_value_t = 1000, requires = "rollout")]
+    vips: usize,
+    /// --rollout: what the push changes.
+    #[arg(long, value_enum, default_value = "one-backend", requires = "rollout")]
+    push: Push,
+    /// --rollout: etcd members.
+    #[arg(long, default_value_t = 3, requires = "rollout")]
+    etcd_members: usize,
+    /// --rollout: pushes per second the cluster must sustain.
+    #[arg(long, value_name = "R", default_value_t = 1.0, requires = "rollout")]
+    push_rate: f64,
+    /// --rollout: the load balancers' endpoint lists start at different
+    /// members (otherwise every watcher sits on the first member).
+    #[arg(long, requires = "rollout")]
+    spread_watchers: bool,
+    /// --rollout: etcd's --max-txn-ops.
+    #[arg(long, default_value_t = bench::rollout::ETCD_MAX_TXN_OPS, requires = "rollout")]
+    max_txn_ops: usize,
+    /// --rollout: etcd's --max-request-bytes.
+    #[arg(long, default_value_t = bench::rollout::ETCD_MAX_REQUEST_BYTES, requires = "rollout")]
+    max_request_bytes: usize,
+    /// --rollout: how long the cluster does not answer after a leader loss.
+    #[arg(long, value_name = "MS", requires = "rollout")]
+    outage_ms: Option<f64>,
+    /// --rollout: each member's egress bandwidth, MB/s (default 1250: 10 Gb/s).
+    #[arg(long, value_name = "MB_S", requires = "rollout")]
+    bandwidth_mb_s: Option<f64>,
+    /// --rollout: runs of the apply-time measurement (median taken).
+    #[arg(long, default_value_t = 3, requires = "rollout")]
+    apply_runs: usize,
+    /// --rollout: do not measure the apply time; use bench-control's
+    /// figures scaled to the configuration.
+    #[arg(long, requires = "rollout")]
+    no_measure: bool,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
 }
 
+/// What a modelled push changes.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Push {
+    /// One backend's address in one pool.
+    OneBackend,
+    /// A new pool with its VIP.
+    NewPool,
+    /// Everything, into an empty prefix.
+    First,
+}
+
+/// The rollout model's report, printed through `emit`.
+#[derive(serde::Serialize)]
+#[serde(transparent)]
+struct Rollout(bench::rollout::Report);
+
+impl crate::report::Report for Rollout {
+    fn to_text(&self) -> String {
+        self.0.to_text()
+    }
+}
+
+fn rollout(a: FleetSimArgs) -> anyhow::Result<()> {
+    let shape = bench::rollout::Shape {
+        vips: a.vips,
+        backends: a.backends.unwrap_or(100),
+        table_size: a
+            .table_size
+            .unwrap_or(u64::from(maglev::DEFAULT_TABLE_SIZE)),
+    };
+    let apply = if a.no_measure {
+        bench::rollout::ApplyTimes::estimated(&shape)
+    } else {
+        let text = a.format.is_text();
+        bench::rollout::measure_apply(&shape, a.apply_runs, &mut |m| {
+            if text {
+                eprintln!("{m}");
+            }
+        })?
+    };
+    let mut inputs = bench::rollout::Inputs::new(apply);
+    inputs.lbs = a.lbs.unwrap_or(1000);
+    inputs.shape = shape;
+    inputs.push = match a.push {
+        Push::OneBackend => bench::rollout::PushKind::OneBackend,
+        Push::NewPool => bench::rollout::PushKind::NewPool,
+        Push::First => bench::rollout::PushKind::First,
+    };
+    inputs.members = a.etcd_members;
+    inputs.spread = a.spread_watchers;
+    inputs.push_rate = a.push_rate;
+    inputs.max_txn_ops = a.max_txn_ops;
+    inputs.max_request_bytes = a.max_request_bytes;
+    inputs.seed = a.seed;
+    if let Some(ms) = a.outage_ms {
+        inputs.outage_ms = bench::rollout::Figure::new(ms, "--outage-ms");
+    }
+    if let Some(b) = a.bandwidth_mb_s {
+        inputs.bandwidth_mb_s = bench::rollout::Figure::new(b, "--bandwidth-mb-s");
+    }
+    let report = bench::rollout::run(&inputs)?;
+    if let Some(dir) = &a.plot_dir {
+        for f in report.plot(dir)? {
+            eprintln!("wrote {}", f.display());
+        }
+    }
+    emit(a.format, &Rollout(report))
+}
+
 /// Runs the simulation and prints the report.
 pub fn run(a: FleetSimArgs) -> anyhow::Result<()> {
+    if a.rollout {
+        return rollout(a);
+    }
     let mut cfg = if a.quick {
         bench::fleet_sim::Config::namespace_fleet(10_000)
     } else {
