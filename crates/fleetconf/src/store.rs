@@ -426,7 +426,8 @@ fn full_key(prefix: &str, rel: &str) -> String {
 /// A connection to the etcd cluster holding fleets' configurations: one
 /// client per member, so that a call that cannot reach one member goes to
 /// the next (a client balancing over all of them sends a call to a dead
-/// member and fails it), starting from the member that answered last.
+/// member and fails it), starting from the member that answered last (at
+/// first, a member drawn at random).
 #[derive(Clone)]
 pub struct Store {
     clients: Vec<(String, Client)>,
@@ -495,9 +496,18 @@ impl Store {
         if clients.is_empty() {
             return Err(StoreError::NoEndpoints);
         }
+        // Each client starts at a member of its own: a fleet given one
+        // list of endpoints would otherwise put every watch and every
+        // re-read on the first member.
+        let first = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u32(std::process::id());
+            (h.finish() % clients.len() as u64) as usize
+        };
         Ok(Store {
             clients,
-            next: Arc::new(AtomicUsize::new(0)),
+            next: Arc::new(AtomicUsize::new(first)),
             endpoints: joined,
             deadline,
             limits: TxnLimits::default(),
