@@ -82,7 +82,7 @@ use crate::Format;
 /// where it came from. The model is in crates/bench/src/rollout.rs.
 ///
 ///   fastpath lb fleet-sim --rollout
-///   fastpath lb fleet-sim --rollout --push first --lbs 3000 --spread-watchers
+///   fastpath lb fleet-sim --rollout --push first --lbs 3000 --watchers-on-first-member
 ///   fastpath lb fleet-sim --rollout --no-measure --format json | jq .sustain
 ///
 /// JSON keys (--rollout): inputs (each figure {value, from}), sizes
@@ -142,10 +142,11 @@ pub struct FleetSimArgs {
     /// --rollout: pushes per second the cluster must sustain.
     #[arg(long, value_name = "R", default_value_t = 1.0, requires = "rollout")]
     push_rate: f64,
-    /// --rollout: the load balancers' endpoint lists start at different
-    /// members (otherwise every watcher sits on the first member).
+    /// --rollout: every load balancer watches the first member of its
+    /// endpoint list (the daemon before 2026-11-29; it now starts at a
+    /// member drawn at random, which spreads the watchers).
     #[arg(long, requires = "rollout")]
-    spread_watchers: bool,
+    watchers_on_first_member: bool,
     /// --rollout: etcd's --max-txn-ops.
     #[arg(long, default_value_t = bench::rollout::ETCD_MAX_TXN_OPS, requires = "rollout")]
     max_txn_ops: usize,
@@ -219,7 +220,7 @@ fn rollout(a: FleetSimArgs) -> anyhow::Result<()> {
         Push::First => bench::rollout::PushKind::First,
     };
     inputs.members = a.etcd_members;
-    inputs.spread = a.spread_watchers;
+    inputs.spread = !a.watchers_on_first_member;
     inputs.push_rate = a.push_rate;
     inputs.max_txn_ops = a.max_txn_ops;
     inputs.max_request_bytes = a.max_request_bytes;
