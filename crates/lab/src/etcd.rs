@@ -41,6 +41,22 @@ pub struct EtcdCluster {
     tag: String,
     /// Client namespaces connected, by `k`.
     links: Vec<usize>,
+    /// Clients must speak TLS with a certificate of the cluster's CA.
+    tls: bool,
+    /// root's password, once users are on ([`EtcdCluster::enable_auth`]).
+    root_password: Option<String>,
+}
+
+/// The files a TLS cluster made ([`EtcdCluster::start_tls`]), in its
+/// scratch directory.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The CA that signed the members' and the client's certificates.
+    pub ca: PathBuf,
+    /// A client certificate (CN `fastpath`).
+    pub cert: PathBuf,
+    /// Its key (mode 0600).
+    pub key: PathBuf,
 }
 
 /// The address of member `i` (1-based).
@@ -52,6 +68,17 @@ impl EtcdCluster {
     /// Starts `members` members (1 to 7) in a namespace `fpe-TAG` and
     /// waits (up to 30 s) until every one answers as healthy.
     pub fn start(tag: &str, members: usize) -> Result<EtcdCluster> {
+        EtcdCluster::start_with(tag, members, false)
+    }
+
+    /// [`EtcdCluster::start`] with clients on TLS only: the members serve
+    /// `https://` with certificates of a CA made here (openssl) and take
+    /// only clients with a certificate of the same CA (`--client-cert-auth`).
+    pub fn start_tls(tag: &str, members: usize) -> Result<EtcdCluster> {
+        EtcdCluster::start_with(tag, members, true)
+    }
+
+    fn start_with(tag: &str, members: usize, tls: bool) -> Result<EtcdCluster> {
         if !netns::available() {
             return Err(Error::Unavailable);
         }
@@ -72,7 +99,12 @@ impl EtcdCluster {
                 .collect(),
             tag: tag.to_string(),
             links: Vec::new(),
+            tls,
+            root_password: None,
         };
+        if tls {
+            c.make_certificates()?;
+        }
         for m in &c.members {
             c.ns.ip(&["addr", "add", &format!("{}/32", m.addr), "dev", "lo"])?;
         }
@@ -88,12 +120,129 @@ impl EtcdCluster {
         &self.ns
     }
 
-    /// The client URLs of every member, `http://ADDR:2379`.
+    /// The client URLs of every member, `http://ADDR:2379` (`https://`
+    /// for a TLS cluster).
     pub fn endpoints(&self) -> Vec<String> {
-        self.members
+        self.members.iter().map(|m| self.client_url(m)).collect()
+    }
+
+    fn client_url(&self, m: &Member) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}:{CLIENT_PORT}", m.addr)
+    }
+
+    /// The CA, client certificate and key of a TLS cluster.
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        self.tls.then(|| TlsFiles {
+            ca: self.dir.join("ca.pem"),
+            cert: self.dir.join("client.pem"),
+            key: self.dir.join("client.key"),
+        })
+    }
+
+    /// Makes the CA, the members' certificate (every member's address
+    /// and the name `etcd.test`) and a client certificate, with openssl,
+    /// each call bounded.
+    fn make_certificates(&self) -> Result<()> {
+        let d = &self.dir;
+        let run = |args: &[&str]| -> Result<()> {
+            let o = Command::new("timeout")
+                .arg("30")
+                .arg("openssl")
+                .args(args)
+                .current_dir(d)
+                .stdin(Stdio::null())
+                .output()
+                .map_err(Error::io("openssl"))?;
+            if o.status.success() {
+                Ok(())
+            } else {
+                Err(Error::Timeout {
+                    what: format!(
+                        "openssl {args:?}: {}",
+                        String::from_utf8_lossy(&o.stderr)
+                    ),
+                    logs: String::new(),
+                })
+            }
+        };
+        let sans: Vec<String> = self
+            .members
             .iter()
-            .map(|m| format!("http://{}:{CLIENT_PORT}", m.addr))
-            .collect()
+            .map(|m| format!("IP:{}", m.addr))
+            .chain(["DNS:etcd.test".to_string()])
+            .collect();
+        std::fs::write(
+            d.join("server.ext"),
+            format!(
+                "subjectAltName={}\nextendedKeyUsage=serverAuth,clientAuth\n",
+                sans.join(",")
+            ),
+        )
+        .map_err(Error::io("server.ext"))?;
+        std::fs::write(d.join("client.ext"), "extendedKeyUsage=clientAuth\n")
+            .map_err(Error::io("client.ext"))?;
+        run(&[
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+            "/CN=fastpath test CA", "-keyout", "ca.key", "-out", "ca.pem",
+        ])?;
+        for (name, cn) in [("server", "etcd.test"), ("client", "fastpath")] {
+            run(&[
+                "req", "-newkey", "rsa:2048", "-nodes", "-subj", &format!("/CN={cn}"),
+                "-keyout", &format!("{name}.key"), "-out", &format!("{name}.csr"),
+            ])?;
+            run(&[
+                "x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.pem", "-CAkey",
+                "ca.key", "-CAcreateserial", "-days", "2", "-extfile", &format!("{name}.ext"),
+                "-out", &format!("{name}.pem"),
+            ])?;
+        }
+        for key in ["ca.key", "server.key", "client.key"] {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(d.join(key), std::fs::Permissions::from_mode(0o600))
+                .map_err(Error::io(key))?;
+        }
+        Ok(())
+    }
+
+    /// Turns etcd's users on: `root` (made here), `reader` with read on
+    /// `prefix`, `writer` with read and write on it, each with its
+    /// password (the user's name backwards, a test's secret). Returns the
+    /// two passwords.
+    pub fn enable_auth(&mut self, prefix: &str) -> Result<(String, String)> {
+        let ep = self.endpoints_arg();
+        let root = "toor".to_string();
+        let (reader, writer) = ("redaer".to_string(), "retirw".to_string());
+        let steps: Vec<Vec<String>> = vec![
+            vec!["user".into(), "add".into(), format!("root:{root}")],
+            vec!["user".into(), "add".into(), format!("reader:{reader}")],
+            vec!["user".into(), "add".into(), format!("writer:{writer}")],
+            vec!["role".into(), "add".into(), "read".into()],
+            vec!["role".into(), "add".into(), "write".into()],
+            vec![
+                "role".into(), "grant-permission".into(), "--prefix=true".into(),
+                "read".into(), "read".into(), prefix.into(),
+            ],
+            vec![
+                "role".into(), "grant-permission".into(), "--prefix=true".into(),
+                "write".into(), "readwrite".into(), prefix.into(),
+            ],
+            vec!["user".into(), "grant-role".into(), "reader".into(), "read".into()],
+            vec!["user".into(), "grant-role".into(), "writer".into(), "write".into()],
+            vec!["auth".into(), "enable".into()],
+        ];
+        for step in steps {
+            let args: Vec<&str> = step.iter().map(String::as_str).collect();
+            let o = self.etcdctl(&ep, &args)?;
+            if !o.status.success() {
+                return Err(Error::Timeout {
+                    what: format!("etcdctl {args:?}: {}", String::from_utf8_lossy(&o.stderr)),
+                    logs: self.logs(),
+                });
+            }
+        }
+        self.root_password = Some(root);
+        Ok((reader, writer))
     }
 
     /// [`EtcdCluster::endpoints`] joined with commas (the CLI's form).
@@ -135,7 +284,7 @@ impl EtcdCluster {
                 logs: String::new(),
             })?;
         let data = self.dir.join(format!("{}.etcd", m.name));
-        let client = format!("http://{}:{CLIENT_PORT}", m.addr);
+        let client = self.client_url(m);
         let peer = format!("http://{}:{PEER_PORT}", m.addr);
         let mut c = self.ns.command("etcd");
         c.args(["--name", &m.name, "--data-dir"])
@@ -163,6 +312,16 @@ impl EtcdCluster {
             .stdin(Stdio::null())
             .stdout(file)
             .stderr(err);
+        if self.tls {
+            let d = &self.dir;
+            c.arg("--cert-file")
+                .arg(d.join("server.pem"))
+                .arg("--key-file")
+                .arg(d.join("server.key"))
+                .arg("--trusted-ca-file")
+                .arg(d.join("ca.pem"))
+                .arg("--client-cert-auth");
+        }
         let child = c.spawn().map_err(|source| {
             Error::Netns(netns::Error::Spawn {
                 program: format!("etcd member {i} in {}", self.ns.name()),
@@ -187,6 +346,17 @@ impl EtcdCluster {
             "--dial-timeout=2s",
             "--command-timeout=3s",
         ];
+        let tls: Vec<String> = match self.tls_files() {
+            Some(t) => vec![
+                format!("--cacert={}", t.ca.display()),
+                format!("--cert={}", t.cert.display()),
+                format!("--key={}", t.key.display()),
+            ],
+            None => Vec::new(),
+        };
+        v.extend(tls.iter().map(String::as_str));
+        let user = self.root_password.as_ref().map(|p| format!("--user=root:{p}"));
+        v.extend(user.iter().map(String::as_str));
         v.extend_from_slice(args);
         let mut c = self.ns.command(v[0]);
         c.args(&v[1..]).env("ETCDCTL_API", "3").stdin(Stdio::null());
@@ -200,7 +370,7 @@ impl EtcdCluster {
             .members
             .iter()
             .filter(|m| m.child.is_some())
-            .map(|m| format!("http://{}:{CLIENT_PORT}", m.addr))
+            .map(|m| self.client_url(m))
             .collect();
         let mut last = String::new();
         while Instant::now() < deadline {
@@ -244,7 +414,7 @@ impl EtcdCluster {
             if m.child.is_none() {
                 continue;
             }
-            let ep = format!("http://{}:{CLIENT_PORT}", m.addr);
+            let ep = self.client_url(m);
             let o = self.etcdctl(&ep, &["endpoint", "status", "-w", "json"])?;
             let v: serde_json::Value = match serde_json::from_slice(&o.stdout) {
                 Ok(v) => v,
