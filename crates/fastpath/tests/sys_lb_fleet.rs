@@ -171,6 +171,8 @@ fn fleet_status(t: &Topology) -> (bool, serde_json::Value) {
 #[ignore = "system test: root, namespaces, BIRD, nginx, python3-scapy"]
 fn the_demo_meets_its_goals_and_matches_the_simulator() {
     systest::require_netns();
+    // The demo's last scene runs a three-member etcd cluster.
+    systest::require_programs(&["etcd", "etcdctl"]);
     let v = common::json(&[
         "lb",
         "demo",
@@ -216,6 +218,41 @@ fn the_demo_meets_its_goals_and_matches_the_simulator() {
         q["routed_by_5tuple"]["broken"].as_u64().unwrap_or(0) >= 10,
         "most moved connections break without QUIC-LB: {q}"
     );
+    // The fleet's configuration in etcd: a push that adds a backend is
+    // applied by all three (the same revision), an invalid revision is
+    // refused by every one, and no request fails meanwhile nor while each
+    // was restarted to follow etcd.
+    let e = &f["etcd"];
+    assert!(e.is_object(), "the etcd scene did not run: {f}");
+    let pushed = e["pushed_revision"].as_i64().unwrap_or(0);
+    assert!(
+        pushed > e["first_revision"].as_i64().unwrap_or(i64::MAX),
+        "{e}"
+    );
+    assert_eq!(
+        e["applied"],
+        serde_json::json!([pushed, pushed, pushed]),
+        "{e}"
+    );
+    assert_eq!(e["agree"], true, "{e}");
+    assert!(
+        e["added_backend"].as_str().is_some_and(|a| !a.is_empty()),
+        "{e}"
+    );
+    assert!(e["invalid_revision"].as_i64().unwrap_or(0) > pushed, "{e}");
+    assert_eq!(e["refused_by_all"], true, "{e}");
+    let refused = e["refused"].as_array().expect("refusals");
+    assert_eq!(refused.len(), 3, "{e}");
+    assert!(
+        refused
+            .iter()
+            .all(|r| r.as_str().is_some_and(|r| r.contains("nowhere"))),
+        "{e}"
+    );
+    assert_eq!(e["failed_requests"], 0, "{e}");
+    assert_eq!(e["restart_failed_requests"], 0, "{e}");
+    assert!(e["requests"].as_u64().unwrap_or(0) > 10, "{e}");
+    assert!(e["restart_requests"].as_u64().unwrap_or(0) > 50, "{e}");
     // The simulator for the same sizes: the same zeros, and about as many
     // broken by the backend change (binomial noise of a third of the
     // connections, 4 standard deviations, plus what it remaps).

@@ -27,6 +27,11 @@
 //! 8. QUIC downloads that move mid-download (new address and port) through
 //!    the fleet: all complete with the VIP routed by connection ID
 //!    (QUIC-LB), most break with it routed by the 5-tuple.
+//! 9. The fleet's configuration in etcd (a three-member cluster beside
+//!    the fleet): each load balancer restarted in turn to follow it; a
+//!    push that adds a backend reaches all three; a revision written
+//!    behind the CLI's back naming a pool that does not exist is refused
+//!    by every one of them while traffic flows.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -163,6 +168,9 @@ pub struct FleetReport {
     /// Migrating QUIC downloads with QUIC-LB on, then off (none where
     /// `fastpath-quic-peer` is not installed beside `fastpath`).
     pub quic: Option<QuicMigration>,
+    /// The fleet following its configuration in etcd (none where etcd
+    /// or etcdctl is not installed).
+    pub etcd: Option<EtcdScene>,
     /// Whether every load balancer's tables have the same fingerprint.
     pub agree: bool,
     /// The fleet comparison, as `fastpath lb status --api ...` prints it.
@@ -180,6 +188,46 @@ pub struct QuicMigration {
     pub routed_by_cid: crate::quic::Downloads,
     /// The same with `quic = false`.
     pub routed_by_5tuple: crate::quic::Downloads,
+}
+
+/// The fleet's configuration in etcd: a push that adds a backend, then
+/// an invalid revision written behind the CLI's back, under traffic.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EtcdScene {
+    /// The prefix the fleet follows.
+    pub prefix: String,
+    /// The first push (the fleet's part as the files had it).
+    pub first_revision: i64,
+    /// Requests on new connections while each load balancer was
+    /// restarted to follow etcd.
+    pub restart_requests: u64,
+    /// Of them, failed (goal 0).
+    pub restart_failed_requests: u64,
+    /// The backend the second push added.
+    pub added_backend: String,
+    /// The second push's revision.
+    pub pushed_revision: i64,
+    /// Per load balancer, the revision it applied after the second push.
+    pub applied: Vec<i64>,
+    /// Per load balancer, ms from the push's start until its status
+    /// showed that revision.
+    pub applied_ms: Vec<f64>,
+    /// Whether all applied the pushed revision.
+    pub agree: bool,
+    /// The invalid revision (a VIP naming a pool that does not exist).
+    pub invalid_revision: i64,
+    /// Per load balancer, its refusal of it (empty: not refused).
+    pub refused: Vec<String>,
+    /// Whether every one refused it and kept the pushed revision.
+    pub refused_by_all: bool,
+    /// Requests on new connections from the push to the refusal.
+    pub requests: u64,
+    /// Of them, failed (goal 0).
+    pub failed_requests: u64,
+    /// The first failures, for diagnosis.
+    pub failures: Vec<String>,
+    /// Seconds the scene took (the cluster's start included).
+    pub seconds: f64,
 }
 
 fn check(stop: &AtomicBool) -> Result<()> {
@@ -642,6 +690,14 @@ pub fn run(opts: &Options, stop: Arc<AtomicBool>) -> Result<FleetReport> {
     }
     check(&stop)?;
 
+    // 9. The fleet's configuration in etcd.
+    if ["etcd", "etcdctl"].iter().all(|p| on_path(p)) {
+        report.etcd = Some(etcd_scene(&mut t, &exe, &stop, &say)?);
+    } else {
+        say("\nThe fleet's configuration in etcd: skipped, etcd and etcdctl are not installed (scripts/setup.sh installs etcd-server and etcd-client).");
+    }
+    check(&stop)?;
+
     let mut summary = Table::new(["fleet change", "connections", "moved LB", "broken", "goal"])
         .title("Long-lived connections through the fleet's changes:");
     let rows = [
@@ -725,5 +781,367 @@ fn quic_migration(
     Ok(QuicMigration {
         routed_by_cid,
         routed_by_5tuple,
+    })
+}
+
+/// Whether `program` is an executable file in a directory of `PATH`.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(program).is_file()))
+}
+
+/// The prefix the demo's fleet follows.
+const ETCD_PREFIX: &str = "/fastpath/demo";
+
+/// Load balancer `k`'s configuration source, from its `/status`.
+fn source_of(t: &Topology, k: usize) -> Result<lbd::ConfigSourceStatus> {
+    t.status_of(k)?
+        .config_source
+        .ok_or_else(|| Error::Http(format!("lb{k}'s status names no configuration source")))
+}
+
+/// Waits until every load balancer's configuration source satisfies
+/// `ok`, polling every 10 ms, at most `timeout`.
+fn wait_sources(
+    t: &Topology,
+    what: &str,
+    timeout: Duration,
+    ok: impl Fn(usize, &lbd::ConfigSourceStatus) -> bool,
+) -> Result<Vec<lbd::ConfigSourceStatus>> {
+    let start = Instant::now();
+    loop {
+        let all = (1..=t.lbs.len())
+            .map(|k| source_of(t, k))
+            .collect::<Result<Vec<_>>>()?;
+        if all.iter().enumerate().all(|(i, s)| ok(i + 1, s)) {
+            return Ok(all);
+        }
+        if start.elapsed() > timeout {
+            return Err(Error::Timeout {
+                what: format!("{what}: not within {timeout:?}: {all:?}"),
+                logs: (1..=t.lbs.len())
+                    .map(|k| t.lb_log(k))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `fastpath ARGS` in the etcd members' namespace, bounded to 30 s; its
+/// JSON answer.
+fn fastpath_json(
+    c: &crate::etcd::EtcdCluster,
+    exe: &std::path::Path,
+    args: &[&str],
+) -> Result<serde_json::Value> {
+    let o = c
+        .command("timeout")
+        .arg("30")
+        .arg(exe)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(Error::io("running fastpath lb config"))?;
+    if !o.status.success() {
+        return Err(Error::Http(format!(
+            "fastpath {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        )));
+    }
+    serde_json::from_slice(&o.stdout).map_err(|e| {
+        Error::Http(format!(
+            "fastpath {}: not JSON ({e}): {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stdout)
+        ))
+    })
+}
+
+/// Section 9: a three-member etcd cluster beside the fleet; the fleet's
+/// part of the configuration pushed there, each load balancer restarted
+/// in turn (as the rolling restart does) to follow it; then a push and an
+/// invalid revision, under traffic.
+fn etcd_scene(
+    t: &mut Topology,
+    exe: &std::path::Path,
+    stop: &AtomicBool,
+    say: &dyn Fn(&str),
+) -> Result<EtcdScene> {
+    let begun = Instant::now();
+    let lbs = t.lbs.len();
+    say("\nThe fleet's configuration in etcd: a three-member etcd cluster beside the fleet; the pools and VIPs move there, each load balancer keeps its own sections in a file and is restarted in turn to follow the prefix...");
+    let mut c =
+        crate::etcd::EtcdCluster::start(&format!("demo{}", std::process::id() % 100_000), 3)?;
+    for k in 1..=lbs {
+        c.connect(&t.lbs[k - 1], k)?;
+    }
+    let ep = c.endpoints_arg();
+    // Each file cut in two: the machine's own sections (everything before
+    // the first pool) and the fleet's part, which must be the same for all.
+    let mut locals = Vec::new();
+    let mut fleet = None;
+    for k in 1..=lbs {
+        let path = &t.configs[k - 1];
+        let text = std::fs::read_to_string(path).map_err(Error::io(path.display()))?;
+        let at = text
+            .find("[[pools]]")
+            .ok_or_else(|| Error::Http(format!("{}: no [[pools]] to cut at", path.display())))?;
+        let (local, part) = text.split_at(at);
+        match &fleet {
+            None => fleet = Some(part.to_string()),
+            Some(f) if f != part => {
+                return Err(Error::Http(format!(
+                    "{}: the fleet's part differs from load balancer 1's",
+                    path.display()
+                )))
+            }
+            Some(_) => {}
+        }
+        let lp = t.dir.join(format!("local{k}.toml"));
+        std::fs::write(&lp, local).map_err(Error::io(lp.display()))?;
+        locals.push(lp.to_string_lossy().into_owned());
+    }
+    let fleet = fleet.unwrap_or_default();
+    let fleet_file = t.dir.join("fleet.toml");
+    let ff = fleet_file.to_string_lossy().into_owned();
+    let push = |text: &str| -> Result<i64> {
+        std::fs::write(&fleet_file, text).map_err(Error::io(fleet_file.display()))?;
+        let v = fastpath_json(
+            &c,
+            exe,
+            &[
+                "lb",
+                "config",
+                "push",
+                &ff,
+                "--etcd",
+                &ep,
+                "--prefix",
+                ETCD_PREFIX,
+                "--local",
+                &locals[0],
+                "--format",
+                "json",
+            ],
+        )?;
+        v["revision"]
+            .as_i64()
+            .ok_or_else(|| Error::Http(format!("a push answered no revision: {v}")))
+    };
+    let first = push(&fleet)?;
+    say(&format!(
+        "  pushed the fleet's part as revision {first} (fastpath lb config push --etcd ... --prefix {ETCD_PREFIX})"
+    ));
+    check(stop)?;
+
+    // Each load balancer restarted on etcd, one at a time, under load.
+    let all: Vec<usize> = (1..=lbs).collect();
+    let load = Load::start(t);
+    for k in 1..=lbs {
+        check(stop)?;
+        let name = Topology::lb_proc(k);
+        if let Some(pid) = t.procs.pid(&name) {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(pid as i32).ok_or(Error::Http("pid 0".into()))?,
+                rustix::process::Signal::TERM,
+            );
+        }
+        let others: Vec<usize> = (1..=lbs).filter(|&j| j != k).collect();
+        t.wait_for_ecmp(&others, Duration::from_secs(10))?;
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while t.procs.running(&name) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        t.procs.stop(&name);
+        let log = t.dir.join(format!("{name}.log"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(Error::io(log.display()))?;
+        let err = file.try_clone().map_err(Error::io(log.display()))?;
+        let fp = exe.to_string_lossy().into_owned();
+        let me = format!("lb{k}");
+        let mut cmd = t.lb_machine_command(
+            k,
+            &[
+                &fp,
+                "lb",
+                "run",
+                "--config",
+                &locals[k - 1],
+                "--interface",
+                "l0",
+                "--config-etcd",
+                &ep,
+                "--prefix",
+                ETCD_PREFIX,
+                "--name",
+                &me,
+                "--etcd-timeout-ms",
+                "1000",
+            ],
+        )?;
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(file)
+            .stderr(err);
+        let child = cmd
+            .spawn()
+            .map_err(Error::io(format!("starting {me} on etcd")))?;
+        t.procs.push(&name, child);
+        t.wait_for_ecmp(&all, Duration::from_secs(30))?;
+    }
+    wait_sources(
+        t,
+        "every load balancer follows the first push",
+        Duration::from_secs(15),
+        |_, s| s.kind == "etcd" && s.pushed_revision == Some(first),
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let (restart_requests, restart_failed, _) = load.finish();
+    say(&format!(
+        "  all {lbs} follow {ETCD_PREFIX} at revision {first}; {restart_failed} of {restart_requests} requests failed during their restarts"
+    ));
+    check(stop)?;
+
+    // A push that adds a backend to pool `web` (the one the backend change
+    // removed; other pools, QUIC's, may still name it).
+    let cfg = lb::config::Config::parse(
+        &format!(
+            "{}{fleet}",
+            std::fs::read_to_string(&locals[0]).map_err(Error::io(&locals[0]))?
+        ),
+        "the fleet's part",
+    )
+    .map_err(|e| Error::Http(format!("the demo's own configuration: {e}")))?;
+    let web: Vec<String> = cfg
+        .pools
+        .iter()
+        .find(|p| p.name == "web")
+        .map(|p| p.backends.iter().map(|b| b.address.to_string()).collect())
+        .unwrap_or_default();
+    let added = (1..=t.backends.len())
+        .map(Topology::backend_address)
+        .find(|a| !web.contains(a))
+        .ok_or_else(|| Error::Http("every backend is in pool web already: none to add".into()))?;
+    let marker = "backends = [";
+    let at = fleet
+        .find("name = \"web\"")
+        .and_then(|w| fleet[w..].find(marker).map(|b| w + b + marker.len()))
+        .ok_or_else(|| Error::Http(format!("no pool web with `{marker}` in the fleet's part")))?;
+    let added_text = format!(
+        "{}{{ address = \"{added}\" }}, {}",
+        &fleet[..at],
+        &fleet[at..]
+    );
+    let load = Load::start(t);
+    std::thread::sleep(Duration::from_millis(200));
+    let pushed_at = Instant::now();
+    let pushed = push(&added_text)?;
+    let mut applied_ms: Vec<Option<f64>> = vec![None; lbs];
+    let timeout = Duration::from_secs(15);
+    loop {
+        for (i, ms) in applied_ms.iter_mut().enumerate() {
+            if ms.is_none() && source_of(t, i + 1)?.pushed_revision == Some(pushed) {
+                *ms = Some(pushed_at.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        if applied_ms.iter().all(Option::is_some) {
+            break;
+        }
+        if pushed_at.elapsed() > timeout {
+            return Err(Error::Timeout {
+                what: format!(
+                    "revision {pushed} not applied by every load balancer within {timeout:?}: {applied_ms:?}"
+                ),
+                logs: (1..=lbs).map(|k| t.lb_log(k)).collect::<Vec<_>>().join("\n"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let applied_ms: Vec<f64> = applied_ms.into_iter().flatten().collect();
+    let applied: Vec<i64> = (1..=lbs)
+        .map(|k| source_of(t, k).map(|s| s.pushed_revision.unwrap_or(0)))
+        .collect::<Result<_>>()?;
+    let agree = applied.iter().all(|&r| r == pushed);
+    say(&format!(
+        "  a push that adds backend {added}: revision {pushed}, applied by {} ({})",
+        (1..=lbs)
+            .map(|k| format!("lb{k} at {}", applied[k - 1]))
+            .collect::<Vec<_>>()
+            .join(", "),
+        applied_ms
+            .iter()
+            .enumerate()
+            .map(|(i, ms)| format!("lb{} after {ms:.0} ms", i + 1))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    check(stop)?;
+
+    // An invalid revision written behind the CLI's back.
+    let bad = format!(
+        "[[vips]]\nname = \"http\"\naddress = \"{VIP}\"\nport = 80\nprotocol = \"tcp\"\npool = \"nowhere\"\n"
+    );
+    let key = format!("{ETCD_PREFIX}/config/vip/http");
+    let o = c.etcdctl(&ep, &["put", &key, &bad])?;
+    if !o.status.success() {
+        return Err(Error::Http(format!(
+            "etcdctl put {key}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )));
+    }
+    // etcdctl prints OK, not the revision: the cluster's header says it.
+    let o = c.etcdctl(&ep, &["get", &key, "-w", "json"])?;
+    let invalid = serde_json::from_slice::<serde_json::Value>(&o.stdout)
+        .ok()
+        .and_then(|v| v["header"]["revision"].as_i64())
+        .unwrap_or(0);
+    let sources = wait_sources(
+        t,
+        "every load balancer refuses the invalid revision",
+        Duration::from_secs(15),
+        |_, s| {
+            s.refused_revision.is_some_and(|r| r > pushed)
+                && s.refused_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("nowhere"))
+        },
+    )?;
+    // Traffic a little longer: the running tables keep serving.
+    std::thread::sleep(Duration::from_millis(500));
+    let (requests, failed, failures) = load.finish();
+    let refused: Vec<String> = sources
+        .iter()
+        .map(|s| s.refused_error.clone().unwrap_or_default())
+        .collect();
+    let refused_by_all = sources
+        .iter()
+        .all(|s| s.refused_error.is_some() && s.pushed_revision == Some(pushed));
+    say(&format!(
+        "  VIP http naming pool \"nowhere\" written with etcdctl (revision {invalid}): refused by {} of {lbs}, each still running revision {pushed}:\n    lb1: {}\n  {failed} of {requests} requests failed from the push to the refusal",
+        refused.iter().filter(|r| !r.is_empty()).count(),
+        refused.first().map(String::as_str).unwrap_or("")
+    ));
+    Ok(EtcdScene {
+        prefix: ETCD_PREFIX.to_string(),
+        first_revision: first,
+        restart_requests,
+        restart_failed_requests: restart_failed,
+        added_backend: added,
+        pushed_revision: pushed,
+        applied,
+        applied_ms,
+        agree,
+        invalid_revision: invalid,
+        refused,
+        refused_by_all,
+        requests,
+        failed_requests: failed,
+        failures,
+        seconds: begun.elapsed().as_secs_f64(),
     })
 }
