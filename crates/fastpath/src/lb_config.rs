@@ -15,16 +15,21 @@ use crate::Format;
 
 /// Where the fleet's configuration lives.
 #[derive(Args, Clone)]
-#[group(id = "etcd_target", required = true, multiple = false, args = ["endpoints", "etcd_file"])]
 pub struct EtcdArgs {
     /// etcd's client URLs, comma-separated (or repeated):
     /// http://10.0.0.1:2379,http://10.0.0.2:2379,http://10.0.0.3:2379.
-    #[arg(long = "etcd", value_name = "ENDPOINTS", num_args = 1.., value_delimiter = ',')]
+    #[arg(
+        long = "etcd",
+        value_name = "ENDPOINTS",
+        num_args = 1..,
+        value_delimiter = ',',
+        required_unless_present = "etcd_file"
+    )]
     endpoints: Vec<String>,
     /// A bootstrap file instead of --etcd: endpoints, TLS (CA, client
     /// certificate and key), a user and password file, the prefix and a
     /// deadline (see README, "Fleet configuration in etcd").
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "endpoints")]
     etcd_file: Option<PathBuf>,
     /// The fleet's prefix: every key lives under it (/fastpath/edge);
     /// required unless the bootstrap file gives it.

@@ -213,7 +213,13 @@ fn the_cluster_is_reached_over_tls_with_users_through_the_bootstrap_file() {
     );
     let o = fastpath(
         &c,
-        &["lb", "config", "show", "--etcd-file", wrong.to_str().unwrap()],
+        &[
+            "lb",
+            "config",
+            "show",
+            "--etcd-file",
+            wrong.to_str().unwrap(),
+        ],
     );
     assert!(!o.status.success());
     assert!(
@@ -226,7 +232,13 @@ fn the_cluster_is_reached_over_tls_with_users_through_the_bootstrap_file() {
     std::fs::set_permissions(&exposed, std::fs::Permissions::from_mode(0o644)).unwrap();
     let o = fastpath(
         &c,
-        &["lb", "config", "show", "--etcd-file", reader.to_str().unwrap()],
+        &[
+            "lb",
+            "config",
+            "show",
+            "--etcd-file",
+            reader.to_str().unwrap(),
+        ],
     );
     assert!(
         !o.status.success() && stderr(&o).contains("chmod 600"),

@@ -158,10 +158,7 @@ impl EtcdCluster {
                 Ok(())
             } else {
                 Err(Error::Timeout {
-                    what: format!(
-                        "openssl {args:?}: {}",
-                        String::from_utf8_lossy(&o.stderr)
-                    ),
+                    what: format!("openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr)),
                     logs: String::new(),
                 })
             }
@@ -183,18 +180,49 @@ impl EtcdCluster {
         std::fs::write(d.join("client.ext"), "extendedKeyUsage=clientAuth\n")
             .map_err(Error::io("client.ext"))?;
         run(&[
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-            "/CN=fastpath test CA", "-keyout", "ca.key", "-out", "ca.pem",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=fastpath test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
         ])?;
         for (name, cn) in [("server", "etcd.test"), ("client", "fastpath")] {
             run(&[
-                "req", "-newkey", "rsa:2048", "-nodes", "-subj", &format!("/CN={cn}"),
-                "-keyout", &format!("{name}.key"), "-out", &format!("{name}.csr"),
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN={cn}"),
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
             ])?;
             run(&[
-                "x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.pem", "-CAkey",
-                "ca.key", "-CAcreateserial", "-days", "2", "-extfile", &format!("{name}.ext"),
-                "-out", &format!("{name}.pem"),
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
+                &format!("{name}.pem"),
             ])?;
         }
         for key in ["ca.key", "server.key", "client.key"] {
@@ -220,15 +248,33 @@ impl EtcdCluster {
             vec!["role".into(), "add".into(), "read".into()],
             vec!["role".into(), "add".into(), "write".into()],
             vec![
-                "role".into(), "grant-permission".into(), "--prefix=true".into(),
-                "read".into(), "read".into(), prefix.into(),
+                "role".into(),
+                "grant-permission".into(),
+                "--prefix=true".into(),
+                "read".into(),
+                "read".into(),
+                prefix.into(),
             ],
             vec![
-                "role".into(), "grant-permission".into(), "--prefix=true".into(),
-                "write".into(), "readwrite".into(), prefix.into(),
+                "role".into(),
+                "grant-permission".into(),
+                "--prefix=true".into(),
+                "write".into(),
+                "readwrite".into(),
+                prefix.into(),
             ],
-            vec!["user".into(), "grant-role".into(), "reader".into(), "read".into()],
-            vec!["user".into(), "grant-role".into(), "writer".into(), "write".into()],
+            vec![
+                "user".into(),
+                "grant-role".into(),
+                "reader".into(),
+                "read".into(),
+            ],
+            vec![
+                "user".into(),
+                "grant-role".into(),
+                "writer".into(),
+                "write".into(),
+            ],
             vec!["auth".into(), "enable".into()],
         ];
         for step in steps {
@@ -355,7 +401,10 @@ impl EtcdCluster {
             None => Vec::new(),
         };
         v.extend(tls.iter().map(String::as_str));
-        let user = self.root_password.as_ref().map(|p| format!("--user=root:{p}"));
+        let user = self
+            .root_password
+            .as_ref()
+            .map(|p| format!("--user=root:{p}"));
         v.extend(user.iter().map(String::as_str));
         v.extend_from_slice(args);
         let mut c = self.ns.command(v[0]);
