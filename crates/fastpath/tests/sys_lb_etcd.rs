@@ -1285,10 +1285,6 @@ fn has_applied(f: &EtcdFleet, k: usize, revision: i64, how: Observe) -> bool {
     }
 }
 
-fn timed_push(f: &EtcdFleet, text: &str) -> PushTiming {
-    timed_push_seen(f, text, Observe::Status)
-}
-
 fn timed_push_seen(f: &EtcdFleet, text: &str, how: Observe) -> PushTiming {
     std::fs::write(&f.fleet_file, text).unwrap();
     let start = Instant::now();
