@@ -413,10 +413,27 @@ fn cut(t: &lab::topology::Topology, k: usize) -> (String, String) {
     (text[..at].to_string(), text[at..].to_string())
 }
 
+/// Load balancer `k`'s `config_source`, from `/status/source` (what a
+/// poller of a large fleet asks), checked once against `/status`'s.
 fn source(t: &lab::topology::Topology, k: usize) -> serde_json::Value {
-    let body = t.api_on(k, "GET", "/status").unwrap();
+    let body = t.api_on(k, "GET", "/status/source").unwrap();
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    v["config_source"].clone()
+    static CHECKED: std::sync::Once = std::sync::Once::new();
+    CHECKED.call_once(|| {
+        let whole = t.api_on(k, "GET", "/status").unwrap();
+        let whole: serde_json::Value = serde_json::from_str(&whole).unwrap();
+        let strip = |mut v: serde_json::Value| {
+            v["etcd_answered_s_ago"] = serde_json::Value::Null;
+            v
+        };
+        let (a, b) = (strip(v.clone()), strip(whole["config_source"].clone()));
+        // The same document, unless a revision arrived between the two.
+        assert!(
+            a == b || a["applied_revision"] != b["applied_revision"],
+            "{a} vs {b}"
+        );
+    });
+    v
 }
 
 fn fingerprint(t: &lab::topology::Topology, k: usize) -> String {

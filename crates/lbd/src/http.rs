@@ -153,9 +153,10 @@ pub async fn serve(
 /// What the API serves, in words (for the log).
 pub fn summary() -> String {
     format!(
-        "GET {}, {}; POST {}, {}, {}, {}",
+        "GET {}, {}, {}; POST {}, {}, {}, {}",
         paths::METRICS,
         paths::STATUS,
+        paths::SOURCE,
         paths::RELOAD,
         paths::DRAIN,
         paths::UNDRAIN,
@@ -194,6 +195,17 @@ pub fn router(shared: Arc<Shared>) -> Router {
                         return unauthorized().into_response();
                     }
                     Json(crate::status::status(&s)).into_response()
+                },
+            ),
+        )
+        .route(
+            paths::SOURCE,
+            get(
+                |State(s): State<Arc<Shared>>, headers: HeaderMap| async move {
+                    if !s.api.may_read(&headers) {
+                        return unauthorized().into_response();
+                    }
+                    Json(crate::status::config_source(&s)).into_response()
                 },
             ),
         )

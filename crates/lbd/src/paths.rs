@@ -9,6 +9,10 @@ use crate::runtime::Change;
 pub const METRICS: &str = "/metrics";
 /// `GET`: the status document ([`crate::status::Status`]).
 pub const STATUS: &str = "/status";
+/// `GET`: where the configuration comes from and which revision runs
+/// (the status document's `config_source` alone: a fleet of 1,000 VIPs
+/// has a status of megabytes, too much to poll for a revision).
+pub const SOURCE: &str = "/status/source";
 /// `POST`: re-read the configuration file ([`crate::reload`]).
 pub const RELOAD: &str = "/reload";
 /// `POST`: drain a backend, by name or address (a route: `{backend}`

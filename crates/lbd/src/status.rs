@@ -167,10 +167,7 @@ pub fn status(shared: &Shared) -> Status {
             max_connections: shared.api_connections.cap(),
             refused: shared.api_connections.refused(),
         }),
-        config_source: Some(match &shared.etcd {
-            Some(src) => src.status(),
-            None => crate::ConfigSourceStatus::file(&shared.file.path),
-        }),
+        config_source: Some(config_source(shared)),
         vips: tables
             .vips
             .iter()
@@ -682,6 +679,14 @@ impl Status {
             out.push_str(&format!("\n{d}"));
         }
         out
+    }
+}
+
+/// Where the configuration comes from and which revision runs.
+pub fn config_source(shared: &Shared) -> crate::ConfigSourceStatus {
+    match &shared.etcd {
+        Some(src) => src.status(),
+        None => crate::ConfigSourceStatus::file(&shared.file.path),
     }
 }
 
