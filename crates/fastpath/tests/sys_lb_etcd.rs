@@ -27,14 +27,7 @@ use lab::etcd::EtcdCluster;
 const PREFIX: &str = "/fastpath/test";
 
 fn cluster(tag: &str) -> EtcdCluster {
-    systest::require_netns();
-    systest::require_programs(&["etcd", "etcdctl", "timeout"]);
-    let tag = format!("{tag}{}", std::process::id() % 100_000);
-    match EtcdCluster::start(&tag, 3) {
-        Ok(c) => c,
-        Err(lab::Error::Unavailable) => systest::missing("root and iproute2 (network namespaces)"),
-        Err(e) => panic!("{e}"),
-    }
+    common::etcd_cluster(tag, false)
 }
 
 /// `fastpath ARGS` in the members' namespace, bounded to 30 s.
@@ -598,14 +591,7 @@ fn etcd_fleet(tag: &str) -> EtcdFleet {
 
 fn etcd_fleet_with(tag: &str, reach: Reach) -> EtcdFleet {
     let t = common::topology(3, 2, tag);
-    let mut c = match reach {
-        Reach::Plain => cluster(tag),
-        Reach::TlsUsers => {
-            systest::require_programs(&["openssl"]);
-            let tag = format!("{tag}{}", std::process::id() % 100_000);
-            EtcdCluster::start_tls(&tag, 3).unwrap_or_else(|e| panic!("{e}"))
-        }
-    };
+    let mut c = common::etcd_cluster(tag, reach == Reach::TlsUsers);
     for k in 1..=3 {
         c.connect(&t.lbs[k - 1], k).unwrap();
     }

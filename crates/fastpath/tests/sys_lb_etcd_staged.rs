@@ -17,14 +17,7 @@ use lab::etcd::EtcdCluster;
 const PREFIX: &str = "/fastpath/staged";
 
 fn cluster(tag: &str) -> EtcdCluster {
-    systest::require_netns();
-    systest::require_programs(&["etcd", "etcdctl", "timeout"]);
-    let tag = format!("{tag}{}", std::process::id() % 100_000);
-    match EtcdCluster::start(&tag, 3) {
-        Ok(c) => c,
-        Err(lab::Error::Unavailable) => systest::missing("root and iproute2 (network namespaces)"),
-        Err(e) => panic!("{e}"),
-    }
+    common::etcd_cluster(tag, false)
 }
 
 /// A fleet part of `vips` VIPs, each with its own pool of `backends`

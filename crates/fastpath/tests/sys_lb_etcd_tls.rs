@@ -8,6 +8,8 @@
 //! plain endpoint, a wrong password, a key others can read) each refused
 //! with the file or endpoint named.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -17,14 +19,7 @@ use lab::etcd::EtcdCluster;
 const PREFIX: &str = "/fastpath/tls";
 
 fn cluster(tag: &str) -> EtcdCluster {
-    systest::require_netns();
-    systest::require_programs(&["etcd", "etcdctl", "openssl", "timeout"]);
-    let tag = format!("{tag}{}", std::process::id() % 100_000);
-    match EtcdCluster::start_tls(&tag, 3) {
-        Ok(c) => c,
-        Err(lab::Error::Unavailable) => systest::missing("root and iproute2 (network namespaces)"),
-        Err(e) => panic!("{e}"),
-    }
+    common::etcd_cluster(tag, true)
 }
 
 /// A bootstrap file `name` in `dir` for `user` (password `password`),

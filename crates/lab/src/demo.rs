@@ -957,12 +957,6 @@ fn etcd_scene(
         }
         t.procs.stop(&name);
         let log = t.dir.join(format!("{name}.log"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .map_err(Error::io(log.display()))?;
-        let err = file.try_clone().map_err(Error::io(log.display()))?;
         let fp = exe.to_string_lossy().into_owned();
         let me = format!("lb{k}");
         let mut cmd = t.lb_machine_command(
@@ -985,9 +979,8 @@ fn etcd_scene(
                 "1000",
             ],
         )?;
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(file)
-            .stderr(err);
+        cmd.stdin(std::process::Stdio::null());
+        crate::log_to(&mut cmd, &log)?;
         let child = cmd
             .spawn()
             .map_err(Error::io(format!("starting {me} on etcd")))?;

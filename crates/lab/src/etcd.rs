@@ -316,12 +316,6 @@ impl EtcdCluster {
     fn spawn(&mut self, i: usize, state: &str) -> Result<()> {
         let initial = self.initial_cluster();
         let log = self.log_path(i);
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .map_err(Error::io(log.display()))?;
-        let err = file.try_clone().map_err(Error::io(log.display()))?;
         let m = self
             .members
             .get(i.wrapping_sub(1))
@@ -355,9 +349,8 @@ impl EtcdCluster {
                 "--election-timeout",
                 &ELECTION_TIMEOUT_MS.to_string(),
             ])
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(err);
+            .stdin(Stdio::null());
+        crate::log_to(&mut c, &log)?;
         if self.tls {
             let d = &self.dir;
             c.arg("--cert-file")

@@ -29,6 +29,19 @@ pub use netns;
 
 use std::io;
 
+/// `command`'s standard output and error, both appended to the file `log`
+/// (created if need be), so that a process's story survives its restarts.
+pub fn log_to(command: &mut std::process::Command, log: &std::path::Path) -> Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(Error::io(log.display()))?;
+    let err = file.try_clone().map_err(Error::io(log.display()))?;
+    command.stdout(file).stderr(err);
+    Ok(())
+}
+
 /// Why a throwaway network could not be built, used or shown.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -1044,15 +1044,7 @@ pool = "web"
         let mut c = self.lb_machine_command(k, &args)?;
         c.stdin(Stdio::null());
         match log {
-            Some(log) => {
-                let file = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(log)
-                    .map_err(Error::io(log.display()))?;
-                let err = file.try_clone().map_err(Error::io(log.display()))?;
-                c.stdout(file).stderr(err);
-            }
+            Some(log) => crate::log_to(&mut c, log)?,
             None => {
                 c.stdout(Stdio::piped()).stderr(Stdio::piped());
             }

@@ -81,3 +81,25 @@ pub fn tshark_fields(pcap: &std::path::Path, prefs: &[&str], fields: &[&str]) ->
         .map(str::to_string)
         .collect()
 }
+
+/// A three-member etcd cluster (`lab::etcd`) named after `tag` and this
+/// process, on TLS with its own CA when `tls`; a missing etcd, etcdctl or
+/// openssl fails the test, naming it.
+pub fn etcd_cluster(tag: &str, tls: bool) -> lab::etcd::EtcdCluster {
+    systest::require_netns();
+    systest::require_programs(&["etcd", "etcdctl", "timeout"]);
+    if tls {
+        systest::require_programs(&["openssl"]);
+    }
+    let tag = format!("{tag}{}", std::process::id() % 100_000);
+    let started = if tls {
+        lab::etcd::EtcdCluster::start_tls(&tag, 3)
+    } else {
+        lab::etcd::EtcdCluster::start(&tag, 3)
+    };
+    match started {
+        Ok(c) => c,
+        Err(lab::Error::Unavailable) => systest::missing("root and iproute2 (network namespaces)"),
+        Err(e) => panic!("{e}"),
+    }
+}
