@@ -34,6 +34,7 @@ APT_PACKAGES=(
   etcd-client        # etcdctl, to look at what the tests and an operator wrote
   protobuf-compiler  # protoc: the etcd-client crate compiles etcd's .proto files at build time
   libprotobuf-dev    # the well-known .proto files (descriptor.proto) those import
+  openssl            # makes the CA and certificates of the TLS etcd cluster in the tests
 )
 
 need_cmd() { command -v "$1" >/dev/null 2>&1; }
