@@ -273,3 +273,62 @@ fn a_key_over_etcds_request_bound_is_refused_before_sending() {
     );
     assert!(msg.contains("--max-request-bytes"), "{msg}");
 }
+
+/// The names read from the lines are the parser's, for every shipped
+/// example, the generated fleets and texts made to look odd; where the
+/// lines are not plain enough, the reader says so rather than guess.
+#[test]
+fn top_level_names_by_lines_agree_with_the_parser() {
+    let parsed = |t: &str| -> Vec<String> {
+        let table: toml::Table = t.parse().unwrap();
+        let mut v: Vec<String> = table.keys().cloned().collect();
+        v.sort();
+        v
+    };
+    let mut texts: Vec<String> =
+        std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples"))
+            .unwrap()
+            .filter_map(|e| {
+                let n = e.ok()?.file_name().into_string().ok()?;
+                n.ends_with(".toml").then(|| example(&n))
+            })
+            .collect();
+    assert!(texts.len() >= 2);
+    texts.push(fleet(20, 5));
+    texts.push(
+        fleetconf::join(
+            fleetconf::split(&fleet(3, 2))
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        )
+        .unwrap(),
+    );
+    texts.push("version = 1\nname.first = \"x\"\n[a.b]\nc = 1\n[[d]]\ne = [\n  1, 2,\n]\n".into());
+    for t in &texts {
+        if let Some(mut by_lines) = fleetconf::layout::top_level_names_by_lines(t) {
+            by_lines.sort();
+            assert_eq!(by_lines, parsed(t), "{t}");
+        }
+    }
+    // What a fleet's keys join to is read by its lines (the point).
+    for t in &texts[texts.len() - 3..] {
+        assert!(
+            fleetconf::layout::top_level_names_by_lines(t).is_some(),
+            "a plain text is read by its lines: {}",
+            &t[..t.len().min(200)]
+        );
+    }
+    for odd in [
+        "x = \"\"\"\n[not]\n\"\"\"\n",
+        "[\"quoted.name\"]\na = 1\n",
+        "x = [\n  1,\n]\n[t]\n",
+        "[t]\ne = [\n  [1, 2],\n]\n",
+    ] {
+        assert_eq!(
+            fleetconf::layout::top_level_names_by_lines(odd),
+            None,
+            "{odd}"
+        );
+    }
+}
