@@ -517,17 +517,15 @@ pub fn run(a: ConfigArgs) -> anyhow::Result<()> {
                     max_ops: max_txn_ops,
                     max_bytes: max_request_bytes,
                 });
-                let read = store.snapshot(&t.prefix, None).await?;
                 let name = file.display().to_string();
                 Ok(store
-                    .push(
+                    .push_current(
                         &t.prefix,
                         &fleetconf::Push {
                             local: local.as_deref(),
                             take_over,
                             ..fleetconf::Push::new(&text, &name, &who)
                         },
-                        &read,
                     )
                     .await?)
             })?;

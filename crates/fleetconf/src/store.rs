@@ -166,6 +166,9 @@ pub enum StoreError {
         #[source]
         source: Box<StoreError>,
     },
+    /// The validation's thread was stopped (the runtime shutting down).
+    #[error("not pushed: the validation was stopped: {0}")]
+    Stopped(String),
     /// Another push took over this staged push's marker.
     #[error("not finished: another push took over the marker {marker} (this push's was revision {revision}); nothing more was written")]
     TakenOver {
@@ -638,39 +641,55 @@ impl Store {
         push: &Push<'_>,
         read: &Snapshot,
     ) -> Result<PushOutcome, StoreError> {
+        let new = prepare(push)?;
+        self.push_prepared(prefix, push, new, read).await
+    }
+
+    /// [`Store::push`] against the prefix as it is now: the read and the
+    /// validation (with the cutting into keys) go side by side, each
+    /// taking a good part of a second for a large fleet.
+    pub async fn push_current(
+        &self,
+        prefix: &str,
+        push: &Push<'_>,
+    ) -> Result<PushOutcome, StoreError> {
+        let (text, file, local) = (
+            push.text.to_string(),
+            push.file.to_string(),
+            push.local.map(str::to_string),
+        );
+        let prepared = tokio::task::spawn_blocking(move || {
+            prepare(&Push {
+                local: local.as_deref(),
+                ..Push::new(&text, &file, "")
+            })
+        });
+        let (read, prepared) = tokio::join!(self.snapshot(prefix, None), prepared);
+        let new = match prepared {
+            Ok(r) => r?,
+            Err(e) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(e) => return Err(StoreError::Stopped(e.to_string())),
+            },
+        };
+        self.push_prepared(prefix, push, new, &read?).await
+    }
+
+    /// The write of a push already validated and cut into `new`.
+    async fn push_prepared(
+        &self,
+        prefix: &str,
+        push: &Push<'_>,
+        new: Vec<(String, String)>,
+        read: &Snapshot,
+    ) -> Result<PushOutcome, StoreError> {
         let Push {
             text,
-            file,
-            local,
             who,
             rollback_of,
             take_over,
+            ..
         } = *push;
-        // Validating and cutting into keys each parse the whole text: for a
-        // large fleet they take a good part of a second each, so they run
-        // side by side.
-        let validate = || -> Result<(), StoreError> {
-            match local {
-                Some(local) => {
-                    let merged = layout::merge(local, text).map_err(StoreError::Split)?;
-                    lb::config::Config::parse(&merged, file).map_err(StoreError::Invalid)?;
-                }
-                None => {
-                    lb::config::Config::parse(text, file).map_err(StoreError::Invalid)?;
-                }
-            }
-            Ok(())
-        };
-        let (valid, new) = std::thread::scope(|scope| {
-            let cut = scope.spawn(|| layout::split(text));
-            let valid = validate();
-            (valid, cut.join())
-        });
-        valid?;
-        let new = match new {
-            Ok(r) => r.map_err(StoreError::Split)?,
-            Err(panic) => std::panic::resume_unwind(panic),
-        };
         if let Some(p) = read.pending.as_ref().filter(|_| !take_over) {
             return Err(StoreError::InProgress {
                 prefix: prefix.to_string(),
@@ -1078,6 +1097,39 @@ fn revision_error(e: StoreError, at: Option<i64>) -> StoreError {
             }
         }
         _ => e,
+    }
+}
+
+/// Validates a push's text ([`lb::config::Config::parse`], merged with
+/// its machine's part if given) and cuts it into keys.
+fn prepare(push: &Push<'_>) -> Result<Vec<(String, String)>, StoreError> {
+    let Push {
+        text, file, local, ..
+    } = *push;
+    // Validating and cutting into keys each parse the whole text: for a
+    // large fleet they take a good part of a second each, so they run
+    // side by side.
+    let validate = || -> Result<(), StoreError> {
+        match local {
+            Some(local) => {
+                let merged = layout::merge(local, text).map_err(StoreError::Split)?;
+                lb::config::Config::parse(&merged, file).map_err(StoreError::Invalid)?;
+            }
+            None => {
+                lb::config::Config::parse(text, file).map_err(StoreError::Invalid)?;
+            }
+        }
+        Ok(())
+    };
+    let (valid, new) = std::thread::scope(|scope| {
+        let cut = scope.spawn(|| layout::split(text));
+        let valid = validate();
+        (valid, cut.join())
+    });
+    valid?;
+    match new {
+        Ok(r) => r.map_err(StoreError::Split),
+        Err(panic) => std::panic::resume_unwind(panic),
     }
 }
 
