@@ -81,7 +81,20 @@ fn refused_within_a_second(driver: Option<&str>) {
         let took: f64 = words[2].parse().unwrap();
         assert!(took < 1.0, "{proto} refused after {took} s: {said}");
     }
-    let s = t.status_of(1).unwrap();
+    // The packet threads publish their counters every so often: the
+    // client can hold its refusals before `/status` counts them (a
+    // rehearsal read 1 RST and 0 ICMP right after the client's answers).
+    let counted = |s: &lbd::status::Status| {
+        s.refusals.tcp_rst >= 1
+            && s.refusals.icmp_unreachable >= 1
+            && s.drops.get("vip_port_not_served").copied().unwrap_or(0) >= 2
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    let mut s = t.status_of(1).unwrap();
+    while !counted(&s) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+        s = t.status_of(1).unwrap();
+    }
     assert!(s.refusals.tcp_rst >= 1, "{:?}", s.refusals);
     assert!(s.refusals.icmp_unreachable >= 1, "{:?}", s.refusals);
     assert!(

@@ -32,6 +32,11 @@ use serde::Deserialize;
 
 /// The largest bootstrap, certificate, key or password file read.
 pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
+/// How often the client pings a member over HTTP/2 while a call is open
+/// (a watch). etcd turns away a client that pings more often than its
+/// `--grpc-keepalive-min-time` (5 s by default) while it sends nothing
+/// back: it closes the connection, which ends every watch on it.
+pub const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
 /// The deadline of every call when the file does not say.
 pub const DEFAULT_TIMEOUT_MS: u64 = 5000;
 
@@ -192,10 +197,7 @@ impl Access {
         let mut o = etcd_client::ConnectOptions::new()
             .with_connect_timeout(connect)
             .with_timeout(self.deadline)
-            .with_keep_alive(
-                crate::store::KEEP_ALIVE_EVERY,
-                self.deadline.max(Duration::from_secs(1)),
-            )
+            .with_keep_alive(KEEP_ALIVE_EVERY, self.deadline.max(Duration::from_secs(1)))
             // A member cut off from its leader answers nothing rather
             // than a stale view: a watch through it is cancelled and
             // redone elsewhere.

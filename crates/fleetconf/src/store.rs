@@ -34,11 +34,6 @@ pub const ETCD_DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
 /// The largest response this client decodes (a whole prefix in one range
 /// response); tonic's default, 4 MiB, is less than a 1,000-VIP fleet.
 pub const MAX_RESPONSE_BYTES: usize = 256 * 1024 * 1024;
-/// How often the client pings a member over HTTP/2 while a call is open
-/// (a watch). etcd turns away a client that pings more often than its
-/// `--grpc-keepalive-min-time` (5 s by default) while it sends nothing
-/// back: it closes the connection, which ends every watch on it.
-pub const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
 /// How many pushes [`Store::history`] walks back at most.
 pub const MAX_HISTORY: usize = 1000;
 
