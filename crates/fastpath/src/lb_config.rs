@@ -49,22 +49,15 @@ struct Target {
 impl EtcdArgs {
     /// The access and prefix these arguments (or the bootstrap file) give.
     fn load(&self) -> anyhow::Result<Target> {
-        let (access, from_file) = match &self.etcd_file {
-            Some(f) => {
-                let b = fleetconf::Bootstrap::load(f)?;
-                (b.access, b.prefix)
-            }
-            None => (
-                fleetconf::Access::plain(
-                    self.endpoints.clone(),
-                    Duration::from_millis(self.timeout_ms),
-                ),
-                None,
-            ),
-        };
-        let prefix = self.prefix.clone().or(from_file).context(
+        let b = fleetconf::Bootstrap::from_args(
+            self.etcd_file.as_deref(),
+            self.endpoints.clone(),
+            Duration::from_millis(self.timeout_ms),
+        )?;
+        let prefix = self.prefix.clone().or(b.prefix).context(
             "no prefix: pass --prefix (or give `prefix` in the --etcd-file bootstrap file)",
         )?;
+        let access = b.access;
         Ok(Target { access, prefix })
     }
 }
@@ -691,27 +684,19 @@ impl EtcdRunArgs {
     /// The daemon's source: etcd, read once now (with `local`, the
     /// machine's own file), or the file `local` alone.
     pub fn source(&self, local: &Path) -> anyhow::Result<lbd::daemon::Source> {
-        let (access, prefix, name) = match &self.etcd_file {
-            Some(f) => {
-                let b = fleetconf::Bootstrap::load(f)?;
-                (
-                    b.access,
-                    self.prefix.clone().or(b.prefix),
-                    self.name.clone().or(b.name),
-                )
-            }
-            None if self.endpoints.is_empty() => {
-                return Ok(lbd::daemon::Source::File(local.to_path_buf()))
-            }
-            None => (
-                fleetconf::Access::plain(
-                    self.endpoints.clone(),
-                    Duration::from_millis(self.etcd_timeout_ms),
-                ),
-                self.prefix.clone(),
-                self.name.clone(),
-            ),
-        };
+        if self.etcd_file.is_none() && self.endpoints.is_empty() {
+            return Ok(lbd::daemon::Source::File(local.to_path_buf()));
+        }
+        let b = fleetconf::Bootstrap::from_args(
+            self.etcd_file.as_deref(),
+            self.endpoints.clone(),
+            Duration::from_millis(self.etcd_timeout_ms),
+        )?;
+        let (access, prefix, name) = (
+            b.access,
+            self.prefix.clone().or(b.prefix),
+            self.name.clone().or(b.name),
+        );
         let prefix = prefix.context(
             "no prefix: pass --prefix (or give `prefix` in the --config-etcd-file bootstrap file)",
         )?;

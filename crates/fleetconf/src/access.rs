@@ -246,6 +246,24 @@ fn read(path: &Path, secret: bool) -> Result<Vec<u8>, AccessError> {
 }
 
 impl Bootstrap {
+    /// What a command line gives: the bootstrap file `file` if any, else
+    /// plain `endpoints` with `deadline` (no prefix or name: the caller's
+    /// flags give them, and they override the file's).
+    pub fn from_args(
+        file: Option<&Path>,
+        endpoints: Vec<String>,
+        deadline: Duration,
+    ) -> Result<Bootstrap, AccessError> {
+        match file {
+            Some(f) => Bootstrap::load(f),
+            None => Ok(Bootstrap {
+                access: Access::plain(endpoints, deadline),
+                prefix: None,
+                name: None,
+            }),
+        }
+    }
+
     /// Loads the bootstrap file `path` and every file it names.
     pub fn load(path: &Path) -> Result<Bootstrap, AccessError> {
         let bytes = read(path, false)?;
