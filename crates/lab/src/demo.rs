@@ -190,6 +190,31 @@ pub struct QuicMigration {
     pub routed_by_5tuple: crate::quic::Downloads,
 }
 
+/// One load balancer's restart onto etcd, its steps in seconds on the
+/// scene's load clock (the clock its failed requests are stamped with).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EtcdRestart {
+    /// Which load balancer (1-based).
+    pub lb: usize,
+    /// SIGTERM sent.
+    pub term_s: f64,
+    /// The router's route without it.
+    pub withdrawn_s: f64,
+    /// Its process gone.
+    pub exited_s: f64,
+    /// The new process started (on etcd).
+    pub started_s: f64,
+    /// The router's route with every load balancer again.
+    pub back_s: f64,
+    /// Whether every load balancer's table fingerprints agreed once it was
+    /// back (the restarted one built its tables from etcd, the others from
+    /// their files): a connection moved between two load balancers whose
+    /// tables differ may be sent to another backend.
+    pub tables_agree: bool,
+    /// The fleet comparison's text when they did not agree.
+    pub disagreement: String,
+}
+
 /// The fleet's configuration in etcd: a push that adds a backend, then
 /// an invalid revision written behind the CLI's back, under traffic.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -203,6 +228,11 @@ pub struct EtcdScene {
     pub restart_requests: u64,
     /// Of them, failed (goal 0).
     pub restart_failed_requests: u64,
+    /// The first of those failures, each with its second on the load's
+    /// clock, to line up with [`EtcdScene::restarts`].
+    pub restart_failures: Vec<String>,
+    /// Per load balancer restarted, its steps on the load's clock.
+    pub restarts: Vec<EtcdRestart>,
     /// The backend the second push added.
     pub added_backend: String,
     /// The second push's revision.
@@ -240,6 +270,7 @@ fn check(stop: &AtomicBool) -> Result<()> {
 /// New-connection HTTP requests in a loop from the client's namespace,
 /// counted, until stopped.
 struct Load {
+    started: Instant,
     stop: Arc<AtomicBool>,
     sent: Arc<AtomicU64>,
     failed: Arc<AtomicU64>,
@@ -292,6 +323,7 @@ impl Load {
             })
         };
         Load {
+            started,
             stop,
             sent,
             failed,
@@ -317,6 +349,12 @@ impl Load {
 }
 
 impl Load {
+    /// Seconds since the load started: the clock its failures are stamped
+    /// with, so that a scene can line them up with its own steps.
+    fn at(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
     /// Stops the client thread and waits for it (once).
     fn end(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -940,9 +978,11 @@ fn etcd_scene(
     // Each load balancer restarted on etcd, one at a time, under load.
     let all: Vec<usize> = (1..=lbs).collect();
     let load = Load::start(t);
+    let mut restarts = Vec::new();
     for k in 1..=lbs {
         check(stop)?;
         let name = Topology::lb_proc(k);
+        let term_s = load.at();
         if let Some(pid) = t.procs.pid(&name) {
             let _ = rustix::process::kill_process(
                 rustix::process::Pid::from_raw(pid as i32).ok_or(Error::Http("pid 0".into()))?,
@@ -951,11 +991,13 @@ fn etcd_scene(
         }
         let others: Vec<usize> = (1..=lbs).filter(|&j| j != k).collect();
         t.wait_for_ecmp(&others, Duration::from_secs(10))?;
+        let withdrawn_s = load.at();
         let deadline = Instant::now() + Duration::from_secs(8);
         while t.procs.running(&name) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
         t.procs.stop(&name);
+        let exited_s = load.at();
         let log = t.dir.join(format!("{name}.log"));
         let fp = exe.to_string_lossy().into_owned();
         let me = format!("lb{k}");
@@ -985,7 +1027,28 @@ fn etcd_scene(
             .spawn()
             .map_err(Error::io(format!("starting {me} on etcd")))?;
         t.procs.push(&name, child);
+        let started_s = load.at();
         t.wait_for_ecmp(&all, Duration::from_secs(30))?;
+        let back_s = load.at();
+        let mut named = Vec::new();
+        for j in 1..=lbs {
+            named.push((format!("lb{j}"), t.status_of(j)?));
+        }
+        let agreement = lbd::agreement::compare(&named);
+        restarts.push(EtcdRestart {
+            lb: k,
+            term_s,
+            withdrawn_s,
+            exited_s,
+            started_s,
+            back_s,
+            tables_agree: agreement.agree,
+            disagreement: if agreement.agree {
+                String::new()
+            } else {
+                agreement.to_text()
+            },
+        });
     }
     wait_sources(
         t,
@@ -994,7 +1057,7 @@ fn etcd_scene(
         |_, s| s.kind == "etcd" && s.pushed_revision == Some(first),
     )?;
     std::thread::sleep(Duration::from_millis(300));
-    let (restart_requests, restart_failed, _) = load.finish();
+    let (restart_requests, restart_failed, restart_failures) = load.finish();
     say(&format!(
         "  all {lbs} follow {ETCD_PREFIX} at revision {first}; {restart_failed} of {restart_requests} requests failed during their restarts"
     ));
@@ -1124,6 +1187,8 @@ fn etcd_scene(
         first_revision: first,
         restart_requests,
         restart_failed_requests: restart_failed,
+        restart_failures,
+        restarts,
         added_backend: added,
         pushed_revision: pushed,
         applied,

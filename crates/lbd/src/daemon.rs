@@ -494,7 +494,7 @@ fn vip_packets(shared: &Shared) -> u64 {
 /// sets `dp_stop`. Without `[bgp]` (nothing to withdraw) it stops at once.
 fn graceful_stop(
     shared: &Shared,
-    bgp: std::thread::JoinHandle<()>,
+    bgp: std::thread::JoinHandle<bool>,
     stop: &AtomicBool,
     dp_stop: &AtomicBool,
 ) {
@@ -514,12 +514,12 @@ fn graceful_stop(
     shared
         .stopping
         .begin(cfg.as_ref().map_or(0, |b| b.drain_ms));
-    // Drain if the router may have been sending traffic here: BIRD
-    // announced at the last poll, or fastpath meant it to.
-    let was_announced = shared.bgp.plan().is_some_and(|p| p.announced || p.wanted());
     // The controller withdraws on its way out, within a bounded time
-    // whatever BIRD does (tasks::bgp::withdraw_budget).
-    let _ = bgp.join();
+    // whatever BIRD does (tasks::bgp::withdraw_budget), and says whether
+    // the router may have been sending traffic here (BIRD announced at
+    // its last step, or fastpath meant it to): then the datapath drains.
+    // A controller that panicked is taken to have announced.
+    let was_announced = bgp.join().unwrap_or(true);
     shared.stopping.withdrawn_if_not_said();
     let Some(b) = cfg.filter(|b| b.drain_ms > 0 && was_announced) else {
         dp_stop.store(true, Ordering::Release);

@@ -37,11 +37,20 @@ pub fn withdraw_budget(b: &Bgp) -> Duration {
 /// Announces the VIPs while the datapath's heartbeat advances; withdraws
 /// them when it stalls, when `[bgp]` goes away, and on the way out. Every
 /// poll reads BIRD and puts it back where it differs.
-pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
+///
+/// Returns whether the router may have been sending VIP traffic here when
+/// the stop came (BIRD announced some VIP at the last step, or fastpath
+/// meant it to): what the graceful stop drains for. It is decided here,
+/// before the withdrawal, because the plan published afterwards says
+/// "not announced", and a reader that looked after this thread withdrew
+/// (the graceful stop polls for the signal too) took that for "never
+/// announced" and stopped the datapath before the router had moved the
+/// flows.
+pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) -> bool {
     // Without [bgp] at start nothing is announced, and adding it later
     // needs a restart (Config::restart_keys): no thread stays for it.
     if shared.control().config().bgp.is_none() {
-        return;
+        return false;
     }
     let mut ann = Announcer::default();
     let mut last_beat = 0u64;
@@ -107,6 +116,7 @@ pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+    let may_have_traffic = shared.bgp.plan().is_some_and(|p| p.announced || p.wanted());
     if let Some(b) = last_conf {
         let budget = withdraw_budget(&b);
         let failed = ann.withdraw(&Bounded {
@@ -130,4 +140,5 @@ pub fn controller(shared: &Shared, heartbeat: &AtomicU64, stop: &AtomicBool) {
             shared.bgp.set(Some(plan), None);
         }
     }
+    may_have_traffic
 }
