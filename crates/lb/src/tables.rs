@@ -131,6 +131,10 @@ pub struct Backend {
     pub configured: bool,
     /// Outer headers for packets to it.
     pub outer: Outer,
+    /// The same headers made once ([`packet::gre::Template`]), which the
+    /// packet threads copy instead of building them per packet; set with
+    /// `outer` by the table builder. `None`: built from `outer` per packet.
+    pub template: Option<packet::gre::Template>,
 }
 
 /// A VIP in a snapshot (a clone shares its Maglev table).
@@ -609,6 +613,7 @@ impl Control {
                                             dst: addr,
                                             ttl: 64,
                                         },
+                                        template: None,
                                     });
                                     added.insert(name, id);
                                     if b.name.is_none() {
@@ -635,6 +640,7 @@ impl Control {
                             dst: addr,
                             ttl: cfg.encap.ttl,
                         };
+                        r.template = packet::gre::Template::new(&r.outer).ok();
                         m.key.members.push(Member {
                             id,
                             addr,

@@ -8,7 +8,10 @@ use std::sync::Arc;
 use maio::{Handle, Pool};
 use netio::Packet;
 use packet::checksum::{complete_partial, Partial};
-use packet::gre::{encapsulate, encapsulate_keyed, encapsulate_spread, FRAGMENT_REDIRECT_KEY};
+use packet::gre::{
+    encapsulate, encapsulate_keyed, encapsulate_spread, encapsulate_templated,
+    FRAGMENT_REDIRECT_KEY,
+};
 use packet::parse::Parsed;
 use packet::tcp::flags::{ACK as TCP_ACK, FIN as TCP_FIN, RST as TCP_RST, SYN as TCP_SYN};
 use packet::{parse_frame, FlowKey};
@@ -536,9 +539,10 @@ impl Worker {
                 self.counters.csum_completed += 1;
             }
         }
-        let r = match &t.spread {
-            None => encapsulate(data, start, p, &b.outer, hash),
-            Some(s) => encapsulate_spread(data, start, p, &b.outer, hash, s),
+        let r = match (&t.spread, &b.template) {
+            (None, Some(tp)) => encapsulate_templated(data, start, p, tp, hash),
+            (None, None) => encapsulate(data, start, p, &b.outer, hash),
+            (Some(s), _) => encapsulate_spread(data, start, p, &b.outer, hash, s),
         };
         match r {
             Ok(r) => {

@@ -546,6 +546,151 @@ pub fn encapsulate_keyed(
     Ok(begin..inner_at + inner_len)
 }
 
+/// The outer headers toward one backend (Ethernet, IPv4 or IPv6, GRE
+/// without a key), made once when the tables are built, so that a packet
+/// is encapsulated by copying them whole and writing the few fields that
+/// depend on it: the inner packet's length, TOS and DF bit (IPv4) or
+/// traffic class and flow label (IPv6), and GRE's protocol. The IPv4
+/// checksum is finished from the sum of the constant fields, which is
+/// kept here. The bytes are exactly [`encapsulate`]'s for the same
+/// [`Outer`] (a property test checks them against each other).
+#[derive(Debug, Clone)]
+pub struct Template {
+    hdr: [u8; TEMPLATE_MAX],
+    v4: bool,
+    /// IPv4: the one's-complement sum of the IP header with its TOS,
+    /// total length, flags and checksum zero.
+    sum: u32,
+}
+
+/// The longest outer header a [`Template`] holds: Ethernet, IPv6, GRE.
+const TEMPLATE_MAX: usize = crate::ethernet::HEADER_LEN + crate::ipv6::HEADER_LEN + HEADER_LEN;
+
+impl Template {
+    /// The outer headers toward `outer`; refused if its two addresses are
+    /// of different families.
+    pub fn new(outer: &Outer) -> std::result::Result<Template, EncapError> {
+        let (src4, dst4) = (unmapped(&outer.src), unmapped(&outer.dst));
+        let v4 = match (src4.is_some(), dst4.is_some()) {
+            (true, true) => true,
+            (false, false) => false,
+            _ => return Err(EncapError::MixedFamilies),
+        };
+        let mut hdr = [0u8; TEMPLATE_MAX];
+        let len = overhead(v4);
+        EthernetRepr {
+            dst: outer.eth_dst,
+            src: outer.eth_src,
+            vlan: None,
+            ethertype: if v4 { ethertype::IPV4 } else { ethertype::IPV6 },
+        }
+        .emit(&mut hdr[..len]);
+        let ip = &mut hdr[crate::ethernet::HEADER_LEN..len];
+        let mut sum = 0;
+        if let (Some(s), Some(d)) = (src4, dst4) {
+            Ipv4Repr {
+                src: s,
+                dst: d,
+                protocol: proto::GRE,
+                ttl: outer.ttl,
+                tos: 0,
+                ident: 0,
+                dont_frag: false,
+                more_frags: false,
+                frag_offset: 0,
+                options: Vec::new(),
+                payload_len: 0,
+            }
+            .emit(ip);
+            // Total length and checksum as zero: the packet's are added.
+            ip[2..4].fill(0);
+            ip[10..12].fill(0);
+            sum = crate::checksum::sum(0, &ip[..crate::ipv4::MIN_HEADER_LEN]);
+        } else {
+            Ipv6Repr {
+                src: outer.src,
+                dst: outer.dst,
+                traffic_class: 0,
+                flow_label: 0,
+                hop_limit: outer.ttl,
+                extensions: Vec::new(),
+                protocol: proto::GRE,
+                upper_len: 0,
+            }
+            .emit(ip);
+        }
+        GreRepr {
+            protocol: 0,
+            key: None,
+        }
+        .emit(&mut hdr[len - HEADER_LEN..len]);
+        Ok(Template { hdr, v4, sum })
+    }
+
+    /// Whether the outer header is IPv4.
+    pub fn is_v4(&self) -> bool {
+        self.v4
+    }
+}
+
+/// [`encapsulate`] with the outer headers of a [`Template`]: the same
+/// bytes, without building and checksumming them for every packet.
+#[inline]
+pub fn encapsulate_templated(
+    buf: &mut [u8],
+    start: usize,
+    p: &Parsed,
+    t: &Template,
+    flow_hash: u64,
+) -> std::result::Result<std::ops::Range<usize>, EncapError> {
+    let need = overhead(t.v4);
+    let inner_at = start + p.l3_offset;
+    if inner_at < need {
+        return Err(EncapError::NoHeadroom {
+            need,
+            have: inner_at,
+        });
+    }
+    let inner_len = p.l3_len;
+    let ip_len = need - crate::ethernet::HEADER_LEN;
+    // The outer IP's payload (or, for IPv4, whole packet) fits 16 bits.
+    let length = if t.v4 { ip_len } else { HEADER_LEN } + inner_len;
+    if length > 65_535 {
+        return Err(EncapError::TooBig);
+    }
+    let end = inner_at + inner_len;
+    if end > buf.len() {
+        // A parse of this very frame would not have said so; refused
+        // rather than trusted.
+        return Err(EncapError::TooBig);
+    }
+    let inner_type = if p.l3 == L3::V4 {
+        ethertype::IPV4
+    } else {
+        ethertype::IPV6
+    };
+    let begin = inner_at - need;
+    let dont_frag = p.l3 == L3::V6
+        || Ipv4Packet::new_checked(&buf[inner_at..end]).is_ok_and(|ip| ip.dont_frag());
+    let hdr = &mut buf[begin..inner_at];
+    hdr.copy_from_slice(&t.hdr[..need]);
+    let ip = &mut hdr[crate::ethernet::HEADER_LEN..];
+    if t.v4 {
+        let flags: u16 = if dont_frag { 0x4000 } else { 0 };
+        ip[1] = p.tos;
+        ip[2..4].copy_from_slice(&(length as u16).to_be_bytes());
+        ip[6..8].copy_from_slice(&flags.to_be_bytes());
+        let sum = t.sum + u32::from(p.tos) + length as u32 + u32::from(flags);
+        ip[10..12].copy_from_slice(&crate::checksum::finish(sum).to_be_bytes());
+    } else {
+        let first = 6u32 << 28 | u32::from(p.tos) << 20 | (flow_hash & 0x000f_ffff) as u32;
+        ip[0..4].copy_from_slice(&first.to_be_bytes());
+        ip[4..6].copy_from_slice(&(length as u16).to_be_bytes());
+    }
+    hdr[need - 2..need].copy_from_slice(&inner_type.to_be_bytes());
+    Ok(begin..end)
+}
+
 /// A decapsulated packet: where the inner IP packet lies in the frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decapsulated {
