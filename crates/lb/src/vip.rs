@@ -18,6 +18,10 @@ use crate::config::{key_mask as mask, parse_prefix, prefix_key, Config};
 /// Marker for "any port" in keys.
 const ANY_PORT: u32 = 1 << 16;
 
+/// Up to this many exact VIPs are matched by comparing each, not by
+/// hashing.
+const FEW: usize = 8;
+
 #[derive(Debug, Clone)]
 struct Group {
     /// (network, length in 128-bit space)
@@ -30,6 +34,10 @@ struct Group {
 #[derive(Debug, Clone, Default)]
 pub struct VipMatcher {
     exact: FxHashMap<(u128, u32, u8), u32>,
+    /// The exact VIPs again, as a list, when there are at most [`FEW`]:
+    /// comparing a few keys costs less than hashing one (a packet hashed
+    /// its 19-byte key twice, found and any-port, before).
+    few: Option<Vec<(u128, u32, u8, u32)>>,
     addrs: FxHashSet<u128>,
     groups: Vec<Group>,
     suffix: FxHashMap<(u16, u128, u32, u8), u32>,
@@ -77,6 +85,12 @@ impl VipMatcher {
                 }
             }
         }
+        m.few = (m.exact.len() <= FEW).then(|| {
+            m.exact
+                .iter()
+                .map(|(&(a, port, proto), &i)| (a, port, proto, i))
+                .collect()
+        });
         m
     }
 
@@ -135,11 +149,29 @@ impl VipMatcher {
     #[inline]
     pub fn lookup(&self, dst: &[u8; 16], port: u16, proto: u8) -> Option<u32> {
         let a = u128::from_be_bytes(*dst);
-        if let Some(&v) = self.exact.get(&(a, u32::from(port), proto)) {
-            return Some(v);
-        }
-        if let Some(&v) = self.exact.get(&(a, ANY_PORT, proto)) {
-            return Some(v);
+        if let Some(few) = &self.few {
+            // The VIP of this port, else the one of any port.
+            let mut any = None;
+            for &(va, vport, vproto, i) in few {
+                if va == a && vproto == proto {
+                    if vport == u32::from(port) {
+                        return Some(i);
+                    }
+                    if vport == ANY_PORT {
+                        any = Some(i);
+                    }
+                }
+            }
+            if any.is_some() {
+                return any;
+            }
+        } else {
+            if let Some(&v) = self.exact.get(&(a, u32::from(port), proto)) {
+                return Some(v);
+            }
+            if let Some(&v) = self.exact.get(&(a, ANY_PORT, proto)) {
+                return Some(v);
+            }
         }
         if self.groups.is_empty() {
             return None;
@@ -192,6 +224,35 @@ impl VipMatcher {
 mod tests {
     use super::*;
     use packet::flow::from_ip;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A matcher of a few exact VIPs (compared one by one) answers
+        /// every packet as the hashed one does: the port's VIP first, then
+        /// the any-port VIP of the address, else nothing.
+        #[test]
+        fn few_vips_match_as_the_hashed_ones(
+            vips in prop::collection::btree_map(
+                (0u128..4, prop::option::of(0u16..4), prop::sample::select(vec![6u8, 17])),
+                any::<u16>(),
+                0..=FEW,
+            ),
+            probes in prop::collection::vec((0u128..5, 0u16..5, prop::sample::select(vec![6u8, 17, 1])), 1..64),
+        ) {
+            let mut hashed = VipMatcher::default();
+            for (i, (&(a, port, proto), _)) in vips.iter().enumerate() {
+                hashed.exact.insert((a, port.map_or(ANY_PORT, u32::from), proto), i as u32);
+            }
+            let mut few = hashed.clone();
+            few.few = Some(
+                hashed.exact.iter().map(|(&(a, p, pr), &i)| (a, p, pr, i)).collect(),
+            );
+            for (a, port, proto) in probes {
+                let dst = a.to_be_bytes();
+                prop_assert_eq!(few.lookup(&dst, port, proto), hashed.lookup(&dst, port, proto));
+            }
+        }
+    }
 
     fn cfg() -> Config {
         Config::parse(
