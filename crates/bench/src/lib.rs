@@ -30,6 +30,7 @@
 pub mod control;
 pub mod fleet_sim;
 pub mod forwarder;
+pub mod forwarder_stages;
 pub mod hash_eval;
 pub mod isolation;
 pub mod maio;

@@ -152,6 +152,59 @@ fn lb_bench_json_document() {
             }
         }
     }
+    // The non-SYN packet's stages, each timed, summed beyond parse, beside
+    // the difference to null of the run-to-completion rows (threads 0).
+    let st = &v["stages"];
+    let names: Vec<&str> = st["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "parse",
+            "flow_hash",
+            "vip_match",
+            "conntrack_hit",
+            "maglev_pick",
+            "checksum_check",
+            "encapsulate"
+        ],
+        "{st}"
+    );
+    let ns = |name: &str| {
+        st["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["stage"] == name)
+            .unwrap()["ns"]
+            .as_f64()
+            .unwrap()
+    };
+    for n in &names {
+        assert!(ns(n) > 0.0, "{n}: {st}");
+    }
+    let beyond: f64 = names
+        .iter()
+        .filter(|n| !["parse", "maglev_pick"].contains(n))
+        .map(|n| ns(n))
+        .sum();
+    assert!(
+        (st["sum_ns"].as_f64().unwrap() - beyond).abs() < 1e-6,
+        "{st}"
+    );
+    let above = v["above_null_ns"].as_f64().unwrap();
+    let (f, n) = (
+        v["results"]["non_syn"]["0"]["ns_per_packet"]
+            .as_f64()
+            .unwrap(),
+        v["results"]["null"]["0"]["ns_per_packet"].as_f64().unwrap(),
+    );
+    assert!((above - (f - n)).abs() < 1e-6, "{above} vs {f} - {n}");
+    assert!(!st["cpu"].as_str().unwrap().is_empty(), "{st}");
 }
 
 /// The bench starts with 8, 16 and 32 packet threads: its pool follows
