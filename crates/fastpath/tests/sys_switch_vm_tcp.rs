@@ -244,3 +244,36 @@ fn tcp_between_two_guests_on_qemus_tap_backend_over_a_bridge() {
     drop(b);
     drop(ns);
 }
+
+/// The bench's TCP rows alone (the whole vm part runs them after every
+/// other row, in `sys_switch_vm`): every key with a finite median, the
+/// ratios computed from the rates. By hand: `cargo test -p fastpath --test
+/// sys_switch_vm_tcp -- --ignored --nocapture by_hand_`.
+#[test]
+#[ignore = "system test: root, namespaces, QEMU, the guest image with iperf3, dpdk-testpmd"]
+fn by_hand_the_benchs_tcp_rows_alone() {
+    let _machine = ready();
+    systest::require_program("dpdk-testpmd");
+    let dir = std::env::temp_dir().join(format!("fp-vm-tcp-rows-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = bench::vm::VmOptions {
+        quick: true,
+        repeats: 1,
+        poll_us: 20,
+        progress: Some(std::sync::Arc::new(|s: &str| eprintln!("{s}"))),
+        stop: Default::default(),
+    };
+    let r = bench::vm_tcp::run(&o, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let r = r.expect("the TCP rows");
+    print!("{}", r.to_text());
+    let doc = serde_json::json!({ "vm": serde_json::to_value(&r).unwrap() });
+    for k in bench::vm_tcp::KEYS {
+        let v = bench::vm::at(&doc, k).unwrap_or_else(|| panic!("{k} missing: {doc}"));
+        let m = v["median"].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+        assert!(m.is_finite() && m > 0.0, "{k} = {m}");
+    }
+    let want = r.tcp.switch.gbps.samples[0] / r.tcp.tap_bridge.gbps.samples[0];
+    let got = r.tcp.ratio_over_tap_bridge.samples[0];
+    assert!((got - want).abs() < 1e-9 * want, "{got} vs {want}");
+}

@@ -645,13 +645,19 @@ impl Guest {
             &format!("rm -f {IPERF3_LOG}; iperf3 -s -1 -D -J --logfile {IPERF3_LOG}"),
             within,
         )?;
-        // 5201 is 0x1451 in /proc/net/tcp*: iperf3 listens on IPv6's any
-        // address, which takes IPv4 too.
+        // 5201 is 0x1451 in /proc/net/tcp*, state 0A is LISTEN (sockets of
+        // an earlier test, closing, have the port too). iperf3 listens on
+        // IPv6's any address, which takes IPv4 too.
+        let listening = "awk '$2 ~ /:1451$/ && $4 == \"0A\"' /proc/net/tcp /proc/net/tcp6";
         let cmd = format!(
-            "i=0; while ! grep -q ':1451 00000000' /proc/net/tcp6 /proc/net/tcp && [ $i -lt {secs} ]; do sleep 0.1; i=$((i+1)); done; grep -c ':1451 00000000' /proc/net/tcp6 /proc/net/tcp"
+            "i=0; while [ -z \"$({listening})\" ] && [ $i -lt {secs} ]; do sleep 0.1; i=$((i+1)); done; echo listening $({listening} | wc -l)"
         );
         let out = self.run(&cmd, within + Duration::from_secs(30))?.1;
-        if !out.lines().any(|l| l.ends_with(":1")) {
+        let n = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("listening "))
+            .find_map(|n| n.trim().parse::<u32>().ok());
+        if n.unwrap_or(0) == 0 {
             return Err(GuestError::Output {
                 cmd,
                 output: format!("iperf3 does not listen on 5201: {out}"),
