@@ -245,10 +245,12 @@ fn tcp_between_two_guests_on_qemus_tap_backend_over_a_bridge() {
     drop(ns);
 }
 
-/// The bench's TCP rows alone (the whole vm part runs them after every
-/// other row, in `sys_switch_vm`): every key with a finite median, the
-/// ratios computed from the rates. By hand: `cargo test -p fastpath --test
-/// sys_switch_vm_tcp -- --ignored --nocapture by_hand_`.
+/// The bench's TCP rows alone, as the full bench runs them (5 s runs, 3
+/// repeats; the whole vm part runs them after every other row, and
+/// `sys_switch_vm` checks them there in a quick run): every key with a
+/// finite median, the ratios computed from the rates, the table printed.
+/// By hand: `cargo test -p fastpath --test sys_switch_vm_tcp -- --ignored
+/// --nocapture by_hand_`.
 #[test]
 #[ignore = "system test: root, namespaces, QEMU, the guest image with iperf3, dpdk-testpmd"]
 fn by_hand_the_benchs_tcp_rows_alone() {
@@ -257,8 +259,8 @@ fn by_hand_the_benchs_tcp_rows_alone() {
     let dir = std::env::temp_dir().join(format!("fp-vm-tcp-rows-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let o = bench::vm::VmOptions {
-        quick: true,
-        repeats: 1,
+        quick: false,
+        repeats: 3,
         poll_us: 20,
         progress: Some(std::sync::Arc::new(|s: &str| eprintln!("{s}"))),
         stop: Default::default(),
