@@ -42,4 +42,5 @@ pub mod switch;
 pub mod switch_ports;
 pub mod veth;
 pub mod vm;
+pub mod vm_tcp;
 pub mod xdp;

@@ -462,6 +462,9 @@ pub struct Vm {
     pub goals: Goals,
     /// The machine and the run.
     pub machine: Machine,
+    /// TCP between two guests (`tcp`, `tcp4`, `tcp_run`).
+    #[serde(flatten)]
+    pub tcp: crate::vm_tcp::VmTcp,
 }
 
 /// The vm part of a report: measured, or skipped and why.
@@ -595,7 +598,7 @@ impl Vm {
         ] {
             let _ = writeln!(out, "  {what}: {l}");
         }
-        out
+        out + &self.tcp.to_text()
     }
 }
 
@@ -1138,6 +1141,7 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
     let loads = bench.loads.clone();
     drop(bench);
     drop(ns);
+    let tcp = crate::vm_tcp::run(o, &dir)?;
     let load_max = loads.iter().copied().fold(f64::NAN, f64::max);
     Ok(Vm {
         vhost_user: VhostUser {
@@ -1183,6 +1187,7 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
             switch_poll_us: o.poll_us,
             seconds: t0.elapsed().as_secs_f64(),
         },
+        tcp,
     })
 }
 

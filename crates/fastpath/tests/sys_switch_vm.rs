@@ -243,7 +243,7 @@ fn bench_part_vm_reports_its_keys_with_ratios_and_limits() {
     let doc = common::json(&[
         "switch", "bench", "--part", "vm", "--quick", "--format", "json",
     ]);
-    for k in bench::vm::KEYS {
+    for k in bench::vm::KEYS.iter().chain(&bench::vm_tcp::KEYS) {
         let v = bench::vm::at(&doc, k).unwrap_or_else(|| panic!("{k} missing: {doc}"));
         for s in ["min", "median", "max"] {
             let x = v[s].as_f64().unwrap_or_else(|| panic!("{k}.{s}: {v}"));

@@ -40,6 +40,8 @@ pub const QEMU: &str = "qemu-system-x86_64";
 pub const BOOT: Duration = Duration::from_secs(120);
 /// What the guest prints when its network is up.
 const READY: &str = "FASTPATH-GUEST-READY ";
+/// Where [`Guest::iperf3_server`] writes its report, in the guest.
+const IPERF3_LOG: &str = "/tmp/iperf3-server.json";
 /// What follows every command, with its exit status.
 const END: &str = "__FASTPATH_END__ ";
 
@@ -634,6 +636,83 @@ impl Guest {
         Ok(r)
     }
 
+    /// Start an iperf3 server for one test (`-1`), in the background,
+    /// writing its JSON report to a file in the guest; returns once it
+    /// listens (port 5201), at most `within` later.
+    pub fn iperf3_server(&mut self, within: Duration) -> Result<()> {
+        let secs = within.as_secs().max(1) * 10;
+        self.ok(
+            &format!("rm -f {IPERF3_LOG}; iperf3 -s -1 -D -J --logfile {IPERF3_LOG}"),
+            within,
+        )?;
+        // 5201 is 0x1451 in /proc/net/tcp*, state 0A is LISTEN (sockets of
+        // an earlier test, closing, have the port too). iperf3 listens on
+        // IPv6's any address, which takes IPv4 too.
+        let listening = "awk '$2 ~ /:1451$/ && $4 == \"0A\"' /proc/net/tcp /proc/net/tcp6";
+        let cmd = format!(
+            "i=0; while [ -z \"$({listening})\" ] && [ $i -lt {secs} ]; do sleep 0.1; i=$((i+1)); done; echo listening $({listening} | wc -l)"
+        );
+        let out = self.run(&cmd, within + Duration::from_secs(30))?.1;
+        let n = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("listening "))
+            .find_map(|n| n.trim().parse::<u32>().ok());
+        if n.unwrap_or(0) == 0 {
+            return Err(GuestError::Output {
+                cmd,
+                output: format!("iperf3 does not listen on 5201: {out}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Run iperf3's client against `server` for `secs` seconds with
+    /// `streams` parallel TCP connections; returns its summary (the
+    /// client's own count of bytes sent, and the server's count of bytes
+    /// received as the server reported it back). Killed in the guest
+    /// after `secs` + 30 s; bounded here by `within`.
+    pub fn iperf3_client(
+        &mut self,
+        server: &str,
+        secs: u32,
+        streams: u32,
+        within: Duration,
+    ) -> Result<Iperf> {
+        let cmd = format!(
+            "timeout {} iperf3 -c {server} -t {secs} -P {streams} -i 0 -J --connect-timeout 10000",
+            secs + 30
+        );
+        let (status, out) = self.run(&cmd, within)?;
+        let r = parse_iperf3(&out);
+        match r {
+            Some(r) if status == 0 => Ok(r),
+            _ => Err(GuestError::Failed {
+                cmd,
+                status,
+                output: out,
+            }),
+        }
+    }
+
+    /// The report of the one test [`Guest::iperf3_server`] served (waits
+    /// up to `within` for the server to finish writing it).
+    pub fn iperf3_server_result(&mut self, within: Duration) -> Result<Iperf> {
+        let secs = within.as_secs().max(1) * 10;
+        let cmd = format!(
+            "i=0; while pidof iperf3 >/dev/null && [ $i -lt {secs} ]; do sleep 0.1; i=$((i+1)); done; cat {IPERF3_LOG}"
+        );
+        let out = self.ok(&cmd, within + Duration::from_secs(30))?;
+        parse_iperf3(&out).ok_or(GuestError::Output { cmd, output: out })
+    }
+
+    /// The offloads the kernel turned on for `iface` (`ethtool -k`), which
+    /// for virtio-net are those its backend negotiated.
+    pub fn offloads(&mut self, iface: &str) -> Result<Offloads> {
+        let cmd = format!("ethtool -k {iface}");
+        let out = self.ok(&cmd, Duration::from_secs(30))?;
+        Ok(parse_offloads(&out))
+    }
+
     /// Reload the e1000 driver with `InterruptThrottleRate` = `itr` (0:
     /// off, an interrupt per event; 3: the driver's default, dynamic
     /// throttling; 100 to 100000: at most that many interrupts a second),
@@ -815,6 +894,90 @@ pub fn parse_pktgen(out: &str) -> Pktgen {
     r
 }
 
+/// One iperf3 test's totals, from its `-J` report.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Iperf {
+    /// Bytes the sender wrote (`end.sum_sent.bytes`).
+    pub sent_bytes: u64,
+    /// Bytes the receiver read (`end.sum_received.bytes`).
+    pub received_bytes: u64,
+    /// The receiver's seconds (`end.sum_received.seconds`).
+    pub seconds: f64,
+    /// The receiver's rate, bits per second.
+    pub received_bps: f64,
+    /// TCP retransmissions the sender counted (0 in a server's report).
+    pub retransmits: u64,
+    /// Parallel streams.
+    pub streams: u32,
+}
+
+impl Iperf {
+    /// The receiver's rate, Gbit/s.
+    pub fn gbps(&self) -> f64 {
+        self.received_bps / 1e9
+    }
+}
+
+/// Read iperf3's `-J` report (client's or server's); `None` if it is not
+/// one, holds an error, or has no totals.
+pub fn parse_iperf3(out: &str) -> Option<Iperf> {
+    // The console may carry lines before the report (kernel messages).
+    let start = out.find('{')?;
+    let end = out.rfind('}')?;
+    let v: serde_json::Value = serde_json::from_str(out.get(start..=end)?).ok()?;
+    if v.get("error").is_some() {
+        return None;
+    }
+    let e = v.get("end")?;
+    let sent = e.get("sum_sent")?;
+    let recv = e.get("sum_received")?;
+    let u = |x: &serde_json::Value, k: &str| x.get(k).and_then(serde_json::Value::as_u64);
+    let f = |x: &serde_json::Value, k: &str| x.get(k).and_then(serde_json::Value::as_f64);
+    Some(Iperf {
+        sent_bytes: u(sent, "bytes")?,
+        received_bytes: u(recv, "bytes")?,
+        seconds: f(recv, "seconds")?,
+        received_bps: f(recv, "bits_per_second")?,
+        retransmits: u(sent, "retransmits").unwrap_or(0),
+        streams: v
+            .pointer("/start/test_start/num_streams")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(1) as u32,
+    })
+}
+
+/// What a guest NIC offloads, as `ethtool -k` shows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Offloads {
+    /// `tx-checksumming`: the guest leaves checksums to the backend.
+    pub tx_csum: bool,
+    /// `tcp-segmentation-offload`: the guest hands over TCP segments
+    /// larger than the MTU.
+    pub tso: bool,
+    /// `rx-checksumming`.
+    pub rx_csum: bool,
+    /// `generic-receive-offload`.
+    pub gro: bool,
+}
+
+/// Read `ethtool -k`'s `name: on|off` lines.
+pub fn parse_offloads(out: &str) -> Offloads {
+    let on = |name: &str| {
+        out.lines().any(|l| {
+            l.trim()
+                .strip_prefix(name)
+                .and_then(|r| r.strip_prefix(':'))
+                .is_some_and(|r| r.trim_start().starts_with("on"))
+        })
+    };
+    Offloads {
+        tx_csum: on("tx-checksumming"),
+        tso: on("tcp-segmentation-offload"),
+        rx_csum: on("rx-checksumming"),
+        gro: on("generic-receive-offload"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -853,6 +1016,34 @@ mod tests {
                    11:       5000   IO-APIC  11-fasteoi   eth1\n";
         assert_eq!(interrupts_in(irq, "virtio0-"), 150);
         assert_eq!(interrupts_in(irq, "eth1"), 5000);
+    }
+
+    #[test]
+    fn reads_iperf3_reports_and_offloads() {
+        let client = r#"noise line
+{"start": {"test_start": {"num_streams": 4}},
+ "intervals": [],
+ "end": {"sum_sent": {"seconds": 3.0, "bytes": 120000000, "bits_per_second": 320000000.0, "retransmits": 7},
+         "sum_received": {"seconds": 3.01, "bytes": 119000000, "bits_per_second": 316000000.0}}}"#;
+        let r = parse_iperf3(client).unwrap();
+        assert_eq!(
+            (r.sent_bytes, r.received_bytes, r.retransmits, r.streams),
+            (120_000_000, 119_000_000, 7, 4)
+        );
+        assert!((r.gbps() - 0.316).abs() < 1e-9);
+        let failed = r#"{"start": {}, "intervals": [], "end": {}, "error": "unable to connect to server: Connection refused"}"#;
+        assert_eq!(parse_iperf3(failed), None);
+        assert_eq!(parse_iperf3("iperf3: error - unable to connect"), None);
+        let k = "Features for eth0:\nrx-checksumming: on [fixed]\ntx-checksumming: off\n\ttx-checksum-ipv4: off [fixed]\ntcp-segmentation-offload: on\ngeneric-receive-offload: on\n";
+        assert_eq!(
+            parse_offloads(k),
+            Offloads {
+                tx_csum: false,
+                tso: true,
+                rx_csum: true,
+                gro: true
+            }
+        );
     }
 
     #[test]
