@@ -61,6 +61,7 @@
 
 pub mod control;
 pub mod datapath;
+pub mod inflight;
 pub mod mem;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -378,7 +379,16 @@ impl VhostPort {
                 if let Some((mem, setup)) = f.queue_setup(i, self.cfg.mode, self.cfg.itr) {
                     let name = format!("{} {}", self.cfg.name, ["rx", "tx"][i]);
                     match Queue::new(name, mem, setup) {
-                        Ok(q) => *slot = Some(q),
+                        Ok(q) => {
+                            // A start the in-flight region refused, or one
+                            // that recovered heads in flight, is counted.
+                            let rec = q.recovered();
+                            self.st[i].resubmitted += u64::from(rec.resubmitted);
+                            if q.broken().is_some() {
+                                self.st[i].broke += 1;
+                            }
+                            *slot = Some(q)
+                        }
                         Err(source) => {
                             err = Some(Refusal::Ring { index: i, source });
                             break;
