@@ -136,6 +136,10 @@ pub struct Nic {
     pub mac: String,
     /// Extra `-device` options (`,mrg_rxbuf=off`).
     pub opts: String,
+    /// vhost-user only: QEMU connects again every this many ms after the
+    /// switch's socket closed (`reconnect-ms`), so a restarted switch gets
+    /// its guests back; none: a closed socket leaves the NIC dead.
+    pub reconnect_ms: Option<u32>,
 }
 
 impl Nic {
@@ -146,7 +150,14 @@ impl Nic {
             model: Model::VirtioNet,
             mac: mac.into(),
             opts: String::new(),
+            reconnect_ms: None,
         }
+    }
+
+    /// Reconnect to the vhost-user socket every `ms` after it closed.
+    pub fn reconnect(mut self, ms: u32) -> Nic {
+        self.reconnect_ms = Some(ms);
+        self
     }
 
     /// virtio-net on QEMU's own TAP backend (TAP `ifname`).
@@ -156,6 +167,7 @@ impl Nic {
             model: Model::VirtioNet,
             mac: mac.into(),
             opts: String::new(),
+            reconnect_ms: None,
         }
     }
 
@@ -166,6 +178,7 @@ impl Nic {
             model: Model::E1000,
             mac: mac.into(),
             opts: String::new(),
+            reconnect_ms: None,
         }
     }
 }
@@ -282,7 +295,13 @@ impl GuestOpts {
                     }
                     a.extend([
                         "-chardev".into(),
-                        format!("socket,id=c{i},path={}", sock.display()),
+                        format!(
+                            "socket,id=c{i},path={}{}",
+                            sock.display(),
+                            n.reconnect_ms
+                                .map(|ms| format!(",reconnect-ms={ms}"))
+                                .unwrap_or_default()
+                        ),
                         "-netdev".into(),
                         format!("vhost-user,id=n{i},chardev=c{i}"),
                     ]);
