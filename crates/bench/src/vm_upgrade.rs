@@ -51,6 +51,9 @@ pub struct Upgrade {
     pub ping_gap_ms: Stats,
     /// Signal to the new switch serving, per restart, ms.
     pub switch_down_ms: Stats,
+    /// Signal to both guests' queues running on the new switch (QEMU
+    /// reconnected and set the device up again), per restart, ms.
+    pub reconnected_ms: Stats,
     /// Guests whose boot id changed over all restarts.
     pub reboots: u32,
     /// Restarts after which pings did not come back.
@@ -174,6 +177,48 @@ pub fn longest_gap_ms(replies: &[(u32, f64)], count: u32, interval_ms: u32) -> (
     (if resumed { gap } else { gap.max(tail) }, resumed)
 }
 
+/// Wait (at most 10 s) until both ports' queues run on the switch at
+/// `ctl`; how long after `since` that was.
+fn running(ctl: &Path, socks: &[(PathBuf, &str, &str); 2], since: Instant) -> Option<Duration> {
+    while since.elapsed() < Duration::from_secs(10) {
+        let up = vswitch::status::ask(ctl).is_ok_and(|st| {
+            socks.iter().all(|(_, name, _)| {
+                st.ports.iter().any(|p| {
+                    p.name == *name
+                        && matches!(&p.detail, vswitch::status::PortDetail::Vhost(v) if v.running)
+                })
+            })
+        });
+        if up {
+            return Some(since.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
+}
+
+/// When (ms after `since`, at most 5 s) the switch at `ctl` first took a
+/// frame from each guest.
+fn first_frames(
+    ctl: &Path,
+    socks: &[(PathBuf, &str, &str); 2],
+    since: Instant,
+) -> [Option<u128>; 2] {
+    let mut first = [None, None];
+    while since.elapsed() < Duration::from_secs(5) && first.iter().any(Option::is_none) {
+        if let Ok(st) = vswitch::status::ask(ctl) {
+            for (i, (_, name, _)) in socks.iter().enumerate() {
+                if first[i].is_none() && st.ports.iter().any(|p| p.name == *name && p.from_port > 0)
+                {
+                    first[i] = Some(since.elapsed().as_millis());
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    first
+}
+
 fn boot_id(g: &mut Guest) -> Result<String, VmError> {
     g.ok(
         "cat /proc/sys/kernel/random/boot_id",
@@ -231,6 +276,7 @@ pub fn measure(
     let mut down = Vec::new();
     let mut not_resumed = 0;
     let mut carried = 0;
+    let mut back_ms = Vec::new();
     for r in 0..restarts {
         let cmd = format!(
             "ping -c {PINGS} -i {} -W 1 {IP_B}",
@@ -247,9 +293,15 @@ pub fn measure(
                 old.stop(sig);
             }
             let new = start(exe, &ctl, &socks).map(|n| (n, t.elapsed()));
-            (h.join(), new)
+            let back = new.is_ok().then(|| running(&ctl, &socks, t));
+            let first = new.is_ok().then(|| first_frames(&ctl, &socks, t));
+            if let Some(f) = first {
+                say(&format!("upgrade: first frame taken from each guest by the new switch after {f:?} ms (A, B)"));
+            }
+            (h.join(), new.map(|(n, took)| (n, took, back.flatten())))
         });
-        let (new, took) = new?;
+        let (new, took, back) = new?;
+        back_ms.push(back.map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0));
         sw = Some(new);
         let (_, out) = match out {
             Ok(r) => r.map_err(guest("UA"))?,
@@ -266,13 +318,22 @@ pub fn measure(
         let seqs = replies(&out);
         let (gap, resumed) = longest_gap_ms(&seqs, PINGS, INTERVAL_MS);
         let gap = gap.round();
+        let slow: Vec<String> = seqs
+            .iter()
+            .filter(|r| r.1 > 2.0 * f64::from(INTERVAL_MS))
+            .map(|(q, t)| format!("seq {q}: {t:.0} ms"))
+            .collect();
+        if !slow.is_empty() {
+            say(&format!("upgrade: slow replies: {}", slow.join(", ")));
+        }
         if !resumed {
             not_resumed += 1;
         }
         say(&format!(
-            "upgrade [{}/{restarts}]: switch stopped ({sig:?}) and serving again after {} ms; longest ping gap {gap} ms; {} of {PINGS} replies{}",
+            "upgrade [{}/{restarts}]: switch stopped ({sig:?}) and serving again after {} ms, both guests' queues running after {:.0} ms; longest ping gap {gap} ms; {} of {PINGS} replies{}",
             r + 1,
             took.as_millis(),
+            back_ms.last().copied().unwrap_or(f64::NAN),
             seqs.len(),
             if resumed { "" } else { "; pings did NOT resume" }
         ));
@@ -287,6 +348,7 @@ pub fn measure(
     Ok(Upgrade {
         ping_gap_ms: stats(&gaps),
         switch_down_ms: stats(&down),
+        reconnected_ms: stats(&back_ms),
         reboots,
         not_resumed,
         carried_by_new_switch: carried,

@@ -36,8 +36,8 @@ fn run(tag: &str, sig: Signal) -> Upgrade {
     let u = measure(exe, &dir, 2, sig, &say).unwrap_or_else(|e| panic!("{tag}: {e:#}"));
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!(
-        "{tag}: ping gap {:?} ms (goal <= 1000), switch down {:?} ms",
-        u.ping_gap_ms.samples, u.switch_down_ms.samples
+        "{tag}: ping gap {:?} ms (goal <= 1000), switch down {:?} ms, guests' queues running again after {:?} ms",
+        u.ping_gap_ms.samples, u.switch_down_ms.samples, u.reconnected_ms.samples
     );
     assert_eq!(u.not_resumed, 0, "{tag}: pings did not come back: {u:?}");
     assert_eq!(u.reboots, 0, "{tag}: a guest rebooted: {u:?}");

@@ -896,5 +896,12 @@ mod tests {
         assert!(a.contains("e1000,netdev=n1,mac=52:54:00:00:00:02"), "{a}");
         assert!(a.contains("fp.ip=10.9.0.1/24"), "{a}");
         assert!(a.contains("memory-backend-memfd"), "{a}");
+        assert!(!a.contains("reconnect"), "{a}");
+        let n = Nic::vhost_user(Path::new("/tmp/x.sock"), "52:54:00:00:00:01").reconnect(100);
+        let a = GuestOpts::new("t", vec![n]).qemu_args().unwrap().join(" ");
+        assert!(
+            a.contains("socket,id=c0,path=/tmp/x.sock,reconnect-ms=100"),
+            "{a}"
+        );
     }
 }
