@@ -197,26 +197,29 @@ fn running(ctl: &Path, socks: &[(PathBuf, &str, &str); 2], since: Instant) -> Op
     None
 }
 
-/// When (ms after `since`, at most 5 s) the switch at `ctl` first took a
-/// frame from each guest.
-fn first_frames(
-    ctl: &Path,
-    socks: &[(PathBuf, &str, &str); 2],
-    since: Instant,
-) -> [Option<u128>; 2] {
-    let mut first = [None, None];
-    while since.elapsed() < Duration::from_secs(5) && first.iter().any(Option::is_none) {
+/// The new switch's counters for both guests' ports (from A, to A, from
+/// B, to B), each time they change, until 1.5 s after `since`: where
+/// frames wait after a restart.
+fn timeline(ctl: &Path, socks: &[(PathBuf, &str, &str); 2], since: Instant) -> String {
+    let mut last = [0u64; 4];
+    let mut out = Vec::new();
+    while since.elapsed() < Duration::from_millis(1500) {
         if let Ok(st) = vswitch::status::ask(ctl) {
+            let mut now = [0u64; 4];
             for (i, (_, name, _)) in socks.iter().enumerate() {
-                if first[i].is_none() && st.ports.iter().any(|p| p.name == *name && p.from_port > 0)
-                {
-                    first[i] = Some(since.elapsed().as_millis());
+                if let Some(p) = st.ports.iter().find(|p| p.name == *name) {
+                    now[2 * i] = p.from_port;
+                    now[2 * i + 1] = p.to_port;
                 }
+            }
+            if now != last {
+                out.push(format!("{} ms {now:?}", since.elapsed().as_millis()));
+                last = now;
             }
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    first
+    out.join("; ")
 }
 
 fn boot_id(g: &mut Guest) -> Result<String, VmError> {
@@ -294,9 +297,11 @@ pub fn measure(
             }
             let new = start(exe, &ctl, &socks).map(|n| (n, t.elapsed()));
             let back = new.is_ok().then(|| running(&ctl, &socks, t));
-            let first = new.is_ok().then(|| first_frames(&ctl, &socks, t));
-            if let Some(f) = first {
-                say(&format!("upgrade: first frame taken from each guest by the new switch after {f:?} ms (A, B)"));
+            if new.is_ok() {
+                let tl = timeline(&ctl, &socks, t);
+                say(&format!(
+                    "upgrade: ports' counters [from A, to A, from B, to B] after the stop: {tl}"
+                ));
             }
             (h.join(), new.map(|(n, took)| (n, took, back.flatten())))
         });
