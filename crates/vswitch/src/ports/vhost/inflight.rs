@@ -83,7 +83,6 @@
 //! an impossible ring index does.
 
 use std::fs::File;
-use std::os::fd::AsFd;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{fence, AtomicU16, AtomicU64, AtomicU8};
@@ -271,7 +270,7 @@ impl Region {
         .map_err(|e| RegionError::Create(e.into()))?;
         let file = File::from(fd);
         let ours = file.try_clone().map_err(RegionError::Create)?;
-        let region = Region::map_file(ours, size, 0, num_queues, queue_size, max_queues)?;
+        let region = Region::map_file(ours, size, 0, num_queues, queue_size)?;
         Ok((region, file, size))
     }
 
@@ -287,7 +286,7 @@ impl Region {
         max_queues: usize,
     ) -> Result<Region, RegionError> {
         check_shape(num_queues, queue_size, max_queues)?;
-        Region::map_file(file, size, offset, num_queues, queue_size, max_queues)
+        Region::map_file(file, size, offset, num_queues, queue_size)
     }
 
     fn map_file(
@@ -296,7 +295,6 @@ impl Region {
         offset: u64,
         num_queues: u16,
         queue_size: u16,
-        _max_queues: usize,
     ) -> Result<Region, RegionError> {
         let stride = queue_bytes(queue_size);
         let need = stride * u64::from(num_queues);
@@ -309,7 +307,6 @@ impl Region {
                 need,
             });
         }
-        let _ = file.as_fd();
         let spec = RegionSpec {
             guest_phys_addr: 0,
             memory_size: need,
