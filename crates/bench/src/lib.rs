@@ -43,4 +43,5 @@ pub mod switch_ports;
 pub mod veth;
 pub mod vm;
 pub mod vm_tcp;
+pub mod vm_upgrade;
 pub mod xdp;

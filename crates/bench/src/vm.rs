@@ -458,6 +458,10 @@ pub struct Vm {
     pub guest_to_guest: GuestToGuest,
     /// Over an emulated e1000.
     pub e1000: E1000,
+    /// The switch restarted under two pinging guests
+    /// ([`crate::vm_upgrade`]).
+    #[serde(default)]
+    pub upgrade: Option<crate::vm_upgrade::Upgrade>,
     /// What the part set out to show.
     pub goals: Goals,
     /// The machine and the run.
@@ -580,6 +584,9 @@ impl Vm {
             "notifications per packet at saturation (CSB, burst 32): {} (goal <= 0.05)",
             self.vhost_user.notifications_per_packet.mmm(1.0, 4)
         );
+        if let Some(u) = &self.upgrade {
+            let _ = writeln!(out, "switch restarted under pinging guests ({}): ping gap {} ms, switch down {} ms, {} reboots (goal: gap <= 1000 ms, 0 reboots)", u.signal, u.ping_gap_ms.mmm(1.0, 0), u.switch_down_ms.mmm(1.0, 0), u.reboots);
+        }
         let m = &self.machine;
         let _ = writeln!(
             out,
@@ -1142,6 +1149,7 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
     drop(bench);
     drop(ns);
     let tcp = crate::vm_tcp::run(o, &dir)?;
+    let upgrade = Some(crate::vm_upgrade::run(o, &dir)?);
     let load_max = loads.iter().copied().fold(f64::NAN, f64::max);
     Ok(Vm {
         vhost_user: VhostUser {
@@ -1171,6 +1179,7 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
         },
         guest_to_guest: g2g,
         e1000,
+        upgrade,
         goals: Goals {
             ratio_vhost_user_over_tap_at_least: 2.0,
             notifications_per_packet_at_most: 0.05,
@@ -1200,7 +1209,7 @@ impl Drop for RemoveDir {
 }
 
 /// The keys `--part vm --format json` promises (checked by the CLI test).
-pub const KEYS: [&str; 7] = [
+pub const KEYS: [&str; 8] = [
     "vm.vhost_user.guest_tx_pps",
     "vm.qemu_tap.guest_tx_pps",
     "vm.ratio_vhost_user_over_tap",
@@ -1208,6 +1217,7 @@ pub const KEYS: [&str; 7] = [
     "vm.guest_to_guest.pps",
     "vm.guest_to_guest.rtt_us_p50",
     "vm.guest_to_sink.pps",
+    "vm.upgrade.ping_gap_ms",
 ];
 
 /// The value at a dotted key (`vm.guest_to_guest.pps`).

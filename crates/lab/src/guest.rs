@@ -138,6 +138,10 @@ pub struct Nic {
     pub mac: String,
     /// Extra `-device` options (`,mrg_rxbuf=off`).
     pub opts: String,
+    /// vhost-user only: QEMU connects again every this many ms after the
+    /// switch's socket closed (`reconnect-ms`), so a restarted switch gets
+    /// its guests back; none: a closed socket leaves the NIC dead.
+    pub reconnect_ms: Option<u32>,
 }
 
 impl Nic {
@@ -148,7 +152,14 @@ impl Nic {
             model: Model::VirtioNet,
             mac: mac.into(),
             opts: String::new(),
+            reconnect_ms: None,
         }
+    }
+
+    /// Reconnect to the vhost-user socket every `ms` after it closed.
+    pub fn reconnect(mut self, ms: u32) -> Nic {
+        self.reconnect_ms = Some(ms);
+        self
     }
 
     /// virtio-net on QEMU's own TAP backend (TAP `ifname`).
@@ -158,6 +169,7 @@ impl Nic {
             model: Model::VirtioNet,
             mac: mac.into(),
             opts: String::new(),
+            reconnect_ms: None,
         }
     }
 
@@ -168,6 +180,7 @@ impl Nic {
             model: Model::E1000,
             mac: mac.into(),
             opts: String::new(),
+            reconnect_ms: None,
         }
     }
 }
@@ -284,7 +297,13 @@ impl GuestOpts {
                     }
                     a.extend([
                         "-chardev".into(),
-                        format!("socket,id=c{i},path={}", sock.display()),
+                        format!(
+                            "socket,id=c{i},path={}{}",
+                            sock.display(),
+                            n.reconnect_ms
+                                .map(|ms| format!(",reconnect-ms={ms}"))
+                                .unwrap_or_default()
+                        ),
                         "-netdev".into(),
                         format!("vhost-user,id=n{i},chardev=c{i}"),
                     ]);
@@ -1068,5 +1087,12 @@ mod tests {
         assert!(a.contains("e1000,netdev=n1,mac=52:54:00:00:00:02"), "{a}");
         assert!(a.contains("fp.ip=10.9.0.1/24"), "{a}");
         assert!(a.contains("memory-backend-memfd"), "{a}");
+        assert!(!a.contains("reconnect"), "{a}");
+        let n = Nic::vhost_user(Path::new("/tmp/x.sock"), "52:54:00:00:00:01").reconnect(100);
+        let a = GuestOpts::new("t", vec![n]).qemu_args().unwrap().join(" ");
+        assert!(
+            a.contains("socket,id=c0,path=/tmp/x.sock,reconnect-ms=100"),
+            "{a}"
+        );
     }
 }

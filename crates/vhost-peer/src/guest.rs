@@ -10,7 +10,10 @@ use ring::notify::EventFd;
 
 use crate::mem::SharedMem;
 use crate::virtq::{Layout, RawDesc, F_WRITE};
-use crate::wire::{mem_table, req, state, u64p, vring_addr, Wire, FEATURES, VERSION};
+use crate::wire::{
+    inflight, mem_table, req, state, u64p, vring_addr, Wire, FEATURES, PROTOCOL_F_INFLIGHT_SHMFD,
+    VERSION,
+};
 use crate::{Error, Result};
 
 /// Where transmit buffers start in the shared memory of a
@@ -49,6 +52,9 @@ pub struct Guest {
     pub avail_idx: [u16; 2],
     /// The used index each queue was read up to.
     pub used_seen: [u16; 2],
+    /// The backend's in-flight region, once asked for
+    /// ([`Guest::attach_tracked_pumped`]): handed back on every reconnect.
+    pub inflight: Option<SharedMem>,
 }
 
 impl Guest {
@@ -92,6 +98,7 @@ impl Guest {
             call: [ev()?, ev()?],
             avail_idx: [0; 2],
             used_seen: [0; 2],
+            inflight: None,
         };
         for (code, name) in [
             (req::GET_FEATURES, "GET_FEATURES"),
@@ -120,6 +127,126 @@ impl Guest {
         Ok(g)
     }
 
+    /// [`Guest::attach_pumped`] that also negotiates `INFLIGHT_SHMFD` and
+    /// asks the backend for its in-flight region (`GET_INFLIGHT_FD`, before
+    /// the queues start, as QEMU's block devices do), kept in
+    /// [`Guest::inflight`].
+    pub fn attach_tracked_pumped(
+        path: &Path,
+        size: u64,
+        q: [Layout; 2],
+        timeout: Duration,
+        pump: &mut dyn FnMut(),
+    ) -> Result<Guest> {
+        let mem = SharedMem::new(size, true).map_err(Error::io("guest memory"))?;
+        let wire = Wire::connect(path).map_err(Error::io("connect to the backend"))?;
+        let ev = || eventfd().map_err(Error::io("eventfd"));
+        let mut g = Guest {
+            wire,
+            mem,
+            q,
+            kick: [ev()?, ev()?],
+            call: [ev()?, ev()?],
+            avail_idx: [0; 2],
+            used_seen: [0; 2],
+            inflight: None,
+        };
+        g.handshake(true, timeout, pump)?;
+        let num = g.q[0].num.max(g.q[1].num);
+        g.wire
+            .send(req::GET_INFLIGHT_FD, VERSION, &inflight(0, 0, 2, num), &[])
+            .map_err(Error::io("send a request"))?;
+        let (reply, fd) = g
+            .wire
+            .await_reply_fd(timeout, Some(pump))
+            .ok_or(Error::NoReply("GET_INFLIGHT_FD"))?;
+        let fd = fd.ok_or(Error::NoReply("GET_INFLIGHT_FD's descriptor"))?;
+        let mmap_size = reply
+            .get(..8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            .unwrap_or(0);
+        g.inflight = Some(
+            SharedMem::from_file(std::fs::File::from(fd), mmap_size)
+                .map_err(Error::io("map the in-flight region"))?,
+        );
+        g.set_mem_table(&[(0, size, g.mem.uaddr, 0)], &[g.mem.file.as_fd()])
+            .map_err(Error::io("send a request"))?;
+        for i in 0..2u32 {
+            g.setup_queue(i).map_err(Error::io("send a request"))?;
+        }
+        Ok(g)
+    }
+
+    /// Connect again to a backend at `path` (it restarted), as QEMU does:
+    /// the same guest memory and eventfds, the acknowledged features, the
+    /// in-flight region handed back if there is one (`SET_INFLIGHT_FD`),
+    /// and each queue started at the used ring's index read from guest
+    /// memory (QEMU's `virtio_queue_restore_last_avail_idx` after a
+    /// backend vanished).
+    pub fn reconnect_pumped(
+        &mut self,
+        path: &Path,
+        timeout: Duration,
+        pump: &mut dyn FnMut(),
+    ) -> Result<()> {
+        self.wire = Wire::connect(path).map_err(Error::io("connect to the backend"))?;
+        let tracked = self.inflight.is_some();
+        self.handshake(tracked, timeout, pump)?;
+        if let Some(r) = &self.inflight {
+            let num = self.q[0].num.max(self.q[1].num);
+            self.wire
+                .send(
+                    req::SET_INFLIGHT_FD,
+                    VERSION,
+                    &inflight(r.size, 0, 2, num),
+                    &[r.file.as_fd()],
+                )
+                .map_err(Error::io("send a request"))?;
+        }
+        self.set_mem_table(
+            &[(0, self.mem.size, self.mem.uaddr, 0)],
+            &[self.mem.file.as_fd()],
+        )
+        .map_err(Error::io("send a request"))?;
+        for i in 0..2u32 {
+            let used = self.mem.r16(self.q[i as usize].used + 2);
+            self.setup_queue_at(i, used)
+                .map_err(Error::io("send a request"))?;
+        }
+        Ok(())
+    }
+
+    /// Features, protocol features (`INFLIGHT_SHMFD` too if `tracked`),
+    /// owner, features acknowledged.
+    fn handshake(
+        &mut self,
+        tracked: bool,
+        timeout: Duration,
+        pump: &mut dyn FnMut(),
+    ) -> Result<()> {
+        for (code, name) in [
+            (req::GET_FEATURES, "GET_FEATURES"),
+            (req::GET_PROTOCOL_FEATURES, "GET_PROTOCOL_FEATURES"),
+        ] {
+            self.wire
+                .request_pumped(code, &[], timeout, pump)
+                .ok_or(Error::NoReply(name))?;
+        }
+        let proto = if tracked {
+            PROTOCOL_F_INFLIGHT_SHMFD
+        } else {
+            0
+        };
+        let send = |w: &Wire, code, payload: &[u8]| {
+            w.send(code, VERSION, payload, &[])
+                .map_err(Error::io("send a request"))
+        };
+        send(&self.wire, req::SET_PROTOCOL_FEATURES, &u64p(proto))?;
+        send(&self.wire, req::SET_OWNER, &[])?;
+        send(&self.wire, req::SET_FEATURES, &u64p(FEATURES))?;
+        Ok(())
+    }
+
     /// Send a memory table.
     pub fn set_mem_table(
         &self,
@@ -130,8 +257,13 @@ impl Guest {
             .send(req::SET_MEM_TABLE, VERSION, &mem_table(regions), fds)
     }
 
-    /// Set queue `i` up with its layout.
+    /// Set queue `i` up with its layout, from index 0.
     pub fn setup_queue(&self, i: u32) -> std::io::Result<()> {
+        self.setup_queue_at(i, 0)
+    }
+
+    /// Set queue `i` up with its layout, starting at `base`.
+    pub fn setup_queue_at(&self, i: u32, base: u16) -> std::io::Result<()> {
         let l = self.q[i as usize];
         let ua = self.mem.uaddr;
         self.wire.send(
@@ -140,8 +272,12 @@ impl Guest {
             &state(i, u32::from(l.num)),
             &[],
         )?;
-        self.wire
-            .send(req::SET_VRING_BASE, VERSION, &state(i, 0), &[])?;
+        self.wire.send(
+            req::SET_VRING_BASE,
+            VERSION,
+            &state(i, u32::from(base)),
+            &[],
+        )?;
         self.wire.send(
             req::SET_VRING_ADDR,
             VERSION,

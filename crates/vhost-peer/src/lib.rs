@@ -29,7 +29,8 @@ pub use guest::{eventfd, Guest, BUF, HDR, MEM, RX_BUFS, TX_BUFS};
 pub use mem::SharedMem;
 pub use virtq::{Layout, RawDesc, F_INDIRECT, F_NEXT, F_WRITE, LARGE_BUFS, LARGE_MEM};
 pub use wire::{
-    mem_table, req, state, u64p, vring_addr, Wire, FEATURES, NEED_REPLY, REPLY_TIMEOUT, VERSION,
+    inflight, mem_table, req, state, u64p, vring_addr, Wire, FEATURES, NEED_REPLY,
+    PROTOCOL_F_INFLIGHT_SHMFD, REPLY_TIMEOUT, VERSION,
 };
 
 /// What can go wrong for the frontend.

@@ -59,6 +59,20 @@ impl SharedMem {
         })
     }
 
+    /// Map `size` bytes of a file someone else made (the backend's
+    /// in-flight region).
+    pub fn from_file(file: File, size: u64) -> std::io::Result<SharedMem> {
+        let len = usize::try_from(size).map_err(std::io::Error::other)?;
+        let map = memmap2::MmapOptions::new().len(len).map_raw(&file)?;
+        Ok(SharedMem {
+            file,
+            map,
+            size,
+            gpa: 0,
+            uaddr: 0,
+        })
+    }
+
     /// Write `b` at offset `off` (ignored where it does not fit).
     pub fn write(&self, off: u64, b: &[u8]) {
         if off

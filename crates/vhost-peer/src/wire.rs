@@ -11,7 +11,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
-use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use std::os::fd::OwnedFd;
 
 /// Request codes used here (the vhost-user specification's numbers).
 pub mod req {
@@ -41,7 +45,14 @@ pub mod req {
     pub const SET_PROTOCOL_FEATURES: u32 = 16;
     /// SET_VRING_ENABLE.
     pub const SET_VRING_ENABLE: u32 = 18;
+    /// GET_INFLIGHT_FD.
+    pub const GET_INFLIGHT_FD: u32 = 31;
+    /// SET_INFLIGHT_FD.
+    pub const SET_INFLIGHT_FD: u32 = 32;
 }
+
+/// Protocol feature `INFLIGHT_SHMFD` (bit 12).
+pub const PROTOCOL_F_INFLIGHT_SHMFD: u64 = 1 << 12;
 
 /// Header flags: version 1.
 pub const VERSION: u32 = 1;
@@ -168,6 +179,59 @@ impl Wire {
         None
     }
 
+    /// Wait up to `timeout` for a whole reply and return its payload and
+    /// the first descriptor that came with it (`pump`, if given, runs a
+    /// backend driven in this thread between reads). `None`: no reply in
+    /// time, or the connection ended.
+    pub fn await_reply_fd(
+        &mut self,
+        timeout: Duration,
+        mut pump: Option<&mut dyn FnMut()>,
+    ) -> Option<(Vec<u8>, Option<OwnedFd>)> {
+        let mut buf = Vec::new();
+        let mut fd = None;
+        let t = Instant::now();
+        while t.elapsed() < timeout {
+            match pump.as_mut() {
+                Some(p) => p(),
+                None => {
+                    let mut fds = [PollFd::new(&self.sock, PollFlags::IN)];
+                    let ts = Timespec {
+                        tv_sec: 0,
+                        tv_nsec: 10_000_000,
+                    };
+                    let _ = poll(&mut fds, Some(&ts));
+                }
+            }
+            let mut b = [0u8; 256];
+            let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(8))];
+            let mut anc = RecvAncillaryBuffer::new(&mut space);
+            let mut iov = [std::io::IoSliceMut::new(&mut b)];
+            match recvmsg(&self.sock, &mut iov, &mut anc, RecvFlags::DONTWAIT) {
+                Ok(r) if r.bytes == 0 => return None,
+                Ok(r) => {
+                    for m in anc.drain() {
+                        if let RecvAncillaryMessage::ScmRights(fds) = m {
+                            for f in fds {
+                                fd.get_or_insert(f);
+                            }
+                        }
+                    }
+                    buf.extend_from_slice(&b[..r.bytes]);
+                }
+                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return None,
+            }
+            if buf.len() >= 12 {
+                let size = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
+                if buf.len() >= 12 + size {
+                    return Some((buf[12..12 + size].to_vec(), fd));
+                }
+            }
+        }
+        None
+    }
+
     /// A request that expects a reply, for a backend running elsewhere:
     /// send, then [`Wire::await_reply`].
     pub fn request(&mut self, code: u32, payload: &[u8], timeout: Duration) -> Option<u64> {
@@ -199,6 +263,17 @@ impl Wire {
         matches!((&self.sock).read(&mut b), Ok(0))
             || matches!((&self.sock).write(&[]), Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
     }
+}
+
+/// `VhostUserInflight` payload (24 bytes: two u64, two u16, padding).
+pub fn inflight(mmap_size: u64, mmap_offset: u64, num_queues: u16, queue_size: u16) -> Vec<u8> {
+    let mut v = Vec::with_capacity(24);
+    v.extend_from_slice(&mmap_size.to_le_bytes());
+    v.extend_from_slice(&mmap_offset.to_le_bytes());
+    v.extend_from_slice(&num_queues.to_le_bytes());
+    v.extend_from_slice(&queue_size.to_le_bytes());
+    v.resize(24, 0);
+    v
 }
 
 /// `VhostUserVringState` payload.

@@ -74,4 +74,29 @@ impl TestGuest {
         sw.poll_events();
         Ok(TestGuest(g))
     }
+
+    /// [`TestGuest::attach`] with the in-flight region negotiated and
+    /// asked for (`GET_INFLIGHT_FD`).
+    pub fn attach_tracked(
+        sw: &mut EventLoop,
+        path: &Path,
+        num: u16,
+    ) -> vhost_peer::Result<TestGuest> {
+        let q = [Layout::standard(0, num), Layout::standard(1, num)];
+        let g = Guest::attach_tracked_pumped(path, MEM, q, REPLY_TIMEOUT, &mut || {
+            sw.poll_events();
+        })?;
+        sw.poll_events();
+        Ok(TestGuest(g))
+    }
+
+    /// Connect again to `path` (a new switch there), as QEMU does after
+    /// its backend vanished.
+    pub fn reconnect(&mut self, sw: &mut EventLoop, path: &Path) -> vhost_peer::Result<()> {
+        self.0.reconnect_pumped(path, REPLY_TIMEOUT, &mut || {
+            sw.poll_events();
+        })?;
+        sw.poll_events();
+        Ok(())
+    }
 }

@@ -20,7 +20,8 @@
 //!
 //! Features are claimed conservatively: `VERSION_1`, `EVENT_IDX` (unless
 //! turned off), `MRG_RXBUF` (one buffer per frame: `num_buffers` is always
-//! 1), and `PROTOCOL_FEATURES` with no protocol feature of our own. The
+//! 1), and `PROTOCOL_FEATURES` with one protocol feature of our own,
+//! `INFLIGHT_SHMFD` (the in-flight region, [`super::inflight`]). The
 //! crate adds `REPLY_ACK` to every offer and answers it itself.
 //!
 //! One ordering quirk of QEMU is absorbed here: QEMU enables the rings
@@ -58,6 +59,7 @@ use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 use super::datapath::{QueueSetup, RingAddrs, MAX_QUEUE_SIZE};
+use super::inflight::{Region, RegionError};
 use super::mem::{GuestMemory, MemError, RegionSpec};
 use crate::chain;
 use ::ring::notify::{EventFd, Mode};
@@ -193,6 +195,9 @@ pub enum Refusal {
         /// `kick` or `call`.
         what: &'static str,
     },
+    /// The in-flight region could not be made or was refused.
+    #[error("in-flight region")]
+    Inflight(#[from] RegionError),
     /// A request the port does not serve.
     #[error("{0} is not supported")]
     Unsupported(&'static str),
@@ -236,9 +241,10 @@ impl Offer {
         f
     }
 
-    /// The protocol features offered: none (the crate adds `REPLY_ACK`).
+    /// The protocol features offered: `INFLIGHT_SHMFD` (the crate adds
+    /// `REPLY_ACK`).
     pub fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::empty()
+        VhostUserProtocolFeatures::INFLIGHT_SHMFD
     }
 }
 
@@ -323,6 +329,9 @@ pub struct Frontend {
     acked: Option<u64>,
     acked_protocol: u64,
     mem: Option<Arc<GuestMemory>>,
+    /// The in-flight region (`GET_INFLIGHT_FD` made it, or
+    /// `SET_INFLIGHT_FD` handed it back).
+    inflight: Option<Arc<Region>>,
     /// The two queues.
     pub vrings: [VringState; QUEUES],
     /// Bumped by every request that changes what the datapath uses.
@@ -353,6 +362,7 @@ impl Frontend {
             acked: None,
             acked_protocol: 0,
             mem: None,
+            inflight: None,
             vrings: Default::default(),
             generation: 0,
             owned: false,
@@ -430,6 +440,7 @@ impl Frontend {
                 mode,
                 itr,
                 kicks: i == super::datapath::TXQ,
+                inflight: self.inflight.as_ref().and_then(|r| r.queue(i)),
             },
         ))
     }
@@ -440,8 +451,14 @@ impl Frontend {
         self.acked = None;
         self.acked_protocol = 0;
         self.mem = None;
+        self.inflight = None;
         self.vrings = Default::default();
         self.generation += 1;
+    }
+
+    /// The in-flight region, once the frontend asked for one or gave one.
+    pub fn inflight(&self) -> Option<&Arc<Region>> {
+        self.inflight.as_ref()
     }
 }
 
@@ -640,17 +657,33 @@ impl VhostUserBackendReqHandlerMut for Frontend {
 
     fn get_inflight_fd(
         &mut self,
-        _inflight: &VhostUserInflight,
+        msg: &VhostUserInflight,
     ) -> vhost::vhost_user::Result<(VhostUserInflight, File)> {
-        unsupported("GET_INFLIGHT_FD")
+        let (region, file, size) =
+            Region::create(msg.num_queues, msg.queue_size, QUEUES).map_err(Refusal::from)?;
+        self.inflight = Some(Arc::new(region));
+        self.generation += 1;
+        let reply = VhostUserInflight::new(size, 0, msg.num_queues, msg.queue_size);
+        Ok((reply, file))
     }
 
     fn set_inflight_fd(
         &mut self,
-        _inflight: &VhostUserInflight,
-        _file: File,
+        msg: &VhostUserInflight,
+        file: File,
     ) -> vhost::vhost_user::Result<()> {
-        unsupported("SET_INFLIGHT_FD")
+        let region = Region::map(
+            file,
+            msg.mmap_size,
+            msg.mmap_offset,
+            msg.num_queues,
+            msg.queue_size,
+            QUEUES,
+        )
+        .map_err(Refusal::from)?;
+        self.inflight = Some(Arc::new(region));
+        self.generation += 1;
+        Ok(())
     }
 
     fn get_max_mem_slots(&mut self) -> vhost::vhost_user::Result<u64> {

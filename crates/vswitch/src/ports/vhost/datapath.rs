@@ -89,6 +89,7 @@ use virtio_bindings::virtio_ring::{
     VRING_USED_F_NO_NOTIFY,
 };
 
+use super::inflight::{QueueRegion, Recovered, Tracker};
 use super::mem::{FrontendAddr, GuestAddr, GuestMemory, GuestSlice};
 use ::ring::device::FrameRef;
 use ::ring::notify::{EventFd, Mode, Moderator};
@@ -280,6 +281,9 @@ pub struct QueueStats {
     /// Time the queue spent held back with its budget spent, nanoseconds
     /// (measured at the refills, so to within one pass).
     pub held_ns: u64,
+    /// Heads found in flight in the in-flight region when the queue
+    /// started (a backend that died with them), taken again.
+    pub resubmitted: u64,
 }
 
 impl QueueStats {
@@ -400,6 +404,10 @@ pub struct Queue {
     /// When the credit was last refilled, while it is below the full
     /// budget (none while it is full: the clock is not read then).
     refilled: Option<Instant>,
+    /// In-flight tracking in the frontend's shared region, if it gave one.
+    inflight: Option<Tracker>,
+    /// What the queue's start found in that region.
+    recovered: Recovered,
 }
 
 // SAFETY: the ring pointers point into the mapping `mem` keeps alive; the
@@ -433,6 +441,10 @@ pub struct QueueSetup {
     /// the switch looks for buffers when it has frames, it never waits for
     /// them).
     pub kicks: bool,
+    /// The queue's part of the in-flight region, if the frontend set one
+    /// up: the queue then starts at the used ring's index, checked against
+    /// the region ([`super::inflight`]).
+    pub inflight: Option<QueueRegion>,
 }
 
 impl Queue {
@@ -461,9 +473,39 @@ impl Queue {
             reads: Cell::new(0),
             credit: DESC_BUDGET as i64,
             refilled: None,
+            inflight: None,
+            recovered: Recovered::default(),
         };
+        if let Some(r) = s.inflight {
+            q.start_inflight(r);
+        }
         q.ask_kicks(s.kicks || s.mode == Mode::Base);
         Ok(q)
+    }
+
+    /// Start tracking in flight heads in `r`: the queue starts at the used
+    /// ring's index, if the region agrees with the rings; a region that
+    /// does not stops the queue.
+    fn start_inflight(&mut self, r: QueueRegion) {
+        let used = self.used_u16(2).load(Acquire);
+        let avail = self.avail_idx().load(Acquire);
+        let entry = |k: u16| self.avail_entry(used.wrapping_add(k)).load(Relaxed);
+        match Tracker::start(r, self.num, used, avail, entry) {
+            Ok((t, rec)) => {
+                self.inflight = Some(t);
+                self.recovered = rec;
+                self.last_avail = used;
+                self.used_idx = used;
+                self.published = used;
+                self.signalled_used = used;
+            }
+            Err(e) => self.broken = Some(e.to_string()),
+        }
+    }
+
+    /// What the queue's start found in the in-flight region.
+    pub fn recovered(&self) -> Recovered {
+        self.recovered
     }
 
     /// The next available entry to consume (what `GET_VRING_BASE` answers).
@@ -700,6 +742,7 @@ impl Queue {
                 return k as u32;
             };
             heads.push(head);
+            self.track_take(head);
             match self.frame_at(head, hdr_len, bounce.slot(k as usize)) {
                 Ok(f) => out.push(f),
                 Err(e) => {
@@ -796,8 +839,19 @@ impl Queue {
         self.publish(now, st);
     }
 
+    /// A head taken from the available ring is in flight.
+    #[inline]
+    fn track_take(&mut self, head: u16) {
+        if let Some(t) = &mut self.inflight {
+            t.take(head);
+        }
+    }
+
     #[inline]
     fn push_used(&mut self, head: u16, len: u32) {
+        if let Some(t) = &mut self.inflight {
+            t.used(head);
+        }
         let (id, l) = self.used_elem(self.used_idx);
         id.store(u32::from(head), Relaxed);
         l.store(len, Relaxed);
@@ -831,6 +885,7 @@ impl Queue {
                 };
                 k += 1;
                 left -= 1;
+                self.track_take(head);
                 // SAFETY: forwarded from the caller's contract.
                 match unsafe { self.put_frame(head, hdr_len, *f) } {
                     Ok(()) => {
@@ -923,6 +978,9 @@ impl Queue {
         }
         self.published = self.used_idx;
         self.used_u16(2).store(self.used_idx, Release);
+        if let Some(t) = &mut self.inflight {
+            t.published(self.used_idx);
+        }
         // Kicks: Base asks for one at every publish; the others keep them
         // off while the switch polls (ask_kicks is called around sleeps).
         if self.mode == Mode::Base {

@@ -21,6 +21,20 @@
 //! device with it; the port listens again, and a new frontend (QEMU
 //! restarted, or reconnecting) starts afresh.
 //!
+//! # A switch restarted under running guests
+//!
+//! The guest's state lives in guest memory, not in the switch: a switch
+//! that stops (or dies) and is started again on the same socket paths
+//! (a stale socket file is replaced, [`::ring::sockpath`]) gets its
+//! guests back when QEMU reconnects (`-chardev socket,...,reconnect-ms=N`):
+//! QEMU starts each queue again at the used ring's index, which is where
+//! this switch, completing in order, left nothing behind
+//! ([`inflight`] says what QEMU does and why that is enough). A frontend
+//! that asks for the in-flight region (`INFLIGHT_SHMFD`) gets it, and
+//! the restart is checked against it. Handing the ports to a new process
+//! without the reconnect gap is not built: a restart costs the guests
+//! the new process's start and QEMU's reconnect interval.
+//!
 //! # What a frontend can still do to guest memory, and how it is contained
 //!
 //! Guest memory is a file descriptor the switch did not create and cannot
@@ -61,6 +75,7 @@
 
 pub mod control;
 pub mod datapath;
+pub mod inflight;
 pub mod mem;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -378,7 +393,16 @@ impl VhostPort {
                 if let Some((mem, setup)) = f.queue_setup(i, self.cfg.mode, self.cfg.itr) {
                     let name = format!("{} {}", self.cfg.name, ["rx", "tx"][i]);
                     match Queue::new(name, mem, setup) {
-                        Ok(q) => *slot = Some(q),
+                        Ok(q) => {
+                            // A start the in-flight region refused, or one
+                            // that recovered heads in flight, is counted.
+                            let rec = q.recovered();
+                            self.st[i].resubmitted += u64::from(rec.resubmitted);
+                            if q.broken().is_some() {
+                                self.st[i].broke += 1;
+                            }
+                            *slot = Some(q)
+                        }
                         Err(source) => {
                             err = Some(Refusal::Ring { index: i, source });
                             break;

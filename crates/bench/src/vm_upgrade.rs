@@ -1,0 +1,404 @@
+//! `vm.upgrade`: the switch restarted under two running guests that ping
+//! each other through it.
+//!
+//! `fastpath switch run` runs as a process of its own (this program, with
+//! `switch run`) with two vhost-user ports; two TCG guests boot on them
+//! with QEMU's `reconnect-ms=100` on each vhost-user chardev. Guest A
+//! pings guest B every 100 ms; two seconds in, the switch is stopped
+//! (`SIGTERM`, or `SIGKILL` for the crash case) and a new one started at
+//! once on the same sockets. QEMU notices the closed socket, restores each
+//! queue's next entry from the used ring in guest memory, connects again
+//! within 100 ms of the new socket appearing and sets the device up again;
+//! the guests' drivers see nothing. Each restart gives:
+//!
+//! - `ping_gap_ms`: the longest stretch between two replies A received
+//!   (100 ms resolution: the ping interval), which holds the old switch's
+//!   exit, the new one's start, QEMU's reconnect and ARP if it expired;
+//! - `switch_down_ms`: from the signal to the new switch answering on its
+//!   control socket (what the switch itself costs);
+//! - `reboots`: guests whose boot id changed (must stay 0).
+//!
+//! Minimum, median and maximum over the restarts; the machine is shared
+//! and the guests' CPUs emulated, so a gap also holds the time a loaded
+//! host takes to schedule QEMU's reconnect and the guests' vCPUs.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lab::guest::{Guest, GuestOpts, Nic};
+use rustix::process::Signal;
+use serde::{Deserialize, Serialize};
+
+use crate::vm::{stats, Stats, VmError, VmOptions};
+
+const MAC_A: &str = "52:54:00:fa:1a:01";
+const MAC_B: &str = "52:54:00:fa:1b:01";
+const IP_A: &str = "10.79.0.1";
+const IP_B: &str = "10.79.0.2";
+/// Ping interval, ms: the gap's resolution.
+pub const INTERVAL_MS: u32 = 100;
+/// Pings per restart (10 s).
+const PINGS: u32 = 100;
+/// QEMU's reconnect interval, ms.
+pub const RECONNECT_MS: u32 = 100;
+
+/// The upgrade row.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Upgrade {
+    /// Longest stretch without a reply, per restart, ms.
+    pub ping_gap_ms: Stats,
+    /// Signal to the new switch serving, per restart, ms.
+    pub switch_down_ms: Stats,
+    /// Signal to both guests' queues running on the new switch (QEMU
+    /// reconnected and set the device up again), per restart, ms.
+    pub reconnected_ms: Stats,
+    /// Guests whose boot id changed over all restarts.
+    pub reboots: u32,
+    /// Restarts after which pings did not come back.
+    pub not_resumed: u32,
+    /// Restarts after which the new switch carried frames both ways on
+    /// both ports (QEMU reconnected to it, not to something else).
+    pub carried_by_new_switch: u32,
+    /// How the old switch was stopped.
+    pub signal: String,
+    /// What the figures are.
+    pub is: String,
+}
+
+/// The switch process, killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    /// Signal it and wait (at most 10 s, then SIGKILL) for it to exit.
+    fn stop(mut self, sig: Signal) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+            let _ = rustix::process::kill_process(pid, sig);
+        }
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Drop kills and reaps it.
+    }
+}
+
+/// Start `exe switch run` with the two ports and wait (at most 20 s) until
+/// it answers on its control socket.
+fn start(exe: &Path, ctl: &Path, socks: &[(PathBuf, &str, &str); 2]) -> Result<Proc, VmError> {
+    let mut cmd = Command::new(exe);
+    cmd.args(["switch", "run", "--socket"]).arg(ctl);
+    for (sock, name, mac) in socks {
+        cmd.arg("--vhost-user")
+            .arg(format!("{},name={name},mac={mac}", sock.display()));
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: one async-signal-safe system call between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+            Ok(())
+        });
+    }
+    let p = Proc(cmd.spawn().map_err(|source| VmError::Io {
+        what: format!("starting {} switch run", exe.display()),
+        source,
+    })?);
+    let t = Instant::now();
+    loop {
+        if vswitch::status::ask(ctl).is_ok() {
+            return Ok(p);
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            return Err(VmError::Io {
+                what: "the switch did not answer on its control socket within 20 s".into(),
+                source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The replies busybox `ping` printed: sequence number and round trip
+/// (ms), by sequence number.
+pub fn replies(out: &str) -> Vec<(u32, f64)> {
+    let field = |l: &str, key: &str| -> Option<String> {
+        let at = l.find(key)? + key.len();
+        Some(
+            l[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .collect(),
+        )
+    };
+    let mut v: Vec<(u32, f64)> = out
+        .lines()
+        .filter_map(|l| {
+            let seq = field(l, "seq=")?.parse().ok()?;
+            let rtt = field(l, "time=")?.parse().ok()?;
+            Some((seq, rtt))
+        })
+        .collect();
+    v.sort_by_key(|r| r.0);
+    v.dedup_by_key(|r| r.0);
+    v
+}
+
+/// The longest stretch between two replies' arrivals, in ms, among
+/// `count` pings sent every `interval_ms` (reply `s` arrives at `s` x
+/// interval + its round trip), and whether replies came after it. A run
+/// that ends with more than a second of silence did not resume: the gap
+/// then runs to the end.
+pub fn longest_gap_ms(replies: &[(u32, f64)], count: u32, interval_ms: u32) -> (f64, bool) {
+    let at = |(s, rtt): (u32, f64)| f64::from(s) * f64::from(interval_ms) + rtt;
+    let end = f64::from(count) * f64::from(interval_ms);
+    let Some(&last) = replies.last() else {
+        return (end, false);
+    };
+    let mut gap = replies.first().map_or(0.0, |f| at(*f));
+    for w in replies.windows(2) {
+        gap = gap.max(at(w[1]) - at(w[0]));
+    }
+    let tail = end - at(last);
+    let resumed = tail <= 1000.0;
+    (if resumed { gap } else { gap.max(tail) }, resumed)
+}
+
+/// Wait (at most 10 s) until both ports' queues run on the switch at
+/// `ctl`; how long after `since` that was.
+fn running(ctl: &Path, socks: &[(PathBuf, &str, &str); 2], since: Instant) -> Option<Duration> {
+    while since.elapsed() < Duration::from_secs(10) {
+        let up = vswitch::status::ask(ctl).is_ok_and(|st| {
+            socks.iter().all(|(_, name, _)| {
+                st.ports.iter().any(|p| {
+                    p.name == *name
+                        && matches!(&p.detail, vswitch::status::PortDetail::Vhost(v) if v.running)
+                })
+            })
+        });
+        if up {
+            return Some(since.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
+}
+
+/// The new switch's counters for both guests' ports (from A, to A, from
+/// B, to B), each time they change, until 1.5 s after `since`: where
+/// frames wait after a restart.
+fn timeline(ctl: &Path, socks: &[(PathBuf, &str, &str); 2], since: Instant) -> String {
+    let mut last = [0u64; 4];
+    let mut out = Vec::new();
+    while since.elapsed() < Duration::from_millis(1500) {
+        if let Ok(st) = vswitch::status::ask(ctl) {
+            let mut now = [0u64; 4];
+            for (i, (_, name, _)) in socks.iter().enumerate() {
+                if let Some(p) = st.ports.iter().find(|p| p.name == *name) {
+                    now[2 * i] = p.from_port;
+                    now[2 * i + 1] = p.to_port;
+                }
+            }
+            if now != last {
+                out.push(format!("{} ms {now:?}", since.elapsed().as_millis()));
+                last = now;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    out.join("; ")
+}
+
+fn boot_id(g: &mut Guest) -> Result<String, VmError> {
+    g.ok(
+        "cat /proc/sys/kernel/random/boot_id",
+        Duration::from_secs(30),
+    )
+    .map(|s| s.trim().to_string())
+    .map_err(|source| VmError::Guest {
+        guest: "upgrade",
+        source,
+    })
+}
+
+/// Boot two guests on `exe switch run`, restart the switch `restarts`
+/// times with `sig` under their pings, and measure.
+pub fn measure(
+    exe: &Path,
+    dir: &Path,
+    restarts: usize,
+    sig: Signal,
+    say: &dyn Fn(&str),
+) -> Result<Upgrade, VmError> {
+    let ctl = dir.join("upgrade-switch.sock");
+    let socks = [
+        (dir.join("up-a.sock"), "vm-ua", MAC_A),
+        (dir.join("up-b.sock"), "vm-ub", MAC_B),
+    ];
+    let mut sw = Some(start(exe, &ctl, &socks)?);
+    let guest = |g: &'static str| move |source| VmError::Guest { guest: g, source };
+    let opts = |name: &str, sock: &Path, mac: &str, ip: &str| {
+        GuestOpts::new(
+            name,
+            vec![Nic::vhost_user(sock, mac).reconnect(RECONNECT_MS)],
+        )
+        .ip(&format!("{ip}/24"))
+        .limit(Duration::from_secs(900))
+    };
+    say("upgrade: booting two guests with reconnecting vhost-user NICs");
+    let mut a = Guest::start(&opts("UA", &socks[0].0, MAC_A, IP_A)).map_err(guest("UA"))?;
+    let mut b = Guest::start(&opts("UB", &socks[1].0, MAC_B, IP_B)).map_err(guest("UB"))?;
+    a.wait_ready(lab::guest::BOOT).map_err(guest("UA"))?;
+    b.wait_ready(lab::guest::BOOT).map_err(guest("UB"))?;
+    // ARP and a path that works before anything is restarted.
+    let p = a.ping(IP_B, 5, 200).map_err(guest("UA"))?;
+    if p.received == 0 {
+        return Err(VmError::Io {
+            what: format!(
+                "upgrade: no ping reply from B before any restart: {}",
+                a.console_tail()
+            ),
+            source: std::io::Error::other("no reply"),
+        });
+    }
+    let ids = [boot_id(&mut a)?, boot_id(&mut b)?];
+    let mut gaps = Vec::new();
+    let mut down = Vec::new();
+    let mut not_resumed = 0;
+    let mut carried = 0;
+    let mut back_ms = Vec::new();
+    for r in 0..restarts {
+        let cmd = format!(
+            "ping -c {PINGS} -i {} -W 1 {IP_B}",
+            f64::from(INTERVAL_MS) / 1000.0
+        );
+        let within =
+            Duration::from_millis(u64::from(PINGS * INTERVAL_MS)) + Duration::from_secs(60);
+        let old = sw.take();
+        let (out, new) = std::thread::scope(|s| {
+            let h = s.spawn(|| a.run(&cmd, within));
+            std::thread::sleep(Duration::from_secs(2));
+            let t = Instant::now();
+            if let Some(old) = old {
+                old.stop(sig);
+            }
+            let new = start(exe, &ctl, &socks).map(|n| (n, t.elapsed()));
+            let back = new.is_ok().then(|| running(&ctl, &socks, t));
+            if new.is_ok() {
+                let tl = timeline(&ctl, &socks, t);
+                say(&format!(
+                    "upgrade: ports' counters [from A, to A, from B, to B] after the stop: {tl}"
+                ));
+            }
+            (h.join(), new.map(|(n, took)| (n, took, back.flatten())))
+        });
+        let (new, took, back) = new?;
+        back_ms.push(back.map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0));
+        sw = Some(new);
+        let (_, out) = match out {
+            Ok(r) => r.map_err(guest("UA"))?,
+            Err(e) => std::panic::resume_unwind(e),
+        };
+        let both_ways = vswitch::status::ask(&ctl).is_ok_and(|st| {
+            socks.iter().all(|(_, name, _)| {
+                st.ports
+                    .iter()
+                    .any(|p| p.name == *name && p.from_port > 0 && p.to_port > 0)
+            })
+        });
+        carried += u32::from(both_ways);
+        let seqs = replies(&out);
+        let (gap, resumed) = longest_gap_ms(&seqs, PINGS, INTERVAL_MS);
+        let gap = gap.round();
+        let slow: Vec<String> = seqs
+            .iter()
+            .filter(|r| r.1 > 2.0 * f64::from(INTERVAL_MS))
+            .map(|(q, t)| format!("seq {q}: {t:.0} ms"))
+            .collect();
+        if !slow.is_empty() {
+            say(&format!("upgrade: slow replies: {}", slow.join(", ")));
+        }
+        if !resumed {
+            not_resumed += 1;
+        }
+        say(&format!(
+            "upgrade [{}/{restarts}]: switch stopped ({sig:?}) and serving again after {} ms, both guests' queues running after {:.0} ms; longest ping gap {gap} ms; {} of {PINGS} replies{}",
+            r + 1,
+            took.as_millis(),
+            back_ms.last().copied().unwrap_or(f64::NAN),
+            seqs.len(),
+            if resumed { "" } else { "; pings did NOT resume" }
+        ));
+        gaps.push(gap);
+        down.push(took.as_secs_f64() * 1000.0);
+    }
+    let after = [boot_id(&mut a)?, boot_id(&mut b)?];
+    let reboots = ids.iter().zip(&after).filter(|(x, y)| x != y).count() as u32;
+    drop(sw);
+    drop(a);
+    drop(b);
+    Ok(Upgrade {
+        ping_gap_ms: stats(&gaps),
+        switch_down_ms: stats(&down),
+        reconnected_ms: stats(&back_ms),
+        reboots,
+        not_resumed,
+        carried_by_new_switch: carried,
+        signal: format!("{sig:?}"),
+        is: format!(
+            "longest stretch without a ping reply (guest A to guest B every {INTERVAL_MS} ms) while `fastpath switch run` is stopped and a new one started on the same sockets; QEMU reconnect-ms={RECONNECT_MS}"
+        ),
+    })
+}
+
+/// The row for `fastpath switch bench --part vm`: this program's own
+/// `switch run`, stopped with `SIGTERM`, `o.repeats` times.
+pub fn run(o: &VmOptions, dir: &Path) -> Result<Upgrade, VmError> {
+    let exe = std::env::current_exe().map_err(|source| VmError::Io {
+        what: "finding this program (it runs the switch)".into(),
+        source,
+    })?;
+    let say = |s: &str| {
+        if let Some(p) = &o.progress {
+            p(s);
+        }
+    };
+    measure(&exe, dir, o.repeats.max(1), Signal::TERM, &say)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_from_ping_output() {
+        let out = "PING 10.79.0.2 (10.79.0.2): 56 data bytes\n\
+                   64 bytes from 10.79.0.2: seq=0 ttl=64 time=1.5 ms\n\
+                   64 bytes from 10.79.0.2: seq=1 ttl=64 time=1.5 ms\n\
+                   64 bytes from 10.79.0.2: seq=2 ttl=64 time=451.5 ms\n\
+                   64 bytes from 10.79.0.2: seq=9 ttl=64 time=3.5 ms\n\
+                   64 bytes from 10.79.0.2: seq=10 ttl=64 time=1.5 ms\n";
+        let r = replies(out);
+        assert_eq!(r.len(), 5);
+        assert_eq!(r[2], (2, 451.5));
+        // Reply 2 came 550 ms after reply 1; reply 9 352 ms after it.
+        assert_eq!(longest_gap_ms(&r, 11, 100), (550.0, true));
+        // Nothing after the restart: not resumed, the gap runs to the end.
+        let early = [(0, 1.0), (1, 1.0), (2, 1.0)];
+        assert_eq!(longest_gap_ms(&early, 100, 100), (9799.0, false));
+        assert_eq!(longest_gap_ms(&[], 100, 100), (10000.0, false));
+    }
+}
