@@ -74,4 +74,20 @@ impl TestGuest {
         sw.poll_events();
         Ok(TestGuest(g))
     }
+
+    /// [`TestGuest::attach_with`] acknowledging `features` instead of the
+    /// frontend's default set.
+    pub fn attach_features(
+        sw: &mut EventLoop,
+        path: &Path,
+        size: u64,
+        q: [Layout; 2],
+        features: u64,
+    ) -> vhost_peer::Result<TestGuest> {
+        let g = Guest::attach_pumped_features(path, size, q, REPLY_TIMEOUT, features, &mut || {
+            sw.poll_events();
+        })?;
+        sw.poll_events();
+        Ok(TestGuest(g))
+    }
 }
