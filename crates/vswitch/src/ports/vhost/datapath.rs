@@ -59,10 +59,20 @@
 //! buffer too small).
 //!
 //! Frames carry the 12-byte `virtio_net_hdr_v1` (10 bytes for a legacy
-//! driver without `VERSION_1` or `MRG_RXBUF`). Transmitted frames are handed
-//! to the switch in place when the frame is one piece of one descriptor (the
-//! usual case for Linux, which pushes the header in front of the data) and
-//! gathered into a bounce buffer otherwise.
+//! driver without `VERSION_1` or `MRG_RXBUF`). A transmitted frame whose
+//! header asks for nothing is handed to the switch in place when it is one
+//! piece of one descriptor (the usual case for Linux, which pushes the
+//! header in front of the data) and gathered into the queue's arena
+//! otherwise. A frame whose header asks for an offload (a partial
+//! checksum, a TCP segment of up to 64 KB) is always gathered, and its
+//! header is checked on that copy against the frame and the features
+//! negotiated ([`crate::offload::check`]): a lie is refused, returned to
+//! the guest as used, and counted by reason ([`QueueStats::hdr_refused`]);
+//! what the header asks travels with the frame through the switch. A frame
+//! for the guest carries its offloads in its header when the guest
+//! negotiated them (the switch finishes it otherwise); with `MRG_RXBUF` a
+//! frame larger than one receive buffer is spread over several, the first
+//! one's `num_buffers` saying how many.
 //!
 //! Notifications follow [`Mode`] and `itr`, as the ring ports':
 //! - `Base`: the guest is asked to kick at its next entry after every
@@ -108,9 +118,10 @@ pub const MAX_FRAME: u32 = 2048;
 /// Bytes of the transmit queue's gathering arena: every frame not taken in
 /// place (a frame in pieces, or one with offloads, checked on this copy)
 /// is gathered here for its batch. A batch stops taking chains once less
-/// than [`MAX_GSO_FRAME`] is left, so it holds a full batch of ordinary
-/// frames and at least eight 64 KB segments.
-pub const ARENA_BYTES: usize = 512 * 1024 + MAX_GSO_FRAME as usize;
+/// than [`MAX_GSO_FRAME`] is left, so it holds a full batch (256) of
+/// ordinary frames, or eight 64 KB segments (the rest wait for the next
+/// pass): about 590 KB per VM port, allocated when first needed.
+pub const ARENA_BYTES: usize = 256 * (MAX_FRAME as usize + 8) + MAX_GSO_FRAME as usize;
 /// The shortest frame taken from a guest: an Ethernet header.
 pub const MIN_FRAME: u32 = 14;
 pub use crate::budgets::{DESC_BUDGET, DESC_RATE, FREE_READS};
@@ -772,12 +783,9 @@ impl Queue {
             p.read_into(0, &mut h) && VnetHdr::parse(&h).plain()
         };
         let plain = |d: &DescRepr| d.flags & (F_NEXT | F_WRITE | F_INDIRECT) == 0;
-        let in_place = |d: &DescRepr, skip: u32| -> Result<FrameRef, ChainError> {
-            let p = self
-                .mem
-                .gpa(d.addr, u64::from(d.len))
-                .ok_or(ChainError::Outside)?;
-            let len = d.len - skip;
+        // The frame in one descriptor's buffer `p`, after `skip` bytes.
+        let in_place = |p: &GuestSlice<'_>, skip: u32| -> Result<FrameRef, ChainError> {
+            let len = p.len() as u32 - skip;
             if len < MIN_FRAME {
                 return Err(ChainError::Short);
             }
@@ -800,7 +808,7 @@ impl Queue {
                 .gpa(d.addr, u64::from(d.len))
                 .ok_or(ChainError::Outside)?;
             if plain_hdr(&p) {
-                return Ok((in_place(&d, hdr_len)?, None));
+                return Ok((in_place(&p, hdr_len)?, None));
             }
         }
         // The header alone, then the frame in one descriptor.
@@ -812,7 +820,11 @@ impl Queue {
                 .gpa(d.addr, u64::from(d.len))
                 .ok_or(ChainError::Outside)?;
             if plain(&d1) && plain_hdr(&p) {
-                return Ok((in_place(&d1, 0)?, None));
+                let p1 = self
+                    .mem
+                    .gpa(d1.addr, u64::from(d1.len))
+                    .ok_or(ChainError::Outside)?;
+                return Ok((in_place(&p1, 0)?, None));
             }
         }
         // Anything else: gather the header and the frame into the arena,
