@@ -19,6 +19,8 @@ pub const F_NEEDS_CSUM: u8 = 1;
 pub const F_DATA_VALID: u8 = 2;
 /// `VIRTIO_NET_HDR_F_RSC_INFO`: device to driver only.
 pub const F_RSC_INFO: u8 = 4;
+/// The flag bits virtio defines; the device ignores the others.
+const KNOWN_FLAGS: u8 = F_NEEDS_CSUM | F_DATA_VALID | F_RSC_INFO;
 /// `VIRTIO_NET_HDR_GSO_NONE`.
 pub const GSO_NONE: u8 = 0;
 /// `VIRTIO_NET_HDR_GSO_TCPV4`.
@@ -99,10 +101,12 @@ impl VnetHdr {
     }
 
     /// Whether the header asks for nothing (the usual frame without
-    /// offloads: nothing to check, nothing to carry).
+    /// offloads: nothing to check, nothing to carry). Flag bits virtio
+    /// does not define are ignored, as the device must (virtio 1.2,
+    /// 5.1.6.2.2); the two only the device may set are not.
     #[inline]
     pub fn plain(&self) -> bool {
-        self.flags == 0 && self.gso_type == GSO_NONE
+        self.flags & KNOWN_FLAGS == 0 && self.gso_type == GSO_NONE
     }
 }
 
@@ -194,7 +198,8 @@ impl Caps {
 /// document's counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HdrError {
-    /// A flag the driver may not set (`DATA_VALID`, `RSC_INFO`, unknown).
+    /// A flag only the device may set (`DATA_VALID`, `RSC_INFO`: virtio
+    /// 1.2, 5.1.6.2.1; bits virtio does not define are ignored).
     #[error("flags the driver may not set")]
     Flags,
     /// A `gso_type` virtio does not define.
@@ -336,7 +341,7 @@ pub fn check(h: &VnetHdr, frame: &[u8], caps: Caps, max_plain: u32) -> Result<Of
     if len as u64 > u64::from(MAX_GSO_FRAME) {
         return Err(HdrError::TooLong);
     }
-    if h.flags & !F_NEEDS_CSUM != 0 {
+    if h.flags & (F_DATA_VALID | F_RSC_INFO) != 0 {
         return Err(HdrError::Flags);
     }
     let gso = match h.gso_type & !GSO_ECN {
@@ -670,6 +675,14 @@ mod tests {
         assert_eq!(refuse(h, &f, no_tso), HdrError::NotNegotiated);
         assert_eq!(refuse(h, &f, Caps::NONE), HdrError::NotNegotiated);
         assert_eq!(refuse(VnetHdr { flags: 3, ..h }, &f, ALL), HdrError::Flags);
+        assert_eq!(refuse(VnetHdr { flags: 5, ..h }, &f, ALL), HdrError::Flags);
+        // Bits virtio does not define are ignored (5.1.6.2.2).
+        assert!(check(&VnetHdr { flags: 0x81, ..h }, &f, ALL, 2048).is_ok());
+        let odd = VnetHdr {
+            flags: 0xf0,
+            ..VnetHdr::default()
+        };
+        assert!(odd.plain());
         assert_eq!(
             refuse(VnetHdr { gso_type: 9, ..h }, &f, ALL),
             HdrError::GsoUnknown

@@ -195,8 +195,10 @@ fn model_tx_chain(mem: &SharedMem, l: &Layout, head: u16) -> Fate {
     if frame.len() > 65_535 + 18 {
         return Fate::Refused(ChainError::Long);
     }
-    // flags and gso_type: anything but 0 asks for what was not negotiated.
-    if bytes[0] != 0 || bytes[1] != 0 {
+    // flags (the three virtio defines; the device ignores the others,
+    // 5.1.6.2.2) and gso_type: anything but 0 asks for what was not
+    // negotiated, or sets what only the device may.
+    if bytes[0] & 7 != 0 || bytes[1] != 0 {
         return Fate::HdrRefused;
     }
     if frame.len() > MAX_FRAME as usize {
