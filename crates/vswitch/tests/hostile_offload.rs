@@ -22,7 +22,7 @@ use common::{add_vport, capture, settle, vport, CapturePort};
 use proptest::prelude::*;
 use ring::Mode;
 use vhost_peer::{Layout, BIG_MEM, FEATURES, OFFLOAD_FEATURES};
-use vswitch::ports::vhost::datapath::{QueueStats, TXQ};
+use vswitch::ports::vhost::datapath::{QueueStats, FREE_READS, TXQ};
 use vswitch::EventLoop;
 
 const SENDER: u16 = 0;
@@ -269,6 +269,35 @@ fn a_guest_without_guest_tso_gets_mss_sized_segments_with_valid_checksums() {
     assert_eq!(got.len(), 1);
     assert!(!verifies(&frame), "sent partial");
     assert!(verifies(&got[0]), "delivered whole");
+}
+
+/// An honest guest's 64 KB segments (a header apart, then the linear part
+/// and 17 page fragments: 19 descriptors, Linux's most) never meet the
+/// descriptor budget, batch after batch.
+#[test]
+fn an_honest_tso_guest_never_meets_the_descriptor_budget() {
+    let d = common::dir("offload-budget");
+    let mut sw = switch(&d);
+    let mut a = attach(&mut sw, &d, "sender", OFFLOAD_FEATURES);
+    let (frame, hdr) = tso_frame(true, &payload(60_000), MSS);
+    let s0 = vport(&mut sw, SENDER).queue_stats();
+    const CHAINS: u64 = 300;
+    for _ in 0..CHAINS {
+        a.send_chain(&hdr, &frame, 18);
+        settle(&mut sw);
+        assert_eq!(a.take_used(TXQ).len(), 1);
+    }
+    let s1 = vport(&mut sw, SENDER).queue_stats();
+    assert_eq!(s1[TXQ].over_budget, s0[TXQ].over_budget, "over budget");
+    let reads = s1[TXQ].desc_reads - s0[TXQ].desc_reads;
+    assert!(
+        reads <= CHAINS * FREE_READS,
+        "{reads} descriptor reads for {CHAINS} chains of 19: more than the free {FREE_READS} a chain"
+    );
+    assert_eq!(hdr_refused(&s1[TXQ]), 0);
+    // Cut once for each port without offloads: the capture port, and the
+    // receiver's port, which no guest has attached.
+    assert_eq!(sw.stats.segmented, 2 * CHAINS);
 }
 
 // ---------------------------------------------------------------------
