@@ -478,6 +478,12 @@ mod tests {
         .unwrap();
         assert_eq!((c.name.as_str(), c.mode, c.itr), ("a", ring::Mode::Sc, 100));
         assert!(!c.port_security);
+        assert!(c.offloads, "offloads are on by default");
+        let off = VhostUserEntry::parse("/tmp/a.sock,offloads=off")
+            .unwrap()
+            .config()
+            .unwrap();
+        assert!(!off.offloads);
         let e = |s: &str| match VhostUserEntry::parse(s).and_then(|e| e.config()) {
             Err(e) => e.to_string(),
             Ok(_) => panic!("{s} accepted"),
@@ -489,6 +495,7 @@ mod tests {
         assert!(e("/tmp/a.sock,colour=red").contains("unknown key"));
         assert!(e(",mode=sc").contains("empty"));
         assert!(e("/tmp/a.sock,event_idx=maybe").contains("on or off"));
+        assert!(e("/tmp/a.sock,offloads=some").contains("on or off"));
     }
 
     #[test]
