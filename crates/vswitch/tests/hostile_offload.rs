@@ -300,6 +300,37 @@ fn an_honest_tso_guest_never_meets_the_descriptor_budget() {
     assert_eq!(sw.stats.segmented, 2 * CHAINS);
 }
 
+/// The offload features are offered unless the port is configured
+/// without them; a guest that acknowledges them then is refused.
+#[test]
+fn offloads_are_offered_and_can_be_turned_off() {
+    let d = common::dir("offload-offer");
+    let mut sw = switch(&d);
+    let _a = attach(&mut sw, &d, "sender", OFFLOAD_FEATURES);
+    assert_eq!(
+        vport(&mut sw, SENDER).acked_features(),
+        Some(OFFLOAD_FEATURES)
+    );
+    let mut c = vswitch::ports::vhost::Config::new("plain", &d.join("plain.sock"));
+    c.offloads = false;
+    let plain = sw
+        .add_port(Box::new(
+            vswitch::VhostPort::bind(c).expect("bind vhost-user port"),
+        ))
+        .expect("add port");
+    let q = [Layout::standard(0, 256), Layout::standard(1, 256)];
+    // Acknowledging what was not offered: the connection is closed.
+    let _ =
+        TestGuest::attach_features(&mut sw, &d.join("plain.sock"), BIG_MEM, q, OFFLOAD_FEATURES);
+    settle(&mut sw);
+    assert!(!vport(&mut sw, plain).connected(), "refused");
+    let _g = TestGuest::attach_features(&mut sw, &d.join("plain.sock"), BIG_MEM, q, FEATURES)
+        .expect("attach");
+    settle(&mut sw);
+    assert!(vport(&mut sw, plain).connected());
+    assert_eq!(vport(&mut sw, plain).acked_features(), Some(FEATURES));
+}
+
 // ---------------------------------------------------------------------
 // Lies.
 
