@@ -251,7 +251,8 @@ pub struct RunArgs {
     /// Options after the path, comma-separated: name=NAME (default: the
     /// file's stem), mode=base|sc|csb (default csb: event-index windows),
     /// itr=N (interrupt moderation, 250 ns units), mac=MAC (the guest's:
-    /// locks the port to it), port_security=on|off, event_idx=on|off.
+    /// locks the port to it), port_security=on|off, event_idx=on|off,
+    /// offloads=on|off (checksum and TSO offloads; default on).
     /// PATH must be free or a stale socket: a file that is not a socket,
     /// another switch's live socket, or a path given twice is refused,
     /// never deleted; at exit only the sockets this switch made are

@@ -9,7 +9,7 @@ use std::time::Duration;
 use ring::notify::EventFd;
 
 use crate::mem::SharedMem;
-use crate::virtq::{Layout, RawDesc, F_WRITE};
+use crate::virtq::{Layout, RawDesc, F_NEXT, F_WRITE};
 use crate::wire::{
     inflight, mem_table, req, state, u64p, vring_addr, Wire, FEATURES, PROTOCOL_F_INFLIGHT_SHMFD,
     VERSION,
@@ -26,6 +26,14 @@ pub const BUF: u64 = 2048;
 /// Bytes of shared memory (rings of up to 2048 entries, 256 buffers each
 /// way).
 pub const MEM: u64 = 0x20_0000;
+
+/// Bytes of shared memory for a guest that sends and receives large
+/// frames ([`Guest::send_chain`], [`Guest::post_rx_sized`]).
+pub const BIG_MEM: u64 = 0x40_0000;
+/// Where [`Guest::send_chain`] puts a frame (up to 1 MiB).
+pub const BIG_TX: u64 = 0x20_0000;
+/// Where [`Guest::post_rx_sized`] puts receive buffers (up to 1 MiB).
+pub const BIG_RX: u64 = 0x30_0000;
 
 /// Virtio-net's header on every frame (`virtio_net_hdr_mrg_rxbuf`, 12
 /// bytes with VERSION_1).
@@ -63,7 +71,7 @@ impl Guest {
     /// backend running in a thread or process of its own (each reply is
     /// awaited up to `timeout`).
     pub fn attach(path: &Path, size: u64, q: [Layout; 2], timeout: Duration) -> Result<Guest> {
-        Guest::attach_inner(path, size, q, timeout, None)
+        Guest::attach_inner(path, size, q, timeout, FEATURES, None)
     }
 
     /// [`Guest::attach`] for a backend driven in this thread: `pump` runs
@@ -75,7 +83,20 @@ impl Guest {
         timeout: Duration,
         pump: &mut dyn FnMut(),
     ) -> Result<Guest> {
-        Guest::attach_inner(path, size, q, timeout, Some(pump))
+        Guest::attach_inner(path, size, q, timeout, FEATURES, Some(pump))
+    }
+
+    /// [`Guest::attach_pumped`] acknowledging `features` (say
+    /// [`crate::OFFLOAD_FEATURES`]) instead of [`FEATURES`].
+    pub fn attach_pumped_features(
+        path: &Path,
+        size: u64,
+        q: [Layout; 2],
+        timeout: Duration,
+        features: u64,
+        pump: &mut dyn FnMut(),
+    ) -> Result<Guest> {
+        Guest::attach_inner(path, size, q, timeout, features, Some(pump))
     }
 
     /// Features, memory table, then for each queue size, base, addresses,
@@ -85,6 +106,7 @@ impl Guest {
         size: u64,
         q: [Layout; 2],
         timeout: Duration,
+        features: u64,
         mut pump: Option<&mut dyn FnMut()>,
     ) -> Result<Guest> {
         let mem = SharedMem::new(size, true).map_err(Error::io("guest memory"))?;
@@ -117,7 +139,7 @@ impl Guest {
             .send(req::SET_OWNER, VERSION, &[], &[])
             .map_err(Error::io("send a request"))?;
         g.wire
-            .send(req::SET_FEATURES, VERSION, &u64p(FEATURES), &[])
+            .send(req::SET_FEATURES, VERSION, &u64p(features), &[])
             .map_err(Error::io("send a request"))?;
         g.set_mem_table(&[(0, size, g.mem.uaddr, 0)], &[g.mem.file.as_fd()])
             .map_err(Error::io("send a request"))?;
@@ -363,6 +385,107 @@ impl Guest {
         }
         let idx = self.avail_idx[0].wrapping_add(n);
         self.publish(0, idx);
+    }
+
+    /// Send a frame with the virtio-net header `hdr` as one chain on queue
+    /// 1: the header in a descriptor of its own (descriptor 0), the frame
+    /// cut into `pieces` descriptors (1..=pieces) of about equal size, from
+    /// the [`BIG_TX`] area (memory of [`BIG_MEM`] bytes). The previous
+    /// chain must have been returned (the descriptors are reused).
+    pub fn send_chain(&mut self, hdr: &[u8; 12], frame: &[u8], pieces: usize) {
+        let pieces = pieces.clamp(1, frame.len().max(1));
+        self.mem.write(BIG_TX, hdr);
+        let frame_at = BIG_TX + 64;
+        self.mem.write(frame_at, frame);
+        self.put_desc(
+            1,
+            0,
+            RawDesc {
+                addr: self.mem.gpa + BIG_TX,
+                len: HDR as u32,
+                flags: F_NEXT,
+                next: 1,
+            },
+        );
+        let per = frame.len().div_ceil(pieces);
+        let mut at = 0usize;
+        let mut i = 1u16;
+        while at < frame.len() || i == 1 {
+            let len = per.min(frame.len() - at);
+            let last = at + len >= frame.len();
+            self.put_desc(
+                1,
+                i,
+                RawDesc {
+                    addr: self.mem.gpa + frame_at + at as u64,
+                    len: len as u32,
+                    flags: if last { 0 } else { F_NEXT },
+                    next: if last { 0 } else { i + 1 },
+                },
+            );
+            at += len;
+            i += 1;
+            if last {
+                break;
+            }
+        }
+        self.push_avail(1, 0, 0);
+        let idx = self.avail_idx[1].wrapping_add(1);
+        self.publish(1, idx);
+    }
+
+    /// Post `n` receive buffers of `len` bytes each on queue 0, from the
+    /// [`BIG_RX`] area (`n x len` at most 1 MiB).
+    pub fn post_rx_sized(&mut self, n: u16, len: u32) {
+        let l = self.q[0];
+        for k in 0..n {
+            let slot = self.avail_idx[0].wrapping_add(k) % l.num;
+            self.put_desc(
+                0,
+                slot,
+                RawDesc {
+                    addr: self.mem.gpa + BIG_RX + u64::from(slot) * u64::from(len),
+                    len,
+                    flags: F_WRITE,
+                    next: 0,
+                },
+            );
+            self.push_avail(0, k, slot);
+        }
+        let idx = self.avail_idx[0].wrapping_add(n);
+        self.publish(0, idx);
+    }
+
+    /// Frames received on queue 0 into buffers of `len` bytes that
+    /// [`Guest::post_rx_sized`] posted, mergeable-style: each frame's
+    /// header (12 bytes) and the frame gathered from `num_buffers` used
+    /// buffers, with that count. A frame whose buffers have not all been
+    /// used yet, or an entry shorter than a header, ends the list.
+    pub fn received_merged(&mut self, len: u32) -> Vec<([u8; 12], Vec<u8>, u16)> {
+        let used = self.take_used(0);
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < used.len() {
+            let (id, n) = used[i];
+            let at = BIG_RX + u64::from(id) * u64::from(len);
+            if u64::from(n) < HDR {
+                break;
+            }
+            let b = self.mem.read(at, n as usize);
+            let hdr: [u8; 12] = b[..12].try_into().expect("12 bytes");
+            let nb = u16::from_le_bytes([hdr[10], hdr[11]]).max(1);
+            let mut frame = b[12..].to_vec();
+            for j in 1..usize::from(nb) {
+                let Some(&(id, n)) = used.get(i + j) else {
+                    return out;
+                };
+                let at = BIG_RX + u64::from(id) * u64::from(len);
+                frame.extend(self.mem.read(at, n as usize));
+            }
+            out.push((hdr, frame, nb));
+            i += usize::from(nb);
+        }
+        out
     }
 
     /// Used entries of queue `q` since last read: (id, len).

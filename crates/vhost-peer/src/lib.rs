@@ -25,12 +25,12 @@ pub mod mem;
 pub mod virtq;
 pub mod wire;
 
-pub use guest::{eventfd, Guest, BUF, HDR, MEM, RX_BUFS, TX_BUFS};
+pub use guest::{eventfd, Guest, BIG_MEM, BIG_RX, BIG_TX, BUF, HDR, MEM, RX_BUFS, TX_BUFS};
 pub use mem::SharedMem;
 pub use virtq::{Layout, RawDesc, F_INDIRECT, F_NEXT, F_WRITE, LARGE_BUFS, LARGE_MEM};
 pub use wire::{
     inflight, mem_table, req, state, u64p, vring_addr, Wire, FEATURES, NEED_REPLY,
-    PROTOCOL_F_INFLIGHT_SHMFD, REPLY_TIMEOUT, VERSION,
+    OFFLOAD_FEATURES, PROTOCOL_F_INFLIGHT_SHMFD, REPLY_TIMEOUT, VERSION,
 };
 
 /// What can go wrong for the frontend.

@@ -63,6 +63,12 @@ pub const NEED_REPLY: u32 = 8;
 /// PROTOCOL_FEATURES.
 pub const FEATURES: u64 = 1 << 32 | 1 << 29 | 1 << 30;
 
+/// [`FEATURES`] and the offloads a Linux guest takes: `CSUM` (0),
+/// `GUEST_CSUM` (1), `GUEST_TSO4/6` (7, 8), `HOST_TSO4/6` (11, 12) and
+/// `MRG_RXBUF` (15).
+pub const OFFLOAD_FEATURES: u64 =
+    FEATURES | 1 | 1 << 1 | 1 << 7 | 1 << 8 | 1 << 11 | 1 << 12 | 1 << 15;
+
 /// How long a request waits for its reply: long enough for a backend on a
 /// loaded machine, short enough that a backend that never answers fails a
 /// test quickly.

@@ -209,7 +209,7 @@ pub enum VhostUserError {
     #[error("mode {0:?}: expected base, sc or csb")]
     Mode(String),
     /// A key the spec does not have.
-    #[error("unknown key {0:?} (keys: name, mode, itr, mac, port_security, event_idx)")]
+    #[error("unknown key {0:?} (keys: name, mode, itr, mac, port_security, event_idx, offloads)")]
     Key(String),
     /// A value that does not parse.
     #[error("{key}={value:?}: expected {expected}")]
@@ -238,6 +238,7 @@ pub enum VhostUserError {
 /// mac = "52:54:00:00:00:01"         # the guest NIC's MAC: locks the port to it
 /// port_security = true              # default true (needs mac)
 /// event_idx = true                  # offer VIRTIO_RING_F_EVENT_IDX
+/// offloads = true                   # offer checksum and TSO offloads
 /// ```
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -256,6 +257,8 @@ pub struct VhostUserEntry {
     pub port_security: Option<bool>,
     /// Offer `EVENT_IDX` (default: on).
     pub event_idx: Option<bool>,
+    /// Offer checksum and TCP segmentation offloads (default: on).
+    pub offloads: Option<bool>,
 }
 
 impl VhostUserEntry {
@@ -294,6 +297,7 @@ impl VhostUserEntry {
                 "mac" => e.mac = Some(v.into()),
                 "port_security" => e.port_security = Some(flag(k, v)?),
                 "event_idx" => e.event_idx = Some(flag(k, v)?),
+                "offloads" => e.offloads = Some(flag(k, v)?),
                 _ => return Err(VhostUserError::Key(k.into())),
             }
         }
@@ -335,6 +339,7 @@ impl VhostUserEntry {
         }
         c.port_security = self.port_security.unwrap_or(true);
         c.event_idx = self.event_idx.unwrap_or(true);
+        c.offloads = self.offloads.unwrap_or(true);
         Ok(c)
     }
 }
@@ -473,6 +478,12 @@ mod tests {
         .unwrap();
         assert_eq!((c.name.as_str(), c.mode, c.itr), ("a", ring::Mode::Sc, 100));
         assert!(!c.port_security);
+        assert!(c.offloads, "offloads are on by default");
+        let off = VhostUserEntry::parse("/tmp/a.sock,offloads=off")
+            .unwrap()
+            .config()
+            .unwrap();
+        assert!(!off.offloads);
         let e = |s: &str| match VhostUserEntry::parse(s).and_then(|e| e.config()) {
             Err(e) => e.to_string(),
             Ok(_) => panic!("{s} accepted"),
@@ -484,6 +495,7 @@ mod tests {
         assert!(e("/tmp/a.sock,colour=red").contains("unknown key"));
         assert!(e(",mode=sc").contains("empty"));
         assert!(e("/tmp/a.sock,event_idx=maybe").contains("on or off"));
+        assert!(e("/tmp/a.sock,offloads=some").contains("on or off"));
     }
 
     #[test]

@@ -75,6 +75,7 @@ mod config;
 mod control;
 mod deadlines;
 mod event_loop;
+pub mod offload;
 pub mod pktgen;
 pub mod ports;
 mod sockets;

@@ -38,6 +38,14 @@ pub struct SwitchStats {
     /// Wall-clock nanoseconds spent in passes that found frames (the
     /// forwarding itself; idle polling and sleeping excluded).
     pub busy_ns: u64,
+    /// Segmentation requests cut into frames by the switch for a port
+    /// that could not take them whole (once per destination).
+    #[serde(default)]
+    pub segmented: u64,
+    /// Partial checksums completed by the switch for a port that could not
+    /// take them partial (once per destination).
+    #[serde(default)]
+    pub checksummed: u64,
 }
 
 /// Why the status could not be had from a running switch.

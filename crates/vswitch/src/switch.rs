@@ -11,6 +11,7 @@ use std::time::Instant;
 use ring::device::FrameRef;
 
 use crate::bridge::{Mac, MacTable};
+use crate::offload::{self, Gso, Offload};
 use crate::ports::{vhost, Port};
 pub use crate::status::SwitchStats;
 use crate::status::{PortStatus, Status};
@@ -128,6 +129,60 @@ struct Delivery {
     lost: u64,
 }
 
+/// The switch's buffers for finishing a frame with offloads in software.
+struct Finish<'a> {
+    scratch: &'a mut Vec<u8>,
+    out: &'a mut Vec<u8>,
+    lens: &'a mut Vec<u32>,
+    stats: &'a mut SwitchStats,
+}
+
+impl Finish<'_> {
+    /// Hand `f`, described by `o`, to `port`: whole if the port takes it
+    /// so, else segmented or with its checksum completed here, from the
+    /// switch's own copy. True if the port took all of it.
+    ///
+    /// # Safety
+    /// `f` must be readable for `f.len` bytes.
+    unsafe fn deliver(&mut self, port: &mut dyn Port, f: FrameRef, o: &Offload) -> bool {
+        if port.offload_caps().accepts(o) {
+            // SAFETY: forwarded from the caller's contract.
+            return unsafe { port.tx_offload(f, o) };
+        }
+        let len = f.len as usize;
+        self.scratch.resize(len, 0);
+        // SAFETY: the caller guarantees f.ptr is readable for f.len bytes;
+        // scratch is the switch's own buffer of that length.
+        unsafe { ring::device::copy_frame(f.ptr, self.scratch.as_mut_ptr(), len) };
+        self.out.clear();
+        self.lens.clear();
+        if o.gso != Gso::None {
+            if offload::segment(self.scratch, o, self.out, self.lens) == 0 {
+                return false;
+            }
+            self.stats.segmented += 1;
+        } else {
+            self.out.extend_from_slice(self.scratch);
+            offload::complete_csum(self.out, o);
+            self.lens.push(f.len);
+            self.stats.checksummed += 1;
+        }
+        let mut at = 0usize;
+        let mut all = true;
+        for &l in self.lens.iter() {
+            let piece = FrameRef {
+                ptr: self.out[at..].as_ptr(),
+                len: l,
+            };
+            at += l as usize;
+            // SAFETY: the piece lies in `out`, the switch's own buffer,
+            // which is not touched until the port has copied it.
+            all &= unsafe { port.tx(piece) };
+        }
+        all
+    }
+}
+
 /// The switch.
 pub struct Switch {
     pub(crate) ports: Vec<Option<Slot>>,
@@ -143,6 +198,16 @@ pub struct Switch {
     /// ([`Switch::own_frames`]); it only grows, and only before `frames`
     /// points into it.
     copies: Vec<u8>,
+    /// Each frame's offload metadata, beside `frames`, when the batch has
+    /// any (empty otherwise: frames without offloads cost nothing).
+    meta: Vec<Offload>,
+    /// A frame with offloads copied out of its port before it is finished
+    /// for a destination that cannot take it unfinished.
+    scratch: Vec<u8>,
+    /// The finished frames (segments, or the frame with its checksum).
+    finished: Vec<u8>,
+    /// Their lengths.
+    finished_lens: Vec<u32>,
     pub(crate) last_aging: Instant,
 }
 
@@ -160,6 +225,10 @@ impl Switch {
             dst: Vec::with_capacity(BATCH as usize),
             delivered: Vec::with_capacity(BATCH as usize),
             copies: Vec::new(),
+            meta: Vec::new(),
+            scratch: Vec::new(),
+            finished: Vec::new(),
+            finished_lens: Vec::new(),
             last_aging: Instant::now(),
             cfg,
         };
@@ -336,6 +405,13 @@ impl Switch {
         }
         let (route, refused) = self.look_up(s, lock, guard, now);
         spoofed += refused;
+        // Frames with offloads are delivered one by one, each as its
+        // destination can take it (whole, or finished here).
+        let route = match route {
+            Route::One(_) if !self.meta.is_empty() => Route::Mixed { flood: false },
+            Route::Flood if !self.meta.is_empty() => Route::Mixed { flood: true },
+            r => r,
+        };
         let done = match route {
             Route::Nowhere => Delivery::default(),
             Route::One(d) => self.deliver_one(d, now),
@@ -377,30 +453,42 @@ impl Switch {
     /// Returns how many were dropped. A frame that passes here may still
     /// be refused on the switch's copy ([`Switch::look_up`]).
     fn screen(&mut self, s: usize, lock: Option<Mac>) -> u64 {
-        let mut frames = std::mem::take(&mut self.frames);
-        let before = frames.len();
+        let before = self.frames.len();
         let mut last: Option<(Mac, bool)> = None;
-        frames.retain(|f| {
-            if f.len < 14 {
+        let mut kept = 0;
+        for i in 0..before {
+            let f = self.frames[i];
+            let keep = if f.len < 14 {
                 // A runt: look_up counts it.
-                return true;
-            }
-            let mut smac: Mac = [0; 6];
-            // SAFETY: the port guarantees f.ptr is readable for f.len >= 14
-            // bytes until rx_done; bytes 6..12 are copied out once.
-            unsafe { std::ptr::copy_nonoverlapping(f.ptr.add(6), smac.as_mut_ptr(), 6) };
-            match last {
-                Some((m, ok)) if m == smac => ok,
-                _ => {
-                    let ok = self.source_allowed(s, lock, &smac);
-                    last = Some((smac, ok));
-                    ok
+                true
+            } else {
+                let mut smac: Mac = [0; 6];
+                // SAFETY: the port guarantees f.ptr is readable for f.len
+                // >= 14 bytes until rx_done; bytes 6..12 are copied out
+                // once.
+                unsafe { std::ptr::copy_nonoverlapping(f.ptr.add(6), smac.as_mut_ptr(), 6) };
+                match last {
+                    Some((m, ok)) if m == smac => ok,
+                    _ => {
+                        let ok = self.source_allowed(s, lock, &smac);
+                        last = Some((smac, ok));
+                        ok
+                    }
                 }
+            };
+            if keep {
+                self.frames[kept] = f;
+                if let Some(&m) = self.meta.get(i) {
+                    self.meta[kept] = m;
+                }
+                kept += 1;
             }
-        });
-        let dropped = (before - frames.len()) as u64;
-        self.frames = frames;
-        dropped
+        }
+        self.frames.truncate(kept);
+        if !self.meta.is_empty() {
+            self.meta.truncate(kept);
+        }
+        (before - kept) as u64
     }
 
     /// Take a batch from port `s` into `frames`: the port's token for
@@ -409,10 +497,21 @@ impl Switch {
     fn receive(&mut self, s: usize) -> Option<(u32, Option<Mac>)> {
         self.frames.clear();
         self.dst.clear();
+        self.meta.clear();
         let Some(Some(src)) = self.ports.get_mut(s) else {
             return None;
         };
-        Some((src.port.rx(BATCH, &mut self.frames), src.lock))
+        let token = src.port.rx(BATCH, &mut self.frames);
+        let offloads = src.port.rx_offloads();
+        if !offloads.is_empty() {
+            self.meta.resize(self.frames.len(), Offload::default());
+            for &(i, o) in offloads {
+                if let Some(m) = self.meta.get_mut(i as usize) {
+                    *m = o;
+                }
+            }
+        }
+        Some((token, src.lock))
     }
 
     /// Copy the batch out of the port's memory into the switch's own
@@ -601,9 +700,22 @@ impl Switch {
                 let d = self.dst[i];
                 if d == p as u16 || d == FLOOD {
                     touched = true;
-                    // SAFETY: f is valid until the source's rx_done, after
-                    // delivery.
-                    let ok = unsafe { dst.port.tx(*f) };
+                    let ok = match self.meta.get(i) {
+                        Some(o) if *o != Offload::default() => {
+                            let mut fin = Finish {
+                                scratch: &mut self.scratch,
+                                out: &mut self.finished,
+                                lens: &mut self.finished_lens,
+                                stats: &mut self.stats,
+                            };
+                            // SAFETY: f is valid until the source's
+                            // rx_done, after delivery.
+                            unsafe { fin.deliver(&mut *dst.port, *f, o) }
+                        }
+                        // SAFETY: f is valid until the source's rx_done,
+                        // after delivery.
+                        _ => unsafe { dst.port.tx(*f) },
+                    };
                     if d == FLOOD {
                         self.delivered[i] |= ok;
                     } else if ok {

@@ -118,6 +118,10 @@ fn cases() -> u32 {
 enum Fate {
     Frame(Vec<u8>),
     Refused(ChainError),
+    /// Refused for its virtio-net header: it asks for an offload this
+    /// guest did not negotiate (it negotiated none), or sets a flag only
+    /// the device may set (virtio 1.2, 5.1.6.2.1).
+    HdrRefused,
 }
 
 fn inside(addr: u64, len: u64) -> bool {
@@ -186,6 +190,17 @@ fn model_tx_chain(mem: &SharedMem, l: &Layout, head: u16) -> Fate {
         return Fate::Refused(ChainError::Short);
     }
     let frame = bytes[HDR..].to_vec();
+    // Longer than any frame a header may describe (an IP datagram's
+    // 65,535 bytes behind an Ethernet header and a VLAN tag).
+    if frame.len() > 65_535 + 18 {
+        return Fate::Refused(ChainError::Long);
+    }
+    // flags (the three virtio defines; the device ignores the others,
+    // 5.1.6.2.2) and gso_type: anything but 0 asks for what was not
+    // negotiated, or sets what only the device may.
+    if bytes[0] & 7 != 0 || bytes[1] != 0 {
+        return Fate::HdrRefused;
+    }
     if frame.len() > MAX_FRAME as usize {
         return Fate::Refused(ChainError::Long);
     }
@@ -485,7 +500,7 @@ fn hostile_rings_are_refused_as_the_model_says_and_the_victim_is_served() {
                 .iter()
                 .filter_map(|f| match f {
                     Fate::Frame(b) => Some(b),
-                    Fate::Refused(_) => None,
+                    Fate::Refused(_) | Fate::HdrRefused => None,
                 })
                 .collect();
             prop_assert_eq!(&hostile_frames, &want, "frames taken from the hostile ring");
@@ -497,6 +512,12 @@ fn hostile_rings_are_refused_as_the_model_says_and_the_victim_is_served() {
                 }
             }
             prop_assert_eq!(delta(&s0[TXQ], &s1[TXQ]), want_refused, "tx refusals");
+            let hdr_refused = |s: &QueueStats| s.hdr_refused.iter().sum::<u64>();
+            prop_assert_eq!(
+                hdr_refused(&s1[TXQ]) - hdr_refused(&s0[TXQ]),
+                txm.fates.iter().filter(|f| **f == Fate::HdrRefused).count() as u64,
+                "tx refusals for the header"
+            );
             prop_assert_eq!(
                 s1[TXQ].broke - s0[TXQ].broke,
                 u64::from(txm.broken),

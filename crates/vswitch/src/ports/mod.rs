@@ -31,6 +31,8 @@ use std::time::Instant;
 
 use ::ring::device::FrameRef;
 
+use crate::offload::{Caps, Offload};
+
 /// Counters every port keeps (frames into the switch from the port, and out
 /// of the switch to the port).
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
@@ -74,6 +76,29 @@ pub trait Port: Send {
     }
     /// Append up to `max` frames to `out`; returns a token for `rx_done`.
     fn rx(&mut self, max: u32, out: &mut Vec<FrameRef>) -> u32;
+    /// The offload metadata of the frames of the last `rx` that carry some
+    /// (a partial checksum, a segment to cut), as (index in that batch,
+    /// metadata), in batch order; checked against the frames by the port.
+    /// Frames without offloads have no entry, so a batch without any costs
+    /// the switch one look at an empty slice.
+    fn rx_offloads(&self) -> &[(u32, Offload)] {
+        &[]
+    }
+    /// What the port can take unfinished ([`Port::tx_offload`]); the switch
+    /// finishes (segments, checksums) any other frame before handing it
+    /// over.
+    fn offload_caps(&self) -> Caps {
+        Caps::NONE
+    }
+    /// Take one frame with its offload metadata, which
+    /// [`Port::offload_caps`] accepts; false if the port cannot take it now.
+    ///
+    /// # Safety
+    /// `f` must be readable for `f.len` bytes.
+    unsafe fn tx_offload(&mut self, f: FrameRef, _o: &Offload) -> bool {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { self.tx(f) }
+    }
     /// The frames of the last `rx` have been forwarded.
     fn rx_done(&mut self, token: u32, frames: u64, now: Instant);
     /// Take one frame (copy it); false if the port cannot take it now.

@@ -90,6 +90,22 @@ impl TestGuest {
         Ok(TestGuest(g))
     }
 
+    /// [`TestGuest::attach_with`] acknowledging `features` instead of the
+    /// frontend's default set.
+    pub fn attach_features(
+        sw: &mut EventLoop,
+        path: &Path,
+        size: u64,
+        q: [Layout; 2],
+        features: u64,
+    ) -> vhost_peer::Result<TestGuest> {
+        let g = Guest::attach_pumped_features(path, size, q, REPLY_TIMEOUT, features, &mut || {
+            sw.poll_events();
+        })?;
+        sw.poll_events();
+        Ok(TestGuest(g))
+    }
+
     /// Connect again to `path` (a new switch there), as QEMU does after
     /// its backend vanished.
     pub fn reconnect(&mut self, sw: &mut EventLoop, path: &Path) -> vhost_peer::Result<()> {

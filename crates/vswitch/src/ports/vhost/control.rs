@@ -18,11 +18,14 @@
 //! - replies are written to the non-blocking socket: a frontend that does
 //!   not read them fills its socket and is disconnected, it cannot stall us.
 //!
-//! Features are claimed conservatively: `VERSION_1`, `EVENT_IDX` (unless
-//! turned off), `MRG_RXBUF` (one buffer per frame: `num_buffers` is always
-//! 1), and `PROTOCOL_FEATURES` with one protocol feature of our own,
-//! `INFLIGHT_SHMFD` (the in-flight region, [`super::inflight`]). The
-//! crate adds `REPLY_ACK` to every offer and answers it itself.
+//! Features claimed: `VERSION_1`, `EVENT_IDX` (unless turned off),
+//! `MRG_RXBUF` (a frame larger than one receive buffer is spread over
+//! several), the checksum and TCP segmentation offloads both ways (`CSUM`,
+//! `GUEST_CSUM`, `HOST_TSO4/6`, `GUEST_TSO4/6`; unless turned off: every
+//! header a guest sends is checked, `crate::offload`), and
+//! `PROTOCOL_FEATURES` with one protocol feature of our own,
+//! `INFLIGHT_SHMFD` (the in-flight region, [`super::inflight`]). The crate
+//! adds `REPLY_ACK` to every offer and answers it itself.
 //!
 //! One ordering quirk of QEMU is absorbed here: QEMU enables the rings
 //! (`SET_VRING_ENABLE`, asking for a reply) when the NIC is created, before
@@ -55,7 +58,10 @@ use vhost::vhost_user::{
 };
 use vhost::VhostUserMemoryRegionBase;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
+    VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MRG_RXBUF,
+};
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 use super::datapath::{QueueSetup, RingAddrs, MAX_QUEUE_SIZE};
@@ -217,13 +223,26 @@ pub struct Offer {
     pub event_idx: bool,
     /// Offer `MRG_RXBUF`.
     pub mergeable: bool,
+    /// Offer the checksum and TCP segmentation offloads ([`OFFLOADS`]).
+    pub offloads: bool,
 }
+
+/// The offload features offered (with [`Offer::offloads`]): partial
+/// checksums and TCP segments of up to 64 KB, both ways. UDP segmentation
+/// (`HOST_USO`, `GUEST_USO4/6`) and `HOST_ECN` are not offered.
+pub const OFFLOADS: u64 = 1 << VIRTIO_NET_F_CSUM
+    | 1 << VIRTIO_NET_F_GUEST_CSUM
+    | 1 << VIRTIO_NET_F_HOST_TSO4
+    | 1 << VIRTIO_NET_F_HOST_TSO6
+    | 1 << VIRTIO_NET_F_GUEST_TSO4
+    | 1 << VIRTIO_NET_F_GUEST_TSO6;
 
 impl Default for Offer {
     fn default() -> Self {
         Offer {
             event_idx: true,
             mergeable: true,
+            offloads: true,
         }
     }
 }
@@ -237,6 +256,9 @@ impl Offer {
         }
         if self.mergeable {
             f |= 1 << VIRTIO_NET_F_MRG_RXBUF;
+        }
+        if self.offloads {
+            f |= OFFLOADS;
         }
         f
     }
@@ -398,6 +420,28 @@ impl Frontend {
         } else {
             10
         }
+    }
+
+    /// The offloads the acknowledged features give: what the guest may ask
+    /// of the switch (`CSUM`, `HOST_TSO4/6`), what the switch may hand it
+    /// unfinished (`GUEST_CSUM`, `GUEST_TSO4/6`; a segment only with the
+    /// checksum offload too, as virtio requires), and `MRG_RXBUF`.
+    pub fn offloads(&self) -> (crate::offload::Caps, crate::offload::Caps, bool) {
+        let f = self.acked.unwrap_or(0);
+        let has = |b: u32| f & (1u64 << b) != 0;
+        let tx_csum = has(VIRTIO_NET_F_CSUM);
+        let rx_csum = has(VIRTIO_NET_F_GUEST_CSUM);
+        let tx = crate::offload::Caps {
+            csum: tx_csum,
+            tso4: tx_csum && has(VIRTIO_NET_F_HOST_TSO4),
+            tso6: tx_csum && has(VIRTIO_NET_F_HOST_TSO6),
+        };
+        let rx = crate::offload::Caps {
+            csum: rx_csum,
+            tso4: rx_csum && has(VIRTIO_NET_F_GUEST_TSO4),
+            tso6: rx_csum && has(VIRTIO_NET_F_GUEST_TSO6),
+        };
+        (tx, rx, has(VIRTIO_NET_F_MRG_RXBUF))
     }
 
     /// Whether `EVENT_IDX` was acknowledged.

@@ -59,10 +59,20 @@
 //! buffer too small).
 //!
 //! Frames carry the 12-byte `virtio_net_hdr_v1` (10 bytes for a legacy
-//! driver without `VERSION_1` or `MRG_RXBUF`). Transmitted frames are handed
-//! to the switch in place when the frame is one piece of one descriptor (the
-//! usual case for Linux, which pushes the header in front of the data) and
-//! gathered into a bounce buffer otherwise.
+//! driver without `VERSION_1` or `MRG_RXBUF`). A transmitted frame whose
+//! header asks for nothing is handed to the switch in place when it is one
+//! piece of one descriptor (the usual case for Linux, which pushes the
+//! header in front of the data) and gathered into the queue's arena
+//! otherwise. A frame whose header asks for an offload (a partial
+//! checksum, a TCP segment of up to 64 KB) is always gathered, and its
+//! header is checked on that copy against the frame and the features
+//! negotiated ([`crate::offload::check`]): a lie is refused, returned to
+//! the guest as used, and counted by reason ([`QueueStats::hdr_refused`]);
+//! what the header asks travels with the frame through the switch. A frame
+//! for the guest carries its offloads in its header when the guest
+//! negotiated them (the switch finishes it otherwise); with `MRG_RXBUF` a
+//! frame larger than one receive buffer is spread over several, the first
+//! one's `num_buffers` saying how many.
 //!
 //! Notifications follow [`Mode`] and `itr`, as the ring ports':
 //! - `Base`: the guest is asked to kick at its next entry after every
@@ -83,6 +93,7 @@ use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::offload::{self, Caps, HdrError, Offload, VnetHdr, MAX_GSO_FRAME};
 use crate::status::QueueStatus;
 use virtio_bindings::virtio_ring::{
     VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
@@ -100,10 +111,18 @@ pub const RXQ: usize = 0;
 pub const TXQ: usize = 1;
 /// The largest queue a split ring may have.
 pub const MAX_QUEUE_SIZE: u32 = 32768;
-/// The longest frame (without the virtio header) taken from or given to a
-/// guest: no segmentation offloads are offered, so a frame is at most an
-/// Ethernet frame with a VLAN tag; the bound leaves room.
+/// The longest frame (without the virtio header) taken from a guest
+/// without a segmentation request: an Ethernet frame with a VLAN tag; the
+/// bound leaves room. A frame with a segmentation request may be up to
+/// [`MAX_GSO_FRAME`].
 pub const MAX_FRAME: u32 = 2048;
+/// Bytes of the transmit queue's gathering arena: every frame not taken in
+/// place (a frame in pieces, or one with offloads, checked on this copy)
+/// is gathered here for its batch. A batch stops taking chains once less
+/// than [`MAX_GSO_FRAME`] is left, so it holds a full batch (256) of
+/// ordinary frames, or eight 64 KB segments (the rest wait for the next
+/// pass): about 590 KB per VM port, allocated when first needed.
+pub const ARENA_BYTES: usize = 256 * (MAX_FRAME as usize + 8) + MAX_GSO_FRAME as usize;
 /// The shortest frame taken from a guest: an Ethernet header.
 pub const MIN_FRAME: u32 = 14;
 pub use crate::budgets::{DESC_BUDGET, DESC_RATE, FREE_READS};
@@ -270,6 +289,9 @@ pub struct QueueStats {
     pub chains: u64,
     /// Chains refused, by [`ChainError`] (in [`ChainError::ALL`] order).
     pub refused: [u64; 8],
+    /// Transmitted frames refused for their virtio-net header, by
+    /// [`HdrError`] (in [`HdrError::ALL`] order).
+    pub hdr_refused: [u64; 9],
     /// Times the queue broke (impossible index, or a looping chain; it
     /// then stops).
     pub broke: u64,
@@ -289,7 +311,7 @@ pub struct QueueStats {
 impl QueueStats {
     /// Chains refused, all reasons.
     pub fn refused_total(&self) -> u64 {
-        self.refused.iter().sum()
+        self.refused.iter().sum::<u64>() + self.hdr_refused.iter().sum::<u64>()
     }
 
     /// The counters as the status document shows them, for a queue that
@@ -304,6 +326,11 @@ impl QueueStats {
             refused: ChainError::ALL
                 .iter()
                 .map(|e| (e.name().to_string(), self.refused[*e as usize]))
+                .chain(
+                    HdrError::ALL
+                        .iter()
+                        .map(|e| (e.name().to_string(), self.hdr_refused[*e as usize])),
+                )
                 .collect(),
             broke: self.broke,
             desc_reads: self.desc_reads,
@@ -408,6 +435,9 @@ pub struct Queue {
     inflight: Option<Tracker>,
     /// What the queue's start found in that region.
     recovered: Recovered,
+    /// The receive buffers (head, bytes) of the frame being spread over
+    /// several, kept between calls so that no batch allocates.
+    spread: Vec<(u16, u32)>,
 }
 
 // SAFETY: the ring pointers point into the mapping `mem` keeps alive; the
@@ -474,6 +504,7 @@ impl Queue {
             credit: DESC_BUDGET as i64,
             refilled: None,
             inflight: None,
+            spread: Vec::new(),
             recovered: Recovered::default(),
         };
         if let Some(r) = s.inflight {
@@ -722,20 +753,34 @@ impl Queue {
     /// guest memory (or in `bounce`, gathered) goes to `out`, each consumed
     /// head to `heads` (refused chains too: they are returned unused).
     /// Returns the entries consumed, the token for [`Queue::complete_tx`].
+    ///
+    /// A frame whose virtio-net header asks for nothing is taken as it
+    /// is. Any other is gathered into the arena and its header checked
+    /// against that copy for a guest that negotiated `caps`
+    /// ([`offload::check`]); what it asks goes to `offloads` with its
+    /// index in `out`, or it is refused and counted by reason.
+    #[allow(clippy::too_many_arguments)]
     pub fn take_tx(
         &mut self,
         max: u32,
         hdr_len: u32,
+        caps: Caps,
         out: &mut Vec<FrameRef>,
+        offloads: &mut Vec<(u32, Offload)>,
         heads: &mut Vec<u16>,
-        bounce: &mut Bounce,
+        arena: &mut Arena,
         st: &mut QueueStats,
     ) -> u32 {
         self.refill(st);
         let n = u32::from(self.avail(st)).min(max) as u16;
-        bounce.ensure(n as usize);
+        arena.reset();
         for k in 0..n {
             if !self.budget_left(st) {
+                return k as u32;
+            }
+            // The next chain may be a 64 KB segment: stop the batch while
+            // the arena cannot hold one (the rest wait for the next pass).
+            if arena.left() < MAX_GSO_FRAME as usize {
                 return k as u32;
             }
             let Some(head) = self.head(k, st) else {
@@ -743,9 +788,15 @@ impl Queue {
             };
             heads.push(head);
             self.track_take(head);
-            match self.frame_at(head, hdr_len, bounce.slot(k as usize)) {
-                Ok(f) => out.push(f),
-                Err(e) => {
+            match self.frame_at(head, hdr_len, caps, arena) {
+                Ok((f, o)) => {
+                    if let Some(o) = o {
+                        offloads.push((out.len() as u32, o));
+                    }
+                    out.push(f);
+                }
+                Err(Refused::Hdr(e)) => st.hdr_refused[e as usize] += 1,
+                Err(Refused::Chain(e)) => {
                     st.refused[e as usize] += 1;
                     if e == ChainError::Loop {
                         self.settle_reads(st);
@@ -762,15 +813,26 @@ impl Queue {
     /// The frame in the transmit chain at `head`: in place if it is one
     /// piece of one descriptor, else gathered into `slot`.
     #[inline]
-    fn frame_at(&self, head: u16, hdr_len: u32, slot: &mut [u8]) -> Result<FrameRef, ChainError> {
+    fn frame_at(
+        &self,
+        head: u16,
+        hdr_len: u32,
+        caps: Caps,
+        arena: &mut Arena,
+    ) -> Result<(FrameRef, Option<Offload>), Refused> {
         let d = self.desc(head);
+        // The header's first 10 bytes (the rest is num_buffers, the
+        // device's), read once where the fast paths look at it: a header
+        // that asks for nothing lets the frame be taken in place; any
+        // other sends the chain to be gathered and checked on the copy.
+        let plain_hdr = |p: &GuestSlice<'_>| {
+            let mut h = [0u8; 10];
+            p.read_into(0, &mut h) && VnetHdr::parse(&h).plain()
+        };
         let plain = |d: &DescRepr| d.flags & (F_NEXT | F_WRITE | F_INDIRECT) == 0;
-        let in_place = |d: &DescRepr, skip: u32| -> Result<FrameRef, ChainError> {
-            let p = self
-                .mem
-                .gpa(d.addr, u64::from(d.len))
-                .ok_or(ChainError::Outside)?;
-            let len = d.len - skip;
+        // The frame in one descriptor's buffer `p`, after `skip` bytes.
+        let in_place = |p: &GuestSlice<'_>, skip: u32| -> Result<FrameRef, ChainError> {
+            let len = p.len() as u32 - skip;
             if len < MIN_FRAME {
                 return Err(ChainError::Short);
             }
@@ -788,44 +850,77 @@ impl Queue {
         // Header and frame in one descriptor (Linux pushes the header in
         // front of the frame when it can).
         if plain(&d) && d.len >= hdr_len {
-            return in_place(&d, hdr_len);
+            let p = self
+                .mem
+                .gpa(d.addr, u64::from(d.len))
+                .ok_or(ChainError::Outside)?;
+            if plain_hdr(&p) {
+                return Ok((in_place(&p, hdr_len)?, None));
+            }
         }
         // The header alone, then the frame in one descriptor.
         if d.flags == F_NEXT && d.len == hdr_len && d.next < self.num {
             let d1 = self.desc(d.next);
-            if plain(&d1) {
-                // The header's own range must be guest memory too.
-                self.mem
-                    .gpa(d.addr, u64::from(d.len))
+            // The header's own range must be guest memory too.
+            let p = self
+                .mem
+                .gpa(d.addr, u64::from(d.len))
+                .ok_or(ChainError::Outside)?;
+            if plain(&d1) && plain_hdr(&p) {
+                let p1 = self
+                    .mem
+                    .gpa(d1.addr, u64::from(d1.len))
                     .ok_or(ChainError::Outside)?;
-                return in_place(&d1, 0);
+                return Ok((in_place(&p1, 0)?, None));
             }
         }
-        // Anything else: gather, skipping the header. The whole chain is
-        // walked (checked) even once the slot is full, so that a chain is
-        // refused for its first structural fault before any length.
-        let mut skip = hdr_len as usize;
-        let mut at = 0usize;
+        // Anything else: gather the header and the frame into the arena,
+        // each byte read once. The whole chain is walked (checked) even
+        // once the arena's room is full, so that a chain is refused for
+        // its first structural fault before any length.
+        let mut hdr = [0u8; 12];
+        let hlen = hdr_len as usize;
+        let slot = arena.tail(MAX_GSO_FRAME as usize);
+        let mut from = 0usize;
         let total = self.walk(head, false, |p| {
-            let cut = skip.min(p.len());
-            skip -= cut;
-            let len = p.len() - cut;
-            if let Some(dst) = slot.get_mut(at..at + len) {
-                p.read_into(cut, dst);
+            let mut off = 0usize;
+            if from < hlen {
+                let cut = (hlen - from).min(p.len());
+                p.read_into(0, &mut hdr[from..from + cut]);
+                off = cut;
+                from += cut;
             }
-            at += len;
+            let len = p.len() - off;
+            let at = from - hlen.min(from);
+            if let Some(dst) = slot.get_mut(at..at + len) {
+                p.read_into(off, dst);
+            }
+            from += len;
             Ok(())
         })?;
         if total < u64::from(hdr_len) + u64::from(MIN_FRAME) {
-            return Err(ChainError::Short);
+            return Err(ChainError::Short.into());
         }
+        let at = from - hlen;
         if at > slot.len() {
-            return Err(ChainError::Long);
+            return Err(ChainError::Long.into());
         }
-        Ok(FrameRef {
-            ptr: slot.as_ptr(),
+        let frame = &slot[..at];
+        let h = VnetHdr::parse(hdr[..10].try_into().expect("10 bytes"));
+        let o = if h.plain() {
+            if at > MAX_FRAME as usize {
+                return Err(ChainError::Long.into());
+            }
+            None
+        } else {
+            Some(offload::check(&h, frame, caps, MAX_FRAME).map_err(Refused::Hdr)?)
+        };
+        let f = FrameRef {
+            ptr: frame.as_ptr(),
             len: at as u32,
-        })
+        };
+        arena.advance(at);
+        Ok((f, o))
     }
 
     /// Return the transmit chains of the last [`Queue::take_tx`] (used,
@@ -860,36 +955,69 @@ impl Queue {
 
     /// Copy `frames` into the guest's receive buffers, in order, until they
     /// run out; returns how many were taken and their bytes. The used
-    /// entries are published by [`Queue::publish`].
+    /// entries are published by [`Queue::publish`]. `meta`, if not empty,
+    /// holds each frame's offloads (the guest negotiated what they need:
+    /// the caller checked), written into its virtio-net header.
+    /// `mergeable`: the guest negotiated `MRG_RXBUF`, so a frame larger
+    /// than one buffer is spread over several (`num_buffers` in the first
+    /// one's header says how many); without it a frame must fit one chain.
     ///
     /// # Safety
     /// Every frame must be readable for its `len` bytes.
     pub unsafe fn fill_rx(
         &mut self,
         frames: &[FrameRef],
+        meta: &[Offload],
         hdr_len: u32,
+        mergeable: bool,
         st: &mut QueueStats,
     ) -> (u64, u64) {
         let mut left = self.avail(st);
         let mut ok = 0u64;
         let mut bytes = 0u64;
         let mut k = 0u16;
-        'frames: for f in frames {
+        let mut bufs = std::mem::take(&mut self.spread);
+        'frames: for (i, f) in frames.iter().enumerate() {
+            let mut hdr = [0u8; 12];
+            if let Some(o) = meta.get(i) {
+                hdr[..10].copy_from_slice(&o.vnet_hdr().bytes());
+            }
+            // num_buffers: one buffer per frame unless spread.
+            hdr[10] = 1;
+            let hdr = &hdr[..hdr_len as usize];
+            let need = u64::from(hdr_len) + u64::from(f.len);
+            // Where this frame started, to give back the buffers of a
+            // frame spread over more than the ring had.
+            let mut k0 = k;
+            bufs.clear();
+            let mut from = 0u64;
             // A frame whose buffer is refused tries the next one.
             loop {
                 if left == 0 || !self.budget_left(st) {
+                    k = k0;
                     break 'frames;
                 }
                 let Some(head) = self.head(k, st) else {
+                    k = k0;
                     break 'frames;
                 };
                 k += 1;
                 left -= 1;
                 self.track_take(head);
                 // SAFETY: forwarded from the caller's contract.
-                match unsafe { self.put_frame(head, hdr_len, *f) } {
-                    Ok(()) => {
-                        self.push_used(head, hdr_len + f.len);
+                match unsafe { self.put_frame(head, hdr, *f, from, mergeable) } {
+                    Ok(n) => {
+                        bufs.push((head, n as u32));
+                        from += n;
+                        if from < need {
+                            continue;
+                        }
+                        if bufs.len() > 1 {
+                            self.set_num_buffers(bufs[0].0, bufs.len() as u16);
+                        }
+                        for &(h, n) in &bufs {
+                            self.push_used(h, n);
+                        }
                         ok += 1;
                         bytes += u64::from(f.len);
                         break;
@@ -897,77 +1025,120 @@ impl Queue {
                     Err(e) => {
                         st.refused[e as usize] += 1;
                         self.push_used(head, 0);
+                        // The buffers this frame had filled are returned
+                        // empty: the frame is dropped.
+                        let partial = !bufs.is_empty();
+                        for &(h, _) in &bufs {
+                            self.push_used(h, 0);
+                        }
+                        bufs.clear();
                         if e == ChainError::Loop {
                             self.settle_reads(st);
                             self.looped(head, st);
                             break 'frames;
                         }
+                        // Returned entries are consumed: never given back.
+                        k0 = k;
+                        if partial {
+                            break;
+                        }
                     }
                 }
             }
         }
+        bufs.clear();
+        self.spread = bufs;
         self.settle_reads(st);
         self.last_avail = self.last_avail.wrapping_add(k);
         st.chains += u64::from(k);
         (ok, bytes)
     }
 
-    /// Write the header and frame `f` into the receive chain at `head`.
+    /// Write `n` into the `num_buffers` field of the header at the start
+    /// of the receive chain at `head` (a frame spread over `n` buffers;
+    /// its first buffer held the whole header, [`Queue::put_frame`]).
+    fn set_num_buffers(&self, head: u16, n: u16) {
+        let d = self.desc(head);
+        if let Some(p) = self.mem.gpa(d.addr, u64::from(d.len)) {
+            p.write_from(10, &n.to_le_bytes());
+        }
+    }
+
+    /// Write bytes `from..` of the header `hdr` followed by frame `f` into
+    /// the receive chain at `head`; returns the bytes written. Without
+    /// `mergeable` the chain must hold all of it; with it, whatever the
+    /// chain holds is written, and the first buffer of a frame must hold
+    /// at least the header in its first descriptor (the switch writes
+    /// `num_buffers` there afterwards).
     ///
     /// # Safety
     /// `f` must be readable for `f.len` bytes.
     #[inline]
-    unsafe fn put_frame(&self, head: u16, hdr_len: u32, f: FrameRef) -> Result<(), ChainError> {
-        let mut hdr = [0u8; 12];
-        // num_buffers: one buffer per frame (VERSION_1 or MRG_RXBUF header).
-        hdr[10] = 1;
-        let hdr = &hdr[..hdr_len as usize];
-        let need = u64::from(hdr_len) + u64::from(f.len);
+    unsafe fn put_frame(
+        &self,
+        head: u16,
+        hdr: &[u8],
+        f: FrameRef,
+        from: u64,
+        mergeable: bool,
+    ) -> Result<u64, ChainError> {
+        let hdr_len = hdr.len() as u64;
+        let need = hdr_len + u64::from(f.len);
         let d = self.desc(head);
-        if d.flags & (F_NEXT | F_INDIRECT) == 0 && d.flags & F_WRITE != 0 {
+        if from == 0 && d.flags & (F_NEXT | F_INDIRECT) == 0 && d.flags & F_WRITE != 0 {
             let p = self
                 .mem
                 .gpa(d.addr, u64::from(d.len))
                 .ok_or(ChainError::Outside)?;
-            if u64::from(d.len) < need {
+            if u64::from(d.len) >= need {
+                p.write_from(0, hdr);
+                // SAFETY: the caller guarantees f is readable for f.len
+                // bytes; it lies in another port's mapping or a buffer of
+                // the switch's, never in this port's own mapping.
+                unsafe { p.write_from_raw(hdr.len(), f.ptr, f.len as usize) };
+                return Ok(need);
+            }
+            if !mergeable || u64::from(d.len) < hdr_len {
                 return Err(ChainError::Small);
             }
-            p.write_from(0, hdr);
-            // SAFETY: the caller guarantees f is readable for f.len bytes;
-            // it lies in another port's mapping or a buffer of the
-            // switch's, never in this port's own mapping.
-            unsafe { p.write_from_raw(hdr.len(), f.ptr, f.len as usize) };
-            return Ok(());
+        }
+        if from == 0 && mergeable && d.len < hdr.len() as u32 {
+            return Err(ChainError::Small);
         }
         // Scatter header then frame over the chain's buffers.
-        let mut from = 0u64;
+        let mut at_stream = from;
         let total = self.walk(head, true, |p| {
             let len = p.len() as u64;
             let mut at = 0u64;
-            while at < len && from < need {
-                let n = (len - at).min(need - from);
-                let m = if from < u64::from(hdr_len) {
-                    let m = n.min(u64::from(hdr_len) - from);
-                    p.write_from(at as usize, &hdr[from as usize..from as usize + m as usize]);
+            while at < len && at_stream < need {
+                let n = (len - at).min(need - at_stream);
+                let m = if at_stream < hdr_len {
+                    let m = n.min(hdr_len - at_stream);
+                    let h = at_stream as usize;
+                    p.write_from(at as usize, &hdr[h..h + m as usize]);
                     m
                 } else {
-                    // from - hdr_len + n <= f.len: inside the frame.
-                    let src = f.ptr.wrapping_add((from - u64::from(hdr_len)) as usize);
+                    // at_stream - hdr_len + n <= f.len: inside the frame.
+                    let src = f.ptr.wrapping_add((at_stream - hdr_len) as usize);
                     // SAFETY: the caller guarantees f is readable for f.len
-                    // bytes, and [from - hdr_len, + n) lies inside it; it is
-                    // not in this port's own mapping.
+                    // bytes, and [at_stream - hdr_len, + n) lies inside it;
+                    // it is not in this port's own mapping.
                     unsafe { p.write_from_raw(at as usize, src, n as usize) };
                     n
                 };
                 at += m;
-                from += m;
+                at_stream += m;
             }
             Ok(())
         })?;
-        if total < need {
+        let wrote = at_stream - from;
+        if !mergeable && total < need {
             return Err(ChainError::Small);
         }
-        Ok(())
+        if wrote == 0 {
+            return Err(ChainError::Small);
+        }
+        Ok(wrote)
     }
 
     /// Make the used entries written so far visible, and call the guest per
@@ -1106,24 +1277,53 @@ impl Queue {
     }
 }
 
-/// Bounce buffers for transmitted frames that are not one piece in guest
-/// memory: one per entry of a batch, kept until the batch is forwarded.
-/// They only grow before a batch hands out pointers into them (and those
-/// pointers die with the batch), so they may move when they grow.
-#[derive(Default)]
-pub struct Bounce {
-    bufs: Vec<[u8; MAX_FRAME as usize]>,
+/// Why a transmitted chain was refused: its shape, or its header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refused {
+    Chain(ChainError),
+    Hdr(HdrError),
 }
 
-impl Bounce {
-    fn ensure(&mut self, n: usize) {
-        if self.bufs.len() < n {
-            self.bufs.resize(n, [0; MAX_FRAME as usize]);
-        }
+impl From<ChainError> for Refused {
+    fn from(e: ChainError) -> Refused {
+        Refused::Chain(e)
+    }
+}
+
+/// The transmit queue's gathering buffer ([`ARENA_BYTES`]): frames not
+/// taken in place are gathered here one after another for a batch, and
+/// their pointers live until the batch is forwarded. It is allocated once,
+/// at its full size, the first time a frame is gathered, and never grows,
+/// so no pointer into it moves.
+#[derive(Default)]
+pub struct Arena {
+    buf: Vec<u8>,
+    used: usize,
+}
+
+impl Arena {
+    /// A new batch: the previous one's frames are forwarded.
+    fn reset(&mut self) {
+        self.used = 0;
     }
 
-    fn slot(&mut self, i: usize) -> &mut [u8] {
-        &mut self.bufs[i][..]
+    /// Bytes left for this batch.
+    fn left(&self) -> usize {
+        ARENA_BYTES - self.used
+    }
+
+    /// The free room, at most `max` bytes (allocated on first use).
+    fn tail(&mut self, max: usize) -> &mut [u8] {
+        if self.buf.is_empty() {
+            self.buf = vec![0; ARENA_BYTES];
+        }
+        let end = (self.used + max).min(ARENA_BYTES);
+        &mut self.buf[self.used..end]
+    }
+
+    /// Keep `n` bytes of the room (a frame gathered), 8-byte aligned.
+    fn advance(&mut self, n: usize) {
+        self.used = (self.used + n.next_multiple_of(8)).min(ARENA_BYTES);
     }
 }
 
@@ -1134,8 +1334,16 @@ pub struct Device {
     pub queues: [Option<Queue>; 2],
     /// Bytes of virtio-net header in front of every frame.
     pub hdr_len: u32,
+    /// What the guest may ask of the switch (`CSUM`, `HOST_TSO4/6`).
+    pub tx_caps: Caps,
+    /// What the switch may hand the guest unfinished (`GUEST_CSUM`,
+    /// `GUEST_TSO4/6`).
+    pub rx_caps: Caps,
+    /// Whether `MRG_RXBUF` was negotiated.
+    pub mergeable: bool,
     heads: Vec<u16>,
-    bounce: Bounce,
+    arena: Arena,
+    offloads: Vec<(u32, Offload)>,
 }
 
 impl Device {
@@ -1144,9 +1352,27 @@ impl Device {
         Device {
             queues,
             hdr_len,
+            tx_caps: Caps::NONE,
+            rx_caps: Caps::NONE,
+            mergeable: false,
             heads: Vec::new(),
-            bounce: Bounce::default(),
+            arena: Arena::default(),
+            offloads: Vec::new(),
         }
+    }
+
+    /// The offloads the features negotiated: the guest's transmit side
+    /// (`tx`), its receive side (`rx`), and `MRG_RXBUF`.
+    pub fn set_offloads(&mut self, tx: Caps, rx: Caps, mergeable: bool) {
+        self.tx_caps = tx;
+        self.rx_caps = rx;
+        self.mergeable = mergeable;
+    }
+
+    /// The offloads of the frames of the last [`Device::rx`] (index in its
+    /// batch, what the frame asks).
+    pub fn rx_offloads(&self) -> &[(u32, Offload)] {
+        &self.offloads
     }
 
     /// Whether the guest has transmitted frames not yet taken.
@@ -1162,13 +1388,16 @@ impl Device {
     /// [`Device::rx_done`].
     pub fn rx(&mut self, max: u32, out: &mut Vec<FrameRef>, st: &mut [QueueStats; 2]) -> u32 {
         self.heads.clear();
+        self.offloads.clear();
         match &mut self.queues[TXQ] {
             Some(q) => q.take_tx(
                 max,
                 self.hdr_len,
+                self.tx_caps,
                 out,
+                &mut self.offloads,
                 &mut self.heads,
-                &mut self.bounce,
+                &mut self.arena,
                 &mut st[TXQ],
             ),
             None => 0,
@@ -1192,7 +1421,33 @@ impl Device {
     pub unsafe fn tx(&mut self, frames: &[FrameRef], st: &mut [QueueStats; 2]) -> (u64, u64) {
         match &mut self.queues[RXQ] {
             // SAFETY: forwarded from the caller's contract.
-            Some(q) => unsafe { q.fill_rx(frames, self.hdr_len, &mut st[RXQ]) },
+            Some(q) => unsafe {
+                q.fill_rx(frames, &[], self.hdr_len, self.mergeable, &mut st[RXQ])
+            },
+            None => (0, 0),
+        }
+    }
+
+    /// Copy one frame with offloads the guest negotiated ([`Caps::accepts`]
+    /// on [`Device::rx_caps`]) into the receive queue, its virtio-net
+    /// header saying what is left to do; returns frames and bytes taken.
+    ///
+    /// # Safety
+    /// `f` must be readable for its `len` bytes.
+    pub unsafe fn tx_offload(
+        &mut self,
+        f: FrameRef,
+        o: &Offload,
+        st: &mut [QueueStats; 2],
+    ) -> (u64, u64) {
+        if !self.rx_caps.accepts(o) {
+            return (0, 0);
+        }
+        match &mut self.queues[RXQ] {
+            // SAFETY: forwarded from the caller's contract.
+            Some(q) => unsafe {
+                q.fill_rx(&[f], &[*o], self.hdr_len, self.mergeable, &mut st[RXQ])
+            },
             None => (0, 0),
         }
     }

@@ -133,6 +133,9 @@ pub struct Config {
     pub event_idx: bool,
     /// Offer `MRG_RXBUF`.
     pub mergeable: bool,
+    /// Offer the checksum and TCP segmentation offloads
+    /// ([`control::OFFLOADS`]).
+    pub offloads: bool,
     /// The guest's MAC, when the switch knows it (the `mac=` QEMU is
     /// given for this port's NIC).
     pub mac: Option<Mac>,
@@ -154,6 +157,7 @@ impl Config {
             itr: 0,
             event_idx: true,
             mergeable: true,
+            offloads: true,
             mac: None,
             port_security: true,
         }
@@ -330,6 +334,7 @@ impl VhostPort {
             let offer = Offer {
                 event_idx: self.cfg.event_idx,
                 mergeable: self.cfg.mergeable,
+                offloads: self.cfg.offloads,
             };
             let c = match Connection::new(stream, offer, self.epoll.clone(), TOK_KICK) {
                 Ok(c) => c,
@@ -412,15 +417,17 @@ impl VhostPort {
             }
             match err {
                 Some(e) => Err(e),
-                None => Ok((f.generation, queues, f.hdr_len())),
+                None => Ok((f.generation, queues, f.hdr_len(), f.offloads())),
             }
         };
         match built {
-            Ok((generation, queues, hdr_len)) => {
+            Ok((generation, queues, hdr_len, (tx, rx, mrg))) => {
                 self.built = generation;
                 self.cs.rebuilds += 1;
                 if queues.iter().any(|q| q.is_some()) {
-                    self.dev = Some(Device::new(queues, hdr_len));
+                    let mut d = Device::new(queues, hdr_len);
+                    d.set_offloads(tx, rx, mrg);
+                    self.dev = Some(d);
                 }
             }
             Err(e) => self.close(Closed::Refused(e)),
@@ -509,6 +516,28 @@ impl Port for VhostPort {
             Some(d) => d.rx(max, out, &mut self.st),
             None => 0,
         }
+    }
+
+    fn rx_offloads(&self) -> &[(u32, crate::offload::Offload)] {
+        self.dev.as_ref().map_or(&[], |d| d.rx_offloads())
+    }
+
+    fn offload_caps(&self) -> crate::offload::Caps {
+        self.dev
+            .as_ref()
+            .map_or(crate::offload::Caps::NONE, |d| d.rx_caps)
+    }
+
+    unsafe fn tx_offload(&mut self, f: FrameRef, o: &crate::offload::Offload) -> bool {
+        let (ok, bytes) = match &mut self.dev {
+            // SAFETY: forwarded from the caller's contract.
+            Some(d) => unsafe { d.tx_offload(f, o, &mut self.st) },
+            None => (0, 0),
+        };
+        self.c.to_port += ok;
+        self.c.to_port_bytes += bytes;
+        self.c.dropped_full += 1 - ok;
+        ok == 1
     }
 
     fn rx_done(&mut self, token: u32, frames: u64, now: Instant) {
