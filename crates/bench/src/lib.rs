@@ -41,4 +41,5 @@ pub mod switch;
 pub mod switch_ports;
 pub mod veth;
 pub mod vm;
+pub mod vm_testpmd;
 pub mod xdp;

@@ -458,6 +458,9 @@ pub struct Vm {
     pub guest_to_guest: GuestToGuest,
     /// Over an emulated e1000.
     pub e1000: E1000,
+    /// Guest transmit beside DPDK testpmd's vhost PMD (its own guest).
+    #[serde(default)]
+    pub testpmd: crate::vm_testpmd::TestpmdPart,
     /// What the part set out to show.
     pub goals: Goals,
     /// The machine and the run.
@@ -585,6 +588,7 @@ impl Vm {
             m.boot_s,
             m.seconds
         );
+        out += &self.testpmd.to_text();
         out += "limits:\n";
         for (what, l) in [
             ("vhost-user", &self.vhost_user.limit),
@@ -1138,6 +1142,7 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
     let loads = bench.loads.clone();
     drop(bench);
     drop(ns);
+    let testpmd = crate::vm_testpmd::part(o);
     let load_max = loads.iter().copied().fold(f64::NAN, f64::max);
     Ok(Vm {
         vhost_user: VhostUser {
@@ -1167,6 +1172,7 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
         },
         guest_to_guest: g2g,
         e1000,
+        testpmd,
         goals: Goals {
             ratio_vhost_user_over_tap_at_least: 2.0,
             notifications_per_packet_at_most: 0.05,
@@ -1195,7 +1201,7 @@ impl Drop for RemoveDir {
 }
 
 /// The keys `--part vm --format json` promises (checked by the CLI test).
-pub const KEYS: [&str; 7] = [
+pub const KEYS: [&str; 9] = [
     "vm.vhost_user.guest_tx_pps",
     "vm.qemu_tap.guest_tx_pps",
     "vm.ratio_vhost_user_over_tap",
@@ -1203,6 +1209,8 @@ pub const KEYS: [&str; 7] = [
     "vm.guest_to_guest.pps",
     "vm.guest_to_guest.rtt_us_p50",
     "vm.guest_to_sink.pps",
+    "vm.testpmd.burst1.ratio",
+    "vm.testpmd.burst32.ratio",
 ];
 
 /// The value at a dotted key (`vm.guest_to_guest.pps`).
