@@ -111,6 +111,11 @@ pub struct TestpmdRow {
     /// testpmd's CPU time (the whole process) per frame it received,
     /// nanoseconds.
     pub testpmd_cpu_ns_per_packet: Stats,
+    /// Interrupts the guest took on its switch NIC per packet sent
+    /// (`/proc/interrupts`, every queue's line).
+    pub guest_irq_per_packet_switch: Stats,
+    /// The same on its testpmd NIC.
+    pub guest_irq_per_packet_testpmd: Stats,
     /// Frames testpmd counted per frame pktgen sent to it.
     pub testpmd_received_share: Stats,
     /// The switch port's learned polling window at the end of each run, µs.
@@ -187,12 +192,14 @@ impl TestpmdPart {
         );
         for r in [&t.burst1, &t.burst32] {
             out += &format!(
-                "  burst {}: switch {} Kpps, testpmd {} Kpps, ratio {}; kicks/pkt {}; CPU ns/pkt switch {} testpmd {}; window {} us\n",
+                "  burst {}: switch {} Kpps, testpmd {} Kpps, ratio {}; kicks/pkt {}; guest irq/pkt switch {} testpmd {}; CPU ns/pkt switch {} testpmd {}; window {} us\n",
                 r.burst,
                 m(&r.switch_pps, 1e-3, 1),
                 m(&r.testpmd_pps, 1e-3, 1),
                 m(&r.ratio, 1.0, 2),
                 m(&r.kicks_per_packet, 1.0, 4),
+                m(&r.guest_irq_per_packet_switch, 1.0, 3),
+                m(&r.guest_irq_per_packet_testpmd, 1.0, 3),
                 m(&r.switch_cpu_ns_per_packet, 1.0, 0),
                 m(&r.testpmd_cpu_ns_per_packet, 1.0, 0),
                 m(&r.window_us, 1.0, 0),
@@ -506,6 +513,8 @@ pub fn run(o: &VmOptions) -> Result<VmTestpmd, TestpmdError> {
         .map_err(guest_err)?;
     g.wait_carrier(&if_pmd, Duration::from_secs(10))
         .map_err(guest_err)?;
+    let irq_sw = g.irq_name(&if_sw).map_err(guest_err)?;
+    let irq_pmd = g.irq_name(&if_pmd).map_err(guest_err)?;
     let frames: u64 = if o.quick { 20_000 } else { 100_000 };
     let within = Duration::from_secs(60 + frames / 2000);
     let mut rows = Vec::new();
@@ -518,6 +527,7 @@ pub fn run(o: &VmOptions) -> Result<VmTestpmd, TestpmdError> {
             // The switch, testpmd stopped.
             pmd.signal(libc::SIGSTOP);
             let c0 = count(&ctl)?;
+            let i0 = g.interrupts(&irq_sw).map_err(guest_err)?;
             let cpu0 = swt.cpu_ns();
             let p = g
                 .pktgen(&if_sw, frames, 60, burst, MAC_SINK_TEXT, IP_SINK, within)
@@ -525,6 +535,8 @@ pub fn run(o: &VmOptions) -> Result<VmTestpmd, TestpmdError> {
             std::thread::sleep(Duration::from_millis(100));
             let cpu1 = swt.cpu_ns();
             let c1 = count(&ctl)?;
+            let i1 = g.interrupts(&irq_sw).map_err(guest_err)?;
+            s.sw_irq.push((i1 - i0) as f64 / p.sent.max(1) as f64);
             let taken = (c1.from_port - c0.from_port).max(1) as f64;
             s.sw.push(p.pps as f64);
             s.kpp.push((c1.kicks - c0.kicks) as f64 / taken);
@@ -535,11 +547,14 @@ pub fn run(o: &VmOptions) -> Result<VmTestpmd, TestpmdError> {
             pmd.signal(libc::SIGCONT);
             std::thread::sleep(Duration::from_millis(1500));
             let rx0 = pmd.rx_packets();
+            let j0 = g.interrupts(&irq_pmd).map_err(guest_err)?;
             let t0 = process_ns(pmd.pid());
             let q = g
                 .pktgen(&if_pmd, frames, 60, burst, MAC_SINK_TEXT, IP_SINK, within)
                 .map_err(guest_err)?;
             let t1 = process_ns(pmd.pid());
+            let j1 = g.interrupts(&irq_pmd).map_err(guest_err)?;
+            s.pmd_irq.push((j1 - j0) as f64 / q.sent.max(1) as f64);
             // Its next once-a-second report holds the run.
             std::thread::sleep(Duration::from_millis(1500));
             let rx1 = pmd.rx_packets();
@@ -552,11 +567,13 @@ pub fn run(o: &VmOptions) -> Result<VmTestpmd, TestpmdError> {
             s.pmd_share.push(got / q.sent.max(1) as f64);
             s.ratio.push(p.pps as f64 / (q.pps as f64).max(1.0));
             say(&format!(
-                "testpmd rows burst {burst} [{}/{}]: switch {} pps ({:.4} kicks/pkt, {:.0} ns CPU/pkt, window {} us), testpmd {} pps ({:.0} ns CPU/pkt, took {got:.0} of {}), ratio {:.2}",
+                "testpmd rows burst {burst} [{}/{}]: switch {} pps ({:.4} kicks/pkt, guest irq/pkt {:.3} switch {:.3} testpmd, {:.0} ns CPU/pkt, window {} us), testpmd {} pps ({:.0} ns CPU/pkt, took {got:.0} of {}), ratio {:.2}",
                 r + 1,
                 o.repeats,
                 p.pps,
                 s.kpp.last().copied().unwrap_or(f64::NAN),
+                s.sw_irq.last().copied().unwrap_or(f64::NAN),
+                s.pmd_irq.last().copied().unwrap_or(f64::NAN),
                 s.sw_cpu.last().copied().unwrap_or(f64::NAN),
                 c1.window_us,
                 q.pps,
@@ -575,6 +592,8 @@ pub fn run(o: &VmOptions) -> Result<VmTestpmd, TestpmdError> {
             switch_cpu_ns_per_packet: stats(&s.sw_cpu),
             testpmd_cpu_ns_per_packet: stats(&s.pmd_cpu),
             testpmd_received_share: stats(&s.pmd_share),
+            guest_irq_per_packet_switch: stats(&s.sw_irq),
+            guest_irq_per_packet_testpmd: stats(&s.pmd_irq),
             window_us: stats(&s.window),
         });
     }
@@ -610,6 +629,8 @@ struct Samples {
     pmd_cpu: Vec<f64>,
     pmd_share: Vec<f64>,
     window: Vec<f64>,
+    sw_irq: Vec<f64>,
+    pmd_irq: Vec<f64>,
 }
 
 struct RemoveDir(PathBuf);
