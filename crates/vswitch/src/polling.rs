@@ -488,6 +488,39 @@ mod tests {
         assert!(!b.allows(1_000_000, 100 * US));
     }
 
+    proptest::proptest! {
+        /// Whatever the gaps: the window is 0 or between twice the
+        /// shortest bucket's top and the maximum; nothing is open once the
+        /// maximum has passed since the last frame (an idle port lets the
+        /// switch sleep); and a port whose gaps all fit well inside the
+        /// maximum has a window that covers its typical gap.
+        #[test]
+        fn windows_are_bounded_and_close(
+            gaps in proptest::collection::vec(0u64..100_000_000, 1..400),
+            max_us in 21u64..=MAX_WINDOW_US,
+        ) {
+            let s = settings(max_us, 10);
+            let mut w = Window::default();
+            let mut t = 0u64;
+            w.arrival(t, &s);
+            for g in &gaps {
+                t += g;
+                w.arrival(t, &s);
+                let win = w.window_ns();
+                proptest::prop_assert!(win <= s.max_ns);
+                proptest::prop_assert!(win == 0 || win >= 2 * upper_ns(0));
+                proptest::prop_assert!(!w.open(t + s.max_ns));
+            }
+            let fits = gaps.iter().all(|g| g * 4 < s.max_ns);
+            if fits {
+                let mut sorted = gaps.clone();
+                sorted.sort_unstable();
+                let median = sorted[sorted.len() / 2];
+                proptest::prop_assert!(w.window_ns() > median, "{} <= {median}", w.window_ns());
+            }
+        }
+    }
+
     #[test]
     fn the_share_is_per_second() {
         let mut w = Window::default();
