@@ -300,6 +300,12 @@ impl EventLoop {
                             p.poll.polled(dt);
                         }
                     }
+                    // Polling past the floor gives way to anything else
+                    // that wants this core (a guest's vCPU on a shared
+                    // core, say): a window saves the guests' kicks, it must
+                    // not take the CPU they need. On an idle core the call
+                    // returns at once.
+                    rustix::thread::sched_yield();
                     0
                 } else if sw
                     .ports
