@@ -27,7 +27,13 @@
 //! port whose gaps fit its window keeps the switch polling for as long as
 //! it sends, up to a whole core (a DPDK poll-mode driver polls always);
 //! `poll_max_us` is the lever: a port sending slower than one frame per
-//! `poll_max_us` is never polled through.
+//! `poll_max_us` is never polled through. Polling past the floor yields
+//! the CPU on every idle pass, so that on a core the switch shares (with a
+//! guest's vCPU, on a small host) the polling takes what nobody else wants.
+//!
+//! Interrupts toward the guest adapt too, on the transmit queue only (see
+//! the vhost datapath: completion calls held while the guest keeps
+//! sending); receive calls follow the guest's own `used_event`.
 //!
 //! Only VM ports (vhost-user) learn windows: there a kick is a VM exit,
 //! the cost this saves. Ring ports have their own answer (a CSB: kicks
