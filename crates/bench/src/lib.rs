@@ -43,5 +43,6 @@ pub mod switch_ports;
 pub mod veth;
 pub mod vm;
 pub mod vm_tcp;
+pub mod vm_testpmd;
 pub mod vm_upgrade;
 pub mod xdp;

@@ -462,6 +462,9 @@ pub struct Vm {
     /// ([`crate::vm_upgrade`]).
     #[serde(default)]
     pub upgrade: Option<crate::vm_upgrade::Upgrade>,
+    /// Guest transmit beside DPDK testpmd's vhost PMD (its own guest).
+    #[serde(default)]
+    pub testpmd: crate::vm_testpmd::TestpmdPart,
     /// What the part set out to show.
     pub goals: Goals,
     /// The machine and the run.
@@ -595,6 +598,7 @@ impl Vm {
             m.boot_s,
             m.seconds
         );
+        out += &self.testpmd.to_text();
         out += "limits:\n";
         for (what, l) in [
             ("vhost-user", &self.vhost_user.limit),
@@ -1150,6 +1154,7 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
     drop(ns);
     let tcp = crate::vm_tcp::run(o, &dir)?;
     let upgrade = Some(crate::vm_upgrade::run(o, &dir)?);
+    let testpmd = crate::vm_testpmd::part(o);
     let load_max = loads.iter().copied().fold(f64::NAN, f64::max);
     Ok(Vm {
         vhost_user: VhostUser {
@@ -1180,6 +1185,7 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
         guest_to_guest: g2g,
         e1000,
         upgrade,
+        testpmd,
         goals: Goals {
             ratio_vhost_user_over_tap_at_least: 2.0,
             notifications_per_packet_at_most: 0.05,
@@ -1209,7 +1215,7 @@ impl Drop for RemoveDir {
 }
 
 /// The keys `--part vm --format json` promises (checked by the CLI test).
-pub const KEYS: [&str; 8] = [
+pub const KEYS: [&str; 10] = [
     "vm.vhost_user.guest_tx_pps",
     "vm.qemu_tap.guest_tx_pps",
     "vm.ratio_vhost_user_over_tap",
@@ -1218,6 +1224,8 @@ pub const KEYS: [&str; 8] = [
     "vm.guest_to_guest.rtt_us_p50",
     "vm.guest_to_sink.pps",
     "vm.upgrade.ping_gap_ms",
+    "vm.testpmd.burst1.ratio",
+    "vm.testpmd.burst32.ratio",
 ];
 
 /// The value at a dotted key (`vm.guest_to_guest.pps`).

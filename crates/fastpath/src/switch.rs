@@ -268,9 +268,18 @@ pub struct RunArgs {
     /// Adds to the file's ring_unlocked.
     #[arg(long, value_name = "NAME")]
     ring_unlocked: Vec<String>,
-    /// Keep polling this long (microseconds) after the last work before sleeping.
+    /// Keep polling at least this long (microseconds) after the last work before sleeping.
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=vswitch::MAX_INTERVAL_US))]
     poll_us: Option<u64>,
+    /// Longest adaptive polling window, microseconds (default 200): after a
+    /// port's frame the switch keeps polling, kicks off, for twice the 98th
+    /// percentile of that port's gaps, at most this long; <= --poll-us: off.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=vswitch::MAX_WINDOW_US))]
+    poll_max_us: Option<u64>,
+    /// Polling past --poll-us that finds nothing, at most this % of a core
+    /// averaged over a second (default 10; 0: windows off).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
+    poll_budget_pct: Option<u8>,
     /// memif interrupt moderation, microseconds (0: off). Asleep, the
     /// switch masks its memif clients' interrupts and looks at their rings
     /// again after this long, so a busy client fills a batch instead of
@@ -447,6 +456,12 @@ pub fn run(a: RunArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     cfg.ring_unlocked.extend(a.ring_unlocked);
     if let Some(p) = a.poll_us {
         cfg.poll_us = p;
+    }
+    if let Some(p) = a.poll_max_us {
+        cfg.poll_max_us = p;
+    }
+    if let Some(p) = a.poll_budget_pct {
+        cfg.poll_budget_pct = p;
     }
     if let Some(m) = a.memif_moderation_us {
         cfg.memif_moderation = std::time::Duration::from_micros(m);

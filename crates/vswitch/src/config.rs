@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::bridge::parse_mac;
+pub use crate::polling::MAX_WINDOW_US;
 use crate::ports::vhost;
 
 /// The longest `poll_us` and `memif_moderation_us` a switch takes, from
@@ -18,8 +19,19 @@ pub struct Config {
     pub socket: Option<PathBuf>,
     /// memif server socket; none: no memif.
     pub memif_socket: Option<PathBuf>,
-    /// Keep polling this long after the last work before sleeping.
+    /// Keep polling at least this long after the last work before
+    /// sleeping (the floor; all there is with adaptive windows off).
     pub poll_us: u64,
+    /// The longest adaptive polling window a port may learn, microseconds:
+    /// the switch keeps polling after a port's last frame for as long as
+    /// the gaps between its frames say more is coming (twice their 98th
+    /// percentile), at most this long ([`crate::polling`]). At or below
+    /// `poll_us`: windows off, the switch polls `poll_us` after any work.
+    pub poll_max_us: u64,
+    /// Polling past `poll_us` that finds nothing (the window ran out and
+    /// the switch slept) uses at most this percent of a core averaged over
+    /// a second; 0: windows off.
+    pub poll_budget_pct: u8,
     /// Forget a MAC address not seen for this long.
     pub aging: Duration,
     /// Addresses learned at most (beyond: flood).
@@ -48,6 +60,15 @@ pub struct Config {
 }
 
 impl Config {
+    /// The polling settings the event loop runs with.
+    pub fn polling(&self) -> crate::polling::Settings {
+        crate::polling::Settings {
+            floor_ns: self.poll_us.saturating_mul(1000),
+            max_ns: self.poll_max_us.saturating_mul(1000),
+            budget_pct: self.poll_budget_pct,
+        }
+    }
+
     /// Checks the configuration ([`Config::check`]: no path given twice)
     /// and claims each of its socket paths ([`crate::sockets::claim`]),
     /// before the switch binds them.
@@ -81,6 +102,24 @@ impl Config {
     /// together (the file, the command line, both): no socket path given
     /// twice. The file's own checks ([`FileConfig::load`]) end here too.
     pub fn check(&self) -> Result<(), ConfigError> {
+        if self.poll_us > MAX_INTERVAL_US {
+            return Err(ConfigError::Polling(format!(
+                "poll_us {} is above {MAX_INTERVAL_US}",
+                self.poll_us
+            )));
+        }
+        if self.poll_max_us > MAX_WINDOW_US {
+            return Err(ConfigError::Polling(format!(
+                "poll_max_us {} is above {MAX_WINDOW_US} (the longest window a port can learn)",
+                self.poll_max_us
+            )));
+        }
+        if self.poll_budget_pct > 100 {
+            return Err(ConfigError::Polling(format!(
+                "poll_budget_pct {} is above 100 (a whole core)",
+                self.poll_budget_pct
+            )));
+        }
         let paths = self.socket_paths();
         for (i, (second, p)) in paths.iter().enumerate() {
             if let Some((first, _)) = paths[..i].iter().find(|(_, q)| same_path(q, p)) {
@@ -115,6 +154,8 @@ impl Default for Config {
             socket: None,
             memif_socket: None,
             poll_us: 20,
+            poll_max_us: 200,
+            poll_budget_pct: 10,
             aging: Duration::from_secs(300),
             max_macs: 65536,
             log_ports: true,
@@ -154,6 +195,9 @@ pub enum ConfigError {
         /// The file.
         path: PathBuf,
     },
+    /// A polling setting out of range.
+    #[error("{0}")]
+    Polling(String),
     /// `aging_s` is zero.
     #[error("{}: aging_s must be at least 1", path.display())]
     AgingS {
@@ -354,7 +398,9 @@ impl VhostUserEntry {
 /// [[vhost_user]]
 /// path = "/run/fastpath/vm1.sock"
 /// mac = "52:54:00:00:00:01"
-/// poll_us = 20                           # poll this long before sleeping
+/// poll_us = 20                           # poll at least this long before sleeping
+/// poll_max_us = 200                      # longest adaptive window (<= poll_us: off)
+/// poll_budget_pct = 10                   # fruitless polling past poll_us, % of a core
 /// memif_moderation_us = 0                # > 0: memif interrupt moderation
 /// ring_unlocked = ["uplink"]             # ring ports that may bridge (not locked to a MAC)
 /// aging_s = 300                          # MAC aging
@@ -370,8 +416,14 @@ pub struct FileConfig {
     /// TAP ports to create (or open).
     #[serde(default)]
     pub taps: Vec<String>,
-    /// Keep polling this long (microseconds) before sleeping; at most 1 s.
+    /// Keep polling at least this long (microseconds) before sleeping; at
+    /// most 1 s.
     pub poll_us: Option<u64>,
+    /// The longest adaptive polling window, microseconds; at most
+    /// [`MAX_WINDOW_US`].
+    pub poll_max_us: Option<u64>,
+    /// Fruitless polling past `poll_us`, percent of a core; at most 100.
+    pub poll_budget_pct: Option<u8>,
     /// memif interrupt moderation in microseconds (0: off); at most 1 s.
     pub memif_moderation_us: Option<u64>,
     /// MAC aging in seconds; at least 1.
@@ -429,6 +481,8 @@ impl FileConfig {
             socket: self.socket.clone(),
             memif_socket: self.memif_socket.clone(),
             poll_us: self.poll_us.unwrap_or(d.poll_us),
+            poll_max_us: self.poll_max_us.unwrap_or(d.poll_max_us),
+            poll_budget_pct: self.poll_budget_pct.unwrap_or(d.poll_budget_pct),
             aging: self.aging_s.map(Duration::from_secs).unwrap_or(d.aging),
             max_macs: self.max_macs.unwrap_or(d.max_macs),
             log_ports: true,
@@ -496,6 +550,39 @@ mod tests {
         assert!(e(",mode=sc").contains("empty"));
         assert!(e("/tmp/a.sock,event_idx=maybe").contains("on or off"));
         assert!(e("/tmp/a.sock,offloads=some").contains("on or off"));
+    }
+
+    #[test]
+    fn polling_settings_out_of_range_are_refused_naming_the_key() {
+        let p = std::env::temp_dir().join(format!("fp-switch-poll-{}.toml", std::process::id()));
+        let load = |text: &str| {
+            std::fs::write(&p, text).unwrap();
+            FileConfig::load(&p).map(|f| f.config())
+        };
+        let c = load("poll_us = 10\npoll_max_us = 500\npoll_budget_pct = 25\n").unwrap();
+        assert_eq!((c.poll_us, c.poll_max_us, c.poll_budget_pct), (10, 500, 25));
+        let s = c.polling();
+        assert_eq!((s.floor_ns, s.max_ns, s.budget_pct), (10_000, 500_000, 25));
+        assert!(s.adaptive());
+        let d = load("").unwrap();
+        assert_eq!((d.poll_max_us, d.poll_budget_pct), (200, 10));
+        let e = |text: &str| crate::chain(&load(text).unwrap_err());
+        assert!(e("poll_max_us = 70000\n").contains("poll_max_us 70000"));
+        assert!(e("poll_budget_pct = 101\n").contains("poll_budget_pct 101"));
+        assert!(e("poll_budget_pct = 300\n").contains("poll_budget_pct"));
+        let _ = std::fs::remove_file(&p);
+        // The same check for settings made on the command line.
+        let c = Config {
+            poll_max_us: 1 << 20,
+            ..Config::default()
+        };
+        assert!(c.check().unwrap_err().to_string().contains("poll_max_us"));
+        // Windows off: the fixed poll_us.
+        let off = Config {
+            poll_max_us: 20,
+            ..Config::default()
+        };
+        assert!(!off.polling().adaptive());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The event loop, [`EventLoop`]: the switch, the epoll instance it sleeps
 //! in and the servers of the port kinds outside programs attach. It makes
 //! passes over the ports while frames flow, polls for a while when they
-//! stop, then sleeps in epoll until a kick, a control connection or a
+//! stop (at least `poll_us`, longer while a port's adaptive window says
+//! more frames are coming: [`crate::polling`]), then sleeps in epoll until a kick, a control connection or a
 //! moderation timer; it dispatches epoll events to ports and servers, and
 //! adds to the switch the ports the servers' connections bring (and removes
 //! them when the connections close).
@@ -16,6 +17,7 @@ use rustix::event::epoll;
 
 use crate::attach::{Attach, Served};
 use crate::control::ControlServer;
+use crate::polling::Budget;
 use crate::ports::{memif, Port};
 use crate::switch::{Owner, STATUS_PAGE_BYTES};
 use crate::{Config, Error, Switch};
@@ -209,13 +211,29 @@ impl EventLoop {
     }
 
     /// Run until `stop` is set. `status_flag` (SIGUSR1) prints status.
+    ///
+    /// After the last work the switch polls at least `poll_us`, then for as
+    /// long as some port's adaptive window is open and the polling budget
+    /// allows ([`crate::polling`]); then it asks every port for kicks and
+    /// sleeps in epoll.
     pub fn run(&mut self, stop: &AtomicBool, status_flag: Option<&AtomicBool>) {
+        let settings = self.switch.cfg.polling();
+        let adaptive = settings.adaptive();
+        let floor = Duration::from_nanos(settings.floor_ns);
+        let epoch = Instant::now();
+        let ns = |t: Instant| t.saturating_duration_since(epoch).as_nanos() as u64;
+        let mut budget = Budget::new(&settings, 0);
         let mut idle_since: Option<Instant> = None;
+        // Polled past the floor in the idle stretch under way.
+        let mut stretch_ns = 0u64;
+        let mut prev = epoch;
+        let mut next_roll = epoch + Duration::from_secs(1);
         let mut last_epoll = Instant::now();
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         while !stop.load(Ordering::Relaxed) {
             let sw = &mut self.switch;
             let now = Instant::now();
+            let t = ns(now);
             let work = sw.forward_all(now);
             // Ports whose pending() sees new frames without an event: while
             // all are, even idle passes need not look in epoll every time.
@@ -225,9 +243,23 @@ impl EventLoop {
                 sw.stats.idle_passes += 1;
             } else {
                 sw.stats.busy_ns += now.elapsed().as_nanos() as u64;
+                if adaptive {
+                    for p in sw.ports.iter_mut().flatten() {
+                        if crate::polling::learns(p.port.kind()) {
+                            let from = p.port.counters().from_port;
+                            p.poll.observe(t, from, &settings);
+                        }
+                    }
+                }
             }
             for p in sw.ports.iter_mut().flatten() {
                 p.port.timer(now);
+            }
+            if now >= next_roll {
+                next_roll = now + Duration::from_secs(1);
+                for p in sw.ports.iter_mut().flatten() {
+                    p.poll.roll(t);
+                }
             }
             if let Some(f) = status_flag {
                 if f.swap(false, Ordering::Relaxed) {
@@ -242,10 +274,38 @@ impl EventLoop {
             }
             let timeout_us: i64 = if work > 0 {
                 idle_since = None;
+                if stretch_ns > 0 {
+                    // The polling found work: not charged.
+                    stretch_ns = 0;
+                    for p in sw.ports.iter_mut().flatten() {
+                        p.poll.paid();
+                    }
+                }
                 0
             } else {
                 let since = *idle_since.get_or_insert(now);
-                if now.duration_since(since) < Duration::from_micros(sw.cfg.poll_us) {
+                let open = adaptive && sw.ports.iter().flatten().any(|p| p.poll.open(t));
+                if now.duration_since(since) < floor {
+                    0
+                } else if open && budget.allows(t, stretch_ns) {
+                    // A window holds the switch awake: this pass's time
+                    // past the floor is the open windows'.
+                    let dt = ns(now)
+                        .saturating_sub(ns(prev))
+                        .min(ns(now).saturating_sub(ns(since + floor)));
+                    stretch_ns += dt;
+                    sw.stats.polled_ns += dt;
+                    for p in sw.ports.iter_mut().flatten() {
+                        if p.poll.open(t) {
+                            p.poll.polled(dt);
+                        }
+                    }
+                    // Polling past the floor gives way to anything else
+                    // that wants this core (a guest's vCPU on a shared
+                    // core, say): a window saves the guests' kicks, it must
+                    // not take the CPU they need. On an idle core the call
+                    // returns at once.
+                    rustix::thread::sched_yield();
                     0
                 } else if sw
                     .ports
@@ -254,6 +314,17 @@ impl EventLoop {
                     .all(|p| p.port.prepare_sleep())
                 {
                     sw.stats.sleeps += 1;
+                    if open {
+                        sw.stats.budget_sleeps += 1;
+                    }
+                    if stretch_ns > 0 {
+                        budget.charge(t, stretch_ns);
+                        sw.stats.poll_wasted_ns += stretch_ns;
+                        stretch_ns = 0;
+                        for p in sw.ports.iter_mut().flatten() {
+                            p.poll.slept();
+                        }
+                    }
                     // A port held back for spoofing is looked at again
                     // when its hold ends, as a timer would.
                     let next = sw
@@ -271,6 +342,7 @@ impl EventLoop {
                     0
                 }
             };
+            prev = now;
             // While frames flow, looking in epoll (a system call) on every
             // pass costs more than a short batch: look at most every
             // BUSY_EPOLL_EVERY then. Kicks of ports without a CSB carry

@@ -77,13 +77,14 @@ mod deadlines;
 mod event_loop;
 pub mod offload;
 pub mod pktgen;
+pub mod polling;
 pub mod ports;
 mod sockets;
 pub mod status;
 mod switch;
 
 pub use config::{
-    Config, ConfigError, FileConfig, VhostUserEntry, VhostUserError, MAX_INTERVAL_US,
+    Config, ConfigError, FileConfig, VhostUserEntry, VhostUserError, MAX_INTERVAL_US, MAX_WINDOW_US,
 };
 pub use deadlines::{EVICTABLE_AFTER, HANDSHAKE_TIMEOUT};
 pub use event_loop::{spawn, EventLoop};

@@ -46,6 +46,18 @@ pub struct SwitchStats {
     /// take them partial (once per destination).
     #[serde(default)]
     pub checksummed: u64,
+    /// Time the switch polled past its floor (`poll_us`) because a port's
+    /// adaptive window was open, nanoseconds.
+    #[serde(default)]
+    pub polled_ns: u64,
+    /// The part of it that ended in a sleep (no frame came): what the
+    /// polling budget (`poll_budget_pct`) bounds.
+    #[serde(default)]
+    pub poll_wasted_ns: u64,
+    /// Sleeps taken while a port's window was still open, because the
+    /// polling budget was spent.
+    #[serde(default)]
+    pub budget_sleeps: u64,
 }
 
 /// Why the status could not be had from a running switch.
@@ -106,8 +118,31 @@ pub struct PortStatus {
     pub spoof_held_us: u64,
     /// The only source address the port may use, if it is locked.
     pub locked_mac: Option<String>,
+    /// The port's adaptive polling window and what it cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub polling: Option<PollingStatus>,
     /// What only this kind of port has.
     pub detail: PortDetail,
+}
+
+/// A port's adaptive polling window (see the switch's `poll_max_us`): how
+/// long the switch keeps polling after the port's last frame, and the
+/// polling it caused.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PollingStatus {
+    /// The window learned from the gaps between the port's frames,
+    /// microseconds (0: none, the switch polls `poll_us` after any work).
+    pub window_us: u64,
+    /// The share of the last full second the port's window kept the
+    /// switch polling past `poll_us` (1: a whole core).
+    pub polled_share: f64,
+    /// Time the switch polled past `poll_us` while the window was open,
+    /// microseconds.
+    pub polled_us: u64,
+    /// The part of it that found nothing (the switch slept after it).
+    pub wasted_us: u64,
+    /// Passes in which the port had frames.
+    pub arrivals: u64,
 }
 
 /// The part of a port's status that depends on its kind. Serialized as the
@@ -421,6 +456,8 @@ impl Status {
             "queue stops",
             "over budget",
             "held back ms",
+            "poll window us",
+            "polled share",
             "state",
         ])
         .title("switch ports");
@@ -455,6 +492,12 @@ impl Status {
                     "{:.1}",
                     (d.held_back_us().unwrap_or(0) + p.spoof_held_us) as f64 / 1e3
                 ),
+                p.polling
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |w| w.window_us.to_string()),
+                p.polling
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |w| format!("{:.2}", w.polled_share)),
                 state,
             ]);
         }
@@ -651,6 +694,7 @@ mod tests {
                 spoofed: 0,
                 spoof_held_us: 0,
                 locked_mac: None,
+                polling: Some(PollingStatus::default()),
                 detail,
             })
             .collect();

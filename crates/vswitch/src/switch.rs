@@ -101,6 +101,8 @@ pub(crate) struct Slot {
     pub(crate) held_until: Option<Instant>,
     /// Time it was held back so, nanoseconds.
     pub(crate) spoof_held_ns: u64,
+    /// Its adaptive polling window (the event loop's).
+    pub(crate) poll: crate::polling::Window,
 }
 
 /// How a looked-up batch can be delivered.
@@ -291,6 +293,7 @@ impl Switch {
             lock,
             held_until: None,
             spoof_held_ns: 0,
+            poll: crate::polling::Window::default(),
         });
         Ok(idx as u16)
     }
@@ -797,6 +800,7 @@ fn port_status(i: usize, s: &mut Slot) -> PortStatus {
         spoofed: c.spoofed,
         spoof_held_us: s.spoof_held_ns / 1000,
         locked_mac: s.lock.map(|m| crate::bridge::mac_text(&m)),
+        polling: crate::polling::learns(s.port.kind()).then(|| s.poll.status()),
         detail: s.port.status(),
     }
 }

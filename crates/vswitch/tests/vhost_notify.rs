@@ -11,7 +11,7 @@ use common::frontend::TestGuest;
 use common::{add_vport, settle, vport, SinkPort};
 use ring::device::FrameRef;
 use ring::Mode;
-use vswitch::ports::vhost::datapath::{RXQ, TXQ};
+use vswitch::ports::vhost::datapath::{RXQ, TXQ, TX_CALL_HOLD, TX_CALL_HOLD_MAX};
 use vswitch::{EventLoop, Port};
 
 const NUM: u16 = 64;
@@ -99,12 +99,20 @@ fn base_asks_for_a_kick_at_every_publish_and_calls_every_time() {
     cleanup(&d);
 }
 
+/// Let a held transmit-completion call come due, and fire it.
+fn pause(sw: &mut EventLoop) {
+    std::thread::sleep(TX_CALL_HOLD + Duration::from_micros(50));
+    settle(sw);
+}
+
 #[test]
 fn csb_calls_only_when_the_used_index_crosses_used_event() {
     let (d, mut sw, mut g) = setup("csb-calls", Mode::Csb, 0);
-    // First publish after start always calls (no window known yet).
+    // First publish after start always calls (no window known yet), once
+    // the guest pauses.
     g.send_frame(&frame());
     settle(&mut sw);
+    pause(&mut sw);
     assert_eq!(g.call[TXQ].drain(), 1);
     // The guest asks to be woken when entry 5 is used (used_event 5: call
     // when the used index passes 5).
@@ -113,6 +121,7 @@ fn csb_calls_only_when_the_used_index_crosses_used_event() {
     for _ in 0..8 {
         g.send_frame(&frame());
         settle(&mut sw);
+        pause(&mut sw);
         calls.push(g.call[TXQ].drain());
     }
     // Used index goes 2, 3, ..., 9: it crosses 5 going from 5 to 6.
@@ -145,5 +154,74 @@ fn moderation_holds_calls_and_the_timer_fires_one() {
     assert_eq!(g.call[TXQ].drain(), 1, "one call for the five publishes");
     let st = vport(&mut sw, 0).queue_stats()[TXQ];
     assert_eq!((st.calls, st.calls_held), (2, 5));
+    cleanup(&d);
+}
+
+#[test]
+fn transmit_completion_calls_wait_for_the_guest_to_pause() {
+    let (d, mut sw, mut g) = setup("tx-hold", Mode::Csb, 0);
+    // The guest asks for a call at every completion (used_event at the
+    // index it has seen), as Linux does when little is in flight.
+    let mut held = 0;
+    for i in 0..10u16 {
+        set_used_event(&g, TXQ, i);
+        g.send_frame(&frame());
+        settle(&mut sw);
+        held += g.call[TXQ].drain();
+    }
+    // Back to back (well inside the hold): no interrupt while it sends,
+    // unless the machine stalled the test past the hold.
+    let st = vport(&mut sw, 0).queue_stats()[TXQ];
+    assert!(held <= 2, "{held} calls while the guest sent");
+    assert!(st.calls_held >= 8, "{st:?}");
+    // It pauses: one call, whatever it missed.
+    let due = vport(&mut sw, 0).deadline().expect("a held call");
+    assert!(due <= Instant::now() + TX_CALL_HOLD);
+    pause(&mut sw);
+    assert_eq!(g.call[TXQ].drain(), 1, "one call once the guest paused");
+    assert_eq!(vport(&mut sw, 0).deadline(), None);
+    // A guest that never pauses still gets its completions, at least once
+    // per TX_CALL_HOLD_MAX: 20 frames over four times that long.
+    let t = Instant::now();
+    let mut calls = 0;
+    let mut frames = 0u16;
+    while t.elapsed() < 4 * TX_CALL_HOLD_MAX {
+        set_used_event(&g, TXQ, 10 + frames);
+        g.send_frame(&frame());
+        frames += 1;
+        settle(&mut sw);
+        calls += g.call[TXQ].drain();
+        std::thread::sleep(TX_CALL_HOLD_MAX / 10);
+    }
+    pause(&mut sw);
+    calls += g.call[TXQ].drain();
+    assert!(
+        calls >= 2 && calls <= u64::from(frames),
+        "{calls} calls for {frames} frames"
+    );
+    cleanup(&d);
+}
+
+#[test]
+fn receive_calls_and_base_mode_are_not_held() {
+    // Base: a call at every publish, at once.
+    let (d, mut sw, mut g) = setup("tx-hold-base", Mode::Base, 0);
+    g.send_frame(&frame());
+    settle(&mut sw);
+    assert_eq!(g.call[TXQ].drain(), 1);
+    cleanup(&d);
+    // Csb receive queue: the call goes with the publish.
+    let (d, mut sw, mut g) = setup("rx-no-hold", Mode::Csb, 0);
+    g.post_rx(4);
+    let f = frame();
+    let fr = FrameRef {
+        ptr: f.as_ptr(),
+        len: f.len() as u32,
+    };
+    let p = vport(&mut sw, 0);
+    // SAFETY: fr points at a live Vec of its length.
+    assert_eq!(unsafe { p.tx_batch(&[fr]) }, 1);
+    p.tx_flush(Instant::now());
+    assert_eq!(g.call[RXQ].drain(), 1);
     cleanup(&d);
 }
