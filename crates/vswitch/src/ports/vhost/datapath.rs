@@ -123,8 +123,7 @@ use ::ring::notify::{EventFd, Mode, Moderator};
 pub const RXQ: usize = 0;
 /// The transmit queue's index (frames from the guest).
 pub const TXQ: usize = 1;
-/// The largest queue a split ring may have.
-pub const MAX_QUEUE_SIZE: u32 = 32768;
+pub use super::inflight::MAX_QUEUE_SIZE;
 /// The longest frame (without the virtio header) taken from a guest
 /// without a segmentation request: an Ethernet frame with a VLAN tag; the
 /// bound leaves room. A frame with a segmentation request may be up to

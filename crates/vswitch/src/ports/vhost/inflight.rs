@@ -228,11 +228,14 @@ impl std::fmt::Debug for Region {
     }
 }
 
+/// The largest queue a split ring may have.
+pub const MAX_QUEUE_SIZE: u32 = 32768;
+
 fn check_shape(num_queues: u16, queue_size: u16, max_queues: usize) -> Result<(), RegionError> {
     let ok = num_queues >= 1
         && usize::from(num_queues) <= max_queues
         && queue_size.is_power_of_two()
-        && u32::from(queue_size) <= super::datapath::MAX_QUEUE_SIZE;
+        && u32::from(queue_size) <= MAX_QUEUE_SIZE;
     if ok {
         Ok(())
     } else {
