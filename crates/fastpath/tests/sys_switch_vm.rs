@@ -15,10 +15,11 @@ mod common;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::fastpath;
+use common::vm::{port, ready, status, Proc};
 use lab::guest::{Guest, GuestOpts, Nic};
 use lab::netns::Netns;
 
@@ -28,45 +29,6 @@ const TAP: &str = "fpvmt0";
 const HOST_IP: &str = "10.76.0.254";
 const IP_A: &str = "10.76.0.1";
 const IP_B: &str = "10.76.0.2";
-
-/// Requires what booting guests on the switch needs, and holds the
-/// machine while the test runs (guests under TCG take both cores).
-fn ready() -> systest::Exclusive {
-    systest::require_netns();
-    if let Some(what) = lab::guest::missing() {
-        systest::missing(&what);
-    }
-    systest::exclusive()
-}
-
-/// The switch process, killed when dropped.
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn status(sock: &Path) -> Option<serde_json::Value> {
-    let out = fastpath()
-        .args(["switch", "status", "--format", "json", "--socket"])
-        .arg(sock)
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    serde_json::from_slice(&out.stdout).ok()
-}
-
-fn port(s: &serde_json::Value, name: &str) -> serde_json::Value {
-    s["ports"]
-        .as_array()
-        .and_then(|p| p.iter().find(|p| p["name"] == name))
-        .cloned()
-        .unwrap_or_else(|| panic!("no port {name} in {s}"))
-}
 
 fn boot(sock: &Path, mac: &str, ip: &str, name: &str) -> Guest {
     let o = GuestOpts::new(name, vec![Nic::vhost_user(sock, mac)])

@@ -5,6 +5,7 @@
 
 pub mod probe;
 pub mod systemd;
+pub mod vm;
 
 use std::process::Command;
 
