@@ -224,6 +224,12 @@ pub struct VmArgs {
     /// `scripts/guest-image.sh DIR` built elsewhere than the default.
     #[arg(long, value_name = "DIR", default_value = lab::guest::IMAGE_DIR)]
     image: PathBuf,
+    /// How often QEMU tries the switch's socket again after it closed
+    /// (QEMU's `reconnect-ms`), so that the guest keeps its network across
+    /// a restart or upgrade of the switch (it has the link down meanwhile,
+    /// about a second in all); 0: QEMU stays disconnected.
+    #[arg(long, value_name = "MS", default_value_t = 100)]
+    reconnect_ms: u32,
 }
 
 #[derive(Args)]
@@ -772,7 +778,12 @@ pub fn vm(a: VmArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     };
     for s in &a.vhost_user {
         let (path, mac) = nic_spec(s, "vhost-user")?;
-        nics.push(Nic::vhost_user(std::path::Path::new(&path), &mac_for(mac)));
+        let nic = Nic::vhost_user(std::path::Path::new(&path), &mac_for(mac));
+        nics.push(if a.reconnect_ms > 0 {
+            nic.reconnect(a.reconnect_ms)
+        } else {
+            nic
+        });
     }
     for s in &a.tap {
         let (name, mac) = nic_spec(s, "tap")?;
