@@ -177,19 +177,6 @@ pub fn measure() -> Result<Stages, Error> {
     Ok(Stages {
         stages,
         sum_ns,
-        cpu: cpu_model(),
+        cpu: crate::proc::cpu_model(),
     })
-}
-
-/// `/proc/cpuinfo`'s first model name.
-pub fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
 }

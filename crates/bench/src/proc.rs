@@ -1,5 +1,6 @@
 //! One reader of `/proc/<pid>/stat`, shared by the benchmarks that watch
-//! the processes they start.
+//! the processes they start, and of the CPU's model in `/proc/cpuinfo`,
+//! which benchmarks print beside their figures.
 //!
 //! Session ids are read here rather than with `getsid(2)`: inside a PID
 //! namespace whose session leader lives outside it (a container, a CI
@@ -43,6 +44,20 @@ pub(crate) fn cpu_seconds(pid: impl std::fmt::Display) -> f64 {
     // SAFETY: sysconf reads a constant and has no memory effects.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (tick(11) + tick(12)) / hz
+}
+
+/// The CPU's model name (`/proc/cpuinfo`'s first `model name`), or
+/// "unknown CPU".
+pub(crate) fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
 }
 
 #[cfg(test)]

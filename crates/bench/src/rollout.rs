@@ -522,15 +522,7 @@ pub fn measure_apply(
 
 /// This machine's CPU, from /proc/cpuinfo, with the number of CPUs.
 pub fn cpu_name() -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let model = crate::proc::cpu_model();
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());
     format!("{n} x {model}, this machine")
 }
