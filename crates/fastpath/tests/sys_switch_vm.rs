@@ -12,14 +12,12 @@
 
 mod common;
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::fastpath;
-use common::vm::{port, ready, status, Proc};
+use common::vm::{port, ready, start_switch, status};
 use lab::guest::{Guest, GuestOpts, Nic};
 use lab::netns::Netns;
 
@@ -60,28 +58,18 @@ fn guests_talk_to_each_other_and_to_a_tap_port_through_the_switch() {
     let ns = Netns::new(&format!("fpvmt{}", pid % 100_000)).expect("namespace");
     let ctl: PathBuf = dir.join("switch.sock");
     let (sock_a, sock_b) = (dir.join("vm-a.sock"), dir.join("vm-b.sock"));
-    let mut cmd = ns.command(env!("CARGO_BIN_EXE_fastpath"));
-    cmd.args(["switch", "run", "--socket"])
-        .arg(&ctl)
-        .args(["--tap", TAP, "--vhost-user"])
-        .arg(format!("{},mac={MAC_A}", sock_a.display()))
-        .arg("--vhost-user")
-        .arg(format!("{},mac={MAC_B},mode=sc,itr=100", sock_b.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: one async-signal-safe system call between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
-            Ok(())
-        });
-    }
-    let _sw = Proc(cmd.spawn().expect("fastpath switch run"));
-    let t = Instant::now();
-    while status(&ctl).is_none() {
-        assert!(t.elapsed() < Duration::from_secs(20), "no switch");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let _sw = start_switch(
+        &ns,
+        &ctl,
+        &[
+            "--tap".into(),
+            TAP.into(),
+            "--vhost-user".into(),
+            format!("{},mac={MAC_A}", sock_a.display()),
+            "--vhost-user".into(),
+            format!("{},mac={MAC_B},mode=sc,itr=100", sock_b.display()),
+        ],
+    );
     ns.ip(&["link", "set", "dev", TAP, "up"]).unwrap();
     ns.ip(&["addr", "add", &format!("{HOST_IP}/24"), "dev", TAP])
         .unwrap();

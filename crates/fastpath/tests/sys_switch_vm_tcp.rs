@@ -14,12 +14,10 @@
 
 mod common;
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::vm::{port, ready, status, Proc};
+use common::vm::{port, ready, start_switch, status};
 use lab::guest::{Guest, GuestOpts, Iperf, Nic};
 use lab::netns::Netns;
 
@@ -108,28 +106,16 @@ fn tcp_between_two_guests_through_the_switch() {
     let ns = Netns::new(&format!("fpvtc{}", pid % 100_000)).expect("namespace");
     let ctl: PathBuf = dir.join("switch.sock");
     let (sock_a, sock_b) = (dir.join("vm-a.sock"), dir.join("vm-b.sock"));
-    let mut cmd = ns.command(env!("CARGO_BIN_EXE_fastpath"));
-    cmd.args(["switch", "run", "--socket"])
-        .arg(&ctl)
-        .arg("--vhost-user")
-        .arg(format!("{},mac={MAC_A}", sock_a.display()))
-        .arg("--vhost-user")
-        .arg(format!("{},mac={MAC_B}", sock_b.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: one async-signal-safe system call between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
-            Ok(())
-        });
-    }
-    let sw = Proc(cmd.spawn().expect("fastpath switch run"));
-    let t = Instant::now();
-    while status(&ctl).is_none() {
-        assert!(t.elapsed() < Duration::from_secs(20), "no switch");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let sw = start_switch(
+        &ns,
+        &ctl,
+        &[
+            "--vhost-user".into(),
+            format!("{},mac={MAC_A}", sock_a.display()),
+            "--vhost-user".into(),
+            format!("{},mac={MAC_B}", sock_b.display()),
+        ],
+    );
     let opts = |name: &str, sock: &Path, mac: &str, ip: &str| {
         GuestOpts::new(name, vec![Nic::vhost_user(sock, mac)])
             .ip(&format!("{ip}/24"))

@@ -1,7 +1,9 @@
 //! What the tests that boot guests on `fastpath switch run` share.
 
+use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::Child;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
 
 use super::fastpath;
 
@@ -45,4 +47,30 @@ pub fn port(s: &serde_json::Value, name: &str) -> serde_json::Value {
         .and_then(|p| p.iter().find(|p| p["name"] == name))
         .cloned()
         .unwrap_or_else(|| panic!("no port {name} in {s}"))
+}
+
+/// Starts `fastpath switch run --socket CTL ARGS...` in `ns` (killed with
+/// this test process if it dies first) and waits, at most 20 s, until its
+/// status answers.
+pub fn start_switch(ns: &lab::netns::Netns, ctl: &Path, args: &[String]) -> Proc {
+    let mut cmd = ns.command(env!("CARGO_BIN_EXE_fastpath"));
+    cmd.args(["switch", "run", "--socket"])
+        .arg(ctl)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: one async-signal-safe system call between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            Ok(())
+        });
+    }
+    let sw = Proc(cmd.spawn().expect("fastpath switch run"));
+    let t = Instant::now();
+    while status(ctl).is_none() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no switch");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    sw
 }
