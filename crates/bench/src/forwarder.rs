@@ -6,6 +6,9 @@
 //! - SYN: every packet a new flow (backend selection and a connection-table
 //!   insert per packet, as in a SYN flood).
 //! - non-SYN: ACKs over 4096 established flows (connection-table hits).
+//! - non-SYN over IPv6 (`non_syn_v6`): the same ACKs, 74-octet IPv6
+//!   frames to an IPv6 VIP over 8 IPv6 backends (outer IPv6 and GRE),
+//!   beside its own null forwarder on the same frames (`null_v6`).
 //! - constant 5-tuple: one flow; steering falls back to round robin when its
 //!   thread's queue is full.
 //! - udp: datagrams over 4096 flows to a plain UDP VIP, the peer of:
@@ -70,9 +73,10 @@ pub struct BenchConfig {
 }
 
 /// The traffic types, in report order.
-pub const TRAFFIC: [&str; 7] = [
+pub const TRAFFIC: [&str; 8] = [
     "syn",
     "non_syn",
+    "non_syn_v6",
     "constant",
     "udp",
     "quic_plaintext",
@@ -179,8 +183,9 @@ pub(crate) fn shares(xs: &[f64]) -> String {
 pub struct Report {
     /// Parameters.
     pub config: BenchConfig,
-    /// traffic type -> thread count -> cell. Traffic types: `syn`,
-    /// `non_syn`, `constant`, and `null` (the null forwarder).
+    /// traffic type -> thread count -> cell. Traffic types: those of
+    /// [`TRAFFIC`], `null` (the null forwarder) and `null_v6` (the null
+    /// forwarder on the IPv6 frames).
     pub results: BTreeMap<String, BTreeMap<String, Cell>>,
     /// Each stage's nanoseconds per packet on the non-SYN traffic, timed
     /// on its own ([`crate::forwarder_stages`]), beside what the forwarder
@@ -190,6 +195,11 @@ pub struct Report {
     /// packet threads measured (0: run to completion, where one core does
     /// all the work and the difference is the forwarder's own cost).
     pub above_null_ns: Option<f64>,
+    /// The same stages on the IPv6 non-SYN traffic.
+    pub stages_v6: Option<crate::forwarder_stages::Stages>,
+    /// IPv6 non-SYN's nanoseconds per packet above `null_v6`'s, as
+    /// [`Report::above_null_ns`].
+    pub above_null_v6_ns: Option<f64>,
 }
 
 /// What both bench configurations share: batches, queues, the
@@ -204,6 +214,7 @@ queue_size = 1024
 size = 65536
 [encap]
 source = "10.0.0.1"
+source6 = "fd00::1"
 "#
     };
 }
@@ -222,6 +233,25 @@ address = "192.0.2.80"
 port = 80
 protocol = "tcp"
 pool = "web"
+"#
+);
+
+/// The IPv6 type's load balancer: one TCP VIP over 8 IPv6 backends, as
+/// [`CONFIG`] is for IPv4.
+const V6_CONFIG: &str = concat!(
+    common_sections!(),
+    r#"[[pools]]
+name = "web6"
+backends = [
+  { address = "fd00:1::1" }, { address = "fd00:1::2" }, { address = "fd00:1::3" }, { address = "fd00:1::4" },
+  { address = "fd00:1::5" }, { address = "fd00:1::6" }, { address = "fd00:1::7" }, { address = "fd00:1::8" },
+]
+[[vips]]
+name = "bench6"
+address = "2001:db8::80"
+port = 80
+protocol = "tcp"
+pool = "web6"
 "#
 );
 
@@ -357,6 +387,26 @@ pub(crate) fn templates(kind: &str) -> (Vec<Vec<u8>>, Vary) {
             Vary::SourcePort { at: 14 + 20 },
         ),
         "constant" => (vec![tcp([198, 18, 0, 1], 5555, 0x10)], Vary::None),
+        // 14 + 40 + 20 octets: longer than the minimum, no padding.
+        "non_syn_v6" => (
+            (0..4096u32)
+                .map(|i| {
+                    let mut src = [0u8; 16];
+                    src[..4].copy_from_slice(&[0xfd, 0x00, 0x00, 0x18]);
+                    src[12..].copy_from_slice(&i.to_be_bytes());
+                    Frame::tcp(
+                        IpAddr::from(src),
+                        IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x80]),
+                        1024 + (i % 7) as u16,
+                        80,
+                        0x10,
+                        &[0; 6],
+                    )
+                    .to_bytes()
+                })
+                .collect(),
+            Vary::None,
+        ),
         _ => (
             (0..4096u32)
                 .map(|i| {
@@ -376,18 +426,21 @@ fn measure(cfg: &Config, kind: &str, threads: usize, packets: u64) -> Result<Run
     let quic = QUIC_KINDS.iter().find(|(k, _)| *k == kind).map(|&(_, c)| c);
     let mut cfg = if kind == "udp" || quic.is_some() {
         quic_config()?
+    } else if kind.ends_with("_v6") {
+        v6_config()?
     } else {
         cfg.clone()
     };
     cfg.forwarder.threads = threads;
     let control = Control::new(cfg.clone()).map_err(Error::Config)?;
     let mut params = Params::from_config(&cfg);
-    if kind == "null" {
+    if kind.starts_with("null") {
         params.mode = Mode::Null;
     }
     let dp = Datapath::new(params, control.tables())?;
     let (templates, vary) = match kind {
         "null" => templates("non_syn"),
+        "null_v6" => templates("non_syn_v6"),
         "udp" => (udp_templates(None)?, Vary::None),
         _ if quic.is_some() => (udp_templates(quic)?, Vary::None),
         _ => templates(kind),
@@ -410,9 +463,32 @@ pub(crate) fn config() -> Result<Config, Error> {
     Config::parse(CONFIG, "(bench)").map_err(Error::Config)
 }
 
+/// The IPv6 type's load balancer ([`V6_CONFIG`]).
+pub(crate) fn v6_config() -> Result<Config, Error> {
+    Config::parse(V6_CONFIG, "(bench, IPv6)").map_err(Error::Config)
+}
+
 /// The UDP and QUIC types' load balancer ([`QUIC_CONFIG`]).
 fn quic_config() -> Result<Config, Error> {
     Config::parse(QUIC_CONFIG, "(bench, QUIC)").map_err(Error::Config)
+}
+
+/// The kinds a run measures, in order: each null forwarder before the
+/// traffic compared with it (`null` always, `null_v6` when an IPv6 type
+/// is asked for).
+fn kinds(traffic: &[String]) -> Vec<&'static str> {
+    let asked = |k: &str| traffic.iter().any(|t| t == k);
+    let mut out = vec!["null"];
+    for k in TRAFFIC {
+        if !asked(k) {
+            continue;
+        }
+        if k.ends_with("_v6") && !out.contains(&"null_v6") {
+            out.push("null_v6");
+        }
+        out.push(k);
+    }
+    out
 }
 
 /// Runs every cell; `progress` is told what runs next.
@@ -420,12 +496,8 @@ pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, Er
     let cfg = config()?;
     let mut results: BTreeMap<String, BTreeMap<String, Cell>> = BTreeMap::new();
     for &threads in &b.threads {
-        let (mut null_mpps, mut udp_mpps) = (None, None);
-        for kind in std::iter::once("null").chain(
-            TRAFFIC
-                .into_iter()
-                .filter(|k| b.traffic.iter().any(|t| t == k)),
-        ) {
+        let (mut null_mpps, mut null6_mpps, mut udp_mpps) = (None, None, None);
+        for kind in kinds(&b.traffic) {
             progress(&format!("{kind}, {threads} packet thread(s)"));
             let mut rates = Vec::new();
             let mut forwarded = Vec::new();
@@ -440,8 +512,10 @@ pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, Er
             // The busy shares of the run nearest the median.
             runs.sort_by(|a, b| a.mpps.total_cmp(&b.mpps));
             let mid = runs.swap_remove(runs.len() / 2);
-            if kind == "null" {
-                null_mpps = Some(mpps);
+            match kind {
+                "null" => null_mpps = Some(mpps),
+                "null_v6" => null6_mpps = Some(mpps),
+                _ => {}
             }
             if kind == "udp" {
                 udp_mpps = Some(mpps);
@@ -452,8 +526,10 @@ pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, Er
                     mpps,
                     ns_per_packet: 1e3 / mpps,
                     mpps_per_thread: mpps / threads.max(1) as f64,
-                    ratio_to_null: if kind == "null" {
+                    ratio_to_null: if kind.starts_with("null") {
                         None
+                    } else if kind.ends_with("_v6") {
+                        null6_mpps.map(|n| mpps / n)
                     } else {
                         null_mpps.map(|n| mpps / n)
                     },
@@ -469,21 +545,29 @@ pub fn run(b: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, Er
             );
         }
     }
-    let above_null_ns = b.threads.iter().min().and_then(|t| {
-        let at = |k: &str| results.get(k)?.get(&t.to_string()).map(|c| c.ns_per_packet);
-        Some(at("non_syn")? - at("null")?)
-    });
-    let stages = if b.traffic.iter().any(|t| t == "non_syn") {
-        progress("the non-SYN packet's stages, each on its own");
-        Some(crate::forwarder_stages::measure()?)
-    } else {
-        None
+    let above = |kind: &str, null: &str| {
+        let t = b.threads.iter().min()?.to_string();
+        let at = |k: &str| results.get(k)?.get(&t).map(|c| c.ns_per_packet);
+        Some(at(kind)? - at(null)?)
     };
+    let above_null_ns = above("non_syn", "null");
+    let above_null_v6_ns = above("non_syn_v6", "null_v6");
+    let mut stages_of = |kind: &str| {
+        if !b.traffic.iter().any(|t| t == kind) {
+            return Ok(None);
+        }
+        progress(&format!("the {kind} packet's stages, each on its own"));
+        crate::forwarder_stages::measure(kind).map(Some)
+    };
+    let stages = stages_of("non_syn")?;
+    let stages_v6 = stages_of("non_syn_v6")?;
     Ok(Report {
         config: b.clone(),
         results,
         stages,
         above_null_ns,
+        stages_v6,
+        above_null_v6_ns,
     })
 }
 
@@ -509,7 +593,7 @@ impl Report {
             "busy/thread",
             "I/O idle",
         ]);
-        for kind in std::iter::once("null").chain(TRAFFIC) {
+        for kind in kinds(&TRAFFIC.map(String::from)) {
             for (threads, c) in self.results.get(kind).into_iter().flatten() {
                 t.row([
                     kind.to_string(),
@@ -535,7 +619,11 @@ impl Report {
              x udp = a QUIC type's rate over plain UDP's (the same datagrams to a VIP without quic): what routing by connection ID costs.\n\
              Goals: non-SYN at least 10 Mpps per packet thread and at least 0.5 of null; QUIC plaintext at least 0.8 of UDP."
         );
-        if let Some(st) = &self.stages {
+        for (what, st, above) in [
+            ("a non-SYN", &self.stages, self.above_null_ns),
+            ("an IPv6 non-SYN", &self.stages_v6, self.above_null_v6_ns),
+        ] {
+            let Some(st) = st else { continue };
             let mut t = Table::new(["stage", "ns/packet"]);
             for s in &st.stages {
                 t.row([s.stage.clone(), format!("{:.1}", s.ns)]);
@@ -544,8 +632,11 @@ impl Report {
                 "sum beyond the null forwarder's".to_string(),
                 format!("{:.1}", st.sum_ns),
             ]);
-            if let Some(a) = self.above_null_ns {
-                t.row(["non-SYN above null".to_string(), format!("{a:.1}")]);
+            if let Some(a) = above {
+                t.row([
+                    "above the null forwarder, this run".to_string(),
+                    format!("{a:.1}"),
+                ]);
                 t.row([
                     "rest (batch loop, counters, queues)".to_string(),
                     format!("{:.1}", a - st.sum_ns),
@@ -553,11 +644,16 @@ impl Report {
             }
             let _ = writeln!(
                 out,
-                "\nWhere a non-SYN packet's time goes, each stage timed on its own over the same 4,096 flows, one thread, on {}:\n{t}\n\
-                 The sum leaves out parse (the null forwarder parses too) and maglev_pick (what a connection-table \
-                 miss adds; non-SYN hits). Stages timed alone miss what the pipeline overlaps (prefetches) and what \
-                 it adds (the batch loop, counters): the rest is the difference, and may be negative.",
+                "\nWhere {what} packet's time goes, each stage timed on its own over the same 4,096 flows, one thread, on {}:\n{t}",
                 st.cpu
+            );
+        }
+        if self.stages.is_some() || self.stages_v6.is_some() {
+            let _ = writeln!(
+                out,
+                "The sum leaves out parse (the null forwarder parses too) and maglev_pick (what a connection-table \
+                 miss adds; non-SYN hits). Stages timed alone miss what the pipeline overlaps (prefetches) and what \
+                 it adds (the batch loop, counters): the rest is the difference, and may be negative."
             );
         }
         out

@@ -1,6 +1,6 @@
 //! Where a forwarded packet's time goes: each stage of the packet threads'
 //! work on the non-SYN traffic of [`crate::forwarder`] (4,096 established
-//! flows to one TCP VIP over 8 backends), timed on its own in a loop over
+//! flows to one TCP VIP over 8 backends, IPv4 or IPv6), timed on its own in a loop over
 //! the same frames, with the library's own functions: parsing, the flow
 //! hash, the VIP match, the connection table's hit, Maglev's pick (what a
 //! miss adds), the partial-checksum check and the GRE encapsulation. Their
@@ -19,7 +19,7 @@ use packet::gre::encapsulate_templated;
 use packet::parse_frame;
 use serde::Serialize;
 
-use crate::forwarder::{config, templates, Error};
+use crate::forwarder::{config, templates, v6_config, Error};
 
 /// One stage's cost.
 #[derive(Debug, Clone, Serialize)]
@@ -47,13 +47,17 @@ pub struct Stages {
 /// Rounds of every stage over the 4,096 frames; the median round counts.
 const ROUNDS: usize = 15;
 
-/// Times each stage over the non-SYN frames, `ROUNDS` times, on the
-/// calling thread.
-pub fn measure() -> Result<Stages, Error> {
-    let cfg = config()?;
+/// Times each stage over the frames of `kind` (`non_syn` or `non_syn_v6`),
+/// `ROUNDS` times, on the calling thread.
+pub fn measure(kind: &str) -> Result<Stages, Error> {
+    let cfg = if kind.ends_with("_v6") {
+        v6_config()?
+    } else {
+        config()?
+    };
     let control = Control::new(cfg.clone()).map_err(Error::Config)?;
     let tables = control.tables().load_full();
-    let (frames, _) = templates("non_syn");
+    let (frames, _) = templates(kind);
     let parsed: Vec<_> = frames.iter().filter_map(|f| parse_frame(f).ok()).collect();
     let n = parsed.len().max(1) as f64;
     let hashes: Vec<u64> = parsed

@@ -836,11 +836,13 @@ pub struct BenchArgs {
     /// Runs per measurement (the median is reported).
     #[arg(long)]
     repeats: Option<usize>,
-    /// Traffic types, comma separated: syn, non_syn, constant (TCP); udp,
-    /// and quic_plaintext, quic_single_pass, quic_four_pass (the same
-    /// datagrams to a QUIC-LB VIP, routed by connection ID, each beside
-    /// udp). The null forwarder always runs as the peer.
-    #[arg(long, value_delimiter = ',', value_parser = ["syn", "non_syn", "constant", "udp", "quic_plaintext", "quic_single_pass", "quic_four_pass"])]
+    /// Traffic types, comma separated: syn, non_syn, constant (TCP);
+    /// non_syn_v6 (the non-SYN ACKs over IPv6, to IPv6 backends, beside the
+    /// null forwarder on the same frames); udp, and quic_plaintext,
+    /// quic_single_pass, quic_four_pass (the same datagrams to a QUIC-LB
+    /// VIP, routed by connection ID, each beside udp). The null forwarder
+    /// always runs as the peer.
+    #[arg(long, value_delimiter = ',', value_parser = ["syn", "non_syn", "non_syn_v6", "constant", "udp", "quic_plaintext", "quic_single_pass", "quic_four_pass"])]
     traffic: Option<Vec<String>>,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]

@@ -118,6 +118,8 @@ fn lb_bench_json_document() {
         "non_syn",
         "constant",
         "null",
+        "non_syn_v6",
+        "null_v6",
         "udp",
         "quic_plaintext",
         "quic_single_pass",
@@ -132,10 +134,20 @@ fn lb_bench_json_document() {
             );
             // Every generated packet was forwarded: the rate is of real work.
             assert_eq!(c["forwarded"], 20000, "{kind}/{t}");
-            if kind == "null" {
+            if kind.starts_with("null") {
                 assert!(c.get("ratio_to_null").is_none());
             } else {
-                assert!(c["ratio_to_null"].as_f64().unwrap() > 0.0);
+                // IPv6 traffic stands beside the null forwarder on the
+                // same IPv6 frames, the rest beside the IPv4 one.
+                let null = if kind.ends_with("_v6") {
+                    "null_v6"
+                } else {
+                    "null"
+                };
+                let r = c["ratio_to_null"].as_f64().unwrap();
+                let n = v["results"][null][t]["mpps"].as_f64().unwrap();
+                let m = c["mpps"].as_f64().unwrap();
+                assert!((r - m / n).abs() < 1e-9, "{kind}/{t}: {r} vs {m}/{n}");
             }
             // QUIC rows stand beside plain UDP's, measured in the same run
             // (the bench refuses a run whose datagrams were not all routed
@@ -153,8 +165,18 @@ fn lb_bench_json_document() {
         }
     }
     // The non-SYN packet's stages, each timed, summed beyond parse, beside
-    // the difference to null of the run-to-completion rows (threads 0).
-    let st = &v["stages"];
+    // the difference to null of the run-to-completion rows (threads 0),
+    // for IPv4 and for IPv6.
+    for (stages, above, kind, null) in [
+        ("stages", "above_null_ns", "non_syn", "null"),
+        ("stages_v6", "above_null_v6_ns", "non_syn_v6", "null_v6"),
+    ] {
+        bench_stages(&v, stages, above, kind, null);
+    }
+}
+
+fn bench_stages(v: &serde_json::Value, stages: &str, above: &str, kind: &str, null: &str) {
+    let st = &v[stages];
     let names: Vec<&str> = st["stages"]
         .as_array()
         .unwrap()
@@ -196,12 +218,10 @@ fn lb_bench_json_document() {
         (st["sum_ns"].as_f64().unwrap() - beyond).abs() < 1e-6,
         "{st}"
     );
-    let above = v["above_null_ns"].as_f64().unwrap();
+    let above = v[above].as_f64().unwrap();
     let (f, n) = (
-        v["results"]["non_syn"]["0"]["ns_per_packet"]
-            .as_f64()
-            .unwrap(),
-        v["results"]["null"]["0"]["ns_per_packet"].as_f64().unwrap(),
+        v["results"][kind]["0"]["ns_per_packet"].as_f64().unwrap(),
+        v["results"][null]["0"]["ns_per_packet"].as_f64().unwrap(),
     );
     assert!((above - (f - n)).abs() < 1e-6, "{above} vs {f} - {n}");
     assert!(!st["cpu"].as_str().unwrap().is_empty(), "{st}");
