@@ -670,8 +670,9 @@ pub fn encapsulate_templated(
         ethertype::IPV6
     };
     let begin = inner_at - need;
-    let dont_frag = p.l3 == L3::V6
-        || Ipv4Packet::new_checked(&buf[inner_at..end]).is_ok_and(|ip| ip.dont_frag());
+    // The inner IPv4 header was parsed into `p` (at least 20 octets at
+    // `inner_at`): its DF bit is read where it lies, not parsed again.
+    let dont_frag = p.l3 == L3::V6 || buf.get(inner_at + 6).is_some_and(|f| f & 0x40 != 0);
     let hdr = &mut buf[begin..inner_at];
     hdr.copy_from_slice(&t.hdr[..need]);
     let ip = &mut hdr[crate::ethernet::HEADER_LEN..];
