@@ -126,6 +126,9 @@ pub struct VmOptions {
     pub progress: Option<Progress>,
     /// Set to stop early.
     pub stop: Arc<AtomicBool>,
+    /// Entries in each ring of the guests' vhost-user NICs
+    /// ([`lab::guest::GuestOpts::vhost_ring`]).
+    pub vhost_ring: u16,
 }
 
 /// One scheme row of the vhost-user table.
@@ -341,6 +344,13 @@ pub struct GuestToGuest {
     pub rx_pps_is: String,
     /// Frames dropped at B's full ring per run.
     pub dropped_at_full_ring: Stats,
+    /// Frames guest B's kernel counted as dropped (`rx_dropped` of its
+    /// NIC) per run: drops after the ring, inside the guest.
+    #[serde(default)]
+    pub dropped_in_guest: Stats,
+    /// Entries in each ring of the guests' vhost-user NICs.
+    #[serde(default)]
+    pub vhost_ring: u16,
     /// `pps` over the sink's rate.
     pub ratio_over_sink: Stats,
     /// `rx_pps` over the sink's rate.
@@ -588,7 +598,10 @@ impl Vm {
             self.vhost_user.notifications_per_packet.mmm(1.0, 4)
         );
         if let Some(u) = &self.upgrade {
-            let _ = writeln!(out, "switch restarted under pinging guests ({}): ping gap {} ms, switch down {} ms, {} reboots (goal: gap <= 1000 ms, 0 reboots)", u.signal, u.ping_gap_ms.mmm(1.0, 0), u.switch_down_ms.mmm(1.0, 0), u.reboots);
+            let _ = writeln!(out, "switch restarted under pinging guests ({}): ping gap {} ms, switch down {} ms, pings back {} ms after the new switch serves, {} reboots (goal: pings back <= 1000 ms after it serves, 0 reboots)", u.signal, u.ping_gap_ms.mmm(1.0, 0), u.switch_down_ms.mmm(1.0, 0), u.resumed_after_serving_ms.mmm(1.0, 0), u.reboots);
+            for (i, b) in u.breakdown.iter().enumerate() {
+                let _ = writeln!(out, "  restart {}, ms after the stop: {}", i + 1, b.line());
+            }
         }
         let m = &self.machine;
         let _ = writeln!(
@@ -615,13 +628,21 @@ impl Vm {
 
 /// The switch, running on its own thread between measurements; taken back
 /// to change a port's scheme or read its counters.
-struct Running {
+pub(crate) struct Running {
     sw: Option<Switch>,
     run: Option<(Arc<AtomicBool>, std::thread::JoinHandle<Switch>)>,
 }
 
 impl Running {
-    fn start(&mut self) {
+    /// `sw`, not yet running.
+    pub(crate) fn new(sw: Switch) -> Running {
+        Running {
+            sw: Some(sw),
+            run: None,
+        }
+    }
+
+    pub(crate) fn start(&mut self) {
         if let Some(sw) = self.sw.take() {
             self.run = Some(vswitch::spawn(sw).expect("a switch that binds no socket starts"));
         }
@@ -677,7 +698,7 @@ fn count(sw: &mut Switch, idx: u16) -> PortCount {
     pc
 }
 
-struct Bench<'a> {
+pub(crate) struct Bench<'a> {
     o: &'a VmOptions,
     sw: Running,
     a: Guest,
@@ -694,7 +715,48 @@ struct Bench<'a> {
     loads: Vec<f64>,
 }
 
-impl Bench<'_> {
+impl<'a> Bench<'a> {
+    /// The guest-to-guest rows alone ([`crate::vm_rings`]): guest A with
+    /// its vhost-user NIC `a_if` only, guest B on `b_if`; `idx` holds
+    /// the ports of A, B and the sink.
+    pub(crate) fn narrow(
+        o: &'a VmOptions,
+        sw: Running,
+        a: Guest,
+        b: Guest,
+        a_if: String,
+        b_if: String,
+        idx: [u16; 3],
+    ) -> Bench<'a> {
+        Bench {
+            o,
+            sw,
+            a,
+            b,
+            a_vhost: a_if,
+            a_tap: String::new(),
+            a_e1000: String::new(),
+            b_vhost: b_if,
+            idx_a: idx[0],
+            idx_b: idx[1],
+            idx_sink: idx[2],
+            frames: if o.quick { 20_000 } else { 100_000 },
+            loads: Vec::new(),
+        }
+    }
+
+    /// Frames the switch dropped at port `idx`'s full ring so far.
+    pub(crate) fn dropped_at(&mut self, idx: u16) -> u64 {
+        let c = count(self.sw.stop(), idx);
+        self.sw.start();
+        c.dropped
+    }
+
+    /// Guests A and B.
+    pub(crate) fn guests(&mut self) -> (&mut Guest, &mut Guest) {
+        (&mut self.a, &mut self.b)
+    }
+
     fn say(&self, s: &str) {
         if let Some(p) = &self.o.progress {
             p(s);
@@ -896,7 +958,7 @@ impl Bench<'_> {
 
     /// Guest A to the sink, then to guest B, in each repeat (CSB, burst
     /// 32); then ping between the guests.
-    fn guest_to_guest(&mut self) -> Result<GuestToGuest, VmError> {
+    pub(crate) fn guest_to_guest(&mut self) -> Result<GuestToGuest, VmError> {
         let sw = self.sw.stop();
         for i in [self.idx_a, self.idx_b] {
             if let Some(v) = sw.port_as::<VhostPort>(i) {
@@ -910,6 +972,7 @@ impl Bench<'_> {
         let mut ratio = Vec::new();
         let mut rx_ratio = Vec::new();
         let mut dropped = Vec::new();
+        let mut dropped_in_guest = Vec::new();
         for r in 0..self.o.repeats {
             self.check()?;
             // To the sink: what the switch took and copied into it.
@@ -939,6 +1002,10 @@ impl Bench<'_> {
                 .b
                 .stat(&self.b_vhost.clone(), "rx_packets")
                 .map_err(err("B"))?;
+            let gd0 = self
+                .b
+                .stat(&self.b_vhost.clone(), "rx_dropped")
+                .map_err(err("B"))?;
             let b0 = count(self.sw.stop(), self.idx_b);
             let a0 = count(self.sw.stop(), self.idx_a);
             self.sw.start();
@@ -965,6 +1032,10 @@ impl Bench<'_> {
                 .b
                 .stat(&self.b_vhost.clone(), "rx_packets")
                 .map_err(err("B"))?;
+            let gd1 = self
+                .b
+                .stat(&self.b_vhost.clone(), "rx_dropped")
+                .map_err(err("B"))?;
             let secs = p.usec.max(1) as f64 / 1e6;
             let taken = (a1.from_port - a0.from_port) as f64;
             let accounted = (b1.to_port - b0.to_port + b1.dropped - b0.dropped) as f64;
@@ -976,14 +1047,17 @@ impl Bench<'_> {
             ratio.push(tx / to_sink.max(1.0));
             rx_ratio.push(got / to_sink.max(1.0));
             dropped.push((b1.dropped - b0.dropped) as f64);
+            dropped_in_guest.push(gd1.saturating_sub(gd0) as f64);
             self.loads.push(load);
             self.say(&format!(
-                "guest to guest [{}/{}]: A to the sink {to_sink:.0} pps; A to B {tx:.0} pps through the switch ({:.2} of the sink's), B received {got:.0} pps ({:.2}), {} dropped at B's full ring (load {load:.1})",
+                "guest to guest [{}/{}]: A to the sink {to_sink:.0} pps; A to B {tx:.0} pps through the switch ({:.2} of the sink's), B received {got:.0} pps ({:.2}), {} dropped at B's full ring ({}-entry rings), {} dropped inside B (rx_dropped) (load {load:.1})",
                 r + 1,
                 self.o.repeats,
                 tx / to_sink.max(1.0),
                 got / to_sink.max(1.0),
-                b1.dropped - b0.dropped
+                b1.dropped - b0.dropped,
+                self.o.vhost_ring,
+                gd1.saturating_sub(gd0)
             ));
         }
         // Round trips.
@@ -1011,6 +1085,8 @@ impl Bench<'_> {
             rx_pps: stats(&received),
             rx_pps_is: "frames guest B's kernel received per second of A's run (the paper's RX side)".into(),
             dropped_at_full_ring: stats(&dropped),
+            dropped_in_guest: stats(&dropped_in_guest),
+            vhost_ring: self.o.vhost_ring,
             ratio_over_sink: stats(&ratio),
             rx_ratio_over_sink: stats(&rx_ratio),
             rtt_us_p50: stats(&rtt),
@@ -1096,9 +1172,11 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
     )
     .ip(&format!("{IP_A}/24"))
     .netns(ns.name())
+    .vhost_ring(o.vhost_ring)
     .limit(Duration::from_secs(1800));
     let b_opts = GuestOpts::new("B", vec![Nic::vhost_user(&sock("vm-b"), MAC_B)])
         .ip(&format!("{IP_B}/24"))
+        .vhost_ring(o.vhost_ring)
         .limit(Duration::from_secs(1800));
     // Both start before either is waited for: they boot side by side.
     let mut a = Guest::start(&a_opts).map_err(err("A"))?;

@@ -499,6 +499,7 @@ pub fn run(o: &VmOptions) -> Result<VmTestpmd, TestpmdError> {
         ],
     )
     .ip("10.78.1.1/24")
+    .vhost_ring(o.vhost_ring)
     .limit(Duration::from_secs(1800));
     let guest_err = |source| TestpmdError::Guest {
         source,
