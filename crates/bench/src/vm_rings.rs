@@ -23,11 +23,8 @@ use vswitch::{Config, Switch, VhostUserEntry};
 use crate::switch_ports::SinkPort;
 use crate::vm::{stats, GuestToGuest, Stats, VmError, VmOptions};
 
-const MAC_A: &str = "52:54:00:fa:2a:01";
-const MAC_B: &str = "52:54:00:fa:2b:01";
-const MAC_SINK: [u8; 6] = [0x02, 0xfa, 0x5e, 0x00, 0x02, 0x01];
-const IP_A: &str = "10.77.0.1";
-const IP_B: &str = "10.77.0.2";
+// The vm part's addresses: its guest-to-guest row sends to them.
+use crate::vm::{IP_A, IP_B, MAC_A, MAC_B, MAC_SINK};
 /// Seconds of each iperf3 run.
 const TCP_SECS: u32 = 5;
 
@@ -302,7 +299,11 @@ pub fn summary(runs: &[RingsRun]) -> String {
             mmm(&per(&|r| r.tcp4_retransmits as f64), 0),
         ]);
     }
-    format!("{t}\n")
+    let placement = runs
+        .first()
+        .map(|r| r.guest_to_guest.placement.clone())
+        .unwrap_or_default();
+    format!("{t}\nguest to guest placed: {placement}\n")
 }
 
 #[cfg(test)]
