@@ -442,14 +442,20 @@ impl Guest {
             None => None,
         };
         // SAFETY: between fork and exec the closure makes only system calls
-        // (prctl, setns), which are async-signal-safe; it allocates nothing
-        // and takes no lock. The namespace file stays open in the parent
-        // until spawn returns.
+        // (prctl, setsid, setns), which are async-signal-safe; it allocates
+        // nothing and takes no lock. The namespace file stays open in the
+        // parent until spawn returns.
         unsafe {
             cmd.pre_exec(move || {
                 rustix::process::set_parent_process_death_signal(Some(
                     rustix::process::Signal::KILL,
                 ))?;
+                // A session of its own, as a VM host gives each guest a
+                // group of its own: with the kernel's autogroups, guests
+                // in their starter's session share one CPU weight with it
+                // and with each other, so a busy receiving guest took the
+                // sending guest's CPU even on another core.
+                rustix::process::setsid()?;
                 if let Some(f) = &ns {
                     rustix::thread::move_into_link_name_space(
                         f.as_fd(),
