@@ -27,15 +27,17 @@
 //!   control socket (what the switch itself costs);
 //! - `reboots`: guests whose boot id changed (must stay 0);
 //! - `resumed_after_serving_ms`: from the new switch serving to A's first
-//!   reply after the gap (the goal's measure);
+//!   reply after the gap (the goal's measure; read early, see below);
 //! - `breakdown`: each step's time after the stop (the old switch's exit,
 //!   the new one serving, each QEMU connecting, each port's rings
 //!   running, the first frame each way, the replies either side of the
 //!   gap), the guests' carrier changes and the frames from A over time.
 //!   Switch-side steps are on this program's clock (status polled every
 //!   few ms); reply times come from the ping's sequence numbers and round
-//!   trips, placed by when its command was written to the console, so they
-//!   read up to some tens of ms early.
+//!   trips, placed by when its command was written to the console; the
+//!   ping starts later than that, so they read early, by up to about
+//!   100 ms (one reply was placed 32 ms after the stop, before the rings
+//!   it went through ran at 105 ms). `ping_gap_ms` has no such error.
 //!
 //! Minimum, median and maximum over the restarts; the machine is shared
 //! and the guests' CPUs emulated, so a gap also holds the time a loaded
