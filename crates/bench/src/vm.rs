@@ -56,17 +56,17 @@ use crate::switch::Progress;
 
 /// Guest A's vhost-user NIC, its TAP-backend NIC, its e1000; guest B's NIC;
 /// the sink's address.
-const MAC_A: &str = "52:54:00:fa:0a:01";
+pub(crate) const MAC_A: &str = "52:54:00:fa:0a:01";
 const MAC_A_TAP: &str = "52:54:00:fa:0a:02";
 const MAC_A_E1000: &str = "52:54:00:fa:0a:03";
-const MAC_B: &str = "52:54:00:fa:0b:01";
-const MAC_SINK: [u8; 6] = [0x02, 0xfa, 0x5e, 0x00, 0x00, 0x01];
+pub(crate) const MAC_B: &str = "52:54:00:fa:0b:01";
+pub(crate) const MAC_SINK: [u8; 6] = [0x02, 0xfa, 0x5e, 0x00, 0x00, 0x01];
 const MAC_SINK_TEXT: &str = "02:fa:5e:00:00:01";
 /// A destination nobody owns behind QEMU's TAPs (the namespace's kernel
 /// counts and drops the frames).
 const MAC_NOBODY: &str = "02:fa:5e:00:00:fe";
-const IP_A: &str = "10.78.0.1";
-const IP_B: &str = "10.78.0.2";
+pub(crate) const IP_A: &str = "10.78.0.1";
+pub(crate) const IP_B: &str = "10.78.0.2";
 const IP_SINK: &str = "10.78.0.9";
 /// The guests' TAPs, in the bench's namespace.
 const TAP: &str = "fpvbtap0";
@@ -126,6 +126,9 @@ pub struct VmOptions {
     pub progress: Option<Progress>,
     /// Set to stop early.
     pub stop: Arc<AtomicBool>,
+    /// Entries in each ring of the guests' vhost-user NICs
+    /// ([`lab::guest::GuestOpts::vhost_ring`]).
+    pub vhost_ring: u16,
 }
 
 /// One scheme row of the vhost-user table.
@@ -179,7 +182,7 @@ const SCHEMES: [Scheme; 5] = [
 const LIMIT_TCG: &str = "TCG: the guest's CPU is emulated, so a kick or an interrupt costs no VM exit here and the rate is bounded by the emulated sender sharing two cores with QEMU and the switch; under KVM each kick would be a VM exit (an ioeventfd write) and each interrupt an injection, costs this machine cannot show";
 const LIMIT_TAP: &str = "QEMU's own virtio backend writes each frame to the TAP with a system call from its main loop (the kernel path the paper compares against); TCG as for vhost-user";
 const LIMIT_E1000: &str = "emulated e1000 on QEMU's TAP backend: each doorbell is a register write QEMU traps (a VM exit under KVM, not costed under TCG); interrupts counted in the guest's /proc/interrupts, fewer than one per frame even unthrottled because the driver polls (NAPI) while frames keep completing; QEMU 10 has no e1000 'mitigation' switch, so moderation is asked of the guest driver (InterruptThrottleRate 0: off; on: 2,000/s, low enough to bind at TCG rates where the paper's 40,000/s would not); whether QEMU's emulated e1000 honours it shows in throttled_over_unthrottled_irq_per_packet (about 1: it does not)";
-const LIMIT_G2G: &str = "three CPUs' worth of work (guest A, guest B, the switch) on two shared cores: the receiving guest's emulated receive path, not the switch's one copy, is usually the bound";
+const LIMIT_G2G: &str = "three CPUs' worth of work (guest A, guest B, the switch) on two cores, placed so that the receiver takes no CPU from the sender; what B receives is bounded by its emulated receive path (TCG: tens of thousands of frames a second, flat out whenever A sends faster), not by the switch's one copy or B's ring: a bigger ring only delays the first drop by a few milliseconds at these rates";
 const LIMIT_RTT: &str = "busybox ping through both guests' kernels under TCG: emulation dominates, not the switch; the paper's 7.2 KTps (VALE, CSB) is about 140 us per transaction under KVM";
 
 fn err(guest: &'static str) -> impl FnOnce(GuestError) -> VmError {
@@ -341,6 +344,16 @@ pub struct GuestToGuest {
     pub rx_pps_is: String,
     /// Frames dropped at B's full ring per run.
     pub dropped_at_full_ring: Stats,
+    /// Frames guest B's kernel counted as dropped (`rx_dropped` of its
+    /// NIC) per run: drops after the ring, inside the guest.
+    #[serde(default)]
+    pub dropped_in_guest: Stats,
+    /// Entries in each ring of the guests' vhost-user NICs.
+    #[serde(default)]
+    pub vhost_ring: u16,
+    /// Where the guests and the switch ran.
+    #[serde(default)]
+    pub placement: String,
     /// `pps` over the sink's rate.
     pub ratio_over_sink: Stats,
     /// `rx_pps` over the sink's rate.
@@ -588,7 +601,10 @@ impl Vm {
             self.vhost_user.notifications_per_packet.mmm(1.0, 4)
         );
         if let Some(u) = &self.upgrade {
-            let _ = writeln!(out, "switch restarted under pinging guests ({}): ping gap {} ms, switch down {} ms, {} reboots (goal: gap <= 1000 ms, 0 reboots)", u.signal, u.ping_gap_ms.mmm(1.0, 0), u.switch_down_ms.mmm(1.0, 0), u.reboots);
+            let _ = writeln!(out, "switch restarted under pinging guests ({}): ping gap {} ms, switch down {} ms, pings back {} ms after the new switch serves, {} reboots (goal: pings back <= 1000 ms after it serves, 0 reboots)", u.signal, u.ping_gap_ms.mmm(1.0, 0), u.switch_down_ms.mmm(1.0, 0), u.resumed_after_serving_ms.mmm(1.0, 0), u.reboots);
+            for (i, b) in u.breakdown.iter().enumerate() {
+                let _ = writeln!(out, "  restart {}, ms after the stop: {}", i + 1, b.line());
+            }
         }
         let m = &self.machine;
         let _ = writeln!(
@@ -615,13 +631,21 @@ impl Vm {
 
 /// The switch, running on its own thread between measurements; taken back
 /// to change a port's scheme or read its counters.
-struct Running {
+pub(crate) struct Running {
     sw: Option<Switch>,
     run: Option<(Arc<AtomicBool>, std::thread::JoinHandle<Switch>)>,
 }
 
 impl Running {
-    fn start(&mut self) {
+    /// `sw`, not yet running.
+    pub(crate) fn new(sw: Switch) -> Running {
+        Running {
+            sw: Some(sw),
+            run: None,
+        }
+    }
+
+    pub(crate) fn start(&mut self) {
         if let Some(sw) = self.sw.take() {
             self.run = Some(vswitch::spawn(sw).expect("a switch that binds no socket starts"));
         }
@@ -677,7 +701,7 @@ fn count(sw: &mut Switch, idx: u16) -> PortCount {
     pc
 }
 
-struct Bench<'a> {
+pub(crate) struct Bench<'a> {
     o: &'a VmOptions,
     sw: Running,
     a: Guest,
@@ -694,7 +718,48 @@ struct Bench<'a> {
     loads: Vec<f64>,
 }
 
-impl Bench<'_> {
+impl<'a> Bench<'a> {
+    /// The guest-to-guest rows alone ([`crate::vm_rings`]): guest A with
+    /// its vhost-user NIC `a_if` only, guest B on `b_if`; `idx` holds
+    /// the ports of A, B and the sink.
+    pub(crate) fn narrow(
+        o: &'a VmOptions,
+        sw: Running,
+        a: Guest,
+        b: Guest,
+        a_if: String,
+        b_if: String,
+        idx: [u16; 3],
+    ) -> Bench<'a> {
+        Bench {
+            o,
+            sw,
+            a,
+            b,
+            a_vhost: a_if,
+            a_tap: String::new(),
+            a_e1000: String::new(),
+            b_vhost: b_if,
+            idx_a: idx[0],
+            idx_b: idx[1],
+            idx_sink: idx[2],
+            frames: if o.quick { 20_000 } else { 100_000 },
+            loads: Vec::new(),
+        }
+    }
+
+    /// Frames the switch dropped at port `idx`'s full ring so far.
+    pub(crate) fn dropped_at(&mut self, idx: u16) -> u64 {
+        let c = count(self.sw.stop(), idx);
+        self.sw.start();
+        c.dropped
+    }
+
+    /// Guests A and B.
+    pub(crate) fn guests(&mut self) -> (&mut Guest, &mut Guest) {
+        (&mut self.a, &mut self.b)
+    }
+
     fn say(&self, s: &str) {
         if let Some(p) = &self.o.progress {
             p(s);
@@ -896,20 +961,53 @@ impl Bench<'_> {
 
     /// Guest A to the sink, then to guest B, in each repeat (CSB, burst
     /// 32); then ping between the guests.
-    fn guest_to_guest(&mut self) -> Result<GuestToGuest, VmError> {
+    pub(crate) fn guest_to_guest(&mut self) -> Result<GuestToGuest, VmError> {
         let sw = self.sw.stop();
         for i in [self.idx_a, self.idx_b] {
             if let Some(v) = sw.port_as::<VhostPort>(i) {
                 v.set_notify(Mode::Csb, 0);
             }
         }
+        // The sender on a core of its own, the receiver and the switch on
+        // the other, for the sink's runs and B's alike: unpinned, guest
+        // B's emulated receive path (flat out whenever A sends faster than
+        // it drains) took CPU from the sender on two shared cores, and the
+        // ratio measured the scheduler (0.17-0.97 in one run). The switch
+        // runs on threads this one starts, which inherit its CPU.
+        let pinned = crate::vm_testpmd::pin_process(self.a.pid(), 0)
+            && crate::vm_testpmd::pin_process(self.b.pid(), 1)
+            && crate::vm_testpmd::pin_tid(0, 1);
+        let placement = if pinned {
+            "guest A on CPU 0; guest B and the switch on CPU 1".to_string()
+        } else {
+            "unpinned (pinning failed)".to_string()
+        };
+        self.say(&format!("guest to guest: {placement}"));
         self.sw.start();
+        let r = self.guest_to_guest_pinned(placement);
+        self.sw.stop();
+        crate::vm_testpmd::unpin_tid(0);
+        for pid in [self.a.pid(), self.b.pid()] {
+            if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+                for t in dir.flatten() {
+                    if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse().ok()) {
+                        crate::vm_testpmd::unpin_tid(tid);
+                    }
+                }
+            }
+        }
+        self.sw.start();
+        r
+    }
+
+    fn guest_to_guest_pinned(&mut self, placement: String) -> Result<GuestToGuest, VmError> {
         let mut sink = Vec::new();
         let mut g2g = Vec::new();
         let mut received = Vec::new();
         let mut ratio = Vec::new();
         let mut rx_ratio = Vec::new();
         let mut dropped = Vec::new();
+        let mut dropped_in_guest = Vec::new();
         for r in 0..self.o.repeats {
             self.check()?;
             // To the sink: what the switch took and copied into it.
@@ -939,6 +1037,10 @@ impl Bench<'_> {
                 .b
                 .stat(&self.b_vhost.clone(), "rx_packets")
                 .map_err(err("B"))?;
+            let gd0 = self
+                .b
+                .stat(&self.b_vhost.clone(), "rx_dropped")
+                .map_err(err("B"))?;
             let b0 = count(self.sw.stop(), self.idx_b);
             let a0 = count(self.sw.stop(), self.idx_a);
             self.sw.start();
@@ -965,6 +1067,10 @@ impl Bench<'_> {
                 .b
                 .stat(&self.b_vhost.clone(), "rx_packets")
                 .map_err(err("B"))?;
+            let gd1 = self
+                .b
+                .stat(&self.b_vhost.clone(), "rx_dropped")
+                .map_err(err("B"))?;
             let secs = p.usec.max(1) as f64 / 1e6;
             let taken = (a1.from_port - a0.from_port) as f64;
             let accounted = (b1.to_port - b0.to_port + b1.dropped - b0.dropped) as f64;
@@ -976,14 +1082,17 @@ impl Bench<'_> {
             ratio.push(tx / to_sink.max(1.0));
             rx_ratio.push(got / to_sink.max(1.0));
             dropped.push((b1.dropped - b0.dropped) as f64);
+            dropped_in_guest.push(gd1.saturating_sub(gd0) as f64);
             self.loads.push(load);
             self.say(&format!(
-                "guest to guest [{}/{}]: A to the sink {to_sink:.0} pps; A to B {tx:.0} pps through the switch ({:.2} of the sink's), B received {got:.0} pps ({:.2}), {} dropped at B's full ring (load {load:.1})",
+                "guest to guest [{}/{}]: A to the sink {to_sink:.0} pps; A to B {tx:.0} pps through the switch ({:.2} of the sink's), B received {got:.0} pps ({:.2}), {} dropped at B's full ring ({}-entry rings), {} dropped inside B (rx_dropped) (load {load:.1})",
                 r + 1,
                 self.o.repeats,
                 tx / to_sink.max(1.0),
                 got / to_sink.max(1.0),
-                b1.dropped - b0.dropped
+                b1.dropped - b0.dropped,
+                self.o.vhost_ring,
+                gd1.saturating_sub(gd0)
             ));
         }
         // Round trips.
@@ -1011,6 +1120,9 @@ impl Bench<'_> {
             rx_pps: stats(&received),
             rx_pps_is: "frames guest B's kernel received per second of A's run (the paper's RX side)".into(),
             dropped_at_full_ring: stats(&dropped),
+            dropped_in_guest: stats(&dropped_in_guest),
+            vhost_ring: self.o.vhost_ring,
+            placement,
             ratio_over_sink: stats(&ratio),
             rx_ratio_over_sink: stats(&rx_ratio),
             rtt_us_p50: stats(&rtt),
@@ -1096,9 +1208,11 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
     )
     .ip(&format!("{IP_A}/24"))
     .netns(ns.name())
+    .vhost_ring(o.vhost_ring)
     .limit(Duration::from_secs(1800));
     let b_opts = GuestOpts::new("B", vec![Nic::vhost_user(&sock("vm-b"), MAC_B)])
         .ip(&format!("{IP_B}/24"))
+        .vhost_ring(o.vhost_ring)
         .limit(Duration::from_secs(1800));
     // Both start before either is waited for: they boot side by side.
     let mut a = Guest::start(&a_opts).map_err(err("A"))?;

@@ -413,6 +413,7 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<VmTcp, VmError> {
         }
         GuestOpts::new(name, nics)
             .netns(ns.name())
+            .vhost_ring(o.vhost_ring)
             .limit(Duration::from_secs(1800))
     };
     say("TCP rows: booting two guests with a NIC on the switch, a TAP and testpmd");

@@ -210,7 +210,7 @@ impl TestpmdPart {
 }
 
 /// Pin thread (or process) `tid` to `cpu`.
-fn pin_tid(tid: i32, cpu: usize) -> bool {
+pub(crate) fn pin_tid(tid: i32, cpu: usize) -> bool {
     // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: CPU_SET writes inside the set (cpu is below CPU_SETSIZE).
@@ -220,8 +220,20 @@ fn pin_tid(tid: i32, cpu: usize) -> bool {
     unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
 }
 
+/// Let thread `tid` (0: the calling one) run on every CPU again.
+pub(crate) fn unpin_tid(tid: i32) -> bool {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for cpu in 0..libc::CPU_SETSIZE as usize {
+        // SAFETY: CPU_SET writes inside the set (cpu is below CPU_SETSIZE).
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: as in pin_tid; the kernel keeps the CPUs that exist.
+    unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+}
+
 /// Pin every thread of process `pid` to `cpu`.
-fn pin_process(pid: u32, cpu: usize) -> bool {
+pub(crate) fn pin_process(pid: u32, cpu: usize) -> bool {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return false;
     };
@@ -499,6 +511,7 @@ pub fn run(o: &VmOptions) -> Result<VmTestpmd, TestpmdError> {
         ],
     )
     .ip("10.78.1.1/24")
+    .vhost_ring(o.vhost_ring)
     .limit(Duration::from_secs(1800));
     let guest_err = |source| TestpmdError::Guest {
         source,

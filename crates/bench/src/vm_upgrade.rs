@@ -8,15 +8,36 @@
 //! (`SIGTERM`, or `SIGKILL` for the crash case) and a new one started at
 //! once on the same sockets. QEMU notices the closed socket, restores each
 //! queue's next entry from the used ring in guest memory, connects again
-//! within 100 ms of the new socket appearing and sets the device up again;
-//! the guests' drivers see nothing. Each restart gives:
+//! within 100 ms of the new socket appearing and sets the device up again.
+//! The NICs offer the guest no link status (`status=off`, set by
+//! [`lab::guest`] for every reconnecting NIC): with it, QEMU takes the
+//! guest's link down on the disconnect and up on the reconnect, the guest
+//! flushes its ARP entries on the way down and drops what it sends while
+//! down, its ARP request for the next ping included, and Linux asks again
+//! only after its retransmit time, a second: pings then resumed about
+//! 1,000 ms after the new switch served (1,111-1,117 ms gaps) where without
+//! the link change they resume once QEMU has reconnected (156 ms). What
+//! the guest sends meanwhile waits in its ring for the new switch. Each
+//! restart gives:
 //!
 //! - `ping_gap_ms`: the longest stretch between two replies A received
 //!   (100 ms resolution: the ping interval), which holds the old switch's
 //!   exit, the new one's start, QEMU's reconnect and ARP if it expired;
 //! - `switch_down_ms`: from the signal to the new switch answering on its
 //!   control socket (what the switch itself costs);
-//! - `reboots`: guests whose boot id changed (must stay 0).
+//! - `reboots`: guests whose boot id changed (must stay 0);
+//! - `resumed_after_serving_ms`: from the new switch serving to A's first
+//!   reply after the gap (the goal's measure; read early, see below);
+//! - `breakdown`: each step's time after the stop (the old switch's exit,
+//!   the new one serving, each QEMU connecting, each port's rings
+//!   running, the first frame each way, the replies either side of the
+//!   gap), the guests' carrier changes and the frames from A over time.
+//!   Switch-side steps are on this program's clock (status polled every
+//!   few ms); reply times come from the ping's sequence numbers and round
+//!   trips, placed by when its command was written to the console; the
+//!   ping starts later than that, so they read early, by up to about
+//!   100 ms (one reply was placed 32 ms after the stop, before the rings
+//!   it went through ran at 105 ms). `ping_gap_ms` has no such error.
 //!
 //! Minimum, median and maximum over the restarts; the machine is shared
 //! and the guests' CPUs emulated, so a gap also holds the time a loaded
@@ -65,6 +86,76 @@ pub struct Upgrade {
     pub signal: String,
     /// What the figures are.
     pub is: String,
+    /// From the new switch serving (answering on its control socket) to
+    /// guest A's first ping reply through it, per restart, ms: the goal's
+    /// "pings resume after the new switch serves".
+    #[serde(default)]
+    pub resumed_after_serving_ms: Stats,
+    /// Where the time went, per restart.
+    #[serde(default)]
+    pub breakdown: Vec<Breakdown>,
+}
+
+/// One restart's steps, each in ms after the old switch was signalled
+/// (`None`: not seen within the watch).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Breakdown {
+    /// The old switch exited.
+    pub old_exited_ms: f64,
+    /// The new switch process was started.
+    pub new_started_ms: f64,
+    /// The new switch answered on its control socket (its VM ports'
+    /// sockets listen by then).
+    pub serving_ms: f64,
+    /// Each guest's QEMU connected to its port again (A, B).
+    pub connected_ms: [Option<f64>; 2],
+    /// Each port's rings ran again (QEMU set the device up: A, B).
+    pub rings_ms: [Option<f64>; 2],
+    /// The first frame the new switch took from each guest (A, B).
+    pub first_from_ms: [Option<f64>; 2],
+    /// The first frame it put in each guest's ring (A, B).
+    pub first_to_ms: [Option<f64>; 2],
+    /// Guest A's last reply before the gap, from its ping's sequence
+    /// numbers and round trips (± the console's latency).
+    pub last_reply_ms: Option<f64>,
+    /// Guest A's first reply after the gap, likewise.
+    pub first_reply_ms: Option<f64>,
+    /// Carrier changes each guest's NIC counted over the restart
+    /// (`/sys/class/net/eth0/carrier_changes`; 2: QEMU took the link down
+    /// on the disconnect and up on the reconnect).
+    pub carrier_changes: [u64; 2],
+    /// Frames taken from A by the new switch over time: `ms: count` each
+    /// time it changed (ARP requests and pings that found no answer show
+    /// as steps before the first reply).
+    pub from_a: Vec<(f64, u64)>,
+}
+
+impl Breakdown {
+    /// One line: each step's time.
+    pub fn line(&self) -> String {
+        let o = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.0}"));
+        let pair = |p: &[Option<f64>; 2]| format!("{}/{}", o(p[0]), o(p[1]));
+        let from_a: Vec<String> = self
+            .from_a
+            .iter()
+            .map(|(t, n)| format!("{t:.0}:{n}"))
+            .collect();
+        format!(
+            "old exited {:.0}, new started {:.0}, serving {:.0}, QEMU connected (A/B) {}, rings running {}, first frame from {}, first frame to {}; last reply before {}, first reply after {}; carrier changes (A/B) {}/{}; frames from A (ms:count) {}",
+            self.old_exited_ms,
+            self.new_started_ms,
+            self.serving_ms,
+            pair(&self.connected_ms),
+            pair(&self.rings_ms),
+            pair(&self.first_from_ms),
+            pair(&self.first_to_ms),
+            o(self.last_reply_ms),
+            o(self.first_reply_ms),
+            self.carrier_changes[0],
+            self.carrier_changes[1],
+            from_a.join(" "),
+        )
+    }
 }
 
 /// The switch process, killed when dropped.
@@ -177,49 +268,62 @@ pub fn longest_gap_ms(replies: &[(u32, f64)], count: u32, interval_ms: u32) -> (
     (if resumed { gap } else { gap.max(tail) }, resumed)
 }
 
-/// Wait (at most 10 s) until both ports' queues run on the switch at
-/// `ctl`; how long after `since` that was.
-fn running(ctl: &Path, socks: &[(PathBuf, &str, &str); 2], since: Instant) -> Option<Duration> {
-    while since.elapsed() < Duration::from_secs(10) {
-        let up = vswitch::status::ask(ctl).is_ok_and(|st| {
-            socks.iter().all(|(_, name, _)| {
-                st.ports.iter().any(|p| {
-                    p.name == *name
-                        && matches!(&p.detail, vswitch::status::PortDetail::Vhost(v) if v.running)
-                })
-            })
-        });
-        if up {
-            return Some(since.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    None
-}
-
-/// The new switch's counters for both guests' ports (from A, to A, from
-/// B, to B), each time they change, until 1.5 s after `since`: where
-/// frames wait after a restart.
-fn timeline(ctl: &Path, socks: &[(PathBuf, &str, &str); 2], since: Instant) -> String {
-    let mut last = [0u64; 4];
-    let mut out = Vec::new();
-    while since.elapsed() < Duration::from_millis(1500) {
+/// Watch the new switch at `ctl` for `for_ms` after `since` (the stop):
+/// when each port's frontend connected, its rings ran, it first gave and
+/// took a frame, and guest A's frames over time.
+fn watch(
+    ctl: &Path,
+    socks: &[(PathBuf, &str, &str); 2],
+    since: Instant,
+    for_ms: u64,
+    b: &mut Breakdown,
+) {
+    let ms = |since: Instant| since.elapsed().as_secs_f64() * 1000.0;
+    let mut last_a = 0u64;
+    while since.elapsed() < Duration::from_millis(for_ms) {
         if let Ok(st) = vswitch::status::ask(ctl) {
-            let mut now = [0u64; 4];
+            let now = ms(since);
             for (i, (_, name, _)) in socks.iter().enumerate() {
-                if let Some(p) = st.ports.iter().find(|p| p.name == *name) {
-                    now[2 * i] = p.from_port;
-                    now[2 * i + 1] = p.to_port;
+                let Some(p) = st.ports.iter().find(|p| p.name == *name) else {
+                    continue;
+                };
+                if let vswitch::status::PortDetail::Vhost(v) = &p.detail {
+                    if v.connected && b.connected_ms[i].is_none() {
+                        b.connected_ms[i] = Some(now);
+                    }
+                    if v.running && b.rings_ms[i].is_none() {
+                        b.rings_ms[i] = Some(now);
+                    }
+                }
+                if p.from_port > 0 && b.first_from_ms[i].is_none() {
+                    b.first_from_ms[i] = Some(now);
+                }
+                if p.to_port > 0 && b.first_to_ms[i].is_none() {
+                    b.first_to_ms[i] = Some(now);
+                }
+                if i == 0 && p.from_port != last_a {
+                    last_a = p.from_port;
+                    b.from_a.push((now.round(), last_a));
                 }
             }
-            if now != last {
-                out.push(format!("{} ms {now:?}", since.elapsed().as_millis()));
-                last = now;
-            }
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(2));
     }
-    out.join("; ")
+}
+
+/// Both ports' rings running, ms after the stop (the later of the two).
+fn both_running(b: &Breakdown) -> Option<f64> {
+    Some(b.rings_ms[0]?.max(b.rings_ms[1]?))
+}
+
+fn carrier_changes(g: &mut Guest) -> u64 {
+    g.ok(
+        "cat /sys/class/net/eth0/carrier_changes",
+        Duration::from_secs(30),
+    )
+    .ok()
+    .and_then(|s| s.trim().lines().last()?.trim().parse().ok())
+    .unwrap_or(0)
 }
 
 fn boot_id(g: &mut Guest) -> Result<String, VmError> {
@@ -280,7 +384,10 @@ pub fn measure(
     let mut not_resumed = 0;
     let mut carried = 0;
     let mut back_ms = Vec::new();
+    let mut after_serving = Vec::new();
+    let mut breakdown = Vec::new();
     for r in 0..restarts {
+        let carrier0 = [carrier_changes(&mut a), carrier_changes(&mut b)];
         let cmd = format!(
             "ping -c {PINGS} -i {} -W 1 {IP_B}",
             f64::from(INTERVAL_MS) / 1000.0
@@ -288,25 +395,29 @@ pub fn measure(
         let within =
             Duration::from_millis(u64::from(PINGS * INTERVAL_MS)) + Duration::from_secs(60);
         let old = sw.take();
+        let mut bd = Breakdown::default();
+        let ping_started = Instant::now();
         let (out, new) = std::thread::scope(|s| {
             let h = s.spawn(|| a.run(&cmd, within));
             std::thread::sleep(Duration::from_secs(2));
             let t = Instant::now();
+            let ms = |t: Instant| t.elapsed().as_secs_f64() * 1000.0;
             if let Some(old) = old {
                 old.stop(sig);
             }
+            bd.old_exited_ms = ms(t);
+            bd.new_started_ms = bd.old_exited_ms;
             let new = start(exe, &ctl, &socks).map(|n| (n, t.elapsed()));
-            let back = new.is_ok().then(|| running(&ctl, &socks, t));
             if new.is_ok() {
-                let tl = timeline(&ctl, &socks, t);
-                say(&format!(
-                    "upgrade: ports' counters [from A, to A, from B, to B] after the stop: {tl}"
-                ));
+                // Long enough to see an ARP request sent again a second
+                // after one that found no answer.
+                watch(&ctl, &socks, t, 3000, &mut bd);
             }
-            (h.join(), new.map(|(n, took)| (n, took, back.flatten())))
+            (h.join(), new.map(|(n, took)| (n, took, t)))
         });
-        let (new, took, back) = new?;
-        back_ms.push(back.map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0));
+        let (new, took, stopped_at) = new?;
+        bd.serving_ms = took.as_secs_f64() * 1000.0;
+        back_ms.push(both_running(&bd).unwrap_or(f64::NAN));
         sw = Some(new);
         let (_, out) = match out {
             Ok(r) => r.map_err(guest("UA"))?,
@@ -323,6 +434,32 @@ pub fn measure(
         let seqs = replies(&out);
         let (gap, resumed) = longest_gap_ms(&seqs, PINGS, INTERVAL_MS);
         let gap = gap.round();
+        // Each reply's arrival on this clock: the ping started about when
+        // its command was written (the console adds a few ms).
+        let offset = stopped_at.duration_since(ping_started).as_secs_f64() * 1000.0;
+        let arrival = |(s, rtt): (u32, f64)| f64::from(s) * f64::from(INTERVAL_MS) + rtt - offset;
+        bd.last_reply_ms = seqs
+            .iter()
+            .map(|r| arrival(*r))
+            .filter(|t| *t <= 0.0)
+            .reduce(f64::max);
+        bd.first_reply_ms = seqs.iter().map(|r| arrival(*r)).find(|t| *t > 0.0);
+        let carrier1 = [carrier_changes(&mut a), carrier_changes(&mut b)];
+        bd.carrier_changes = [
+            carrier1[0].saturating_sub(carrier0[0]),
+            carrier1[1].saturating_sub(carrier0[1]),
+        ];
+        if let Some(f) = bd.first_reply_ms {
+            after_serving.push(f - bd.serving_ms);
+        } else {
+            after_serving.push(f64::NAN);
+        }
+        say(&format!(
+            "upgrade [{}/{restarts}] steps, ms after the stop: {}",
+            r + 1,
+            bd.line()
+        ));
+        breakdown.push(bd);
         let slow: Vec<String> = seqs
             .iter()
             .filter(|r| r.1 > 2.0 * f64::from(INTERVAL_MS))
@@ -354,6 +491,8 @@ pub fn measure(
         ping_gap_ms: stats(&gaps),
         switch_down_ms: stats(&down),
         reconnected_ms: stats(&back_ms),
+        resumed_after_serving_ms: stats(&after_serving),
+        breakdown,
         reboots,
         not_resumed,
         carried_by_new_switch: carried,

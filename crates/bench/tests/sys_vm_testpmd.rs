@@ -29,6 +29,7 @@ fn the_guest_transmits_into_the_switch_and_into_testpmd() {
         poll_us: vswitch::Config::default().poll_us,
         progress: Some(Arc::new(|s: &str| eprintln!("{s}"))),
         stop: Arc::new(AtomicBool::new(false)),
+        vhost_ring: lab::guest::VHOST_RING,
     };
     let t = bench::vm_testpmd::run(&o).unwrap_or_else(|e| panic!("{}", chain(&e)));
     eprintln!(

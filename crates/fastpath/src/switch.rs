@@ -359,12 +359,25 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(0..=vswitch::MAX_INTERVAL_US))]
     memif_moderation_us: u64,
+    /// Entries in each ring of the vm part's guests' vhost-user NICs
+    /// (QEMU's rx_queue_size and tx_queue_size): 1024 by default, 256 as
+    /// QEMU's own default.
+    #[arg(long, default_value_t = lab::guest::VHOST_RING, value_parser = vm_ring)]
+    vm_ring: u16,
     /// Runs per figure in the vm and isolation parts (min/median/max over them): default
     /// 3, 1 with --quick.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=20))]
     repeats: Option<u64>,
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
+}
+
+/// A vhost-user ring size QEMU takes: 256, 512 or 1024 entries.
+fn vm_ring(s: &str) -> Result<u16, String> {
+    match s.parse::<u16>() {
+        Ok(n @ (256 | 512 | 1024)) => Ok(n),
+        _ => Err(format!("{s}: 256, 512 or 1024 entries")),
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -711,6 +724,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             poll_us: a.forwarding_poll_us.min(vswitch::MAX_INTERVAL_US),
             progress,
             stop: crate::stop_flag()?,
+            vhost_ring: a.vm_ring,
         };
         let v = bench::vm::run(&vo).context("the vm part")?;
         report.vm = Some(bench::vm::VmPart::Measured(Box::new(v)));

@@ -4,8 +4,11 @@
 //! with `SIGKILL` (its sockets left behind as stale files), and a new one
 //! started at once on the same sockets. Pings must come back within 5 s
 //! of the stop (the goal is 1 s; the bound is loose for a loaded two-core
-//! machine, and each measured gap is printed), and neither guest may
-//! reboot (its boot id stays the same).
+//! machine, and each measured gap is printed), neither guest may
+//! reboot (its boot id stays the same), and neither guest's link may
+//! change (a link taken down and up costs the guest a second of ARP
+//! retry: its neighbours are flushed and the request it sends while down
+//! is lost).
 //!
 //! System test: it needs root, QEMU 10 and the guest image
 //! (scripts/setup.sh), and fails naming whichever is missing. It boots
@@ -45,6 +48,17 @@ fn run(tag: &str, sig: Signal) -> Upgrade {
         u.carried_by_new_switch, 2,
         "{tag}: the new switch did not carry both guests' frames: {u:?}"
     );
+    // The guests' links stay up across the restart: a link taken down
+    // flushes the guest's neighbours and costs a second of ARP retry.
+    for (i, b) in u.breakdown.iter().enumerate() {
+        assert_eq!(
+            b.carrier_changes,
+            [0, 0],
+            "{tag}: restart {}: the guests' links changed: {}",
+            i + 1,
+            b.line()
+        );
+    }
     for g in &u.ping_gap_ms.samples {
         assert!(*g <= GAP_BOUND_MS, "{tag}: a gap of {g} ms: {u:?}");
     }

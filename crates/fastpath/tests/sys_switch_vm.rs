@@ -83,6 +83,13 @@ fn guests_talk_to_each_other_and_to_a_tap_port_through_the_switch() {
     a.wait_ready(lab::guest::BOOT).expect("A boots");
     b.wait_ready(lab::guest::BOOT).expect("B boots");
 
+    // The guests' drivers run the 1024-entry rings the lab asks QEMU for
+    // (QEMU's default is 256), and the switch serves them.
+    for g in [&mut a, &mut b] {
+        let out = g.ok("ethtool -g eth0", Duration::from_secs(30)).unwrap();
+        let r = bench::vm_rings::parse_rings(&out).unwrap_or_else(|| panic!("{out}"));
+        assert_eq!((r.rx, r.tx), (1024, 1024), "{}: {out}", g.name());
+    }
     // Guest to guest, and each guest to the TAP port's kernel.
     ping_ok(&mut a, IP_B, 6);
     ping_ok(&mut b, IP_A, 6);

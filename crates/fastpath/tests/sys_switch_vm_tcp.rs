@@ -211,6 +211,7 @@ fn by_hand_the_benchs_tcp_rows_alone() {
         poll_us: 20,
         progress: Some(std::sync::Arc::new(|s: &str| eprintln!("{s}"))),
         stop: Default::default(),
+        vhost_ring: lab::guest::VHOST_RING,
     };
     let r = bench::vm_tcp::run(&o, &dir);
     let _ = std::fs::remove_dir_all(&dir);

@@ -38,6 +38,9 @@ pub const QEMU: &str = "qemu-system-x86_64";
 /// How long a guest may take to boot: 7-8 s on a quiet machine, up to 40 s
 /// on a loaded one (TCG).
 pub const BOOT: Duration = Duration::from_secs(120);
+/// The rings of a vhost-user NIC, entries ([`GuestOpts::vhost_ring`]):
+/// QEMU's largest (a TAP backend's transmit ring stays at 256, its limit).
+pub const VHOST_RING: u16 = 1024;
 /// What the guest prints when its network is up.
 const READY: &str = "FASTPATH-GUEST-READY ";
 /// Where [`Guest::iperf3_server`] writes its report, in the guest.
@@ -71,6 +74,9 @@ pub enum GuestError {
         /// What is wrong.
         why: &'static str,
     },
+    /// A vhost-user ring size QEMU does not take.
+    #[error("vhost-user rings of {0} entries (256, 512 or 1024)")]
+    Rings(u16),
     /// The guest did not say it was ready in time.
     #[error("guest not ready after {0:?}; console: {1}")]
     NotReady(Duration, String),
@@ -203,6 +209,12 @@ pub struct GuestOpts {
     pub limit: Duration,
     /// The image directory.
     pub image: PathBuf,
+    /// Entries in each ring of a vhost-user NIC (QEMU's `rx_queue_size`
+    /// and `tx_queue_size`, a power of two from 256 to 1024; QEMU's own
+    /// default is 256). 1024 by default: a TCG guest's receive path drains
+    /// its ring slowly, and a bigger ring holds a burst or a 64 KB segment's
+    /// mergeable buffers that a 256-entry one drops.
+    pub vhost_ring: u16,
 }
 
 impl GuestOpts {
@@ -216,7 +228,14 @@ impl GuestOpts {
             mem_mib: 256,
             limit: Duration::from_secs(600),
             image: PathBuf::from(IMAGE_DIR),
+            vhost_ring: VHOST_RING,
         }
+    }
+
+    /// Rings of `entries` on the vhost-user NICs (256 is QEMU's default).
+    pub fn vhost_ring(mut self, entries: u16) -> GuestOpts {
+        self.vhost_ring = entries;
+        self
     }
 
     /// The first NIC's address (`ADDR/LEN`).
@@ -282,6 +301,10 @@ impl GuestOpts {
                     .unwrap_or_default()
             ),
         ]);
+        let r = self.vhost_ring;
+        if !(256..=1024).contains(&r) || !r.is_power_of_two() {
+            return Err(GuestError::Rings(r));
+        }
         for (i, n) in self.nics.iter().enumerate() {
             let model = match n.model {
                 Model::VirtioNet => "virtio-net-pci",
@@ -315,9 +338,27 @@ impl GuestOpts {
                     ]);
                 }
             }
+            let rings = match n.backend {
+                Backend::VhostUser(_) => {
+                    format!(",rx_queue_size={r},tx_queue_size={r}", r = self.vhost_ring)
+                }
+                Backend::Tap(_) => String::new(),
+            };
+            // QEMU takes a vhost-user NIC's link down when its backend's
+            // socket closes and up when it reconnects: the guest then
+            // flushes its neighbours and drops what it sends meanwhile,
+            // ARP requests included, which Linux repeats only a second
+            // later. A NIC that reconnects hides the backend's restart
+            // from the guest instead (no link status feature): what it
+            // sends waits in its ring for the new backend.
+            let link = if n.reconnect_ms.is_some() {
+                ",status=off"
+            } else {
+                ""
+            };
             a.extend([
                 "-device".into(),
-                format!("{model},netdev=n{i},mac={}{}", n.mac, n.opts),
+                format!("{model},netdev=n{i},mac={}{rings}{link}{}", n.mac, n.opts),
             ]);
         }
         Ok(a)
@@ -401,14 +442,20 @@ impl Guest {
             None => None,
         };
         // SAFETY: between fork and exec the closure makes only system calls
-        // (prctl, setns), which are async-signal-safe; it allocates nothing
-        // and takes no lock. The namespace file stays open in the parent
-        // until spawn returns.
+        // (prctl, setsid, setns), which are async-signal-safe; it allocates
+        // nothing and takes no lock. The namespace file stays open in the
+        // parent until spawn returns.
         unsafe {
             cmd.pre_exec(move || {
                 rustix::process::set_parent_process_death_signal(Some(
                     rustix::process::Signal::KILL,
                 ))?;
+                // A session of its own, as a VM host gives each guest a
+                // group of its own: with the kernel's autogroups, guests
+                // in their starter's session share one CPU weight with it
+                // and with each other, so a busy receiving guest took the
+                // sending guest's CPU even on another core.
+                rustix::process::setsid()?;
                 if let Some(f) = &ns {
                     rustix::thread::move_into_link_name_space(
                         f.as_fd(),
@@ -1088,11 +1135,34 @@ mod tests {
         assert!(a.contains("fp.ip=10.9.0.1/24"), "{a}");
         assert!(a.contains("memory-backend-memfd"), "{a}");
         assert!(!a.contains("reconnect"), "{a}");
+        // The vhost-user NIC gets 1024-entry rings, the e1000 no such option.
+        assert!(
+            a.contains("virtio-net-pci,netdev=n0,mac=52:54:00:00:00:01,rx_queue_size=1024,tx_queue_size=1024"),
+            "{a}"
+        );
+        let small = o.clone().vhost_ring(256).qemu_args().unwrap().join(" ");
+        assert!(
+            small.contains("rx_queue_size=256,tx_queue_size=256"),
+            "{small}"
+        );
+        assert!(matches!(
+            o.clone().vhost_ring(2048).qemu_args(),
+            Err(GuestError::Rings(2048))
+        ));
+        assert!(matches!(
+            o.clone().vhost_ring(768).qemu_args(),
+            Err(GuestError::Rings(768))
+        ));
         let n = Nic::vhost_user(Path::new("/tmp/x.sock"), "52:54:00:00:00:01").reconnect(100);
         let a = GuestOpts::new("t", vec![n]).qemu_args().unwrap().join(" ");
         assert!(
             a.contains("socket,id=c0,path=/tmp/x.sock,reconnect-ms=100"),
             "{a}"
         );
+        // A reconnecting NIC shows the guest no link status, so a backend
+        // restart takes no link down; the others keep QEMU's default.
+        assert!(a.contains("tx_queue_size=1024,status=off"), "{a}");
+        let plain = o.qemu_args().unwrap().join(" ");
+        assert!(!plain.contains("status=off"), "{plain}");
     }
 }
