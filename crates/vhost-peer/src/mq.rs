@@ -68,7 +68,10 @@ impl MqGuest {
         pump: &mut dyn FnMut(),
     ) -> Result<MqGuest> {
         let n = nums.len();
-        assert!(n >= 2 && n.is_multiple_of(2) && n <= 16, "whole pairs, at most 8");
+        assert!(
+            n >= 2 && n.is_multiple_of(2) && n <= 16,
+            "whole pairs, at most 8"
+        );
         assert!(nums.iter().all(|&x| x <= MQ_MAX_NUM && x.is_power_of_two()));
         let mem = SharedMem::new(mq_mem(n), true).map_err(Error::io("guest memory"))?;
         let wire = Wire::connect(path).map_err(Error::io("connect to the backend"))?;
