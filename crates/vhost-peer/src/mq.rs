@@ -67,6 +67,25 @@ impl MqGuest {
         timeout: Duration,
         pump: &mut dyn FnMut(),
     ) -> Result<MqGuest> {
+        let g = MqGuest::connect_pumped(path, nums, timeout, pump)?;
+        for i in 0..nums.len() {
+            g.setup_queue(i as u32, 0)?;
+            g.send(
+                req::SET_VRING_ENABLE,
+                &state(i as u32, u32::from(i / 2 < enabled)),
+            )?;
+        }
+        Ok(g)
+    }
+
+    /// [`MqGuest::attach_pumped`] up to the memory table: no queue set up
+    /// or enabled yet (the caller does it, in whatever order it likes).
+    pub fn connect_pumped(
+        path: &Path,
+        nums: &[u16],
+        timeout: Duration,
+        pump: &mut dyn FnMut(),
+    ) -> Result<MqGuest> {
         let n = nums.len();
         assert!(
             n >= 2 && n.is_multiple_of(2) && n <= 16,
@@ -125,17 +144,11 @@ impl MqGuest {
                 &[g.mem.file.as_fd()],
             )
             .map_err(Error::io("send a request"))?;
-        for i in 0..n {
-            g.setup_queue(i as u32, 0)?;
-            g.send(
-                req::SET_VRING_ENABLE,
-                &state(i as u32, u32::from(i / 2 < enabled)),
-            )?;
-        }
         Ok(g)
     }
 
-    fn send(&self, code: u32, payload: &[u8]) -> Result<()> {
+    /// Send a request without descriptors, expecting no reply.
+    pub fn send(&self, code: u32, payload: &[u8]) -> Result<()> {
         self.wire
             .send(code, VERSION, payload, &[])
             .map_err(Error::io("send a request"))
