@@ -66,10 +66,14 @@ pub struct Multiqueue {
     pub switch_cpu_pct_two_pairs: Stats,
     /// The same with one pair.
     pub switch_cpu_pct_one_pair: Stats,
+    /// The 1-minute load average at each run's start (the machine is
+    /// shared).
+    pub load_avg_1min: Stats,
     /// With two pairs, the share of frames the switch took from the
     /// second transmit queue (0.5: even).
     pub second_queue_share: Stats,
-    /// Threads over 5% of a core in the last two-pair measurement.
+    /// QEMU's threads over 5% of a core (its vCPUs are `CPU K/TCG`), and
+    /// the switch's, in the last two-pair measurement.
     pub threads_two_pairs: Vec<Placement>,
     /// The same for the last one-pair measurement.
     pub threads_one_pair: Vec<Placement>,
@@ -81,15 +85,18 @@ pub struct Multiqueue {
     pub limit: String,
 }
 
-/// Threads' CPU ticks and last core: (`pid`, `tid`) -> (name, ticks,
-/// core), for the threads of `pid` (its `/proc/PID/task`).
-fn threads(pid: u32) -> Vec<(String, u64, i32)> {
+/// The threads of `pid` (its `/proc/PID/task`): (thread id, name, CPU
+/// ticks, the core it last ran on).
+fn threads(pid: u32) -> Vec<(u32, String, u64, i32)> {
     let mut out = Vec::new();
     let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return out;
     };
     for e in rd.flatten() {
         let p = e.path();
+        let Some(tid) = e.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else {
+            continue;
+        };
         let name = std::fs::read_to_string(p.join("comm"))
             .unwrap_or_default()
             .trim()
@@ -106,7 +113,7 @@ fn threads(pid: u32) -> Vec<(String, u64, i32)> {
         // utime and stime are fields 14 and 15, processor 39 (1-based);
         // `f[0]` is field 3.
         let ticks = (num(11) + num(12)).max(0) as u64;
-        out.push((name, ticks, num(36) as i32));
+        out.push((tid, name, ticks, num(36) as i32));
     }
     out
 }
@@ -122,25 +129,28 @@ fn hz() -> f64 {
     }
 }
 
-/// Where the threads ran between two samples `secs` apart.
+/// Where the threads ran between two samples `secs` apart: those `keep`
+/// names, over `min_pct` of a core.
 fn placement(
-    before: &[(String, u64, i32)],
-    after: &[(String, u64, i32)],
+    before: &[(u32, String, u64, i32)],
+    after: &[(u32, String, u64, i32)],
     secs: f64,
+    min_pct: f64,
     keep: impl Fn(&str) -> bool,
 ) -> Vec<Placement> {
     let hz = hz();
     let mut v = Vec::new();
-    for (name, t1, core) in after {
+    for (tid, name, t1, core) in after {
         if !keep(name) {
             continue;
         }
+        // A thread that started after the first sample ran from zero.
         let t0 = before
             .iter()
-            .find(|(n, _, _)| n == name)
-            .map_or(0, |(_, t, _)| *t);
+            .find(|(t, _, _, _)| t == tid)
+            .map_or(0, |(_, _, t, _)| *t);
         let pct = (t1.saturating_sub(t0)) as f64 / hz / secs.max(1e-3) * 100.0;
-        if pct >= 5.0 {
+        if pct >= min_pct {
             v.push(Placement {
                 thread: name.clone(),
                 cpu_pct: (pct * 10.0).round() / 10.0,
@@ -300,10 +310,8 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<Multiqueue, VmError> {
         running.start();
         let sent: u64 = r.iter().map(|t| t.sent).sum();
         let usec = r.iter().map(|t| t.usec).max().unwrap_or(0).max(1);
-        let mut placed = placement(&q0, &q1, secs, |n| {
-            n.contains("TCG") || n.starts_with("qemu")
-        });
-        let sw_place = placement(&s0, &s1, secs, |n| n == "switch");
+        let mut placed = placement(&q0, &q1, secs, 5.0, |_| true);
+        let sw_place = placement(&s0, &s1, secs, 0.0, |n| n == "switch");
         let switch_pct = sw_place.first().map_or(0.0, |p| p.cpu_pct);
         placed.extend(sw_place);
         Ok(One {
@@ -316,10 +324,17 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<Multiqueue, VmError> {
     let (mut two, mut one, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
     let (mut cpu2, mut cpu1, mut share) = (Vec::new(), Vec::new(), Vec::new());
     let (mut last2, mut last1) = (Vec::new(), Vec::new());
+    let mut loads = Vec::new();
     for r in 0..o.repeats {
         if o.stop.load(Ordering::Relaxed) {
             return Err(VmError::Interrupted);
         }
+        loads.push(
+            std::fs::read_to_string("/proc/loadavg")
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                .unwrap_or(f64::NAN),
+        );
         // Alternate the order, so that a drift of the machine's load
         // weighs on both settings alike.
         let (m2, m1) = if r % 2 == 0 {
@@ -364,6 +379,7 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<Multiqueue, VmError> {
         switch_cpu_pct_two_pairs: stats(&cpu2),
         switch_cpu_pct_one_pair: stats(&cpu1),
         second_queue_share: stats(&share),
+        load_avg_1min: stats(&loads),
         threads_two_pairs: last2,
         threads_one_pair: last1,
         goal_ratio_at_least: GOAL_RATIO,
@@ -386,13 +402,14 @@ impl Multiqueue {
                 .join(", ")
         };
         format!(
-            "multiqueue (2-vCPU guest): 2 pairs {} Kpps, 1 pair {} Kpps, ratio {} (goal >= {GOAL_RATIO}); second queue's share {}; switch CPU {}% / {}% of a core (2 / 1 pairs)\n  threads, 2 pairs: {}\n  threads, 1 pair: {}\n  limit: {}\n",
+            "multiqueue (2-vCPU guest): 2 pairs {} Kpps, 1 pair {} Kpps, ratio {} (goal >= {GOAL_RATIO}); second queue's share {}; switch CPU {}% / {}% of a core (2 / 1 pairs); load {}\n  threads, 2 pairs: {}\n  threads, 1 pair: {}\n  limit: {}\n",
             f(&self.two_pairs_pps, 1e-3, 1),
             f(&self.one_pair_pps, 1e-3, 1),
             f(&self.ratio, 1.0, 2),
             f(&self.second_queue_share, 1.0, 2),
             f(&self.switch_cpu_pct_two_pairs, 1.0, 0),
             f(&self.switch_cpu_pct_one_pair, 1.0, 0),
+            f(&self.load_avg_1min, 1.0, 1),
             place(&self.threads_two_pairs),
             place(&self.threads_one_pair),
             self.limit

@@ -279,6 +279,9 @@ impl GuestOpts {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        // Threads named for what they run (`CPU 0/TCG`), so a benchmark
+        // can say where each vCPU ran.
+        a.extend(["-name".into(), "guest,debug-threads=on".into()]);
         let m = self.mem_mib;
         a.extend(["-m".into(), format!("{m}")]);
         a.extend(["-smp".into(), format!("{}", self.cpus.max(1))]);
