@@ -47,7 +47,9 @@ const LIMIT: &str = "TCG runs each vCPU in a host thread and this machine has tw
 pub struct Placement {
     /// Its name (`CPU 0/TCG`, `switch`).
     pub thread: String,
-    /// Its CPU over the measurement, percent of one core.
+    /// Its CPU over the measurement, percent of one core: the measurement
+    /// holds pktgen's setup over the guest's serial console as well as its
+    /// run, so a busy thread shows less than it took while frames flowed.
     pub cpu_pct: f64,
     /// The core it last ran on.
     pub last_core: i32,
