@@ -42,6 +42,7 @@ pub mod switch;
 pub mod switch_ports;
 pub mod veth;
 pub mod vm;
+pub mod vm_mq;
 pub mod vm_rings;
 pub mod vm_tcp;
 pub mod vm_testpmd;

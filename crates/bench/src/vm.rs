@@ -475,6 +475,10 @@ pub struct Vm {
     /// ([`crate::vm_upgrade`]).
     #[serde(default)]
     pub upgrade: Option<crate::vm_upgrade::Upgrade>,
+    /// A 2-vCPU guest with two queue pairs against one
+    /// ([`crate::vm_mq`]).
+    #[serde(default)]
+    pub multiqueue: Option<crate::vm_mq::Multiqueue>,
     /// Guest transmit beside DPDK testpmd's vhost PMD (its own guest).
     #[serde(default)]
     pub testpmd: crate::vm_testpmd::TestpmdPart,
@@ -498,6 +502,11 @@ pub enum VmPart {
     },
     /// The figures.
     Measured(Box<Vm>),
+    /// The multiqueue row alone (`--part vm-multiqueue`).
+    Multiqueue {
+        /// Its figures.
+        multiqueue: Box<crate::vm_mq::Multiqueue>,
+    },
 }
 
 impl VmPart {
@@ -506,6 +515,7 @@ impl VmPart {
         match self {
             VmPart::Skipped { skipped } => format!("vm part skipped: {skipped}\n"),
             VmPart::Measured(v) => v.to_text(),
+            VmPart::Multiqueue { multiqueue } => multiqueue.to_text(),
         }
     }
 }
@@ -614,6 +624,9 @@ impl Vm {
             m.boot_s,
             m.seconds
         );
+        if let Some(m) = &self.multiqueue {
+            out += &m.to_text();
+        }
         out += &self.testpmd.to_text();
         out += "limits:\n";
         for (what, l) in [
@@ -1268,6 +1281,7 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
     drop(ns);
     let tcp = crate::vm_tcp::run(o, &dir)?;
     let upgrade = Some(crate::vm_upgrade::run(o, &dir)?);
+    let multiqueue = Some(crate::vm_mq::run(o, &dir)?);
     let testpmd = crate::vm_testpmd::part(o);
     let load_max = loads.iter().copied().fold(f64::NAN, f64::max);
     Ok(Vm {
@@ -1299,6 +1313,7 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
         guest_to_guest: g2g,
         e1000,
         upgrade,
+        multiqueue,
         testpmd,
         goals: Goals {
             ratio_vhost_user_over_tap_at_least: 2.0,
@@ -1329,7 +1344,7 @@ impl Drop for RemoveDir {
 }
 
 /// The keys `--part vm --format json` promises (checked by the CLI test).
-pub const KEYS: [&str; 10] = [
+pub const KEYS: [&str; 11] = [
     "vm.vhost_user.guest_tx_pps",
     "vm.qemu_tap.guest_tx_pps",
     "vm.ratio_vhost_user_over_tap",
@@ -1340,6 +1355,7 @@ pub const KEYS: [&str; 10] = [
     "vm.upgrade.ping_gap_ms",
     "vm.testpmd.burst1.ratio",
     "vm.testpmd.burst32.ratio",
+    "vm.multiqueue.ratio",
 ];
 
 /// The value at a dotted key (`vm.guest_to_guest.pps`).

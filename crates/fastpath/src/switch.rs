@@ -318,8 +318,9 @@ pub struct BenchArgs {
     burst: usize,
     /// Parts to run (repeatable): figure1 (the paper's table), forwarding
     /// (ring to ring, per switch core), memif (DPDK testpmd through the
-    /// switch beside testpmd to testpmd), vm (QEMU guests), isolation (the
-    /// other ports' rate while one port attacks); default all.
+    /// switch beside testpmd to testpmd), vm (QEMU guests), vm-multiqueue
+    /// (only vm's multiqueue row), isolation (the other ports' rate while
+    /// one port attacks); default all.
     #[arg(long, value_enum)]
     part: Vec<PartArg>,
     /// Frames per transmit call of the ring-to-ring sender.
@@ -387,6 +388,9 @@ pub enum PartArg {
     Memif,
     /// QEMU guests: vhost-user beside QEMU's TAP backend and an e1000.
     Vm,
+    /// Only the vm part's multiqueue row: a 2-vCPU guest with two queue
+    /// pairs against one (part of vm).
+    VmMultiqueue,
     /// Two ring ports forwarding while a third port attacks the switch
     /// (blocked interrupt line, looping receive chains, 32,768-descriptor
     /// transmit chains, spoofing, idle memif connections): the victim's
@@ -728,6 +732,21 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         };
         let v = bench::vm::run(&vo).context("the vm part")?;
         report.vm = Some(bench::vm::VmPart::Measured(Box::new(v)));
+    } else if a.part.contains(&PartArg::VmMultiqueue) {
+        let repeats = a.repeats.unwrap_or(if a.quick { 1 } else { 3 }) as usize;
+        eprintln!("switch bench, vm multiqueue row: one QEMU guest (TCG), {repeats} run(s)");
+        let vo = bench::vm::VmOptions {
+            quick: a.quick,
+            repeats,
+            poll_us: a.forwarding_poll_us.min(vswitch::MAX_INTERVAL_US),
+            progress,
+            stop: crate::stop_flag()?,
+            vhost_ring: a.vm_ring,
+        };
+        let m = bench::vm_mq::run_alone(&vo).context("the vm multiqueue row")?;
+        report.vm = Some(bench::vm::VmPart::Multiqueue {
+            multiqueue: Box::new(m),
+        });
     }
     if part(PartArg::Isolation) {
         let io = bench::isolation::Options {

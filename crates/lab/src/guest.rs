@@ -148,6 +148,9 @@ pub struct Nic {
     /// switch's socket closed (`reconnect-ms`), so a restarted switch gets
     /// its guests back; none: a closed socket leaves the NIC dead.
     pub reconnect_ms: Option<u32>,
+    /// vhost-user only: queue pairs (`-netdev ...,queues=N` and
+    /// `-device ...,mq=on,vectors=2N+2`); 1: a single pair, as before.
+    pub queues: u16,
 }
 
 impl Nic {
@@ -159,12 +162,21 @@ impl Nic {
             mac: mac.into(),
             opts: String::new(),
             reconnect_ms: None,
+            queues: 1,
         }
     }
 
     /// Reconnect to the vhost-user socket every `ms` after it closed.
     pub fn reconnect(mut self, ms: u32) -> Nic {
         self.reconnect_ms = Some(ms);
+        self
+    }
+
+    /// `n` queue pairs (vhost-user; the switch's port must offer at
+    /// least `n`). The guest's driver turns on as many as it has vCPUs
+    /// ([`GuestOpts::cpus`]); [`Guest::set_queues`] changes it.
+    pub fn queues(mut self, n: u16) -> Nic {
+        self.queues = n.max(1);
         self
     }
 
@@ -176,6 +188,7 @@ impl Nic {
             mac: mac.into(),
             opts: String::new(),
             reconnect_ms: None,
+            queues: 1,
         }
     }
 
@@ -187,6 +200,7 @@ impl Nic {
             mac: mac.into(),
             opts: String::new(),
             reconnect_ms: None,
+            queues: 1,
         }
     }
 }
@@ -205,6 +219,8 @@ pub struct GuestOpts {
     pub netns: Option<String>,
     /// Guest memory, MiB.
     pub mem_mib: u32,
+    /// vCPUs (`-smp`; TCG runs each in a host thread of its own).
+    pub cpus: u32,
     /// Killed after this long whatever happens.
     pub limit: Duration,
     /// The image directory.
@@ -226,6 +242,7 @@ impl GuestOpts {
             ip: None,
             netns: None,
             mem_mib: 256,
+            cpus: 1,
             limit: Duration::from_secs(600),
             image: PathBuf::from(IMAGE_DIR),
             vhost_ring: VHOST_RING,
@@ -250,6 +267,12 @@ impl GuestOpts {
         self
     }
 
+    /// `n` vCPUs.
+    pub fn cpus(mut self, n: u32) -> GuestOpts {
+        self.cpus = n.max(1);
+        self
+    }
+
     /// Kill the guest after `limit`.
     pub fn limit(mut self, limit: Duration) -> GuestOpts {
         self.limit = limit;
@@ -263,8 +286,6 @@ impl GuestOpts {
             "q35",
             "-cpu",
             "max",
-            "-smp",
-            "1",
             "-nodefaults",
             "-display",
             "none",
@@ -277,8 +298,12 @@ impl GuestOpts {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        // Threads named for what they run (`CPU 0/TCG`), so a benchmark
+        // can say where each vCPU ran.
+        a.extend(["-name".into(), "guest,debug-threads=on".into()]);
         let m = self.mem_mib;
         a.extend(["-m".into(), format!("{m}")]);
+        a.extend(["-smp".into(), format!("{}", self.cpus.max(1))]);
         // vhost-user needs the guest's memory in a file the switch can map:
         // a memfd, which QEMU seals against shrinking.
         a.extend([
@@ -328,7 +353,10 @@ impl GuestOpts {
                                 .unwrap_or_default()
                         ),
                         "-netdev".into(),
-                        format!("vhost-user,id=n{i},chardev=c{i}"),
+                        match n.queues {
+                            0 | 1 => format!("vhost-user,id=n{i},chardev=c{i}"),
+                            q => format!("vhost-user,id=n{i},chardev=c{i},queues={q}"),
+                        },
                     ]);
                 }
                 Backend::Tap(ifname) => {
@@ -356,9 +384,20 @@ impl GuestOpts {
             } else {
                 ""
             };
+            // Several pairs: the device says so, with an MSI-X vector
+            // per queue, one for the control queue and one for config.
+            let mq = match (&n.backend, n.queues) {
+                (Backend::VhostUser(_), q) if q > 1 => {
+                    format!(",mq=on,vectors={}", 2 * u32::from(q) + 2)
+                }
+                _ => String::new(),
+            };
             a.extend([
                 "-device".into(),
-                format!("{model},netdev=n{i},mac={}{rings}{link}{}", n.mac, n.opts),
+                format!(
+                    "{model},netdev=n{i},mac={}{mq}{rings}{link}{}",
+                    n.mac, n.opts
+                ),
             ]);
         }
         Ok(a)
@@ -700,6 +739,72 @@ impl Guest {
             return Err(GuestError::Output { cmd, output: out });
         }
         Ok(r)
+    }
+
+    /// Use `n` queue pairs of `iface` (`ethtool -L IFACE combined N`: the
+    /// driver tells QEMU, which enables and disables the pairs' rings in
+    /// the backend); returns what `ethtool -l` reports afterwards.
+    pub fn set_queues(&mut self, iface: &str, n: u16) -> Result<String> {
+        let short = Duration::from_secs(30);
+        self.ok(&format!("ethtool -L {iface} combined {n}"), short)?;
+        self.ok(&format!("ethtool -l {iface}"), short)
+    }
+
+    /// [`Guest::pktgen`] from `threads` pktgen threads at once (one per
+    /// vCPU, `kpktgend_K`), thread `K` sending `count` frames on transmit
+    /// queue `K` of `iface` (`IFACE@K`, `queue_map_min/max K`) with UDP
+    /// source port `9 + K` (a flow per queue); returns each thread's
+    /// result, in thread order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pktgen_queues(
+        &mut self,
+        iface: &str,
+        threads: u32,
+        count: u64,
+        size: u32,
+        burst: u32,
+        dst_mac: &str,
+        dst_ip: &str,
+        within: Duration,
+    ) -> Result<Vec<Pktgen>> {
+        let p = "/proc/net/pktgen";
+        let short = Duration::from_secs(30);
+        for k in 0..threads {
+            self.run(&format!("echo rem_device_all > {p}/kpktgend_{k}"), short)?;
+        }
+        for k in 0..threads {
+            let dev = format!("{iface}@{k}");
+            self.ok(
+                &format!("echo 'add_device {dev}' > {p}/kpktgend_{k}"),
+                short,
+            )?;
+            for c in [
+                format!("count {count}"),
+                format!("pkt_size {size}"),
+                format!("burst {burst}"),
+                "delay 0".to_string(),
+                format!("dst_mac {dst_mac}"),
+                format!("dst {dst_ip}"),
+                format!("queue_map_min {k}"),
+                format!("queue_map_max {k}"),
+                format!("udp_src_min {}", 9 + k),
+                format!("udp_src_max {}", 9 + k),
+            ] {
+                self.ok(&format!("echo '{c}' > {p}/{dev}"), short)?;
+            }
+        }
+        self.ok(&format!("echo start > {p}/pgctrl"), within)?;
+        let mut out = Vec::new();
+        for k in 0..threads {
+            let cmd = format!("cat {p}/{iface}@{k}");
+            let text = self.ok(&cmd, short)?;
+            let r = parse_pktgen(&text);
+            if r.sent == 0 {
+                return Err(GuestError::Output { cmd, output: text });
+            }
+            out.push(r);
+        }
+        Ok(out)
     }
 
     /// Start an iperf3 server for one test (`-1`), in the background,
@@ -1164,5 +1269,32 @@ mod tests {
         assert!(a.contains("tx_queue_size=1024,status=off"), "{a}");
         let plain = o.qemu_args().unwrap().join(" ");
         assert!(!plain.contains("status=off"), "{plain}");
+        // One pair and one vCPU unless asked.
+        assert!(a.contains("-smp 1"), "{a}");
+        assert!(!a.contains("queues=") && !a.contains("mq=on"), "{a}");
+    }
+
+    #[test]
+    fn several_queue_pairs_ask_qemu_for_them_and_their_vectors() {
+        let n = Nic::vhost_user(Path::new("/tmp/x.sock"), "52:54:00:00:00:01").queues(2);
+        let a = GuestOpts::new(
+            "t",
+            vec![n, Nic::tap("fpt0", "52:54:00:00:00:02").queues(4)],
+        )
+        .cpus(2)
+        .qemu_args()
+        .unwrap()
+        .join(" ");
+        assert!(a.contains("-smp 2"), "{a}");
+        assert!(a.contains("vhost-user,id=n0,chardev=c0,queues=2"), "{a}");
+        assert!(
+            a.contains("virtio-net-pci,netdev=n0,mac=52:54:00:00:00:01,mq=on,vectors=6"),
+            "{a}"
+        );
+        // Only vhost-user NICs take queue pairs here.
+        assert!(
+            a.ends_with("virtio-net-pci,netdev=n1,mac=52:54:00:00:00:02"),
+            "{a}"
+        );
     }
 }

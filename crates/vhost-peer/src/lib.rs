@@ -13,6 +13,9 @@
 //!   as the frontend writes it ([`RawDesc`]).
 //! - [`guest`]: a well-behaved frontend with one queue pair ([`Guest`]),
 //!   every value of which its user may change.
+//! - [`mq`]: a well-behaved frontend with several queue pairs
+//!   ([`MqGuest`]), set up as QEMU's `-netdev vhost-user,queues=N` sets
+//!   them up.
 //!
 //! Two ways to run the backend beside it. A backend driven in the
 //! caller's own thread (a test stepping the switch) is pumped while the
@@ -22,15 +25,17 @@
 
 pub mod guest;
 pub mod mem;
+pub mod mq;
 pub mod virtq;
 pub mod wire;
 
 pub use guest::{eventfd, Guest, BIG_MEM, BIG_RX, BIG_TX, BUF, HDR, MEM, RX_BUFS, TX_BUFS};
 pub use mem::SharedMem;
+pub use mq::{mq_mem, MqGuest, MQ_BUFS, MQ_MAX_NUM};
 pub use virtq::{Layout, RawDesc, F_INDIRECT, F_NEXT, F_WRITE, LARGE_BUFS, LARGE_MEM};
 pub use wire::{
     inflight, mem_table, req, state, u64p, vring_addr, Wire, FEATURES, NEED_REPLY,
-    OFFLOAD_FEATURES, PROTOCOL_F_INFLIGHT_SHMFD, REPLY_TIMEOUT, VERSION,
+    OFFLOAD_FEATURES, PROTOCOL_F_INFLIGHT_SHMFD, PROTOCOL_F_MQ, REPLY_TIMEOUT, VERSION,
 };
 
 /// What can go wrong for the frontend.

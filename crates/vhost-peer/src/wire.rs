@@ -43,6 +43,8 @@ pub mod req {
     pub const GET_PROTOCOL_FEATURES: u32 = 15;
     /// SET_PROTOCOL_FEATURES.
     pub const SET_PROTOCOL_FEATURES: u32 = 16;
+    /// GET_QUEUE_NUM.
+    pub const GET_QUEUE_NUM: u32 = 17;
     /// SET_VRING_ENABLE.
     pub const SET_VRING_ENABLE: u32 = 18;
     /// GET_INFLIGHT_FD.
@@ -51,6 +53,8 @@ pub mod req {
     pub const SET_INFLIGHT_FD: u32 = 32;
 }
 
+/// Protocol feature `MQ` (bit 0): the backend answers `GET_QUEUE_NUM`.
+pub const PROTOCOL_F_MQ: u64 = 1;
 /// Protocol feature `INFLIGHT_SHMFD` (bit 12).
 pub const PROTOCOL_F_INFLIGHT_SHMFD: u64 = 1 << 12;
 

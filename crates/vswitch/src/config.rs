@@ -252,8 +252,11 @@ pub enum VhostUserError {
     /// Not a mode.
     #[error("mode {0:?}: expected base, sc or csb")]
     Mode(String),
+    /// Queue pairs out of range.
+    #[error("queues {0} is out of range 1..={max} (queue pairs)", max = vhost::MAX_QUEUE_PAIRS)]
+    Queues(u64),
     /// A key the spec does not have.
-    #[error("unknown key {0:?} (keys: name, mode, itr, mac, port_security, event_idx, offloads)")]
+    #[error("unknown key {0:?} (keys: name, mode, itr, mac, port_security, event_idx, offloads, queues)")]
     Key(String),
     /// A value that does not parse.
     #[error("{key}={value:?}: expected {expected}")]
@@ -283,6 +286,7 @@ pub enum VhostUserError {
 /// port_security = true              # default true (needs mac)
 /// event_idx = true                  # offer VIRTIO_RING_F_EVENT_IDX
 /// offloads = true                   # offer checksum and TSO offloads
+/// queues = 4                        # queue pairs offered (1..=8; QEMU's queues= at most this)
 /// ```
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -303,6 +307,9 @@ pub struct VhostUserEntry {
     pub event_idx: Option<bool>,
     /// Offer checksum and TCP segmentation offloads (default: on).
     pub offloads: Option<bool>,
+    /// Queue pairs offered (default
+    /// [`vhost::DEFAULT_QUEUE_PAIRS`], at most [`vhost::MAX_QUEUE_PAIRS`]).
+    pub queues: Option<u64>,
 }
 
 impl VhostUserEntry {
@@ -342,6 +349,13 @@ impl VhostUserEntry {
                 "port_security" => e.port_security = Some(flag(k, v)?),
                 "event_idx" => e.event_idx = Some(flag(k, v)?),
                 "offloads" => e.offloads = Some(flag(k, v)?),
+                "queues" => {
+                    e.queues = Some(v.parse().map_err(|_| VhostUserError::Value {
+                        key: k.into(),
+                        value: v.into(),
+                        expected: "a number of queue pairs",
+                    })?)
+                }
                 _ => return Err(VhostUserError::Key(k.into())),
             }
         }
@@ -384,6 +398,12 @@ impl VhostUserEntry {
         c.port_security = self.port_security.unwrap_or(true);
         c.event_idx = self.event_idx.unwrap_or(true);
         c.offloads = self.offloads.unwrap_or(true);
+        if let Some(q) = self.queues {
+            c.queue_pairs = u16::try_from(q)
+                .ok()
+                .filter(|q| (1..=vhost::MAX_QUEUE_PAIRS).contains(q))
+                .ok_or(VhostUserError::Queues(q))?;
+        }
         Ok(c)
     }
 }
@@ -550,6 +570,17 @@ mod tests {
         assert!(e(",mode=sc").contains("empty"));
         assert!(e("/tmp/a.sock,event_idx=maybe").contains("on or off"));
         assert!(e("/tmp/a.sock,offloads=some").contains("on or off"));
+        // Queue pairs: a default, a knob, a hard cap.
+        assert_eq!(off.queue_pairs, vhost::DEFAULT_QUEUE_PAIRS);
+        let two = VhostUserEntry::parse("/tmp/a.sock,queues=2")
+            .unwrap()
+            .config()
+            .unwrap();
+        assert_eq!(two.queue_pairs, 2);
+        assert!(e("/tmp/a.sock,queues=0").contains("queues 0 is out of range 1..=8"));
+        assert!(e("/tmp/a.sock,queues=9").contains("out of range"));
+        assert!(e("/tmp/a.sock,queues=70000").contains("out of range"));
+        assert!(e("/tmp/a.sock,queues=two").contains("number of queue pairs"));
     }
 
     #[test]

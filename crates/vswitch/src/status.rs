@@ -324,8 +324,15 @@ pub struct VhostDetail {
     pub broken: Option<String>,
     /// The connected frontend, if any.
     pub frontend: Option<FrontendStatus>,
-    /// The two queues.
+    /// The first queue pair (every pair: [`VhostDetail::pairs`]).
     pub queues: Queues,
+    /// Queue pairs the port offers (`VIRTIO_NET_F_MQ` above 1).
+    #[serde(default)]
+    pub queue_pairs: u16,
+    /// Every queue pair offered: whether it runs (the guest enabled it),
+    /// and its queues.
+    #[serde(default)]
+    pub pairs: Vec<PairStatus>,
     /// Guest kicks per frame it sent.
     pub kicks_per_packet: f64,
     /// Interrupts per frame the guest sent.
@@ -359,6 +366,15 @@ pub struct FrontendStatus {
     pub memory_seals: Option<Vec<String>>,
     /// vhost-user requests served.
     pub requests: u64,
+}
+
+/// One queue pair of a VM port.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PairStatus {
+    /// Whether both its queues run (set up and enabled by the guest).
+    pub running: bool,
+    /// Its receive and transmit queues.
+    pub queues: Queues,
 }
 
 /// A VM port's receive and transmit queues.
@@ -649,6 +665,8 @@ mod tests {
                         ..queue()
                     },
                 },
+                queue_pairs: 1,
+                pairs: Vec::new(),
                 kicks_per_packet: 0.5,
                 tx_interrupts_per_packet: 0.25,
                 rx_interrupts_per_packet: 0.0,

@@ -23,9 +23,20 @@
 //! several), the checksum and TCP segmentation offloads both ways (`CSUM`,
 //! `GUEST_CSUM`, `HOST_TSO4/6`, `GUEST_TSO4/6`; unless turned off: every
 //! header a guest sends is checked, `crate::offload`), and
-//! `PROTOCOL_FEATURES` with one protocol feature of our own,
-//! `INFLIGHT_SHMFD` (the in-flight region, [`super::inflight`]). The crate
+//! `PROTOCOL_FEATURES` with two protocol features of our own,
+//! `INFLIGHT_SHMFD` (the in-flight region, [`super::inflight`]) and `MQ`
+//! (`GET_QUEUE_NUM` answers the port's queue pairs, [`Offer::queue_pairs`];
+//! with more than one, `VIRTIO_NET_F_MQ` is offered too). The crate
 //! adds `REPLY_ACK` to every offer and answers it itself.
+//!
+//! Several queue pairs: queue `2k` receives and `2k + 1` transmits for pair
+//! `k`. QEMU sets each pair up as a device of its own on the one
+//! connection, and enables the pairs the guest's driver turned on
+//! (`SET_VRING_ENABLE`; the guest changes them with `ethtool -L`). Every
+//! request naming a queue beyond the pairs offered is refused and closes
+//! the connection; a queue that is enabled before its ring is set up, or
+//! set up but not enabled, is not served (its kicks are drained and
+//! counted, nothing more); each queue has its own size.
 //!
 //! One ordering quirk of QEMU is absorbed here: QEMU enables the rings
 //! (`SET_VRING_ENABLE`, asking for a reply) when the NIC is created, before
@@ -60,7 +71,7 @@ use vhost::VhostUserMemoryRegionBase;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
-    VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MRG_RXBUF,
+    VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF,
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
@@ -70,8 +81,22 @@ use super::mem::{GuestMemory, MemError, RegionSpec};
 use crate::chain;
 use ::ring::notify::{EventFd, Mode};
 
-/// Queues of the device: one receive and one transmit queue.
-pub const QUEUES: usize = 2;
+/// Queue pairs a port offers unless its configuration says otherwise
+/// (`queues=`): a guest with up to this many vCPUs spreads its flows over
+/// a pair each (`VIRTIO_NET_F_MQ`); QEMU asks for what `-netdev
+/// vhost-user,queues=N` says, and the guest's driver enables as many as it
+/// has vCPUs (`ethtool -L eth0 combined K` changes it).
+pub const DEFAULT_QUEUE_PAIRS: u16 = 4;
+/// The most queue pairs a port may offer: each pair is two rings the
+/// switch polls and two eventfds it watches, and the port's descriptor
+/// budget is shared among them.
+pub const MAX_QUEUE_PAIRS: u16 = 8;
+/// The queues of a device offering `pairs` queue pairs: receive queues at
+/// even indices (0, 2, ...), transmit queues at odd ones, as virtio-net
+/// numbers them.
+pub const fn queues(pairs: u16) -> usize {
+    2 * pairs as usize
+}
 /// How long the rest of a message may take to arrive once its first byte
 /// has.
 pub const PARTIAL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -146,9 +171,14 @@ pub fn request_name(code: u32) -> &'static str {
 /// closed, with this text in the port's status).
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
-    /// A queue index other than 0 or 1.
-    #[error("queue {0} does not exist (one queue pair: 0 and 1)")]
-    Queue(u32),
+    /// A queue index beyond the queue pairs offered.
+    #[error("queue {index} does not exist ({pairs} queue pairs offered: queues 0..{})", 2 * *pairs as u32)]
+    Queue {
+        /// Queue asked for.
+        index: u32,
+        /// Queue pairs the port offers.
+        pairs: u16,
+    },
     /// A queue size that is not a power of two up to 32768.
     #[error("queue {index}: size {num} (a power of two up to {MAX_QUEUE_SIZE} expected)")]
     QueueSize {
@@ -225,6 +255,9 @@ pub struct Offer {
     pub mergeable: bool,
     /// Offer the checksum and TCP segmentation offloads ([`OFFLOADS`]).
     pub offloads: bool,
+    /// Queue pairs offered (1..=[`MAX_QUEUE_PAIRS`]; more than one offers
+    /// `VIRTIO_NET_F_MQ` and `GET_QUEUE_NUM` answers it).
+    pub queue_pairs: u16,
 }
 
 /// The offload features offered (with [`Offer::offloads`]): partial
@@ -243,6 +276,7 @@ impl Default for Offer {
             event_idx: true,
             mergeable: true,
             offloads: true,
+            queue_pairs: 1,
         }
     }
 }
@@ -260,13 +294,23 @@ impl Offer {
         if self.offloads {
             f |= OFFLOADS;
         }
+        if self.pairs() > 1 {
+            f |= 1 << VIRTIO_NET_F_MQ;
+        }
         f
     }
 
-    /// The protocol features offered: `INFLIGHT_SHMFD` (the crate adds
-    /// `REPLY_ACK`).
+    /// Queue pairs offered, within 1..=[`MAX_QUEUE_PAIRS`] whatever the
+    /// caller set.
+    pub fn pairs(&self) -> u16 {
+        self.queue_pairs.clamp(1, MAX_QUEUE_PAIRS)
+    }
+
+    /// The protocol features offered: `INFLIGHT_SHMFD`, and `MQ` (QEMU
+    /// asks `GET_QUEUE_NUM` only with it, and refuses a backend without
+    /// it when given `queues=` above 1); the crate adds `REPLY_ACK`.
     pub fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::INFLIGHT_SHMFD
+        VhostUserProtocolFeatures::INFLIGHT_SHMFD | VhostUserProtocolFeatures::MQ
     }
 }
 
@@ -343,7 +387,9 @@ pub struct VringState {
 pub struct Frontend {
     offer: Offer,
     epoll: Arc<OwnedFd>,
-    kick_token: [u64; QUEUES],
+    /// The token of queue 0's kick eventfd in the port's epoll instance;
+    /// queue `i`'s is this plus `i`.
+    kick_token: u64,
     /// Whether `GET_FEATURES` was answered (the crate's condition for
     /// `REPLY_ACK`, with the acknowledgement).
     features_read: bool,
@@ -354,8 +400,9 @@ pub struct Frontend {
     /// The in-flight region (`GET_INFLIGHT_FD` made it, or
     /// `SET_INFLIGHT_FD` handed it back).
     inflight: Option<Arc<Region>>,
-    /// The two queues.
-    pub vrings: [VringState; QUEUES],
+    /// The queues: [`queues`] of the pairs offered, receive at even
+    /// indices, transmit at odd ones.
+    pub vrings: Vec<VringState>,
     /// Bumped by every request that changes what the datapath uses.
     pub generation: u64,
     /// Whether `SET_OWNER` came: the frontend claimed the device, its
@@ -364,18 +411,11 @@ pub struct Frontend {
     pub owned: bool,
 }
 
-fn queue(index: u32) -> Result<usize, Refusal> {
-    if (index as usize) < QUEUES {
-        Ok(index as usize)
-    } else {
-        Err(Refusal::Queue(index))
-    }
-}
-
 impl Frontend {
-    /// A device nobody has set up yet; kick eventfds will be watched in
-    /// `epoll` with the tokens given.
-    pub fn new(offer: Offer, epoll: Arc<OwnedFd>, kick_token: [u64; QUEUES]) -> Frontend {
+    /// A device nobody has set up yet; queue `i`'s kick eventfd will be
+    /// watched in `epoll` with the token `kick_token + i`.
+    pub fn new(offer: Offer, epoll: Arc<OwnedFd>, kick_token: u64) -> Frontend {
+        let n = queues(offer.pairs());
         Frontend {
             offer,
             epoll,
@@ -385,10 +425,29 @@ impl Frontend {
             acked_protocol: 0,
             mem: None,
             inflight: None,
-            vrings: Default::default(),
+            vrings: (0..n).map(|_| VringState::default()).collect(),
             generation: 0,
             owned: false,
         }
+    }
+
+    /// Queue `index`, if the port offers it: an index beyond the pairs
+    /// offered is refused (the connection closes), whatever the frontend
+    /// or its guest asked for.
+    fn queue(&self, index: u32) -> Result<usize, Refusal> {
+        if (index as usize) < self.vrings.len() {
+            Ok(index as usize)
+        } else {
+            Err(Refusal::Queue {
+                index,
+                pairs: self.offer.pairs(),
+            })
+        }
+    }
+
+    /// Queue pairs offered.
+    pub fn pairs(&self) -> u16 {
+        self.offer.pairs()
     }
 
     /// The features acknowledged, once `SET_FEATURES` came.
@@ -452,7 +511,7 @@ impl Frontend {
     /// Enable or disable a queue (also used for the enable QEMU sends
     /// before `SET_FEATURES`).
     pub fn enable(&mut self, index: u32, on: bool) -> Result<(), Refusal> {
-        let i = queue(index)?;
+        let i = self.queue(index)?;
         self.vrings[i].enabled = on;
         self.generation += 1;
         Ok(())
@@ -483,7 +542,8 @@ impl Frontend {
                 call: v.call.clone(),
                 mode,
                 itr,
-                kicks: i == super::datapath::TXQ,
+                kicks: super::datapath::is_tx(i),
+                share: 1,
                 inflight: self.inflight.as_ref().and_then(|r| r.queue(i)),
             },
         ))
@@ -496,7 +556,9 @@ impl Frontend {
         self.acked_protocol = 0;
         self.mem = None;
         self.inflight = None;
-        self.vrings = Default::default();
+        self.vrings = (0..self.vrings.len())
+            .map(|_| VringState::default())
+            .collect();
         self.generation += 1;
     }
 
@@ -567,7 +629,7 @@ impl VhostUserBackendReqHandlerMut for Frontend {
     }
 
     fn set_vring_num(&mut self, index: u32, num: u32) -> vhost::vhost_user::Result<()> {
-        let i = queue(index)?;
+        let i = self.queue(index)?;
         if num == 0 || num > MAX_QUEUE_SIZE || !num.is_power_of_two() {
             return Err(Refusal::QueueSize { index, num }.into());
         }
@@ -585,7 +647,7 @@ impl VhostUserBackendReqHandlerMut for Frontend {
         available: u64,
         _log: u64,
     ) -> vhost::vhost_user::Result<()> {
-        let i = queue(index)?;
+        let i = self.queue(index)?;
         let v = &mut self.vrings[i];
         v.addrs.desc = descriptor;
         v.addrs.used = used;
@@ -596,7 +658,7 @@ impl VhostUserBackendReqHandlerMut for Frontend {
     }
 
     fn set_vring_base(&mut self, index: u32, base: u32) -> vhost::vhost_user::Result<()> {
-        let i = queue(index)?;
+        let i = self.queue(index)?;
         let base16 = u16::try_from(base).map_err(|_| Refusal::Base { index, base })?;
         self.vrings[i].last_avail = base16;
         self.generation += 1;
@@ -604,7 +666,7 @@ impl VhostUserBackendReqHandlerMut for Frontend {
     }
 
     fn get_vring_base(&mut self, index: u32) -> vhost::vhost_user::Result<VhostUserVringState> {
-        let i = queue(index)?;
+        let i = self.queue(index)?;
         let v = &mut self.vrings[i];
         v.started = false;
         self.generation += 1;
@@ -612,14 +674,14 @@ impl VhostUserBackendReqHandlerMut for Frontend {
     }
 
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> vhost::vhost_user::Result<()> {
-        let i = queue(u32::from(index))?;
+        let i = self.queue(u32::from(index))?;
         let v = &mut self.vrings[i];
         v.kick = None; // unwatch the old one first
         if let Some(f) = fd {
             let w = Watched::new(
                 eventfd(i, "kick", f)?,
                 self.epoll.clone(),
-                self.kick_token[i],
+                self.kick_token + i as u64,
             )
             .map_err(VuError::ReqHandlerError)?;
             v.kick = Some(w);
@@ -630,7 +692,7 @@ impl VhostUserBackendReqHandlerMut for Frontend {
     }
 
     fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> vhost::vhost_user::Result<()> {
-        let i = queue(u32::from(index))?;
+        let i = self.queue(u32::from(index))?;
         self.vrings[i].call = match fd {
             Some(f) => Some(Arc::new(eventfd(i, "call", f)?)),
             None => None,
@@ -641,7 +703,7 @@ impl VhostUserBackendReqHandlerMut for Frontend {
 
     fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> vhost::vhost_user::Result<()> {
         // Errors are never signalled; the descriptor is closed.
-        queue(u32::from(index))?;
+        self.queue(u32::from(index))?;
         Ok(())
     }
 
@@ -664,7 +726,7 @@ impl VhostUserBackendReqHandlerMut for Frontend {
     }
 
     fn get_queue_num(&mut self) -> vhost::vhost_user::Result<u64> {
-        Ok(QUEUES as u64 / 2)
+        Ok(u64::from(self.offer.pairs()))
     }
 
     fn set_vring_enable(&mut self, index: u32, enable: bool) -> vhost::vhost_user::Result<()> {
@@ -704,7 +766,8 @@ impl VhostUserBackendReqHandlerMut for Frontend {
         msg: &VhostUserInflight,
     ) -> vhost::vhost_user::Result<(VhostUserInflight, File)> {
         let (region, file, size) =
-            Region::create(msg.num_queues, msg.queue_size, QUEUES).map_err(Refusal::from)?;
+            Region::create(msg.num_queues, msg.queue_size, self.vrings.len())
+                .map_err(Refusal::from)?;
         self.inflight = Some(Arc::new(region));
         self.generation += 1;
         let reply = VhostUserInflight::new(size, 0, msg.num_queues, msg.queue_size);
@@ -722,7 +785,7 @@ impl VhostUserBackendReqHandlerMut for Frontend {
             msg.mmap_offset,
             msg.num_queues,
             msg.queue_size,
-            QUEUES,
+            self.vrings.len(),
         )
         .map_err(Refusal::from)?;
         self.inflight = Some(Arc::new(region));
@@ -834,7 +897,7 @@ impl Connection {
         stream: UnixStream,
         offer: Offer,
         epoll: Arc<OwnedFd>,
-        kick_token: [u64; QUEUES],
+        kick_token: u64,
     ) -> std::io::Result<Connection> {
         stream.set_nonblocking(true)?;
         let sock = stream.try_clone()?;

@@ -119,10 +119,15 @@ use super::mem::{FrontendAddr, GuestAddr, GuestMemory, GuestSlice};
 use ::ring::device::FrameRef;
 use ::ring::notify::{EventFd, Mode, Moderator};
 
-/// The receive queue's index (frames to the guest).
+/// The first pair's receive queue's index (frames to the guest).
 pub const RXQ: usize = 0;
-/// The transmit queue's index (frames from the guest).
+/// The first pair's transmit queue's index (frames from the guest).
 pub const TXQ: usize = 1;
+
+/// Whether queue `i` is a transmit queue (odd indices: pair `i / 2`'s).
+pub const fn is_tx(i: usize) -> bool {
+    i % 2 == 1
+}
 pub use super::inflight::MAX_QUEUE_SIZE;
 /// The longest frame (without the virtio header) taken from a guest
 /// without a segmentation request: an Ethernet frame with a VLAN tag; the
@@ -450,8 +455,13 @@ pub struct Queue {
     /// Descriptors read since the last [`Queue::settle_reads`].
     reads: Cell<u64>,
     /// Descriptor reads left; below zero, the debt a long chain left
-    /// ([`DESC_BUDGET`], [`DESC_RATE`]).
+    /// ([`Queue::budget`], refilled at [`Queue::rate`]).
     credit: i64,
+    /// This queue's part of the port's budget per pass: [`DESC_BUDGET`]
+    /// divided among the port's running queue pairs ([`QueueSetup::share`]).
+    budget: u64,
+    /// This queue's part of the port's [`DESC_RATE`], divided likewise.
+    rate: u64,
     /// When the credit was last refilled, while it is below the full
     /// budget (none while it is full: the clock is not read then).
     refilled: Option<Instant>,
@@ -499,6 +509,11 @@ pub struct QueueSetup {
     /// up: the queue then starts at the used ring's index, checked against
     /// the region ([`super::inflight`]).
     pub inflight: Option<QueueRegion>,
+    /// Among how many queue pairs the port's descriptor budget is shared
+    /// (the pairs running: 1 gives the queue the whole budget): the port's
+    /// total stays [`DESC_BUDGET`] a pass and [`DESC_RATE`] a second per
+    /// direction, however many pairs a guest turns on.
+    pub share: u16,
 }
 
 impl Queue {
@@ -507,6 +522,8 @@ impl Queue {
     pub fn new(name: String, mem: Arc<GuestMemory>, s: QueueSetup) -> Result<Queue, RingError> {
         let ring = RingMem::new(&mem, &s.addrs)?;
         let num = s.addrs.num as u16; // 32768 at most, checked in RingMem::new
+        let share = u64::from(s.share.max(1));
+        let budget = (DESC_BUDGET / share).max(1);
         let mut q = Queue {
             name,
             mem,
@@ -528,7 +545,9 @@ impl Queue {
             itr: s.itr,
             broken: None,
             reads: Cell::new(0),
-            credit: DESC_BUDGET as i64,
+            credit: budget as i64,
+            budget,
+            rate: (DESC_RATE / share).max(1),
             refilled: None,
             inflight: None,
             spread: Vec::new(),
@@ -647,12 +666,14 @@ impl Queue {
     }
 
     /// A new pass: the budget earns what the time since the last refill
-    /// pays at [`DESC_RATE`], at most [`DESC_BUDGET`] in one pass, and
-    /// holds at most [`DESC_BUDGET`]. The clock is read only while the
-    /// budget is below full (never for an ordinary guest), and a spell
-    /// below full earns from its first refill on, not from before it.
+    /// pays at the queue's rate, at most its budget in one pass, and
+    /// holds at most its budget ([`DESC_RATE`] and [`DESC_BUDGET`] for a
+    /// port with one queue pair running, shared among several). The clock
+    /// is read only while the budget is below full (never for an ordinary
+    /// guest), and a spell below full earns from its first refill on, not
+    /// from before it.
     fn refill(&mut self, st: &mut QueueStats) {
-        if self.credit >= DESC_BUDGET as i64 {
+        if self.credit >= self.budget as i64 {
             self.refilled = None;
             return;
         }
@@ -664,8 +685,8 @@ impl Queue {
         if self.credit <= 0 {
             st.held_ns += dt as u64;
         }
-        let earned = (dt * u128::from(DESC_RATE) / 1_000_000_000).min(u128::from(DESC_BUDGET));
-        self.credit = (self.credit + earned as i64).min(DESC_BUDGET as i64);
+        let earned = (dt * u128::from(self.rate) / 1_000_000_000).min(u128::from(self.budget));
+        self.credit = (self.credit + earned as i64).min(self.budget as i64);
     }
 
     /// Charge the reads since the last call (one chain's) to the budget,
@@ -792,7 +813,9 @@ impl Queue {
     /// is. Any other is gathered into the arena and its header checked
     /// against that copy for a guest that negotiated `caps`
     /// ([`offload::check`]); what it asks goes to `offloads` with its
-    /// index in `out`, or it is refused and counted by reason.
+    /// index in `out`, or it is refused and counted by reason. The arena
+    /// belongs to the batch, which may take from several queues: the
+    /// caller resets it once per batch.
     #[allow(clippy::too_many_arguments)]
     pub fn take_tx(
         &mut self,
@@ -807,7 +830,6 @@ impl Queue {
     ) -> u32 {
         self.refill(st);
         let n = u32::from(self.avail(st)).min(max) as u16;
-        arena.reset();
         for k in 0..n {
             if !self.budget_left(st) {
                 return k as u32;
@@ -1383,11 +1405,71 @@ impl Arena {
     }
 }
 
+/// The hash that keeps a flow on one receive queue: the 5-tuple of a
+/// TCP or UDP frame over IPv4 or IPv6 ([`packet::parse::steer_flow`], the
+/// flow key and hash the load balancer steers by), else the frame's two
+/// MAC addresses (ARP, ICMP, fragments: one queue per pair of hosts).
+pub fn flow_hash(frame: &[u8]) -> u64 {
+    /// Any fixed value: the hash only has to be the same for a flow's
+    /// frames.
+    const SEED: u64 = 0x6d71_7565_7565_7321;
+    if let Some(k) = packet::parse::steer_flow(frame) {
+        return k.hash(SEED);
+    }
+    let mut a = [0u8; 16];
+    let n = frame.len().min(12);
+    a[..n].copy_from_slice(&frame[..n]);
+    let mut b = [0u8; 16];
+    b[0] = n as u8;
+    packet::flow::FlowKey {
+        src: a,
+        dst: b,
+        src_port: 0,
+        dst_port: 0,
+        proto: 0,
+    }
+    .hash(SEED)
+}
+
+/// The receive queue among `enabled` (queue indices, in order) that the
+/// flow with hash `h` goes to; `None` without one. The same hash and the
+/// same set always give the same queue, and every queue of the set gets
+/// its share of hashes.
+#[inline]
+pub fn pick_rx(h: u64, enabled: &[usize]) -> Option<usize> {
+    match enabled.len() {
+        0 => None,
+        1 => Some(enabled[0]),
+        // Multiply-shift: the high bits of a 64-bit hash, spread over n.
+        n => Some(enabled[((u128::from(h) * n as u128) >> 64) as usize]),
+    }
+}
+
+/// One transmit queue's part of a batch: the queue, the entries it
+/// consumed, and where its heads end in [`Device`]'s list.
+#[derive(Clone, Copy, Debug)]
+struct Taken {
+    queue: usize,
+    consumed: u32,
+    heads_end: usize,
+}
+
 /// The running device: the queues that are set up, and the header length
 /// the features imply.
+///
+/// With several queue pairs, a batch from the guest ([`Device::rx`]) takes
+/// from every running transmit queue, each up to an equal share of the
+/// batch, starting one queue further every batch, so that no queue's
+/// traffic waits behind another's; the descriptor budget is shared the
+/// same way ([`QueueSetup::share`]). Frames for the guest go to the
+/// receive queue the flow's hash picks among the running ones
+/// ([`flow_hash`], [`pick_rx`]): a flow stays in order on one queue, and a
+/// queue the guest turned off gets nothing. Notifications, moderation and
+/// the kick window are each queue's own.
 pub struct Device {
-    /// Queue 0 (to the guest) and 1 (from the guest), when running.
-    pub queues: [Option<Queue>; 2],
+    /// Queue `2k` (to the guest) and `2k + 1` (from the guest) of each
+    /// pair `k`, when running.
+    pub queues: Vec<Option<Queue>>,
     /// Bytes of virtio-net header in front of every frame.
     pub hdr_len: u32,
     /// What the guest may ask of the switch (`CSUM`, `HOST_TSO4/6`).
@@ -1400,14 +1482,28 @@ pub struct Device {
     heads: Vec<u16>,
     arena: Arena,
     offloads: Vec<(u32, Offload)>,
+    /// What each transmit queue took in the last [`Device::rx`].
+    taken: Vec<Taken>,
+    /// The transmit queue the next batch starts at (a pair number).
+    next_tx: usize,
+    /// The running receive queues, in order; refreshed per delivery batch.
+    rx_on: Vec<usize>,
+    /// Frames per receive queue of the batch being delivered: indices into
+    /// the batch, kept between batches so that none allocates.
+    steer: Vec<Vec<u32>>,
+    /// Scratch for one queue's frames of a batch.
+    scratch: Vec<FrameRef>,
 }
 
 impl Device {
-    /// A device over the queues given.
-    pub fn new(mut queues: [Option<Queue>; 2], hdr_len: u32) -> Device {
-        if let Some(q) = &mut queues[TXQ] {
-            q.hold_calls();
+    /// A device over the queues given (`2k`: receive, `2k + 1`: transmit).
+    pub fn new(mut queues: Vec<Option<Queue>>, hdr_len: u32) -> Device {
+        for (i, q) in queues.iter_mut().enumerate() {
+            if let (true, Some(q)) = (is_tx(i), q) {
+                q.hold_calls();
+            }
         }
+        let n = queues.len();
         Device {
             queues,
             hdr_len,
@@ -1417,6 +1513,11 @@ impl Device {
             heads: Vec::new(),
             arena: Arena::default(),
             offloads: Vec::new(),
+            taken: Vec::new(),
+            next_tx: 0,
+            rx_on: Vec::with_capacity(n / 2),
+            steer: (0..n / 2).map(|_| Vec::new()).collect(),
+            scratch: Vec::new(),
         }
     }
 
@@ -1434,62 +1535,178 @@ impl Device {
         &self.offloads
     }
 
-    /// Whether the guest has transmitted frames not yet taken.
-    #[inline]
-    pub fn pending(&mut self, st: &mut [QueueStats; 2]) -> bool {
-        match &mut self.queues[TXQ] {
-            Some(q) => q.avail(&mut st[TXQ]) > 0,
-            None => false,
-        }
+    /// Queue pairs of the device (running or not).
+    pub fn pairs(&self) -> usize {
+        self.queues.len() / 2
     }
 
-    /// Take up to `max` transmitted frames; returns the token for
+    /// Whether the guest has transmitted frames not yet taken, on any
+    /// transmit queue.
+    #[inline]
+    pub fn pending(&mut self, st: &mut [QueueStats]) -> bool {
+        let mut any = false;
+        for (i, q) in self.queues.iter_mut().enumerate() {
+            if let (true, Some(q)) = (is_tx(i), q) {
+                if q.avail(&mut st[i]) > 0 {
+                    any = true;
+                    break;
+                }
+            }
+        }
+        any
+    }
+
+    /// Take up to `max` transmitted frames, an equal share of them from
+    /// each running transmit queue (the first queue asked moves on by one
+    /// every batch; a share one queue leaves is not given to the next, so
+    /// a busy queue never takes another's); returns the token for
     /// [`Device::rx_done`].
-    pub fn rx(&mut self, max: u32, out: &mut Vec<FrameRef>, st: &mut [QueueStats; 2]) -> u32 {
+    pub fn rx(&mut self, max: u32, out: &mut Vec<FrameRef>, st: &mut [QueueStats]) -> u32 {
         self.heads.clear();
         self.offloads.clear();
-        match &mut self.queues[TXQ] {
-            Some(q) => q.take_tx(
-                max,
+        self.taken.clear();
+        self.arena.reset();
+        let pairs = self.pairs();
+        let running = (0..pairs)
+            .filter(|p| self.queues[2 * p + 1].is_some())
+            .count() as u32;
+        if running == 0 {
+            return 0;
+        }
+        let share = max.div_ceil(running);
+        let start = self.next_tx % pairs.max(1);
+        self.next_tx = (start + 1) % pairs.max(1);
+        let mut total = 0u32;
+        for k in 0..pairs {
+            let i = 2 * ((start + k) % pairs) + 1;
+            let Some(q) = &mut self.queues[i] else {
+                continue;
+            };
+            let room = share.min(max - total);
+            if room == 0 {
+                break;
+            }
+            let before = out.len() as u32;
+            let consumed = q.take_tx(
+                room,
                 self.hdr_len,
                 self.tx_caps,
                 out,
                 &mut self.offloads,
                 &mut self.heads,
                 &mut self.arena,
-                &mut st[TXQ],
-            ),
-            None => 0,
+                &mut st[i],
+            );
+            total += out.len() as u32 - before;
+            if consumed > 0 {
+                self.taken.push(Taken {
+                    queue: i,
+                    consumed,
+                    heads_end: self.heads.len(),
+                });
+            }
         }
+        total
     }
 
     /// The frames of the last [`Device::rx`] are forwarded: return their
-    /// chains to the guest.
-    pub fn rx_done(&mut self, token: u32, now: Instant, st: &mut [QueueStats; 2]) {
-        if let Some(q) = &mut self.queues[TXQ] {
-            q.complete_tx(token, &self.heads, now, &mut st[TXQ]);
+    /// chains to the guest, each queue its own.
+    pub fn rx_done(&mut self, _token: u32, now: Instant, st: &mut [QueueStats]) {
+        let mut from = 0;
+        for t in &self.taken {
+            if let Some(q) = &mut self.queues[t.queue] {
+                q.complete_tx(
+                    t.consumed,
+                    &self.heads[from..t.heads_end],
+                    now,
+                    &mut st[t.queue],
+                );
+            }
+            from = t.heads_end;
         }
+        self.taken.clear();
         self.heads.clear();
     }
 
-    /// Copy frames into the guest's receive queue (published by
-    /// [`Device::tx_flush`]); returns frames and bytes taken.
+    /// The running receive queues, in order (those the guest enabled and
+    /// that are not stopped).
+    fn refresh_rx_on(&mut self) {
+        self.rx_on.clear();
+        for (i, q) in self.queues.iter().enumerate() {
+            if let (false, Some(q)) = (is_tx(i), q) {
+                if q.broken().is_none() {
+                    self.rx_on.push(i);
+                }
+            }
+        }
+    }
+
+    /// The receive queues running now: where [`Device::tx`] may deliver.
+    pub fn rx_running(&mut self) -> &[usize] {
+        self.refresh_rx_on();
+        &self.rx_on
+    }
+
+    /// Copy frames into the guest's receive queues (published by
+    /// [`Device::tx_flush`]), each frame into the queue its flow's hash
+    /// picks; returns frames and bytes taken.
     ///
     /// # Safety
     /// Every frame must be readable for its `len` bytes.
-    pub unsafe fn tx(&mut self, frames: &[FrameRef], st: &mut [QueueStats; 2]) -> (u64, u64) {
-        match &mut self.queues[RXQ] {
-            // SAFETY: forwarded from the caller's contract.
-            Some(q) => unsafe {
-                q.fill_rx(frames, &[], self.hdr_len, self.mergeable, &mut st[RXQ])
-            },
-            None => (0, 0),
+    pub unsafe fn tx(&mut self, frames: &[FrameRef], st: &mut [QueueStats]) -> (u64, u64) {
+        self.refresh_rx_on();
+        match self.rx_on.len() {
+            0 => (0, 0),
+            1 => {
+                let i = self.rx_on[0];
+                match &mut self.queues[i] {
+                    // SAFETY: forwarded from the caller's contract.
+                    Some(q) => unsafe {
+                        q.fill_rx(frames, &[], self.hdr_len, self.mergeable, &mut st[i])
+                    },
+                    None => (0, 0),
+                }
+            }
+            _ => {
+                for v in &mut self.steer {
+                    v.clear();
+                }
+                for (k, f) in frames.iter().enumerate() {
+                    // SAFETY: the caller's contract: f is readable for
+                    // f.len bytes.
+                    let b = unsafe { std::slice::from_raw_parts(f.ptr, f.len as usize) };
+                    if let Some(i) = pick_rx(flow_hash(b), &self.rx_on) {
+                        self.steer[i / 2].push(k as u32);
+                    }
+                }
+                let (mut ok, mut bytes) = (0, 0);
+                for p in 0..self.steer.len() {
+                    if self.steer[p].is_empty() {
+                        continue;
+                    }
+                    let i = 2 * p;
+                    self.scratch.clear();
+                    self.scratch
+                        .extend(self.steer[p].iter().map(|&k| frames[k as usize]));
+                    if let Some(q) = &mut self.queues[i] {
+                        // SAFETY: the frames are the caller's, readable
+                        // per its contract.
+                        let (o, b) = unsafe {
+                            q.fill_rx(&self.scratch, &[], self.hdr_len, self.mergeable, &mut st[i])
+                        };
+                        ok += o;
+                        bytes += b;
+                    }
+                }
+                (ok, bytes)
+            }
         }
     }
 
     /// Copy one frame with offloads the guest negotiated ([`Caps::accepts`]
-    /// on [`Device::rx_caps`]) into the receive queue, its virtio-net
-    /// header saying what is left to do; returns frames and bytes taken.
+    /// on [`Device::rx_caps`]) into the receive queue its flow's hash
+    /// picks, its virtio-net header saying what is left to do; returns
+    /// frames and bytes taken.
     ///
     /// # Safety
     /// `f` must be readable for its `len` bytes.
@@ -1497,27 +1714,37 @@ impl Device {
         &mut self,
         f: FrameRef,
         o: &Offload,
-        st: &mut [QueueStats; 2],
+        st: &mut [QueueStats],
     ) -> (u64, u64) {
         if !self.rx_caps.accepts(o) {
             return (0, 0);
         }
-        match &mut self.queues[RXQ] {
+        self.refresh_rx_on();
+        let i = if self.rx_on.len() > 1 {
+            // SAFETY: the caller's contract: f is readable for f.len bytes.
+            let b = unsafe { std::slice::from_raw_parts(f.ptr, f.len as usize) };
+            pick_rx(flow_hash(b), &self.rx_on)
+        } else {
+            self.rx_on.first().copied()
+        };
+        match i.and_then(|i| self.queues[i].as_mut().map(|q| (i, q))) {
             // SAFETY: forwarded from the caller's contract.
-            Some(q) => unsafe {
-                q.fill_rx(&[f], &[*o], self.hdr_len, self.mergeable, &mut st[RXQ])
+            Some((i, q)) => unsafe {
+                q.fill_rx(&[f], &[*o], self.hdr_len, self.mergeable, &mut st[i])
             },
             None => (0, 0),
         }
     }
 
-    /// Publish what [`Device::tx`] wrote, and notify. A delivery batch
-    /// ends here: the receive queue's descriptor budget is refilled for
-    /// the next.
-    pub fn tx_flush(&mut self, now: Instant, st: &mut [QueueStats; 2]) {
-        if let Some(q) = &mut self.queues[RXQ] {
-            q.publish(now, &mut st[RXQ]);
-            q.refill(&mut st[RXQ]);
+    /// Publish what [`Device::tx`] wrote, and notify, queue by queue. A
+    /// delivery batch ends here: the receive queues' descriptor budgets
+    /// are refilled for the next.
+    pub fn tx_flush(&mut self, now: Instant, st: &mut [QueueStats]) {
+        for (i, q) in self.queues.iter_mut().enumerate() {
+            if let (false, Some(q)) = (is_tx(i), q) {
+                q.publish(now, &mut st[i]);
+                q.refill(&mut st[i]);
+            }
         }
     }
 
@@ -1531,7 +1758,7 @@ impl Device {
     }
 
     /// Fire the moderated calls that are due.
-    pub fn timer(&mut self, now: Instant, st: &mut [QueueStats; 2]) {
+    pub fn timer(&mut self, now: Instant, st: &mut [QueueStats]) {
         for (i, q) in self.queues.iter_mut().enumerate() {
             if let Some(q) = q {
                 q.timer(now, &mut st[i]);
@@ -1539,18 +1766,31 @@ impl Device {
         }
     }
 
-    /// About to sleep: ask for transmit kicks and look again.
-    pub fn prepare_sleep(&mut self, st: &mut [QueueStats; 2]) -> bool {
-        match &mut self.queues[TXQ] {
-            Some(q) => q.prepare_sleep(&mut st[TXQ]),
-            None => true,
+    /// About to sleep: ask for kicks on every transmit queue and look
+    /// again; true if all are still empty.
+    pub fn prepare_sleep(&mut self, st: &mut [QueueStats]) -> bool {
+        let mut idle = true;
+        for (i, q) in self.queues.iter_mut().enumerate() {
+            if let (true, Some(q)) = (is_tx(i), q) {
+                // Every queue is asked, even once one has work: each must
+                // kick if it gets work while the switch sleeps.
+                idle &= q.prepare_sleep(&mut st[i]);
+            }
         }
+        if !idle {
+            // The switch stays awake: the queues that asked for kicks
+            // stop asking, as the one with work already did.
+            self.wake();
+        }
+        idle
     }
 
     /// Awake again: transmit kicks off (except in `Base`).
     pub fn wake(&mut self) {
-        if let Some(q) = &mut self.queues[TXQ] {
-            q.wake();
+        for (i, q) in self.queues.iter_mut().enumerate() {
+            if let (true, Some(q)) = (is_tx(i), q) {
+                q.wake();
+            }
         }
     }
 }
@@ -1584,6 +1824,77 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A UDP/IPv4 frame of flow `(sport, dport)` between two fixed hosts.
+    fn udp(sport: u16, dport: u16) -> Vec<u8> {
+        let mut f = vec![0u8; 60];
+        f[..6].copy_from_slice(&[2, 0, 0, 0, 0, 2]);
+        f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[14] = 0x45;
+        f[23] = 17;
+        f[26..30].copy_from_slice(&[198, 18, 0, 1]);
+        f[30..34].copy_from_slice(&[198, 18, 0, 2]);
+        f[34..36].copy_from_slice(&sport.to_be_bytes());
+        f[36..38].copy_from_slice(&dport.to_be_bytes());
+        f
+    }
+
+    proptest::proptest! {
+        /// A flow always goes to one queue, and that queue is enabled;
+        /// a queue not enabled is never chosen.
+        #[test]
+        fn a_flow_maps_to_one_enabled_queue(
+            sport: u16,
+            dport: u16,
+            mask in 1u8..=255,
+            seq: u32,
+        ) {
+            let enabled: Vec<usize> = (0..8).filter(|p| mask & (1 << p) != 0).map(|p| 2 * p).collect();
+            let mut f = udp(sport, dport);
+            let q = pick_rx(flow_hash(&f), &enabled).unwrap();
+            proptest::prop_assert!(enabled.contains(&q));
+            // Another frame of the flow (its payload differs): same queue.
+            f[42..46].copy_from_slice(&seq.to_le_bytes());
+            proptest::prop_assert_eq!(pick_rx(flow_hash(&f), &enabled), Some(q));
+        }
+    }
+
+    #[test]
+    fn many_flows_use_every_enabled_queue_and_no_other() {
+        for enabled in [
+            vec![0, 2],
+            vec![0, 2, 4, 6],
+            vec![2, 6],
+            vec![0, 4, 6, 8, 14],
+        ] {
+            let mut per = std::collections::BTreeMap::<usize, u32>::new();
+            let flows = 4000u32;
+            for i in 0..flows {
+                let q = pick_rx(flow_hash(&udp(1024 + i as u16, 5201)), &enabled).unwrap();
+                *per.entry(q).or_default() += 1;
+            }
+            assert_eq!(per.keys().copied().collect::<Vec<_>>(), enabled);
+            // Each queue within a third of its fair share.
+            let fair = flows / enabled.len() as u32;
+            for (q, n) in &per {
+                assert!(
+                    *n > fair * 2 / 3 && *n < fair * 4 / 3,
+                    "queue {q}: {n} of {flows} flows over {enabled:?}"
+                );
+            }
+        }
+        // Frames that are not TCP or UDP (ARP here) hash by their
+        // addresses: the same pair of hosts, the same queue.
+        let mut arp = vec![0xffu8; 6];
+        arp.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x06]);
+        arp.resize(42, 0);
+        let q = pick_rx(flow_hash(&arp), &[0, 2]);
+        arp[30] = 9;
+        assert_eq!(pick_rx(flow_hash(&arp), &[0, 2]), q);
+        assert_eq!(pick_rx(7, &[]), None);
+        assert_eq!(pick_rx(u64::MAX, &[4]), Some(4));
     }
 
     #[test]

@@ -84,7 +84,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::status::{FrontendStatus, PortDetail, Queues, VhostDetail};
+use crate::status::{FrontendStatus, PairStatus, PortDetail, Queues, VhostDetail};
 use rustix::event::epoll;
 
 use ::ring::device::FrameRef;
@@ -93,8 +93,9 @@ use ::ring::Mode;
 use crate::bridge::{mac_text, Mac};
 use crate::chain;
 use crate::ports::{Counters, Port};
-use control::{Closed, Connection, Offer, Refusal, QUEUES};
-use datapath::{Device, Queue, QueueStats, RXQ, TXQ};
+use control::{queues, Closed, Connection, Offer, Refusal};
+pub use control::{DEFAULT_QUEUE_PAIRS, MAX_QUEUE_PAIRS};
+use datapath::{is_tx, Device, Queue, QueueStats, RXQ, TXQ};
 
 /// Errors creating a vhost-user port.
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +145,9 @@ pub struct Config {
     /// source address are dropped, and no other port can take its traffic
     /// by sending from its address.
     pub port_security: bool,
+    /// Queue pairs offered (1..=[`MAX_QUEUE_PAIRS`], default
+    /// [`DEFAULT_QUEUE_PAIRS`]): QEMU's `queues=` may be at most this.
+    pub queue_pairs: u16,
 }
 
 impl Config {
@@ -160,6 +164,7 @@ impl Config {
             offloads: true,
             mac: None,
             port_security: true,
+            queue_pairs: DEFAULT_QUEUE_PAIRS,
         }
     }
 }
@@ -167,7 +172,8 @@ impl Config {
 /// Tokens in the port's epoll instance.
 const TOK_LISTEN: u64 = 1;
 const TOK_CONN: u64 = 2;
-const TOK_KICK: [u64; QUEUES] = [3, 4];
+/// Queue `i`'s kick eventfd: this plus `i`.
+const TOK_KICK: u64 = 3;
 
 /// Connection events, for the status document.
 #[derive(Clone, Debug, Default)]
@@ -194,7 +200,9 @@ pub struct VhostPort {
     /// The frontend state's generation the device was built from.
     built: u64,
     c: Counters,
-    st: [QueueStats; QUEUES],
+    /// Each queue's counters (`2k`: pair `k`'s receive queue, `2k + 1`
+    /// its transmit queue), kept across connections.
+    st: Vec<QueueStats>,
     cs: ConnStats,
     log: Vec<String>,
     /// The socket file the port made: removed when it drops, if still
@@ -225,6 +233,7 @@ impl VhostPort {
             epoll::EventFlags::IN,
         )
         .map_err(|e| Error::Epoll(e.into()))?;
+        let cfg_pairs = cfg.queue_pairs.clamp(1, MAX_QUEUE_PAIRS);
         Ok(VhostPort {
             cfg,
             epoll: Arc::new(epoll),
@@ -234,7 +243,7 @@ impl VhostPort {
             dev: None,
             built: 0,
             c: Counters::default(),
-            st: Default::default(),
+            st: vec![QueueStats::default(); queues(cfg_pairs)],
             cs: ConnStats::default(),
             log: Vec::new(),
         })
@@ -269,9 +278,35 @@ impl VhostPort {
         }
     }
 
-    /// What each queue did (0: to the guest, 1: from the guest).
-    pub fn queue_stats(&self) -> [QueueStats; QUEUES] {
-        self.st
+    /// What the first pair's queues did (0: to the guest, 1: from the
+    /// guest).
+    pub fn queue_stats(&self) -> [QueueStats; 2] {
+        [self.st[RXQ], self.st[TXQ]]
+    }
+
+    /// What each queue did (`2k`: pair `k` to the guest, `2k + 1`: pair
+    /// `k` from the guest).
+    pub fn all_queue_stats(&self) -> Vec<QueueStats> {
+        self.st.clone()
+    }
+
+    /// Queue pairs offered.
+    pub fn queue_pairs(&self) -> u16 {
+        self.cfg.queue_pairs.clamp(1, MAX_QUEUE_PAIRS)
+    }
+
+    /// Which queues run now (enabled by the frontend and set up), by
+    /// index.
+    pub fn queues_running(&self) -> Vec<bool> {
+        let n = self.st.len();
+        match &self.dev {
+            Some(d) => d
+                .queues
+                .iter()
+                .map(|q| q.as_ref().is_some_and(|q| q.broken().is_none()))
+                .collect(),
+            None => vec![false; n],
+        }
     }
 
     /// Connection events.
@@ -289,12 +324,13 @@ impl VhostPort {
         self.conn.is_some()
     }
 
-    /// Whether both queues run.
+    /// Whether the first pair's two queues run, and no queue that runs
+    /// has stopped (the other pairs run as the guest enabled them).
     pub fn running(&self) -> bool {
         self.dev.as_ref().is_some_and(|d| {
-            d.queues
-                .iter()
-                .all(|q| q.as_ref().is_some_and(|q| q.broken().is_none()))
+            d.queues[RXQ].is_some()
+                && d.queues[TXQ].is_some()
+                && d.queues.iter().flatten().all(|q| q.broken().is_none())
         })
     }
 
@@ -335,6 +371,7 @@ impl VhostPort {
                 event_idx: self.cfg.event_idx,
                 mergeable: self.cfg.mergeable,
                 offloads: self.cfg.offloads,
+                queue_pairs: self.queue_pairs(),
             };
             let c = match Connection::new(stream, offer, self.epoll.clone(), TOK_KICK) {
                 Ok(c) => c,
@@ -392,11 +429,23 @@ impl VhostPort {
         };
         let built = {
             let f = conn.frontend();
-            let mut queues: [Option<Queue>; QUEUES] = [None, None];
+            let n = f.vrings.len();
+            let setups: Vec<_> = (0..n)
+                .map(|i| f.queue_setup(i, self.cfg.mode, self.cfg.itr))
+                .collect();
+            // The port's descriptor budget is shared among the pairs that
+            // run (a pair with either queue ready counts).
+            let share = (0..n / 2)
+                .filter(|p| setups[2 * p].is_some() || setups[2 * p + 1].is_some())
+                .count()
+                .max(1) as u16;
+            let mut queues: Vec<Option<Queue>> = (0..n).map(|_| None).collect();
             let mut err = None;
-            for (i, slot) in queues.iter_mut().enumerate() {
-                if let Some((mem, setup)) = f.queue_setup(i, self.cfg.mode, self.cfg.itr) {
-                    let name = format!("{} {}", self.cfg.name, ["rx", "tx"][i]);
+            for (i, (slot, setup)) in queues.iter_mut().zip(setups).enumerate() {
+                if let Some((mem, mut setup)) = setup {
+                    setup.share = share;
+                    let dir = if is_tx(i) { "tx" } else { "rx" };
+                    let name = format!("{} {dir}{}", self.cfg.name, i / 2);
                     match Queue::new(name, mem, setup) {
                         Ok(q) => {
                             // A start the in-flight region refused, or one
@@ -614,7 +663,18 @@ impl Port for VhostPort {
 
     fn status(&self) -> PortDetail {
         let per = |n: u64, d: u64| if d == 0 { 0.0 } else { n as f64 / d as f64 };
-        let [rxq, txq] = &self.st;
+        // Every pair together, as the other ports count them.
+        let sum = |tx: bool| {
+            let mut t = QueueStats::default();
+            for (i, q) in self.st.iter().enumerate() {
+                if is_tx(i) == tx {
+                    t.kicks += q.kicks;
+                    t.calls += q.calls;
+                }
+            }
+            t
+        };
+        let (rxq, txq) = (sum(false), sum(true));
         let queue = |i: usize| {
             let mut v = self.st[i].status();
             if let Some(q) = self.dev.as_ref().and_then(|d| d.queues[i].as_ref()) {
@@ -657,7 +717,7 @@ impl Port for VhostPort {
             mac: self.cfg.mac.map(|m| mac_text(&m)),
             connected: self.conn.is_some(),
             running: self.running(),
-            // Both queues together, as the other ports count them: the
+            // All queues together, as the other ports count them: the
             // guest's doorbell writes, and the interrupts asked of QEMU.
             kicks: txq.kicks + rxq.kicks,
             interrupts: txq.calls + rxq.calls,
@@ -667,6 +727,19 @@ impl Port for VhostPort {
             queues: Queues {
                 rx: queue(RXQ),
                 tx: queue(TXQ),
+            },
+            queue_pairs: self.queue_pairs(),
+            pairs: {
+                let on = self.queues_running();
+                (0..self.st.len() / 2)
+                    .map(|p| PairStatus {
+                        running: on[2 * p] && on[2 * p + 1],
+                        queues: Queues {
+                            rx: queue(2 * p),
+                            tx: queue(2 * p + 1),
+                        },
+                    })
+                    .collect()
             },
             kicks_per_packet: per(txq.kicks, self.c.from_port),
             tx_interrupts_per_packet: per(txq.calls, self.c.from_port),
