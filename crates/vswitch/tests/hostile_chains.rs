@@ -545,6 +545,94 @@ fn long_chains_try(attempt: u32) -> (f64, f64) {
     (calm, attacked)
 }
 
+/// The same attacker sends the switch a message between passes, each of
+/// which rebuilds its queues (`SET_VRING_ENABLE` on its enabled transmit
+/// queue, as the vhost-user protocol lets a frontend send at any time):
+/// the rebuilt queue goes on with what the old one had left of its budget,
+/// so the reads stay within `DESC_RATE` a second. A rebuilt queue that
+/// started with a full budget let the guest buy one more chain of 32,768
+/// reads with every message.
+#[test]
+fn messages_that_rebuild_the_queues_do_not_refill_the_budget() {
+    const NUM: u16 = 32768;
+    let d = common::dir("chains-rebuild");
+    let mut sw = common::switch();
+    let hostile = add_vport(&mut sw, &d, "hostile", Mode::Csb, 0);
+    sw.add_port(Box::new(SinkPort::new("sink"))).expect("sink");
+    let mut h = TestGuest::attach_with(
+        &mut sw,
+        &d.join("hostile.sock"),
+        BIG_MEM,
+        [big(0, NUM), big(1, NUM)],
+    )
+    .expect("hostile");
+    settle(&mut sw);
+    let src = VICTIM_MAC.map(|b| b ^ 0x40);
+    h.mem.write(BIG_BUFS, &[0u8; 12]);
+    h.mem.write(BIG_BUFS + 12, &frame(src, 0));
+    for i in 0..NUM {
+        let last = i == NUM - 1;
+        h.put_desc(
+            TXQ,
+            i,
+            RawDesc {
+                addr: if last { BIG_BUFS } else { BIG_BUFS + BUF },
+                len: if last { 72 } else { 0 },
+                flags: if last { 0 } else { F_NEXT },
+                next: i.wrapping_add(1) % NUM,
+            },
+        );
+    }
+    for k in 0..NUM {
+        h.push_avail(TXQ, k, 0);
+    }
+    h.publish(TXQ, NUM);
+    let before = vport(&mut sw, hostile).queue_stats()[TXQ];
+    let rebuilds_before = vport(&mut sw, hostile).conn_stats().rebuilds;
+    let t = Instant::now();
+    let mut sent = 0u64;
+    while t.elapsed() < Duration::from_millis(1500) {
+        let enable = vhost_peer::wire::state(TXQ as u32, 1);
+        if h.wire
+            .send(
+                vhost_peer::wire::req::SET_VRING_ENABLE,
+                vhost_peer::wire::VERSION,
+                &enable,
+                &[],
+            )
+            .is_ok()
+        {
+            sent += 1;
+        }
+        settle(&mut sw);
+        let back = h.take_used(TXQ).len() as u16;
+        if back > 0 {
+            let idx = h.avail_idx[TXQ].wrapping_add(back);
+            h.publish(TXQ, idx);
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let st = vport(&mut sw, hostile).queue_stats()[TXQ];
+    let rebuilds = vport(&mut sw, hostile).conn_stats().rebuilds - rebuilds_before;
+    let (chains, reads) = (st.chains - before.chains, st.desc_reads - before.desc_reads);
+    println!(
+        "{sent} messages, {rebuilds} rebuilds, {chains} chains, {reads} descriptor reads in {secs:.2}s ({:.0}/s, bound {DESC_RATE}/s beyond {FREE_READS} a chain)",
+        reads as f64 / secs
+    );
+    // The attack took place: the messages were served and rebuilt the
+    // queues many times, and the legal chains were taken.
+    assert!(rebuilds > 100, "{rebuilds} rebuilds of {sent} messages");
+    assert!(chains > 0, "the long chains are legal and taken");
+    let bound = DESC_BUDGET as f64
+        + DESC_RATE as f64 * secs
+        + (FREE_READS * chains + chain_reads(NUM)) as f64;
+    assert!(
+        reads as f64 <= bound,
+        "{reads} descriptor reads of the attacker's queue in {secs:.2}s over {rebuilds} rebuilds (bound {bound:.0})"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 // ---------------------------------------------------------------------
 // A frame rewritten between the check and the delivery.
 

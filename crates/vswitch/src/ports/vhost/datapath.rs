@@ -516,6 +516,13 @@ pub struct QueueSetup {
     pub share: u16,
 }
 
+/// A queue's descriptor budget as it stood ([`Queue::credit`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Credit {
+    credit: i64,
+    refilled: Option<Instant>,
+}
+
 impl Queue {
     /// Translate and check a queue's rings in `mem`; `name` says which
     /// port's queue it is, in the log.
@@ -663,6 +670,25 @@ impl Queue {
                 self.ring.used.add(off + 4).cast::<AtomicU32>().as_ref(),
             )
         }
+    }
+
+    /// Where this queue's descriptor budget stands, for the queue a
+    /// rebuild makes in its place ([`Queue::carry_credit`]).
+    pub fn credit(&self) -> Credit {
+        Credit {
+            credit: self.credit,
+            refilled: self.refilled,
+        }
+    }
+
+    /// Start from what the queue this one replaces had left of its budget
+    /// (at most this queue's own budget, which the pairs running decide).
+    /// The frontend's messages rebuild the queues (an enable, a call fd,
+    /// any of them): a fresh queue's full budget would let a guest refill
+    /// its budget by sending messages, past [`DESC_RATE`].
+    pub fn carry_credit(&mut self, c: Credit) {
+        self.credit = c.credit.min(self.budget as i64);
+        self.refilled = c.refilled;
     }
 
     /// A new pass: the budget earns what the time since the last refill

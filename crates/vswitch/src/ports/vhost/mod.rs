@@ -416,8 +416,12 @@ impl VhostPort {
 
     /// Build the device again from what the frontend set up.
     fn rebuild(&mut self) {
+        // What each queue had left of its descriptor budget goes on to the
+        // queue built in its place.
+        let mut carried = Vec::new();
         if let Some(d) = &mut self.dev {
             for (i, q) in d.queues.iter_mut().enumerate() {
+                carried.push(q.as_ref().map(|q| q.credit()));
                 if let Some(q) = q {
                     q.flush_held(&mut self.st[i]);
                 }
@@ -447,7 +451,10 @@ impl VhostPort {
                     let dir = if is_tx(i) { "tx" } else { "rx" };
                     let name = format!("{} {dir}{}", self.cfg.name, i / 2);
                     match Queue::new(name, mem, setup) {
-                        Ok(q) => {
+                        Ok(mut q) => {
+                            if let Some(Some(c)) = carried.get(i) {
+                                q.carry_credit(*c);
+                            }
                             // A start the in-flight region refused, or one
                             // that recovered heads in flight, is counted.
                             let rec = q.recovered();
