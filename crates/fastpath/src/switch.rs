@@ -189,8 +189,11 @@ pub enum SwitchCommand {
 
 #[derive(Args)]
 pub struct VmArgs {
-    /// virtio-net on a switch's vhost-user port at PATH (repeatable).
-    #[arg(long, value_name = "PATH[,mac=MAC]")]
+    /// virtio-net on a switch's vhost-user port at PATH (repeatable);
+    /// `queues=N` asks for N queue pairs (the switch's port offers up to
+    /// its own `queues=`, 4 by default): give the guest as many --cpus,
+    /// and its driver turns them all on.
+    #[arg(long, value_name = "PATH[,mac=MAC][,queues=N]")]
     vhost_user: Vec<String>,
     /// virtio-net on QEMU's own TAP backend, TAP IFNAME (repeatable).
     #[arg(long, value_name = "IFNAME[,mac=MAC]")]
@@ -220,14 +223,18 @@ pub struct VmArgs {
     /// Guest memory, MiB.
     #[arg(long, default_value_t = 256)]
     mem_mib: u32,
+    /// The guest's vCPUs (QEMU's -smp; TCG runs each in a host thread).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    cpus: u32,
     /// The guest image's directory (vmlinuz, initrd.gz): one that
     /// `scripts/guest-image.sh DIR` built elsewhere than the default.
     #[arg(long, value_name = "DIR", default_value = lab::guest::IMAGE_DIR)]
     image: PathBuf,
     /// How often QEMU tries the switch's socket again after it closed
     /// (QEMU's `reconnect-ms`), so that the guest keeps its network across
-    /// a restart or upgrade of the switch (it has the link down meanwhile,
-    /// about a second in all); 0: QEMU stays disconnected.
+    /// a restart or upgrade of the switch: such a NIC shows the guest no
+    /// link status, so what it sends meanwhile waits in its ring (pings
+    /// resume in about 0.2 s); 0: QEMU stays disconnected.
     #[arg(long, value_name = "MS", default_value_t = 100)]
     reconnect_ms: u32,
 }
@@ -780,24 +787,44 @@ fn listening(path: &Path) -> Result<(), &'static str> {
     }
 }
 
-/// `X[,mac=MAC]`: the argument and its MAC, if given.
-fn nic_spec(spec: &str, what: &str) -> anyhow::Result<(String, Option<String>)> {
+/// A NIC argument: `X[,mac=MAC]`, and for a vhost-user NIC `[,queues=N]`.
+struct NicSpec {
+    head: String,
+    mac: Option<String>,
+    queues: u16,
+}
+
+/// `X[,mac=MAC][,queues=N]` (queues only where `what` is vhost-user).
+fn nic_spec(spec: &str, what: &str) -> anyhow::Result<NicSpec> {
     let mut parts = spec.split(',');
     let head = parts.next().unwrap_or_default().to_string();
     if head.is_empty() {
         bail!("--{what} {spec:?}: nothing before the first ','");
     }
-    let mut mac = None;
+    let vhost = what == "vhost-user";
+    let (mut mac, mut queues) = (None, 1);
     for kv in parts {
         match kv.split_once('=') {
             Some(("mac", m)) => {
                 parse_mac(m).with_context(|| format!("--{what} {spec}"))?;
                 mac = Some(m.to_string());
             }
+            Some(("queues", q)) if vhost => {
+                queues = match q.parse::<u16>() {
+                    Ok(n @ 1..=vswitch::ports::vhost::MAX_QUEUE_PAIRS) => n,
+                    _ => bail!(
+                        "--{what} {spec:?}: queues={q}: a number of queue pairs from 1 to {}",
+                        vswitch::ports::vhost::MAX_QUEUE_PAIRS
+                    ),
+                };
+            }
+            _ if vhost => {
+                bail!("--{what} {spec:?}: unknown option {kv:?} (mac=MAC, queues=N)")
+            }
             _ => bail!("--{what} {spec:?}: unknown option {kv:?} (only mac=MAC)"),
         }
     }
-    Ok((head, mac))
+    Ok(NicSpec { head, mac, queues })
 }
 
 pub fn vm(a: VmArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
@@ -810,8 +837,8 @@ pub fn vm(a: VmArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         m.unwrap_or_else(|| format!("52:54:00:fa:00:{made:02x}"))
     };
     for s in &a.vhost_user {
-        let (path, mac) = nic_spec(s, "vhost-user")?;
-        let nic = Nic::vhost_user(std::path::Path::new(&path), &mac_for(mac));
+        let n = nic_spec(s, "vhost-user")?;
+        let nic = Nic::vhost_user(std::path::Path::new(&n.head), &mac_for(n.mac)).queues(n.queues);
         nics.push(if a.reconnect_ms > 0 {
             nic.reconnect(a.reconnect_ms)
         } else {
@@ -819,12 +846,12 @@ pub fn vm(a: VmArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
         });
     }
     for s in &a.tap {
-        let (name, mac) = nic_spec(s, "tap")?;
-        nics.push(Nic::tap(&name, &mac_for(mac)));
+        let n = nic_spec(s, "tap")?;
+        nics.push(Nic::tap(&n.head, &mac_for(n.mac)));
     }
     for s in &a.e1000 {
-        let (name, mac) = nic_spec(s, "e1000")?;
-        nics.push(Nic::e1000(&name, &mac_for(mac)));
+        let n = nic_spec(s, "e1000")?;
+        nics.push(Nic::e1000(&n.head, &mac_for(n.mac)));
     }
     if nics.is_empty() {
         bail!("give the guest at least one NIC: --vhost-user PATH, --tap IFNAME or --e1000 IFNAME");
@@ -832,7 +859,7 @@ pub fn vm(a: VmArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     // QEMU connects to the switch's VM socket at once and gives up in a
     // fraction of a second if nobody is there: say what to do first.
     for s in &a.vhost_user {
-        let (path, _) = nic_spec(s, "vhost-user")?;
+        let path = nic_spec(s, "vhost-user")?.head;
         if let Err(why) = listening(Path::new(&path)) {
             bail!(
                 "no switch listens on {path} ({why}): start the switch first \
@@ -840,7 +867,9 @@ pub fn vm(a: VmArgs, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             );
         }
     }
-    let mut o = GuestOpts::new("vm", nics).limit(Duration::from_secs(a.limit.max(1)));
+    let mut o = GuestOpts::new("vm", nics)
+        .limit(Duration::from_secs(a.limit.max(1)))
+        .cpus(a.cpus);
     o.mem_mib = a.mem_mib.clamp(64, 4096);
     o.image = a.image.clone();
     if let Some(ip) = &a.ip {

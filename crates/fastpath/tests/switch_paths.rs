@@ -122,3 +122,46 @@ fn a_vm_started_before_its_switch_says_to_start_the_switch_first() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A VM NIC's queue pairs are checked before QEMU is asked for them: a
+/// count the switch cannot offer, or queues on a NIC that has none here,
+/// is refused with what is allowed.
+#[test]
+fn a_vm_nic_asks_for_queue_pairs_the_switch_can_offer() {
+    let d = dir("vm-queues");
+    let sock = d.join("vm1.sock");
+    let run = |args: &[&str]| {
+        let out = fastpath()
+            .args(["switch", "vm", "--image", s(&d)])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for q in ["0", "9", "two"] {
+        let err = run(&["--vhost-user", &format!("{},queues={q}", s(&sock))]);
+        assert!(
+            err.contains(&format!("queues={q}")) && err.contains("from 1 to 8"),
+            "{q}: {err}"
+        );
+    }
+    let err = run(&["--tap", "fpt0,queues=2"]);
+    assert!(err.contains("only mac=MAC"), "{err}");
+    let err = run(&[
+        "--vhost-user",
+        &format!("{},queues=2", s(&sock)),
+        "--cpus",
+        "9",
+    ]);
+    assert!(err.contains("--cpus"), "{err}");
+    // Two pairs pass the check: what stops it then is the missing switch.
+    let err = run(&[
+        "--vhost-user",
+        &format!("{},queues=2", s(&sock)),
+        "--cpus",
+        "2",
+    ]);
+    assert!(err.contains("start the switch first"), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}
