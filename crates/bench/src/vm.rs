@@ -664,7 +664,7 @@ impl Running {
         }
     }
 
-    fn stop(&mut self) -> &mut Switch {
+    pub(crate) fn stop(&mut self) -> &mut Switch {
         if let Some((stop, h)) = self.run.take() {
             stop.store(true, Ordering::Relaxed);
             match h.join() {
@@ -1181,20 +1181,8 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
     })?;
     let _cleanup = RemoveDir(dir.clone());
     let ns = Netns::new(&format!("fpvmbench{}", pid % 100_000))?;
-    let sock = |n: &str| dir.join(format!("{n}.sock"));
-    let vhost = |n: &str, mac: &str| {
-        VhostUserEntry::parse(&format!("{},name={n},mac={mac}", sock(n).display()))
-            .and_then(|e| e.config())
-            .expect("the bench's own vhost-user settings are valid")
-    };
-    let mut sw = Switch::new(Config {
-        socket: None,
-        poll_us: o.poll_us,
-        log_ports: false,
-        vhost_user: vec![vhost("vm-a", MAC_A), vhost("vm-b", MAC_B)],
-        ..Config::default()
-    })
-    .map_err(VmError::Switch)?;
+    let sock = |n: &str| vm_sock(&dir, "", n);
+    let mut sw = vm_switch(&dir, "", o.poll_us, &[("vm-a", MAC_A), ("vm-b", MAC_B)])?;
     let idx_a = sw.find("vm-a").unwrap_or(0);
     let idx_b = sw.find("vm-b").unwrap_or(1);
     let idx_sink = sw
@@ -1361,4 +1349,39 @@ pub const KEYS: [&str; 11] = [
 /// The value at a dotted key (`vm.guest_to_guest.pps`).
 pub fn at<'a>(doc: &'a Value, key: &str) -> Option<&'a Value> {
     key.split('.').try_fold(doc, |v, k| v.get(k))
+}
+
+/// A switch for the VM benches: a vhost-user port per `(name, MAC)` of
+/// `ports`, its socket at [`vm_sock`]`(dir, prefix, name)`, polling for
+/// `poll_us`; not yet running.
+pub(crate) fn vm_switch(
+    dir: &std::path::Path,
+    prefix: &str,
+    poll_us: u64,
+    ports: &[(&str, &str)],
+) -> Result<Switch, VmError> {
+    let vhost_user = ports
+        .iter()
+        .map(|(n, mac)| {
+            VhostUserEntry::parse(&format!(
+                "{},name={n},mac={mac}",
+                vm_sock(dir, prefix, n).display()
+            ))
+            .and_then(|e| e.config())
+            .expect("the bench's own vhost-user settings are valid")
+        })
+        .collect();
+    Switch::new(Config {
+        socket: None,
+        poll_us,
+        log_ports: false,
+        vhost_user,
+        ..Config::default()
+    })
+    .map_err(VmError::Switch)
+}
+
+/// Where [`vm_switch`] puts port `name`'s socket.
+pub(crate) fn vm_sock(dir: &std::path::Path, prefix: &str, name: &str) -> std::path::PathBuf {
+    dir.join(format!("{prefix}{name}.sock"))
 }

@@ -21,8 +21,7 @@
 //! a core of its own.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use lab::guest::{Guest, GuestOpts, Nic};
@@ -30,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use vswitch::{Config, Switch, VhostPort, VhostUserEntry};
 
 use crate::switch_ports::SinkPort;
-use crate::vm::{stats, Stats, VmError, VmOptions};
+use crate::vm::{stats, Running, Stats, VmError, VmOptions};
 
 const MAC_A: &str = "52:54:00:fa:3a:01";
 const MAC_SINK: [u8; 6] = [0x02, 0xfa, 0x5e, 0x00, 0x03, 0x01];
@@ -163,40 +162,6 @@ fn placement(
     v
 }
 
-/// The switch, on its own thread between measurements.
-struct Running {
-    sw: Option<Switch>,
-    run: Option<(Arc<AtomicBool>, std::thread::JoinHandle<Switch>)>,
-}
-
-impl Running {
-    fn start(&mut self) {
-        if let Some(sw) = self.sw.take() {
-            self.run = Some(vswitch::spawn(sw).expect("a switch that binds no socket starts"));
-        }
-    }
-
-    fn stop(&mut self) -> &mut Switch {
-        if let Some((stop, h)) = self.run.take() {
-            stop.store(true, Ordering::Relaxed);
-            match h.join() {
-                Ok(sw) => self.sw = Some(sw),
-                Err(e) => std::panic::resume_unwind(e),
-            }
-        }
-        self.sw.as_mut().expect("the switch is here when stopped")
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some((stop, h)) = self.run.take() {
-            stop.store(true, Ordering::Relaxed);
-            let _ = h.join();
-        }
-    }
-}
-
 /// Transmit chains per queue pair of the port at `idx`.
 fn tx_chains(sw: &mut Switch, idx: u16) -> Vec<u64> {
     sw.port_as::<VhostPort>(idx)
@@ -264,10 +229,7 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<Multiqueue, VmError> {
     let idx = sw.find("vm-mq").unwrap_or(0);
     sw.add_port(Box::new(SinkPort::with_mac("sink", MAC_SINK)))
         .map_err(VmError::Switch)?;
-    let mut running = Running {
-        sw: Some(sw),
-        run: None,
-    };
+    let mut running = Running::new(sw);
     running.start();
     say("multiqueue: booting a guest with 2 vCPUs and 2 queue pairs");
     let opts = GuestOpts::new("MQ", vec![Nic::vhost_user(&sock, MAC_A).queues(2)])

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use lab::guest::{Guest, GuestOpts, Nic};
 use serde::{Deserialize, Serialize};
-use vswitch::{Config, Switch, VhostUserEntry};
 
 use crate::switch_ports::SinkPort;
 use crate::vm::{stats, GuestToGuest, Stats, VmError, VmOptions};
@@ -115,20 +114,13 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<RingsRun, VmError> {
         return Err(VmError::Unavailable);
     }
     let load = loadavg();
-    let sock = |n: &str| dir.join(format!("rings-{n}.sock"));
-    let vhost = |n: &str, mac: &str| {
-        VhostUserEntry::parse(&format!("{},name={n},mac={mac}", sock(n).display()))
-            .and_then(|e| e.config())
-            .expect("the bench's own vhost-user settings are valid")
-    };
-    let mut sw = Switch::new(Config {
-        socket: None,
-        poll_us: o.poll_us,
-        log_ports: false,
-        vhost_user: vec![vhost("vm-a", MAC_A), vhost("vm-b", MAC_B)],
-        ..Config::default()
-    })
-    .map_err(VmError::Switch)?;
+    let sock = |n: &str| crate::vm::vm_sock(dir, "rings-", n);
+    let mut sw = crate::vm::vm_switch(
+        dir,
+        "rings-",
+        o.poll_us,
+        &[("vm-a", MAC_A), ("vm-b", MAC_B)],
+    )?;
     let idx_a = sw.find("vm-a").unwrap_or(0);
     let idx_b = sw.find("vm-b").unwrap_or(1);
     let idx_sink = sw

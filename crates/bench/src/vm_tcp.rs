@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use lab::guest::{Guest, GuestOpts, Nic, Offloads};
 use lab::netns::Netns;
 use serde::{Deserialize, Serialize};
-use vswitch::{Config, Switch, VhostUserEntry};
+use vswitch::Switch;
 
 use crate::vm::{stats, Stats, VmError, VmOptions};
 
@@ -385,26 +385,19 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<VmTcp, VmError> {
     let ns = Netns::new(&format!("fpvtcp{}", pid % 100_000))?;
     ns.ip(&["link", "add", "name", BRIDGE, "type", "bridge"])?;
     ns.ip(&["link", "set", "dev", BRIDGE, "up"])?;
-    let sock = |n: &str| dir.join(format!("tcp-{n}.sock"));
+    let sock = |n: &str| crate::vm::vm_sock(dir, "tcp-", n);
     let (pmd_a, pmd_b) = (sock("pmd-a"), sock("pmd-b"));
     // testpmd first: QEMU waits at start for its vhost-user server.
     let (mut pmd, pmd_line) = match Testpmd::start([&pmd_a, &pmd_b], dir) {
         Ok((p, l)) => (Some(p), l),
         Err(e) => (None, format!("not run: {e}")),
     };
-    let vhost = |n: &str, mac: &str| {
-        VhostUserEntry::parse(&format!("{},name={n},mac={mac}", sock(n).display()))
-            .and_then(|e| e.config())
-            .expect("the bench's own vhost-user settings are valid")
-    };
-    let sw = Switch::new(Config {
-        socket: None,
-        poll_us: o.poll_us,
-        log_ports: false,
-        vhost_user: vec![vhost("tcp-a", MACS_A[0]), vhost("tcp-b", MACS_B[0])],
-        ..Config::default()
-    })
-    .map_err(VmError::Switch)?;
+    let sw = crate::vm::vm_switch(
+        dir,
+        "tcp-",
+        o.poll_us,
+        &[("tcp-a", MACS_A[0]), ("tcp-b", MACS_B[0])],
+    )?;
     let _sw = Running(Some(vswitch::spawn(sw).map_err(VmError::Switch)?));
     let opts = |name: &str, macs: [&str; 3], sw: &str, tap: &str, pmd: &Path| {
         let mut nics = vec![Nic::vhost_user(&sock(sw), macs[0]), Nic::tap(tap, macs[1])];

@@ -726,9 +726,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         report.vm = Some(bench::vm::VmPart::Skipped {
             skipped: "needs root, qemu-system-x86_64 and the guest image (scripts/setup.sh)".into(),
         });
-    } else if vm_wanted {
+    } else if vm_wanted || a.part.contains(&PartArg::VmMultiqueue) {
         let repeats = a.repeats.unwrap_or(if a.quick { 1 } else { 3 }) as usize;
-        eprintln!("switch bench, vm part: two QEMU guests (TCG), {repeats} run(s) per figure");
         let vo = bench::vm::VmOptions {
             quick: a.quick,
             repeats,
@@ -737,23 +736,17 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             stop: crate::stop_flag()?,
             vhost_ring: a.vm_ring,
         };
-        let v = bench::vm::run(&vo).context("the vm part")?;
-        report.vm = Some(bench::vm::VmPart::Measured(Box::new(v)));
-    } else if a.part.contains(&PartArg::VmMultiqueue) {
-        let repeats = a.repeats.unwrap_or(if a.quick { 1 } else { 3 }) as usize;
-        eprintln!("switch bench, vm multiqueue row: one QEMU guest (TCG), {repeats} run(s)");
-        let vo = bench::vm::VmOptions {
-            quick: a.quick,
-            repeats,
-            poll_us: a.forwarding_poll_us.min(vswitch::MAX_INTERVAL_US),
-            progress,
-            stop: crate::stop_flag()?,
-            vhost_ring: a.vm_ring,
-        };
-        let m = bench::vm_mq::run_alone(&vo).context("the vm multiqueue row")?;
-        report.vm = Some(bench::vm::VmPart::Multiqueue {
-            multiqueue: Box::new(m),
-        });
+        if vm_wanted {
+            eprintln!("switch bench, vm part: two QEMU guests (TCG), {repeats} run(s) per figure");
+            let v = bench::vm::run(&vo).context("the vm part")?;
+            report.vm = Some(bench::vm::VmPart::Measured(Box::new(v)));
+        } else {
+            eprintln!("switch bench, vm multiqueue row: one QEMU guest (TCG), {repeats} run(s)");
+            let m = bench::vm_mq::run_alone(&vo).context("the vm multiqueue row")?;
+            report.vm = Some(bench::vm::VmPart::Multiqueue {
+                multiqueue: Box::new(m),
+            });
+        }
     }
     if part(PartArg::Isolation) {
         let io = bench::isolation::Options {

@@ -442,6 +442,32 @@ fn long_transmit_chains_do_not_slow_the_other_ports() {
     panic!("the sender's frames were taken at under 70% of the rate without the attack in three tries (with, without): {tries:?}");
 }
 
+/// Lays one legal chain through the whole descriptor table of `h`'s
+/// transmit queue (`num` descriptors, the last holding a frame) and offers
+/// it in every entry of the available ring (head 0, over and over).
+fn offer_whole_table_chain(h: &mut TestGuest, num: u16) {
+    let src = VICTIM_MAC.map(|b| b ^ 0x40);
+    h.mem.write(BIG_BUFS, &[0u8; 12]);
+    h.mem.write(BIG_BUFS + 12, &frame(src, 0));
+    for i in 0..num {
+        let last = i == num - 1;
+        h.put_desc(
+            TXQ,
+            i,
+            RawDesc {
+                addr: if last { BIG_BUFS } else { BIG_BUFS + BUF },
+                len: if last { 72 } else { 0 },
+                flags: if last { 0 } else { F_NEXT },
+                next: i.wrapping_add(1) % num,
+            },
+        );
+    }
+    for k in 0..num {
+        h.push_avail(TXQ, k, 0);
+    }
+    h.publish(TXQ, num);
+}
+
 /// One try of the test above: (frames/s taken without the attack, with it).
 fn long_chains_try(attempt: u32) -> (f64, f64) {
     const NUM: u16 = 32768;
@@ -482,27 +508,7 @@ fn long_chains_try(attempt: u32) -> (f64, f64) {
         n as f64 / t.elapsed().as_secs_f64()
     };
     let calm = taken(&mut sw, &mut sender, Box::new(|_| {}));
-    let src = VICTIM_MAC.map(|b| b ^ 0x40);
-    h.mem.write(BIG_BUFS, &[0u8; 12]);
-    h.mem.write(BIG_BUFS + 12, &frame(src, 0));
-    for i in 0..NUM {
-        let last = i == NUM - 1;
-        h.put_desc(
-            TXQ,
-            i,
-            RawDesc {
-                addr: if last { BIG_BUFS } else { BIG_BUFS + BUF },
-                len: if last { 72 } else { 0 },
-                flags: if last { 0 } else { F_NEXT },
-                next: i.wrapping_add(1) % NUM,
-            },
-        );
-    }
-    // Head 0 in every entry: the chain, offered over and over.
-    for k in 0..NUM {
-        h.push_avail(TXQ, k, 0);
-    }
-    h.publish(TXQ, NUM);
+    offer_whole_table_chain(&mut h, NUM);
     let before = vport(&mut sw, hostile).queue_stats()[TXQ];
     let t = Instant::now();
     let attacked = taken(
@@ -567,26 +573,7 @@ fn messages_that_rebuild_the_queues_do_not_refill_the_budget() {
     )
     .expect("hostile");
     settle(&mut sw);
-    let src = VICTIM_MAC.map(|b| b ^ 0x40);
-    h.mem.write(BIG_BUFS, &[0u8; 12]);
-    h.mem.write(BIG_BUFS + 12, &frame(src, 0));
-    for i in 0..NUM {
-        let last = i == NUM - 1;
-        h.put_desc(
-            TXQ,
-            i,
-            RawDesc {
-                addr: if last { BIG_BUFS } else { BIG_BUFS + BUF },
-                len: if last { 72 } else { 0 },
-                flags: if last { 0 } else { F_NEXT },
-                next: i.wrapping_add(1) % NUM,
-            },
-        );
-    }
-    for k in 0..NUM {
-        h.push_avail(TXQ, k, 0);
-    }
-    h.publish(TXQ, NUM);
+    offer_whole_table_chain(&mut h, NUM);
     let before = vport(&mut sw, hostile).queue_stats()[TXQ];
     let rebuilds_before = vport(&mut sw, hostile).conn_stats().rebuilds;
     let t = Instant::now();
