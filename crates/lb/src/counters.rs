@@ -136,15 +136,21 @@ impl Traffic {
     }
 }
 
-/// Counts a packet of `bytes` for entry `i`, growing the table (VIPs and
-/// backends can be added by a reload).
+/// Entry `i` of `table`, growing the table (VIPs and backends can be
+/// added by a reload).
 #[inline]
-fn bump(table: &mut Vec<Traffic>, i: u32, bytes: usize) {
+fn entry(table: &mut Vec<Traffic>, i: u32) -> &mut Traffic {
     let i = i as usize;
     if i >= table.len() {
         table.resize(i + 1, Traffic::default());
     }
-    table[i].add(bytes);
+    &mut table[i]
+}
+
+/// Counts a packet of `bytes` for entry `i`.
+#[inline]
+fn bump(table: &mut Vec<Traffic>, i: u32, bytes: usize) {
+    entry(table, i).add(bytes);
 }
 
 /// One packet thread's counters (or the sum of several).
@@ -260,9 +266,11 @@ impl Counters {
         NOT_FOR_VIP.iter().any(|r| r.index() == index)
     }
 
-    #[inline]
-    pub(crate) fn vip(&mut self, vip: u32, bytes: usize) {
-        bump(&mut self.per_vip, vip, bytes);
+    /// Adds `t` (several packets) to VIP `vip`'s traffic.
+    pub(crate) fn vip_traffic(&mut self, vip: u32, t: Traffic) {
+        let e = entry(&mut self.per_vip, vip);
+        e.packets += t.packets;
+        e.bytes += t.bytes;
     }
 
     #[inline]
@@ -388,7 +396,13 @@ mod tests {
         assert_eq!(DropReason::name_of(DropReason::NoVip.index()), "no_vip");
         let mut c = Counters::new();
         c.drop(DropReason::FragExpired);
-        c.vip(3, 100);
+        c.vip_traffic(
+            3,
+            Traffic {
+                packets: 1,
+                bytes: 100,
+            },
+        );
         (
             c.refused_tcp_rst,
             c.refused_icmp_unreachable,

@@ -17,7 +17,7 @@ use packet::tcp::flags::{ACK as TCP_ACK, FIN as TCP_FIN, RST as TCP_RST, SYN as 
 use packet::{parse_frame, FlowKey};
 
 use crate::conntrack::{Conntrack, Entry};
-use crate::counters::{Counters, DropReason};
+use crate::counters::{Counters, DropReason, Traffic};
 use crate::frag::{Decision, FragKey, FragTable, Frags};
 use crate::tables::Tables;
 use crate::tracer::{self, Lookup, Marker, Offer, Record, Redirect, Tracer};
@@ -143,6 +143,18 @@ pub struct Worker {
     refusals: RefusalBucket,
     /// Where a refusal is built before it replaces the frame it answers.
     reply: Vec<u8>,
+    /// The traffic forwarded for one VIP since it was last added to
+    /// [`Counters`]: added when another VIP's packet is sent and when the
+    /// batch ends, so a batch for one VIP (the common case) adds to the
+    /// VIP's counter and to `tx` once, not per packet.
+    run: VipRun,
+}
+
+/// Forwarded traffic for one VIP not yet in the counters.
+#[derive(Default)]
+struct VipRun {
+    vip: u32,
+    traffic: Traffic,
 }
 
 impl Worker {
@@ -161,6 +173,7 @@ impl Worker {
             trace: None,
             refusals: RefusalBucket::new(),
             reply: Vec::new(),
+            run: VipRun::default(),
         }
     }
 
@@ -244,6 +257,7 @@ impl Worker {
         }
         staged.clear();
         self.staged = staged;
+        self.end_run();
         self.frags.sweep_batch(now_ms, &mut self.expired);
         self.drop_expired();
         self.counters.conntrack = self.ct.stats();
@@ -281,6 +295,16 @@ impl Worker {
     /// Returns a packet's buffer to the pool without counting it.
     pub fn free(&mut self, p: Packet) {
         let _ = self.handle.free(p.buf);
+    }
+
+    /// Adds the traffic of the VIP run to the counters (before anyone
+    /// can read them: [`Worker::process`] ends with this).
+    fn end_run(&mut self) {
+        let r = std::mem::take(&mut self.run.traffic);
+        if r.packets > 0 {
+            self.counters.vip_traffic(self.run.vip, r);
+            self.counters.tx += r.packets;
+        }
     }
 
     fn drop_expired(&mut self) {
@@ -548,9 +572,12 @@ impl Worker {
             Ok(r) => {
                 pkt.off = r.start as u16;
                 pkt.len = r.len() as u16;
-                self.counters.vip(vip, bytes);
+                if vip != self.run.vip {
+                    self.end_run();
+                    self.run.vip = vip;
+                }
+                self.run.traffic.add(bytes);
                 self.counters.backend(backend, bytes);
-                self.counters.tx += 1;
                 out.push(pkt);
             }
             Err(_) => self.discard(pkt, DropReason::EncapFailed),

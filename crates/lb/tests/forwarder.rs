@@ -918,3 +918,68 @@ fn the_heartbeat_stops_when_one_queue_panics() {
         result.map(|r| r.counters.rx)
     );
 }
+
+// The forwarder adds a batch's traffic for one VIP to the counters once
+// (when another VIP's packet comes, and when the batch ends): whatever the
+// order of VIPs and the cut into batches, each VIP's packets and bytes
+// are those of the frames forwarded for it, and they add up to `tx`.
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    #[test]
+    fn per_vip_counters_match_the_frames_in_any_order_and_batching(
+        frames in proptest::collection::vec((0usize..3, 1024u16..65_000, 0usize..400), 1..200),
+        cuts in proptest::collection::vec(1usize..40, 1..20),
+    ) {
+        use packet::tcp::flags::ACK;
+        let cfg = Config::parse(CONFIG, "test").unwrap();
+        let control = Control::new(cfg).unwrap();
+        let t = control.tables().load_full();
+        let pool = small_pool();
+        let mut h = pool.handle();
+        let mut w = worker(&pool, 4096);
+        // The sample's three VIPs by name, and a frame for each.
+        let vips = ["http", "dns-any-port", "http6"];
+        let frame = |v: usize, sport: u16, n: usize| -> Vec<u8> {
+            let payload = vec![0x5a; n];
+            match v {
+                0 => Frame::tcp(ip("203.0.113.7"), ip("192.0.2.80"), sport, 80, ACK, &payload),
+                1 => Frame::udp(ip("203.0.113.7"), ip("192.0.2.53"), sport, 53, &payload),
+                _ => Frame::tcp(ip("2001:db8:1::7"), ip("2001:db8::80"), sport, 80, ACK, &payload),
+            }
+            .to_bytes()
+        };
+        let mut want: HashMap<&str, (u64, u64)> = HashMap::new();
+        let mut all: Vec<Vec<u8>> = Vec::new();
+        for &(v, sport, n) in &frames {
+            let f = frame(v, sport, n);
+            let e = want.entry(vips[v]).or_default();
+            e.0 += 1;
+            e.1 += f.len() as u64;
+            all.push(f);
+        }
+        let mut at = 0;
+        let mut k = 0;
+        let mut out = Vec::new();
+        while at < all.len() {
+            let n = cuts[k % cuts.len()].min(all.len() - at);
+            k += 1;
+            let mut batch: Vec<_> = all[at..at + n].iter().map(|f| common::packet(&pool, &mut h, f)).collect();
+            w.process(&t, &mut batch, &mut out, 0);
+            at += n;
+            // The counters are read between batches: what was forwarded
+            // so far is in them already.
+            let per: u64 = w.counters.per_vip.iter().map(|x| x.packets).sum();
+            proptest::prop_assert_eq!(per, w.counters.tx);
+            proptest::prop_assert_eq!(w.counters.tx, out.len() as u64);
+        }
+        proptest::prop_assert_eq!(out.len(), all.len(), "every frame is for a served VIP with healthy backends");
+        for p in out.drain(..) {
+            h.free(p.buf).unwrap();
+        }
+        for (i, vip) in t.vips.iter().enumerate() {
+            let got = w.counters.per_vip.get(i).copied().unwrap_or_default();
+            let (packets, bytes) = want.get(vip.name.as_str()).copied().unwrap_or((0, 0));
+            proptest::prop_assert_eq!((got.packets, got.bytes), (packets, bytes), "VIP {}", vip.name);
+        }
+    }
+}
