@@ -73,6 +73,10 @@ pub struct Multiqueue {
     /// With two pairs, the share of frames the switch took from the
     /// second transmit queue (0.5: even).
     pub second_queue_share: Stats,
+    /// Where the guest's vCPU threads were pinned (vCPU K on core K), or
+    /// why they were not.
+    #[serde(default)]
+    pub vcpu_placement: String,
     /// QEMU's threads over 5% of a core (its vCPUs are `CPU K/TCG`), and
     /// the switch's, in the last two-pair measurement.
     pub threads_two_pairs: Vec<Placement>,
@@ -176,6 +180,41 @@ fn tx_chains(sw: &mut Switch, idx: u16) -> Vec<u64> {
         .unwrap_or_default()
 }
 
+/// Pins each of QEMU's vCPU threads (`CPU K/TCG`) to core `K` (modulo
+/// the cores there are); says where they went, or why they were not
+/// pinned. Unpinned, 2 of 9 runs fell below the goal, each with a
+/// two-pair run far slower than the others beside a one-pair run as fast
+/// as ever; two busy vCPUs left to share one core is the likeliest cause,
+/// and the one pinning removes (a VM host pins vCPUs for the same reason).
+fn pin_vcpus(qemu: u32) -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut placed = Vec::new();
+    for (tid, name, _, _) in threads(qemu) {
+        let Some(k) = name
+            .strip_prefix("CPU ")
+            .and_then(|r| r.strip_suffix("/TCG"))
+            .and_then(|k| k.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let core = k % cores;
+        if !crate::vm_testpmd::pin_tid(tid as i32, core) {
+            return format!("unpinned (pinning {name} failed)");
+        }
+        placed.push((k, core));
+    }
+    if placed.is_empty() {
+        return "unpinned (no vCPU thread named CPU K/TCG)".into();
+    }
+    placed.sort_unstable();
+    placed
+        .iter()
+        .map(|(k, c)| format!("vCPU {k} on core {c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+        + "; QEMU's other threads and the switch unpinned"
+}
+
 /// One measurement's results.
 struct One {
     pps: f64,
@@ -244,10 +283,14 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<Multiqueue, VmError> {
     let mut g = Guest::start(&opts).map_err(gerr)?;
     g.wait_ready(lab::guest::BOOT).map_err(gerr)?;
     let iface = g.iface(MAC_A).map_err(gerr)?;
-    let frames: u64 = if o.quick { 20_000 } else { 100_000 };
+    // A second or more of sending per measurement: at 100,000 frames a
+    // two-pair run lasted 0.1-0.2 s, and one late timeslice moved it.
+    let frames: u64 = if o.quick { 20_000 } else { 1_000_000 };
     let within = Duration::from_secs(120 + frames / 1000);
     let me = std::process::id();
     let qemu = g.pid();
+    let vcpu_placement = pin_vcpus(qemu);
+    say(&format!("multiqueue: {vcpu_placement}"));
     let measure = |g: &mut Guest, running: &mut Running, pairs: u16| -> Result<One, VmError> {
         g.set_queues(&iface, pairs).map_err(gerr)?;
         let c0 = tx_chains(running.stop(), idx);
@@ -345,6 +388,7 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<Multiqueue, VmError> {
         switch_cpu_pct_one_pair: stats(&cpu1),
         second_queue_share: stats(&share),
         load_avg_1min: stats(&loads),
+        vcpu_placement,
         threads_two_pairs: last2,
         threads_one_pair: last1,
         goal_ratio_at_least: GOAL_RATIO,
@@ -367,7 +411,7 @@ impl Multiqueue {
                 .join(", ")
         };
         format!(
-            "multiqueue (2-vCPU guest): 2 pairs {} Kpps, 1 pair {} Kpps, ratio {} (goal >= {GOAL_RATIO}); second queue's share {}; switch CPU {}% / {}% of a core (2 / 1 pairs); load {}\n  threads, 2 pairs: {}\n  threads, 1 pair: {}\n  limit: {}\n",
+            "multiqueue (2-vCPU guest): 2 pairs {} Kpps, 1 pair {} Kpps, ratio {} (goal >= {GOAL_RATIO}); second queue's share {}; switch CPU {}% / {}% of a core (2 / 1 pairs); load {}\n  vCPUs: {}\n  threads, 2 pairs: {}\n  threads, 1 pair: {}\n  limit: {}\n",
             f(&self.two_pairs_pps, 1e-3, 1),
             f(&self.one_pair_pps, 1e-3, 1),
             f(&self.ratio, 1.0, 2),
@@ -375,6 +419,7 @@ impl Multiqueue {
             f(&self.switch_cpu_pct_two_pairs, 1.0, 0),
             f(&self.switch_cpu_pct_one_pair, 1.0, 0),
             f(&self.load_avg_1min, 1.0, 1),
+            self.vcpu_placement,
             place(&self.threads_two_pairs),
             place(&self.threads_one_pair),
             self.limit
