@@ -189,13 +189,6 @@ fn err(guest: &'static str) -> impl FnOnce(GuestError) -> VmError {
     move |source| VmError::Guest { guest, source }
 }
 
-fn loadavg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
 /// min, median and max of a figure over the repeats, and its samples.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Stats {
@@ -808,7 +801,7 @@ impl<'a> Bench<'a> {
             let c0 = count(sw, self.idx_a);
             let k0 = count(sw, self.idx_sink);
             self.sw.start();
-            let load = loadavg();
+            let load = crate::proc::load_average_1min();
             let p = self
                 .a
                 .pktgen(
@@ -868,7 +861,7 @@ impl<'a> Bench<'a> {
         for r in 0..self.o.repeats {
             self.check()?;
             let i0 = self.a.interrupts(&irq).map_err(err("A"))?;
-            let load = loadavg();
+            let load = crate::proc::load_average_1min();
             let p = self
                 .a
                 .pktgen(
@@ -916,7 +909,7 @@ impl<'a> Bench<'a> {
                 for r in 0..self.o.repeats {
                     self.check()?;
                     let i0 = self.a.interrupts(&irq).map_err(err("A"))?;
-                    let load = loadavg();
+                    let load = crate::proc::load_average_1min();
                     let p = self
                         .a
                         .pktgen(
@@ -1057,7 +1050,7 @@ impl<'a> Bench<'a> {
             let b0 = count(self.sw.stop(), self.idx_b);
             let a0 = count(self.sw.stop(), self.idx_a);
             self.sw.start();
-            let load = loadavg();
+            let load = crate::proc::load_average_1min();
             let p = self
                 .a
                 .pktgen(
@@ -1171,7 +1164,7 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
         return Err(VmError::NotRoot);
     }
     let t0 = Instant::now();
-    let load_before = loadavg();
+    let load_before = crate::proc::load_average_1min();
     let pid = std::process::id();
     let dir = std::env::temp_dir().join(format!("fastpath-vm-bench-{pid}"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -100,20 +100,13 @@ fn err(guest: &'static str) -> impl FnOnce(lab::guest::GuestError) -> VmError {
     move |source| VmError::Guest { guest, source }
 }
 
-fn loadavg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
 /// Boot the two guests with `o.vhost_ring` entries per ring and measure
 /// (sockets in `dir`).
 pub fn run(o: &VmOptions, dir: &Path) -> Result<RingsRun, VmError> {
     if !lab::guest::available() {
         return Err(VmError::Unavailable);
     }
-    let load = loadavg();
+    let load = crate::proc::load_average_1min();
     let sock = |n: &str| crate::vm::vm_sock(dir, "rings-", n);
     let mut sw = crate::vm::vm_switch(
         dir,

@@ -196,13 +196,6 @@ impl VmTcp {
     }
 }
 
-fn loadavg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
 fn err(guest: &'static str) -> impl FnOnce(lab::guest::GuestError) -> VmError {
     move |source| VmError::Guest { guest, source }
 }
@@ -472,7 +465,7 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<VmTcp, VmError> {
                     retr[si][p].push(f64::NAN);
                     continue;
                 }
-                loads.push(loadavg());
+                loads.push(crate::proc::load_average_1min());
                 if p == 2 {
                     if let Some(pmd) = &mut pmd {
                         pmd.send("start")?;
