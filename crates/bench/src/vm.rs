@@ -185,7 +185,8 @@ const LIMIT_E1000: &str = "emulated e1000 on QEMU's TAP backend: each doorbell i
 const LIMIT_G2G: &str = "three CPUs' worth of work (guest A, guest B, the switch) on two cores, placed so that the receiver takes no CPU from the sender; what B receives is bounded by its emulated receive path (TCG: tens of thousands of frames a second, flat out whenever A sends faster), not by the switch's one copy or B's ring: a bigger ring only delays the first drop by a few milliseconds at these rates";
 const LIMIT_RTT: &str = "busybox ping through both guests' kernels under TCG: emulation dominates, not the switch; the paper's 7.2 KTps (VALE, CSB) is about 140 us per transaction under KVM";
 
-fn err(guest: &'static str) -> impl FnOnce(GuestError) -> VmError {
+/// Turns a guest's error into the bench's, naming the guest.
+pub(crate) fn err(guest: &'static str) -> impl FnOnce(GuestError) -> VmError {
     move |source| VmError::Guest { guest, source }
 }
 

@@ -20,7 +20,7 @@ use lab::guest::{Guest, GuestOpts, Nic};
 use serde::{Deserialize, Serialize};
 
 use crate::switch_ports::SinkPort;
-use crate::vm::{stats, GuestToGuest, Stats, VmError, VmOptions};
+use crate::vm::{err, stats, GuestToGuest, Stats, VmError, VmOptions};
 
 // The vm part's addresses: its guest-to-guest row sends to them.
 use crate::vm::{IP_A, IP_B, MAC_A, MAC_B, MAC_SINK};
@@ -94,10 +94,6 @@ pub struct RingsRun {
     pub tcp_dropped_at_full_ring: u64,
     /// The 1-minute load average at the start.
     pub load: f64,
-}
-
-fn err(guest: &'static str) -> impl FnOnce(lab::guest::GuestError) -> VmError {
-    move |source| VmError::Guest { guest, source }
 }
 
 /// Boot the two guests with `o.vhost_ring` entries per ring and measure

@@ -33,7 +33,7 @@ use lab::netns::Netns;
 use serde::{Deserialize, Serialize};
 use vswitch::Switch;
 
-use crate::vm::{stats, Stats, VmError, VmOptions};
+use crate::vm::{err, stats, Stats, VmError, VmOptions};
 
 /// Guest A's NICs (switch, TAP, testpmd), then guest B's.
 const MACS_A: [&str; 3] = [
@@ -194,10 +194,6 @@ impl VmTcp {
         let _ = writeln!(out, "  limit: {}", m.limit);
         out
     }
-}
-
-fn err(guest: &'static str) -> impl FnOnce(lab::guest::GuestError) -> VmError {
-    move |source| VmError::Guest { guest, source }
 }
 
 fn io(what: String) -> impl FnOnce(std::io::Error) -> VmError {
