@@ -278,9 +278,7 @@ fn ms(t: Instant) -> f64 {
 /// Runs the benchmark; `progress` hears what is being measured.
 pub fn run(spec: &Spec, progress: &mut dyn FnMut(&str)) -> Result<Report, Error> {
     spec.check()?;
-    let load_average = std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default();
+    let load_average = crate::proc::load_averages();
     progress("generating the configuration");
     let t = Instant::now();
     let text = spec.config_text(false);

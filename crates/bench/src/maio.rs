@@ -1184,13 +1184,7 @@ type Method<'a> = (&'static str, Box<dyn Fn() -> Run + 'a>);
 
 /// The 1, 5 and 15 minute load averages (other work on the machine).
 pub fn loadavg() -> [f64; 3] {
-    let s = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let mut it = s.split_whitespace().map(|x| x.parse().unwrap_or(f64::NAN));
-    [
-        it.next().unwrap_or(f64::NAN),
-        it.next().unwrap_or(f64::NAN),
-        it.next().unwrap_or(f64::NAN),
-    ]
+    crate::proc::load_averages_figures()
 }
 
 /// Runs every method once per round for `reps` rounds and reports, per

@@ -1,6 +1,7 @@
 //! One reader of `/proc/<pid>/stat`, shared by the benchmarks that watch
-//! the processes they start, and of the CPU's model in `/proc/cpuinfo`,
-//! which benchmarks print beside their figures.
+//! the processes they start, and of the CPU's model in `/proc/cpuinfo`
+//! and the load averages in `/proc/loadavg`, which benchmarks print
+//! beside their figures.
 //!
 //! Session ids are read here rather than with `getsid(2)`: inside a PID
 //! namespace whose session leader lives outside it (a container, a CI
@@ -60,6 +61,45 @@ pub(crate) fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
+/// The 1, 5 and 15 minute load averages of `/proc/loadavg`'s text, which
+/// `proc(5)` gives as its first three fields (then the runnable and total
+/// tasks, and the last PID); NaN for a field that is missing or is not a
+/// number.
+pub(crate) fn parse_load_averages(text: &str) -> [f64; 3] {
+    let mut it = text
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(f64::NAN));
+    [(); 3].map(|()| it.next().unwrap_or(f64::NAN))
+}
+
+/// The three load averages of `/proc/loadavg`'s text as it writes them,
+/// joined by one space (a report shows them as the kernel did).
+fn load_averages_text(text: &str) -> String {
+    text.split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The 1, 5 and 15 minute load averages (other work on the machine); NaN
+/// each when `/proc/loadavg` cannot be read.
+pub(crate) fn load_averages_figures() -> [f64; 3] {
+    parse_load_averages(&std::fs::read_to_string("/proc/loadavg").unwrap_or_default())
+}
+
+/// The 1-minute load average; NaN when `/proc/loadavg` cannot be read.
+pub(crate) fn load_average_1min() -> f64 {
+    load_averages_figures()[0]
+}
+
+/// The three load averages as `/proc/loadavg` writes them ("0.52 1.35
+/// 1.59"); empty when it cannot be read.
+pub(crate) fn load_averages() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| load_averages_text(&s))
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +137,28 @@ mod tests {
         assert_eq!(stat_fields(i32::MAX), None);
         assert!(cpu_seconds(i32::MAX).is_nan());
         assert!(!alive(i32::MAX));
+    }
+
+    #[test]
+    fn the_load_averages_are_the_first_three_fields() {
+        let line = "0.52 1.35 1.59 2/345 6789\n";
+        assert_eq!(parse_load_averages(line), [0.52, 1.35, 1.59]);
+        assert_eq!(load_averages_text(line), "0.52 1.35 1.59");
+    }
+
+    #[test]
+    fn a_malformed_load_average_reads_as_nan() {
+        let [one, five, fifteen] = parse_load_averages("0.52 busy\n");
+        assert_eq!(one, 0.52);
+        assert!(five.is_nan() && fifteen.is_nan(), "{five} {fifteen}");
+        assert!(parse_load_averages("").iter().all(|x| x.is_nan()));
+        assert_eq!(load_averages_text(""), "");
+    }
+
+    #[test]
+    fn this_machine_has_a_load_average() {
+        let [one, five, fifteen] = load_averages_figures();
+        assert!(one >= 0.0 && five >= 0.0 && fifteen >= 0.0);
+        assert_eq!(load_averages().split(' ').count(), 3);
     }
 }

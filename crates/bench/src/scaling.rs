@@ -323,17 +323,11 @@ fn generator(cfg: &Config, packets: u64) -> Result<f64, Error> {
     Ok(n as f64 / secs / 1e6)
 }
 
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 /// Runs every mode at every thread count; `progress` is told what runs
 /// next.
 pub fn run(b: &ScalingConfig, progress: &mut dyn FnMut(&str)) -> Result<Report, Error> {
     let cfg = crate::forwarder::config()?;
-    let load = load_average();
+    let load = crate::proc::load_averages();
     let cores = cpus();
     let mut threads: Vec<usize> = b.threads.iter().copied().filter(|&t| t > 0).collect();
     threads.push(1);

@@ -185,15 +185,9 @@ const LIMIT_E1000: &str = "emulated e1000 on QEMU's TAP backend: each doorbell i
 const LIMIT_G2G: &str = "three CPUs' worth of work (guest A, guest B, the switch) on two cores, placed so that the receiver takes no CPU from the sender; what B receives is bounded by its emulated receive path (TCG: tens of thousands of frames a second, flat out whenever A sends faster), not by the switch's one copy or B's ring: a bigger ring only delays the first drop by a few milliseconds at these rates";
 const LIMIT_RTT: &str = "busybox ping through both guests' kernels under TCG: emulation dominates, not the switch; the paper's 7.2 KTps (VALE, CSB) is about 140 us per transaction under KVM";
 
-fn err(guest: &'static str) -> impl FnOnce(GuestError) -> VmError {
+/// Turns a guest's error into the bench's, naming the guest.
+pub(crate) fn err(guest: &'static str) -> impl FnOnce(GuestError) -> VmError {
     move |source| VmError::Guest { guest, source }
-}
-
-fn loadavg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(f64::NAN)
 }
 
 /// min, median and max of a figure over the repeats, and its samples.
@@ -808,7 +802,7 @@ impl<'a> Bench<'a> {
             let c0 = count(sw, self.idx_a);
             let k0 = count(sw, self.idx_sink);
             self.sw.start();
-            let load = loadavg();
+            let load = crate::proc::load_average_1min();
             let p = self
                 .a
                 .pktgen(
@@ -868,7 +862,7 @@ impl<'a> Bench<'a> {
         for r in 0..self.o.repeats {
             self.check()?;
             let i0 = self.a.interrupts(&irq).map_err(err("A"))?;
-            let load = loadavg();
+            let load = crate::proc::load_average_1min();
             let p = self
                 .a
                 .pktgen(
@@ -916,7 +910,7 @@ impl<'a> Bench<'a> {
                 for r in 0..self.o.repeats {
                     self.check()?;
                     let i0 = self.a.interrupts(&irq).map_err(err("A"))?;
-                    let load = loadavg();
+                    let load = crate::proc::load_average_1min();
                     let p = self
                         .a
                         .pktgen(
@@ -1057,7 +1051,7 @@ impl<'a> Bench<'a> {
             let b0 = count(self.sw.stop(), self.idx_b);
             let a0 = count(self.sw.stop(), self.idx_a);
             self.sw.start();
-            let load = loadavg();
+            let load = crate::proc::load_average_1min();
             let p = self
                 .a
                 .pktgen(
@@ -1171,7 +1165,7 @@ pub fn run(o: &VmOptions) -> Result<Vm, VmError> {
         return Err(VmError::NotRoot);
     }
     let t0 = Instant::now();
-    let load_before = loadavg();
+    let load_before = crate::proc::load_average_1min();
     let pid = std::process::id();
     let dir = std::env::temp_dir().join(format!("fastpath-vm-bench-{pid}"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -337,12 +337,7 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<Multiqueue, VmError> {
         if o.stop.load(Ordering::Relaxed) {
             return Err(VmError::Interrupted);
         }
-        loads.push(
-            std::fs::read_to_string("/proc/loadavg")
-                .ok()
-                .and_then(|s| s.split_whitespace().next()?.parse().ok())
-                .unwrap_or(f64::NAN),
-        );
+        loads.push(crate::proc::load_average_1min());
         // Alternate the order, so that a drift of the machine's load
         // weighs on both settings alike.
         let (m2, m1) = if r % 2 == 0 {

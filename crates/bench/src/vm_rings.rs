@@ -20,7 +20,7 @@ use lab::guest::{Guest, GuestOpts, Nic};
 use serde::{Deserialize, Serialize};
 
 use crate::switch_ports::SinkPort;
-use crate::vm::{stats, GuestToGuest, Stats, VmError, VmOptions};
+use crate::vm::{err, stats, GuestToGuest, Stats, VmError, VmOptions};
 
 // The vm part's addresses: its guest-to-guest row sends to them.
 use crate::vm::{IP_A, IP_B, MAC_A, MAC_B, MAC_SINK};
@@ -96,24 +96,13 @@ pub struct RingsRun {
     pub load: f64,
 }
 
-fn err(guest: &'static str) -> impl FnOnce(lab::guest::GuestError) -> VmError {
-    move |source| VmError::Guest { guest, source }
-}
-
-fn loadavg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
 /// Boot the two guests with `o.vhost_ring` entries per ring and measure
 /// (sockets in `dir`).
 pub fn run(o: &VmOptions, dir: &Path) -> Result<RingsRun, VmError> {
     if !lab::guest::available() {
         return Err(VmError::Unavailable);
     }
-    let load = loadavg();
+    let load = crate::proc::load_average_1min();
     let sock = |n: &str| crate::vm::vm_sock(dir, "rings-", n);
     let mut sw = crate::vm::vm_switch(
         dir,

@@ -33,7 +33,7 @@ use lab::netns::Netns;
 use serde::{Deserialize, Serialize};
 use vswitch::Switch;
 
-use crate::vm::{stats, Stats, VmError, VmOptions};
+use crate::vm::{err, stats, Stats, VmError, VmOptions};
 
 /// Guest A's NICs (switch, TAP, testpmd), then guest B's.
 const MACS_A: [&str; 3] = [
@@ -194,17 +194,6 @@ impl VmTcp {
         let _ = writeln!(out, "  limit: {}", m.limit);
         out
     }
-}
-
-fn loadavg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(f64::NAN)
-}
-
-fn err(guest: &'static str) -> impl FnOnce(lab::guest::GuestError) -> VmError {
-    move |source| VmError::Guest { guest, source }
 }
 
 fn io(what: String) -> impl FnOnce(std::io::Error) -> VmError {
@@ -472,7 +461,7 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<VmTcp, VmError> {
                     retr[si][p].push(f64::NAN);
                     continue;
                 }
-                loads.push(loadavg());
+                loads.push(crate::proc::load_average_1min());
                 if p == 2 {
                     if let Some(pmd) = &mut pmd {
                         pmd.send("start")?;

@@ -52,7 +52,7 @@ use lab::guest::{Guest, GuestOpts, Nic};
 use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
 
-use crate::vm::{stats, Stats, VmError, VmOptions};
+use crate::vm::{err, stats, Stats, VmError, VmOptions};
 
 const MAC_A: &str = "52:54:00:fa:1a:01";
 const MAC_B: &str = "52:54:00:fa:1b:01";
@@ -332,10 +332,7 @@ fn boot_id(g: &mut Guest) -> Result<String, VmError> {
         Duration::from_secs(30),
     )
     .map(|s| s.trim().to_string())
-    .map_err(|source| VmError::Guest {
-        guest: "upgrade",
-        source,
-    })
+    .map_err(err("upgrade"))
 }
 
 /// Boot two guests on `exe switch run`, restart the switch `restarts`
@@ -353,7 +350,6 @@ pub fn measure(
         (dir.join("up-b.sock"), "vm-ub", MAC_B),
     ];
     let mut sw = Some(start(exe, &ctl, &socks)?);
-    let guest = |g: &'static str| move |source| VmError::Guest { guest: g, source };
     let opts = |name: &str, sock: &Path, mac: &str, ip: &str| {
         GuestOpts::new(
             name,
@@ -363,12 +359,12 @@ pub fn measure(
         .limit(Duration::from_secs(900))
     };
     say("upgrade: booting two guests with reconnecting vhost-user NICs");
-    let mut a = Guest::start(&opts("UA", &socks[0].0, MAC_A, IP_A)).map_err(guest("UA"))?;
-    let mut b = Guest::start(&opts("UB", &socks[1].0, MAC_B, IP_B)).map_err(guest("UB"))?;
-    a.wait_ready(lab::guest::BOOT).map_err(guest("UA"))?;
-    b.wait_ready(lab::guest::BOOT).map_err(guest("UB"))?;
+    let mut a = Guest::start(&opts("UA", &socks[0].0, MAC_A, IP_A)).map_err(err("UA"))?;
+    let mut b = Guest::start(&opts("UB", &socks[1].0, MAC_B, IP_B)).map_err(err("UB"))?;
+    a.wait_ready(lab::guest::BOOT).map_err(err("UA"))?;
+    b.wait_ready(lab::guest::BOOT).map_err(err("UB"))?;
     // ARP and a path that works before anything is restarted.
-    let p = a.ping(IP_B, 5, 200).map_err(guest("UA"))?;
+    let p = a.ping(IP_B, 5, 200).map_err(err("UA"))?;
     if p.received == 0 {
         return Err(VmError::Io {
             what: format!(
@@ -420,7 +416,7 @@ pub fn measure(
         back_ms.push(both_running(&bd).unwrap_or(f64::NAN));
         sw = Some(new);
         let (_, out) = match out {
-            Ok(r) => r.map_err(guest("UA"))?,
+            Ok(r) => r.map_err(err("UA"))?,
             Err(e) => std::panic::resume_unwind(e),
         };
         let both_ways = vswitch::status::ask(&ctl).is_ok_and(|st| {

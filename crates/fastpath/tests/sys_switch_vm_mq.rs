@@ -25,13 +25,19 @@ const IP_B: &str = "10.77.0.2";
 /// Frames per pktgen thread.
 const FRAMES: u64 = 4_000;
 
-/// Transmit chains each pair of `vm-a` has completed.
-fn tx_chains(ctl: &Path) -> Vec<u64> {
+/// The queue pairs of `vm-a` in the switch's status, in order.
+fn pairs(ctl: &Path) -> Vec<serde_json::Value> {
     let s = status(ctl).expect("status");
     let d = port(&s, "vm-a")["detail"].clone();
     d["pairs"]
         .as_array()
         .unwrap_or_else(|| panic!("no pairs: {d}"))
+        .clone()
+}
+
+/// Transmit chains each pair of `vm-a` has completed.
+fn tx_chains(ctl: &Path) -> Vec<u64> {
+    pairs(ctl)
         .iter()
         .map(|p| p["queues"]["tx"]["chains"].as_u64().unwrap_or(0))
         .collect()
@@ -39,14 +45,7 @@ fn tx_chains(ctl: &Path) -> Vec<u64> {
 
 /// Which pairs of `vm-a` run.
 fn running(ctl: &Path) -> Vec<bool> {
-    let s = status(ctl).expect("status");
-    let d = port(&s, "vm-a")["detail"].clone();
-    d["pairs"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no pairs: {d}"))
-        .iter()
-        .map(|p| p["running"] == true)
-        .collect()
+    pairs(ctl).iter().map(|p| p["running"] == true).collect()
 }
 
 /// Wait up to 10 s for `vm-a`'s pairs to run as `want` says.

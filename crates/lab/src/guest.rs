@@ -713,32 +713,11 @@ impl Guest {
         dst_ip: &str,
         within: Duration,
     ) -> Result<Pktgen> {
-        let p = "/proc/net/pktgen";
-        let short = Duration::from_secs(30);
-        self.run(&format!("echo rem_device_all > {p}/kpktgend_0"), short)?;
-        self.ok(
-            &format!("echo 'add_device {iface}' > {p}/kpktgend_0"),
-            short,
-        )?;
-        for c in [
-            format!("count {count}"),
-            format!("pkt_size {size}"),
-            format!("burst {burst}"),
-            "delay 0".to_string(),
-            format!("dst_mac {dst_mac}"),
-            format!("dst {dst_ip}"),
-        ] {
-            self.ok(&format!("echo '{c}' > {p}/{iface}"), short)?;
-        }
-        self.ok(&format!("echo start > {p}/pgctrl"), within)?;
-        let cmd = format!("cat {p}/{iface}");
-        let out = self.ok(&cmd, short)?;
-        let r = parse_pktgen(&out);
-        if r.sent == 0 {
-            // A NIC without carrier, say: pktgen starts and sends nothing.
-            return Err(GuestError::Output { cmd, output: out });
-        }
-        Ok(r)
+        let params = pktgen_params(count, size, burst, dst_mac, dst_ip);
+        let mut r = self.pktgen_threads(&[PktgenThread::only(iface, params)], within)?;
+        // One thread, one result: pktgen_threads returns one per thread or
+        // an error.
+        Ok(r.remove(0))
     }
 
     /// Use `n` queue pairs of `iface` (`ethtool -L IFACE combined N`: the
@@ -767,36 +746,34 @@ impl Guest {
         dst_ip: &str,
         within: Duration,
     ) -> Result<Vec<Pktgen>> {
-        let p = "/proc/net/pktgen";
+        let params = pktgen_params(count, size, burst, dst_mac, dst_ip);
+        let threads: Vec<PktgenThread> = (0..threads)
+            .map(|k| PktgenThread::queue(iface, k, params.clone()))
+            .collect();
+        self.pktgen_threads(&threads, within)
+    }
+
+    /// Runs pktgen with `threads` set up as [`pktgen_setup`] says, started
+    /// together and bounded by `within`; returns each thread's result, in
+    /// order, or an error naming the first thread that sent nothing (a NIC
+    /// without carrier, say: pktgen starts and sends nothing).
+    fn pktgen_threads(
+        &mut self,
+        threads: &[PktgenThread],
+        within: Duration,
+    ) -> Result<Vec<Pktgen>> {
         let short = Duration::from_secs(30);
-        for k in 0..threads {
-            self.run(&format!("echo rem_device_all > {p}/kpktgend_{k}"), short)?;
-        }
-        for k in 0..threads {
-            let dev = format!("{iface}@{k}");
-            self.ok(
-                &format!("echo 'add_device {dev}' > {p}/kpktgend_{k}"),
-                short,
-            )?;
-            for c in [
-                format!("count {count}"),
-                format!("pkt_size {size}"),
-                format!("burst {burst}"),
-                "delay 0".to_string(),
-                format!("dst_mac {dst_mac}"),
-                format!("dst {dst_ip}"),
-                format!("queue_map_min {k}"),
-                format!("queue_map_max {k}"),
-                format!("udp_src_min {}", 9 + k),
-                format!("udp_src_max {}", 9 + k),
-            ] {
-                self.ok(&format!("echo '{c}' > {p}/{dev}"), short)?;
+        for (cmd, checked) in pktgen_setup(threads) {
+            if checked {
+                self.ok(&cmd, short)?;
+            } else {
+                self.run(&cmd, short)?;
             }
         }
-        self.ok(&format!("echo start > {p}/pgctrl"), within)?;
+        self.ok(&format!("echo start > {PKTGEN}/pgctrl"), within)?;
         let mut out = Vec::new();
-        for k in 0..threads {
-            let cmd = format!("cat {p}/{iface}@{k}");
+        for t in threads {
+            let cmd = format!("cat {PKTGEN}/{}", t.dev);
             let text = self.ok(&cmd, short)?;
             let r = parse_pktgen(&text);
             if r.sent == 0 {
@@ -1019,6 +996,88 @@ pub fn parse_ping(sent: u32, out: &str) -> Ping {
         received: rtt_ms.len() as u32,
         rtt_ms,
     }
+}
+
+/// pktgen's control files in the guest.
+const PKTGEN: &str = "/proc/net/pktgen";
+
+/// One pktgen thread of a run: `kpktgend_{thread}` sends on `dev` (an
+/// interface, or `IFACE@K` for a device of its own on the same interface)
+/// with `params` written to the device, a line each.
+struct PktgenThread {
+    thread: u32,
+    dev: String,
+    params: Vec<String>,
+}
+
+impl PktgenThread {
+    /// The one thread of [`Guest::pktgen`]: `kpktgend_0` on `iface` itself.
+    fn only(iface: &str, params: Vec<String>) -> PktgenThread {
+        PktgenThread {
+            thread: 0,
+            dev: iface.to_string(),
+            params,
+        }
+    }
+
+    /// Thread `k` of [`Guest::pktgen_queues`]: `kpktgend_K` on `IFACE@K`,
+    /// sending on transmit queue `k` from UDP port `9 + k`.
+    fn queue(iface: &str, k: u32, mut params: Vec<String>) -> PktgenThread {
+        params.extend([
+            format!("queue_map_min {k}"),
+            format!("queue_map_max {k}"),
+            format!("udp_src_min {}", 9 + k),
+            format!("udp_src_max {}", 9 + k),
+        ]);
+        PktgenThread {
+            thread: k,
+            dev: format!("{iface}@{k}"),
+            params,
+        }
+    }
+}
+
+/// The device parameters every pktgen run of [`Guest`] writes: `count`
+/// frames of `size` bytes, `burst` a doorbell, no delay, to `dst_mac` /
+/// `dst_ip`.
+fn pktgen_params(count: u64, size: u32, burst: u32, dst_mac: &str, dst_ip: &str) -> Vec<String> {
+    vec![
+        format!("count {count}"),
+        format!("pkt_size {size}"),
+        format!("burst {burst}"),
+        "delay 0".to_string(),
+        format!("dst_mac {dst_mac}"),
+        format!("dst {dst_ip}"),
+    ]
+}
+
+/// The shell commands that set `threads` up, in order, each with whether
+/// its exit status is checked: every thread's devices removed first (not
+/// checked: what matters is that the `add_device` after it, which is
+/// checked, finds its device free), then each thread's device added and
+/// its parameters written.
+fn pktgen_setup(threads: &[PktgenThread]) -> Vec<(String, bool)> {
+    let mut cmds: Vec<(String, bool)> = threads
+        .iter()
+        .map(|t| {
+            let k = t.thread;
+            (
+                format!("echo rem_device_all > {PKTGEN}/kpktgend_{k}"),
+                false,
+            )
+        })
+        .collect();
+    for t in threads {
+        let (k, dev) = (t.thread, &t.dev);
+        cmds.push((
+            format!("echo 'add_device {dev}' > {PKTGEN}/kpktgend_{k}"),
+            true,
+        ));
+        for c in &t.params {
+            cmds.push((format!("echo '{c}' > {PKTGEN}/{dev}"), true));
+        }
+    }
+    cmds
 }
 
 /// The result of one pktgen run in a guest.
@@ -1296,5 +1355,67 @@ mod tests {
             a.ends_with("virtio-net-pci,netdev=n1,mac=52:54:00:00:00:02"),
             "{a}"
         );
+    }
+
+    /// The set-up commands of `Guest::pktgen` (`queues` None) and of
+    /// `Guest::pktgen_queues`, written out as each sent them before the
+    /// two shared their code: (command, whether its status is checked).
+    fn pktgen_setup_before(iface: &str, queues: Option<u32>) -> Vec<(String, bool)> {
+        let p = "/proc/net/pktgen";
+        let common = |cmds: &mut Vec<(String, bool)>, dev: &str| {
+            for c in [
+                "count 1000",
+                "pkt_size 60",
+                "burst 32",
+                "delay 0",
+                "dst_mac 52:54:00:00:00:02",
+                "dst 10.0.0.2",
+            ] {
+                cmds.push((format!("echo '{c}' > {p}/{dev}"), true));
+            }
+        };
+        let mut cmds = Vec::new();
+        let Some(threads) = queues else {
+            cmds.push((format!("echo rem_device_all > {p}/kpktgend_0"), false));
+            cmds.push((format!("echo 'add_device {iface}' > {p}/kpktgend_0"), true));
+            common(&mut cmds, iface);
+            return cmds;
+        };
+        for k in 0..threads {
+            cmds.push((format!("echo rem_device_all > {p}/kpktgend_{k}"), false));
+        }
+        for k in 0..threads {
+            let dev = format!("{iface}@{k}");
+            cmds.push((format!("echo 'add_device {dev}' > {p}/kpktgend_{k}"), true));
+            common(&mut cmds, &dev);
+            for c in [
+                format!("queue_map_min {k}"),
+                format!("queue_map_max {k}"),
+                format!("udp_src_min {}", 9 + k),
+                format!("udp_src_max {}", 9 + k),
+            ] {
+                cmds.push((format!("echo '{c}' > {p}/{dev}"), true));
+            }
+        }
+        cmds
+    }
+
+    #[test]
+    fn pktgen_is_set_up_with_the_commands_it_sent_before() {
+        let params = || pktgen_params(1000, 60, 32, "52:54:00:00:00:02", "10.0.0.2");
+        assert_eq!(
+            pktgen_setup(&[PktgenThread::only("eth0", params())]),
+            pktgen_setup_before("eth0", None)
+        );
+        for n in [1, 2, 4] {
+            let threads: Vec<PktgenThread> = (0..n)
+                .map(|k| PktgenThread::queue("eth0", k, params()))
+                .collect();
+            assert_eq!(
+                pktgen_setup(&threads),
+                pktgen_setup_before("eth0", Some(n)),
+                "{n} threads"
+            );
+        }
     }
 }
