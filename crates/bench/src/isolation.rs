@@ -495,7 +495,7 @@ pub fn run(opts: &Options) -> Result<Report, Error> {
     if opts.repeats == 0 || opts.window.is_zero() {
         return Err(Error::Empty);
     }
-    let cpus = allowed_cpus();
+    let cpus = crate::cpus::allowed();
     let place = Placement::new(&cpus);
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); opts.attacks.len()];
     for rep in 0..opts.repeats {
@@ -714,7 +714,7 @@ fn thread(
         .name(name.into())
         .spawn(move || {
             if let Some(c) = cpu {
-                pin_current(c);
+                crate::cpus::pin_current(c);
             }
             f()
         })
@@ -738,7 +738,7 @@ fn start(opts: &Options, place: &Placement, dir: &Path) -> Result<Rig, Error> {
     .map_err(Error::Switch)?;
     let (switch_stop, h) = spawn(sw).map_err(Error::Switch)?;
     if let Some(c) = place.switch {
-        crate::switch::pin(&h, c);
+        crate::cpus::pin_thread(&h, c);
     }
     let victim = Arc::new(Victim::default());
     let mut rig = Rig {
@@ -1078,7 +1078,7 @@ impl Attacker {
                 .name(format!("iso-{}", a.name()))
                 .spawn(move || {
                     if let Some(c) = cpu {
-                        pin_current(c);
+                        crate::cpus::pin_current(c);
                     }
                     f()
                 })
@@ -1477,16 +1477,6 @@ fn rss_kib() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// The CPUs this thread may run on.
-fn allowed_cpus() -> Vec<usize> {
-    match rustix::thread::sched_getaffinity(None) {
-        Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU)
-            .filter(|&c| set.is_set(c))
-            .collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
 /// Which CPU each thread is pinned to (none: unpinned).
 struct Placement {
     switch: Option<usize>,
@@ -1528,17 +1518,6 @@ impl Placement {
             ("attacker, trickle, status".into(), w(self.attacker)),
         ]
     }
-}
-
-fn cpu_set(cpu: usize) -> rustix::thread::CpuSet {
-    let mut set = rustix::thread::CpuSet::new();
-    set.set(cpu);
-    set
-}
-
-/// Pin the calling thread (a failure leaves it unpinned).
-fn pin_current(cpu: usize) {
-    let _ = rustix::thread::sched_setaffinity(None, &cpu_set(cpu));
 }
 
 /// An error and its sources, on one line.

@@ -28,6 +28,7 @@
 //!   a one-backend reload beside a full rebuild, table memory.
 
 pub mod control;
+mod cpus;
 pub mod fleet_sim;
 pub mod forwarder;
 pub mod forwarder_stages;
@@ -35,6 +36,7 @@ pub mod hash_eval;
 pub mod isolation;
 pub mod maio;
 mod nan;
+pub mod peers;
 mod proc;
 pub mod rollout;
 pub mod scaling;
@@ -48,3 +50,7 @@ pub mod vm_tcp;
 pub mod vm_testpmd;
 pub mod vm_upgrade;
 pub mod xdp;
+
+/// Called after each measurement with a one-line summary (the switch and
+/// VM benches report their progress through it).
+pub type Progress = std::sync::Arc<dyn Fn(&str) + Send + Sync>;

@@ -341,19 +341,11 @@ impl Pin {
     /// Pins the caller to the first CPU it may run on and returns the
     /// second (for the polling thread), when it may run on two or more.
     fn apart() -> (Pin, Option<u32>) {
-        let Ok(old) = rustix::thread::sched_getaffinity(None) else {
+        let Some(old) = crate::cpus::affinity() else {
             return (Pin(None), None);
         };
-        let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
-            .filter(|&c| old.is_set(c))
-            .take(2)
-            .collect();
-        if cpus.len() < 2 {
-            return (Pin(None), None);
-        }
-        let mut one = rustix::thread::CpuSet::new();
-        one.set(cpus[0]);
-        if rustix::thread::sched_setaffinity(None, &one).is_err() {
+        let cpus = crate::cpus::allowed();
+        if cpus.len() < 2 || !crate::cpus::pin_current(cpus[0]) {
             return (Pin(None), None);
         }
         (Pin(Some(old)), Some(cpus[1] as u32))
@@ -363,7 +355,7 @@ impl Pin {
 impl Drop for Pin {
     fn drop(&mut self) {
         if let Some(old) = &self.0 {
-            let _ = rustix::thread::sched_setaffinity(None, old);
+            crate::cpus::set_affinity(old);
         }
     }
 }

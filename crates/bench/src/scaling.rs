@@ -159,10 +159,8 @@ impl Nic for Pinned {
         if self.first {
             self.first = false;
             if let Some(cpu) = self.cpu {
-                let mut set = rustix::thread::CpuSet::new();
-                set.set(cpu);
                 // Unpinned if refused: the placement then says where it ran.
-                let _ = rustix::thread::sched_setaffinity(None, &set);
+                crate::cpus::pin_current(cpu);
             }
             if let Ok(mut r) = self.ran_on.lock() {
                 *r = Some(rustix::thread::sched_getcpu());

@@ -263,8 +263,7 @@ pub struct RowResult {
     pub paper: Paper,
 }
 
-/// Called after each measurement with a one-line summary.
-pub type Progress = Arc<dyn Fn(&str) + Send + Sync>;
+pub use crate::Progress;
 
 /// What to run.
 #[derive(Clone)]
@@ -535,25 +534,6 @@ impl ThreadClock {
     }
 }
 
-/// Pin the thread behind `h` to one CPU (false if that failed).
-pub(crate) fn pin<T>(h: &std::thread::JoinHandle<T>, cpu: usize) -> bool {
-    use std::os::unix::thread::JoinHandleExt;
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes inside the set (cpu is below CPU_SETSIZE or
-    // ignored by the macro's bounds check).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: the thread is alive (not joined); set is a live cpu_set_t and
-    // the size its size.
-    unsafe {
-        libc::pthread_setaffinity_np(
-            h.as_pthread_t(),
-            std::mem::size_of::<libc::cpu_set_t>(),
-            &set,
-        ) == 0
-    }
-}
-
 /// What set the pace of a generator -> (switch) -> receiver run, as far as
 /// the run's own counters tell.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -821,44 +801,6 @@ pub enum Placement {
     Scheduler,
 }
 
-/// The calling thread's CPU set.
-fn affinity() -> Option<libc::cpu_set_t> {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pthread_self is the live calling thread; set is a live
-    // cpu_set_t and the size its size.
-    let rc = unsafe {
-        libc::pthread_getaffinity_np(
-            libc::pthread_self(),
-            std::mem::size_of::<libc::cpu_set_t>(),
-            &mut set,
-        )
-    };
-    (rc == 0).then_some(set)
-}
-
-/// Sets the calling thread's CPU set.
-fn set_affinity(set: &libc::cpu_set_t) -> bool {
-    // SAFETY: pthread_self is the live calling thread; set is a live
-    // cpu_set_t and the size its size.
-    unsafe {
-        libc::pthread_setaffinity_np(
-            libc::pthread_self(),
-            std::mem::size_of::<libc::cpu_set_t>(),
-            set,
-        ) == 0
-    }
-}
-
-/// Pins the calling thread to `cpu`.
-fn pin_current(cpu: usize) -> bool {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes inside the set (bounds-checked by the macro).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    set_affinity(&set)
-}
-
 /// Two guests in CSB mode, one transmitting to the other through the switch:
 /// the switch's forwarding rate between ring ports, per second of its own
 /// CPU time and end to end, with each thread's CPU time, its threads placed
@@ -941,10 +883,13 @@ pub fn forwarding(
     // Pinned only where there are two CPUs to pin to, and said so; the
     // calling thread gets its own CPU set back.
     let c = cores();
-    let saved = affinity();
+    let saved = crate::cpus::affinity();
     let placement = match (placement, &saved) {
         (Placement::Pinned, Some(_))
-            if c >= 2.0 && pin(&h, 1) && pin(&receiver, 1) && pin_current(0) =>
+            if c >= 2.0
+                && crate::cpus::pin_thread(&h, 1)
+                && crate::cpus::pin_thread(&receiver, 1)
+                && crate::cpus::pin_current(0) =>
         {
             Placement::Pinned
         }
@@ -954,7 +899,7 @@ pub fn forwarding(
     let c0 = thread_cpu();
     let t = pktgen::run(&mut tx.driver, &p, &|| false);
     if let (Placement::Pinned, Some(set)) = (placement, &saved) {
-        set_affinity(set);
+        crate::cpus::set_affinity(set);
     }
     let sender_cpu = thread_cpu() - c0;
     std::thread::sleep(Duration::from_millis(20));
@@ -1131,14 +1076,6 @@ fn forwarding_cpu(main_lcore: u32) -> usize {
     1 - main_lcore.min(1) as usize
 }
 
-/// The testpmd binary, if DPDK is installed.
-pub fn testpmd_path() -> Option<PathBuf> {
-    ["/usr/bin/dpdk-testpmd", "/usr/local/bin/dpdk-testpmd"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-}
-
 /// A testpmd process, killed if dropped.
 struct Pmd {
     child: Option<std::process::Child>,
@@ -1171,7 +1108,7 @@ impl Pmd {
         fwd: &str,
         extra: &[String],
     ) -> Result<Pmd, Error> {
-        let bin = testpmd_path().ok_or(Error::NoTestpmd)?;
+        let bin = crate::peers::testpmd_path().ok_or(Error::NoTestpmd)?;
         let pid = std::process::id();
         let log = std::env::temp_dir().join(format!("fp-swbench-{pid}-{tag}.log"));
         let prefix = format!("fp-sw-{pid}-{tag}");
@@ -1809,7 +1746,7 @@ fn with_memif_switch(
     let m = MemifSwitch {
         n,
         cpu,
-        pinned: cpu.map(|c| pin(&h, c)),
+        pinned: cpu.map(|c| crate::cpus::pin_thread(&h, c)),
         clock: ThreadClock::of(&h),
         sock,
         ctl,

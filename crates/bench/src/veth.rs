@@ -244,10 +244,7 @@ impl Cpus {
     /// per generator thread) for the generator, the rest for the device
     /// under test; `None` with a single CPU (everything shares it).
     fn split(queues: u32) -> Option<Cpus> {
-        let set = rustix::thread::sched_getaffinity(None).ok()?;
-        let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
-            .filter(|&c| set.is_set(c))
-            .collect();
+        let cpus = crate::cpus::allowed();
         if cpus.len() < 2 {
             return None;
         }
@@ -269,32 +266,6 @@ impl Cpus {
             None => "one CPU: generator and device under test share it".to_string(),
         }
     }
-}
-
-fn cpu_set(cpus: &[usize]) -> rustix::thread::CpuSet {
-    let mut set = rustix::thread::CpuSet::new();
-    for &c in cpus {
-        set.set(c);
-    }
-    set
-}
-
-/// Pins a thread (`None`: the calling one) to `cpus`; false if refused.
-fn pin(tid: Option<rustix::process::Pid>, cpus: &[usize]) -> bool {
-    rustix::thread::sched_setaffinity(tid, &cpu_set(cpus)).is_ok()
-}
-
-/// Pins every thread of process `pid` to `cpus`; how many it pinned.
-fn pin_process(pid: rustix::process::Pid, cpus: &[usize]) -> usize {
-    std::fs::read_dir(format!("/proc/{}/task", pid.as_raw_nonzero()))
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-                .filter_map(rustix::process::Pid::from_raw)
-                .filter(|&t| pin(Some(t), cpus))
-                .count()
-        })
-        .unwrap_or(0)
 }
 
 /// The kernel's threads whose name starts with `prefix` (NAPI threads are
@@ -469,7 +440,7 @@ fn generate(gen: &Netns, d: &Drive) -> Result<(u64, f64, String), Error> {
             let (secs, kind) = (d.secs, d.kind);
             std::thread::spawn(move || -> Result<(u64, f64, String), Error> {
                 if let Some(cpu) = cpu {
-                    pin(None, &[cpu]);
+                    crate::cpus::pin(None, &[cpu]);
                 }
                 // The generator must not be the limit: on shared cores it
                 // runs before the rest (nice -10; skipped without the
@@ -663,7 +634,7 @@ fn napi_thread(ns: &Netns, dev: &str, cpus: Option<&[usize]>, nice: i32) -> Opti
         .filter_map(|&t| rustix::process::Pid::from_raw(t))
         .filter(|&t| {
             let _ = rustix::process::setpriority_process(Some(t), nice);
-            cpus.is_some_and(|c| pin(Some(t), c))
+            cpus.is_some_and(|c| crate::cpus::pin(Some(t), c))
         })
         .count();
     Some(placed)
@@ -952,9 +923,9 @@ fn fastpath_row(
     };
     // The load balancer's threads start on the device under test's CPUs:
     // a child inherits the affinity of the thread that starts it.
-    let mine = rustix::thread::sched_getaffinity(None).ok();
+    let mine = crate::cpus::affinity();
     if let Some(c) = &drive.cpus {
-        pin(None, &c.device_under_test);
+        crate::cpus::pin(None, &c.device_under_test);
     }
     // In a session of its own, as a daemon runs: with the kernel's
     // autogroups on (Debian's default), a process shares its session's
@@ -982,14 +953,14 @@ fn fastpath_row(
         .stderr(Stdio::piped())
         .spawn();
     if let Some(set) = &mine {
-        let _ = rustix::thread::sched_setaffinity(None, set);
+        crate::cpus::set_affinity(set);
     }
     let lb = lb.map_err(Error::io("starting the load balancer"))?;
     std::thread::sleep(Duration::from_millis(1500));
     if let Some(c) = &drive.cpus {
         // Also threads it may have had before the affinity was set (none
         // expected: it is inherited).
-        pin_process(rustix::process::Pid::from_child(&lb), &c.device_under_test);
+        crate::cpus::pin_process(lb.id(), &c.device_under_test);
     }
     // From /proc, not getsid(2): see crate::proc on why.
     let own = crate::proc::session("self");

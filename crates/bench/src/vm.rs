@@ -52,7 +52,7 @@ use vswitch::{Config, Switch, VhostPort, VhostUserEntry};
 
 use crate::switch_ports::SinkPort;
 
-use crate::switch::Progress;
+use crate::Progress;
 
 /// Guest A's vhost-user NIC, its TAP-backend NIC, its e1000; guest B's NIC;
 /// the sink's address.
@@ -981,9 +981,9 @@ impl<'a> Bench<'a> {
         // it drains) took CPU from the sender on two shared cores, and the
         // ratio measured the scheduler (0.17-0.97 in one run). The switch
         // runs on threads this one starts, which inherit its CPU.
-        let pinned = crate::vm_testpmd::pin_process(self.a.pid(), 0)
-            && crate::vm_testpmd::pin_process(self.b.pid(), 1)
-            && crate::vm_testpmd::pin_tid(0, 1);
+        let pinned = crate::cpus::pin_whole_process(self.a.pid(), 0)
+            && crate::cpus::pin_whole_process(self.b.pid(), 1)
+            && crate::cpus::pin_tid(0, 1);
         let placement = if pinned {
             "guest A on CPU 0; guest B and the switch on CPU 1".to_string()
         } else {
@@ -993,14 +993,10 @@ impl<'a> Bench<'a> {
         self.sw.start();
         let r = self.guest_to_guest_pinned(placement);
         self.sw.stop();
-        crate::vm_testpmd::unpin_tid(0);
+        crate::cpus::unpin_tid(0);
         for pid in [self.a.pid(), self.b.pid()] {
-            if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-                for t in dir.flatten() {
-                    if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse().ok()) {
-                        crate::vm_testpmd::unpin_tid(tid);
-                    }
-                }
+            for tid in crate::cpus::threads_of(pid) {
+                crate::cpus::unpin_tid(tid);
             }
         }
         self.sw.start();

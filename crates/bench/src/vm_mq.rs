@@ -198,7 +198,7 @@ fn pin_vcpus(qemu: u32) -> String {
             continue;
         };
         let core = k % cores;
-        if !crate::vm_testpmd::pin_tid(tid as i32, core) {
+        if !crate::cpus::pin_tid(tid as i32, core) {
             return format!("unpinned (pinning {name} failed)");
         }
         placed.push((k, core));

@@ -214,7 +214,7 @@ impl Testpmd {
     /// main lcore on CPU 0 and its forwarding lcore on CPU 1; returns once
     /// both sockets exist (at most 30 s).
     fn start(socks: [&Path; 2], dir: &Path) -> Result<(Testpmd, String), VmError> {
-        let bin = crate::switch::testpmd_path().ok_or_else(|| VmError::Io {
+        let bin = crate::peers::testpmd_path().ok_or_else(|| VmError::Io {
             what: "dpdk-testpmd not found (scripts/setup.sh installs dpdk-dev)".into(),
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         })?;
@@ -390,7 +390,7 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<VmTcp, VmError> {
     let _sw = Running(Some(vswitch::spawn(sw).map_err(VmError::Switch)?));
     let opts = |name: &str, macs: [&str; 3], sw: &str, tap: &str, pmd: &Path| {
         let mut nics = vec![Nic::vhost_user(&sock(sw), macs[0]), Nic::tap(tap, macs[1])];
-        if crate::switch::testpmd_path().is_some() && pmd.exists() {
+        if crate::peers::testpmd_path().is_some() && pmd.exists() {
             nics.push(Nic::vhost_user(pmd, macs[2]));
         }
         GuestOpts::new(name, nics)

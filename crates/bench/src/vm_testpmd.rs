@@ -209,42 +209,6 @@ impl TestpmdPart {
     }
 }
 
-/// Pin thread (or process) `tid` to `cpu`.
-pub(crate) fn pin_tid(tid: i32, cpu: usize) -> bool {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes inside the set (cpu is below CPU_SETSIZE).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: set is a live cpu_set_t and the size its size; an unknown
-    // tid is an error return, nothing else.
-    unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
-}
-
-/// Let thread `tid` (0: the calling one) run on every CPU again.
-pub(crate) fn unpin_tid(tid: i32) -> bool {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for cpu in 0..libc::CPU_SETSIZE as usize {
-        // SAFETY: CPU_SET writes inside the set (cpu is below CPU_SETSIZE).
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-    }
-    // SAFETY: as in pin_tid; the kernel keeps the CPUs that exist.
-    unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
-}
-
-/// Pin every thread of process `pid` to `cpu`.
-pub(crate) fn pin_process(pid: u32, cpu: usize) -> bool {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    // Every thread, even after one fails.
-    let tids: Vec<i32> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .collect();
-    tids.iter().filter(|&&t| !pin_tid(t, cpu)).count() == 0
-}
-
 /// Nanoseconds on a CPU of one thread (`/proc/PID/task/TID/schedstat`).
 fn thread_ns(pid: u32, tid: i32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
@@ -274,7 +238,7 @@ struct Testpmd {
 
 impl Testpmd {
     fn start(sock: &Path, dir: &Path) -> Result<Testpmd, TestpmdError> {
-        let bin = crate::switch::testpmd_path().ok_or(TestpmdError::NoTestpmd)?;
+        let bin = crate::peers::testpmd_path().ok_or(TestpmdError::NoTestpmd)?;
         let pid = std::process::id();
         let log = dir.join("testpmd.log");
         let prefix = format!("fp-vmtp-{pid}");
@@ -396,7 +360,7 @@ impl SwitchThread {
                 let mut el = el;
                 // SAFETY: gettid has no memory effects.
                 t.store(unsafe { libc::gettid() }, Ordering::Relaxed);
-                p.store(pin_tid(0, BACKEND_CPU), Ordering::Relaxed);
+                p.store(crate::cpus::pin_tid(0, BACKEND_CPU), Ordering::Relaxed);
                 el.run(&s, None);
             })
             .expect("spawn the switch thread");
@@ -461,7 +425,7 @@ fn vswitch_chain(e: &dyn std::error::Error) -> String {
 /// Boot the guest with both NICs, measure each burst on each backend in
 /// every repeat, tear everything down.
 pub fn run(o: &VmOptions) -> Result<VmTestpmd, TestpmdError> {
-    if crate::switch::testpmd_path().is_none() {
+    if crate::peers::testpmd_path().is_none() {
         return Err(TestpmdError::NoTestpmd);
     }
     if !lab::guest::available() {
@@ -519,7 +483,7 @@ pub fn run(o: &VmOptions) -> Result<VmTestpmd, TestpmdError> {
     };
     let mut g = Guest::start(&opts).map_err(guest_err)?;
     g.wait_ready(lab::guest::BOOT).map_err(guest_err)?;
-    let guest_pinned = pin_process(g.pid(), GUEST_CPU);
+    let guest_pinned = crate::cpus::pin_whole_process(g.pid(), GUEST_CPU);
     let if_sw = g.iface(MAC_SW).map_err(guest_err)?;
     let if_pmd = g.iface(MAC_PMD).map_err(guest_err)?;
     g.ok(&format!("ip link set {if_pmd} up"), Duration::from_secs(30))

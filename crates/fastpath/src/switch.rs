@@ -682,7 +682,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     // The memif rows need DPDK; when every part was asked for implicitly,
     // a machine without it skips them (and says so).
     let memif_wanted = part(PartArg::Memif);
-    let memif_skipped = memif_wanted && all && bench::switch::testpmd_path().is_none();
+    let memif_skipped = memif_wanted && all && bench::peers::testpmd_path().is_none();
     // Progress goes to stderr whatever the format: stdout holds the report
     // (the JSON document), and the vm part runs for minutes.
     let o = Options {
