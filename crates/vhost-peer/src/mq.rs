@@ -249,15 +249,7 @@ impl MqGuest {
 
     /// Used entries of queue `q` since last read: (id, len).
     pub fn take_used(&mut self, q: usize) -> Vec<(u32, u32)> {
-        let l = self.q[q];
-        let idx = self.mem.r16(l.used + 2);
-        let mut out = Vec::new();
-        while self.used_seen[q] != idx {
-            let e = l.used + 4 + 8 * u64::from(self.used_seen[q] % l.num);
-            out.push((self.mem.r32(e), self.mem.r32(e + 4)));
-            self.used_seen[q] = self.used_seen[q].wrapping_add(1);
-        }
-        out
+        self.q[q].take_used(&self.mem, &mut self.used_seen[q])
     }
 
     /// Frames received on pair `p`'s receive queue since last read

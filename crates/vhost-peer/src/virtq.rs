@@ -51,6 +51,19 @@ impl Layout {
         }
     }
 
+    /// The used entries (id, len) the device wrote to this ring in `mem`
+    /// since `seen`, which moves past them.
+    pub fn take_used(&self, mem: &crate::mem::SharedMem, seen: &mut u16) -> Vec<(u32, u32)> {
+        let idx = mem.r16(self.used + 2);
+        let mut out = Vec::new();
+        while *seen != idx {
+            let e = self.used + 4 + 8 * u64::from(*seen % self.num);
+            out.push((mem.r32(e), mem.r32(e + 4)));
+            *seen = seen.wrapping_add(1);
+        }
+        out
+    }
+
     /// Offset of descriptor `i`.
     pub fn desc_at(&self, i: u16) -> u64 {
         self.desc + 16 * u64::from(i)
