@@ -16,26 +16,16 @@ mod common;
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use common::{dir, settle, vport};
-use ring::Mode;
+use common::{add_mq_port, dir, settle, vport};
 use vhost_peer::{
     eventfd, inflight, req, state, u64p, vring_addr, MqGuest, RawDesc, Wire, FEATURES, F_NEXT,
     PROTOCOL_F_INFLIGHT_SHMFD, PROTOCOL_F_MQ, REPLY_TIMEOUT, VERSION,
 };
 use vswitch::ports::vhost::datapath::{chain_reads, DESC_BUDGET, FREE_READS};
-use vswitch::ports::vhost::{Config as VhostConfig, VhostPort};
 use vswitch::EventLoop;
 
 /// `VIRTIO_NET_F_MQ`.
 const F_MQ: u64 = 1 << 22;
-
-fn add_mq_port(sw: &mut EventLoop, d: &Path, name: &str, pairs: u16) -> u16 {
-    let mut c = VhostConfig::new(name, &d.join(format!("{name}.sock")));
-    c.mode = Mode::Csb;
-    c.queue_pairs = pairs;
-    sw.add_port(Box::new(VhostPort::bind(c).expect("bind")))
-        .expect("add port")
-}
 
 /// Connect and get through the handshake (features read, `MQ` and
 /// `proto` acknowledged, owner, features set unless `early`).

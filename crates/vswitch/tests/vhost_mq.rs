@@ -10,21 +10,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{dir, settle, vport};
-use ring::Mode;
+use common::{add_mq_port, dir, settle, vport};
 use vhost_peer::{MqGuest, REPLY_TIMEOUT};
-use vswitch::ports::vhost::{Config as VhostConfig, VhostPort};
 use vswitch::status::PortDetail;
 use vswitch::EventLoop;
-
-/// A vhost-user port `name` offering `pairs` queue pairs.
-fn add_mq_port(sw: &mut EventLoop, d: &Path, name: &str, pairs: u16) -> u16 {
-    let mut c = VhostConfig::new(name, &d.join(format!("{name}.sock")));
-    c.mode = Mode::Csb;
-    c.queue_pairs = pairs;
-    sw.add_port(Box::new(VhostPort::bind(c).expect("bind")))
-        .expect("add port")
-}
 
 fn attach(sw: &mut EventLoop, d: &Path, name: &str, nums: &[u16], enabled: usize) -> MqGuest {
     let g = MqGuest::attach_pumped(

@@ -135,6 +135,16 @@ pub fn add_vport(sw: &mut EventLoop, dir: &Path, name: &str, mode: Mode, itr: u3
         .expect("add port")
 }
 
+/// A vhost-user port `name` on `dir/name.sock` offering `pairs` queue
+/// pairs (CSB), added to `sw`.
+pub fn add_mq_port(sw: &mut EventLoop, dir: &Path, name: &str, pairs: u16) -> u16 {
+    let mut c = VhostConfig::new(name, &dir.join(format!("{name}.sock")));
+    c.mode = Mode::Csb;
+    c.queue_pairs = pairs;
+    sw.add_port(Box::new(VhostPort::bind(c).expect("bind")))
+        .expect("add port")
+}
+
 /// Let the switch serve what is waiting and forward it, a few times over.
 pub fn settle(sw: &mut EventLoop) {
     for _ in 0..4 {
