@@ -225,7 +225,7 @@ pub fn stats(samples: &[f64]) -> Stats {
 
 impl Stats {
     /// `min / median / max`, scaled.
-    fn mmm(&self, scale: f64, digits: usize) -> String {
+    pub(crate) fn mmm(&self, scale: f64, digits: usize) -> String {
         let f = |x: Option<f64>| crate::nan::cell(x.map(|x| x * scale), digits);
         format!("{} / {} / {}", f(self.min), f(self.median), f(self.max))
     }

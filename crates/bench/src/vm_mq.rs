@@ -395,10 +395,7 @@ pub fn run(o: &VmOptions, dir: &Path) -> Result<Multiqueue, VmError> {
 impl Multiqueue {
     /// Its lines in the vm part's text.
     pub fn to_text(&self) -> String {
-        let f = |s: &Stats, scale: f64, d: usize| {
-            let c = |x: Option<f64>| crate::nan::cell(x.map(|x| x * scale), d);
-            format!("{} / {} / {}", c(s.min), c(s.median), c(s.max))
-        };
+        let f = |s: &Stats, scale: f64, d: usize| s.mmm(scale, d);
         let place = |v: &[Placement]| {
             v.iter()
                 .map(|p| format!("{} {:.0}% core {}", p.thread, p.cpu_pct, p.last_core))
