@@ -182,10 +182,10 @@ fn tx_chains(sw: &mut Switch, idx: u16) -> Vec<u64> {
 
 /// Pins each of QEMU's vCPU threads (`CPU K/TCG`) to core `K` (modulo
 /// the cores there are); says where they went, or why they were not
-/// pinned. Unpinned, 2 of 9 runs fell below the goal, each with a
-/// two-pair run far slower than the others beside a one-pair run as fast
-/// as ever; two busy vCPUs left to share one core is the likeliest cause,
-/// and the one pinning removes (a VM host pins vCPUs for the same reason).
+/// pinned. With the longer runs but unpinned, the lowest of 9 ratios was
+/// 1.597; pinned, the lowest of 27 was 1.76: two busy vCPUs left to the
+/// scheduler can share a core now and then, which pinning rules out (a VM
+/// host pins vCPUs for the same reason).
 fn pin_vcpus(qemu: u32) -> String {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut placed = Vec::new();

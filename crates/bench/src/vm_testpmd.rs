@@ -497,8 +497,9 @@ pub fn run(o: &VmOptions) -> Result<VmTestpmd, TestpmdError> {
     let mut rows = Vec::new();
     for burst in [1u32, 32] {
         // About a second of sending or more per run: at burst 32 the guest
-        // sends 0.5-0.8 M frames a second, and 100,000 frames (0.1-0.2 s)
-        // let one late timeslice decide a ratio (0.93-2.18 in one set).
+        // sends 0.5-0.8 M frames a second, so a run of 100,000 frames lasted
+        // 0.1-0.2 s and one of 20,000 (`--quick`) 30 ms, where one late
+        // timeslice decides a ratio (`--quick`: 0.93-2.18 in one set).
         let frames: u64 = match (o.quick, burst) {
             (true, 1) => 20_000,
             (true, _) => 100_000,
